@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs everything Poseidon needs from Debian bookworm's packages.
+# Run as root (or with sudo). Safe to run again: apt skips what is installed.
+set -euo pipefail
+if [ "$(id -u)" -ne 0 ]; then
+  echo "setup.sh: run as root (sudo bash scripts/setup.sh): it installs Debian packages" >&2
+  exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+PACKAGES=(
+  build-essential cmake pkg-config git
+  libzmq3-dev cppzmq-dev          # transport (ZeroMQ)
+  libeigen3-dev                   # SFB reconstruction GEMM
+  nlohmann-json3-dev zlib1g-dev   # JSON output, gzip'd dataset
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libtorch-dev                    # LibTorch integration (CPU build)
+  dataset-fashion-mnist           # the main job's data
+  python3-torch                   # the PyTorch DDP baseline of poseidon bench
+  iproute2                        # network namespaces + tc for the emulated cluster
+  gnuplot-nox                     # bench plots
+)
+echo "setup.sh: apt-get update"
+apt-get update -qq
+echo "setup.sh: installing ${#PACKAGES[@]} packages (already installed ones are skipped)"
+apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}" >/dev/null
+echo "setup.sh: done"

@@ -1,0 +1,16 @@
+// Subcommands of the poseidon CLI. Each returns the process exit code:
+// 0 success, 1 runtime failure, 2 usage error (bad flag or value).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace poseidon::cli {
+
+int planCommand(const std::vector<std::string>& args);
+int launchCommand(const std::vector<std::string>& args);
+int trainCommand(const std::vector<std::string>& args, const std::string& self);
+int benchCommand(const std::vector<std::string>& args, const std::string& self);
+int benchWorkerCommand(const std::vector<std::string>& args);
+
+}  // namespace poseidon::cli

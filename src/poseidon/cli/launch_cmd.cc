@@ -1,0 +1,51 @@
+// poseidon launch -n N -- CMD...: a local cluster of N ranks.
+#include <iostream>
+
+#include "poseidon/cli/commands.h"
+#include "poseidon/cli/flags.h"
+#include "poseidon/common/error.h"
+#include "poseidon/launch/env.h"
+#include "poseidon/launch/launcher.h"
+
+namespace poseidon::cli {
+
+int launchCommand(const std::vector<std::string>& args) {
+  int n = 2;
+  std::string masterAddr = "127.0.0.1";
+  int masterPort = 0;
+  // "-n" is the conventional spelling; accept it as --n.
+  std::vector<std::string> normalized;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--") {
+      normalized.insert(normalized.end(), args.begin() + static_cast<long>(i), args.end());
+      break;
+    }
+    normalized.push_back(args[i] == "-n" ? "--n" : args[i]);
+  }
+  FlagSet flags("launch", "poseidon launch -n N [--master-addr A] [--master-port P] -- CMD [ARGS...]",
+                "Starts N ranks of CMD on this machine with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and\n"
+                "MASTER_PORT set (torchrun's convention), forwards their output prefixed with the rank, and\n"
+                "if any rank fails, stops the others and exits non-zero with that rank's error.");
+  flags.addInt("n", &n, "number of ranks (also -n)", "N");
+  flags.addString("master-addr", &masterAddr, "address of rank 0's coordinator", "ADDR");
+  flags.addInt("master-port", &masterPort, "coordinator port (0: pick a free one)", "PORT");
+  flags.parse(normalized);
+  if (flags.helpRequested()) {
+    std::cout << flags.helpText();
+    return 0;
+  }
+  if (flags.rest().empty()) throw InvalidArgument("no command given: poseidon launch -n N -- CMD [ARGS...]");
+  LaunchOptions opts;
+  opts.ranks = n;
+  opts.command = flags.rest();
+  opts.masterAddr = masterAddr;
+  opts.masterPort = masterPort;
+  LaunchResult r = launchLocal(opts);
+  if (r.exitCode != 0) {
+    std::cerr << "poseidon launch: " << r.failure << "; stopped the other ranks\n";
+    return r.exitCode;
+  }
+  return 0;
+}
+
+}  // namespace poseidon::cli

@@ -1,0 +1,61 @@
+// poseidon: the command-line entry point. Configuration is read here (flags
+// and environment) and passed down as options structs.
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "poseidon/cli/commands.h"
+#include "poseidon/common/error.h"
+#include "poseidon/common/log.h"
+
+namespace {
+
+const char* kUsage =
+    "usage: poseidon <command> [flags]\n"
+    "\n"
+    "Poseidon: data-parallel training over plain Ethernet with wait-free backpropagation and\n"
+    "hybrid communication (sharded parameter server + sufficient-factor broadcasting).\n"
+    "\n"
+    "commands:\n"
+    "  plan     per-layer communication costs and BestScheme choices for a model and cluster\n"
+    "  train    train a CNN on Fashion-MNIST with N local workers (the main job)\n"
+    "  launch   start N ranks of a command on this machine (torchrun-style environment)\n"
+    "  bench    emulated-cluster benchmark: Poseidon against PyTorch DDP (needs root)\n"
+    "  version  print the version\n"
+    "\n"
+    "Run 'poseidon <command> --help' for a command's flags.\n"
+    "Environment: POSEIDON_LOG=debug|info|warning|error sets the log level (default warning).\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace poseidon;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "help" || args[0] == "--help" || args[0] == "-h") {
+    std::cout << kUsage;
+    return args.empty() ? 2 : 0;
+  }
+  std::string cmd = args[0];
+  args.erase(args.begin());
+  try {
+    if (const char* level = std::getenv("POSEIDON_LOG")) setLogLevel(parseLogLevel(level));
+    if (cmd == "plan") return cli::planCommand(args);
+    if (cmd == "launch") return cli::launchCommand(args);
+    if (cmd == "train") return cli::trainCommand(args, "/proc/self/exe");
+    if (cmd == "bench") return cli::benchCommand(args, "/proc/self/exe");
+    if (cmd == "bench-worker") return cli::benchWorkerCommand(args);
+    if (cmd == "version" || cmd == "--version") {
+      std::cout << "poseidon 0.1.0\n";
+      return 0;
+    }
+    std::cerr << "poseidon: unknown command '" << cmd << "'\n\n" << kUsage;
+    return 2;
+  } catch (const InvalidArgument& e) {
+    std::cerr << "poseidon " << cmd << ": error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "poseidon " << cmd << ": error: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,160 @@
+// poseidon plan: per-layer costs (paper Table 1) and BestScheme choices for a
+// model on a cluster shape, without running anything.
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+
+#include "poseidon/cli/commands.h"
+#include "poseidon/cli/flags.h"
+#include "poseidon/common/error.h"
+#include "poseidon/core/cost_model.h"
+#include "poseidon/core/kv_layout.h"
+#include "poseidon/model/zoo.h"
+
+namespace poseidon::cli {
+namespace {
+
+std::string grouped(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.0f", v);
+  std::string s = buf, out;
+  int n = 0;
+  for (auto it = s.rbegin(); it != s.rend(); ++it) {
+    if (n && n % 3 == 0 && *it != '-') out.push_back(',');
+    out.push_back(*it);
+    ++n;
+  }
+  std::reverse(out.begin(), out.end());
+  return out;
+}
+
+std::string knownModels() {
+  std::string s;
+  for (const auto& e : zooEntries()) s += (s.empty() ? "" : ", ") + e.name;
+  return s;
+}
+
+}  // namespace
+
+int planCommand(const std::vector<std::string>& args) {
+  std::string model = "vgg19";
+  int workers = 8, servers = -1;
+  int64_t batch = -1, pairBytes = kDefaultPairBytes;
+  double scale = 1.0;
+  bool json = false;
+  std::string scheme = "auto";
+  FlagSet flags("plan", "poseidon plan [--model NAME|FILE.json] [--workers P1] [--servers P2] [--batch K] [--json]",
+                "Prints, per layer, the floats one node moves per iteration under each scheme (paper Table 1)\n"
+                "and the scheme BestScheme (Algorithm 1) picks, with totals. Runs nothing.\n"
+                "Zoo models: " + knownModels() + ".");
+  flags.addString("model", &model, "zoo model name or path to a JSON layer table", "NAME|FILE");
+  flags.addInt("workers", &workers, "P1, the number of workers", "P1");
+  flags.addInt("servers", &servers, "P2, the number of server shards (default: P1, every node is both)", "P2");
+  flags.addInt64("batch", &batch, "K, the per-worker batch (default: the model's batch in the paper)", "K");
+  flags.addInt64("pair-bytes", &pairBytes, "KV pair size in bytes", "BYTES");
+  flags.addDouble("width-scale", &scale, "build the zoo model with widths x S (the bench's scaling rule)", "S");
+  flags.addString("scheme", &scheme, "auto (BestScheme), or force ps / sfb for FC layers", "auto|ps|sfb");
+  flags.addBool("json", &json, "print JSON instead of a table");
+  flags.parse(args);
+  if (flags.helpRequested()) {
+    std::cout << flags.helpText();
+    return 0;
+  }
+  if (servers < 0) servers = workers;
+  if (workers < 1) throw InvalidArgument(strCat("--workers must be at least 1, got ", workers));
+  if (servers < 1) throw InvalidArgument(strCat("--servers must be at least 1, got ", servers));
+  SchemePolicy policy = parseSchemePolicy(scheme);
+  ModelDesc desc = resolveModel(model, scale);
+  if (batch < 0) {
+    batch = 32;
+    for (const auto& e : zooEntries())
+      if (e.name == model) batch = std::max<int64_t>(1, static_cast<int64_t>(e.defaultBatch * scale + 0.5));
+  }
+  if (batch < 1) throw InvalidArgument(strCat("--batch must be at least 1, got ", batch));
+  KvLayout layout(desc, servers, pairBytes);
+
+  nlohmann::json out;
+  out["model"] = desc.name;
+  out["workers"] = workers;
+  out["servers"] = servers;
+  out["batch"] = batch;
+  out["scheme_policy"] = schemePolicyName(policy);
+  double totPs = 0, totPsWorker = 0, totHybrid = 0, totAdam = 0;
+  int64_t totParams = 0;
+  int sfbLayers = 0;
+  nlohmann::json layers = nlohmann::json::array();
+  std::ostringstream table;
+  char line[512];
+  std::snprintf(line, sizeof line, "%-22s %-5s %-14s %13s %15s %15s %15s %15s  %s\n", "layer", "type", "shape", "params",
+                "ps(both)", "ps(worker)", "sfb", "adam(both)", "scheme");
+  table << line;
+  for (const auto& l : desc.layers) {
+    CostInputs c = costInputs(l, batch, workers, servers);
+    // PS moves every parameter (bias included); Table 1 counts the M x N
+    // matrix, so FC layers report the formula and the others their numel.
+    double ps = psCostBoth(c), psw = psCostWorker(c);
+    Scheme s = bestScheme(l, batch, workers, servers, policy);
+    bool fc = l.type == LayerType::kFC;
+    double sfb = fc ? sfbCost(c) : 0, adam = fc ? adamCostBoth(c) : ps;
+    double chosen = s == Scheme::kSFB ? sfb : ps;
+    totPs += ps;
+    totPsWorker += psw;
+    totHybrid += chosen;
+    totAdam += adam;
+    totParams += l.numel();
+    sfbLayers += s == Scheme::kSFB;
+    nlohmann::json j;
+    j["name"] = l.name;
+    j["type"] = layerTypeName(l.type);
+    j["m"] = fc ? nlohmann::json(l.m) : nlohmann::json(nullptr);
+    j["n"] = fc ? nlohmann::json(l.n) : nlohmann::json(nullptr);
+    j["shape"] = l.params.empty() ? nlohmann::json::array() : nlohmann::json(l.params[0].shape);
+    j["params"] = l.numel();
+    j["ps_cost"] = ps;
+    j["ps_worker_cost"] = psw;
+    j["sfb_cost"] = fc ? nlohmann::json(sfb) : nlohmann::json(nullptr);
+    j["adam_cost"] = fc ? nlohmann::json(adam) : nlohmann::json(nullptr);
+    j["scheme"] = schemeName(s);
+    j["kv_pairs"] = layout.pairsOf(static_cast<int>(&l - desc.layers.data())).size();
+    layers.push_back(j);
+    std::snprintf(line, sizeof line, "%-22s %-5s %-14s %13s %15s %15s %15s %15s  %s\n", l.name.c_str(),
+                  layerTypeName(l.type), l.shapeString().c_str(), grouped(double(l.numel())).c_str(),
+                  grouped(ps).c_str(), grouped(psw).c_str(), fc ? grouped(sfb).c_str() : "-",
+                  fc ? grouped(adam).c_str() : "-", schemeName(s));
+    table << line;
+  }
+  const auto& sb = layout.shardBytes();
+  int64_t maxB = *std::max_element(sb.begin(), sb.end()), minB = *std::min_element(sb.begin(), sb.end());
+  out["layers"] = layers;
+  out["totals"] = {{"params", totParams},         {"ps_cost", totPs},      {"ps_worker_cost", totPsWorker},
+                   {"hybrid_cost", totHybrid},    {"adam_cost", totAdam},  {"sfb_layers", sfbLayers},
+                   {"kv_pairs", layout.totalPairs()}, {"max_shard_bytes", maxB}, {"min_shard_bytes", minB}};
+  if (json) {
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << "model " << desc.name << " (" << grouped(double(totParams)) << " params), P1=" << workers
+            << " workers, P2=" << servers << " servers, K=" << batch << ", scheme " << schemePolicyName(policy)
+            << "\ncosts: floats moved per iteration by one node (sent + received)\n\n"
+            << table.str();
+  std::snprintf(line, sizeof line, "%-22s %-5s %-14s %13s %15s %15s %15s %15s\n", "total", "", "",
+                grouped(double(totParams)).c_str(), grouped(totPs).c_str(), grouped(totPsWorker).c_str(), "", grouped(totAdam).c_str());
+  std::cout << line;
+  std::cout << "\nhybrid (chosen schemes): " << grouped(totHybrid) << " floats per node per iteration; all-PS: "
+            << grouped(totPs);
+  if (totHybrid > 0) {
+    std::snprintf(line, sizeof line, " (%.2fx less with hybrid)", totPs / totHybrid);
+    std::cout << line;
+  }
+  std::cout << "\n" << sfbLayers << " layer(s) by SFB, " << desc.layers.size() - sfbLayers << " by PS\n";
+  std::snprintf(line, sizeof line, "KV store: %lld pairs of at most %lld bytes over %d shards; shard load %.2f-%.2f MB (max/min %.3f)\n",
+                static_cast<long long>(layout.totalPairs()), static_cast<long long>(pairBytes), servers, minB / 1e6,
+                maxB / 1e6, minB ? double(maxB) / double(minB) : 0.0);
+  std::cout << line;
+  return 0;
+}
+
+}  // namespace poseidon::cli

@@ -1,0 +1,11 @@
+// Built when LibTorch is not available: train needs the LibTorch integration.
+#include "poseidon/cli/commands.h"
+#include "poseidon/common/error.h"
+
+namespace poseidon::cli {
+
+int trainCommand(const std::vector<std::string>&, const std::string&) {
+  throw Error("this poseidon was built without LibTorch (-DPOSEIDON_WITH_TORCH=OFF); install libtorch-dev and rebuild");
+}
+
+}  // namespace poseidon::cli

@@ -1,0 +1,149 @@
+// Node: one Poseidon process (rank). A worker, a server shard, or both.
+//
+// It owns, for its lifetime: the ZeroMQ context and van, the receive loop
+// thread, the KV shard (servers), one Syncer per layer plus the thread pool
+// and the BSP barrier (workers), and on rank 0 the coordinator. Nothing is
+// global: several nodes can live in one process (tests do that).
+//
+// Worker iteration protocol (paper Algorithm 2):
+//   node.beginIteration(t);
+//   forward; during backward, for l = L..1 as each gradient is final:
+//     node.submitDense(l, grad)          // PS, or
+//     node.submitFactors(l, U, V, K, out) // SFB, when schemeFor(l, K) says so
+//   node.waitIteration();   // BSP barrier: every layer's sync is done
+//   the optimizer applies the synchronized mean gradients.
+// submit*() only queue the layer's sync on the thread pool and return at once
+// (wait-free backpropagation); sends of upper layers overlap the backward
+// of lower ones.
+//
+// Failure is sticky (gloo-style): once anything fails (a timeout, an abort
+// from a peer, a transport error) every later call throws the same error.
+#pragma once
+
+#include <zmq.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "poseidon/client/layer_buffer.h"
+#include "poseidon/client/syncer.h"
+#include "poseidon/common/thread_pool.h"
+#include "poseidon/coordinator/book.h"
+#include "poseidon/coordinator/rendezvous.h"
+#include "poseidon/kvstore/kv_shard.h"
+#include "poseidon/transport/van.h"
+
+namespace poseidon {
+
+struct NodeOptions {
+  int rank = 0;
+  int worldSize = 1;
+  Role role = Role::kBoth;
+  std::string masterAddr = "127.0.0.1";  // coordinator host (rank 0 binds it)
+  int masterPort = 29500;
+  std::string bindHost = "127.0.0.1";    // interface for this node's data endpoint
+  int dataPort = 0;                      // 0 picks a free port
+  std::chrono::milliseconds timeout{30000};  // every wait: rendezvous, barrier, collectives
+  int threads = 2;                           // syncer thread pool
+  JobSettings settings;                      // must agree across nodes
+  uint64_t maxPayloadBytes = kDefaultMaxPayloadBytes;
+};
+
+class Node : private SyncHost {
+ public:
+  // Rendezvous with the other nodes (blocks until the book arrives or fails).
+  static std::unique_ptr<Node> start(const NodeOptions& options, const ModelDesc& model);
+  ~Node() override;
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  const InformationBook& book() const override { return book_; }
+  int rank() const override { return options_.rank; }
+  bool isWorker() const { return poseidon::isWorker(options_.role); }
+  bool isServer() const { return poseidon::isServer(options_.role); }
+
+  // ---- worker API -------------------------------------------------------------
+  // Starts iteration t; t must follow the previous one (or be the book's start).
+  void beginIteration(int64_t iteration);
+  int64_t iteration() const { return iteration_.load(); }
+  // BestScheme for this iteration given the rows of factors K (the same on
+  // every worker, e.g. the per-worker batch).
+  Scheme schemeFor(int layer, int64_t rows) const;
+  void submitDense(int layer, LayerBuffer grad, std::shared_ptr<void> keepAlive = nullptr);
+  void submitFactors(int layer, const float* u, const float* v, int64_t rows, LayerBuffer out,
+                     std::shared_ptr<void> keepAlive = nullptr);
+  // BSP barrier of the current iteration. Throws TimeoutError naming every
+  // layer still waiting and on whom, or the job's sticky error.
+  void waitIteration();
+  void waitIteration(std::chrono::milliseconds timeout);
+
+  // ---- collectives (every node calls them in the same order) ------------------
+  // Copies root's buffer into every other node's buffer (same size on all).
+  void broadcast(int root, LayerBuffer buffer);
+  void barrier();
+  // Final barrier, then stops the receive loop and closes the transport.
+  // Servers stay up until every node has reached finish().
+  void finish();
+
+  // Fails the job: tells every peer (best effort) and makes every later call
+  // throw AbortedError(why).
+  void abort(const std::string& why);
+  // Throws the sticky error, if any.
+  void checkError() const;
+
+  // ---- introspection -------------------------------------------------------------
+  TrafficCounters& counters() { return van_->counters(); }
+  uint64_t rejectedFrames() const { return van_->rejectedFrames(); }
+  const KvShard* shard() const { return shard_.get(); }
+  const std::string& endpoint() const { return van_->endpoint(); }
+
+ private:
+  Node(const NodeOptions& options);
+  // SyncHost
+  Van& van() override { return *van_; }
+  void schedule(std::function<void()> task) override;
+  void layerDone(int layer, int64_t iteration) override;
+  void fail(const std::string& why) override;
+  int64_t currentIteration() const override { return iteration_.load(); }
+
+  void receiveLoop();
+  void dispatch(Message& msg);
+  void onPush(Message& msg);
+  std::vector<Message> takeMail(MsgType type, uint32_t seq, size_t count, const char* what);
+  [[noreturn]] void throwError() const;
+
+  NodeOptions options_;
+  zmq::context_t ctx_;
+  std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
+  std::unique_ptr<Van> van_;
+  InformationBook book_;
+  std::unique_ptr<KvShard> shard_;                // servers
+  std::vector<std::unique_ptr<Syncer>> syncers_;  // workers
+  std::unique_ptr<ThreadPool> pool_;
+  std::thread loop_;
+  std::atomic<bool> stopLoop_{false};
+  std::atomic<int64_t> iteration_{0};
+  bool begun_ = false;  // user thread only
+
+  // Control state; one mutex, one condition variable.
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::string error_;                 // sticky; empty while healthy
+  bool aborted_ = false;              // error_ came from an abort
+  std::vector<bool> layerDone_;       // BSP bits of the current iteration
+  int layersLeft_ = 0;
+  std::map<std::pair<uint16_t, uint32_t>, std::vector<Message>> mail_;  // broadcast / barrier messages
+  uint32_t collectiveSeq_ = 0;  // user thread only
+  bool finished_ = false;
+};
+
+}  // namespace poseidon

@@ -1,0 +1,88 @@
+// Error family for Poseidon's synchronous APIs (gloo-style).
+//
+// Contract: every error a user can cause (bad flag, unreachable coordinator,
+// mismatched model, malformed message, timeout) is thrown as one of these with
+// a message that says what happened and what to do. Callbacks and the receive
+// loop never throw across threads; they record the error and the next
+// synchronous call rethrows it (sticky failure, see docs/errors.md).
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace poseidon {
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+// The caller passed something invalid (flag, option, shape, file).
+class InvalidArgument : public Error {
+ public:
+  using Error::Error;
+};
+
+// A wait ran past its deadline. The message names what was missing.
+class TimeoutError : public Error {
+ public:
+  using Error::Error;
+};
+
+// The transport failed (bind, connect, send).
+class IoError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A peer sent something that does not follow the protocol.
+class ProtocolError : public Error {
+ public:
+  using Error::Error;
+};
+
+// The job was aborted: a peer failed or was lost. Sticky.
+class AbortedError : public Error {
+ public:
+  using Error::Error;
+};
+
+namespace detail {
+template <typename... Args>
+std::string concat(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+}  // namespace detail
+
+// Builds a message from any streamable arguments.
+template <typename... Args>
+std::string strCat(const Args&... args) {
+  return detail::concat(args...);
+}
+
+}  // namespace poseidon
+
+// Internal invariant checks: throw poseidon::Error naming file:line.
+#define POSEIDON_ENFORCE(cond, ...)                                                  \
+  do {                                                                               \
+    if (!(cond)) {                                                                   \
+      throw ::poseidon::Error(::poseidon::strCat(__FILE__, ":", __LINE__, ": ",      \
+                                                 "check failed: " #cond " ",         \
+                                                 ##__VA_ARGS__));                    \
+    }                                                                                \
+  } while (0)
+
+#define POSEIDON_ENFORCE_EQ(a, b, ...)                                               \
+  do {                                                                               \
+    const auto& poseidon_a_ = (a);                                                   \
+    const auto& poseidon_b_ = (b);                                                   \
+    if (!(poseidon_a_ == poseidon_b_)) {                                             \
+      throw ::poseidon::Error(::poseidon::strCat(__FILE__, ":", __LINE__, ": ",      \
+                                                 #a " == " #b " failed (", poseidon_a_, \
+                                                 " vs ", poseidon_b_, ") ",          \
+                                                 ##__VA_ARGS__));                    \
+    }                                                                                \
+  } while (0)

@@ -1,0 +1,48 @@
+#include "poseidon/common/log.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <mutex>
+
+#include "poseidon/common/error.h"
+
+namespace poseidon {
+namespace {
+std::atomic<int> gLevel{static_cast<int>(LogLevel::kWarning)};
+std::mutex gPrefixMutex;
+std::string gPrefix = "poseidon";  // guarded by gPrefixMutex
+}  // namespace
+
+void setLogLevel(LogLevel level) { gLevel.store(static_cast<int>(level)); }
+LogLevel logLevel() { return static_cast<LogLevel>(gLevel.load()); }
+
+LogLevel parseLogLevel(const std::string& text) {
+  if (text == "debug") return LogLevel::kDebug;
+  if (text == "info") return LogLevel::kInfo;
+  if (text == "warning" || text == "warn") return LogLevel::kWarning;
+  if (text == "error") return LogLevel::kError;
+  if (text == "off") return LogLevel::kOff;
+  throw InvalidArgument("unknown log level '" + text +
+                        "' (expected debug, info, warning, error or off)");
+}
+
+void setLogPrefix(const std::string& prefix) {
+  std::lock_guard<std::mutex> lock(gPrefixMutex);
+  gPrefix = prefix;
+}
+
+LogLine::~LogLine() {
+  static const char* kNames[] = {"debug", "info", "warning", "error", "off"};
+  std::string prefix;
+  {
+    std::lock_guard<std::mutex> lock(gPrefixMutex);
+    prefix = gPrefix;
+  }
+  std::string line = "[" + prefix + "] " + kNames[static_cast<int>(level_)] + ": " + os_.str() + "\n";
+  // One write() per line so lines from several threads do not interleave.
+  ssize_t ignored = ::write(STDERR_FILENO, line.data(), line.size());
+  (void)ignored;
+}
+
+}  // namespace poseidon

@@ -1,0 +1,191 @@
+#include "poseidon/coordinator/book.h"
+
+#include "poseidon/common/error.h"
+
+namespace poseidon {
+
+const char* roleName(Role r) {
+  switch (r) {
+    case Role::kWorker: return "worker";
+    case Role::kServer: return "server";
+    case Role::kBoth: return "both";
+  }
+  return "?";
+}
+
+Role parseRole(const std::string& text) {
+  if (text == "worker") return Role::kWorker;
+  if (text == "server") return Role::kServer;
+  if (text == "both") return Role::kBoth;
+  throw InvalidArgument("unknown role '" + text + "' (expected worker, server or both)");
+}
+
+std::string JobSettings::describe() const {
+  return strCat("batch=", batch, " pair-bytes=", pairBytes, " start-iteration=", startIteration,
+                " scheme=", schemePolicyName(policy));
+}
+
+InformationBook::InformationBook(uint64_t jobId, std::vector<NodeInfo> nodes, ModelDesc model, JobSettings settings)
+    : jobId_(jobId), nodes_(std::move(nodes)), model_(std::move(model)), settings_(settings) {
+  derive();
+}
+
+void InformationBook::derive() {
+  workers_.clear();
+  servers_.clear();
+  workerIndex_.assign(nodes_.size(), -1);
+  shardIndex_.assign(nodes_.size(), -1);
+  for (size_t r = 0; r < nodes_.size(); ++r) {
+    if (nodes_[r].rank != static_cast<int>(r)) throw ProtocolError(strCat("book lists rank ", nodes_[r].rank, " at slot ", r));
+    if (isWorker(nodes_[r].role)) {
+      workerIndex_[r] = static_cast<int>(workers_.size());
+      workers_.push_back(static_cast<int>(r));
+    }
+    if (isServer(nodes_[r].role)) {
+      shardIndex_[r] = static_cast<int>(servers_.size());
+      servers_.push_back(static_cast<int>(r));
+    }
+  }
+  if (workers_.empty()) throw InvalidArgument("the job has no worker ranks (every rank is --role server)");
+  if (servers_.empty()) throw InvalidArgument("the job has no server ranks (every rank is --role worker)");
+  layout_ = KvLayout(model_, static_cast<int>(servers_.size()), settings_.pairBytes);
+}
+
+int InformationBook::workerIndex(int rank) const {
+  return rank >= 0 && rank < worldSize() ? workerIndex_[rank] : -1;
+}
+
+int InformationBook::shardIndex(int rank) const {
+  return rank >= 0 && rank < worldSize() ? shardIndex_[rank] : -1;
+}
+
+Scheme InformationBook::bestScheme(int layer, int64_t batch) const {
+  return poseidon::bestScheme(model_.layers.at(layer), batch, numWorkers(), numServers(), settings_.policy);
+}
+
+LayerQuery InformationBook::query(int layer) const {
+  LayerQuery q;
+  q.layer = &model_.layers.at(layer);
+  q.index = layer;
+  q.scheme = bestScheme(layer, settings_.batch);
+  q.pairs = &layout_.pairsOf(layer);
+  return q;
+}
+
+namespace {
+constexpr uint32_t kMaxLayers = 1 << 20;
+constexpr uint32_t kMaxParams = 64;
+constexpr uint32_t kMaxDims = 8;
+constexpr uint32_t kMaxNodes = 1 << 16;
+constexpr int64_t kMaxNumel = int64_t{1} << 40;
+}  // namespace
+
+void writeModel(ByteWriter& w, const ModelDesc& m) {
+  w.str(m.name);
+  w.u32(static_cast<uint32_t>(m.layers.size()));
+  for (const auto& l : m.layers) {
+    w.str(l.name);
+    w.u8(static_cast<uint8_t>(l.type));
+    w.i64(l.m);
+    w.i64(l.n);
+    w.i64(l.macsPerSample);
+    w.u32(static_cast<uint32_t>(l.params.size()));
+    for (const auto& p : l.params) {
+      w.str(p.name);
+      w.u32(static_cast<uint32_t>(p.shape.size()));
+      for (int64_t d : p.shape) w.i64(d);
+    }
+  }
+}
+
+ModelDesc readModel(ByteReader& r) {
+  ModelDesc m;
+  m.name = r.str();
+  uint32_t layers = r.count(8, kMaxLayers);
+  m.layers.reserve(layers);
+  for (uint32_t i = 0; i < layers; ++i) {
+    LayerSpec l;
+    l.name = r.str();
+    uint8_t type = r.u8();
+    if (type > static_cast<uint8_t>(LayerType::kOther)) throw ProtocolError(strCat("layer ", i, " has unknown type ", int(type)));
+    l.type = static_cast<LayerType>(type);
+    l.m = r.i64();
+    l.n = r.i64();
+    l.macsPerSample = r.i64();
+    uint32_t params = r.count(8, kMaxParams);
+    int64_t numel = 0;
+    for (uint32_t p = 0; p < params; ++p) {
+      ParamSpec ps;
+      ps.name = r.str();
+      uint32_t dims = r.count(8, kMaxDims);
+      int64_t n = 1;
+      for (uint32_t d = 0; d < dims; ++d) {
+        int64_t v = r.i64();
+        if (v <= 0 || v > kMaxNumel || n > kMaxNumel / v) throw ProtocolError(strCat("layer ", i, " has a bad dimension ", v));
+        n *= v;
+        ps.shape.push_back(v);
+      }
+      numel += n;
+      if (numel > kMaxNumel) throw ProtocolError(strCat("layer ", i, " is too large"));
+      l.params.push_back(std::move(ps));
+    }
+    if (l.type == LayerType::kFC) {
+      if (l.m <= 0 || l.n <= 0 || l.params.empty() || l.params[0].shape != std::vector<int64_t>{l.m, l.n}) {
+        throw ProtocolError(strCat("fc layer ", i, " has inconsistent shape"));
+      }
+    }
+    m.layers.push_back(std::move(l));
+  }
+  return m;
+}
+
+void writeSettings(ByteWriter& w, const JobSettings& s) {
+  w.i64(s.batch);
+  w.i64(s.pairBytes);
+  w.i64(s.startIteration);
+  w.u8(static_cast<uint8_t>(s.policy));
+}
+
+JobSettings readSettings(ByteReader& r) {
+  JobSettings s;
+  s.batch = r.i64();
+  s.pairBytes = r.i64();
+  s.startIteration = r.i64();
+  uint8_t p = r.u8();
+  if (s.batch < 1 || s.pairBytes < 4 || p > 2) throw ProtocolError("job settings out of range");
+  s.policy = static_cast<SchemePolicy>(p);
+  return s;
+}
+
+void InformationBook::write(ByteWriter& w) const {
+  w.u64(jobId_);
+  w.u32(static_cast<uint32_t>(nodes_.size()));
+  for (const auto& n : nodes_) {
+    w.u32(static_cast<uint32_t>(n.rank));
+    w.u8(static_cast<uint8_t>(n.role));
+    w.str(n.endpoint);
+  }
+  writeModel(w, model_);
+  writeSettings(w, settings_);
+}
+
+InformationBook InformationBook::read(ByteReader& r) {
+  uint64_t job = r.u64();
+  uint32_t n = r.count(9, kMaxNodes);
+  std::vector<NodeInfo> nodes;
+  for (uint32_t i = 0; i < n; ++i) {
+    NodeInfo info;
+    info.rank = static_cast<int>(r.u32());
+    uint8_t role = r.u8();
+    if (role < 1 || role > 3) throw ProtocolError(strCat("node ", i, " has unknown role ", int(role)));
+    info.role = static_cast<Role>(role);
+    info.endpoint = r.str(1024);
+    nodes.push_back(std::move(info));
+  }
+  ModelDesc model = readModel(r);
+  JobSettings settings = readSettings(r);
+  r.expectEnd();
+  return InformationBook(job, std::move(nodes), std::move(model), settings);
+}
+
+}  // namespace poseidon

@@ -1,0 +1,98 @@
+// The coordinator's information book (paper section 4.1): the cluster
+// (ranks, roles, data endpoints) and the model (layers, shapes, types, batch
+// K), plus the settings every node must share. It is built once at
+// rendezvous by the coordinator and sent verbatim to every node, so every
+// node holds an identical copy; BestScheme and Query are answered locally
+// from it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "poseidon/common/bytes.h"
+#include "poseidon/core/cost_model.h"
+#include "poseidon/core/kv_layout.h"
+#include "poseidon/model/layer.h"
+
+namespace poseidon {
+
+enum class Role : uint8_t { kWorker = 1, kServer = 2, kBoth = 3 };
+const char* roleName(Role r);
+Role parseRole(const std::string& text);  // worker | server | both
+inline bool isWorker(Role r) { return r == Role::kWorker || r == Role::kBoth; }
+inline bool isServer(Role r) { return r == Role::kServer || r == Role::kBoth; }
+
+struct NodeInfo {
+  int rank = 0;
+  Role role = Role::kBoth;
+  std::string endpoint;  // data endpoint "tcp://host:port"
+};
+
+// Settings every node must agree on; each node proposes its own at join and
+// the coordinator rejects a job whose nodes disagree.
+struct JobSettings {
+  int64_t batch = 1;  // nominal per-worker batch K
+  int64_t pairBytes = kDefaultPairBytes;
+  int64_t startIteration = 0;
+  SchemePolicy policy = SchemePolicy::kAuto;
+  bool operator==(const JobSettings& o) const {
+    return batch == o.batch && pairBytes == o.pairBytes && startIteration == o.startIteration && policy == o.policy;
+  }
+  std::string describe() const;
+};
+
+// What Query(layer) answers.
+struct LayerQuery {
+  const LayerSpec* layer = nullptr;
+  int index = 0;
+  Scheme scheme = Scheme::kPS;  // BestScheme at the nominal batch
+  const std::vector<KvPair>* pairs = nullptr;
+};
+
+class InformationBook {
+ public:
+  InformationBook() = default;
+  InformationBook(uint64_t jobId, std::vector<NodeInfo> nodes, ModelDesc model, JobSettings settings);
+
+  uint64_t jobId() const { return jobId_; }
+  const std::vector<NodeInfo>& nodes() const { return nodes_; }
+  int worldSize() const { return static_cast<int>(nodes_.size()); }
+  const ModelDesc& model() const { return model_; }
+  const JobSettings& settings() const { return settings_; }
+  const KvLayout& layout() const { return layout_; }
+
+  // Worker ranks ascending; a worker's index is its position here (P1 = size).
+  const std::vector<int>& workerRanks() const { return workers_; }
+  // Server ranks ascending; shard s lives on serverRanks()[s] (P2 = size).
+  const std::vector<int>& serverRanks() const { return servers_; }
+  int numWorkers() const { return static_cast<int>(workers_.size()); }
+  int numServers() const { return static_cast<int>(servers_.size()); }
+  int workerIndex(int rank) const;  // -1 if not a worker
+  int shardIndex(int rank) const;   // -1 if not a server
+  int shardRank(int shard) const { return servers_.at(shard); }
+
+  // BestScheme(l) with this cluster's P1, P2 and the given per-worker batch.
+  Scheme bestScheme(int layer, int64_t batch) const;
+  LayerQuery query(int layer) const;
+
+  void write(ByteWriter& w) const;
+  static InformationBook read(ByteReader& r);  // throws ProtocolError
+
+ private:
+  void derive();
+  uint64_t jobId_ = 0;
+  std::vector<NodeInfo> nodes_;
+  ModelDesc model_;
+  JobSettings settings_;
+  std::vector<int> workers_, servers_, workerIndex_, shardIndex_;
+  KvLayout layout_;
+};
+
+// Model and settings serialization shared by join requests and the book.
+void writeModel(ByteWriter& w, const ModelDesc& m);
+ModelDesc readModel(ByteReader& r);
+void writeSettings(ByteWriter& w, const JobSettings& s);
+JobSettings readSettings(ByteReader& r);
+
+}  // namespace poseidon

@@ -1,0 +1,39 @@
+#include "poseidon/core/kv_layout.h"
+
+#include <algorithm>
+
+#include "poseidon/common/error.h"
+
+namespace poseidon {
+
+KvLayout::KvLayout(const ModelDesc& model, int shards, int64_t pairBytes) : shards_(shards) {
+  if (shards < 1) throw InvalidArgument(strCat("the KV store needs at least one shard, got ", shards));
+  if (pairBytes < static_cast<int64_t>(sizeof(float))) {
+    throw InvalidArgument(strCat("KV pair size must be at least 4 bytes, got ", pairBytes));
+  }
+  pairFloats_ = pairBytes / static_cast<int64_t>(sizeof(float));
+  shardBytes_.assign(shards, 0);
+  byLayer_.resize(model.layers.size());
+  for (size_t l = 0; l < model.layers.size(); ++l) {
+    int64_t total = model.layers[l].numel();
+    int index = 0;
+    for (int64_t off = 0; off < total; off += pairFloats_, ++index) {
+      KvPair p;
+      p.layer = static_cast<int>(l);
+      p.index = index;
+      p.offset = off;
+      p.length = std::min(pairFloats_, total - off);
+      p.shard = static_cast<int>(std::min_element(shardBytes_.begin(), shardBytes_.end()) - shardBytes_.begin());
+      shardBytes_[p.shard] += p.length * static_cast<int64_t>(sizeof(float));
+      byLayer_[l].push_back(p);
+    }
+  }
+}
+
+int64_t KvLayout::totalPairs() const {
+  int64_t n = 0;
+  for (const auto& v : byLayer_) n += static_cast<int64_t>(v.size());
+  return n;
+}
+
+}  // namespace poseidon

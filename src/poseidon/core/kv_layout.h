@@ -1,0 +1,49 @@
+// How the KV store splits parameters into fixed-size pairs and places them.
+//
+// Each layer's flat buffer (its params concatenated) is cut into pairs of at
+// most `pairBytes` (default 2 MB, paper section 4); the last pair of a layer
+// may be shorter. Pairs are placed one by one, in layer order, on the shard
+// that holds the fewest bytes so far (lowest index on ties), so no shard holds
+// a whole large tensor and loads differ by at most one pair. The layout is a
+// pure function of the model, the shard count and the pair size, so every node
+// computes the same one from the information book.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "poseidon/model/layer.h"
+
+namespace poseidon {
+
+constexpr int64_t kDefaultPairBytes = 2 * 1024 * 1024;
+
+struct KvPair {
+  int layer = 0;
+  int index = 0;        // pair index within the layer
+  int64_t offset = 0;   // first float within the layer's flat buffer
+  int64_t length = 0;   // floats
+  int shard = 0;        // server shard (0..P2-1)
+};
+
+class KvLayout {
+ public:
+  KvLayout() = default;
+  KvLayout(const ModelDesc& model, int shards, int64_t pairBytes = kDefaultPairBytes);
+
+  int shards() const { return shards_; }
+  int64_t pairFloats() const { return pairFloats_; }
+  const std::vector<KvPair>& pairsOf(int layer) const { return byLayer_.at(layer); }
+  int numLayers() const { return static_cast<int>(byLayer_.size()); }
+  int64_t totalPairs() const;
+  // Bytes held by each shard.
+  const std::vector<int64_t>& shardBytes() const { return shardBytes_; }
+
+ private:
+  int shards_ = 0;
+  int64_t pairFloats_ = 0;
+  std::vector<std::vector<KvPair>> byLayer_;
+  std::vector<int64_t> shardBytes_;
+};
+
+}  // namespace poseidon

@@ -1,0 +1,118 @@
+#include "poseidon/launch/env.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <zmq.hpp>
+
+#include "poseidon/common/error.h"
+
+namespace poseidon {
+namespace {
+
+int parseInt(const char* name, const char* value, int lo, int hi) {
+  errno = 0;
+  char* end = nullptr;
+  long v = std::strtol(value, &end, 10);
+  if (!*value || *end || errno || v < lo || v > hi) {
+    throw InvalidArgument(strCat("environment variable ", name, "='", value, "' is not an integer in [", lo, ", ",
+                                 hi, "]"));
+  }
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+RankEnv rankFromEnvironment(const GetEnv& getenv) {
+  RankEnv env;
+  struct Convention {
+    const char *source, *rank, *size, *local;
+  };
+  const Convention conventions[] = {
+      {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"},
+      {"mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"},
+      {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
+  };
+  for (const auto& c : conventions) {
+    const char* rank = getenv(c.rank);
+    if (!rank) continue;
+    const char* size = getenv(c.size);
+    if (!size) throw InvalidArgument(strCat(c.rank, " is set but ", c.size, " is not (", c.source, " convention)"));
+    env.present = true;
+    env.source = c.source;
+    env.worldSize = parseInt(c.size, size, 1, 1 << 20);
+    env.rank = parseInt(c.rank, rank, 0, env.worldSize - 1);
+    if (const char* local = getenv(c.local)) env.localRank = parseInt(c.local, local, 0, 1 << 20);
+    break;
+  }
+  const char* addr = getenv("MASTER_ADDR");
+  const char* port = getenv("MASTER_PORT");
+  if (addr && *addr) env.masterAddr = addr;
+  else if (env.present && env.worldSize > 1 && env.source != "torchrun") {
+    throw InvalidArgument(strCat("started by ", env.source, " with ", env.worldSize,
+                                 " ranks but MASTER_ADDR is not set: export MASTER_ADDR=<address of rank 0's machine>"));
+  }
+  if (port && *port) env.masterPort = parseInt("MASTER_PORT", port, 1, 65535);
+  return env;
+}
+
+RankEnv rankFromEnvironment() {
+  return rankFromEnvironment([](const char* name) { return static_cast<const char*>(std::getenv(name)); });
+}
+
+std::string resolveHost(const std::string& host) {
+  in_addr probe{};
+  if (inet_pton(AF_INET, host.c_str(), &probe) == 1) return host;
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  int rc = getaddrinfo(host.c_str(), nullptr, &hints, &res);
+  if (rc != 0 || !res) throw InvalidArgument(strCat("cannot resolve host '", host, "': ", gai_strerror(rc)));
+  char buf[INET_ADDRSTRLEN];
+  inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr, buf, sizeof buf);
+  freeaddrinfo(res);
+  return buf;
+}
+
+std::string localAddressToward(const std::string& ip) {
+  int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
+  if (fd < 0) throw IoError(strCat("socket(): ", std::strerror(errno)));
+  sockaddr_in dst{};
+  dst.sin_family = AF_INET;
+  dst.sin_port = htons(9);
+  if (inet_pton(AF_INET, ip.c_str(), &dst.sin_addr) != 1) {
+    ::close(fd);
+    throw InvalidArgument(strCat("'", ip, "' is not an IPv4 address"));
+  }
+  // connect() on a UDP socket only picks the route and source address.
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&dst), sizeof dst) != 0) {
+    int err = errno;
+    ::close(fd);
+    throw IoError(strCat("no route to ", ip, ": ", std::strerror(err)));
+  }
+  sockaddr_in self{};
+  socklen_t len = sizeof self;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&self), &len);
+  ::close(fd);
+  char buf[INET_ADDRSTRLEN];
+  inet_ntop(AF_INET, &self.sin_addr, buf, sizeof buf);
+  return buf;
+}
+
+int freePort(const std::string& host) {
+  zmq::context_t ctx(1);
+  zmq::socket_t s(ctx, zmq::socket_type::router);
+  s.set(zmq::sockopt::linger, 0);
+  s.bind("tcp://" + host + ":*");
+  std::string ep = s.get(zmq::sockopt::last_endpoint);
+  return std::atoi(ep.substr(ep.rfind(':') + 1).c_str());
+}
+
+}  // namespace poseidon

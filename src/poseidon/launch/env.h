@@ -1,0 +1,44 @@
+// Where a rank learns who it is: the launch conventions users already have.
+//
+//   torchrun / poseidon launch : RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT
+//   mpirun (Open MPI)          : OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK
+//   Slurm (srun)               : SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID
+//
+// With mpirun and Slurm, MASTER_ADDR (and optionally MASTER_PORT) must still
+// be exported so every rank finds the coordinator. This is the config layer:
+// the only place that reads these variables.
+#pragma once
+
+#include <functional>
+#include <string>
+
+namespace poseidon {
+
+constexpr int kDefaultMasterPort = 29500;
+
+struct RankEnv {
+  bool present = false;   // some convention set the rank
+  std::string source;     // "torchrun", "mpirun", "slurm" or "" when absent
+  int rank = 0;
+  int worldSize = 1;
+  int localRank = 0;
+  std::string masterAddr = "127.0.0.1";
+  int masterPort = kDefaultMasterPort;
+};
+
+using GetEnv = std::function<const char*(const char*)>;
+
+// Throws InvalidArgument for malformed or inconsistent values (a rank outside
+// the world, a non-numeric WORLD_SIZE, a missing MASTER_ADDR under mpirun).
+RankEnv rankFromEnvironment(const GetEnv& getenv);
+RankEnv rankFromEnvironment();
+
+// Resolves a host name to an IPv4 address string (ZeroMQ binds need one).
+std::string resolveHost(const std::string& host);
+// The local address this machine would use to reach `ip` (no packet is sent):
+// the interface a node should bind its data endpoint to.
+std::string localAddressToward(const std::string& ip);
+// Finds a free TCP port on `host` (bind port 0 and read it back).
+int freePort(const std::string& host);
+
+}  // namespace poseidon

@@ -1,0 +1,234 @@
+#include "poseidon/launch/launcher.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+
+#include "poseidon/common/error.h"
+#include "poseidon/launch/env.h"
+
+extern char** environ;
+
+namespace poseidon {
+namespace {
+
+std::atomic<int> gSignal{0};
+void onSignal(int sig) { gSignal = sig; }
+
+struct Child {
+  int rank = 0;
+  pid_t pid = -1;
+  int outFd = -1, errFd = -1;
+  std::string outBuf, errBuf;
+  bool exited = false;
+  int status = 0;
+  std::deque<std::string> lastErr;  // last lines of stderr, for the failure report
+};
+
+void writeAll(int fd, const std::string& s) {
+  size_t off = 0;
+  while (off < s.size()) {
+    ssize_t n = ::write(fd, s.data() + off, s.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    off += static_cast<size_t>(n);
+  }
+}
+
+// Emits complete lines of buf (or everything when flush) with the prefix.
+void forward(std::string& buf, int fd, const std::string& prefix, std::deque<std::string>* keep, bool flush) {
+  size_t start = 0;
+  for (;;) {
+    size_t nl = buf.find('\n', start);
+    if (nl == std::string::npos) break;
+    std::string line = buf.substr(start, nl - start);
+    writeAll(fd, prefix + line + "\n");
+    if (keep && !line.empty()) {
+      keep->push_back(line);
+      if (keep->size() > 5) keep->pop_front();
+    }
+    start = nl + 1;
+  }
+  buf.erase(0, start);
+  if (flush && !buf.empty()) {
+    writeAll(fd, prefix + buf + "\n");
+    if (keep) keep->push_back(buf);
+    buf.clear();
+  }
+}
+
+std::string describeStatus(int status) {
+  if (WIFEXITED(status)) return strCat("exited with code ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return strCat("was killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
+  return "ended";
+}
+
+}  // namespace
+
+LaunchResult launchLocal(const LaunchOptions& options) {
+  if (options.ranks < 1) throw InvalidArgument(strCat("-n must be at least 1, got ", options.ranks));
+  if (options.command.empty()) throw InvalidArgument("no command to launch (usage: poseidon launch -n N -- CMD ...)");
+  std::string masterAddr = resolveHost(options.masterAddr);
+  int port = options.masterPort ? options.masterPort : freePort(masterAddr);
+
+  struct sigaction sa {};
+  sa.sa_handler = onSignal;
+  sigemptyset(&sa.sa_mask);
+  struct sigaction oldInt {}, oldTerm {};
+  sigaction(SIGINT, &sa, &oldInt);
+  sigaction(SIGTERM, &sa, &oldTerm);
+  gSignal = 0;
+
+  std::vector<Child> children(options.ranks);
+  for (int r = 0; r < options.ranks; ++r) {
+    int out[2], err[2];
+    if (pipe(out) != 0 || pipe(err) != 0) throw IoError(strCat("pipe(): ", std::strerror(errno)));
+    std::map<std::string, std::string> env;
+    for (char** e = environ; *e; ++e) {
+      std::string kv = *e;
+      auto eq = kv.find('=');
+      if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+    }
+    for (const auto& [k, v] : options.env) env[k] = v;
+    env["RANK"] = std::to_string(r);
+    env["WORLD_SIZE"] = std::to_string(options.ranks);
+    env["LOCAL_RANK"] = std::to_string(r);
+    env["LOCAL_WORLD_SIZE"] = std::to_string(options.ranks);
+    env["MASTER_ADDR"] = masterAddr;
+    env["MASTER_PORT"] = std::to_string(port);
+    std::vector<std::string> envStrings;
+    for (const auto& [k, v] : env) envStrings.push_back(k + "=" + v);
+    std::vector<char*> envp, argv;
+    for (auto& s : envStrings) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    std::vector<std::string> args = options.command;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+
+    pid_t pid = fork();
+    if (pid < 0) throw IoError(strCat("fork(): ", std::strerror(errno)));
+    if (pid == 0) {
+      dup2(out[1], STDOUT_FILENO);
+      dup2(err[1], STDERR_FILENO);
+      close(out[0]);
+      close(out[1]);
+      close(err[0]);
+      close(err[1]);
+      signal(SIGINT, SIG_DFL);
+      signal(SIGTERM, SIG_DFL);
+      execvpe(argv[0], argv.data(), envp.data());
+      std::string msg = strCat("poseidon launch: cannot run '", argv[0], "': ", std::strerror(errno), "\n");
+      writeAll(STDERR_FILENO, msg);
+      _exit(127);
+    }
+    close(out[1]);
+    close(err[1]);
+    children[r].rank = r;
+    children[r].pid = pid;
+    children[r].outFd = out[0];
+    children[r].errFd = err[0];
+  }
+
+  LaunchResult result;
+  bool stopping = false;
+  auto stopDeadline = std::chrono::steady_clock::time_point::max();
+  auto allExitedSince = std::chrono::steady_clock::time_point::max();
+  auto stopAll = [&](int sig) {
+    for (auto& c : children)
+      if (!c.exited) kill(c.pid, sig);
+  };
+  for (;;) {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<int, bool>> who;  // child index, is stderr
+    for (size_t i = 0; i < children.size(); ++i) {
+      if (children[i].outFd >= 0) {
+        fds.push_back({children[i].outFd, POLLIN, 0});
+        who.push_back({static_cast<int>(i), false});
+      }
+      if (children[i].errFd >= 0) {
+        fds.push_back({children[i].errFd, POLLIN, 0});
+        who.push_back({static_cast<int>(i), true});
+      }
+    }
+    if (!fds.empty()) ::poll(fds.data(), fds.size(), 100);
+    else usleep(20000);
+    for (size_t k = 0; k < fds.size(); ++k) {
+      if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      Child& c = children[who[k].first];
+      bool isErr = who[k].second;
+      char buf[65536];
+      ssize_t n = ::read(fds[k].fd, buf, sizeof buf);
+      std::string& acc = isErr ? c.errBuf : c.outBuf;
+      std::string prefix = (c.rank == 0 && !options.prefixRank0) ? "" : strCat("[rank ", c.rank, "] ");
+      if (n > 0) {
+        acc.append(buf, static_cast<size_t>(n));
+        forward(acc, isErr ? STDERR_FILENO : STDOUT_FILENO, prefix, isErr ? &c.lastErr : nullptr, false);
+      } else if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) {
+        forward(acc, isErr ? STDERR_FILENO : STDOUT_FILENO, prefix, isErr ? &c.lastErr : nullptr, true);
+        close(fds[k].fd);
+        (isErr ? c.errFd : c.outFd) = -1;
+      }
+    }
+    for (auto& c : children) {
+      if (c.exited) continue;
+      int status = 0;
+      pid_t got = waitpid(c.pid, &status, WNOHANG);
+      if (got != c.pid) continue;
+      c.exited = true;
+      c.status = status;
+      bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      if (!ok && result.failedRank < 0 && !stopping) {
+        result.failedRank = c.rank;
+        result.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        // Drain what is buffered so the error line is known.
+        result.failure = strCat("rank ", c.rank, " ", describeStatus(status));
+        stopping = true;
+        stopDeadline = std::chrono::steady_clock::now() + options.killGrace;
+        stopAll(SIGTERM);
+      }
+    }
+    if (gSignal && !stopping) {
+      result.failure = strCat("interrupted by signal ", gSignal.load(), "; stopped all ranks");
+      result.exitCode = 128 + gSignal.load();
+      stopping = true;
+      stopDeadline = std::chrono::steady_clock::now() + options.killGrace;
+      stopAll(SIGTERM);
+    }
+    if (stopping && std::chrono::steady_clock::now() > stopDeadline) {
+      stopAll(SIGKILL);
+      stopDeadline = std::chrono::steady_clock::time_point::max();
+    }
+    bool allDone = true;
+    for (auto& c : children) allDone = allDone && c.exited && c.outFd < 0 && c.errFd < 0;
+    if (allDone) break;
+    // A child that exited may have left a grandchild holding the pipe open;
+    // do not wait for it forever.
+    bool allExited = true;
+    for (auto& c : children) allExited = allExited && c.exited;
+    if (allExited) {
+      if (allExitedSince == std::chrono::steady_clock::time_point::max()) allExitedSince = std::chrono::steady_clock::now();
+      if (std::chrono::steady_clock::now() - allExitedSince > std::chrono::seconds(5)) break;
+    }
+  }
+  for (auto& c : children) {
+    if (c.outFd >= 0) close(c.outFd);
+    if (c.errFd >= 0) close(c.errFd);
+  }
+  if (result.failedRank >= 0) {
+    const Child& c = children[result.failedRank];
+    if (!c.lastErr.empty()) result.failure += ": " + c.lastErr.back();
+  }
+  sigaction(SIGINT, &oldInt, nullptr);
+  sigaction(SIGTERM, &oldTerm, nullptr);
+  return result;
+}
+
+}  // namespace poseidon

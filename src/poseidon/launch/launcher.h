@@ -1,0 +1,34 @@
+// Local launcher: starts N ranks of a command as child processes with the
+// torchrun environment set, forwards their output line by line with a rank
+// prefix, and on the first failure stops the others and reports it.
+//
+// Used by `poseidon launch -n N -- CMD...` and by `poseidon train`, which
+// launches itself once per worker.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace poseidon {
+
+struct LaunchOptions {
+  int ranks = 1;
+  std::vector<std::string> command;  // argv; command[0] is looked up on PATH
+  std::string masterAddr = "127.0.0.1";
+  int masterPort = 0;  // 0 picks a free port
+  std::map<std::string, std::string> env;  // extra environment for every rank
+  bool prefixRank0 = true;                 // "[rank 0] " before rank 0's lines too
+  std::chrono::milliseconds killGrace{3000};  // SIGTERM, then SIGKILL after this
+};
+
+struct LaunchResult {
+  int exitCode = 0;         // 0 when every rank succeeded
+  int failedRank = -1;      // first rank that failed
+  std::string failure;      // "rank 2 exited with code 1: <its last error line>"
+};
+
+LaunchResult launchLocal(const LaunchOptions& options);
+
+}  // namespace poseidon

@@ -1,0 +1,205 @@
+#include "poseidon/transport/van.h"
+
+#include <atomic>
+#include <cstring>
+
+#include "poseidon/common/error.h"
+#include "poseidon/common/log.h"
+
+namespace poseidon {
+namespace {
+std::atomic<uint64_t> gLoopbackId{0};
+}  // namespace
+
+void Van::rejected(const std::string& peer, const std::string& why) {
+  uint64_t k = rejected_.fetch_add(1);
+  if (k < 20 || k % 1000 == 0) {
+    POSEIDON_LOG(kWarning) << "rejected frame from " << peer << ": " << why << " (" << k + 1 << " rejected so far)";
+  }
+}
+
+Van::Van(zmq::context_t& ctx, const VanOptions& options)
+    : ctx_(ctx),
+      options_(options),
+      router_(ctx, zmq::socket_type::router),
+      loopIn_(ctx, zmq::socket_type::pull),
+      loopOut_(ctx, zmq::socket_type::push) {
+  router_.set(zmq::sockopt::rcvhwm, 0);
+  router_.set(zmq::sockopt::linger, 0);
+  router_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(options.maxPayloadBytes + kHeaderBytes));
+  std::string want = "tcp://" + options.bindHost + ":" + (options.port ? std::to_string(options.port) : "*");
+  try {
+    router_.bind(want);
+  } catch (const zmq::error_t& e) {
+    throw IoError(strCat("cannot bind data endpoint ", want, ": ", e.what(),
+                         e.num() == EADDRINUSE ? " (port in use: pick another port)" : ""));
+  }
+  endpoint_ = router_.get(zmq::sockopt::last_endpoint);
+  std::string loop = "inproc://poseidon-loop-" + std::to_string(gLoopbackId.fetch_add(1));
+  loopIn_.set(zmq::sockopt::rcvhwm, 0);
+  loopIn_.set(zmq::sockopt::linger, 0);
+  loopIn_.bind(loop);
+  loopOut_.set(zmq::sockopt::sndhwm, 0);
+  loopOut_.set(zmq::sockopt::linger, 0);
+  loopOut_.connect(loop);
+}
+
+Van::~Van() { close(); }
+
+void Van::close() {
+  if (closed_) return;
+  closed_ = true;
+  for (auto& p : peers_) {
+    if (!p || !p->socket) continue;
+    std::lock_guard<std::mutex> lock(p->mutex);
+    p->socket->set(zmq::sockopt::linger, options_.lingerMs);
+    p->socket->close();
+  }
+  std::lock_guard<std::mutex> lock(loopOutMutex_);
+  loopOut_.close();
+  loopIn_.close();
+  router_.close();
+}
+
+void Van::connectPeers(int selfRank, const std::vector<std::string>& endpoints) {
+  POSEIDON_ENFORCE(rank_ < 0, "connectPeers called twice");
+  if (selfRank < 0 || selfRank >= static_cast<int>(endpoints.size())) {
+    throw InvalidArgument(strCat("rank ", selfRank, " outside world of ", endpoints.size()));
+  }
+  rank_ = selfRank;
+  peers_.clear();
+  for (size_t r = 0; r < endpoints.size(); ++r) {
+    auto peer = std::make_unique<Peer>();
+    if (static_cast<int>(r) != selfRank) {
+      peer->socket = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::dealer);
+      peer->socket->set(zmq::sockopt::sndhwm, 0);
+      peer->socket->set(zmq::sockopt::linger, options_.lingerMs);
+      // Messages queue until the TCP connection is up instead of being refused.
+      peer->socket->set(zmq::sockopt::immediate, 0);
+      try {
+        peer->socket->connect(endpoints[r]);
+      } catch (const zmq::error_t& e) {
+        throw IoError(strCat("cannot connect to rank ", r, " at ", endpoints[r], ": ", e.what()));
+      }
+    }
+    peers_.push_back(std::move(peer));
+  }
+}
+
+TrafficKind Van::kindOf(MsgType type) {
+  switch (type) {
+    case MsgType::kPsPush:
+    case MsgType::kPsAggregate: return TrafficKind::kPS;
+    case MsgType::kSfbFactors: return TrafficKind::kSFB;
+    default: return TrafficKind::kControl;
+  }
+}
+
+void Van::send(int dest, FrameHeader header, const Part* partsBegin, size_t numParts) {
+  const Part* partsEnd = partsBegin + numParts;
+  if (dest < 0 || dest >= static_cast<int>(peers_.size())) {
+    throw InvalidArgument(strCat("send to rank ", dest, " outside world of ", peers_.size()));
+  }
+  size_t total = 0;
+  for (const Part* p = partsBegin; p != partsEnd; ++p) total += p->bytes;
+  header.payloadBytes = total;
+  header.sender = static_cast<uint32_t>(rank_);
+  zmq::message_t head(kHeaderBytes);
+  encodeHeader(header, static_cast<uint8_t*>(head.data()));
+  zmq::message_t body(total);
+  size_t off = 0;
+  for (const Part* p = partsBegin; p != partsEnd; ++p) {
+    if (p->bytes) std::memcpy(static_cast<uint8_t*>(body.data()) + off, p->data, p->bytes);
+    off += p->bytes;
+  }
+  try {
+    if (dest == rank_) {
+      std::lock_guard<std::mutex> lock(loopOutMutex_);
+      if (closed_) throw IoError("transport closed");
+      loopOut_.send(head, zmq::send_flags::sndmore);
+      loopOut_.send(body, zmq::send_flags::none);
+      return;
+    }
+    Peer& peer = *peers_[dest];
+    std::lock_guard<std::mutex> lock(peer.mutex);
+    if (closed_) throw IoError("transport closed");
+    peer.socket->send(head, zmq::send_flags::sndmore);
+    peer.socket->send(body, zmq::send_flags::none);
+  } catch (const zmq::error_t& e) {
+    throw IoError(strCat("send of ", msgTypeName(header.type), " to rank ", dest, " failed: ", e.what()));
+  }
+  counters_.addSent(static_cast<int>(header.layer), kindOf(header.type), kHeaderBytes + total);
+}
+
+bool Van::receiveFrom(zmq::socket_t& socket, bool loopback, Message* out) {
+  // Read every part of the multipart message first, so that a malformed one
+  // is consumed whole and the next message starts clean.
+  std::vector<zmq::message_t> parts;
+  std::string peer = loopback ? "loopback" : "?";
+  for (;;) {
+    zmq::message_t part;
+    auto ok = socket.recv(part, zmq::recv_flags::dontwait);
+    if (!ok) break;
+    // The identity frame is made up by the ROUTER; the peer's address is
+    // metadata of the frames that came over the wire.
+    if (!loopback && parts.size() == 1) {
+      try {
+        const char* addr = part.gets("Peer-Address");
+        if (addr) peer = addr;
+      } catch (const zmq::error_t&) {
+      }
+    }
+    bool more = part.more();
+    parts.push_back(std::move(part));
+    if (!more) break;
+    if (parts.size() > 8) {  // drain the rest without keeping it
+      zmq::message_t skip;
+      while (socket.recv(skip, zmq::recv_flags::dontwait) && skip.more()) {
+      }
+      break;
+    }
+  }
+  if (parts.empty()) return false;
+  // ROUTER prepends the sender's identity frame.
+  size_t first = loopback ? 0 : 1;
+  std::string why;
+  FrameHeader h;
+  if (parts.size() != first + 2) {
+    why = strCat("message with ", parts.size() - first, " frames (expected header + payload)");
+  } else {
+    why = decodeHeader(parts[first].data(), parts[first].size(), options_.maxPayloadBytes, &h);
+    if (why.empty() && h.payloadBytes != parts[first + 1].size()) {
+      why = strCat("header says ", h.payloadBytes, " payload bytes but the payload frame has ", parts[first + 1].size());
+    }
+  }
+  if (!why.empty()) {
+    rejected(peer, why);
+    return false;
+  }
+  out->header = h;
+  out->payload = std::move(parts[first + 1]);
+  out->peer = std::move(peer);
+  if (!loopback) counters_.addReceived(static_cast<int>(h.layer), kindOf(h.type), kHeaderBytes + h.payloadBytes);
+  return true;
+}
+
+bool Van::poll(Message* out, int timeoutMs) {
+  zmq::pollitem_t items[] = {{router_.handle(), 0, ZMQ_POLLIN, 0}, {loopIn_.handle(), 0, ZMQ_POLLIN, 0}};
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeoutMs);
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() < 0) left = std::chrono::milliseconds(0);
+    try {
+      zmq::poll(items, 2, left);
+    } catch (const zmq::error_t& e) {
+      if (e.num() == EINTR) continue;
+      throw IoError(strCat("poll failed: ", e.what()));
+    }
+    // Loopback first: it carries this node's own contributions.
+    if ((items[1].revents & ZMQ_POLLIN) && receiveFrom(loopIn_, true, out)) return true;
+    if ((items[0].revents & ZMQ_POLLIN) && receiveFrom(router_, false, out)) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+  }
+}
+
+}  // namespace poseidon

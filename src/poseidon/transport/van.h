@@ -1,0 +1,114 @@
+// Van: Poseidon's ZeroMQ transport (the name is ps-lite's).
+//
+// Each node binds one ROUTER socket (its data endpoint) and opens one DEALER
+// per peer, connected to that peer's ROUTER. Messages are [header][payload]
+// (see wire/frame.h). Messages to oneself go through an in-process loopback
+// socket, so the receive loop sees one stream and a colocated worker/server
+// pair costs no network bytes.
+//
+// Threads: send() may be called from any thread (each DEALER has its own
+// mutex; ZeroMQ sockets are not thread-safe). poll() must be called from one
+// thread only, the owner's receive loop. High-water marks are unlimited, so
+// send() never blocks and never drops.
+#pragma once
+
+#include <zmq.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "poseidon/transport/counters.h"
+#include "poseidon/wire/frame.h"
+
+namespace poseidon {
+
+struct VanOptions {
+  std::string bindHost = "127.0.0.1";  // interface to bind; never 0.0.0.0 by default
+  int port = 0;                        // 0 picks a free port
+  uint64_t maxPayloadBytes = kDefaultMaxPayloadBytes;
+  int lingerMs = 2000;  // how long close() waits to flush queued messages
+};
+
+struct Message {
+  FrameHeader header;
+  zmq::message_t payload;
+  std::string peer;  // remote address for logs ("127.0.0.1" or "loopback")
+  const uint8_t* data() const { return static_cast<const uint8_t*>(payload.data()); }
+  size_t size() const { return payload.size(); }
+};
+
+class Van {
+ public:
+  Van(zmq::context_t& ctx, const VanOptions& options);
+  ~Van();
+  Van(const Van&) = delete;
+  Van& operator=(const Van&) = delete;
+
+  // "tcp://host:port" actually bound.
+  const std::string& endpoint() const { return endpoint_; }
+
+  // Sets this node's rank and the peer endpoints (index = rank). Connects a
+  // DEALER to every other rank. Call once, before any send().
+  void connectPeers(int selfRank, const std::vector<std::string>& endpoints);
+  int rank() const { return rank_; }
+  int worldSize() const { return static_cast<int>(peers_.size()); }
+
+  // Thread-safe. The payload is the concatenation of the given parts (so U and
+  // V factors go out as one frame without an extra copy on our side).
+  struct Part {
+    const void* data;
+    size_t bytes;
+  };
+  void send(int dest, FrameHeader header, const Part* parts, size_t numParts);
+  void send(int dest, const FrameHeader& header, std::initializer_list<Part> parts) {
+    send(dest, header, parts.begin(), parts.size());
+  }
+  void send(int dest, const FrameHeader& header, const std::vector<Part>& parts) {
+    send(dest, header, parts.data(), parts.size());
+  }
+  void send(int dest, const FrameHeader& header, const void* payload, size_t bytes) {
+    Part p{payload, bytes};
+    send(dest, header, &p, 1);
+  }
+
+  // Receive thread only. Waits up to timeoutMs for one valid message. Frames
+  // that fail header validation are logged with the peer address, counted in
+  // rejectedFrames(), and skipped. Returns false on timeout.
+  bool poll(Message* out, int timeoutMs);
+
+  TrafficCounters& counters() { return counters_; }
+  uint64_t rejectedFrames() const { return rejected_.load(); }
+  // Counts a rejected message and logs why, naming the peer. Rate-limited:
+  // the first 20 in full, then every 1000th, so a flood of garbage cannot
+  // flood the log too.
+  void rejected(const std::string& peer, const std::string& why);
+
+  // Closes all sockets (flushing for up to lingerMs). Idempotent.
+  void close();
+
+ private:
+  struct Peer {
+    std::mutex mutex;
+    std::unique_ptr<zmq::socket_t> socket;
+  };
+  bool receiveFrom(zmq::socket_t& socket, bool loopback, Message* out);
+  static TrafficKind kindOf(MsgType type);
+
+  zmq::context_t& ctx_;
+  VanOptions options_;
+  std::string endpoint_;
+  int rank_ = -1;
+  zmq::socket_t router_;
+  zmq::socket_t loopIn_;
+  std::mutex loopOutMutex_;
+  zmq::socket_t loopOut_;  // guarded by loopOutMutex_
+  std::vector<std::unique_ptr<Peer>> peers_;
+  TrafficCounters counters_;
+  std::atomic<uint64_t> rejected_{0};
+  bool closed_ = false;
+};
+
+}  // namespace poseidon

@@ -1,0 +1,90 @@
+#include "poseidon/coordinator/book.h"
+
+#include <gtest/gtest.h>
+
+#include "poseidon/coordinator/rendezvous.h"
+#include "poseidon/model/zoo.h"
+
+namespace poseidon {
+namespace {
+
+InformationBook makeBook(std::vector<Role> roles, const ModelDesc& m) {
+  std::vector<NodeInfo> nodes;
+  for (size_t r = 0; r < roles.size(); ++r) nodes.push_back({int(r), roles[r], "tcp://127.0.0.1:" + std::to_string(5000 + r)});
+  JobSettings s;
+  s.batch = 32;
+  return InformationBook(42, nodes, m, s);
+}
+
+TEST(Book, RolesWorkersAndShards) {
+  ModelDesc m = zooModel("lenet");
+  InformationBook b = makeBook({Role::kBoth, Role::kWorker, Role::kServer, Role::kBoth}, m);
+  EXPECT_EQ(b.workerRanks(), (std::vector<int>{0, 1, 3}));
+  EXPECT_EQ(b.serverRanks(), (std::vector<int>{0, 2, 3}));
+  EXPECT_EQ(b.workerIndex(3), 2);
+  EXPECT_EQ(b.workerIndex(2), -1);
+  EXPECT_EQ(b.shardIndex(2), 1);
+  EXPECT_EQ(b.shardIndex(1), -1);
+  EXPECT_EQ(b.layout().shards(), 3);
+  LayerQuery q = b.query(m.find("ip1"));
+  EXPECT_EQ(q.layer->name, "ip1");
+  EXPECT_EQ(q.scheme, bestScheme(m.layers[q.index], 32, 3, 3));
+}
+
+TEST(Book, SerializationRoundTrip) {
+  ModelDesc m = zooModel("googlenet");
+  InformationBook b = makeBook({Role::kBoth, Role::kBoth}, m);
+  ByteWriter w;
+  b.write(w);
+  auto bytes = w.take();
+  ByteReader r(bytes.data(), bytes.size());
+  InformationBook c = InformationBook::read(r);
+  EXPECT_EQ(c.jobId(), 42u);
+  EXPECT_EQ(c.model().hash(), m.hash());
+  EXPECT_EQ(c.nodes()[1].endpoint, b.nodes()[1].endpoint);
+  EXPECT_EQ(c.settings(), b.settings());
+  // Every truncation is a clean ProtocolError, never a crash.
+  for (size_t cut = 0; cut < bytes.size(); cut += 97) {
+    ByteReader t(bytes.data(), cut);
+    EXPECT_THROW(InformationBook::read(t), ProtocolError) << cut;
+  }
+}
+
+TEST(Book, NoWorkersOrNoServersIsAnError) {
+  ModelDesc m = zooModel("lenet");
+  EXPECT_THROW(makeBook({Role::kServer, Role::kServer}, m), InvalidArgument);
+  EXPECT_THROW(makeBook({Role::kWorker, Role::kWorker}, m), InvalidArgument);
+}
+
+TEST(Book, JoinRoundTripAndHashCheck) {
+  JoinRequest req;
+  req.rank = 3;
+  req.worldSize = 4;
+  req.role = Role::kWorker;
+  req.endpoint = "tcp://10.0.0.2:4000";
+  req.model = zooModel("cifar10-quick");
+  auto bytes = encodeJoin(req);
+  JoinRequest d = decodeJoin(bytes.data(), bytes.size());
+  EXPECT_EQ(d.rank, 3);
+  EXPECT_EQ(d.worldSize, 4);
+  EXPECT_EQ(d.role, Role::kWorker);
+  EXPECT_EQ(d.endpoint, req.endpoint);
+  EXPECT_EQ(d.model.hash(), req.model.hash());
+  bytes[bytes.size() - 40] ^= 0x40;  // corrupt a dimension of the last layer
+  EXPECT_THROW(decodeJoin(bytes.data(), bytes.size()), ProtocolError);
+}
+
+TEST(Book, FirstDifferenceNamesTheLayer) {
+  ModelDesc a = zooModel("vgg19"), b = a;
+  b.layers[17] = LayerSpec::fc("fc7", 4096, 4000);
+  auto diff = ModelDesc::firstDifference(a, b);
+  ASSERT_TRUE(diff.has_value());
+  EXPECT_NE(diff->find("layer 17 'fc7'"), std::string::npos) << *diff;
+  EXPECT_NE(diff->find("4096x4000"), std::string::npos) << *diff;
+  EXPECT_FALSE(ModelDesc::firstDifference(a, a).has_value());
+  EXPECT_EQ(formatRanks({2, 3}), "2,3");
+  EXPECT_EQ(formatRanks({1, 2, 3, 4, 7}), "1-4,7");
+}
+
+}  // namespace
+}  // namespace poseidon

@@ -1,0 +1,131 @@
+// Several nodes in one process, each with its own ZeroMQ context and real
+// TCP sockets on localhost. The multi-process tests (tests/integration) run
+// the same scenario across real processes.
+#include <gtest/gtest.h>
+
+#include <future>
+#include <thread>
+
+#include "../integration/scenario.h"
+#include "poseidon/client/node.h"
+#include "poseidon/launch/env.h"
+
+namespace poseidon {
+namespace {
+
+using testing::runScenario;
+using testing::scenarioModel;
+
+std::vector<std::unique_ptr<Node>> startNodes(int n, SchemePolicy policy, std::vector<Role> roles = {}) {
+  int port = freePort("127.0.0.1");
+  std::vector<std::future<std::unique_ptr<Node>>> futures;
+  for (int r = 0; r < n; ++r) {
+    NodeOptions o;
+    o.rank = r;
+    o.worldSize = n;
+    o.masterPort = port;
+    o.role = roles.empty() ? Role::kBoth : roles[r];
+    o.timeout = std::chrono::milliseconds(20000);
+    o.settings.batch = testing::kScenarioBatch;
+    o.settings.pairBytes = testing::kScenarioPairBytes;
+    o.settings.policy = policy;
+    futures.push_back(std::async(std::launch::async, [o] { return Node::start(o, scenarioModel()); }));
+  }
+  std::vector<std::unique_ptr<Node>> nodes;
+  for (auto& f : futures) nodes.push_back(f.get());
+  return nodes;
+}
+
+void runAll(std::vector<std::unique_ptr<Node>>& nodes, int iterations, SchemePolicy policy) {
+  std::vector<std::future<std::vector<testing::LayerCheck>>> futures;
+  for (auto& n : nodes) {
+    Node* node = n.get();
+    futures.push_back(std::async(std::launch::async, [node, iterations] {
+      std::vector<testing::LayerCheck> checks;
+      if (node->isWorker()) checks = runScenario(*node, iterations);
+      node->finish();
+      return checks;
+    }));
+  }
+  for (auto& f : futures) {
+    auto checks = f.get();
+    for (size_t l = 0; l < checks.size(); ++l) {
+      const auto& c = checks[l];
+      if (c.scheme == Scheme::kPS) {
+        EXPECT_TRUE(c.bitExact) << "layer " << l;
+        EXPECT_LT(c.maxRelError, 1e-6) << "layer " << l;
+      } else {
+        EXPECT_LT(c.maxRelError, 1e-5) << "layer " << l;
+      }
+      if (policy == SchemePolicy::kPS) EXPECT_EQ(c.scheme, Scheme::kPS);
+    }
+  }
+}
+
+TEST(NodeInProcess, ThreeNodesAutoScheme) {
+  auto nodes = startNodes(3, SchemePolicy::kAuto);
+  EXPECT_EQ(nodes[0]->schemeFor(4, testing::kScenarioBatch), Scheme::kSFB);  // huge
+  EXPECT_EQ(nodes[0]->schemeFor(2, testing::kScenarioBatch), Scheme::kPS);   // odd
+  runAll(nodes, 3, SchemePolicy::kAuto);
+}
+
+TEST(NodeInProcess, SeparateWorkerAndServerRoles) {
+  auto nodes = startNodes(4, SchemePolicy::kPS, {Role::kWorker, Role::kServer, Role::kBoth, Role::kWorker});
+  EXPECT_EQ(nodes[0]->book().numWorkers(), 3);
+  EXPECT_EQ(nodes[0]->book().numServers(), 2);
+  runAll(nodes, 2, SchemePolicy::kPS);
+}
+
+TEST(NodeInProcess, BroadcastAndBarrier) {
+  auto nodes = startNodes(3, SchemePolicy::kAuto);
+  std::vector<std::future<std::vector<float>>> futures;
+  for (auto& n : nodes) {
+    Node* node = n.get();
+    futures.push_back(std::async(std::launch::async, [node] {
+      // 40000 floats: several broadcast chunks of one pair each.
+      std::vector<float> w(40000, static_cast<float>(node->rank()));
+      std::vector<float> b(3, -1.f);
+      if (node->rank() == 1) b = {1.5f, 2.5f, 3.5f};
+      node->broadcast(0, LayerBuffer::contiguous(w.data(), 40000));
+      node->broadcast(1, LayerBuffer({FloatSpan{b.data(), 1}, FloatSpan{b.data() + 1, 2}}));
+      node->barrier();
+      node->finish();
+      w.insert(w.end(), b.begin(), b.end());
+      return w;
+    }));
+  }
+  for (auto& f : futures) {
+    auto w = f.get();
+    for (size_t i = 0; i < 40000; ++i) ASSERT_EQ(w[i], 0.f);
+    EXPECT_EQ(w[40000], 1.5f);
+    EXPECT_EQ(w[40002], 3.5f);
+  }
+}
+
+TEST(NodeInProcess, TimeoutNamesMissingLayerAndRank) {
+  auto nodes = startNodes(2, SchemePolicy::kPS);
+  // Rank 1 never submits; rank 0's barrier must time out naming what is missing.
+  nodes[0]->beginIteration(0);
+  nodes[1]->beginIteration(0);
+  std::vector<float> g(scenarioModel().layers[3].numel(), 1.f);
+  for (int l = 0; l < 5; ++l) {
+    std::vector<float>* buf = new std::vector<float>(scenarioModel().layers[l].numel(), 1.f);
+    nodes[0]->submitDense(l, LayerBuffer::contiguous(buf->data(), buf->size()), std::shared_ptr<void>(buf, [](void* p) { delete static_cast<std::vector<float>*>(p); }));
+  }
+  try {
+    nodes[0]->waitIteration(std::chrono::milliseconds(1500));
+    FAIL() << "expected a timeout";
+  } catch (const TimeoutError& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("rank 0 iteration 0: timed out after 1.5 s"), std::string::npos) << what;
+    EXPECT_NE(what.find("layer 'huge' (ps): aggregates of pairs"), std::string::npos) << what;
+  }
+  // The failure is sticky and was sent to rank 1, whose next call fails fast.
+  EXPECT_THROW(nodes[0]->waitIteration(), Error);
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(nodes[1]->waitIteration(std::chrono::milliseconds(10000)), AbortedError);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+}
+
+}  // namespace
+}  // namespace poseidon

@@ -1,0 +1,272 @@
+// Multi-process tests: real poseidon_test_node processes over real ZeroMQ
+// on localhost (the in-process tests in tests/core cover the same paths
+// with threads).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <zmq.hpp>
+
+#include "poseidon/core/cost_model.h"
+#include "poseidon/launch/env.h"
+#include "poseidon/wire/frame.h"
+#include "process.h"
+#include "scenario.h"
+
+namespace poseidon {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::Proc;
+
+struct Job {
+  std::string dir;
+  int port = 0;
+  std::vector<Proc> procs;
+  Job() = default;
+  Job(Job&&) = default;
+  ~Job() {
+    if (!dir.empty() && dir.rfind("/tmp/poseidon-", 0) == 0) std::filesystem::remove_all(dir);
+  }
+};
+
+Job startJob(int ranks, int worldSize, const std::string& scenario, const std::string& policy, int iterations,
+             int timeoutMs = 20000, std::map<int, std::map<std::string, std::string>> extra = {}) {
+  Job job;
+  job.dir = testing::makeTempDir(scenario);
+  job.port = freePort("127.0.0.1");
+  for (int r = 0; r < ranks; ++r) {
+    std::map<std::string, std::string> env{{"RANK", std::to_string(r)},
+                                           {"WORLD_SIZE", std::to_string(worldSize)},
+                                           {"MASTER_ADDR", "127.0.0.1"},
+                                           {"MASTER_PORT", std::to_string(job.port)}};
+    for (const auto& [k, v] : extra[r]) env[k] = v;
+    job.procs.push_back(testing::spawn({POSEIDON_TEST_NODE, scenario, policy, std::to_string(iterations), job.dir,
+                                        std::to_string(timeoutMs)},
+                                       env, job.dir + "/log" + std::to_string(r)));
+  }
+  return job;
+}
+
+nlohmann::json report(const Job& job, int rank) {
+  std::ifstream f(job.dir + "/rank" + std::to_string(rank) + ".json");
+  return nlohmann::json::parse(f);
+}
+
+void expectAllSucceeded(const Job& job) {
+  for (size_t r = 0; r < job.procs.size(); ++r) {
+    ASSERT_FALSE(job.procs[r].killed) << "rank " << r << " hung:\n" << job.procs[r].stderrText();
+    ASSERT_EQ(job.procs[r].exitCode(), 0) << "rank " << r << ":\n" << job.procs[r].stderrText();
+  }
+}
+
+void expectCorrect(const Job& job, const std::map<std::string, std::string>& schemes) {
+  ModelDesc model = testing::scenarioModel();
+  for (size_t r = 0; r < job.procs.size(); ++r) {
+    auto rep = report(job, static_cast<int>(r));
+    ASSERT_EQ(rep["layers"].size(), model.layers.size());
+    for (size_t l = 0; l < model.layers.size(); ++l) {
+      const auto& L = rep["layers"][l];
+      const std::string& name = model.layers[l].name;
+      if (schemes.count(name)) EXPECT_EQ(L["scheme"], schemes.at(name)) << name;
+      if (L["scheme"] == "ps") {
+        // PS sums in a fixed worker order: bit-exact against the same float sum.
+        EXPECT_TRUE(L["bit_exact"].get<bool>()) << "rank " << r << " layer " << name;
+        EXPECT_LT(L["max_rel_error"].get<double>(), 1e-6) << "rank " << r << " layer " << name;
+      } else {
+        EXPECT_LT(L["max_rel_error"].get<double>(), 1e-5) << "rank " << r << " layer " << name;
+      }
+    }
+  }
+}
+
+TEST(MultiProcess, FourRanksAutoSchemeSynchronizesExactly) {
+  Job job = startJob(4, 4, "sync", "auto", 3);
+  testing::waitAll(job.procs, std::chrono::seconds(120));
+  expectAllSucceeded(job);
+  expectCorrect(job, {{"tiny", "ps"}, {"conv", "ps"}, {"odd", "ps"}, {"even", "sfb"}, {"huge", "sfb"}});
+}
+
+// Bytes on the wire per layer and scheme against paper Table 1.
+TEST(MultiProcess, FourRanksPsBytesMatchTable1) {
+  const int iterations = 3, P = 4;
+  Job job = startJob(P, P, "sync", "ps", iterations);
+  testing::waitAll(job.procs, std::chrono::seconds(120));
+  expectAllSucceeded(job);
+  expectCorrect(job, {{"even", "ps"}, {"huge", "ps"}});
+  ModelDesc model = testing::scenarioModel();
+  for (const std::string name : {"even", "huge"}) {
+    const LayerSpec& l = model.layers[model.find(name)];
+    double formula = psCostBoth(costInputs(l, testing::kScenarioBatch, P, P)) * iterations;
+    double total = 0;
+    for (int r = 0; r < P; ++r) {
+      auto t = report(job, r)["traffic"][name]["ps"];
+      double floats = (t["sent"].get<double>() + t["received"].get<double>()) / 4;
+      total += floats;
+      // "even" splits into 4 equal pairs, one per shard: every node moves the formula's amount.
+      if (name == "even") EXPECT_NEAR(floats / formula, 1.0, 0.05) << "rank " << r;
+    }
+    // "huge" has a short last pair, so nodes differ; the mean node matches.
+    EXPECT_NEAR(total / P / formula, 1.0, 0.05) << name << " measured " << total / P << " formula " << formula;
+  }
+}
+
+TEST(MultiProcess, FourRanksSfbBytesMatchTable1) {
+  const int iterations = 3, P = 4;
+  Job job = startJob(P, P, "sync", "sfb", iterations);
+  testing::waitAll(job.procs, std::chrono::seconds(120));
+  expectAllSucceeded(job);
+  expectCorrect(job, {{"odd", "sfb"}, {"even", "sfb"}, {"huge", "sfb"}, {"conv", "ps"}});
+  ModelDesc model = testing::scenarioModel();
+  for (const std::string name : {"odd", "even", "huge"}) {
+    const LayerSpec& l = model.layers[model.find(name)];
+    double formula = sfbCost(costInputs(l, testing::kScenarioBatch, P, P)) * iterations;
+    for (int r = 0; r < P; ++r) {
+      auto t = report(job, r)["traffic"][name]["sfb"];
+      double floats = (t["sent"].get<double>() + t["received"].get<double>()) / 4;
+      // "odd" is tiny (7x13): its 48-byte headers are a larger share.
+      EXPECT_NEAR(floats / formula, 1.0, name == std::string("odd") ? 0.35 : 0.05) << name << " rank " << r;
+      EXPECT_EQ(report(job, r)["traffic"][name]["ps"]["sent"].get<double>(), 0) << name;
+    }
+  }
+}
+
+TEST(MultiProcess, SeparateServerRanks) {
+  // Two workers and two server-only ranks.
+  Job job = startJob(4, 4, "sync", "auto", 2, 20000,
+                     {{1, {{"POSEIDON_ROLE", "server"}}}, {3, {{"POSEIDON_ROLE", "server"}}},
+                      {0, {{"POSEIDON_ROLE", "worker"}}}, {2, {{"POSEIDON_ROLE", "worker"}}}});
+  testing::waitAll(job.procs, std::chrono::seconds(120));
+  expectAllSucceeded(job);
+  for (int r : {0, 2}) {
+    auto rep = report(job, r);
+    EXPECT_EQ(rep["workers"], 2);
+    EXPECT_EQ(rep["servers"], 2);
+    for (const auto& L : rep["layers"]) {
+      if (L["scheme"] == "ps") EXPECT_TRUE(L["bit_exact"].get<bool>());
+      EXPECT_LT(L["max_rel_error"].get<double>(), 1e-5);
+    }
+  }
+}
+
+TEST(MultiProcess, ModelMismatchIsAClearErrorOnEveryRank) {
+  Job job = startJob(4, 4, "mismatch", "auto", 1, 10000);
+  testing::waitAll(job.procs, std::chrono::seconds(60));
+  for (size_t r = 0; r < job.procs.size(); ++r) {
+    EXPECT_FALSE(job.procs[r].killed) << r;
+    EXPECT_EQ(job.procs[r].exitCode(), 1) << r;
+    EXPECT_THAT(job.procs[r].stderrText(),
+                HasSubstr("model mismatch between rank 0 and rank 2: layer 3 'even': fc weight[256x255]"))
+        << r;
+  }
+}
+
+TEST(MultiProcess, RankThatNeverJoinsTimesOutWithItsNumber) {
+  // World of 4, but rank 3 is never started; a 3 s rendezvous timeout.
+  Job job = startJob(3, 4, "sync", "auto", 1, 3000);
+  testing::waitAll(job.procs, std::chrono::seconds(30));
+  std::string expect = "waited 3 s for rank 3 to join coordinator at 127.0.0.1:" + std::to_string(job.port);
+  for (size_t r = 0; r < job.procs.size(); ++r) {
+    EXPECT_FALSE(job.procs[r].killed) << r;
+    EXPECT_EQ(job.procs[r].exitCode(), 1) << r;
+    EXPECT_THAT(job.procs[r].stderrText(), HasSubstr(expect)) << r;
+    EXPECT_LT(job.procs[r].seconds, 3.0 * 2 + 1) << r;  // within its timeout (plus process start)
+  }
+}
+
+TEST(MultiProcess, WorldSizeMismatchIsAClearError) {
+  Job job = startJob(2, 2, "sync", "auto", 1, 5000, {{1, {{"WORLD_SIZE", "3"}}}});
+  testing::waitAll(job.procs, std::chrono::seconds(30));
+  for (size_t r = 0; r < 2; ++r) {
+    EXPECT_EQ(job.procs[r].exitCode(), 1) << r;
+    EXPECT_THAT(job.procs[r].stderrText(),
+                HasSubstr("world size mismatch: rank 1 was started with world size 3 but the coordinator (rank 0) has "
+                          "world size 2"));
+  }
+}
+
+std::string readFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Garbage on a server's data port: random frames, truncated and oversized
+// headers, unknown types and versions, frames for another job, and a raw
+// non-ZeroMQ TCP connection. The job keeps training and its results are
+// exact; every bad frame is counted and logged with the peer's address.
+TEST(MultiProcess, BadFramesAreRejectedAndChangeNothing) {
+  Job job = startJob(2, 2, "slow-sync", "auto", 6, 20000);
+  std::string epFile = job.dir + "/endpoint1";
+  for (int i = 0; i < 500 && readFile(epFile).empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::istringstream ep(readFile(epFile));
+  std::string endpoint;
+  uint64_t jobId = 0;
+  ep >> endpoint >> jobId;
+  ASSERT_FALSE(endpoint.empty());
+
+  zmq::context_t ctx(1);
+  zmq::socket_t s(ctx, zmq::socket_type::dealer);
+  s.set(zmq::sockopt::linger, 2000);
+  s.connect(endpoint);
+  std::mt19937 rng(3);
+  int sent = 0;
+  auto sendParts = [&](std::vector<std::string> parts) {
+    for (size_t i = 0; i < parts.size(); ++i)
+      s.send(zmq::buffer(parts[i]), i + 1 < parts.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+    ++sent;
+  };
+  auto randomBytes = [&](size_t n) {
+    std::string b(n, '\0');
+    for (auto& c : b) c = static_cast<char>(rng());
+    return b;
+  };
+  for (int i = 0; i < 10000; ++i) {
+    int frames = 1 + static_cast<int>(rng() % 3);
+    std::vector<std::string> parts;
+    for (int f = 0; f < frames; ++f) parts.push_back(randomBytes(rng() % 96));
+    sendParts(parts);
+  }
+  auto header = [&](MsgType type, uint64_t job, uint64_t payload, uint16_t version = kWireVersion) {
+    FrameHeader h;
+    h.type = type;
+    h.job = job;
+    h.version = version;
+    h.payloadBytes = payload;
+    std::string b(kHeaderBytes, '\0');
+    encodeHeader(h, reinterpret_cast<uint8_t*>(b.data()));
+    return b;
+  };
+  std::string good = header(MsgType::kPsPush, jobId, 8);
+  sendParts({good.substr(0, 47), std::string(8, 'x')});                            // truncated header
+  sendParts({header(MsgType::kPsPush, jobId, uint64_t{1} << 40), std::string(8, 'x')});  // oversized
+  sendParts({good, std::string(7, 'x')});                                          // payload shorter than header says
+  sendParts({header(MsgType::kPsPush, jobId, 8, 7), std::string(8, 'x')});          // wrong version
+  std::string unknown = good;
+  unknown[6] = 77;
+  sendParts({unknown, std::string(8, 'x')});                                        // unknown type
+  sendParts({header(MsgType::kPsPush, jobId ^ 1, 8), std::string(8, 'x')});        // another job
+  sendParts({header(MsgType::kPsPush, jobId, 8), std::string(8, 'x')});            // wrong length for any pair
+  sendParts({header(MsgType::kJoin, jobId, 0), std::string()});                     // join on a data port
+  // A raw TCP peer that does not speak ZeroMQ at all.
+  {
+    std::string hostPort = endpoint.substr(6);
+    std::string cmd = "exec 3<>/dev/tcp/" + hostPort.substr(0, hostPort.find(':')) + "/" +
+                      hostPort.substr(hostPort.find(':') + 1) + " && head -c 4096 /dev/urandom >&3";
+    EXPECT_EQ(std::system(("bash -c '" + cmd + "' 2>/dev/null").c_str()) == -1, false);
+  }
+  testing::waitAll(job.procs, std::chrono::seconds(120));
+  expectAllSucceeded(job);
+  expectCorrect(job, {});
+  auto rep = report(job, 1);
+  EXPECT_GE(rep["rejected_frames"].get<int>(), 8 + 10000 * 9 / 10) << "sent " << sent;
+  EXPECT_THAT(job.procs[1].stderrText(), HasSubstr("rejected frame from 127.0.0.1"));
+  EXPECT_THAT(job.procs[1].stderrText(), HasSubstr("bad magic"));
+}
+
+}  // namespace
+}  // namespace poseidon

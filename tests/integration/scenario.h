@@ -1,0 +1,147 @@
+// A synthetic synchronization scenario shared by the in-process node tests
+// and the multi-process test node: a model with awkward layer sizes, and
+// deterministic per-(worker, layer, iteration) gradients or factors, so any
+// node can compute every worker's contribution and check the synchronized
+// result against a reference.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "poseidon/client/node.h"
+#include "poseidon/model/layer.h"
+
+namespace poseidon::testing {
+
+// Pairs of 16384 floats (64 KiB).
+constexpr int64_t kScenarioPairBytes = 16384 * 4;
+constexpr int64_t kScenarioBatch = 6;
+
+inline ModelDesc scenarioModel() {
+  ModelDesc m;
+  m.name = "scenario";
+  m.layers.push_back(LayerSpec::other("tiny", {{"scale", {1}}}));  // a 1-element tensor
+  m.layers.push_back(LayerSpec::conv("conv", 5, 3, 3, 3));          // 140 floats
+  m.layers.push_back(LayerSpec::fc("odd", 7, 13));                  // 104 floats: PS under auto
+  m.layers.push_back(LayerSpec::fc("even", 256, 255));              // 65536 floats: exactly 4 pairs
+  m.layers.push_back(LayerSpec::fc("huge", 301, 211));              // 63812 floats: 3 pairs + 14660
+  return m;
+}
+
+inline uint64_t seedFor(int worker, int layer, int64_t iteration, int salt) {
+  return (static_cast<uint64_t>(worker) * 1000003ull) ^ (static_cast<uint64_t>(layer) * 7919ull) ^
+         (static_cast<uint64_t>(iteration) * 104729ull) ^ (static_cast<uint64_t>(salt) << 40);
+}
+
+inline std::vector<float> randomVector(uint64_t seed, int64_t n) {
+  std::mt19937_64 rng(seed);
+  std::vector<float> v(static_cast<size_t>(n));
+  // Uniform in [-1, 1) from the top 24 bits: portable across standard libraries.
+  for (auto& x : v) x = static_cast<float>(static_cast<int64_t>(rng() >> 40) - (1 << 23)) / float(1 << 23);
+  return v;
+}
+
+inline std::vector<float> denseGradient(int worker, int layer, int64_t iteration, int64_t numel) {
+  return randomVector(seedFor(worker, layer, iteration, 1), numel);
+}
+inline std::vector<float> factorU(int worker, int layer, int64_t iteration, int64_t rows, int64_t m) {
+  return randomVector(seedFor(worker, layer, iteration, 2), rows * m);
+}
+inline std::vector<float> factorV(int worker, int layer, int64_t iteration, int64_t rows, int64_t n) {
+  return randomVector(seedFor(worker, layer, iteration, 3), rows * n);
+}
+
+struct LayerCheck {
+  Scheme scheme = Scheme::kPS;
+  bool bitExact = true;  // PS: equal to the float sum in worker order / P1
+  double maxRelError = 0;  // max |x - ref| / max |ref| against the double-precision reference
+};
+
+// The reference for one layer and iteration, computed in double.
+inline std::vector<double> referenceMean(const LayerSpec& l, Scheme scheme, int workers, int64_t iteration,
+                                         int layerIndex, int64_t rows) {
+  std::vector<double> ref(static_cast<size_t>(l.numel()), 0.0);
+  for (int w = 0; w < workers; ++w) {
+    if (scheme == Scheme::kPS) {
+      auto g = denseGradient(w, layerIndex, iteration, l.numel());
+      for (size_t i = 0; i < g.size(); ++i) ref[i] += g[i];
+    } else {
+      auto u = factorU(w, layerIndex, iteration, rows, l.m);
+      auto v = factorV(w, layerIndex, iteration, rows, l.n);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < l.m; ++i) {
+          double ui = u[r * l.m + i];
+          for (int64_t j = 0; j < l.n; ++j) ref[i * l.n + j] += ui * v[r * l.n + j];
+          if (l.params.size() > 1) ref[l.m * l.n + i] += ui;
+        }
+    }
+  }
+  for (auto& x : ref) x /= workers;
+  return ref;
+}
+
+// Runs `iterations` iterations on a worker node, submitting layers in
+// backward order, and checks every result. Returns per-layer checks of the
+// last iteration (max error over all iterations).
+inline std::vector<LayerCheck> runScenario(Node& node, int64_t iterations) {
+  const InformationBook& book = node.book();
+  const ModelDesc& model = book.model();
+  const int workers = book.numWorkers();
+  const int me = book.workerIndex(node.rank());
+  std::vector<LayerCheck> checks(model.layers.size());
+  for (int64_t t = book.settings().startIteration; t < book.settings().startIteration + iterations; ++t) {
+    node.beginIteration(t);
+    std::vector<std::vector<float>> grads(model.layers.size()), us(model.layers.size()), vs(model.layers.size());
+    std::vector<Scheme> schemes(model.layers.size());
+    for (int l = static_cast<int>(model.layers.size()) - 1; l >= 0; --l) {
+      const LayerSpec& spec = model.layers[l];
+      schemes[l] = node.schemeFor(l, kScenarioBatch);
+      grads[l].assign(static_cast<size_t>(spec.numel()), 0.f);
+      if (schemes[l] == Scheme::kSFB) {
+        us[l] = factorU(me, l, t, kScenarioBatch, spec.m);
+        vs[l] = factorV(me, l, t, kScenarioBatch, spec.n);
+        node.submitFactors(l, us[l].data(), vs[l].data(), kScenarioBatch,
+                           LayerBuffer::contiguous(grads[l].data(), spec.numel()));
+      } else {
+        grads[l] = denseGradient(me, l, t, spec.numel());
+        // Split weight and bias into two segments, as a framework holds them.
+        int64_t first = spec.params.front().numel();
+        std::vector<FloatSpan> segs{{grads[l].data(), first}};
+        if (spec.numel() > first) segs.push_back({grads[l].data() + first, spec.numel() - first});
+        node.submitDense(l, LayerBuffer(segs));
+      }
+    }
+    node.waitIteration();
+    for (size_t l = 0; l < model.layers.size(); ++l) {
+      const LayerSpec& spec = model.layers[l];
+      LayerCheck& c = checks[l];
+      c.scheme = schemes[l];
+      auto ref = referenceMean(spec, schemes[l], workers, t, static_cast<int>(l), kScenarioBatch);
+      if (schemes[l] == Scheme::kPS) {
+        std::vector<float> sum = denseGradient(0, static_cast<int>(l), t, spec.numel());
+        for (int w = 1; w < workers; ++w) {
+          auto g = denseGradient(w, static_cast<int>(l), t, spec.numel());
+          for (size_t i = 0; i < g.size(); ++i) sum[i] += g[i];
+        }
+        for (size_t i = 0; i < sum.size(); ++i)
+          if (sum[i] / static_cast<float>(workers) != grads[l][i]) c.bitExact = false;
+      } else {
+        c.bitExact = false;
+      }
+      // Error relative to the tensor's scale: max |x - ref| / max |ref|.
+      double maxErr = 0, maxRef = 0;
+      for (size_t i = 0; i < ref.size(); ++i) {
+        maxErr = std::max(maxErr, std::abs(grads[l][i] - ref[i]));
+        maxRef = std::max(maxRef, std::abs(ref[i]));
+      }
+      c.maxRelError = std::max(c.maxRelError, maxRef > 0 ? maxErr / maxRef : maxErr);
+    }
+  }
+  return checks;
+}
+
+}  // namespace poseidon::testing

@@ -1,0 +1,87 @@
+// poseidon_test_node: one rank of a multi-process test. It reads its rank from
+// the torchrun environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) like
+// a real trainer, runs a scenario over real ZeroMQ, and writes a JSON report
+// to $OUT_DIR/rank<R>.json that the gtest side asserts on.
+//
+//   poseidon_test_node SCENARIO POLICY ITERATIONS OUT_DIR [TIMEOUT_MS]
+//   scenarios: sync (the synthetic scenario), mismatch (rank 2 changes a layer),
+//              slow-sync (sync, with a pause before each iteration, for flood tests)
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "poseidon/client/node.h"
+#include "poseidon/common/log.h"
+#include "poseidon/launch/env.h"
+#include "scenario.h"
+
+using namespace poseidon;
+
+int main(int argc, char** argv) {
+  if (argc < 5) {
+    std::cerr << "usage: poseidon_test_node SCENARIO POLICY ITERATIONS OUT_DIR [TIMEOUT_MS]\n";
+    return 2;
+  }
+  std::string scenario = argv[1], outDir = argv[4];
+  SchemePolicy policy = parseSchemePolicy(argv[2]);
+  int iterations = std::atoi(argv[3]);
+  int timeoutMs = argc > 5 ? std::atoi(argv[5]) : 20000;
+  try {
+    RankEnv env = rankFromEnvironment();
+    setLogPrefix("rank " + std::to_string(env.rank));
+    NodeOptions o;
+    o.rank = env.rank;
+    o.worldSize = env.worldSize;
+    o.masterAddr = env.masterAddr;
+    o.masterPort = env.masterPort;
+    o.masterAddr = resolveHost(env.masterAddr);
+    o.bindHost = std::getenv("POSEIDON_BIND") ? std::getenv("POSEIDON_BIND") : localAddressToward(o.masterAddr);
+    o.timeout = std::chrono::milliseconds(timeoutMs);
+    o.settings.batch = testing::kScenarioBatch;
+    o.settings.pairBytes = testing::kScenarioPairBytes;
+    o.settings.policy = policy;
+    if (const char* role = std::getenv("POSEIDON_ROLE")) o.role = parseRole(role);
+    ModelDesc model = testing::scenarioModel();
+    if (scenario == "mismatch" && env.rank == 2) model.layers[3] = LayerSpec::fc("even", 256, 254);
+    auto node = Node::start(o, model);
+    {
+      std::ofstream ep(outDir + "/endpoint" + std::to_string(env.rank));
+      ep << node->endpoint() << "\n" << node->book().jobId() << "\n";
+    }
+    nlohmann::json report;
+    report["rank"] = env.rank;
+    if (node->isWorker()) {
+      std::vector<testing::LayerCheck> checks;
+      if (scenario == "slow-sync") {
+        // Wait for the test to start flooding, then train slowly through it.
+        std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+      }
+      checks = testing::runScenario(*node, iterations);
+      for (size_t l = 0; l < checks.size(); ++l) {
+        report["layers"].push_back({{"scheme", schemeName(checks[l].scheme)},
+                                    {"bit_exact", checks[l].bitExact},
+                                    {"max_rel_error", checks[l].maxRelError}});
+      }
+    }
+    node->finish();
+    const ModelDesc& m = node->book().model();
+    for (int l = 0; l < static_cast<int>(m.layers.size()); ++l) {
+      for (auto kind : {TrafficKind::kPS, TrafficKind::kSFB}) {
+        TrafficTotals t = node->counters().layer(l, kind);
+        report["traffic"][m.layers[l].name][kind == TrafficKind::kPS ? "ps" : "sfb"] = {
+            {"sent", t.bytesSent}, {"received", t.bytesReceived}, {"messages_sent", t.messagesSent}};
+      }
+    }
+    report["rejected_frames"] = node->rejectedFrames();
+    report["workers"] = node->book().numWorkers();
+    report["servers"] = node->book().numServers();
+    std::ofstream out(outDir + "/rank" + std::to_string(env.rank) + ".json");
+    out << report.dump(2);
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "rank error: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -61,7 +61,8 @@ std::unique_ptr<Node> Node::start(const NodeOptions& options, const ModelDesc& m
   node->loop_ = std::thread([n = node.get()] { n->receiveLoop(); });
   POSEIDON_LOG(kInfo) << "rank " << options.rank << " (" << roleName(options.role) << ") joined job "
                       << std::hex << book.jobId() << std::dec << ": " << book.numWorkers() << " workers, "
-                      << book.numServers() << " server shards, " << layers << " layers";
+                      << book.numServers() << " server shards, " << layers << " layers; data endpoint "
+                      << node->van_->endpoint();
   return node;
 }
 

@@ -56,6 +56,7 @@ struct NodeOptions {
   int threads = 2;                           // syncer thread pool
   JobSettings settings;                      // must agree across nodes
   uint64_t maxPayloadBytes = kDefaultMaxPayloadBytes;
+  Tracer* tracer = nullptr;  // optional, not owned; must outlive the node
 };
 
 class Node : private SyncHost {
@@ -114,6 +115,7 @@ class Node : private SyncHost {
   void layerDone(int layer, int64_t iteration) override;
   void fail(const std::string& why) override;
   int64_t currentIteration() const override { return iteration_.load(); }
+  Tracer* tracer() const override { return options_.tracer; }
 
   void receiveLoop();
   void dispatch(Message& msg);

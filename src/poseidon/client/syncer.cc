@@ -65,8 +65,19 @@ void Syncer::submitDense(int64_t iteration, LayerBuffer grad, std::shared_ptr<vo
   host_.schedule([this, iteration, grad, keepAlive] { sendDense(iteration, grad); });
 }
 
+void Syncer::traceSent(int64_t iteration, int64_t startUs, const char* scheme) {
+  Tracer* tracer = host_.tracer();
+  if (!tracer) return;
+  int64_t now = Tracer::nowMicros();
+  tracer->span(strCat("send ", spec_.name, " (", scheme, ")"), "send", 1, startUs, now, iteration);
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = rounds_.find(iteration);
+  if (it != rounds_.end()) it->second.sentAtUs = now;
+}
+
 void Syncer::sendDense(int64_t iteration, const LayerBuffer& grad) {
   const InformationBook& book = host_.book();
+  const int64_t startUs = host_.tracer() ? Tracer::nowMicros() : 0;
   try {
     std::vector<Van::Part> parts;
     for (const KvPair& p : pairs_) {
@@ -82,6 +93,7 @@ void Syncer::sendDense(int64_t iteration, const LayerBuffer& grad) {
       h.pair = static_cast<uint32_t>(p.index);
       host_.van().send(book.shardRank(p.shard), h, parts);
     }
+    traceSent(iteration, startUs, "ps");
   } catch (const Error& e) {
     host_.fail(strCat("layer '", spec_.name, "' iteration ", iteration, ": ", e.what()));
   }
@@ -113,6 +125,7 @@ void Syncer::submitFactors(int64_t iteration, const float* u, const float* v, in
 
 void Syncer::sendFactors(int64_t iteration, const float* u, const float* v, int64_t rows) {
   const InformationBook& book = host_.book();
+  const int64_t startUs = host_.tracer() ? Tracer::nowMicros() : 0;
   try {
     FrameHeader h;
     h.type = MsgType::kSfbFactors;
@@ -127,6 +140,7 @@ void Syncer::sendFactors(int64_t iteration, const float* u, const float* v, int6
       if (w != host_.rank()) host_.van().send(w, h, {Van::Part{u, ub}, Van::Part{v, vb}});
     }
     host_.van().send(host_.rank(), h, {Van::Part{u, ub}, Van::Part{v, vb}});
+    traceSent(iteration, startUs, "sfb");
   } catch (const Error& e) {
     host_.fail(strCat("layer '", spec_.name, "' iteration ", iteration, ": ", e.what()));
   }
@@ -164,6 +178,10 @@ void Syncer::onAggregate(Message& msg) {
       for (int64_t i = 0; i < n; ++i) dst[i] /= divisor;
     });
     if (--r.pairsLeft == 0) {
+      if (Tracer* tracer = host_.tracer()) {
+        tracer->span(strCat("receive ", spec_.name, " (ps)"), "receive", 2, r.sentAtUs ? r.sentAtUs : Tracer::nowMicros(),
+                     Tracer::nowMicros(), h.iteration);
+      }
       rounds_.erase(it);
       done = true;
     }
@@ -213,6 +231,11 @@ void Syncer::maybeReconstructLocked(int64_t iteration, Round& round) {
 }
 
 void Syncer::reconstruct(int64_t iteration, Round round) {
+  const int64_t startUs = host_.tracer() ? Tracer::nowMicros() : 0;
+  if (Tracer* tracer = host_.tracer()) {
+    tracer->span(strCat("receive ", spec_.name, " (sfb)"), "receive", 2, round.sentAtUs ? round.sentAtUs : startUs,
+                 startUs, iteration);
+  }
   try {
     const int64_t m = spec_.m, n = spec_.n;
     std::vector<FactorView> views;
@@ -235,6 +258,9 @@ void Syncer::reconstruct(int64_t iteration, Round round) {
   } catch (const std::exception& e) {
     host_.fail(strCat("layer '", spec_.name, "' iteration ", iteration, ": reconstructing the gradient failed: ", e.what()));
     return;
+  }
+  if (Tracer* tracer = host_.tracer()) {
+    tracer->span(strCat("reconstruct ", spec_.name, " (sfb GEMM)"), "receive", 2, startUs, Tracer::nowMicros(), iteration);
   }
   host_.layerDone(layer_, iteration);
 }

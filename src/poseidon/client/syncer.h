@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "poseidon/client/layer_buffer.h"
+#include "poseidon/common/trace.h"
 #include "poseidon/coordinator/book.h"
 #include "poseidon/sfb/sufficient_factors.h"
 #include "poseidon/transport/van.h"
@@ -50,6 +51,8 @@ class SyncHost {
   // Fails the whole job (sticky); `why` names what went wrong.
   virtual void fail(const std::string& why) = 0;
   virtual int64_t currentIteration() const = 0;
+  // Optional span recorder (null when not tracing).
+  virtual Tracer* tracer() const = 0;
 };
 
 class Syncer {
@@ -94,6 +97,7 @@ class Syncer {
     std::vector<bool> factorSeen;
     int factorsLeft = 0;
     bool reconstructing = false;
+    int64_t sentAtUs = 0;  // for the receive span of the trace
   };
   Round& roundLocked(int64_t iteration);
   void sendDense(int64_t iteration, const LayerBuffer& grad);
@@ -102,6 +106,7 @@ class Syncer {
   // factors are in and the round is submitted.
   void maybeReconstructLocked(int64_t iteration, Round& round);
   void reconstruct(int64_t iteration, Round round);
+  void traceSent(int64_t iteration, int64_t startUs, const char* scheme);
 
   SyncHost& host_;
   const int layer_;

@@ -1,0 +1,64 @@
+#include "poseidon/common/trace.h"
+
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "poseidon/common/error.h"
+
+namespace poseidon {
+
+void Tracer::span(const std::string& name, const std::string& category, int lane, int64_t startUs, int64_t endUs,
+                  int64_t iteration) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  events_.push_back({name, category, lane, startUs, endUs, iteration});
+}
+
+size_t Tracer::size() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return events_.size();
+}
+
+std::string Tracer::json() const {
+  static const char* kLanes[] = {"compute (forward/backward/apply)", "send", "receive"};
+  nlohmann::json events = nlohmann::json::array();
+  events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid_}, {"args", {{"name", "rank " + std::to_string(pid_)}}}});
+  for (int lane = 0; lane < 3; ++lane) {
+    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid_}, {"tid", lane}, {"args", {{"name", kLanes[lane]}}}});
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& e : events_) {
+    nlohmann::json j{{"name", e.name}, {"cat", e.category}, {"ph", "X"}, {"pid", pid_}, {"tid", e.lane},
+                     {"ts", e.start}, {"dur", std::max<int64_t>(e.end - e.start, 0)}};
+    if (e.iteration >= 0) j["args"] = {{"iteration", e.iteration}};
+    events.push_back(std::move(j));
+  }
+  return nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump();
+}
+
+void Tracer::writeFile(const std::string& path) const {
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp);
+    if (!f) throw IoError("cannot write trace file " + path);
+    f << json();
+    if (!f) throw IoError("cannot write trace file " + path);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw IoError("cannot write trace file " + path);
+}
+
+void Tracer::merge(const std::vector<std::string>& inputs, const std::string& output) {
+  nlohmann::json all = nlohmann::json::array();
+  for (const auto& in : inputs) {
+    std::ifstream f(in);
+    if (!f) throw IoError("cannot read trace file " + in);
+    nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+    if (j.is_discarded() || !j.contains("traceEvents")) throw IoError("trace file " + in + " is not a Chrome trace");
+    for (auto& e : j["traceEvents"]) all.push_back(std::move(e));
+  }
+  std::ofstream f(output);
+  if (!f) throw IoError("cannot write trace file " + output);
+  f << nlohmann::json{{"traceEvents", all}, {"displayTimeUnit", "ms"}}.dump();
+}
+
+}  // namespace poseidon

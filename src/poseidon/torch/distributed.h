@@ -1,0 +1,132 @@
+// DistributedModel: Poseidon for an ordinary LibTorch training loop.
+//
+//   auto net = LeNet();
+//   torch::optim::SGD opt(net->parameters(), ...);
+//   poseidon::pt::DistributedModel dist(net, "lenet", options);   // joins the job
+//   for (...) {
+//     opt.zero_grad();
+//     auto loss = loss_fn(dist.forward(x), y);   // forward through the wrapper
+//     loss.backward();                           // syncs start during backward (WFBP)
+//     dist.step(opt);                            // BSP barrier, mean grads, opt.step()
+//   }
+//   dist.finish();
+//
+// What it does (paper section 4, "150 lines into Caffe", for LibTorch):
+// - On construction it describes the module to the coordinator (one layer per
+//   module that owns parameters), joins the job, and broadcasts rank 0's
+//   parameters and buffers so every replica starts identical.
+// - Wait-free backpropagation: a post hook on every parameter's gradient
+//   accumulator (the hooks c10d's Reducer uses) fires the moment that
+//   parameter's gradient is final; when all of a layer's parameters are in,
+//   the layer's sync is queued on the node's thread pool and backward goes on.
+// - Sufficient factors from real torch::nn::Linear layers without touching
+//   the model: after forward, the autograd graph is searched for the
+//   addmm/mm node that consumes each Linear weight; its saved input is V, and
+//   a pre-hook on that node receives dL/dy = U during backward. When
+//   BestScheme picks SFB, U and V are broadcast as soon as U exists (even
+//   before the weight gradient is computed), and the rebuilt mean gradient
+//   replaces the local one at step(). Linear layers whose factors cannot be
+//   captured (input of rank > 2, weight used twice) go by PS.
+// - Unused parameters: a layer whose gradient never arrived by step() is
+//   synchronized with a zero contribution (DDP's find_unused_parameters
+//   semantics), so the barrier never hangs.
+// - One worker: nothing to synchronize; hooks are not installed and step()
+//   is optimizer.step().
+// Not supported: several backward passes per step (gradient accumulation).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "poseidon/client/node.h"
+#include "poseidon/common/trace.h"
+
+namespace poseidon::pt {
+
+struct DistributedOptions {
+  NodeOptions node;       // rank, world size, coordinator, timeout, settings (batch K, scheme policy)
+  bool overlap = true;    // wait-free backprop; false syncs every layer after the whole backward
+  bool captureFactors = true;
+};
+
+struct LayerPlan {
+  std::string name;
+  LayerType type;
+  std::string shape;
+  Scheme scheme;        // BestScheme at the nominal batch (ps if factors cannot be captured)
+  double floatsPerIteration;  // Table 1 cost for this node under that scheme
+};
+
+class DistributedModel {
+ public:
+  // From a module holder (LeNet, torch::nn::Linear, ...): forward(x) calls its forward.
+  template <typename ModuleHolder,
+            typename = std::enable_if_t<std::is_base_of_v<torch::detail::ModuleHolderIndicator, ModuleHolder>>>
+  DistributedModel(ModuleHolder module, const std::string& name, DistributedOptions options)
+      : DistributedModel(module.ptr(), name, std::move(options), [module](torch::Tensor x) mutable {
+          return module->forward(x);
+        }) {}
+  DistributedModel(std::shared_ptr<torch::nn::Module> module, const std::string& name, DistributedOptions options,
+                   std::function<torch::Tensor(torch::Tensor)> forward = nullptr);
+  ~DistributedModel();
+  DistributedModel(const DistributedModel&) = delete;
+  DistributedModel& operator=(const DistributedModel&) = delete;
+
+  // Forward through the wrapper. In training mode with grad enabled this
+  // starts the iteration and instruments the graph for factor capture.
+  torch::Tensor forward(torch::Tensor x);
+  // For modules with other signatures: run = [&] { return net->forward(a, b); }.
+  torch::Tensor forwardWith(const std::function<torch::Tensor()>& run);
+
+  // After loss.backward(): BSP barrier; every .grad() then holds the mean
+  // gradient over all workers.
+  void synchronize();
+  void step(torch::optim::Optimizer& optimizer);
+
+  // Final barrier; servers stay until every rank is done.
+  void finish();
+
+  Node& node() { return *node_; }
+  const ModelDesc& description() const { return desc_; }
+  int rank() const { return node_->rank(); }
+  int workers() const { return node_->book().numWorkers(); }
+  std::vector<LayerPlan> plan(int64_t batch) const;
+  // Scheme each layer actually used in the last synchronized iteration.
+  const std::vector<Scheme>& lastSchemes() const { return lastSchemes_; }
+  // Floats Table 1 predicts this node moved so far, by scheme (ps, sfb).
+  std::pair<double, double> predictedFloats() const { return {predictedPs_, predictedSfb_}; }
+  bool factorsCaptured(int layer) const;
+  void setTracer(Tracer* tracer) { tracer_ = tracer; }
+
+ private:
+  struct Layer;
+  struct Params;
+  class FactorHook;
+  void onGradReady(int layer, int param);
+  void onFactors(int layer, const torch::Tensor& u, const torch::Tensor& v);
+  void submitDense(int layer);
+  void submitFactors(int layer);
+  void instrument(const torch::Tensor& output);
+  void beginIteration();
+
+  std::shared_ptr<torch::nn::Module> module_;
+  std::function<torch::Tensor(torch::Tensor)> forward_;
+  DistributedOptions options_;
+  ModelDesc desc_;
+  std::unique_ptr<Node> node_;
+  std::vector<Layer> layers_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // kept alive: hooks live on them
+  bool solo_ = false;
+  bool inIteration_ = false;
+  int64_t iteration_ = -1;
+  int64_t lastReadyUs_ = 0;
+  std::vector<Scheme> lastSchemes_;
+  double predictedPs_ = 0, predictedSfb_ = 0;
+  Tracer* tracer_ = nullptr;
+};
+
+}  // namespace poseidon::pt

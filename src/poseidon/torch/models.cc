@@ -1,0 +1,104 @@
+#include "poseidon/torch/models.h"
+
+#include "poseidon/common/error.h"
+
+namespace poseidon::pt {
+
+LeNetImpl::LeNetImpl() {
+  conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 20, 5)));
+  conv2 = register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(20, 50, 5)));
+  ip1 = register_module("ip1", torch::nn::Linear(800, 500));
+  ip2 = register_module("ip2", torch::nn::Linear(500, 10));
+}
+
+torch::Tensor LeNetImpl::forward(torch::Tensor x) {
+  x = torch::max_pool2d(conv1->forward(x), 2);
+  x = torch::max_pool2d(conv2->forward(x), 2);
+  x = torch::relu(ip1->forward(x.flatten(1)));
+  return ip2->forward(x);
+}
+
+Cifar10QuickImpl::Cifar10QuickImpl() {
+  conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 5).padding(2)));
+  conv2 = register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 32, 5).padding(2)));
+  conv3 = register_module("conv3", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 5).padding(2)));
+  ip1 = register_module("ip1", torch::nn::Linear(64 * 4 * 4, 64));
+  ip2 = register_module("ip2", torch::nn::Linear(64, 10));
+}
+
+torch::Tensor Cifar10QuickImpl::forward(torch::Tensor x) {
+  // Pooling 3/2 with padding 1 keeps the original 4x4 final map: 28 -> 14 -> 7 -> 4.
+  auto pool = [](torch::Tensor t, bool maxPool) {
+    return maxPool ? torch::max_pool2d(t, 3, 2, 1, 1, /*ceil_mode=*/false)
+                   : torch::avg_pool2d(t, 3, 2, 1, /*ceil_mode=*/false);
+  };
+  x = torch::relu(pool(conv1->forward(x), true));
+  x = pool(torch::relu(conv2->forward(x)), false);
+  x = pool(torch::relu(conv3->forward(x)), false);
+  x = ip1->forward(x.flatten(1));
+  return ip2->forward(x);
+}
+
+MlpImpl::MlpImpl() {
+  fc1 = register_module("fc1", torch::nn::Linear(784, 1024));
+  fc2 = register_module("fc2", torch::nn::Linear(1024, 512));
+  fc3 = register_module("fc3", torch::nn::Linear(512, 10));
+}
+
+torch::Tensor MlpImpl::forward(torch::Tensor x) {
+  x = torch::relu(fc1->forward(x.flatten(1)));
+  x = torch::relu(fc2->forward(x));
+  return fc3->forward(x);
+}
+
+const std::vector<std::string>& trainerModelNames() {
+  static const std::vector<std::string> names{"lenet", "cifar10-quick", "mlp"};
+  return names;
+}
+
+AnyNet makeModel(const std::string& name) {
+  if (name == "lenet") {
+    LeNet m;
+    return {name, m.ptr(), [m](torch::Tensor x) mutable { return m->forward(x); }};
+  }
+  if (name == "cifar10-quick") {
+    Cifar10Quick m;
+    return {name, m.ptr(), [m](torch::Tensor x) mutable { return m->forward(x); }};
+  }
+  if (name == "mlp") {
+    Mlp m;
+    return {name, m.ptr(), [m](torch::Tensor x) mutable { return m->forward(x); }};
+  }
+  throw InvalidArgument("unknown model '" + name + "' (expected lenet, cifar10-quick or mlp)");
+}
+
+ModelDesc describeModule(const torch::nn::Module& module, const std::string& name) {
+  ModelDesc desc;
+  desc.name = name;
+  for (const auto& item : module.named_modules()) {
+    const torch::nn::Module& m = *item.value();
+    std::vector<ParamSpec> params;
+    for (const auto& p : m.named_parameters(/*recurse=*/false)) {
+      if (!p.value().requires_grad()) continue;
+      params.push_back({p.key(), p.value().sizes().vec()});
+    }
+    if (params.empty()) continue;
+    LayerSpec l;
+    l.name = item.key().empty() ? name : item.key();
+    l.params = params;
+    if (dynamic_cast<const torch::nn::LinearImpl*>(&m) && params[0].name == "weight" && params[0].shape.size() == 2) {
+      l.type = LayerType::kFC;
+      l.m = params[0].shape[0];
+      l.n = params[0].shape[1];
+    } else if (dynamic_cast<const torch::nn::Conv1dImpl*>(&m) || dynamic_cast<const torch::nn::Conv2dImpl*>(&m) ||
+               dynamic_cast<const torch::nn::Conv3dImpl*>(&m)) {
+      l.type = LayerType::kConv;
+    } else {
+      l.type = LayerType::kOther;
+    }
+    desc.layers.push_back(std::move(l));
+  }
+  return desc;
+}
+
+}  // namespace poseidon::pt

@@ -1,0 +1,59 @@
+// The trainer's models, as ordinary torch::nn modules (nothing Poseidon-
+// specific inside: the integration wraps any module), and the layer table
+// that describes a module to the coordinator.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "poseidon/model/layer.h"
+
+namespace poseidon::pt {
+
+// Caffe's LeNet (conv 20@5x5, max-pool, conv 50@5x5, max-pool, ip1 500, ReLU,
+// ip2 10): 431,080 parameters, FC-heavy.
+struct LeNetImpl : torch::nn::Module {
+  LeNetImpl();
+  torch::Tensor forward(torch::Tensor x);
+  torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
+  torch::nn::Linear ip1{nullptr}, ip2{nullptr};
+};
+TORCH_MODULE(LeNet);
+
+// Caffe's cifar10_quick adapted to 28x28 gray images (1 input channel; the
+// pooled feature map is 4x4 as in the original): 143,978 parameters.
+struct Cifar10QuickImpl : torch::nn::Module {
+  Cifar10QuickImpl();
+  torch::Tensor forward(torch::Tensor x);
+  torch::nn::Conv2d conv1{nullptr}, conv2{nullptr}, conv3{nullptr};
+  torch::nn::Linear ip1{nullptr}, ip2{nullptr};
+};
+TORCH_MODULE(Cifar10Quick);
+
+// A 784-1024-512-10 perceptron: all FC, the case SFB was made for.
+struct MlpImpl : torch::nn::Module {
+  MlpImpl();
+  torch::Tensor forward(torch::Tensor x);
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+// A model behind one forward signature, for the trainer.
+struct AnyNet {
+  std::string name;
+  std::shared_ptr<torch::nn::Module> module;
+  std::function<torch::Tensor(torch::Tensor)> forward;
+};
+
+const std::vector<std::string>& trainerModelNames();  // lenet, cifar10-quick, mlp
+AnyNet makeModel(const std::string& name);              // throws InvalidArgument
+
+// The layer table of a module: one layer per module that owns parameters
+// (requires_grad), in registration order; Linear layers are FC (M x N from
+// the weight), ConvNd layers CONV, everything else OTHER. Layer names are the
+// module paths ("ip1", "features.0").
+ModelDesc describeModule(const torch::nn::Module& module, const std::string& name);
+
+}  // namespace poseidon::pt

@@ -1,0 +1,44 @@
+// The main job: data-parallel training of a CNN on Fashion-MNIST, one
+// process per worker. trainRank() is one rank's whole run; `poseidon train`
+// launches it once per worker (or runs it directly when started by a
+// launcher that set RANK/WORLD_SIZE).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "poseidon/core/cost_model.h"
+#include "poseidon/launch/env.h"
+
+namespace poseidon::pt {
+
+struct TrainOptions {
+  std::string model = "lenet";
+  int workers = 4;
+  int epochs = 5;
+  int64_t batch = 64;  // per worker
+  double lr = 0.05;
+  double momentum = 0.9;
+  uint64_t seed = 1;
+  SchemePolicy scheme = SchemePolicy::kAuto;
+  bool overlap = true;   // false: sync after the whole backward (naive baseline)
+  bool plain = false;    // no Poseidon at all: the plain LibTorch loop (overhead baseline, 1 worker)
+  std::string dataDir;   // default: the Debian package's directory
+  std::string summaryPath, tracePath, checkpointDir;
+  std::string saveParamsPath;  // raw float32 dump of the final parameters (tests)
+  int64_t maxSteps = -1;       // stop after this many steps in total (tests, smoke runs)
+  int64_t trainLimit = -1;     // use only the first N training images (tests, smoke runs)
+  int threads = 0;             // LibTorch intra-op threads per worker (0: cores / local workers)
+  int syncThreads = 2;         // Poseidon thread pool per worker
+  int timeoutMs = 30000;
+  int64_t pairBytes = 2 * 1024 * 1024;
+  std::string bindHost;        // data endpoint interface (default: the route to MASTER_ADDR)
+  bool quiet = false;          // no progress lines
+};
+
+// Runs one rank. Returns the process exit code. Rank 0 prints the plan,
+// progress, accuracy and traffic, and writes the summary; every rank writes
+// its own trace file (<trace>.rank<R>) when tracing.
+int trainRank(const TrainOptions& options, const RankEnv& env);
+
+}  // namespace poseidon::pt

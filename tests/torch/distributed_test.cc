@@ -1,0 +1,145 @@
+// DistributedModel with several ranks as threads of one process (each with
+// its own node and sockets); the CLI tests run the same code as processes.
+#include "poseidon/torch/distributed.h"
+
+#include <gtest/gtest.h>
+
+#include <future>
+
+#include "poseidon/launch/env.h"
+
+namespace poseidon::pt {
+namespace {
+
+struct TwoBranch : torch::nn::Module {
+  TwoBranch() {
+    fc1 = register_module("fc1", torch::nn::Linear(6, 5));
+    fc2 = register_module("fc2", torch::nn::Linear(torch::nn::LinearOptions(5, 4).bias(false)));
+    unused = register_module("unused", torch::nn::Linear(3, 3));
+    seq = register_module("seq", torch::nn::Linear(5, 2));
+    twice = register_module("twice", torch::nn::Linear(5, 5));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    auto h = torch::relu(fc1->forward(x));
+    auto a = fc2->forward(h);
+    // seq sees a 3-D input: at::linear does not use addmm, so no factors.
+    auto b = seq->forward(h.unsqueeze(1).expand({h.size(0), 2, 5}).contiguous());
+    // twice's weight is used by two nodes: its factors would be incomplete.
+    auto c = twice->forward(twice->forward(h));
+    return a.sum(1) + b.sum({1, 2}) + c.sum(1);
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, unused{nullptr}, seq{nullptr}, twice{nullptr};
+};
+
+torch::Tensor inputFor(int rank, int64_t rows) {
+  torch::manual_seed(100 + rank);
+  return torch::randn({rows, 6});
+}
+
+// Mean over ranks of the local gradients, computed on one reference module.
+std::vector<torch::Tensor> referenceGrads(std::shared_ptr<TwoBranch> ref, int ranks, int64_t rows) {
+  std::vector<torch::Tensor> sum;
+  for (int r = 0; r < ranks; ++r) {
+    ref->zero_grad();
+    ref->forward(inputFor(r, rows)).pow(2).mean().backward();
+    auto params = ref->parameters();
+    if (sum.empty()) {
+      for (auto& p : params) sum.push_back(p.grad().defined() ? p.grad().clone() : torch::zeros_like(p));
+    } else {
+      for (size_t i = 0; i < params.size(); ++i)
+        if (params[i].grad().defined()) sum[i] += params[i].grad();
+    }
+  }
+  for (auto& s : sum) s /= ranks;
+  return sum;
+}
+
+void runRanks(int ranks, SchemePolicy policy, bool overlap) {
+  const int64_t rows = 4;
+  int port = freePort("127.0.0.1");
+  torch::manual_seed(1);
+  auto reference = std::make_shared<TwoBranch>();
+  // LibTorch's default generator is process-wide: build every rank's module
+  // and input here, in order, not in the rank threads.
+  std::vector<std::shared_ptr<TwoBranch>> nets;
+  std::vector<torch::Tensor> inputs;
+  for (int r = 0; r < ranks; ++r) {
+    torch::manual_seed(1000 + r);  // different init per rank: the broadcast must fix it
+    nets.push_back(std::make_shared<TwoBranch>());
+    inputs.push_back(inputFor(r, rows));
+  }
+  std::vector<std::future<std::vector<torch::Tensor>>> futures;
+  for (int r = 0; r < ranks; ++r) {
+    futures.push_back(std::async(std::launch::async, [=] {
+      auto net = nets[r];
+      DistributedOptions o;
+      o.node.rank = r;
+      o.node.worldSize = ranks;
+      o.node.masterPort = port;
+      o.node.timeout = std::chrono::milliseconds(20000);
+      o.node.settings.batch = rows;
+      o.node.settings.policy = policy;
+      o.overlap = overlap;
+      DistributedModel dist(net, "twobranch", o, [net](torch::Tensor x) { return net->forward(x); });
+      EXPECT_EQ(dist.description().layers.size(), 5u);
+      net->zero_grad();
+      dist.forward(inputs[r]).pow(2).mean().backward();
+      dist.synchronize();
+      EXPECT_TRUE(dist.factorsCaptured(0));   // fc1 (addmm)
+      EXPECT_TRUE(dist.factorsCaptured(1));   // fc2 (mm, no bias)
+      EXPECT_FALSE(dist.factorsCaptured(4));  // twice (weight used twice)
+      std::vector<torch::Tensor> grads, params;
+      for (auto& p : net->parameters()) {
+        grads.push_back(p.grad().defined() ? p.grad().clone() : torch::Tensor());
+        params.push_back(p.detach().clone());
+      }
+      dist.finish();
+      grads.insert(grads.end(), params.begin(), params.end());
+      return grads;
+    }));
+  }
+  // Rank 0's parameters (seed 1000) became everyone's.
+  torch::manual_seed(1000);
+  auto rank0 = std::make_shared<TwoBranch>();
+  torch::NoGradGuard guard;
+  {
+    auto src = rank0->parameters(), dst = reference->parameters();
+    for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+  }
+  torch::GradMode::set_enabled(true);
+  auto expect = referenceGrads(reference, ranks, rows);
+  const size_t n = expect.size();
+  for (auto& f : futures) {
+    auto got = f.get();
+    ASSERT_EQ(got.size(), 2 * n);
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_TRUE(got[i].defined()) << "param " << i;
+      double scale = std::max(1e-6, expect[i].abs().max().item<double>());
+      EXPECT_LT((got[i] - expect[i]).abs().max().item<double>() / scale, 1e-5) << "param " << i;
+      EXPECT_TRUE(torch::equal(got[n + i], rank0->parameters()[i].detach())) << "param " << i;
+    }
+    // The unused layer's gradient is the (zero) mean of zero contributions.
+    EXPECT_EQ(got[4].abs().max().item<float>(), 0.f);
+  }
+}
+
+TEST(DistributedModel, AutoSchemeMatchesReferenceMean) { runRanks(3, SchemePolicy::kAuto, true); }
+TEST(DistributedModel, ForcedSfbMatchesReferenceMean) { runRanks(2, SchemePolicy::kSFB, true); }
+TEST(DistributedModel, ForcedPsMatchesReferenceMean) { runRanks(2, SchemePolicy::kPS, true); }
+TEST(DistributedModel, NoOverlapMatchesReferenceMean) { runRanks(2, SchemePolicy::kSFB, false); }
+
+TEST(DistributedModel, RejectsNonFloatParameters) {
+  auto net = std::make_shared<torch::nn::LinearImpl>(2, 2);
+  net->to(torch::kFloat64);
+  DistributedOptions o;
+  o.node.masterPort = freePort("127.0.0.1");
+  try {
+    DistributedModel dist(net, "double", o);
+    FAIL() << "expected an error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("float32 CPU parameters"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace poseidon::pt

@@ -1,0 +1,228 @@
+// The main job through the real CLI: real processes, real LibTorch, the real
+// dataset (a subset of it, to keep the suite fast).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "../integration/process.h"
+#include "poseidon/launch/env.h"
+
+namespace poseidon {
+namespace {
+
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+struct TempDir {
+  std::string path = testing::makeTempDir("train");
+  ~TempDir() { fs::remove_all(path); }
+};
+
+testing::Proc run(const std::vector<std::string>& args, const std::string& log, int timeoutSeconds = 300,
+                  std::map<std::string, std::string> env = {}) {
+  std::vector<std::string> argv{POSEIDON_CLI};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<testing::Proc> procs{testing::spawn(argv, env, log)};
+  testing::waitAll(procs, std::chrono::seconds(timeoutSeconds));
+  return procs[0];
+}
+
+std::vector<float> readFloats(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::vector<float> v(bytes.size() / 4);
+  std::memcpy(v.data(), bytes.data(), v.size() * 4);
+  return v;
+}
+
+double maxRelativeDifference(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::abs(double(a[i]) - b[i]));
+    scale = std::max(scale, std::abs(double(b[i])));
+  }
+  return diff / scale;
+}
+
+// N = 4 workers with batch K and the data order of the distributed sampler
+// give, after 5 SGD-with-momentum steps, the parameters of one process with
+// batch 4K on the same samples.
+class Exactness : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Exactness, FourWorkersEqualOneProcessWithFourTimesTheBatch) {
+  TempDir dir;
+  std::string scheme = GetParam();
+  for (const std::string model : {"lenet", "mlp"}) {
+    auto one = run({"train", "--model", model, "--workers", "1", "--batch", "32", "--max-steps", "5", "--quiet",
+                    "--save-params", dir.path + "/one.bin", "--lr", "0.05", "--threads", "1"},
+                   dir.path + "/one");
+    ASSERT_EQ(one.exitCode(), 0) << one.stderrText();
+    auto four = run({"train", "--model", model, "--workers", "4", "--batch", "8", "--max-steps", "5", "--quiet",
+                     "--scheme", scheme, "--save-params", dir.path + "/four.bin", "--lr", "0.05", "--summary",
+                     dir.path + "/four.json"},
+                    dir.path + "/four");
+    ASSERT_EQ(four.exitCode(), 0) << four.stderrText();
+    auto a = readFloats(dir.path + "/four.bin"), b = readFloats(dir.path + "/one.bin");
+    ASSERT_EQ(a.size(), b.size());
+    ASSERT_GT(a.size(), 400000u);
+    double diff = maxRelativeDifference(a, b);
+    std::cout << model << " scheme " << scheme << ": max |4 workers - 1 process| / max |param| = " << diff << "\n";
+    EXPECT_LT(diff, 1e-4) << model << " scheme " << scheme;
+    std::ifstream sf(dir.path + "/four.json");
+    auto summary = nlohmann::json::parse(sf);
+    std::set<std::string> used;
+    for (const auto& l : summary["layers"]) used.insert(l["scheme"].get<std::string>());
+    if (scheme == "ps") EXPECT_EQ(used, std::set<std::string>{"ps"}) << model;
+    if (scheme == "sfb" || (scheme == "auto" && model == "mlp")) EXPECT_TRUE(used.count("sfb")) << model;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Schemes, Exactness, ::testing::Values("auto", "ps", "sfb"));
+
+TEST(TrainCli, SummaryTraceAndOverlap) {
+  TempDir dir;
+  auto p = run({"train", "--workers", "4", "--batch", "32", "--epochs", "1", "--train-limit", "4096", "--summary",
+                dir.path + "/s.json", "--trace", dir.path + "/t.json"},
+               dir.path + "/run");
+  ASSERT_EQ(p.exitCode(), 0) << p.stderrText();
+  std::string out = p.stdoutText();
+  EXPECT_THAT(out, HasSubstr("layer    type  shape        scheme floats/iter/node"));
+  EXPECT_THAT(out, HasSubstr("ip1      fc    500x800      sfb"));
+  EXPECT_THAT(out, HasSubstr("epoch 1/1 [####################] 100%"));
+  EXPECT_THAT(out, HasSubstr("test accuracy"));
+  EXPECT_THAT(out, HasSubstr("vs Table 1 prediction"));
+  std::ifstream sf(dir.path + "/s.json");
+  auto s = nlohmann::json::parse(sf);
+  for (const char* key : {"test_accuracy", "epochs", "workers", "batch", "images_per_sec", "bytes_sent_by_scheme",
+                          "layers", "wall_seconds"})
+    EXPECT_TRUE(s.contains(key)) << key;
+  EXPECT_EQ(s["workers"], 4);
+  EXPECT_GT(s["test_accuracy"].get<double>(), 0.5);
+  EXPECT_GT(s["bytes_sent_by_scheme"]["sfb"].get<double>(), 0);
+  EXPECT_GT(s["bytes_sent_by_scheme"]["ps"].get<double>(), 0);
+  // Bytes measured by the counters against Table 1 (headers are the difference).
+  double predicted = s["predicted_bytes_by_scheme"]["ps"].get<double>() + s["predicted_bytes_by_scheme"]["sfb"].get<double>();
+  EXPECT_GT(predicted, 0);
+
+  // The trace: per rank, sends of upper layers overlap the backward of lower layers.
+  std::ifstream tf(dir.path + "/t.json");
+  auto trace = nlohmann::json::parse(tf);
+  struct Span {
+    int64_t start, end;
+  };
+  std::map<std::pair<int, int64_t>, std::vector<Span>> sendsUpper, backwardLower;
+  std::set<int> pids;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    std::string name = e["name"];
+    int pid = e["pid"];
+    pids.insert(pid);
+    int64_t it = e.contains("args") ? e["args"]["iteration"].get<int64_t>() : -1;
+    Span sp{e["ts"].get<int64_t>(), e["ts"].get<int64_t>() + e["dur"].get<int64_t>()};
+    if (name.rfind("send ip", 0) == 0) sendsUpper[{pid, it}].push_back(sp);
+    if (name == "backward conv1" || name == "backward conv2") backwardLower[{pid, it}].push_back(sp);
+  }
+  EXPECT_EQ(pids, (std::set<int>{0, 1, 2, 3}));
+  int overlapping = 0, iterations = 0;
+  for (const auto& [key, sends] : sendsUpper) {
+    ++iterations;
+    int64_t lowerEnd = 0;
+    for (const auto& b : backwardLower[key]) lowerEnd = std::max(lowerEnd, b.end);
+    for (const auto& snd : sends)
+      if (snd.start < lowerEnd) {
+        ++overlapping;
+        break;
+      }
+  }
+  EXPECT_GT(iterations, 100);
+  // Wait-free backprop: in most iterations a send of ip1/ip2 starts before conv1/conv2's backward ends.
+  EXPECT_GT(overlapping, iterations / 2) << overlapping << " of " << iterations;
+}
+
+TEST(TrainCli, CheckpointResumeEqualsUninterruptedRun) {
+  TempDir dir;
+  std::vector<std::string> common{"train", "--workers", "2", "--batch", "32", "--train-limit", "1024", "--quiet"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = common;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  auto straight = run(with({"--epochs", "2", "--save-params", dir.path + "/straight.bin"}), dir.path + "/a");
+  ASSERT_EQ(straight.exitCode(), 0) << straight.stderrText();
+  auto first = run(with({"--epochs", "1", "--checkpoint", dir.path + "/ckpt"}), dir.path + "/b");
+  ASSERT_EQ(first.exitCode(), 0) << first.stderrText();
+  EXPECT_TRUE(fs::exists(dir.path + "/ckpt/epoch-0000/model.pt"));
+  auto resumed = run(with({"--epochs", "2", "--checkpoint", dir.path + "/ckpt", "--save-params", dir.path + "/resumed.bin"}),
+                     dir.path + "/c");
+  ASSERT_EQ(resumed.exitCode(), 0) << resumed.stderrText();
+  EXPECT_THAT(resumed.stdoutText(), HasSubstr("resuming from " + dir.path + "/ckpt/epoch-0000 (epoch 1 done)"));
+  EXPECT_EQ(readFloats(dir.path + "/resumed.bin"), readFloats(dir.path + "/straight.bin"));
+}
+
+TEST(TrainCli, BadInputGetsOneLineErrors) {
+  TempDir dir;
+  auto missing = run({"train", "--data", "/nonexistent"}, dir.path + "/m", 60);
+  EXPECT_EQ(missing.exitCode(), 2);
+  EXPECT_THAT(missing.stderrText(), HasSubstr("apt-get install dataset-fashion-mnist"));
+  auto flag = run({"train", "--epoch", "3"}, dir.path + "/f", 60);
+  EXPECT_EQ(flag.exitCode(), 2);
+  EXPECT_THAT(flag.stderrText(), HasSubstr("unknown flag --epoch for 'poseidon train'"));
+  auto value = run({"train", "--batch", "many"}, dir.path + "/v", 60);
+  EXPECT_EQ(value.exitCode(), 2);
+  EXPECT_THAT(value.stderrText(), HasSubstr("--batch expects an integer, got 'many'"));
+  auto model = run({"train", "--model", "resnet"}, dir.path + "/r", 60);
+  EXPECT_NE(model.exitCode(), 0);
+  EXPECT_THAT(model.stderrText(), HasSubstr("unknown model 'resnet' (expected lenet, cifar10-quick or mlp)"));
+  fs::create_directories(dir.path + "/badckpt/epoch-0003");
+  std::ofstream(dir.path + "/badckpt/epoch-0003/meta.json") << "{not json";
+  auto ckpt = run({"train", "--workers", "1", "--checkpoint", dir.path + "/badckpt", "--train-limit", "64"}, dir.path + "/c", 60);
+  EXPECT_NE(ckpt.exitCode(), 0);
+  EXPECT_THAT(ckpt.stderrText(), HasSubstr("checkpoint " + dir.path + "/badckpt/epoch-0003 is unreadable"));
+}
+
+// Two ranks that share nothing but the coordinator's address: each binds its
+// own loopback address, proving nothing assumes one host address.
+TEST(TrainCli, TwoRanksOnTwoLoopbackAddresses) {
+  TempDir dir;
+  int port = freePort("127.0.0.2");
+  std::vector<testing::Proc> procs;
+  for (int r = 0; r < 2; ++r) {
+    std::map<std::string, std::string> env{{"RANK", std::to_string(r)}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.2"},
+                                           {"MASTER_PORT", std::to_string(port)}, {"POSEIDON_LOG", "info"}};
+    procs.push_back(testing::spawn({POSEIDON_CLI, "train", "--bind", r == 0 ? "127.0.0.2" : "127.0.0.3", "--max-steps",
+                                    "3", "--train-limit", "256", "--quiet", "--batch", "16"},
+                                   env, dir.path + "/r" + std::to_string(r)));
+  }
+  testing::waitAll(procs, std::chrono::seconds(120));
+  for (int r = 0; r < 2; ++r) ASSERT_EQ(procs[r].exitCode(), 0) << procs[r].stderrText();
+  EXPECT_THAT(procs[0].stderrText(), HasSubstr("data endpoint tcp://127.0.0.2:"));
+  EXPECT_THAT(procs[1].stderrText(), HasSubstr("data endpoint tcp://127.0.0.3:"));
+}
+
+TEST(LaunchCli, FailingRankStopsTheOthers) {
+  TempDir dir;
+  auto p = run({"launch", "-n", "3", "--", "/bin/sh", "-c",
+                "if [ \"$RANK\" = 1 ]; then echo boom >&2; exit 3; fi; echo hello from $RANK of $WORLD_SIZE; sleep 60"},
+               dir.path + "/l", 60);
+  EXPECT_EQ(p.exitCode(), 3);
+  EXPECT_LT(p.seconds, 20);
+  EXPECT_THAT(p.stderrText(), HasSubstr("[rank 1] boom"));
+  EXPECT_THAT(p.stderrText(), HasSubstr("poseidon launch: rank 1 exited with code 3: boom; stopped the other ranks"));
+  EXPECT_THAT(p.stdoutText(), HasSubstr("[rank 0] hello from 0 of 3"));
+}
+
+TEST(LaunchCli, LaunchesTrainRanks) {
+  TempDir dir;
+  auto p = run({"launch", "-n", "2", "--", POSEIDON_CLI, "train", "--max-steps", "2", "--train-limit", "128", "--quiet",
+                "--batch", "16"},
+               dir.path + "/l", 120);
+  EXPECT_EQ(p.exitCode(), 0) << p.stderrText();
+  EXPECT_THAT(p.stdoutText(), HasSubstr("[rank 0] poseidon train: lenet (431080 params) on Fashion-MNIST, 2 workers"));
+}
+
+}  // namespace
+}  // namespace poseidon

@@ -69,6 +69,20 @@ TEST(NodeInProcess, ThreeNodesAutoScheme) {
   runAll(nodes, 3, SchemePolicy::kAuto);
 }
 
+TEST(NodeInProcess, AdamBaselineRebuildsOnTheLayerServer) {
+  auto nodes = startNodes(3, SchemePolicy::kAdam);
+  EXPECT_EQ(nodes[0]->schemeFor(4, testing::kScenarioBatch), Scheme::kAdam);
+  EXPECT_EQ(nodes[0]->schemeFor(1, testing::kScenarioBatch), Scheme::kPS);  // conv
+  runAll(nodes, 2, SchemePolicy::kAdam);
+  // All of 'huge' meets on one server: its owner moved far more adam bytes than the others.
+  int owner = nodes[0]->book().adamOwnerRank(4);
+  for (auto& n : nodes) {
+    auto t = n->counters().layer(4, TrafficKind::kAdam);
+    if (n->rank() == owner) EXPECT_GT(t.bytesSent, 60000u * 4 * 2 * 2) << "owner";
+    else EXPECT_LT(t.bytesSent, 20000u * 4) << n->rank();
+  }
+}
+
 TEST(NodeInProcess, SeparateWorkerAndServerRoles) {
   auto nodes = startNodes(4, SchemePolicy::kPS, {Role::kWorker, Role::kServer, Role::kBoth, Role::kWorker});
   EXPECT_EQ(nodes[0]->book().numWorkers(), 3);

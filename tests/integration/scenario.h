@@ -101,7 +101,7 @@ inline std::vector<LayerCheck> runScenario(Node& node, int64_t iterations) {
       const LayerSpec& spec = model.layers[l];
       schemes[l] = node.schemeFor(l, kScenarioBatch);
       grads[l].assign(static_cast<size_t>(spec.numel()), 0.f);
-      if (schemes[l] == Scheme::kSFB) {
+      if (schemes[l] != Scheme::kPS) {  // SFB, or Adam when forced
         us[l] = factorU(me, l, t, kScenarioBatch, spec.m);
         vs[l] = factorV(me, l, t, kScenarioBatch, spec.n);
         node.submitFactors(l, us[l].data(), vs[l].data(), kScenarioBatch,

@@ -1,15 +1,638 @@
-// poseidon bench: the emulated-cluster benchmark (see bench/README.md).
+// poseidon bench: the emulated-cluster benchmark, Poseidon against PyTorch
+// DDP side by side on the same emulated model and network (see
+// bench/README.md for the method and DESIGN.md section 4 for its rationale).
+#include <signal.h>
+#include <sys/wait.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "poseidon/bench/cluster.h"
+#include "poseidon/bench/emulation.h"
 #include "poseidon/cli/commands.h"
+#include "poseidon/cli/flags.h"
 #include "poseidon/common/error.h"
+#include "poseidon/core/cost_model.h"
+
+extern char** environ;
 
 namespace poseidon::cli {
+namespace fs = std::filesystem;
+using bench::EmulatedCluster;
+using bench::EmulatedModel;
 
-int benchCommand(const std::vector<std::string>&, const std::string&) {
-  throw Error("poseidon bench is not implemented in this build yet");
+namespace {
+
+std::atomic<int> gStop{0};
+void onStopSignal(int sig) { gStop = sig; }
+
+const std::vector<std::string> kPoseidonSystems{"poseidon", "ps-wfbp", "ps-naive", "adam"};
+const std::vector<std::string> kDdpSystems{"ddp", "ddp-fp16", "ddp-powersgd1", "ddp-powersgd4"};
+bool isDdp(const std::string& s) { return s.rfind("ddp", 0) == 0; }
+
+std::vector<std::string> splitList(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
 }
 
-int benchWorkerCommand(const std::vector<std::string>&) {
-  throw Error("poseidon bench-worker is not implemented in this build yet");
+std::string fmt(const char* f, double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, f, v);
+  return b;
+}
+
+struct Child {
+  pid_t pid = -1;
+  std::string log;
+  int status = -1;
+};
+
+Child spawn(const std::vector<std::string>& argv, const std::map<std::string, std::string>& extraEnv,
+            const std::string& log) {
+  std::vector<std::string> envStrings;
+  for (char** e = environ; *e; ++e) {
+    std::string kv = *e;
+    std::string key = kv.substr(0, kv.find('='));
+    if (!extraEnv.count(key)) envStrings.push_back(kv);
+  }
+  for (const auto& [k, v] : extraEnv) envStrings.push_back(k + "=" + v);
+  Child c;
+  c.log = log;
+  c.pid = fork();
+  if (c.pid < 0) throw IoError("fork() failed");
+  if (c.pid == 0) {
+    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    setpgid(0, 0);
+    std::vector<char*> args, envp;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    for (auto& s : envStrings) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    execvpe(args[0], args.data(), envp.data());
+    _exit(127);
+  }
+  return c;
+}
+
+std::string lastLine(const std::string& path) {
+  std::ifstream f(path);
+  std::string line, last;
+  while (std::getline(f, line))
+    if (!line.empty()) last = line;
+  return last;
+}
+
+std::string selfExe() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) throw IoError("cannot find the poseidon executable");
+  buf[n] = '\0';
+  return buf;
+}
+
+std::string findDdpScript(const std::string& flag) {
+  std::vector<fs::path> candidates;
+  if (!flag.empty()) candidates.push_back(flag);
+  fs::path exe = selfExe();
+  candidates.push_back(exe.parent_path() / "../../bench/ddp_worker.py");
+  candidates.push_back(fs::current_path() / "bench/ddp_worker.py");
+  for (const auto& c : candidates)
+    if (fs::exists(c)) return fs::canonical(c).string();
+  throw InvalidArgument("bench/ddp_worker.py not found (run from the repository, or pass --ddp-script PATH)");
+}
+
+struct Run {
+  std::string model, system;
+  int nodes = 0;
+  double mbit = 0, latencyMs = 0;
+  bool ok = false;
+  std::string error;
+  double iterSeconds = 0;      // median of the steady iterations (rank 0)
+  double imagesPerSec = 0;     // emulated images: nodes x K / iteration
+  double speedup = 0;          // over the same system on one node
+  double idealSeconds = 0;
+  std::vector<double> txPerIter, rxPerIter;  // bytes per node per iteration (interface counters)
+  nlohmann::json toJson() const {
+    return {{"model", model},          {"system", system},       {"nodes", nodes},
+            {"link_mbit", mbit},       {"latency_ms", latencyMs}, {"ok", ok},
+            {"error", error},          {"iteration_seconds", iterSeconds},
+            {"images_per_sec", imagesPerSec}, {"speedup", speedup},
+            {"ideal_seconds", idealSeconds},
+            {"measured_over_ideal", idealSeconds > 0 ? iterSeconds / idealSeconds : 0.0},
+            {"tx_bytes_per_iteration", txPerIter}, {"rx_bytes_per_iteration", rxPerIter}};
+  }
+};
+
+struct Harness {
+  std::string exe, ddpScript, work;
+  double scale = 0.1;
+  int iterations = 8, warmup = 3, timeoutS = 300;
+  EmulatedCluster* cluster = nullptr;
+  std::map<std::string, EmulatedModel> models;
+  std::map<std::string, std::string> modelJson;  // model -> path
+  int port = 29600;
+  bool verbose = true;
+
+  const EmulatedModel& model(const std::string& name) {
+    auto it = models.find(name);
+    if (it != models.end()) return it->second;
+    EmulatedModel m = bench::emulatedModel(name, scale);
+    std::string path = work + "/" + name + ".json";
+    std::ofstream(path) << bench::emulatedModelJson(m);
+    modelJson[name] = path;
+    return models.emplace(name, std::move(m)).first->second;
+  }
+
+  // Ideal iteration time: max(compute, min-scheme bytes per node / link rate),
+  // full duplex (half of Table 1's send + receive floats each way).
+  double ideal(const EmulatedModel& m, int nodes, double mbit) {
+    double floats = 0;
+    if (nodes > 1) {
+      for (const auto& l : m.desc.layers) {
+        CostInputs c = costInputs(l, m.batch, nodes, nodes);
+        double ps = psCostBoth(c);
+        floats += l.type == LayerType::kFC ? std::min(ps, sfbCost(c)) : ps;
+      }
+    }
+    double comm = floats / 2 * 4 * 8 / (mbit * 1e6);
+    return std::max(m.computeSeconds(), comm);
+  }
+
+  Run run(const std::string& modelName, const std::string& system, int nodes) {
+    const EmulatedModel& m = model(modelName);
+    Run r;
+    r.model = modelName;
+    r.system = system;
+    r.nodes = nodes;
+    r.mbit = cluster->link().mbit;
+    r.latencyMs = cluster->link().latencyMs;
+    r.idealSeconds = ideal(m, nodes, r.mbit);
+    int p = port++;
+    if (port > 29999) port = 29600;
+    std::vector<Child> children;
+    for (int i = 0; i < nodes; ++i) {
+      std::string out = strCat(work, "/", modelName, "-", system, "-", nodes, "-", r.mbit, "-", i);
+      std::vector<std::string> argv{"ip", "netns", "exec", cluster->nodeNamespace(i)};
+      if (isDdp(system)) {
+        argv.insert(argv.end(), {"/usr/bin/python3", ddpScript, "--model-json", modelJson[modelName], "--variant", system,
+                                 "--iterations", std::to_string(iterations), "--warmup", std::to_string(warmup),
+                                 "--out", out + ".json", "--iface", EmulatedCluster::nodeInterface(), "--timeout",
+                                 std::to_string(timeoutS)});
+      } else {
+        argv.insert(argv.end(), {exe, "bench-worker", "--model", modelName, "--scale", fmt("%g", scale), "--system",
+                                 system, "--iterations", std::to_string(iterations), "--warmup",
+                                 std::to_string(warmup), "--out", out + ".json", "--iface",
+                                 EmulatedCluster::nodeInterface(), "--bind", cluster->nodeAddress(i), "--timeout",
+                                 std::to_string(timeoutS * 1000)});
+      }
+      std::map<std::string, std::string> env{{"RANK", std::to_string(i)},
+                                             {"WORLD_SIZE", std::to_string(nodes)},
+                                             {"LOCAL_RANK", "0"},
+                                             {"MASTER_ADDR", cluster->nodeAddress(0)},
+                                             {"MASTER_PORT", std::to_string(p)},
+                                             {"GLOO_SOCKET_IFNAME", EmulatedCluster::nodeInterface()},
+                                             {"OMP_NUM_THREADS", "1"}};
+      children.push_back(spawn(argv, env, out + ".log"));
+    }
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeoutS);
+    size_t left = children.size();
+    std::string failure;
+    while (left > 0) {
+      for (auto& c : children) {
+        if (c.status != -1) continue;
+        int st;
+        if (waitpid(c.pid, &st, WNOHANG) == c.pid) {
+          c.status = st;
+          --left;
+          if ((!WIFEXITED(st) || WEXITSTATUS(st) != 0) && failure.empty()) {
+            failure = strCat("rank ", &c - children.data(), " failed: ", lastLine(c.log));
+          }
+        }
+      }
+      bool stop = gStop.load() != 0, late = std::chrono::steady_clock::now() > deadline;
+      if (left > 0 && (stop || late || !failure.empty())) {
+        if (failure.empty()) failure = stop ? "interrupted" : strCat("timed out after ", timeoutS, " s");
+        for (auto& c : children)
+          if (c.status == -1) kill(-c.pid, SIGKILL), kill(c.pid, SIGKILL);
+        for (auto& c : children)
+          if (c.status == -1) waitpid(c.pid, &c.status, 0);
+        break;
+      }
+      usleep(50000);
+    }
+    if (gStop.load()) throw Error(strCat("interrupted by signal ", gStop.load()));
+    if (!failure.empty()) {
+      r.error = failure;
+      report(r);
+      return r;
+    }
+    try {
+      for (int i = 0; i < nodes; ++i) {
+        std::ifstream f(strCat(work, "/", modelName, "-", system, "-", nodes, "-", r.mbit, "-", i, ".json"));
+        nlohmann::json j = nlohmann::json::parse(f);
+        std::vector<double> t = j["iteration_seconds"].get<std::vector<double>>();
+        t.erase(t.begin(), t.begin() + std::min<size_t>(t.size(), static_cast<size_t>(j["warmup"].get<int>())));
+        if (i == 0) {
+          std::sort(t.begin(), t.end());
+          r.iterSeconds = t.empty() ? 0 : t[t.size() / 2];
+        }
+        r.txPerIter.push_back(j["tx_bytes"].get<double>() / std::max(1, iterations));
+        r.rxPerIter.push_back(j["rx_bytes"].get<double>() / std::max(1, iterations));
+      }
+      r.imagesPerSec = r.iterSeconds > 0 ? nodes * m.batch / r.iterSeconds : 0;
+      r.ok = r.iterSeconds > 0;
+    } catch (const std::exception& e) {
+      r.error = strCat("unreadable result: ", e.what());
+    }
+    report(r);
+    return r;
+  }
+
+  void report(const Run& r) {
+    if (!verbose) return;
+    if (!r.ok) {
+      std::printf("  %-14s %2d nodes @ %6g Mbit/s: FAILED: %s\n", r.system.c_str(), r.nodes, r.mbit, r.error.c_str());
+    } else {
+      double tx = 0;
+      for (double x : r.txPerIter) tx = std::max(tx, x);
+      std::printf("  %-14s %2d nodes @ %6g Mbit/s: %.3f s/iter (ideal %.3f, x%.2f), %.1f images/s, max node tx %.2f MB/iter\n",
+                  r.system.c_str(), r.nodes, r.mbit, r.iterSeconds, r.idealSeconds, r.iterSeconds / r.idealSeconds,
+                  r.imagesPerSec, tx / 1e6);
+    }
+    std::fflush(stdout);
+  }
+};
+
+void writeMarkdown(const std::string& path, const nlohmann::json& result) {
+  std::ostringstream md;
+  const auto& cfg = result["config"];
+  md << "# poseidon bench results\n\n";
+  md << "Command: `" << cfg["command"].get<std::string>() << "`\n\n";
+  md << "Emulated cluster: one network namespace per node, tc tbf links both ways; width scale s = "
+     << cfg["scale"].get<double>() << " (link rates represent rate / s^2 at full width); "
+     << cfg["iterations"].get<int>() << " measured iterations after " << cfg["warmup"].get<int>()
+     << " warm-up ones; iteration time is rank 0's median.\n\n";
+  std::map<std::pair<std::string, double>, std::vector<nlohmann::json>> groups;
+  for (const auto& r : result["runs"])
+    if (r["nodes"].get<int>() > 1) groups[{r["model"].get<std::string>(), r["link_mbit"].get<double>()}].push_back(r);
+  std::map<std::pair<std::string, std::string>, nlohmann::json> one;
+  for (const auto& r : result["runs"])
+    if (r["nodes"].get<int>() == 1) one[{r["model"].get<std::string>(), r["system"].get<std::string>()}] = r;
+  for (const auto& [key, runs] : groups) {
+    double scale = cfg["scale"].get<double>();
+    md << "## " << key.first << " at " << key.second << " Mbit/s (" << fmt("%g", key.second / scale / scale / 1000)
+       << " Gbit/s at full width)\n\n";
+    std::vector<int> nodes{1};
+    std::vector<std::string> systems;
+    for (const auto& r : runs) {
+      if (std::find(nodes.begin(), nodes.end(), r["nodes"].get<int>()) == nodes.end()) nodes.push_back(r["nodes"]);
+      if (std::find(systems.begin(), systems.end(), r["system"].get<std::string>()) == systems.end())
+        systems.push_back(r["system"]);
+    }
+    std::sort(nodes.begin(), nodes.end());
+    md << "| system |";
+    for (int n : nodes) md << " " << n << " node" << (n > 1 ? "s" : "") << " |";
+    md << " s/iter at " << nodes.back() << " | measured / ideal |\n|---|";
+    for (size_t i = 0; i < nodes.size() + 2; ++i) md << "---|";
+    md << "\n";
+    for (const auto& s : systems) {
+      md << "| " << s << " |";
+      nlohmann::json last;
+      for (int n : nodes) {
+        nlohmann::json hit;
+        if (n == 1) {
+          auto it = one.find({key.first, s});
+          if (it != one.end()) hit = it->second;
+        } else {
+          for (const auto& r : runs)
+            if (r["system"] == s && r["nodes"] == n) hit = r;
+        }
+        if (hit.is_null()) md << " - |";
+        else if (!hit["ok"].get<bool>()) md << " failed |";
+        else md << " " << fmt("%.2fx", n == 1 ? 1.0 : hit["speedup"].get<double>()) << " |";
+        if (n == nodes.back()) last = hit;
+      }
+      if (!last.is_null() && last["ok"].get<bool>()) {
+        md << " " << fmt("%.3f", last["iteration_seconds"].get<double>()) << " | "
+           << fmt("%.2f", last["measured_over_ideal"].get<double>()) << " |\n";
+      } else {
+        md << " - | - |\n";
+      }
+    }
+    md << "\n";
+  }
+  if (result.contains("headline")) {
+    md << "## Headline ratios (measured side by side in this run)\n\n";
+    for (const auto& h : result["headline"]) md << "- " << h.get<std::string>() << "\n";
+    md << "\n";
+  }
+  if (result.contains("bisection")) {
+    md << "## Minimum link rate for 90% efficiency at " << result["bisection"]["nodes"].get<int>() << " nodes ("
+       << result["bisection"]["model"].get<std::string>() << ")\n\n| system | Mbit/s (emulated) | at full width |\n|---|---|---|\n";
+    double scale = cfg["scale"].get<double>();
+    for (const auto& [sys, v] : result["bisection"]["min_mbit"].items()) {
+      md << "| " << sys << " | " << fmt("%.1f", v.get<double>()) << " | "
+         << fmt("%.1f Gbit/s", v.get<double>() / scale / scale / 1000) << " |\n";
+    }
+    md << "\n";
+  }
+  std::ofstream(path) << md.str();
+}
+
+void writePlots(const std::string& dir, const nlohmann::json& result) {
+  fs::create_directories(dir);
+  std::map<std::pair<std::string, double>, std::map<std::string, std::vector<std::pair<int, double>>>> series;
+  for (const auto& r : result["runs"]) {
+    if (!r["ok"].get<bool>()) continue;
+    if (r["nodes"].get<int>() == 1) continue;
+    series[{r["model"], r["link_mbit"]}][r["system"]].push_back({r["nodes"].get<int>(), r["speedup"].get<double>()});
+  }
+  for (auto& [key, systems] : series) {
+    std::string base = strCat(dir, "/speedup-", key.first, "-", fmt("%g", key.second), "mbit");
+    std::ofstream gp(base + ".gp");
+    gp << "set terminal pngcairo size 800,560\nset output '" << base << ".png'\n"
+       << "set title 'speedup over one node: " << key.first << ", " << key.second << " Mbit/s links (emulated)'\n"
+       << "set xlabel 'nodes'\nset ylabel 'speedup'\nset key left top\nset grid\nset xtics (1,2,4,8,16,32)\n"
+       << "plot x title 'linear' dashtype 2 lc rgb 'gray'";
+    for (auto& [sys, pts] : systems) {
+      std::sort(pts.begin(), pts.end());
+      std::ofstream dat(base + "-" + sys + ".dat");
+      dat << "1 1\n";
+      for (auto& [n, s] : pts) dat << n << " " << s << "\n";
+      gp << ", '" << base << "-" << sys << ".dat' with linespoints lw 2 title '" << sys << "'";
+    }
+    gp << "\n";
+    gp.close();
+    try {
+      bench::run({"gnuplot", base + ".gp"});
+    } catch (const Error& e) {
+      std::cerr << "poseidon bench: plotting failed (install gnuplot-nox): " << e.what() << "\n";
+    }
+  }
+  if (result.contains("histogram")) {
+    const auto& h = result["histogram"];
+    std::string base = strCat(dir, "/traffic-", h["model"].get<std::string>(), "-", h["nodes"].get<int>(), "nodes");
+    std::ofstream dat(base + ".dat");
+    dat << "node";
+    for (const auto& [sys, v] : h["bytes_per_node"].items()) dat << " " << sys;
+    dat << "\n";
+    int n = h["nodes"].get<int>();
+    for (int i = 0; i < n; ++i) {
+      dat << i;
+      for (const auto& [sys, v] : h["bytes_per_node"].items()) dat << " " << v[i].get<double>() / 1e6;
+      dat << "\n";
+    }
+    dat.close();
+    std::ofstream gp(base + ".gp");
+    gp << "set terminal pngcairo size 800,480\nset output '" << base << ".png'\n"
+       << "set title 'bytes per node per iteration (sent + received), " << h["model"].get<std::string>() << ", " << n
+       << " nodes'\nset ylabel 'MB per iteration'\nset xlabel 'node'\nset style data histograms\n"
+       << "set style histogram clustered gap 1\nset style fill solid 0.8 border -1\nset grid ytics\nset key left top\n"
+       << "plot for [c=2:" << 1 + h["bytes_per_node"].size() << "] '" << base
+       << ".dat' using c:xtic(1) title columnheader\n";
+    gp.close();
+    try {
+      bench::run({"gnuplot", base + ".gp"});
+    } catch (const Error& e) {
+      std::cerr << "poseidon bench: plotting failed (install gnuplot-nox): " << e.what() << "\n";
+    }
+  }
+}
+
+}  // namespace
+
+int benchCommand(const std::vector<std::string>& args, const std::string&) {
+  std::string modelsFlag = "vgg19,vgg19-22k,googlenet,resnet-152,alexnet";
+  std::string systemsFlag = "poseidon,ps-wfbp,ps-naive,adam,ddp,ddp-fp16,ddp-powersgd1,ddp-powersgd4";
+  std::string nodesFlag = "1,2,4,8", ratesFlag = "1000,300,100,30";
+  std::string jsonPath, mdPath, plotDir, ddpScript, bisectSystems;
+  double scale = 0.1, latencyMs = 0;
+  int iterations = 8, warmup = 3, timeoutS = 300;
+  bool quick = false, keep = false;
+  FlagSet flags("bench", "poseidon bench [--quick] [--models LIST] [--systems LIST] [--nodes LIST] [--rates LIST] [flags]",
+                "Emulated-cluster benchmark (needs root): one network namespace per node, links shaped with tc tbf,\n"
+                "trace-driven compute (each layer's forward/backward is a wait of its share of the model's published\n"
+                "single-GPU iteration time), real parameter shapes at width scale s. Runs Poseidon's systems and\n"
+                "PyTorch DDP (Debian's python3-torch) on the identical model and network, in the same run, and\n"
+                "reports iteration time, speedup over one node, bytes per node, and measured / ideal time.\n"
+                "Systems: poseidon (WFBP + hybrid), ps-wfbp, ps-naive, adam, ddp, ddp-fp16, ddp-powersgd1,\n"
+                "ddp-powersgd4. Everything it creates is removed on exit, Ctrl-C and failure.");
+  flags.addBool("quick", &quick, "vgg19, 1 and 8 nodes, 100 and 30 Mbit/s, poseidon vs ddp, 5 iterations (< 10 min)");
+  flags.addString("models", &modelsFlag, "comma-separated emulated models", "LIST");
+  flags.addString("systems", &systemsFlag, "comma-separated systems", "LIST");
+  flags.addString("nodes", &nodesFlag, "comma-separated cluster sizes (1 is the speedup baseline)", "LIST");
+  flags.addString("rates", &ratesFlag, "comma-separated link rates in Mbit/s (tc tbf)", "LIST");
+  flags.addDouble("latency-ms", &latencyMs, "added one-way latency per link (netem)", "MS");
+  flags.addDouble("scale", &scale, "width scale s (link rates represent rate / s^2 at full width)", "S");
+  flags.addInt("iterations", &iterations, "measured iterations per run", "N");
+  flags.addInt("warmup", &warmup, "warm-up iterations per run (not measured)", "N");
+  flags.addInt("run-timeout", &timeoutS, "seconds before a run is declared failed", "S");
+  flags.addString("bisect", &bisectSystems,
+                  "comma-separated systems: bisect the minimum link rate for 90% efficiency at the largest size "
+                  "(first model)", "LIST");
+  flags.addString("json", &jsonPath, "write all results as JSON to FILE", "FILE");
+  flags.addString("markdown", &mdPath, "write the result tables as Markdown to FILE", "FILE");
+  flags.addString("plots", &plotDir, "write speedup and traffic plots (PNG, gnuplot) into DIR", "DIR");
+  flags.addString("ddp-script", &ddpScript, "path to bench/ddp_worker.py", "FILE");
+  flags.addBool("keep", &keep, "keep the per-rank logs and results (printed path)");
+  flags.parse(args);
+  if (flags.helpRequested()) {
+    std::cout << flags.helpText();
+    return 0;
+  }
+  if (quick) {
+    if (!flags.wasSet("models")) modelsFlag = "vgg19";
+    if (!flags.wasSet("systems")) systemsFlag = "poseidon,ddp";
+    if (!flags.wasSet("nodes")) nodesFlag = "1,8";
+    if (!flags.wasSet("rates")) ratesFlag = "100,30";
+    if (!flags.wasSet("iterations")) iterations = 5;
+    if (!flags.wasSet("warmup")) warmup = 2;
+  }
+  std::vector<std::string> models = splitList(modelsFlag), systems = splitList(systemsFlag);
+  std::vector<int> nodes;
+  for (const auto& n : splitList(nodesFlag)) {
+    int v = std::atoi(n.c_str());
+    if (v < 1 || v > 64) throw InvalidArgument("--nodes entries must be 1..64, got '" + n + "'");
+    nodes.push_back(v);
+  }
+  std::sort(nodes.begin(), nodes.end());
+  std::vector<double> rates;
+  for (const auto& r : splitList(ratesFlag)) {
+    double v = std::atof(r.c_str());
+    if (!(v > 0)) throw InvalidArgument("--rates entries must be positive Mbit/s, got '" + r + "'");
+    rates.push_back(v);
+  }
+  for (const auto& s : systems) {
+    bool known = std::find(kPoseidonSystems.begin(), kPoseidonSystems.end(), s) != kPoseidonSystems.end() ||
+                 std::find(kDdpSystems.begin(), kDdpSystems.end(), s) != kDdpSystems.end();
+    if (!known) throw InvalidArgument("unknown system '" + s + "'");
+  }
+  if (models.empty() || systems.empty() || nodes.empty() || rates.empty()) throw InvalidArgument("empty list flag");
+  if (!(scale > 0 && scale <= 1)) throw InvalidArgument("--scale must be in (0, 1]");
+  if (iterations < 1 || warmup < 0) throw InvalidArgument("--iterations must be >= 1 and --warmup >= 0");
+  for (const auto& m : models) bench::emulatedModel(m, scale);  // validate names early
+
+  std::string why;
+  if (!EmulatedCluster::available(&why)) throw Error(why);
+  Harness h;
+  h.exe = selfExe();
+  h.scale = scale;
+  h.iterations = iterations;
+  h.warmup = warmup;
+  h.timeoutS = timeoutS;
+  bool anyDdp = std::any_of(systems.begin(), systems.end(), isDdp);
+  if (anyDdp) {
+    h.ddpScript = findDdpScript(ddpScript);
+    try {
+      bench::run({"/usr/bin/python3", "-c", "import torch, torch.distributed"});
+    } catch (const Error&) {
+      throw Error("the DDP baselines need Debian's python3-torch (apt-get install python3-torch)");
+    }
+  }
+  char tmpl[] = "/tmp/poseidon-bench-XXXXXX";
+  if (!mkdtemp(tmpl)) throw IoError("cannot create a work directory in /tmp");
+  h.work = tmpl;
+
+  struct sigaction sa {};
+  sa.sa_handler = onStopSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGHUP, &sa, nullptr);
+
+  std::string command = "poseidon bench";
+  for (const auto& a : args) command += " " + a;
+  nlohmann::json result;
+  result["config"] = {{"command", command},   {"scale", scale},     {"iterations", iterations},
+                      {"warmup", warmup},     {"latency_ms", latencyMs}, {"models", models},
+                      {"systems", systems},   {"nodes", nodes},     {"rates_mbit", rates}};
+  std::vector<Run> runs;
+  auto t0 = std::chrono::steady_clock::now();
+  {
+    EmulatedCluster cluster(nodes.back(), bench::LinkSpec{rates.front(), latencyMs});
+    h.cluster = &cluster;
+    std::printf("poseidon bench: %d-node emulated cluster, models %s, systems %s, s = %g\n", nodes.back(),
+                modelsFlag.c_str(), systemsFlag.c_str(), scale);
+    for (const auto& m : models) {
+      const EmulatedModel& em = h.model(m);
+      std::printf("%s: %lld params at s = %g, K = %lld per worker, %.3f s compute per iteration (%s)\n", m.c_str(),
+                  static_cast<long long>(em.desc.numel()), scale, static_cast<long long>(em.batch),
+                  em.computeSeconds(), em.timeSource.c_str());
+      std::fflush(stdout);
+      if (nodes.front() == 1)
+        for (const auto& s : systems) runs.push_back(h.run(m, s, 1));
+      for (double rate : rates) {
+        cluster.setLink({rate, latencyMs});
+        for (const auto& s : systems)
+          for (int n : nodes)
+            if (n > 1) runs.push_back(h.run(m, s, n));
+      }
+    }
+    // Speedups against the same system on one node.
+    for (auto& r : runs) {
+      if (!r.ok || r.nodes == 1) {
+        if (r.ok) r.speedup = 1;
+        continue;
+      }
+      for (const auto& b : runs)
+        if (b.ok && b.nodes == 1 && b.model == r.model && b.system == r.system) r.speedup = r.nodes * b.iterSeconds / r.iterSeconds;
+    }
+    // Bisection of the minimum rate for 90% efficiency at the largest size.
+    std::vector<std::string> bisect = splitList(bisectSystems);
+    if (!bisect.empty() && nodes.front() == 1 && nodes.back() > 1) {
+      const std::string& m = models.front();
+      int n = nodes.back();
+      nlohmann::json mins;
+      for (const auto& s : bisect) {
+        double base = 0;
+        for (const auto& b : runs)
+          if (b.ok && b.nodes == 1 && b.model == m && b.system == s) base = b.iterSeconds;
+        if (base == 0) continue;
+        double lo = 5, hi = 2000;
+        std::printf("bisecting %s on %s at %d nodes\n", s.c_str(), m.c_str(), n);
+        for (int step = 0; step < 7; ++step) {
+          double mid = std::sqrt(lo * hi);
+          cluster.setLink({mid, latencyMs});
+          Run r = h.run(m, s, n);
+          bool good = r.ok && n * base / r.iterSeconds >= 0.9 * n;
+          (good ? hi : lo) = mid;
+        }
+        mins[s] = hi;
+      }
+      result["bisection"] = {{"model", m}, {"nodes", n}, {"efficiency", 0.9}, {"min_mbit", mins}};
+    }
+    h.cluster = nullptr;
+  }  // the cluster is removed here (and on any exception)
+
+  nlohmann::json runsJson = nlohmann::json::array();
+  for (const auto& r : runs) runsJson.push_back(r.toJson());
+  result["runs"] = runsJson;
+  // Headline ratios: throughput of poseidon against each other system at the largest size.
+  nlohmann::json headline = nlohmann::json::array();
+  int big = nodes.back();
+  for (const auto& m : models)
+    for (double rate : rates) {
+      const Run* pos = nullptr;
+      for (const auto& r : runs)
+        if (r.ok && r.model == m && r.mbit == rate && r.nodes == big && r.system == "poseidon") pos = &r;
+      if (!pos) continue;
+      std::string line = strCat(m, ", ", big, " nodes, ", rate, " Mbit/s: poseidon ", fmt("%.2fx", pos->speedup),
+                                " speedup (", fmt("%.0f%%", 100 * pos->speedup / big), " efficiency), measured/ideal ",
+                                fmt("%.2f", pos->iterSeconds / pos->idealSeconds));
+      for (const auto& r : runs)
+        if (r.ok && r.model == m && r.mbit == rate && r.nodes == big && r.system != "poseidon")
+          line += strCat("; vs ", r.system, " ", fmt("%.2fx", pos->imagesPerSec / r.imagesPerSec), " throughput");
+      headline.push_back(line);
+    }
+  result["headline"] = headline;
+  // Per-node traffic at the largest size and lowest rate for the first model.
+  {
+    nlohmann::json perNode;
+    for (const auto& r : runs) {
+      if (!r.ok || r.model != models.front() || r.nodes != big || r.mbit != rates.back()) continue;
+      if (r.system != "poseidon" && r.system != "adam" && r.system != "ps-wfbp" && r.system != "ddp") continue;
+      std::vector<double> both;
+      for (size_t i = 0; i < r.txPerIter.size(); ++i) both.push_back(r.txPerIter[i] + r.rxPerIter[i]);
+      perNode[r.system] = both;
+    }
+    if (!perNode.empty() && big > 1) result["histogram"] = {{"model", models.front()}, {"nodes", big}, {"link_mbit", rates.back()}, {"bytes_per_node", perNode}};
+  }
+  result["wall_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  std::printf("\n");
+  for (const auto& l : headline) std::printf("%s\n", l.get<std::string>().c_str());
+  if (!jsonPath.empty()) {
+    std::ofstream(jsonPath) << result.dump(2) << "\n";
+    std::printf("results: %s\n", jsonPath.c_str());
+  }
+  if (!mdPath.empty()) {
+    writeMarkdown(mdPath, result);
+    std::printf("table: %s\n", mdPath.c_str());
+  }
+  if (!plotDir.empty()) {
+    writePlots(plotDir, result);
+    std::printf("plots: %s\n", plotDir.c_str());
+  }
+  if (keep) std::printf("logs: %s\n", h.work.c_str());
+  else fs::remove_all(h.work);
+  bool allOk = std::all_of(runs.begin(), runs.end(), [](const Run& r) { return r.ok; });
+  return allOk ? 0 : 1;
 }
 
 }  // namespace poseidon::cli

@@ -50,7 +50,12 @@ std::unique_ptr<Node> Node::start(const NodeOptions& options, const ModelDesc& m
   std::vector<std::string> endpoints;
   for (const auto& n : book.nodes()) endpoints.push_back(n.endpoint);
   node->van_->connectPeers(options.rank, endpoints);
-  if (node->isServer()) node->shard_ = std::make_unique<KvShard>(book, book.shardIndex(options.rank));
+  if (node->isServer()) {
+    node->shard_ = std::make_unique<KvShard>(book, book.shardIndex(options.rank));
+    if (book.settings().policy == SchemePolicy::kAdam) {
+      node->adam_ = std::make_unique<AdamServer>(book, book.shardIndex(options.rank));
+    }
+  }
   if (node->isWorker()) {
     for (int l = 0; l < layers; ++l) node->syncers_.push_back(std::make_unique<Syncer>(static_cast<SyncHost&>(*node), l));
     node->pool_ = std::make_unique<ThreadPool>(options.threads);
@@ -145,12 +150,17 @@ void Node::dispatch(Message& msg) {
       if (!shard_) throw ProtocolError("ps push to a rank that is not a server");
       onPush(msg);
       return;
+    case MsgType::kAdamFactors:
+      if (!adam_) throw ProtocolError("adam factors to a rank that is not an adam server");
+      onAdamFactors(msg);
+      return;
     case MsgType::kPsAggregate:
+    case MsgType::kAdamAggregate:
     case MsgType::kSfbFactors: {
       if (syncers_.empty()) throw ProtocolError(strCat(msgTypeName(h.type), " to a rank that is not a worker"));
       if (h.layer >= syncers_.size()) throw ProtocolError(strCat("layer ", h.layer, " does not exist"));
       Syncer& s = *syncers_[h.layer];
-      if (h.type == MsgType::kPsAggregate) s.onAggregate(msg);
+      if (h.type != MsgType::kSfbFactors) s.onAggregate(msg);
       else s.onFactors(msg);
       return;
     }
@@ -200,6 +210,22 @@ void Node::onPush(Message& msg) {
   for (int w : book_.workerRanks()) van_->send(w, out, done->sum.data(), bytes);
 }
 
+void Node::onAdamFactors(Message& msg) {
+  const FrameHeader& h = msg.header;
+  auto done = adam_->push(static_cast<int>(h.sender), static_cast<int>(h.layer), h.iteration, h.aux,
+                          std::move(msg.payload));
+  if (!done) return;
+  FrameHeader out;
+  out.type = MsgType::kAdamAggregate;
+  out.job = book_.jobId();
+  out.layer = h.layer;
+  out.iteration = h.iteration;
+  for (const KvPair& p : book_.layout().pairsOf(done->layer)) {
+    out.pair = static_cast<uint32_t>(p.index);
+    for (int w : book_.workerRanks()) van_->send(w, out, done->sum.data() + p.offset, static_cast<size_t>(p.length) * 4);
+  }
+}
+
 // ---- worker API ------------------------------------------------------------------
 
 void Node::schedule(std::function<void()> task) { pool_->schedule(std::move(task)); }
@@ -244,7 +270,12 @@ void Node::submitFactors(int layer, const float* u, const float* v, int64_t rows
   if (layer < 0 || layer >= static_cast<int>(syncers_.size())) {
     throw InvalidArgument(strCat("submitFactors: layer index ", layer, " out of range"));
   }
-  syncers_[layer]->submitFactors(iteration_.load(), u, v, rows, std::move(out), std::move(keepAlive));
+  Scheme scheme = schemeFor(layer, rows);
+  if (scheme == Scheme::kPS) {
+    throw InvalidArgument(strCat("submitFactors: BestScheme chose ps for layer '", book_.model().layers[layer].name,
+                                 "' at ", rows, " rows; submit its dense gradient instead"));
+  }
+  syncers_[layer]->submitFactors(iteration_.load(), scheme, u, v, rows, std::move(out), std::move(keepAlive));
 }
 
 void Node::layerDone(int layer, int64_t iteration) {

@@ -9,7 +9,7 @@
 //   node.beginIteration(t);
 //   forward; during backward, for l = L..1 as each gradient is final:
 //     node.submitDense(l, grad)          // PS, or
-//     node.submitFactors(l, U, V, K, out) // SFB, when schemeFor(l, K) says so
+//     node.submitFactors(l, U, V, K, out) // SFB (or Adam), when schemeFor(l, K) says so
 //   node.waitIteration();   // BSP barrier: every layer's sync is done
 //   the optimizer applies the synchronized mean gradients.
 // submit*() only queue the layer's sync on the thread pool and return at once
@@ -39,6 +39,7 @@
 #include "poseidon/common/thread_pool.h"
 #include "poseidon/coordinator/book.h"
 #include "poseidon/coordinator/rendezvous.h"
+#include "poseidon/kvstore/adam_server.h"
 #include "poseidon/kvstore/kv_shard.h"
 #include "poseidon/transport/van.h"
 
@@ -120,6 +121,7 @@ class Node : private SyncHost {
   void receiveLoop();
   void dispatch(Message& msg);
   void onPush(Message& msg);
+  void onAdamFactors(Message& msg);
   std::vector<Message> takeMail(MsgType type, uint32_t seq, size_t count, const char* what);
   [[noreturn]] void throwError() const;
 
@@ -129,6 +131,7 @@ class Node : private SyncHost {
   std::unique_ptr<Van> van_;
   InformationBook book_;
   std::unique_ptr<KvShard> shard_;                // servers
+  std::unique_ptr<AdamServer> adam_;              // servers, Adam baseline only
   std::vector<std::unique_ptr<Syncer>> syncers_;  // workers
   std::unique_ptr<ThreadPool> pool_;
   std::thread loop_;

@@ -99,11 +99,12 @@ void Syncer::sendDense(int64_t iteration, const LayerBuffer& grad) {
   }
 }
 
-void Syncer::submitFactors(int64_t iteration, const float* u, const float* v, int64_t rows, LayerBuffer out,
-                           std::shared_ptr<void> keepAlive) {
+void Syncer::submitFactors(int64_t iteration, Scheme scheme, const float* u, const float* v, int64_t rows,
+                           LayerBuffer out, std::shared_ptr<void> keepAlive) {
   if (spec_.type != LayerType::kFC) {
     throw InvalidArgument(strCat("layer '", spec_.name, "' is not fully connected; it cannot use SFB"));
   }
+  if (scheme == Scheme::kPS) throw InvalidArgument(strCat("layer '", spec_.name, "': factors submitted for a ps round"));
   if (rows < 1 || rows > kMaxFactorRows) {
     throw InvalidArgument(strCat("layer '", spec_.name, "': ", rows, " factor rows is out of range"));
   }
@@ -115,26 +116,36 @@ void Syncer::submitFactors(int64_t iteration, const float* u, const float* v, in
     std::lock_guard<std::mutex> lock(mutex_);
     Round& r = roundLocked(iteration);
     if (r.submitted) throw InvalidArgument(strCat("layer '", spec_.name, "' submitted twice in iteration ", iteration));
+    if (scheme == Scheme::kAdam && r.factorsLeft < host_.book().numWorkers()) {
+      host_.fail(strCat("layer '", spec_.name, "' iteration ", iteration,
+                        ": this rank chose adam but another worker sent sfb factors"));
+      return;
+    }
     r.submitted = true;
-    r.scheme = Scheme::kSFB;
+    r.scheme = scheme;
     r.out = out;
-    maybeReconstructLocked(iteration, r);
+    if (scheme == Scheme::kSFB) maybeReconstructLocked(iteration, r);
   }
-  host_.schedule([this, iteration, u, v, rows, keepAlive] { sendFactors(iteration, u, v, rows); });
+  host_.schedule([this, iteration, scheme, u, v, rows, keepAlive] { sendFactors(iteration, scheme, u, v, rows); });
 }
 
-void Syncer::sendFactors(int64_t iteration, const float* u, const float* v, int64_t rows) {
+void Syncer::sendFactors(int64_t iteration, Scheme scheme, const float* u, const float* v, int64_t rows) {
   const InformationBook& book = host_.book();
   const int64_t startUs = host_.tracer() ? Tracer::nowMicros() : 0;
   try {
     FrameHeader h;
-    h.type = MsgType::kSfbFactors;
+    h.type = scheme == Scheme::kAdam ? MsgType::kAdamFactors : MsgType::kSfbFactors;
     h.job = book.jobId();
     h.layer = static_cast<uint32_t>(layer_);
     h.iteration = iteration;
     h.aux = static_cast<uint32_t>(rows);
     size_t ub = static_cast<size_t>(rows * spec_.m) * sizeof(float);
     size_t vb = static_cast<size_t>(rows * spec_.n) * sizeof(float);
+    if (scheme == Scheme::kAdam) {  // factors up to the layer's one server
+      host_.van().send(book.adamOwnerRank(layer_), h, {Van::Part{u, ub}, Van::Part{v, vb}});
+      traceSent(iteration, startUs, "adam");
+      return;
+    }
     // Peers first, ourselves last: our own copy costs no network time.
     for (int w : book.workerRanks()) {
       if (w != host_.rank()) host_.van().send(w, h, {Van::Part{u, ub}, Van::Part{v, vb}});
@@ -153,7 +164,9 @@ void Syncer::onAggregate(Message& msg) {
     throw ProtocolError(strCat("aggregate for layer ", layer_, " pair ", h.pair, ", which does not exist"));
   }
   const KvPair& p = pairs_[h.pair];
-  if (static_cast<int>(h.sender) != book.shardRank(p.shard)) {
+  const bool adam = h.type == MsgType::kAdamAggregate;
+  const int owner = adam ? book.adamOwnerRank(layer_) : book.shardRank(p.shard);
+  if (static_cast<int>(h.sender) != owner) {
     throw ProtocolError(strCat("aggregate for layer ", layer_, " pair ", h.pair, " from rank ", h.sender,
                                ", which does not own that pair"));
   }
@@ -164,7 +177,7 @@ void Syncer::onAggregate(Message& msg) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = rounds_.find(h.iteration);
-    if (it == rounds_.end() || !it->second.submitted || it->second.scheme != Scheme::kPS) {
+    if (it == rounds_.end() || !it->second.submitted || it->second.scheme != (adam ? Scheme::kAdam : Scheme::kPS)) {
       throw ProtocolError(strCat("aggregate for layer ", layer_, " iteration ", h.iteration,
                                  ", which this worker has not pushed"));
     }
@@ -179,7 +192,7 @@ void Syncer::onAggregate(Message& msg) {
     });
     if (--r.pairsLeft == 0) {
       if (Tracer* tracer = host_.tracer()) {
-        tracer->span(strCat("receive ", spec_.name, " (ps)"), "receive", 2, r.sentAtUs ? r.sentAtUs : Tracer::nowMicros(),
+        tracer->span(strCat("receive ", spec_.name, adam ? " (adam)" : " (ps)"), "receive", 2, r.sentAtUs ? r.sentAtUs : Tracer::nowMicros(),
                      Tracer::nowMicros(), h.iteration);
       }
       rounds_.erase(it);
@@ -210,8 +223,8 @@ void Syncer::onFactors(Message& msg) {
   Round& r = roundLocked(h.iteration);
   if (r.submitted && r.scheme != Scheme::kSFB) {
     host_.fail(strCat("layer '", spec_.name, "' iteration ", h.iteration, ": rank ", h.sender,
-                      " sent sfb factors (", rows, " rows) but this rank chose ps (workers must use the same batch "
-                      "size and scheme policy)"));
+                      " sent sfb factors (", rows, " rows) but this rank chose ", schemeName(r.scheme),
+                      " (workers must use the same batch size and scheme policy)"));
     return;
   }
   if (r.factorSeen[worker]) throw ProtocolError(strCat("duplicate sfb factors from rank ", h.sender, " for layer ", layer_));
@@ -272,6 +285,9 @@ std::string Syncer::pending(int64_t iteration) const {
   const Round& r = it->second;
   const InformationBook& book = host_.book();
   if (!r.submitted) return strCat("layer '", spec_.name, "' was not submitted by this worker (did backward reach it?)");
+  if (r.scheme == Scheme::kAdam) {
+    return strCat("layer '", spec_.name, "' (adam): the full matrix from server rank ", book.adamOwnerRank(layer_));
+  }
   if (r.scheme == Scheme::kPS) {
     std::vector<int> shards;
     std::string missing;

@@ -68,12 +68,13 @@ class Syncer {
   // PS: `grad` holds this worker's gradient; the mean over all workers is
   // written back into it in place.
   void submitDense(int64_t iteration, LayerBuffer grad, std::shared_ptr<void> keepAlive);
-  // SFB (FC layers only): u is rows x M, v is rows x N, both row-major; the
-  // reconstructed mean gradient (weight, then bias if any) goes to `out`.
-  void submitFactors(int64_t iteration, const float* u, const float* v, int64_t rows, LayerBuffer out,
+  // SFB or Adam (FC layers only): u is rows x M, v is rows x N, both
+  // row-major; the mean gradient (weight, then bias if any) goes to `out`.
+  void submitFactors(int64_t iteration, Scheme scheme, const float* u, const float* v, int64_t rows, LayerBuffer out,
                      std::shared_ptr<void> keepAlive);
 
   // Receive loop. Throw ProtocolError for messages that do not fit.
+  // PS aggregates and Adam's full-matrix pairs.
   void onAggregate(Message& msg);
   void onFactors(Message& msg);
 
@@ -101,7 +102,7 @@ class Syncer {
   };
   Round& roundLocked(int64_t iteration);
   void sendDense(int64_t iteration, const LayerBuffer& grad);
-  void sendFactors(int64_t iteration, const float* u, const float* v, int64_t rows);
+  void sendFactors(int64_t iteration, Scheme scheme, const float* u, const float* v, int64_t rows);
   // Called with mutex_ held; schedules reconstruction once every worker's
   // factors are in and the round is submitted.
   void maybeReconstructLocked(int64_t iteration, Round& round);

@@ -152,7 +152,7 @@ JobSettings readSettings(ByteReader& r) {
   s.pairBytes = r.i64();
   s.startIteration = r.i64();
   uint8_t p = r.u8();
-  if (s.batch < 1 || s.pairBytes < 4 || p > 2) throw ProtocolError("job settings out of range");
+  if (s.batch < 1 || s.pairBytes < 4 || p > 3) throw ProtocolError("job settings out of range");
   s.policy = static_cast<SchemePolicy>(p);
   return s;
 }

@@ -71,6 +71,9 @@ class InformationBook {
   int workerIndex(int rank) const;  // -1 if not a worker
   int shardIndex(int rank) const;   // -1 if not a server
   int shardRank(int shard) const { return servers_.at(shard); }
+  // Project Adam's placement (benchmark baseline): the whole layer on the
+  // shard that owns its first pair.
+  int adamOwnerRank(int layer) const { return servers_.at(layout_.pairsOf(layer).at(0).shard); }
 
   // BestScheme(l) with this cluster's P1, P2 and the given per-worker batch.
   Scheme bestScheme(int layer, int64_t batch) const;

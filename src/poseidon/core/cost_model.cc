@@ -4,13 +4,21 @@
 
 namespace poseidon {
 
-const char* schemeName(Scheme s) { return s == Scheme::kSFB ? "sfb" : "ps"; }
+const char* schemeName(Scheme s) {
+  switch (s) {
+    case Scheme::kPS: return "ps";
+    case Scheme::kSFB: return "sfb";
+    case Scheme::kAdam: return "adam";
+  }
+  return "?";
+}
 
 const char* schemePolicyName(SchemePolicy p) {
   switch (p) {
     case SchemePolicy::kAuto: return "auto";
     case SchemePolicy::kPS: return "ps";
     case SchemePolicy::kSFB: return "sfb";
+    case SchemePolicy::kAdam: return "adam";
   }
   return "?";
 }
@@ -19,7 +27,8 @@ SchemePolicy parseSchemePolicy(const std::string& text) {
   if (text == "auto") return SchemePolicy::kAuto;
   if (text == "ps") return SchemePolicy::kPS;
   if (text == "sfb") return SchemePolicy::kSFB;
-  throw InvalidArgument("unknown scheme '" + text + "' (expected auto, ps or sfb)");
+  if (text == "adam") return SchemePolicy::kAdam;
+  throw InvalidArgument("unknown scheme '" + text + "' (expected auto, ps, sfb or adam)");
 }
 
 namespace {
@@ -74,6 +83,7 @@ Scheme bestScheme(const LayerSpec& layer, int64_t batch, int workers, int server
   switch (policy) {
     case SchemePolicy::kPS: return Scheme::kPS;
     case SchemePolicy::kSFB: return Scheme::kSFB;
+    case SchemePolicy::kAdam: return Scheme::kAdam;
     case SchemePolicy::kAuto: break;
   }
   CostInputs c = costInputs(layer, batch, workers, servers);

@@ -12,12 +12,15 @@
 
 namespace poseidon {
 
-enum class Scheme : uint8_t { kPS = 0, kSFB = 1 };
-const char* schemeName(Scheme s);  // "ps", "sfb"
+// kAdam is Project Adam's scheme (factors up to the one server that holds
+// the layer, the full matrix back down): never chosen by BestScheme, only
+// forced, as the traffic-balance baseline of the benchmark.
+enum class Scheme : uint8_t { kPS = 0, kSFB = 1, kAdam = 2 };
+const char* schemeName(Scheme s);  // "ps", "sfb", "adam"
 
 // A user's choice: let BestScheme decide, or force one scheme (SFB applies to
 // FC layers only; everything else still goes by PS).
-enum class SchemePolicy : uint8_t { kAuto = 0, kPS = 1, kSFB = 2 };
+enum class SchemePolicy : uint8_t { kAuto = 0, kPS = 1, kSFB = 2, kAdam = 3 };
 const char* schemePolicyName(SchemePolicy p);
 SchemePolicy parseSchemePolicy(const std::string& text);  // throws InvalidArgument
 

@@ -210,15 +210,15 @@ void DistributedModel::onFactors(int layer, const torch::Tensor& u, const torch:
   l.captured = true;
   l.u = u.detach().contiguous();
   l.v = v.detach().contiguous();
-  if (node_->schemeFor(layer, l.u.size(0)) != Scheme::kSFB) return;
-  l.scheme = Scheme::kSFB;
+  Scheme scheme = node_->schemeFor(layer, l.u.size(0));
+  if (scheme == Scheme::kPS) return;
+  l.scheme = scheme;  // SFB, or Adam when forced
   if (options_.overlap) submitFactors(layer);
 }
 
 void DistributedModel::submitFactors(int layer) {
   Layer& l = layers_[layer];
   l.submitted = true;
-  l.scheme = Scheme::kSFB;
   struct Keep {
     torch::Tensor u, v;
   };
@@ -226,8 +226,9 @@ void DistributedModel::submitFactors(int layer) {
   const int64_t rows = l.u.size(0);
   node_->submitFactors(layer, l.u.data_ptr<float>(), l.v.data_ptr<float>(), rows,
                        LayerBuffer::contiguous(l.staging.data_ptr<float>(), l.staging.numel()), keep);
-  predictedSfb_ += sfbCost(costInputs(*l.spec, rows, workers(), node_->book().numServers()));
-  lastSchemes_[layer] = Scheme::kSFB;
+  CostInputs c = costInputs(*l.spec, rows, workers(), node_->book().numServers());
+  predictedSfb_ += l.scheme == Scheme::kAdam ? adamCostBoth(c) : sfbCost(c);
+  lastSchemes_[layer] = l.scheme;
   if (tracer_) {
     int64_t now = Tracer::nowMicros();
     tracer_->span("backward " + l.spec->name + " (factors ready)", "compute", 0, lastReadyUs_ ? lastReadyUs_ : now, now,
@@ -243,7 +244,7 @@ void DistributedModel::onGradReady(int layer, int param) {
   ++l.readyCount;
   if (l.readyCount < static_cast<int>(l.params.size())) return;
   if (l.submitted) return;  // SFB already took this layer
-  if (l.captured && l.scheme == Scheme::kSFB) return;  // no-overlap: factors wait for synchronize()
+  if (l.captured && l.scheme != Scheme::kPS) return;  // no-overlap: factors wait for synchronize()
   if (options_.overlap) submitDense(layer);
 }
 
@@ -283,14 +284,14 @@ void DistributedModel::synchronize() {
   for (int l = static_cast<int>(layers_.size()) - 1; l >= 0; --l) {
     Layer& layer = layers_[l];
     if (layer.submitted) continue;
-    if (layer.captured && layer.scheme == Scheme::kSFB) submitFactors(l);
+    if (layer.captured && layer.scheme != Scheme::kPS) submitFactors(l);
     else submitDense(l);
   }
   node_->waitIteration();
   int64_t t0 = tracer_ ? Tracer::nowMicros() : 0;
   torch::NoGradGuard guard;
   for (auto& layer : layers_) {
-    if (layer.scheme != Scheme::kSFB) continue;
+    if (layer.scheme == Scheme::kPS) continue;
     int64_t off = 0;
     for (auto& p : layer.params) {
       torch::Tensor src = layer.staging.narrow(0, off, p.numel()).view(p.sizes());
@@ -324,7 +325,7 @@ std::vector<LayerPlan> DistributedModel::plan(int64_t batch) const {
     p.shape = s.shapeString();
     p.scheme = book.bestScheme(static_cast<int>(l), batch);
     CostInputs c = costInputs(s, batch, book.numWorkers(), book.numServers());
-    p.floatsPerIteration = p.scheme == Scheme::kSFB ? sfbCost(c) : psCostBoth(c);
+    p.floatsPerIteration = p.scheme == Scheme::kSFB ? sfbCost(c) : p.scheme == Scheme::kAdam ? adamCostBoth(c) : psCostBoth(c);
     out.push_back(p);
   }
   return out;

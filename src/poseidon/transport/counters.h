@@ -13,8 +13,8 @@
 
 namespace poseidon {
 
-enum class TrafficKind : int { kPS = 0, kSFB = 1, kControl = 2 };
-constexpr int kTrafficKinds = 3;
+enum class TrafficKind : int { kPS = 0, kSFB = 1, kControl = 2, kAdam = 3 };
+constexpr int kTrafficKinds = 4;
 
 struct TrafficTotals {
   uint64_t bytesSent = 0;

@@ -91,6 +91,8 @@ TrafficKind Van::kindOf(MsgType type) {
     case MsgType::kPsPush:
     case MsgType::kPsAggregate: return TrafficKind::kPS;
     case MsgType::kSfbFactors: return TrafficKind::kSFB;
+    case MsgType::kAdamFactors:
+    case MsgType::kAdamAggregate: return TrafficKind::kAdam;
     default: return TrafficKind::kControl;
   }
 }

@@ -13,6 +13,8 @@ const char* msgTypeName(MsgType t) {
     case MsgType::kPsPush: return "ps-push";
     case MsgType::kPsAggregate: return "ps-aggregate";
     case MsgType::kSfbFactors: return "sfb-factors";
+    case MsgType::kAdamFactors: return "adam-factors";
+    case MsgType::kAdamAggregate: return "adam-aggregate";
     case MsgType::kBroadcast: return "broadcast";
     case MsgType::kBarrier: return "barrier";
     case MsgType::kHeartbeat: return "heartbeat";
@@ -30,6 +32,8 @@ bool isKnownMsgType(uint16_t t) {
     case MsgType::kPsPush:
     case MsgType::kPsAggregate:
     case MsgType::kSfbFactors:
+    case MsgType::kAdamFactors:
+    case MsgType::kAdamAggregate:
     case MsgType::kBroadcast:
     case MsgType::kBarrier:
     case MsgType::kHeartbeat:

@@ -43,6 +43,9 @@ enum class MsgType : uint16_t {
   kPsAggregate = 11,  // shard -> worker: summed slice, once P1 pushes arrived
   // sufficient-factor broadcasting
   kSfbFactors = 20,  // worker -> worker: U (K x M) then V (K x N)
+  // Project Adam's scheme (benchmark baseline only)
+  kAdamFactors = 21,    // worker -> the layer's one server: U then V
+  kAdamAggregate = 22,  // that server -> worker: one KV pair of the summed full matrix
   // collectives and control (data endpoint)
   kBroadcast = 30,  // root -> all: chunk of a broadcast buffer
   kBarrier = 31,    // all -> all: reached a named barrier

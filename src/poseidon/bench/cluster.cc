@@ -1,0 +1,211 @@
+#include "poseidon/bench/cluster.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "poseidon/common/error.h"
+#include "poseidon/common/log.h"
+
+namespace poseidon::bench {
+
+std::string run(const std::vector<std::string>& argv) {
+  int pipefd[2];
+  if (pipe(pipefd) != 0) throw IoError(strCat("pipe(): ", std::strerror(errno)));
+  pid_t pid = fork();
+  if (pid < 0) throw IoError(strCat("fork(): ", std::strerror(errno)));
+  if (pid == 0) {
+    dup2(pipefd[1], 1);
+    dup2(pipefd[1], 2);
+    close(pipefd[0]);
+    close(pipefd[1]);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    _exit(127);
+  }
+  close(pipefd[1]);
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(pipefd[0], buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR)) {
+    if (n > 0) out.append(buf, static_cast<size_t>(n));
+  }
+  close(pipefd[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::string cmd;
+    for (const auto& a : argv) cmd += (cmd.empty() ? "" : " ") + a;
+    throw Error(strCat("command failed (", WIFEXITED(status) ? WEXITSTATUS(status) : -1, "): ", cmd, ": ", out));
+  }
+  return out;
+}
+
+namespace {
+constexpr const char* kNsPrefix = "psd";
+
+bool commandExists(const char* cmd) {
+  for (const char* dir : {"/usr/sbin/", "/sbin/", "/usr/bin/", "/bin/"}) {
+    if (access((std::string(dir) + cmd).c_str(), X_OK) == 0) return true;
+  }
+  return false;
+}
+}  // namespace
+
+bool EmulatedCluster::available(std::string* why) {
+  if (geteuid() != 0) {
+    *why = "the emulated cluster needs root (network namespaces and tc): run poseidon bench as root";
+    return false;
+  }
+  for (const char* cmd : {"ip", "tc"}) {
+    if (!commandExists(cmd)) {
+      *why = strCat("'", cmd, "' not found: install iproute2 (apt-get install iproute2)");
+      return false;
+    }
+  }
+  try {
+    std::string probe = strCat(kNsPrefix, getpid(), "probe");
+    run({"ip", "netns", "add", probe});
+    run({"ip", "netns", "del", probe});
+  } catch (const Error& e) {
+    *why = strCat("cannot create network namespaces here: ", e.what());
+    return false;
+  }
+  return true;
+}
+
+std::vector<std::string> EmulatedCluster::listOurNamespaces() {
+  std::vector<std::string> out;
+  std::istringstream in(run({"ip", "netns", "list"}));
+  std::string line;
+  while (std::getline(in, line)) {
+    std::string name = line.substr(0, line.find(' '));
+    if (name.rfind(kNsPrefix, 0) == 0 && name.size() > 3 && std::isdigit(static_cast<unsigned char>(name[3]))) {
+      out.push_back(name);
+    }
+  }
+  return out;
+}
+
+int EmulatedCluster::sweepLeftovers() {
+  int removed = 0;
+  for (const auto& ns : listOurNamespaces()) {
+    pid_t owner = static_cast<pid_t>(std::atol(ns.c_str() + 3));
+    if (owner > 0 && owner != getpid() && (kill(owner, 0) == 0 || errno != ESRCH)) continue;  // still alive
+    if (owner == getpid()) continue;
+    try {
+      run({"ip", "netns", "del", ns});
+      ++removed;
+    } catch (const Error&) {
+    }
+  }
+  return removed;
+}
+
+std::string EmulatedCluster::nodeAddress(int i) const { return strCat("10.77.0.", i + 1); }
+
+EmulatedCluster::EmulatedCluster(int nodes, const LinkSpec& link) : link_(link) {
+  std::string why;
+  if (!available(&why)) throw Error(why);
+  if (nodes < 1 || nodes > 200) throw InvalidArgument(strCat("cluster size must be 1..200, got ", nodes));
+  if (!(link.mbit > 0)) throw InvalidArgument(strCat("link rate must be positive, got ", link.mbit, " Mbit/s"));
+  sweepLeftovers();
+  prefix_ = strCat(kNsPrefix, getpid());
+  switchNs_ = prefix_ + "sw";
+  try {
+    run({"ip", "netns", "add", switchNs_});
+    run({"ip", "-n", switchNs_, "link", "add", "br0", "type", "bridge"});
+    run({"ip", "-n", switchNs_, "link", "set", "br0", "up"});
+    for (int i = 0; i < nodes; ++i) {
+      std::string ns = strCat(prefix_, "n", i), port = strCat("p", getpid() % 100000, "v", i);
+      namespaces_.push_back(ns);
+      run({"ip", "netns", "add", ns});
+      run({"ip", "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns});
+      run({"ip", "link", "set", port, "netns", switchNs_});
+      switchPorts_.push_back(port);
+      run({"ip", "-n", switchNs_, "link", "set", port, "master", "br0"});
+      run({"ip", "-n", switchNs_, "link", "set", port, "up"});
+      run({"ip", "-n", ns, "addr", "add", nodeAddress(i) + "/24", "dev", "eth0"});
+      run({"ip", "-n", ns, "link", "set", "eth0", "up"});
+      run({"ip", "-n", ns, "link", "set", "lo", "up"});
+      shape(ns, "eth0", link, false);
+      shape(switchNs_, port, LinkSpec{link.mbit, 0}, false);
+    }
+  } catch (...) {
+    destroy();
+    throw;
+  }
+}
+
+EmulatedCluster::~EmulatedCluster() { destroy(); }
+
+void EmulatedCluster::shape(const std::string& ns, const std::string& dev, const LinkSpec& link, bool replace) {
+  const char* verb = replace ? "replace" : "add";
+  // tbf needs a bucket of at least rate/HZ to reach its rate; 100 ms of queue.
+  double bytesPerSec = link.mbit * 1e6 / 8;
+  long burst = std::max<long>(16 * 1024, std::lround(bytesPerSec / 250));
+  std::string rate = strCat(link.mbit, "mbit"), burstText = strCat(burst, "b");
+  if (link.latencyMs > 0) {
+    run({"ip", "netns", "exec", ns, "tc", "qdisc", verb, "dev", dev, "root", "handle", "1:", "netem", "delay",
+         strCat(link.latencyMs, "ms")});
+    run({"ip", "netns", "exec", ns, "tc", "qdisc", verb, "dev", dev, "parent", "1:", "handle", "2:", "tbf", "rate",
+         rate, "burst", burstText, "latency", "100ms"});
+  } else {
+    if (replace) {
+      // Drop a netem parent that an earlier setting may have left.
+      try {
+        run({"ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root"});
+      } catch (const Error&) {
+      }
+    }
+    run({"ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst",
+         burstText, "latency", "100ms"});
+  }
+}
+
+void EmulatedCluster::setLink(const LinkSpec& link) {
+  if (!(link.mbit > 0)) throw InvalidArgument(strCat("link rate must be positive, got ", link.mbit, " Mbit/s"));
+  for (size_t i = 0; i < namespaces_.size(); ++i) {
+    if (link.latencyMs > 0 || link_.latencyMs > 0) {
+      try {
+        run({"ip", "netns", "exec", namespaces_[i], "tc", "qdisc", "del", "dev", "eth0", "root"});
+      } catch (const Error&) {
+      }
+      shape(namespaces_[i], "eth0", link, false);
+    } else {
+      shape(namespaces_[i], "eth0", link, true);
+    }
+    shape(switchNs_, switchPorts_[i], LinkSpec{link.mbit, 0}, true);
+  }
+  link_ = link;
+}
+
+void EmulatedCluster::destroy() {
+  if (destroyed_) return;
+  destroyed_ = true;
+  for (const auto& ns : namespaces_) {
+    try {
+      run({"ip", "netns", "del", ns});
+    } catch (const Error& e) {
+      POSEIDON_LOG(kWarning) << "could not remove namespace " << ns << ": " << e.what();
+    }
+  }
+  if (!switchNs_.empty()) {
+    try {
+      run({"ip", "netns", "del", switchNs_});
+    } catch (const Error& e) {
+      POSEIDON_LOG(kWarning) << "could not remove namespace " << switchNs_ << ": " << e.what();
+    }
+  }
+}
+
+}  // namespace poseidon::bench

@@ -1,0 +1,64 @@
+// An emulated cluster on one machine (DESIGN.md section 4): one network
+// namespace per node, joined through a bridge in a switch namespace; each
+// node's link shaped in both directions with tc tbf (node egress = upload,
+// switch-port egress = download) and an optional netem delay.
+//
+//   [psd<pid>n0] eth0 10.77.0.1 --veth-- p<pid>v0 ┐
+//   [psd<pid>n1] eth0 10.77.0.2 --veth-- p<pid>v1 ├─ br0 in [psd<pid>sw]
+//   ...                                           ┘
+//
+// Everything is named after the creating process id, so the destructor (and
+// sweepLeftovers() for clusters whose creator died) removes exactly what was
+// made. Deleting a namespace deletes its veth ends and their qdiscs. Needs
+// root and iproute2 (`ip`, `tc`).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace poseidon::bench {
+
+struct LinkSpec {
+  double mbit = 100;       // tbf rate, both directions
+  double latencyMs = 0;    // added one-way delay (netem) on each node's egress
+};
+
+class EmulatedCluster {
+ public:
+  // Throws Error with a clear reason when not root or iproute2 is missing.
+  EmulatedCluster(int nodes, const LinkSpec& link);
+  ~EmulatedCluster();
+  EmulatedCluster(const EmulatedCluster&) = delete;
+  EmulatedCluster& operator=(const EmulatedCluster&) = delete;
+
+  int nodes() const { return static_cast<int>(namespaces_.size()); }
+  const std::string& nodeNamespace(int i) const { return namespaces_.at(i); }
+  std::string nodeAddress(int i) const;  // 10.77.0.(i+1)
+  static const char* nodeInterface() { return "eth0"; }
+  // Reshapes every link (tc qdisc replace).
+  void setLink(const LinkSpec& link);
+  const LinkSpec& link() const { return link_; }
+  // Removes everything this cluster created. Idempotent.
+  void destroy();
+
+  // Whether this process can build clusters; on false, `why` says why.
+  static bool available(std::string* why);
+  // Removes namespaces left by harness processes that no longer exist.
+  static int sweepLeftovers();
+  // Namespaces of this naming scheme currently present (tests).
+  static std::vector<std::string> listOurNamespaces();
+
+ private:
+  void shape(const std::string& ns, const std::string& dev, const LinkSpec& link, bool replace);
+  std::string prefix_;
+  std::string switchNs_;
+  std::vector<std::string> namespaces_;
+  std::vector<std::string> switchPorts_;
+  LinkSpec link_;
+  bool destroyed_ = false;
+};
+
+// Runs a command line (argv, no shell); throws Error with its output on failure.
+std::string run(const std::vector<std::string>& argv);
+
+}  // namespace poseidon::bench

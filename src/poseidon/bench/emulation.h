@@ -1,0 +1,40 @@
+// Trace-driven compute emulation for the emulated-cluster benchmark
+// (DESIGN.md section 4). Every layer keeps its real parameter shapes (at a
+// width scale s), while its forward and backward kernels become waits of the
+// time that layer takes on the modelled GPU: the model's published
+// single-GPU iteration time, split 1/3 forward, 2/3 backward, and over the
+// layers in proportion to their multiply-accumulates at full width.
+//
+// Scaling rule (keeps every ratio of the paper): widths x s, per-worker batch
+// x s, link rate x s^2, compute time unchanged.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "poseidon/model/layer.h"
+
+namespace poseidon::bench {
+
+struct EmulatedModel {
+  std::string name;
+  double scale = 0.1;
+  ModelDesc desc;                 // scaled parameter shapes
+  int64_t paperBatch = 0;         // per-worker batch of the published time
+  int64_t batch = 0;              // round(paperBatch x s), at least 1
+  double iterationSeconds = 0;    // single-GPU seconds per iteration
+  std::string timeSource;         // where iterationSeconds comes from
+  std::vector<double> forwardSeconds, backwardSeconds;  // per layer
+  double computeSeconds() const;  // sum of all waits
+};
+
+// Models with a known single-GPU time: vgg19, vgg19-22k, googlenet,
+// inception-v3, resnet-152, alexnet. Throws InvalidArgument otherwise.
+EmulatedModel emulatedModel(const std::string& name, double scale);
+const std::vector<std::string>& emulatedModelNames();
+
+// The layer table with per-layer waits, for bench/ddp_worker.py:
+// {"name", "batch", "layers": [{"name", "params": [[shape], ...], "forward_s", "backward_s"}]}
+std::string emulatedModelJson(const EmulatedModel& m);
+
+}  // namespace poseidon::bench

@@ -1,0 +1,158 @@
+// poseidon bench-worker: one rank of the emulated-cluster benchmark on the
+// Poseidon side. Forward and backward are waits of the emulated model's
+// per-layer times (absolute deadlines, so sync work on other threads never
+// stretches the emulated GPU); gradients and factors have the real scaled
+// shapes. Started by `poseidon bench` inside a node's network namespace with
+// the torchrun environment; writes one JSON result file.
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "poseidon/bench/emulation.h"
+#include "poseidon/cli/commands.h"
+#include "poseidon/cli/flags.h"
+#include "poseidon/client/node.h"
+#include "poseidon/common/error.h"
+#include "poseidon/common/log.h"
+#include "poseidon/launch/env.h"
+
+namespace poseidon::cli {
+namespace {
+
+uint64_t readCounter(const std::string& iface, const char* which) {
+  if (iface.empty()) return 0;
+  std::ifstream f("/sys/class/net/" + iface + "/statistics/" + which);
+  uint64_t v = 0;
+  f >> v;
+  return v;
+}
+
+}  // namespace
+
+int benchWorkerCommand(const std::vector<std::string>& args) {
+  std::string model = "vgg19", system = "poseidon", out, iface, bind;
+  double scale = 0.1;
+  int iterations = 8, warmup = 3, timeoutMs = 120000;
+  int64_t pairBytes = -1;
+  FlagSet flags("bench-worker", "poseidon bench-worker --model NAME --system SYS --out FILE [flags]",
+                "One rank of 'poseidon bench' (started by it; not meant to be run by hand).");
+  flags.addString("model", &model, "emulated model", "NAME");
+  flags.addDouble("scale", &scale, "width scale s", "S");
+  flags.addString("system", &system, "poseidon | ps-wfbp | ps-naive | adam | sfb", "SYS");
+  flags.addInt("iterations", &iterations, "measured iterations", "N");
+  flags.addInt("warmup", &warmup, "unmeasured iterations first", "N");
+  flags.addString("out", &out, "result JSON file", "FILE");
+  flags.addString("iface", &iface, "network interface whose byte counters to read", "DEV");
+  flags.addString("bind", &bind, "data endpoint address", "ADDR");
+  flags.addInt("timeout", &timeoutMs, "timeout of every wait (ms)", "MS");
+  flags.addInt64("pair-bytes", &pairBytes, "KV pair size (default: 2 MB x s^2, the scaling rule)", "BYTES");
+  flags.parse(args);
+  if (flags.helpRequested()) {
+    std::cout << flags.helpText();
+    return 0;
+  }
+  if (out.empty()) throw InvalidArgument("--out is required");
+  SchemePolicy policy;
+  bool overlap = true;
+  if (system == "poseidon") policy = SchemePolicy::kAuto;
+  else if (system == "ps-wfbp") policy = SchemePolicy::kPS;
+  else if (system == "ps-naive") policy = SchemePolicy::kPS, overlap = false;
+  else if (system == "adam") policy = SchemePolicy::kAdam;
+  else if (system == "sfb") policy = SchemePolicy::kSFB;
+  else throw InvalidArgument("unknown system '" + system + "' (poseidon, ps-wfbp, ps-naive, adam, sfb)");
+
+  bench::EmulatedModel em = bench::emulatedModel(model, scale);
+  RankEnv env = rankFromEnvironment();
+  setLogPrefix("bench rank " + std::to_string(env.rank));
+  NodeOptions o;
+  o.rank = env.rank;
+  o.worldSize = env.worldSize;
+  o.masterAddr = resolveHost(env.masterAddr);
+  o.masterPort = env.masterPort;
+  o.bindHost = bind.empty() ? localAddressToward(o.masterAddr) : bind;
+  o.timeout = std::chrono::milliseconds(timeoutMs);
+  o.settings.batch = em.batch;
+  // The paper's 2 MB pairs at full width; the same number of pairs per layer at scale s.
+  o.settings.pairBytes = pairBytes > 0 ? pairBytes : std::max<int64_t>(4096, std::llround(2.0 * 1024 * 1024 * scale * scale));
+  o.settings.policy = policy;
+  auto node = Node::start(o, em.desc);
+
+  const auto& layers = em.desc.layers;
+  const int L = static_cast<int>(layers.size());
+  std::mt19937 rng(static_cast<unsigned>(env.rank + 1));
+  std::uniform_real_distribution<float> dist(-1e-3f, 1e-3f);
+  std::vector<std::vector<float>> grads(L), us(L), vs(L), outs(L);
+  for (int l = 0; l < L; ++l) {
+    grads[l].resize(static_cast<size_t>(layers[l].numel()));
+    for (auto& x : grads[l]) x = dist(rng);
+    if (layers[l].type == LayerType::kFC) {
+      us[l].resize(static_cast<size_t>(em.batch * layers[l].m));
+      vs[l].resize(static_cast<size_t>(em.batch * layers[l].n));
+      for (auto& x : us[l]) x = dist(rng);
+      for (auto& x : vs[l]) x = dist(rng);
+      outs[l].resize(grads[l].size());
+    }
+  }
+  auto submit = [&](int l) {
+    if (layers[l].type == LayerType::kFC && node->schemeFor(l, em.batch) != Scheme::kPS) {
+      node->submitFactors(l, us[l].data(), vs[l].data(), em.batch,
+                          LayerBuffer::contiguous(outs[l].data(), static_cast<int64_t>(outs[l].size())));
+    } else {
+      node->submitDense(l, LayerBuffer::contiguous(grads[l].data(), static_cast<int64_t>(grads[l].size())));
+    }
+  };
+
+  using Clock = std::chrono::steady_clock;
+  auto toDuration = [](double s) { return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s)); };
+  double forwardTotal = 0;
+  for (double f : em.forwardSeconds) forwardTotal += f;
+  std::vector<double> times;
+  uint64_t tx0 = 0, rx0 = 0;
+  TrafficTotals psStart, sfbStart, adamStart;
+  for (int it = 0; it < warmup + iterations; ++it) {
+    if (it == warmup) {
+      tx0 = readCounter(iface, "tx_bytes");
+      rx0 = readCounter(iface, "rx_bytes");
+      psStart = node->counters().total(TrafficKind::kPS);
+      sfbStart = node->counters().total(TrafficKind::kSFB);
+      adamStart = node->counters().total(TrafficKind::kAdam);
+    }
+    auto t0 = Clock::now();
+    node->beginIteration(it);
+    auto deadline = t0 + toDuration(forwardTotal);
+    std::this_thread::sleep_until(deadline);
+    for (int l = L - 1; l >= 0; --l) {
+      deadline += toDuration(em.backwardSeconds[l]);
+      std::this_thread::sleep_until(deadline);
+      if (overlap) submit(l);
+    }
+    if (!overlap)
+      for (int l = L - 1; l >= 0; --l) submit(l);
+    node->waitIteration();
+    times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  uint64_t tx = readCounter(iface, "tx_bytes") - tx0, rx = readCounter(iface, "rx_bytes") - rx0;
+  auto delta = [](TrafficTotals a, TrafficTotals b) {
+    return nlohmann::json{{"sent", a.bytesSent - b.bytesSent}, {"received", a.bytesReceived - b.bytesReceived}};
+  };
+  nlohmann::json result{{"rank", env.rank},
+                        {"system", system},
+                        {"model", model},
+                        {"batch", em.batch},
+                        {"iteration_seconds", times},
+                        {"warmup", warmup},
+                        {"tx_bytes", tx},
+                        {"rx_bytes", rx},
+                        {"payload", {{"ps", delta(node->counters().total(TrafficKind::kPS), psStart)},
+                                     {"sfb", delta(node->counters().total(TrafficKind::kSFB), sfbStart)},
+                                     {"adam", delta(node->counters().total(TrafficKind::kAdam), adamStart)}}}};
+  node->finish();
+  std::ofstream f(out);
+  f << result.dump();
+  if (!f) throw IoError("cannot write " + out);
+  return 0;
+}
+
+}  // namespace poseidon::cli

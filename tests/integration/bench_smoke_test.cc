@@ -1,0 +1,117 @@
+// poseidon bench at tiny scale, when this machine can build an emulated
+// cluster (root, iproute2); skipped with the reason otherwise. The harness
+// must never leave namespaces or qdiscs behind: on success, on Ctrl-C, and
+// after its own death (the next run sweeps the leftovers).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "poseidon/bench/cluster.h"
+#include "process.h"
+
+namespace poseidon {
+namespace {
+
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+std::vector<std::string> namespacesOf(pid_t pid) {
+  std::vector<std::string> out;
+  for (const auto& ns : bench::EmulatedCluster::listOurNamespaces())
+    if (ns.rfind("psd" + std::to_string(pid), 0) == 0 && !std::isdigit(ns[3 + std::to_string(pid).size()])) out.push_back(ns);
+  return out;
+}
+
+void requireCluster() {
+  std::string why;
+  if (!bench::EmulatedCluster::available(&why)) GTEST_SKIP() << "no emulated cluster here: " << why;
+}
+
+TEST(BenchSmoke, TwoNodesOneIterationPoseidonAndDdp) {
+  requireCluster();
+  std::string dir = testing::makeTempDir("bench");
+  std::vector<testing::Proc> procs{testing::spawn(
+      {POSEIDON_CLI, "bench", "--models", "vgg19", "--systems", "poseidon,ddp", "--nodes", "1,2", "--rates", "100",
+       "--iterations", "1", "--warmup", "0", "--json", dir + "/r.json", "--markdown", dir + "/r.md", "--plots",
+       dir + "/plots"},
+      {}, dir + "/log")};
+  testing::waitAll(procs, std::chrono::seconds(240));
+  ASSERT_EQ(procs[0].exitCode(), 0) << procs[0].stdoutText() << procs[0].stderrText();
+  std::ifstream f(dir + "/r.json");
+  auto result = nlohmann::json::parse(f);
+  ASSERT_EQ(result["runs"].size(), 4u);
+  for (const auto& r : result["runs"]) {
+    EXPECT_TRUE(r["ok"].get<bool>()) << r.dump();
+    // The emulated compute alone is 0.9 s per iteration.
+    EXPECT_GT(r["iteration_seconds"].get<double>(), 0.85) << r.dump();
+    if (r["nodes"] == 2) {
+      EXPECT_GT(r["speedup"].get<double>(), 1.0) << r.dump();
+      EXPECT_GT(r["tx_bytes_per_iteration"][1].get<double>(), 1e5) << r.dump();  // real bytes crossed the link
+    }
+  }
+  EXPECT_TRUE(fs::exists(dir + "/plots/speedup-vgg19-100mbit.png"));
+  std::ifstream md(dir + "/r.md");
+  std::string table((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(table, HasSubstr("| poseidon |"));
+  EXPECT_TRUE(namespacesOf(procs[0].pid).empty());
+  fs::remove_all(dir);
+}
+
+TEST(BenchSmoke, InterruptLeavesNothingBehind) {
+  requireCluster();
+  std::string dir = testing::makeTempDir("bench-int");
+  std::vector<testing::Proc> procs{testing::spawn({POSEIDON_CLI, "bench", "--models", "vgg19", "--systems", "poseidon",
+                                                   "--nodes", "1,4", "--rates", "100", "--iterations", "30"},
+                                                  {}, dir + "/log")};
+  pid_t pid = procs[0].pid;
+  bool seen = false;
+  for (int i = 0; i < 300 && !seen; ++i) {
+    seen = namespacesOf(pid).size() == 5;  // 4 nodes + the switch
+    if (!seen) usleep(100000);
+  }
+  ASSERT_TRUE(seen) << "the harness never built its cluster: " << procs[0].stderrText();
+  usleep(1500000);  // let ranks start inside the namespaces
+  kill(pid, SIGINT);
+  testing::waitAll(procs, std::chrono::seconds(60));
+  EXPECT_FALSE(procs[0].killed);
+  EXPECT_NE(procs[0].exitCode(), 0);
+  EXPECT_THAT(procs[0].stderrText(), HasSubstr("interrupted"));
+  EXPECT_TRUE(namespacesOf(pid).empty());
+  fs::remove_all(dir);
+}
+
+TEST(BenchSmoke, LeftoversOfADeadHarnessAreSwept) {
+  requireCluster();
+  // A namespace named after a process that no longer exists.
+  pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  waitpid(dead, nullptr, 0);
+  std::string ns = "psd" + std::to_string(dead) + "n0";
+  bench::run({"ip", "netns", "add", ns});
+  ASSERT_EQ(namespacesOf(dead).size(), 1u);
+  EXPECT_GE(bench::EmulatedCluster::sweepLeftovers(), 1);
+  EXPECT_TRUE(namespacesOf(dead).empty());
+}
+
+TEST(BenchSmoke, WithoutRootItSaysSo) {
+  if (geteuid() != 0) {
+    std::vector<testing::Proc> procs{testing::spawn({POSEIDON_CLI, "bench", "--quick"}, {}, "/tmp/poseidon-bench-noroot")};
+    testing::waitAll(procs, std::chrono::seconds(30));
+    EXPECT_EQ(procs[0].exitCode(), 1);
+    EXPECT_THAT(procs[0].stderrText(), HasSubstr("needs root"));
+    return;
+  }
+  if (access("/usr/sbin/runuser", X_OK) != 0) GTEST_SKIP() << "runuser not available to drop root";
+  std::vector<testing::Proc> procs{testing::spawn(
+      {"/usr/sbin/runuser", "-u", "nobody", "--", POSEIDON_CLI, "bench", "--quick"}, {}, "/tmp/poseidon-bench-noroot")};
+  testing::waitAll(procs, std::chrono::seconds(30));
+  EXPECT_EQ(procs[0].exitCode(), 1) << procs[0].stderrText();
+  EXPECT_THAT(procs[0].stderrText(), HasSubstr("needs root"));
+}
+
+}  // namespace
+}  // namespace poseidon

@@ -270,3 +270,71 @@ TEST(MultiProcess, BadFramesAreRejectedAndChangeNothing) {
 
 }  // namespace
 }  // namespace poseidon
+
+namespace poseidon {
+namespace {
+
+// Fault injection: SIGKILL or SIGSTOP one rank in the middle of training
+// (mid-backward for a worker, mid-aggregation for a server shard) or during
+// rendezvous. Every other rank must stop with an error naming what was lost,
+// within 2x the 3 s timeout, and nothing may hang.
+struct Fault {
+  int victim;
+  int signal;
+  int afterMs;
+};
+
+void expectSurvivorsFail(Job& job, const Fault& f, const std::string& expected) {
+  usleep(static_cast<useconds_t>(f.afterMs) * 1000);
+  ASSERT_EQ(kill(job.procs[f.victim].pid, f.signal), 0);
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<Proc> others;
+  for (size_t r = 0; r < job.procs.size(); ++r)
+    if (static_cast<int>(r) != f.victim) others.push_back(job.procs[r]);
+  testing::waitAll(others, std::chrono::seconds(20));
+  double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  kill(job.procs[f.victim].pid, SIGKILL);  // a stopped victim is still there
+  waitpid(job.procs[f.victim].pid, nullptr, 0);
+  for (const auto& p : others) {
+    EXPECT_FALSE(p.killed) << "a survivor hung:\n" << p.stderrText();
+    EXPECT_EQ(p.exitCode(), 1) << p.stderrText();
+    EXPECT_THAT(p.stderrText(), HasSubstr(expected));
+  }
+  EXPECT_LT(elapsed, 2 * 3.0 + 0.5) << "survivors took " << elapsed << " s";
+}
+
+TEST(FaultInjection, WorkerKilledMidBackward) {
+  Job job = startJob(4, 4, "paced", "auto", 400, 3000);
+  expectSurvivorsFail(job, {2, SIGKILL, 1500}, "rank 2");
+  for (int r : {0, 1, 3}) EXPECT_THAT(job.procs[r].stderrText(), ::testing::ContainsRegex("lost rank 2|rank 2 failed"));
+}
+
+TEST(FaultInjection, WorkerStoppedMidBackward) {
+  Job job = startJob(4, 4, "paced", "auto", 400, 3000);
+  expectSurvivorsFail(job, {1, SIGSTOP, 1500}, "lost rank 1 (nothing from it for 3");
+}
+
+TEST(FaultInjection, ServerShardKilledMidAggregation) {
+  Job job = startJob(4, 4, "paced", "ps", 400, 3000,
+                     {{3, {{"POSEIDON_ROLE", "server"}}}, {0, {{"POSEIDON_ROLE", "worker"}}}});
+  expectSurvivorsFail(job, {3, SIGKILL, 1500}, "rank 3");
+}
+
+TEST(FaultInjection, ServerShardStoppedMidAggregation) {
+  Job job = startJob(4, 4, "paced", "ps", 400, 3000, {{3, {{"POSEIDON_ROLE", "server"}}}});
+  expectSurvivorsFail(job, {3, SIGSTOP, 1500}, "lost rank 3");
+}
+
+TEST(FaultInjection, CoordinatorKilledDuringRendezvous) {
+  // Rank 3 starts late, so the rendezvous is still open when rank 0 dies.
+  Job job = startJob(4, 4, "paced", "auto", 10, 3000, {{3, {{"POSEIDON_TEST_START_DELAY_MS", "1500"}}}});
+  expectSurvivorsFail(job, {0, SIGKILL, 500}, "no answer from the coordinator at 127.0.0.1:" + std::to_string(job.port));
+}
+
+TEST(FaultInjection, CoordinatorStoppedDuringRendezvous) {
+  Job job = startJob(4, 4, "paced", "auto", 10, 3000, {{3, {{"POSEIDON_TEST_START_DELAY_MS", "1500"}}}});
+  expectSurvivorsFail(job, {0, SIGSTOP, 500}, "no answer from the coordinator");
+}
+
+}  // namespace
+}  // namespace poseidon

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "poseidon/client/node.h"
@@ -87,7 +88,7 @@ inline std::vector<double> referenceMean(const LayerSpec& l, Scheme scheme, int 
 // Runs `iterations` iterations on a worker node, submitting layers in
 // backward order, and checks every result. Returns per-layer checks of the
 // last iteration (max error over all iterations).
-inline std::vector<LayerCheck> runScenario(Node& node, int64_t iterations) {
+inline std::vector<LayerCheck> runScenario(Node& node, int64_t iterations, int layerPauseMs = 0) {
   const InformationBook& book = node.book();
   const ModelDesc& model = book.model();
   const int workers = book.numWorkers();
@@ -99,6 +100,8 @@ inline std::vector<LayerCheck> runScenario(Node& node, int64_t iterations) {
     std::vector<Scheme> schemes(model.layers.size());
     for (int l = static_cast<int>(model.layers.size()) - 1; l >= 0; --l) {
       const LayerSpec& spec = model.layers[l];
+      // An emulated backward: the fault tests stop processes in the middle of it.
+      if (layerPauseMs > 0) std::this_thread::sleep_for(std::chrono::milliseconds(layerPauseMs));
       schemes[l] = node.schemeFor(l, kScenarioBatch);
       grads[l].assign(static_cast<size_t>(spec.numel()), 0.f);
       if (schemes[l] != Scheme::kPS) {  // SFB, or Adam when forced

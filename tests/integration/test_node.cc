@@ -5,7 +5,10 @@
 //
 //   poseidon_test_node SCENARIO POLICY ITERATIONS OUT_DIR [TIMEOUT_MS]
 //   scenarios: sync (the synthetic scenario), mismatch (rank 2 changes a layer),
-//              slow-sync (sync, with a pause before each iteration, for flood tests)
+//              slow-sync (sync, with a pause before each iteration, for flood tests),
+//              paced (sync with a 10 ms pause before each layer's submit: fault tests)
+//   env: POSEIDON_ROLE=worker|server|both, POSEIDON_TEST_START_DELAY_MS=N,
+//        POSEIDON_SECRET (job secret)
 #include <fstream>
 #include <iostream>
 #include <thread>
@@ -29,6 +32,9 @@ int main(int argc, char** argv) {
   int iterations = std::atoi(argv[3]);
   int timeoutMs = argc > 5 ? std::atoi(argv[5]) : 20000;
   try {
+    if (const char* d = std::getenv("POSEIDON_TEST_START_DELAY_MS")) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(d)));
+    }
     RankEnv env = rankFromEnvironment();
     setLogPrefix("rank " + std::to_string(env.rank));
     NodeOptions o;
@@ -58,7 +64,7 @@ int main(int argc, char** argv) {
         // Wait for the test to start flooding, then train slowly through it.
         std::this_thread::sleep_for(std::chrono::milliseconds(1000));
       }
-      checks = testing::runScenario(*node, iterations);
+      checks = testing::runScenario(*node, iterations, scenario == "paced" ? 10 : 0);
       for (size_t l = 0; l < checks.size(); ++l) {
         report["layers"].push_back({{"scheme", schemeName(checks[l].scheme)},
                                     {"bit_exact", checks[l].bitExact},

@@ -155,11 +155,12 @@ TEST(TrainCli, CheckpointResumeEqualsUninterruptedRun) {
   ASSERT_EQ(straight.exitCode(), 0) << straight.stderrText();
   auto first = run(with({"--epochs", "1", "--checkpoint", dir.path + "/ckpt"}), dir.path + "/b");
   ASSERT_EQ(first.exitCode(), 0) << first.stderrText();
-  EXPECT_TRUE(fs::exists(dir.path + "/ckpt/epoch-0000/model.pt"));
+  EXPECT_TRUE(fs::exists(dir.path + "/ckpt/step-000000016/model.pt"));
   auto resumed = run(with({"--epochs", "2", "--checkpoint", dir.path + "/ckpt", "--save-params", dir.path + "/resumed.bin"}),
                      dir.path + "/c");
   ASSERT_EQ(resumed.exitCode(), 0) << resumed.stderrText();
-  EXPECT_THAT(resumed.stdoutText(), HasSubstr("resuming from " + dir.path + "/ckpt/epoch-0000 (epoch 1 done)"));
+  EXPECT_THAT(resumed.stdoutText(),
+              HasSubstr("resuming from " + dir.path + "/ckpt/step-000000016 (iteration 16: epoch 2, step 0)"));
   EXPECT_EQ(readFloats(dir.path + "/resumed.bin"), readFloats(dir.path + "/straight.bin"));
 }
 
@@ -177,11 +178,11 @@ TEST(TrainCli, BadInputGetsOneLineErrors) {
   auto model = run({"train", "--model", "resnet"}, dir.path + "/r", 60);
   EXPECT_NE(model.exitCode(), 0);
   EXPECT_THAT(model.stderrText(), HasSubstr("unknown model 'resnet' (expected lenet, cifar10-quick or mlp)"));
-  fs::create_directories(dir.path + "/badckpt/epoch-0003");
-  std::ofstream(dir.path + "/badckpt/epoch-0003/meta.json") << "{not json";
+  fs::create_directories(dir.path + "/badckpt/step-000000003");
+  std::ofstream(dir.path + "/badckpt/step-000000003/meta.json") << "{not json";
   auto ckpt = run({"train", "--workers", "1", "--checkpoint", dir.path + "/badckpt", "--train-limit", "64"}, dir.path + "/c", 60);
   EXPECT_NE(ckpt.exitCode(), 0);
-  EXPECT_THAT(ckpt.stderrText(), HasSubstr("checkpoint " + dir.path + "/badckpt/epoch-0003 is unreadable"));
+  EXPECT_THAT(ckpt.stderrText(), HasSubstr("checkpoint " + dir.path + "/badckpt/step-000000003 is unreadable"));
 }
 
 // Two ranks that share nothing but the coordinator's address: each binds its

@@ -29,6 +29,9 @@ int launchCommand(const std::vector<std::string>& args) {
   flags.addInt("n", &n, "number of ranks (also -n)", "N");
   flags.addString("master-addr", &masterAddr, "address of rank 0's coordinator", "ADDR");
   flags.addInt("master-port", &masterPort, "coordinator port (0: pick a free one)", "PORT");
+  int maxRestarts = 0;
+  flags.addInt("max-restarts", &maxRestarts,
+               "after a failure, restart the whole job up to R times (it resumes from its newest checkpoint)", "R");
   flags.parse(normalized);
   if (flags.helpRequested()) {
     std::cout << flags.helpText();
@@ -40,6 +43,7 @@ int launchCommand(const std::vector<std::string>& args) {
   opts.command = flags.rest();
   opts.masterAddr = masterAddr;
   opts.masterPort = masterPort;
+  opts.maxRestarts = maxRestarts;
   LaunchResult r = launchLocal(opts);
   if (r.exitCode != 0) {
     std::cerr << "poseidon launch: " << r.failure << "; stopped the other ranks\n";

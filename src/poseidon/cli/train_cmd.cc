@@ -1,7 +1,11 @@
 // poseidon train: the main job. Without RANK in the environment it launches
 // itself once per worker on this machine; with RANK/WORLD_SIZE (torchrun,
 // poseidon launch) or mpirun/Slurm variables it runs as that rank.
+#include <signal.h>
 #include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
 
 #include <filesystem>
 #include <iostream>
@@ -25,6 +29,23 @@ std::string selfPath(const std::string& fallback) {
   buf[n] = '\0';
   return buf;
 }
+// Set by a supervising launcher (poseidon launch / train) and by tests.
+void readReliabilityEnvironment(pt::TrainOptions& o) {
+  if (const char* p = std::getenv("POSEIDON_PROGRESS_FILE")) o.progressPath = p;
+  if (const char* r = std::getenv("POSEIDON_RESTART_COUNT")) o.restartCount = std::atoi(r);
+  if (const char* f = std::getenv("POSEIDON_FAULT")) {
+    int rank = -1;
+    long long step = -1;
+    char sig[16] = {0};
+    if (std::sscanf(f, "%d:%lld:%15s", &rank, &step, sig) != 3 || (std::string(sig) != "kill" && std::string(sig) != "stop")) {
+      throw InvalidArgument(strCat("POSEIDON_FAULT='", f, "' is not RANK:ITERATION:kill|stop"));
+    }
+    o.faultRank = rank;
+    o.faultStep = step;
+    o.faultSignal = std::string(sig) == "kill" ? SIGKILL : SIGSTOP;
+  }
+}
+
 }  // namespace
 
 int trainCommand(const std::vector<std::string>& args, const std::string& self) {
@@ -53,7 +74,11 @@ int trainCommand(const std::vector<std::string>& args, const std::string& self) 
   flags.addString("summary", &o.summaryPath, "write a JSON summary of the run to FILE", "FILE");
   flags.addString("trace", &o.tracePath, "write a Chrome trace (chrome://tracing, Perfetto) of every rank to FILE", "FILE");
   flags.addString("checkpoint", &o.checkpointDir,
-                  "save model and optimizer every epoch into DIR (atomically) and resume from the newest", "DIR");
+                  "save the job state into DIR (atomically, fsync'd) and resume from the newest checkpoint there", "DIR");
+  flags.addInt64("checkpoint-every", &o.checkpointEvery, "checkpoint every N iterations (0: at the end of every epoch)", "N");
+  int maxRestarts = 0;
+  flags.addInt("max-restarts", &maxRestarts,
+               "after a failure, restart all workers up to R times, resuming from the newest checkpoint", "R");
   flags.addString("data", &o.dataDir, "Fashion-MNIST directory (default: /usr/share/datasets/fashion-mnist)", "DIR");
   flags.addInt64("max-steps", &o.maxSteps, "stop after N steps in total (smoke tests; -1: no limit)", "N");
   flags.addInt64("train-limit", &o.trainLimit, "use only the first N training images (-1: all 60000)", "N");
@@ -75,6 +100,9 @@ int trainCommand(const std::vector<std::string>& args, const std::string& self) 
   o.pairBytes = pairBytes;
   if (o.workers < 1) throw InvalidArgument(strCat("--workers must be at least 1, got ", o.workers));
   if (o.timeoutMs < 1) throw InvalidArgument(strCat("--timeout must be positive, got ", o.timeoutMs));
+  if (o.checkpointEvery < 0) throw InvalidArgument(strCat("--checkpoint-every must be >= 0, got ", o.checkpointEvery));
+  if (maxRestarts < 0) throw InvalidArgument(strCat("--max-restarts must be >= 0, got ", maxRestarts));
+  readReliabilityEnvironment(o);
 
   // A missing dataset is reported once, here, rather than by every worker.
   data::loadFashionMnist(o.dataDir.empty() ? data::kDefaultFashionMnistDir : o.dataDir, false);
@@ -101,6 +129,8 @@ int trainCommand(const std::vector<std::string>& args, const std::string& self) 
   lo.command = {selfPath(self), "train"};
   lo.command.insert(lo.command.end(), args.begin(), args.end());
   lo.prefixRank0 = false;
+  lo.maxRestarts = maxRestarts;
+  lo.name = "poseidon train";
   LaunchResult r = launchLocal(lo);
   if (r.exitCode != 0) {
     std::cerr << "poseidon train: " << r.failure << "; stopped the other workers\n";

@@ -61,6 +61,15 @@ std::unique_ptr<Node> Node::start(const NodeOptions& options, const ModelDesc& m
     node->pool_ = std::make_unique<ThreadPool>(options.threads);
   }
   node->iteration_ = book.settings().startIteration;
+  node->heartbeat_ = options.heartbeat.count() > 0
+                         ? options.heartbeat
+                         : std::max(std::chrono::milliseconds(50), std::min(std::chrono::milliseconds(1000),
+                                                                            options.timeout / 6));
+  auto now = std::chrono::steady_clock::now();
+  node->lastHeard_.assign(book.worldSize(), now);
+  node->lastIteration_.assign(book.worldSize(), book.settings().startIteration);
+  node->departed_.assign(book.worldSize(), false);
+  node->nextHeartbeat_ = now;
   node->layerDone_.assign(layers, true);
   node->layersLeft_ = 0;
   node->loop_ = std::thread([n = node.get()] { n->receiveLoop(); });
@@ -118,15 +127,47 @@ void Node::checkError() const {
 
 // ---- receive loop ----------------------------------------------------------------
 
+void Node::heartbeatAndCheckPeers() {
+  auto now = std::chrono::steady_clock::now();
+  if (now >= nextHeartbeat_) {
+    nextHeartbeat_ = now + heartbeat_;
+    FrameHeader h;
+    h.type = MsgType::kHeartbeat;
+    h.job = book_.jobId();
+    h.iteration = iteration_.load();
+    for (int r = 0; r < book_.worldSize(); ++r) {
+      if (r == rank() || departed_[r]) continue;
+      try {
+        van_->send(r, h, static_cast<const void*>(nullptr), size_t{0});
+      } catch (const Error&) {
+      }
+    }
+  }
+  for (int r = 0; r < book_.worldSize(); ++r) {
+    if (r == rank() || departed_[r]) continue;
+    auto silent = now - lastHeard_[r];
+    if (silent > options_.timeout) {
+      fail(strCat("rank ", rank(), ": lost rank ", r, " (nothing from it for ",
+                  std::chrono::duration_cast<std::chrono::milliseconds>(silent).count() / 1000.0,
+                  " s; last known at iteration ", lastIteration_[r], "): it died, hung or became unreachable"));
+      departed_[r] = true;  // report each lost peer once
+    }
+  }
+}
+
 void Node::receiveLoop() {
   Message msg;
+  const int pollMs = static_cast<int>(std::min<int64_t>(100, heartbeat_.count()));
   while (!stopLoop_) {
+    bool got = false;
     try {
-      if (!van_->poll(&msg, 100)) continue;
+      got = van_->poll(&msg, pollMs);
     } catch (const Error& e) {
       fail(strCat("rank ", rank(), ": transport failed: ", e.what()));
       return;
     }
+    heartbeatAndCheckPeers();
+    if (!got) continue;
     try {
       if (msg.header.job != book_.jobId()) {
         throw ProtocolError(strCat("frame for job ", std::hex, msg.header.job, ", this job is ", book_.jobId()));
@@ -134,6 +175,13 @@ void Node::receiveLoop() {
       if (static_cast<int>(msg.header.sender) >= book_.worldSize()) {
         throw ProtocolError(strCat("sender rank ", msg.header.sender, " outside the world of ", book_.worldSize()));
       }
+      const int sender = static_cast<int>(msg.header.sender);
+      lastHeard_[sender] = std::chrono::steady_clock::now();
+      if (msg.header.type == MsgType::kHeartbeat || msg.header.type == MsgType::kPsPush ||
+          msg.header.type == MsgType::kSfbFactors) {
+        lastIteration_[sender] = msg.header.iteration;
+      }
+      if (msg.header.type == MsgType::kBye) departed_[sender] = true;
       dispatch(msg);
     } catch (const ProtocolError& e) {
       van_->rejected(msg.peer, strCat(describe(msg.header), ": ", e.what()));
@@ -293,7 +341,9 @@ void Node::layerDone(int layer, int64_t iteration) {
   cv_.notify_all();
 }
 
-void Node::waitIteration() { waitIteration(options_.timeout); }
+// The barrier allows two heartbeat periods more than the liveness timeout: when
+// a peer dies, the liveness check names it before the barrier times out.
+void Node::waitIteration() { waitIteration(options_.timeout + 2 * heartbeat_); }
 
 void Node::waitIteration(std::chrono::milliseconds timeout) {
   std::vector<int> pending;
@@ -322,7 +372,8 @@ void Node::waitIteration(std::chrono::milliseconds timeout) {
 std::vector<Message> Node::takeMail(MsgType type, uint32_t seq, size_t count, const char* what) {
   std::unique_lock<std::mutex> lock(mutex_);
   auto key = std::make_pair(static_cast<uint16_t>(type), seq);
-  bool ok = cv_.wait_for(lock, options_.timeout, [&] { return !error_.empty() || mail_[key].size() >= count; });
+  bool ok = cv_.wait_for(lock, options_.timeout + 2 * heartbeat_,
+                         [&] { return !error_.empty() || mail_[key].size() >= count; });
   if (!error_.empty()) throwError();
   if (!ok) {
     std::vector<bool> seen(book_.worldSize(), false);
@@ -330,7 +381,7 @@ std::vector<Message> Node::takeMail(MsgType type, uint32_t seq, size_t count, co
     std::vector<int> missing;
     for (int r = 0; r < book_.worldSize(); ++r)
       if (!seen[r] && r != rank()) missing.push_back(r);
-    std::string why = strCat("rank ", rank(), ": timed out after ", options_.timeout.count() / 1000.0, " s in ", what,
+    std::string why = strCat("rank ", rank(), ": timed out after ", (options_.timeout + 2 * heartbeat_).count() / 1000.0, " s in ", what,
                              " waiting for rank(s) ", formatRanks(missing));
     lock.unlock();
     fail(why);
@@ -407,6 +458,18 @@ void Node::finish() {
   if (finished_) return;
   barrier();
   finished_ = true;
+  // Say bye, so that peers still finishing do not take our silence for a failure.
+  FrameHeader h;
+  h.type = MsgType::kBye;
+  h.job = book_.jobId();
+  h.iteration = iteration_.load();
+  for (int r = 0; r < book_.worldSize(); ++r) {
+    if (r == rank()) continue;
+    try {
+      van_->send(r, h, static_cast<const void*>(nullptr), size_t{0});
+    } catch (const Error&) {
+    }
+  }
   stopLoop_ = true;
   if (loop_.joinable()) loop_.join();
   pool_.reset();

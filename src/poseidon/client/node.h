@@ -17,7 +17,13 @@
 // of lower ones.
 //
 // Failure is sticky (gloo-style): once anything fails (a timeout, an abort
-// from a peer, a transport error) every later call throws the same error.
+// from a peer, a transport error, a lost peer) every later call throws the
+// same error, and the reason is sent to every peer.
+//
+// Liveness: the receive loop sends a heartbeat to every peer each period and
+// declares a peer lost when nothing (heartbeat or data) has come from it for
+// `timeout`, naming it and its last-known iteration. A node leaving cleanly
+// (finish) says bye first, so it is not mistaken for a lost one.
 #pragma once
 
 #include <zmq.hpp>
@@ -53,7 +59,11 @@ struct NodeOptions {
   int masterPort = 29500;
   std::string bindHost = "127.0.0.1";    // interface for this node's data endpoint
   int dataPort = 0;                      // 0 picks a free port
-  std::chrono::milliseconds timeout{30000};  // every wait: rendezvous, barrier, collectives
+  // Every wait (rendezvous, barrier, collectives) and the liveness check: a
+  // peer not heard from for this long is declared lost.
+  std::chrono::milliseconds timeout{30000};
+  // Heartbeat period; 0 picks min(1 s, timeout / 6).
+  std::chrono::milliseconds heartbeat{0};
   int threads = 2;                           // syncer thread pool
   JobSettings settings;                      // must agree across nodes
   uint64_t maxPayloadBytes = kDefaultMaxPayloadBytes;
@@ -119,6 +129,7 @@ class Node : private SyncHost {
   Tracer* tracer() const override { return options_.tracer; }
 
   void receiveLoop();
+  void heartbeatAndCheckPeers();
   void dispatch(Message& msg);
   void onPush(Message& msg);
   void onAdamFactors(Message& msg);
@@ -148,6 +159,12 @@ class Node : private SyncHost {
   int layersLeft_ = 0;
   std::map<std::pair<uint16_t, uint32_t>, std::vector<Message>> mail_;  // broadcast / barrier messages
   uint32_t collectiveSeq_ = 0;  // user thread only
+  // Liveness, receive loop only.
+  std::vector<std::chrono::steady_clock::time_point> lastHeard_;
+  std::vector<int64_t> lastIteration_;
+  std::vector<bool> departed_;
+  std::chrono::steady_clock::time_point nextHeartbeat_;
+  std::chrono::milliseconds heartbeat_{1000};
   bool finished_ = false;
 };
 

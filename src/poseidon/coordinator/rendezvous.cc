@@ -238,9 +238,10 @@ InformationBook joinJob(zmq::context_t& ctx, const RendezvousOptions& opts, cons
   s.send(head, zmq::send_flags::sndmore);
   s.send(zmq::buffer(payload), zmq::send_flags::none);
 
-  // Wait a little longer than the coordinator's own timeout so that, when a
-  // rank is missing, we get its detailed error rather than our own.
-  auto wait = opts.timeout + std::chrono::milliseconds(5000);
+  // Wait longer than the coordinator's own timeout so that, when a rank is
+  // missing, we get its detailed error rather than our own; but not much
+  // longer, so a dead coordinator is reported within 2x the timeout.
+  auto wait = opts.timeout + opts.timeout / 2;
   zmq::pollitem_t item{s.handle(), 0, ZMQ_POLLIN, 0};
   auto deadline = std::chrono::steady_clock::now() + wait;
   for (;;) {

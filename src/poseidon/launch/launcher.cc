@@ -10,7 +10,10 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <cstdio>
 #include <deque>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "poseidon/common/error.h"
 #include "poseidon/launch/env.h"
@@ -73,9 +76,9 @@ std::string describeStatus(int status) {
 
 }  // namespace
 
-LaunchResult launchLocal(const LaunchOptions& options) {
-  if (options.ranks < 1) throw InvalidArgument(strCat("-n must be at least 1, got ", options.ranks));
-  if (options.command.empty()) throw InvalidArgument("no command to launch (usage: poseidon launch -n N -- CMD ...)");
+namespace {
+
+LaunchResult launchOnce(const LaunchOptions& options) {
   std::string masterAddr = resolveHost(options.masterAddr);
   int port = options.masterPort ? options.masterPort : freePort(masterAddr);
 
@@ -228,6 +231,53 @@ LaunchResult launchLocal(const LaunchOptions& options) {
   }
   sigaction(SIGINT, &oldInt, nullptr);
   sigaction(SIGTERM, &oldTerm, nullptr);
+  return result;
+}
+
+bool readProgress(const std::string& path, long long* iteration, long long* checkpoint) {
+  std::ifstream f(path);
+  nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+  if (!f || j.is_discarded() || !j.is_object()) return false;
+  *iteration = j.value("iteration", -1LL);
+  *checkpoint = j.value("checkpoint_iteration", -1LL);
+  return *iteration >= 0;
+}
+
+}  // namespace
+
+LaunchResult launchLocal(const LaunchOptions& options) {
+  if (options.ranks < 1) throw InvalidArgument(strCat("-n must be at least 1, got ", options.ranks));
+  if (options.command.empty()) throw InvalidArgument("no command to launch (usage: poseidon launch -n N -- CMD ...)");
+  if (options.maxRestarts < 0) throw InvalidArgument(strCat("--max-restarts must be >= 0, got ", options.maxRestarts));
+  char dir[] = "/tmp/poseidon-launch-XXXXXX";
+  if (!mkdtemp(dir)) throw IoError("cannot create a directory in /tmp");
+  const std::string progress = std::string(dir) + "/progress.json";
+  LaunchResult result;
+  for (int attempt = 0;; ++attempt) {
+    LaunchOptions run = options;
+    run.env["POSEIDON_RESTART_COUNT"] = std::to_string(attempt);
+    run.env["POSEIDON_PROGRESS_FILE"] = progress;
+    if (attempt > 0) run.masterPort = 0;  // a fresh port: the old one may linger in TIME_WAIT
+    result = launchOnce(run);
+    result.restarts = attempt;
+    bool interrupted = result.failure.rfind("interrupted", 0) == 0;
+    if (result.exitCode == 0 || interrupted || attempt >= options.maxRestarts) break;
+    long long it = -1, ckpt = -1;
+    std::string lost;
+    if (readProgress(progress, &it, &ckpt)) {
+      lost = ckpt >= 0 ? strCat("failed at iteration ", it, "; restarting from the checkpoint at iteration ", ckpt, " (",
+                                it - ckpt, " iteration", it - ckpt == 1 ? "" : "s", " lost)")
+                       : strCat("failed at iteration ", it, " with no checkpoint; restarting from the beginning (", it,
+                                " iterations lost)");
+    } else {
+      lost = "failed before any progress was reported; restarting";
+    }
+    std::string msg = strCat(options.name, ": ", result.failure, "; job ", lost, ", restart ", attempt + 1, " of ",
+                             options.maxRestarts, "\n");
+    writeAll(STDERR_FILENO, msg);
+  }
+  std::remove(progress.c_str());
+  rmdir(dir);
   return result;
 }
 

@@ -21,12 +21,19 @@ struct LaunchOptions {
   std::map<std::string, std::string> env;  // extra environment for every rank
   bool prefixRank0 = true;                 // "[rank 0] " before rank 0's lines too
   std::chrono::milliseconds killGrace{3000};  // SIGTERM, then SIGKILL after this
+  // After a failure, restart the whole job up to this many times. Ranks see
+  // POSEIDON_RESTART_COUNT and report progress to POSEIDON_PROGRESS_FILE
+  // ({"iteration": i, "checkpoint_iteration": c}), which the launcher reads
+  // to say how many iterations the failure cost.
+  int maxRestarts = 0;
+  std::string name = "poseidon launch";  // prefix of the launcher's own messages
 };
 
 struct LaunchResult {
   int exitCode = 0;         // 0 when every rank succeeded
   int failedRank = -1;      // first rank that failed
   std::string failure;      // "rank 2 exited with code 1: <its last error line>"
+  int restarts = 0;         // restarts used
 };
 
 LaunchResult launchLocal(const LaunchOptions& options);

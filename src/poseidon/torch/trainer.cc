@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <signal.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -15,6 +17,7 @@
 #include "poseidon/common/log.h"
 #include "poseidon/common/trace.h"
 #include "poseidon/data/fashion_mnist.h"
+#include "poseidon/torch/checkpoint.h"
 #include "poseidon/torch/distributed.h"
 #include "poseidon/torch/models.h"
 
@@ -69,24 +72,17 @@ std::string human(double bytes) {
   return b;
 }
 
-// Checkpoints: DIR/epoch-NNNN/{model.pt, optimizer.pt, meta.json}, written
-// into a temporary directory and renamed, so a half-written one is never seen.
-int newestCheckpoint(const std::string& dir) {
-  int best = -1;
-  if (dir.empty() || !fs::exists(dir)) return best;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    std::string n = e.path().filename().string();
-    if (n.rfind("epoch-", 0) != 0 || n.find(".tmp") != std::string::npos) continue;
-    if (!fs::exists(e.path() / "meta.json")) continue;
-    best = std::max(best, std::atoi(n.c_str() + 6));
+// Progress for a supervising launcher (POSEIDON_PROGRESS_FILE): where the
+// job is and where its newest checkpoint is, so a restart can say what was lost.
+void writeProgress(const std::string& path, int64_t iteration, int64_t checkpointIteration) {
+  if (path.empty()) return;
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp);
+    f << nlohmann::json{{"iteration", iteration}, {"checkpoint_iteration", checkpointIteration}}.dump() << "\n";
   }
-  return best;
-}
-
-std::string checkpointPath(const std::string& dir, int epoch) {
-  char b[32];
-  std::snprintf(b, sizeof b, "epoch-%04d", epoch);
-  return (fs::path(dir) / b).string();
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
 }
 
 }  // namespace
@@ -122,28 +118,30 @@ int trainRank(const TrainOptions& o, const RankEnv& env) {
   // Resume from the newest complete checkpoint. Every rank reads it (the
   // directory must be visible to all ranks); the rendezvous then checks that
   // all ranks resume at the same iteration.
-  int startEpoch = 0;
-  int ckpt = newestCheckpoint(o.checkpointDir);
-  if (ckpt >= 0) {
-    std::string path = checkpointPath(o.checkpointDir, ckpt);
-    std::ifstream mf(path + "/meta.json");
-    nlohmann::json meta = nlohmann::json::parse(mf, nullptr, false);
-    if (meta.is_discarded() || meta.value("model", "") != o.model) {
-      throw InvalidArgument("checkpoint " + path + " is unreadable or is for another model (" +
-                            (meta.is_discarded() ? "bad meta.json" : meta.value("model", "?")) + "); use another --checkpoint DIR");
+  CheckpointMeta meta;
+  meta.model = o.model;
+  meta.workers = world;
+  meta.batch = o.batch;
+  meta.seed = o.seed;
+  meta.trainLimit = o.trainLimit;
+  int64_t startIteration = 0, checkpointIteration = -1;
+  if (std::string path = newestCheckpoint(o.checkpointDir); !path.empty()) {
+    startIteration = loadCheckpoint(path, meta, *net.module, optimizer).iteration;
+    checkpointIteration = startIteration;
+    if (lead) {
+      std::printf("resuming from %s (iteration %lld: epoch %lld, step %lld)\n", path.c_str(),
+                  static_cast<long long>(startIteration), static_cast<long long>(startIteration / stepsPerEpoch + 1),
+                  static_cast<long long>(startIteration % stepsPerEpoch));
+      std::fflush(stdout);
     }
-    try {
-      torch::serialize::InputArchive ma, oa;
-      ma.load_from(path + "/model.pt");
-      net.module->load(ma);
-      oa.load_from(path + "/optimizer.pt");
-      optimizer.load(oa);
-    } catch (const c10::Error& e) {
-      throw InvalidArgument("cannot load checkpoint " + path + ": " + e.what_without_backtrace());
-    }
-    startEpoch = ckpt + 1;
-    if (lead) std::cout << "resuming from " << path << " (epoch " << ckpt + 1 << " done)\n";
   }
+  const int startEpoch = static_cast<int>(startIteration / stepsPerEpoch);
+  auto checkpoint = [&](int64_t iteration) {
+    if (!lead || o.checkpointDir.empty()) return;
+    meta.iteration = iteration;
+    saveCheckpoint(o.checkpointDir, meta, *net.module, optimizer);
+    checkpointIteration = iteration;
+  };
 
   std::unique_ptr<Tracer> tracer;
   if (!o.tracePath.empty()) tracer = std::make_unique<Tracer>(rank);
@@ -161,7 +159,7 @@ int trainRank(const TrainOptions& o, const RankEnv& env) {
     d.node.settings.batch = o.batch;
     d.node.settings.pairBytes = o.pairBytes;
     d.node.settings.policy = o.scheme;
-    d.node.settings.startIteration = startEpoch * stepsPerEpoch;
+    d.node.settings.startIteration = startIteration;
     d.node.tracer = tracer.get();
     d.overlap = o.overlap;
     dist = std::make_unique<DistributedModel>(net.module, net.name, d, net.forward);
@@ -206,8 +204,8 @@ int trainRank(const TrainOptions& o, const RankEnv& env) {
 
   nlohmann::json epochsJson = nlohmann::json::array();
   double accuracy = 0, trainSeconds = 0;
-  int64_t steps = 0, images = 0;
-  bool stop = false;
+  int64_t steps = 0, images = 0, iteration = startIteration;
+  bool stop = o.maxSteps > 0 && iteration >= o.maxSteps;
   net.module->train();
   for (int epoch = startEpoch; epoch < o.epochs && !stop; ++epoch) {
     std::vector<int64_t> idx = data::shardIndices(train.count, world, rank, o.seed, epoch);
@@ -215,7 +213,14 @@ int trainRank(const TrainOptions& o, const RankEnv& env) {
     double lossSum = 0;
     int64_t lossCount = 0, epochImages = 0;
     int nextReport = 1;
-    for (int64_t s = 0; s < stepsPerEpoch; ++s) {
+    const int64_t firstStep = epoch == startEpoch ? startIteration % stepsPerEpoch : 0;
+    for (int64_t s = firstStep; s < stepsPerEpoch; ++s) {
+      if (rank == o.faultRank && iteration == o.faultStep && o.restartCount == 0) {
+        std::fprintf(stderr, "rank %d: fault injection (POSEIDON_FAULT): signal %d at iteration %lld\n", rank,
+                     o.faultSignal, static_cast<long long>(iteration));
+        std::fflush(stderr);
+        raise(o.faultSignal);
+      }
       size_t b = static_cast<size_t>(s * o.batch), e = std::min(idx.size(), b + static_cast<size_t>(o.batch));
       torch::Tensor x = batchImages(train, idx, b, e), y = batchLabels(train, idx, b, e);
       optimizer.zero_grad();
@@ -228,7 +233,10 @@ int trainRank(const TrainOptions& o, const RankEnv& env) {
       ++lossCount;
       epochImages += static_cast<int64_t>(e - b) * world;
       ++steps;
-      if (o.maxSteps > 0 && steps >= o.maxSteps) {
+      ++iteration;
+      if (o.checkpointEvery > 0 && iteration % o.checkpointEvery == 0) checkpoint(iteration);
+      if (lead) writeProgress(o.progressPath, iteration, checkpointIteration);
+      if (o.maxSteps > 0 && iteration >= o.maxSteps) {
         stop = true;
         break;
       }
@@ -253,24 +261,8 @@ int trainRank(const TrainOptions& o, const RankEnv& env) {
     }
     epochsJson.push_back({{"epoch", epoch + 1}, {"train_loss", lossSum / std::max<int64_t>(lossCount, 1)},
                           {"test_accuracy", accuracy}, {"seconds", epochSeconds}});
-    if (lead && !o.checkpointDir.empty() && !stop) {
-      fs::create_directories(o.checkpointDir);
-      std::string final = checkpointPath(o.checkpointDir, epoch), tmp = final + ".tmp";
-      fs::remove_all(tmp);
-      fs::create_directories(tmp);
-      torch::serialize::OutputArchive ma, oa;
-      net.module->save(ma);
-      ma.save_to(tmp + "/model.pt");
-      optimizer.save(oa);
-      oa.save_to(tmp + "/optimizer.pt");
-      {
-        std::ofstream mf(tmp + "/meta.json");
-        mf << nlohmann::json{{"model", o.model}, {"epoch", epoch + 1}, {"iteration", (epoch + 1) * stepsPerEpoch},
-                             {"workers", world}, {"batch", o.batch}, {"seed", o.seed}}.dump(2);
-      }
-      fs::remove_all(final);
-      fs::rename(tmp, final);
-    }
+    // Per-epoch checkpoints, unless --checkpoint-every already took this one.
+    if (!stop && o.checkpointEvery <= 0) checkpoint(iteration);
   }
 
   // Traffic over all ranks, against Table 1's prediction.

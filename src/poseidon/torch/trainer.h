@@ -28,6 +28,14 @@ struct TrainOptions {
   std::string saveParamsPath;  // raw float32 dump of the final parameters (tests)
   int64_t maxSteps = -1;       // stop after this many steps in total (tests, smoke runs)
   int64_t trainLimit = -1;     // use only the first N training images (tests, smoke runs)
+  int64_t checkpointEvery = 0; // checkpoint every N iterations (0: at the end of every epoch)
+  std::string progressPath;    // POSEIDON_PROGRESS_FILE: rank 0 reports its iteration here
+  int restartCount = 0;        // POSEIDON_RESTART_COUNT: how many times the launcher restarted the job
+  // Fault injection for the reliability tests (POSEIDON_FAULT=RANK:ITERATION:kill|stop):
+  // that rank sends itself the signal at that iteration, in the first run only.
+  int faultRank = -1;
+  int64_t faultStep = -1;
+  int faultSignal = 9;
   int threads = 0;             // LibTorch intra-op threads per worker (0: cores / local workers)
   int syncThreads = 2;         // Poseidon thread pool per worker
   int timeoutMs = 30000;

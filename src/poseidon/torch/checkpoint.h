@@ -1,0 +1,43 @@
+// Exact checkpoints of a training job (docs/reliability.md).
+//
+// DIR/step-000000120/{model.pt, optimizer.pt, meta.json} holds the whole job
+// state after 120 iterations: parameters, optimizer state (momentum buffers)
+// and where the data order stands (the iteration; the per-epoch order is a
+// function of seed and epoch, so iteration + seed fix it). Nothing else
+// carries state across iterations: the KV store's rounds are complete at
+// every BSP barrier, and training draws no random numbers after
+// initialization. A checkpoint is written into step-...tmp, every file and
+// the directory fsync'd, then renamed; a half-written one is never picked.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace poseidon::pt {
+
+struct CheckpointMeta {
+  std::string model;
+  int64_t iteration = 0;  // iterations completed
+  int workers = 0;
+  int64_t batch = 0;
+  uint64_t seed = 0;
+  int64_t trainLimit = -1;
+  nlohmann::json toJson() const;
+};
+
+// The newest complete checkpoint in dir, or "" (dir missing or empty).
+std::string newestCheckpoint(const std::string& dir);
+// Saves atomically; keeps the newest `keep` checkpoints. Throws IoError.
+std::string saveCheckpoint(const std::string& dir, const CheckpointMeta& meta, torch::nn::Module& module,
+                           torch::optim::Optimizer& optimizer, int keep = 2);
+// Loads into module and optimizer after checking that the checkpoint belongs
+// to a job like `expect` (model, workers, batch, seed, train limit): resuming
+// with another data order would not be exact. Throws InvalidArgument naming
+// the checkpoint and the mismatch.
+CheckpointMeta loadCheckpoint(const std::string& path, const CheckpointMeta& expect, torch::nn::Module& module,
+                              torch::optim::Optimizer& optimizer);
+
+}  // namespace poseidon::pt

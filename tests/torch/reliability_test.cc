@@ -1,0 +1,143 @@
+// Exact checkpoint/restart, automatic recovery and bad user input, through
+// the real CLI (real processes, real LibTorch, a subset of the real data).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "../integration/process.h"
+#include "poseidon/launch/env.h"
+
+namespace poseidon {
+namespace {
+
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+struct TempDir {
+  std::string path = testing::makeTempDir("rel");
+  ~TempDir() { fs::remove_all(path); }
+};
+
+testing::Proc run(const std::vector<std::string>& args, const std::string& log, std::map<std::string, std::string> env = {},
+                  int timeoutSeconds = 240) {
+  std::vector<std::string> argv{POSEIDON_CLI};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<testing::Proc> procs{testing::spawn(argv, env, log)};
+  testing::waitAll(procs, std::chrono::seconds(timeoutSeconds));
+  return procs[0];
+}
+
+std::string readBytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+// 4 workers x batch 16 over 1024 images: 16 iterations per epoch, so 20
+// iterations cross an epoch boundary and a checkpoint at 10 is mid-epoch.
+std::vector<std::string> job(const std::string& scheme, const std::vector<std::string>& extra) {
+  std::vector<std::string> a{"train", "--workers", "4", "--batch", "16", "--train-limit", "1024", "--epochs", "2",
+                             "--quiet", "--scheme", scheme, "--model", "mlp", "--timeout", "10000"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+class ExactResume : public ::testing::TestWithParam<std::string> {};
+
+// Train 10 iterations and stop, resume, train 10 more: bit-identical to 20
+// uninterrupted iterations (PS sums in a fixed order, SFB rebuilds with the
+// same GEMM over the same inputs, and checkpoints hold the whole state).
+TEST_P(ExactResume, TenPlusTenEqualsTwenty) {
+  TempDir dir;
+  const std::string scheme = GetParam();
+  auto straight = run(job(scheme, {"--max-steps", "20", "--save-params", dir.path + "/straight.bin"}), dir.path + "/a");
+  ASSERT_EQ(straight.exitCode(), 0) << straight.stderrText();
+  auto first = run(job(scheme, {"--max-steps", "10", "--checkpoint-every", "5", "--checkpoint", dir.path + "/ck"}),
+                   dir.path + "/b");
+  ASSERT_EQ(first.exitCode(), 0) << first.stderrText();
+  EXPECT_TRUE(fs::exists(dir.path + "/ck/step-000000010/optimizer.pt"));
+  EXPECT_TRUE(fs::exists(dir.path + "/ck/step-000000005/meta.json"));
+  auto second = run(job(scheme, {"--max-steps", "20", "--checkpoint-every", "5", "--checkpoint", dir.path + "/ck",
+                                 "--save-params", dir.path + "/resumed.bin"}),
+                    dir.path + "/c");
+  ASSERT_EQ(second.exitCode(), 0) << second.stderrText();
+  EXPECT_THAT(second.stdoutText(), HasSubstr("/ck/step-000000010 (iteration 10: epoch 1, step 10)"));
+  std::string a = readBytes(dir.path + "/straight.bin"), b = readBytes(dir.path + "/resumed.bin");
+  ASSERT_GT(a.size(), 1000000u);
+  EXPECT_TRUE(a == b) << "resumed parameters differ from the uninterrupted run (" << scheme << ")";
+  // Only the newest two checkpoints are kept.
+  EXPECT_FALSE(fs::exists(dir.path + "/ck/step-000000005"));
+  EXPECT_TRUE(fs::exists(dir.path + "/ck/step-000000015"));
+  EXPECT_TRUE(fs::exists(dir.path + "/ck/step-000000020"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Schemes, ExactResume, ::testing::Values("auto", "ps", "sfb"));
+
+// A worker is SIGKILLed at iteration 13; the launcher stops the others,
+// reports what was lost since the checkpoint at 10, restarts the job, which
+// resumes and ends exactly where an undisturbed run ends.
+TEST(AutoRecovery, KilledWorkerRestartsFromCheckpointExactly) {
+  TempDir dir;
+  auto straight = run(job("auto", {"--max-steps", "20", "--save-params", dir.path + "/straight.bin"}), dir.path + "/a");
+  ASSERT_EQ(straight.exitCode(), 0) << straight.stderrText();
+  auto recovered = run(job("auto", {"--max-steps", "20", "--checkpoint-every", "5", "--checkpoint", dir.path + "/ck",
+                                    "--max-restarts", "1", "--save-params", dir.path + "/recovered.bin"}),
+                       dir.path + "/b", {{"POSEIDON_FAULT", "2:13:kill"}});
+  ASSERT_EQ(recovered.exitCode(), 0) << recovered.stderrText();
+  EXPECT_THAT(recovered.stderrText(), HasSubstr("poseidon train: rank 2 was killed by signal 9"));
+  EXPECT_THAT(recovered.stderrText(),
+              HasSubstr("job failed at iteration 13; restarting from the checkpoint at iteration 10 (3 iterations "
+                        "lost), restart 1 of 1"));
+  EXPECT_THAT(recovered.stdoutText(), HasSubstr("resuming from " + dir.path + "/ck/step-000000010"));
+  EXPECT_TRUE(readBytes(dir.path + "/straight.bin") == readBytes(dir.path + "/recovered.bin"));
+}
+
+TEST(AutoRecovery, GivesUpAfterMaxRestarts) {
+  TempDir dir;
+  // The fault fires in the first run only, so with 0 restarts the job fails.
+  auto p = run(job("auto", {"--max-steps", "20", "--max-restarts", "0"}), dir.path + "/a", {{"POSEIDON_FAULT", "1:3:kill"}});
+  EXPECT_NE(p.exitCode(), 0);
+  EXPECT_THAT(p.stderrText(), HasSubstr("poseidon train: rank 1 was killed by signal 9"));
+}
+
+TEST(BadInput, PortInUseUnreachableCoordinatorAndBadCheckpoint) {
+  TempDir dir;
+  // Port in use: hold the port with a rank-0 job that waits for a rank that never comes.
+  int port = freePort("127.0.0.1");
+  std::map<std::string, std::string> env0{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
+                                          {"MASTER_PORT", std::to_string(port)}};
+  std::vector<testing::Proc> holder{testing::spawn(
+      {POSEIDON_CLI, "train", "--timeout", "8000", "--train-limit", "64", "--quiet"}, env0, dir.path + "/holder")};
+  usleep(1500000);
+  auto clash = run({"train", "--timeout", "3000", "--train-limit", "64", "--quiet"}, dir.path + "/clash", env0, 60);
+  EXPECT_EQ(clash.exitCode(), 1);
+  EXPECT_THAT(clash.stderrText(), HasSubstr("cannot start the coordinator on 127.0.0.1:" + std::to_string(port)));
+  EXPECT_THAT(clash.stderrText(), HasSubstr("the port is in use"));
+  kill(holder[0].pid, SIGKILL);
+  testing::waitAll(holder, std::chrono::seconds(10));
+
+  // Unreachable coordinator: rank 1 of 2 with nobody at MASTER_ADDR:MASTER_PORT.
+  int nobody = freePort("127.0.0.1");
+  auto lonely = run({"train", "--timeout", "2000", "--train-limit", "64", "--quiet"}, dir.path + "/lonely",
+                    {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(nobody)}},
+                    60);
+  EXPECT_EQ(lonely.exitCode(), 1);
+  EXPECT_LT(lonely.seconds, 2 * 2.0 + 2);
+  EXPECT_THAT(lonely.stderrText(), HasSubstr("no answer from the coordinator at 127.0.0.1:" + std::to_string(nobody)));
+  EXPECT_EQ(lonely.stderrText().find("terminate called"), std::string::npos);
+
+  // A checkpoint written by another job layout cannot be resumed exactly.
+  auto first = run(job("auto", {"--max-steps", "5", "--checkpoint-every", "5", "--checkpoint", dir.path + "/ck"}),
+                   dir.path + "/first");
+  ASSERT_EQ(first.exitCode(), 0) << first.stderrText();
+  auto other = run({"train", "--workers", "2", "--batch", "16", "--train-limit", "1024", "--quiet", "--model", "mlp",
+                    "--checkpoint", dir.path + "/ck"},
+                   dir.path + "/other");
+  EXPECT_NE(other.exitCode(), 0);
+  EXPECT_THAT(other.stderrText(), HasSubstr("was written with --workers 4, this run has 2"));
+}
+
+}  // namespace
+}  // namespace poseidon

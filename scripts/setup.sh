@@ -10,6 +10,7 @@ export DEBIAN_FRONTEND=noninteractive
 PACKAGES=(
   build-essential cmake pkg-config git
   libzmq3-dev cppzmq-dev          # transport (ZeroMQ)
+  libsodium-dev                   # job secret: CURVE key derivation
   libeigen3-dev                   # SFB reconstruction GEMM
   nlohmann-json3-dev zlib1g-dev   # JSON output, gzip'd dataset
   libgtest-dev libgmock-dev libbenchmark-dev

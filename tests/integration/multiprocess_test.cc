@@ -12,6 +12,7 @@
 
 #include "poseidon/core/cost_model.h"
 #include "poseidon/launch/env.h"
+#include "poseidon/transport/security.h"
 #include "poseidon/wire/frame.h"
 #include "process.h"
 #include "scenario.h"
@@ -24,6 +25,7 @@ using testing::Proc;
 
 struct Job {
   std::string dir;
+  std::string secret;
   int port = 0;
   std::vector<Proc> procs;
   Job() = default;
@@ -38,11 +40,13 @@ Job startJob(int ranks, int worldSize, const std::string& scenario, const std::s
   Job job;
   job.dir = testing::makeTempDir(scenario);
   job.port = freePort("127.0.0.1");
+  job.secret = randomSecret();
   for (int r = 0; r < ranks; ++r) {
     std::map<std::string, std::string> env{{"RANK", std::to_string(r)},
                                            {"WORLD_SIZE", std::to_string(worldSize)},
                                            {"MASTER_ADDR", "127.0.0.1"},
-                                           {"MASTER_PORT", std::to_string(job.port)}};
+                                           {"MASTER_PORT", std::to_string(job.port)},
+                                           {"POSEIDON_SECRET", job.secret}};
     for (const auto& [k, v] : extra[r]) env[k] = v;
     job.procs.push_back(testing::spawn({POSEIDON_TEST_NODE, scenario, policy, std::to_string(iterations), job.dir,
                                         std::to_string(timeoutMs)},
@@ -212,6 +216,10 @@ TEST(MultiProcess, BadFramesAreRejectedAndChangeNothing) {
   zmq::context_t ctx(1);
   zmq::socket_t s(ctx, zmq::socket_type::dealer);
   s.set(zmq::sockopt::linger, 2000);
+  // An insider: it holds the job secret, so its garbage gets past the CURVE
+  // handshake and reaches the frame decoders.
+  CurveKeys keys = deriveCurveKeys(job.secret);
+  makeCurveClient(s, keys);
   s.connect(endpoint);
   std::mt19937 rng(3);
   int sent = 0;
@@ -252,7 +260,7 @@ TEST(MultiProcess, BadFramesAreRejectedAndChangeNothing) {
   sendParts({header(MsgType::kPsPush, jobId ^ 1, 8), std::string(8, 'x')});        // another job
   sendParts({header(MsgType::kPsPush, jobId, 8), std::string(8, 'x')});            // wrong length for any pair
   sendParts({header(MsgType::kJoin, jobId, 0), std::string()});                     // join on a data port
-  // A raw TCP peer that does not speak ZeroMQ at all.
+  // A raw TCP peer that does not speak ZeroMQ at all (half-open, then garbage).
   {
     std::string hostPort = endpoint.substr(6);
     std::string cmd = "exec 3<>/dev/tcp/" + hostPort.substr(0, hostPort.find(':')) + "/" +
@@ -334,6 +342,82 @@ TEST(FaultInjection, CoordinatorKilledDuringRendezvous) {
 TEST(FaultInjection, CoordinatorStoppedDuringRendezvous) {
   Job job = startJob(4, 4, "paced", "auto", 10, 3000, {{3, {{"POSEIDON_TEST_START_DELAY_MS", "1500"}}}});
   expectSurvivorsFail(job, {0, SIGSTOP, 500}, "no answer from the coordinator");
+}
+
+}  // namespace
+}  // namespace poseidon
+
+namespace poseidon {
+namespace {
+
+// Outsiders: a ZeroMQ client without CURVE, one with CURVE but keys from the
+// wrong secret, and half-open raw TCP connections, all hammering a server
+// port with well-formed pushes for the right job id. They are refused at
+// the handshake and logged; no frame of theirs reaches the job, whose results
+// stay exact.
+TEST(JobSecret, OutsidersAreRefusedAndChangeNothing) {
+  Job job = startJob(2, 2, "slow-sync", "ps", 6, 20000);
+  std::string epFile = job.dir + "/endpoint1";
+  for (int i = 0; i < 500 && readFile(epFile).empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::istringstream ep(readFile(epFile));
+  std::string endpoint;
+  uint64_t jobId = 0;
+  ep >> endpoint >> jobId;
+  ASSERT_FALSE(endpoint.empty());
+  zmq::context_t ctx(1);
+  zmq::socket_t plain(ctx, zmq::socket_type::dealer), wrong(ctx, zmq::socket_type::dealer),
+      leaked(ctx, zmq::socket_type::dealer);
+  for (auto* s : {&plain, &wrong, &leaked}) s->set(zmq::sockopt::linger, 0);
+  makeCurveClient(wrong, deriveCurveKeys("not the job secret"));
+  // Someone who learned the servers' public key but not the secret: gets as
+  // far as authentication, where the ZAP handler refuses its client key.
+  char pub[41], sec[41];
+  zmq_curve_keypair(pub, sec);
+  leaked.set(zmq::sockopt::curve_serverkey, deriveCurveKeys(job.secret).serverPublic);
+  leaked.set(zmq::sockopt::curve_publickey, std::string(pub));
+  leaked.set(zmq::sockopt::curve_secretkey, std::string(sec));
+  for (auto* s : {&plain, &wrong, &leaked}) s->connect(endpoint);
+  // A push that would be accepted (right job, sender 0, pair 0 of layer 0, iteration 0) if it got in.
+  FrameHeader h;
+  h.type = MsgType::kPsPush;
+  h.job = jobId;
+  h.sender = 0;
+  h.payloadBytes = 4;
+  std::string head(kHeaderBytes, '\0');
+  encodeHeader(h, reinterpret_cast<uint8_t*>(head.data()));
+  float poison = 1e30f;
+  for (int i = 0; i < 200; ++i) {
+    for (auto* s : {&plain, &wrong, &leaked}) {
+      s->send(zmq::buffer(head), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+      s->send(zmq::buffer(&poison, 4), zmq::send_flags::dontwait);
+    }
+  }
+  std::string hostPort = endpoint.substr(6);
+  std::string host = hostPort.substr(0, hostPort.find(':')), port = hostPort.substr(hostPort.find(':') + 1);
+  for (int i = 0; i < 3; ++i) {
+    std::string cmd = "exec 3<>/dev/tcp/" + host + "/" + port + " && sleep 0.3 && head -c 1000 /dev/urandom >&3";
+    EXPECT_EQ(std::system(("bash -c '" + cmd + "' 2>/dev/null").c_str()) == -1, false);
+  }
+  testing::waitAll(job.procs, std::chrono::seconds(120));
+  expectAllSucceeded(job);
+  expectCorrect(job, {});  // bit-exact: the poison never got in
+  auto rep = report(job, 1);
+  EXPECT_GE(rep["refused_connections"].get<int>(), 3);
+  EXPECT_EQ(rep["rejected_frames"].get<int>(), 0);  // nothing reached a decoder
+  EXPECT_THAT(job.procs[1].stderrText(), HasSubstr("refused connection from 127.0.0.1: not a member of this job"));
+  EXPECT_THAT(job.procs[1].stderrText(), HasSubstr("its handshake failed (it did not present this job's CURVE keys"));
+}
+
+TEST(JobSecret, RankWithAnotherSecretCannotJoin) {
+  Job job = startJob(3, 3, "sync", "auto", 1, 3000, {{2, {{"POSEIDON_SECRET", "another secret"}}}});
+  testing::waitAll(job.procs, std::chrono::seconds(30));
+  for (int r : {0, 1}) {
+    EXPECT_EQ(job.procs[r].exitCode(), 1);
+    EXPECT_THAT(job.procs[r].stderrText(), HasSubstr("waited 3 s for rank 2 to join coordinator"));
+  }
+  EXPECT_EQ(job.procs[2].exitCode(), 1);
+  EXPECT_THAT(job.procs[2].stderrText(), HasSubstr("with the same job secret?"));
+  EXPECT_THAT(job.procs[0].stderrText(), HasSubstr("refused a connection on coordinator 127.0.0.1:"));
 }
 
 }  // namespace

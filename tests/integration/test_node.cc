@@ -49,6 +49,7 @@ int main(int argc, char** argv) {
     o.settings.pairBytes = testing::kScenarioPairBytes;
     o.settings.policy = policy;
     if (const char* role = std::getenv("POSEIDON_ROLE")) o.role = parseRole(role);
+    o.secret = jobSecretFromEnvironment();
     ModelDesc model = testing::scenarioModel();
     if (scenario == "mismatch" && env.rank == 2) model.layers[3] = LayerSpec::fc("even", 256, 254);
     auto node = Node::start(o, model);
@@ -81,6 +82,7 @@ int main(int argc, char** argv) {
       }
     }
     report["rejected_frames"] = node->rejectedFrames();
+    report["refused_connections"] = node->refusedConnections();
     report["workers"] = node->book().numWorkers();
     report["servers"] = node->book().numServers();
     std::ofstream out(outDir + "/rank" + std::to_string(env.rank) + ".json");

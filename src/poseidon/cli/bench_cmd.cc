@@ -23,6 +23,7 @@
 #include "poseidon/cli/flags.h"
 #include "poseidon/common/error.h"
 #include "poseidon/core/cost_model.h"
+#include "poseidon/transport/security.h"
 
 extern char** environ;
 
@@ -148,6 +149,7 @@ struct Harness {
   std::map<std::string, std::string> modelJson;  // model -> path
   int port = 29600;
   bool verbose = true;
+  std::string secret = randomSecret();  // Poseidon's ranks authenticate (DDP's Gloo cannot)
 
   const EmulatedModel& model(const std::string& name) {
     auto it = models.find(name);
@@ -207,7 +209,8 @@ struct Harness {
                                              {"MASTER_ADDR", cluster->nodeAddress(0)},
                                              {"MASTER_PORT", std::to_string(p)},
                                              {"GLOO_SOCKET_IFNAME", EmulatedCluster::nodeInterface()},
-                                             {"OMP_NUM_THREADS", "1"}};
+                                             {"OMP_NUM_THREADS", "1"},
+                                             {"POSEIDON_SECRET", secret}};
       children.push_back(spawn(argv, env, out + ".log"));
     }
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeoutS);

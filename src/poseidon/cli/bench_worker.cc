@@ -77,6 +77,7 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
   // The paper's 2 MB pairs at full width; the same number of pairs per layer at scale s.
   o.settings.pairBytes = pairBytes > 0 ? pairBytes : std::max<int64_t>(4096, std::llround(2.0 * 1024 * 1024 * scale * scale));
   o.settings.policy = policy;
+  o.secret = jobSecretFromEnvironment();
   auto node = Node::start(o, em.desc);
 
   const auto& layers = em.desc.layers;

@@ -103,6 +103,7 @@ int trainCommand(const std::vector<std::string>& args, const std::string& self) 
   if (o.checkpointEvery < 0) throw InvalidArgument(strCat("--checkpoint-every must be >= 0, got ", o.checkpointEvery));
   if (maxRestarts < 0) throw InvalidArgument(strCat("--max-restarts must be >= 0, got ", maxRestarts));
   readReliabilityEnvironment(o);
+  o.secret = jobSecretFromEnvironment();
 
   // A missing dataset is reported once, here, rather than by every worker.
   data::loadFashionMnist(o.dataDir.empty() ? data::kDefaultFashionMnistDir : o.dataDir, false);

@@ -21,11 +21,21 @@ std::unique_ptr<Node> Node::start(const NodeOptions& options, const ModelDesc& m
   if (options.threads < 1) throw InvalidArgument(strCat("--threads must be at least 1, got ", options.threads));
   if (options.timeout.count() <= 0) throw InvalidArgument("the timeout must be positive");
   std::unique_ptr<Node> node(new Node(options));
+  const CurveKeys* curve = nullptr;
+  if (!options.secret.empty()) {
+    node->keys_ = deriveCurveKeys(options.secret);
+    node->zap_ = std::make_unique<ZapAuthenticator>(node->ctx_, node->keys_);
+    curve = &node->keys_;
+  } else if (options.worldSize > 1 && options.masterAddr.rfind("127.", 0) != 0) {
+    POSEIDON_LOG(kWarning) << "no job secret (POSEIDON_SECRET or POSEIDON_SECRET_FILE): any host that can reach "
+                              "this job's ports can join it";
+  }
   if (options.rank == 0) {
     node->coordinator_ = std::make_unique<Coordinator>(node->ctx_, options.masterAddr, options.masterPort,
-                                                       options.worldSize, options.timeout);
+                                                       options.worldSize, options.timeout, curve);
   }
   VanOptions vo;
+  vo.curve = curve;
   vo.bindHost = options.bindHost;
   vo.port = options.dataPort;
   vo.maxPayloadBytes = options.maxPayloadBytes;
@@ -42,6 +52,7 @@ std::unique_ptr<Node> Node::start(const NodeOptions& options, const ModelDesc& m
   ro.masterAddr = options.masterAddr;
   ro.masterPort = options.masterPort;
   ro.timeout = options.timeout;
+  ro.curve = curve;
   node->book_ = joinJob(node->ctx_, ro, req);
 
   const InformationBook& book = node->book_;
@@ -86,6 +97,10 @@ Node::~Node() {
   pool_.reset();  // drains queued sends while the van is still open
   if (van_) van_->close();
   coordinator_.reset();
+}
+
+uint64_t Node::refusedConnections() const {
+  return van_->refusedConnections() + (zap_ ? zap_->refused() : 0);
 }
 
 // ---- failure ------------------------------------------------------------------

@@ -68,6 +68,9 @@ struct NodeOptions {
   JobSettings settings;                      // must agree across nodes
   uint64_t maxPayloadBytes = kDefaultMaxPayloadBytes;
   Tracer* tracer = nullptr;  // optional, not owned; must outlive the node
+  // Job secret (see transport/security.h); every rank must have the same.
+  // Empty: no authentication (a warning unless every address is loopback).
+  std::string secret;
 };
 
 class Node : private SyncHost {
@@ -115,6 +118,8 @@ class Node : private SyncHost {
   // ---- introspection -------------------------------------------------------------
   TrafficCounters& counters() { return van_->counters(); }
   uint64_t rejectedFrames() const { return van_->rejectedFrames(); }
+  // Connections refused for not being members of the job (CURVE/ZAP).
+  uint64_t refusedConnections() const;
   const KvShard* shard() const { return shard_.get(); }
   const std::string& endpoint() const { return van_->endpoint(); }
 
@@ -138,6 +143,8 @@ class Node : private SyncHost {
 
   NodeOptions options_;
   zmq::context_t ctx_;
+  CurveKeys keys_;
+  std::unique_ptr<ZapAuthenticator> zap_;     // when there is a secret; outlives the sockets below
   std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
   std::unique_ptr<Van> van_;
   InformationBook book_;

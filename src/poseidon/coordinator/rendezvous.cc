@@ -74,12 +74,13 @@ void sendError(zmq::socket_t& s, const std::string& identity, const std::string&
 }  // namespace
 
 Coordinator::Coordinator(zmq::context_t& ctx, const std::string& host, int port, int worldSize,
-                         std::chrono::milliseconds timeout)
+                         std::chrono::milliseconds timeout, const CurveKeys* curve)
     : ctx_(ctx), address_(host + ":" + std::to_string(port)), worldSize_(worldSize), timeout_(timeout) {
   if (worldSize < 1) throw InvalidArgument(strCat("world size must be at least 1, got ", worldSize));
   socket_ = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::router);
   socket_->set(zmq::sockopt::linger, 1000);
   socket_->set(zmq::sockopt::maxmsgsize, int64_t{256} << 20);
+  if (curve) makeCurveServer(*socket_, *curve);
   try {
     socket_->bind("tcp://" + address_);
   } catch (const zmq::error_t& e) {
@@ -87,12 +88,14 @@ Coordinator::Coordinator(zmq::context_t& ctx, const std::string& host, int port,
                          e.num() == EADDRINUSE ? " (the port is in use: set MASTER_PORT or --master-port to a free port)"
                                                : " (MASTER_ADDR must be an address of this machine)"));
   }
+  if (curve) monitor_ = std::make_unique<HandshakeMonitor>(ctx, *socket_, "coordinator " + address_);
   thread_ = std::thread([this] { run(); });
 }
 
 Coordinator::~Coordinator() {
   stop_ = true;
   if (thread_.joinable()) thread_.join();
+  monitor_.reset();
 }
 
 void Coordinator::run() {
@@ -113,9 +116,12 @@ void Coordinator::run() {
   };
 
   while (!stop_) {
-    zmq::pollitem_t item{s.handle(), 0, ZMQ_POLLIN, 0};
+    zmq::pollitem_t items[] = {{s.handle(), 0, ZMQ_POLLIN, 0},
+                               {monitor_ ? monitor_->socket().handle() : nullptr, 0, ZMQ_POLLIN, 0}};
+    zmq::pollitem_t& item = items[0];
     try {
-      zmq::poll(&item, 1, std::chrono::milliseconds(100));
+      zmq::poll(items, monitor_ ? 2 : 1, std::chrono::milliseconds(100));
+      if (monitor_ && (items[1].revents & ZMQ_POLLIN)) monitor_->onReadable();
     } catch (const zmq::error_t& e) {
       if (e.num() == EINTR) continue;
       POSEIDON_LOG(kError) << "coordinator poll failed: " << e.what();
@@ -222,6 +228,7 @@ void Coordinator::run() {
 InformationBook joinJob(zmq::context_t& ctx, const RendezvousOptions& opts, const JoinRequest& req) {
   zmq::socket_t s(ctx, zmq::socket_type::dealer);
   s.set(zmq::sockopt::linger, 0);
+  if (opts.curve) makeCurveClient(s, *opts.curve);
   std::string address = opts.masterAddr + ":" + std::to_string(opts.masterPort);
   try {
     s.connect("tcp://" + address);
@@ -248,7 +255,8 @@ InformationBook joinJob(zmq::context_t& ctx, const RendezvousOptions& opts, cons
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
       throw TimeoutError(strCat("rank ", req.rank, ": no answer from the coordinator at ", address, " within ",
-                                wait.count() / 1000.0, " s (is rank 0 running and reachable at that address?)"));
+                                wait.count() / 1000.0,
+                                " s (is rank 0 running and reachable at that address, with the same job secret?)"));
     }
     try {
       zmq::poll(&item, 1, left);

@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "poseidon/coordinator/book.h"
+#include "poseidon/transport/security.h"
 
 namespace poseidon {
 
@@ -48,7 +49,7 @@ class Coordinator {
   // Binds tcp://host:port at once (throws IoError if the port is taken) and
   // starts the coordinator thread.
   Coordinator(zmq::context_t& ctx, const std::string& host, int port, int worldSize,
-              std::chrono::milliseconds timeout);
+              std::chrono::milliseconds timeout, const CurveKeys* curve = nullptr);
   ~Coordinator();
   Coordinator(const Coordinator&) = delete;
   Coordinator& operator=(const Coordinator&) = delete;
@@ -62,6 +63,7 @@ class Coordinator {
   int worldSize_;
   std::chrono::milliseconds timeout_;
   std::unique_ptr<zmq::socket_t> socket_;
+  std::unique_ptr<HandshakeMonitor> monitor_;  // with a job secret
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
@@ -70,6 +72,7 @@ struct RendezvousOptions {
   std::string masterAddr = "127.0.0.1";
   int masterPort = 29500;
   std::chrono::milliseconds timeout{30000};
+  const CurveKeys* curve = nullptr;  // job membership; must match the coordinator's
 };
 
 // Sends JOIN and waits for the book. Throws the coordinator's error message

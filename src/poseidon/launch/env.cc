@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <zmq.hpp>
 
 #include "poseidon/common/error.h"
@@ -64,6 +66,22 @@ RankEnv rankFromEnvironment(const GetEnv& getenv) {
 
 RankEnv rankFromEnvironment() {
   return rankFromEnvironment([](const char* name) { return static_cast<const char*>(std::getenv(name)); });
+}
+
+std::string jobSecretFromEnvironment(const GetEnv& getenv) {
+  if (const char* s = getenv("POSEIDON_SECRET"); s && *s) return s;
+  const char* path = getenv("POSEIDON_SECRET_FILE");
+  if (!path || !*path) return {};
+  std::ifstream f(path);
+  std::string secret((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (!f && !f.eof()) throw InvalidArgument(strCat("cannot read POSEIDON_SECRET_FILE ", path));
+  while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
+  if (secret.empty()) throw InvalidArgument(strCat("POSEIDON_SECRET_FILE ", path, " is empty or unreadable"));
+  return secret;
+}
+
+std::string jobSecretFromEnvironment() {
+  return jobSecretFromEnvironment([](const char* name) { return static_cast<const char*>(std::getenv(name)); });
 }
 
 std::string resolveHost(const std::string& host) {

@@ -33,6 +33,12 @@ using GetEnv = std::function<const char*(const char*)>;
 RankEnv rankFromEnvironment(const GetEnv& getenv);
 RankEnv rankFromEnvironment();
 
+// The job secret: POSEIDON_SECRET, else the contents of POSEIDON_SECRET_FILE
+// (trailing newline removed), else "". Throws InvalidArgument when the file
+// cannot be read or is empty.
+std::string jobSecretFromEnvironment(const GetEnv& getenv);
+std::string jobSecretFromEnvironment();
+
 // Resolves a host name to an IPv4 address string (ZeroMQ binds need one).
 std::string resolveHost(const std::string& host);
 // The local address this machine would use to reach `ip` (no packet is sent):

@@ -17,6 +17,7 @@
 
 #include "poseidon/common/error.h"
 #include "poseidon/launch/env.h"
+#include "poseidon/transport/security.h"
 
 extern char** environ;
 
@@ -253,8 +254,14 @@ LaunchResult launchLocal(const LaunchOptions& options) {
   if (!mkdtemp(dir)) throw IoError("cannot create a directory in /tmp");
   const std::string progress = std::string(dir) + "/progress.json";
   LaunchResult result;
+  // The ranks prove membership with a job secret; make one for them if the
+  // user did not provide one (POSEIDON_SECRET / POSEIDON_SECRET_FILE pass through).
+  LaunchOptions withSecret = options;
+  if (!withSecret.env.count("POSEIDON_SECRET") && jobSecretFromEnvironment().empty()) {
+    withSecret.env["POSEIDON_SECRET"] = randomSecret();
+  }
   for (int attempt = 0;; ++attempt) {
-    LaunchOptions run = options;
+    LaunchOptions run = withSecret;
     run.env["POSEIDON_RESTART_COUNT"] = std::to_string(attempt);
     run.env["POSEIDON_PROGRESS_FILE"] = progress;
     if (attempt > 0) run.masterPort = 0;  // a fresh port: the old one may linger in TIME_WAIT

@@ -161,6 +161,7 @@ int trainRank(const TrainOptions& o, const RankEnv& env) {
     d.node.settings.policy = o.scheme;
     d.node.settings.startIteration = startIteration;
     d.node.tracer = tracer.get();
+    d.node.secret = o.secret;
     d.overlap = o.overlap;
     dist = std::make_unique<DistributedModel>(net.module, net.name, d, net.forward);
   }

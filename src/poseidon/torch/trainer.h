@@ -41,6 +41,7 @@ struct TrainOptions {
   int timeoutMs = 30000;
   int64_t pairBytes = 2 * 1024 * 1024;
   std::string bindHost;        // data endpoint interface (default: the route to MASTER_ADDR)
+  std::string secret;          // job secret (POSEIDON_SECRET / POSEIDON_SECRET_FILE)
   bool quiet = false;          // no progress lines
 };
 

@@ -27,6 +27,7 @@ Van::Van(zmq::context_t& ctx, const VanOptions& options)
   router_.set(zmq::sockopt::rcvhwm, 0);
   router_.set(zmq::sockopt::linger, 0);
   router_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(options.maxPayloadBytes + kHeaderBytes));
+  if (options.curve) makeCurveServer(router_, *options.curve);
   std::string want = "tcp://" + options.bindHost + ":" + (options.port ? std::to_string(options.port) : "*");
   try {
     router_.bind(want);
@@ -35,6 +36,7 @@ Van::Van(zmq::context_t& ctx, const VanOptions& options)
                          e.num() == EADDRINUSE ? " (port in use: pick another port)" : ""));
   }
   endpoint_ = router_.get(zmq::sockopt::last_endpoint);
+  if (options.curve) monitor_ = std::make_unique<HandshakeMonitor>(ctx, router_, endpoint_);
   std::string loop = "inproc://poseidon-loop-" + std::to_string(gLoopbackId.fetch_add(1));
   loopIn_.set(zmq::sockopt::rcvhwm, 0);
   loopIn_.set(zmq::sockopt::linger, 0);
@@ -58,6 +60,7 @@ void Van::close() {
   std::lock_guard<std::mutex> lock(loopOutMutex_);
   loopOut_.close();
   loopIn_.close();
+  if (monitor_) monitor_->stop();
   router_.close();
 }
 
@@ -76,6 +79,7 @@ void Van::connectPeers(int selfRank, const std::vector<std::string>& endpoints) 
       peer->socket->set(zmq::sockopt::linger, options_.lingerMs);
       // Messages queue until the TCP connection is up instead of being refused.
       peer->socket->set(zmq::sockopt::immediate, 0);
+      if (options_.curve) makeCurveClient(*peer->socket, *options_.curve);
       try {
         peer->socket->connect(endpoints[r]);
       } catch (const zmq::error_t& e) {
@@ -186,17 +190,21 @@ bool Van::receiveFrom(zmq::socket_t& socket, bool loopback, Message* out) {
 }
 
 bool Van::poll(Message* out, int timeoutMs) {
-  zmq::pollitem_t items[] = {{router_.handle(), 0, ZMQ_POLLIN, 0}, {loopIn_.handle(), 0, ZMQ_POLLIN, 0}};
+  zmq::pollitem_t items[] = {{router_.handle(), 0, ZMQ_POLLIN, 0},
+                             {loopIn_.handle(), 0, ZMQ_POLLIN, 0},
+                             {monitor_ ? monitor_->socket().handle() : nullptr, 0, ZMQ_POLLIN, 0}};
+  const int numItems = monitor_ ? 3 : 2;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeoutMs);
   for (;;) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() < 0) left = std::chrono::milliseconds(0);
     try {
-      zmq::poll(items, 2, left);
+      zmq::poll(items, numItems, left);
     } catch (const zmq::error_t& e) {
       if (e.num() == EINTR) continue;
       throw IoError(strCat("poll failed: ", e.what()));
     }
+    if (numItems == 3 && (items[2].revents & ZMQ_POLLIN)) monitor_->onReadable();
     // Loopback first: it carries this node's own contributions.
     if ((items[1].revents & ZMQ_POLLIN) && receiveFrom(loopIn_, true, out)) return true;
     if ((items[0].revents & ZMQ_POLLIN) && receiveFrom(router_, false, out)) return true;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "poseidon/transport/counters.h"
+#include "poseidon/transport/security.h"
 #include "poseidon/wire/frame.h"
 
 namespace poseidon {
@@ -30,6 +31,7 @@ struct VanOptions {
   int port = 0;                        // 0 picks a free port
   uint64_t maxPayloadBytes = kDefaultMaxPayloadBytes;
   int lingerMs = 2000;  // how long close() waits to flush queued messages
+  const CurveKeys* curve = nullptr;  // job membership (CURVE); null: no security
 };
 
 struct Message {
@@ -81,6 +83,9 @@ class Van {
 
   TrafficCounters& counters() { return counters_; }
   uint64_t rejectedFrames() const { return rejected_.load(); }
+  // Connections that failed the CURVE handshake without reaching the ZAP
+  // handler (peers that do not speak CURVE at all).
+  uint64_t refusedConnections() const { return monitor_ ? monitor_->refused() : 0; }
   // Counts a rejected message and logs why, naming the peer. Rate-limited:
   // the first 20 in full, then every 1000th, so a flood of garbage cannot
   // flood the log too.
@@ -95,6 +100,7 @@ class Van {
     std::unique_ptr<zmq::socket_t> socket;
   };
   bool receiveFrom(zmq::socket_t& socket, bool loopback, Message* out);
+
   static TrafficKind kindOf(MsgType type);
 
   zmq::context_t& ctx_;
@@ -108,6 +114,7 @@ class Van {
   std::vector<std::unique_ptr<Peer>> peers_;
   TrafficCounters counters_;
   std::atomic<uint64_t> rejected_{0};
+  std::unique_ptr<HandshakeMonitor> monitor_;  // handshake failures (CURVE only)
   bool closed_ = false;
 };
 

@@ -19,6 +19,7 @@ PACKAGES=(
   python3-torch                   # the PyTorch DDP baseline of poseidon bench
   iproute2                        # network namespaces + tc for the emulated cluster
   gnuplot-nox                     # bench plots
+  clang libclang-rt-14-dev        # libFuzzer for the decoder fuzz test
 )
 echo "setup.sh: apt-get update"
 apt-get update -qq

@@ -204,7 +204,7 @@ std::string readFile(const std::string& path) {
 // non-ZeroMQ TCP connection. The job keeps training and its results are
 // exact; every bad frame is counted and logged with the peer's address.
 TEST(MultiProcess, BadFramesAreRejectedAndChangeNothing) {
-  Job job = startJob(2, 2, "slow-sync", "auto", 6, 20000);
+  Job job = startJob(4, 4, "slow-sync", "auto", 6, 20000);
   std::string epFile = job.dir + "/endpoint1";
   for (int i = 0; i < 500 && readFile(epFile).empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   std::istringstream ep(readFile(epFile));

@@ -12,6 +12,16 @@ KvLayout::KvLayout(const ModelDesc& model, int shards, int64_t pairBytes) : shar
     throw InvalidArgument(strCat("KV pair size must be at least 4 bytes, got ", pairBytes));
   }
   pairFloats_ = pairBytes / static_cast<int64_t>(sizeof(float));
+  // Bound the work before doing it: a model description from the wire must
+  // not be able to make us build billions of pairs.
+  int64_t pairs = 0;
+  for (const auto& l : model.layers) {
+    pairs += (l.numel() + pairFloats_ - 1) / pairFloats_;
+    if (pairs > kMaxPairs) {
+      throw InvalidArgument(strCat("the model needs more than ", kMaxPairs, " KV pairs of ", pairBytes,
+                                   " bytes; use a larger pair size"));
+    }
+  }
   shardBytes_.assign(shards, 0);
   byLayer_.resize(model.layers.size());
   for (size_t l = 0; l < model.layers.size(); ++l) {

@@ -17,6 +17,7 @@
 namespace poseidon {
 
 constexpr int64_t kDefaultPairBytes = 2 * 1024 * 1024;
+constexpr int64_t kMaxPairs = int64_t{1} << 22;
 
 struct KvPair {
   int layer = 0;

@@ -1,0 +1,171 @@
+// libFuzzer target over every decoder of network data: the frame header,
+// join requests, the information book, and the KV store's and Adam server's
+// validation of pushes. Built and run by tests/fuzz/run.sh (Debian's clang,
+// -fsanitize=fuzzer,address,undefined). The first input byte picks the
+// decoder. Any crash, sanitizer report, or exception other than the
+// documented ones (Error and its subclasses) is a bug.
+//
+// With -DPOSEIDON_FUZZ_SEEDS it instead writes valid seed inputs to a directory.
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "poseidon/common/bytes.h"
+#include "poseidon/common/error.h"
+#include "poseidon/coordinator/book.h"
+#include "poseidon/coordinator/rendezvous.h"
+#include "poseidon/kvstore/adam_server.h"
+#include "poseidon/kvstore/kv_shard.h"
+#include "poseidon/wire/frame.h"
+
+using namespace poseidon;
+
+namespace {
+
+ModelDesc smallModel() {
+  ModelDesc m;
+  m.name = "fuzz";
+  m.layers.push_back(LayerSpec::conv("conv", 4, 2, 3, 3));
+  m.layers.push_back(LayerSpec::fc("fc", 8, 5));
+  m.layers.push_back(LayerSpec::other("one", {{"w", {1}}}));
+  return m;
+}
+
+const InformationBook& book() {
+  static const InformationBook b = [] {
+    std::vector<NodeInfo> nodes;
+    for (int r = 0; r < 3; ++r) nodes.push_back({r, Role::kBoth, "tcp://127.0.0.1:1"});
+    JobSettings s;
+    s.pairBytes = 16 * 4;
+    s.batch = 2;
+    return InformationBook(7, nodes, smallModel(), s);
+  }();
+  return b;
+}
+
+struct Fields {
+  uint32_t sender, layer, pair, rows;
+  int64_t iteration;
+};
+
+Fields readFields(const uint8_t*& data, size_t& size) {
+  Fields f{};
+  uint8_t buf[24] = {0};
+  size_t n = std::min<size_t>(size, sizeof buf);
+  std::memcpy(buf, data, n);
+  data += n;
+  size -= n;
+  std::memcpy(&f.sender, buf, 4);
+  std::memcpy(&f.layer, buf + 4, 4);
+  std::memcpy(&f.pair, buf + 8, 4);
+  std::memcpy(&f.rows, buf + 12, 4);
+  std::memcpy(&f.iteration, buf + 16, 8);
+  f.sender %= 5;  // mostly valid ranks, some invalid
+  f.layer %= 5;
+  f.pair %= 6;
+  f.rows %= 9;
+  f.iteration %= 5;
+  return f;
+}
+
+}  // namespace
+
+#ifndef POSEIDON_FUZZ_SEEDS
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 1) return 0;
+  const uint8_t which = data[0] % 5;
+  ++data;
+  --size;
+  try {
+    switch (which) {
+      case 0: {
+        FrameHeader h;
+        std::string why = decodeHeader(data, size, 1 << 20, &h);
+        if (why.empty() && (size != kHeaderBytes || h.magic != kWireMagic)) __builtin_trap();
+        break;
+      }
+      case 1:
+        decodeJoin(data, size);
+        break;
+      case 2: {
+        ByteReader r(data, size);
+        InformationBook::read(r);
+        break;
+      }
+      case 3: {
+        // A fresh shard per input: pushes of one input build on each other.
+        KvShard shard(book(), 0);
+        while (size > 0) {
+          Fields f = readFields(data, size);
+          size_t n = std::min<size_t>(size, f.rows * 16);
+          shard.push(static_cast<int>(f.sender), static_cast<int>(f.layer), static_cast<int>(f.pair), f.iteration, data, n);
+          data += n;
+          size -= n;
+        }
+        break;
+      }
+      case 4: {
+        AdamServer adam(book(), book().layout().pairsOf(1)[0].shard);
+        while (size > 0) {
+          Fields f = readFields(data, size);
+          size_t n = std::min<size_t>(size, f.rows * 13 * 4);
+          zmq::message_t payload(data, n);
+          adam.push(static_cast<int>(f.sender), static_cast<int>(f.layer), f.iteration, f.rows, std::move(payload));
+          data += n;
+          size -= n;
+        }
+        break;
+      }
+    }
+  } catch (const Error&) {
+    // The documented way to reject bad input.
+  }
+  return 0;
+}
+#else
+int main(int argc, char** argv) {
+  std::string dir = argc > 1 ? argv[1] : ".";
+  auto write = [&](const std::string& name, uint8_t which, const std::vector<uint8_t>& bytes) {
+    std::ofstream f(dir + "/" + name, std::ios::binary);
+    f.put(static_cast<char>(which));
+    f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  };
+  FrameHeader h;
+  h.type = MsgType::kPsPush;
+  h.payloadBytes = 64;
+  std::vector<uint8_t> head(kHeaderBytes);
+  encodeHeader(h, head.data());
+  write("header-push", 0, head);
+  JoinRequest req;
+  req.rank = 1;
+  req.worldSize = 3;
+  req.endpoint = "tcp://127.0.0.1:5000";
+  req.model = smallModel();
+  write("join", 1, encodeJoin(req));
+  ByteWriter w;
+  book().write(w);
+  write("book", 2, w.bytes());
+  // A complete round of one pair: three workers push pair 0 of layer 0.
+  std::vector<uint8_t> pushes;
+  for (uint32_t s = 0; s < 3; ++s) {
+    uint32_t fields[4] = {s, 0, 0, 4};
+    int64_t it = 0;
+    pushes.insert(pushes.end(), reinterpret_cast<uint8_t*>(fields), reinterpret_cast<uint8_t*>(fields) + 16);
+    pushes.insert(pushes.end(), reinterpret_cast<uint8_t*>(&it), reinterpret_cast<uint8_t*>(&it) + 8);
+    pushes.insert(pushes.end(), 64, 0x3f);
+  }
+  write("kv-round", 3, pushes);
+  std::vector<uint8_t> factors;
+  for (uint32_t s = 0; s < 3; ++s) {
+    uint32_t fields[4] = {s, 1, 0, 2};
+    int64_t it = 0;
+    factors.insert(factors.end(), reinterpret_cast<uint8_t*>(fields), reinterpret_cast<uint8_t*>(fields) + 16);
+    factors.insert(factors.end(), reinterpret_cast<uint8_t*>(&it), reinterpret_cast<uint8_t*>(&it) + 8);
+    factors.insert(factors.end(), 2 * 13 * 4, 0x3f);
+  }
+  write("adam-round", 4, factors);
+  return 0;
+}
+#endif

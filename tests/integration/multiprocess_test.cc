@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <iostream>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -418,6 +419,42 @@ TEST(JobSecret, RankWithAnotherSecretCannotJoin) {
   EXPECT_EQ(job.procs[2].exitCode(), 1);
   EXPECT_THAT(job.procs[2].stderrText(), HasSubstr("with the same job secret?"));
   EXPECT_THAT(job.procs[0].stderrText(), HasSubstr("refused a connection on coordinator 127.0.0.1:"));
+}
+
+}  // namespace
+}  // namespace poseidon
+
+namespace poseidon {
+namespace {
+
+// One worker 5x slower on every step, D = 1, a 100 ms straggler timeout: the
+// others go at their own pace (5 layers x 20 ms + the wait), the slow one is
+// dropped from rounds it is late for and skips iterations the others already
+// finished, and every result equals the mean of exactly the contributions it
+// reports (PS bit for bit).
+TEST(Stragglers, DroppedWorkerDoesNotSetThePace) {
+  Job job = startJob(4, 4, "straggler", "auto", 24, 20000);
+  testing::waitAll(job.procs, std::chrono::seconds(120));
+  expectAllSucceeded(job);
+  int excluded = 0;
+  for (int r = 0; r < 4; ++r) {
+    auto rep = report(job, r);
+    EXPECT_TRUE(rep["ps_exact"].get<bool>()) << "rank " << r;
+    EXPECT_LT(rep["sfb_max_rel_error"].get<double>(), 1e-5) << "rank " << r;
+    excluded += rep["excluded_rounds"].get<int>();
+    std::cout << "rank " << r << ": median iteration " << rep["median_iteration_seconds"] << " s, dropped "
+              << rep["dropped"] << ", skipped " << rep["skipped"] << ", excluded rounds seen " << rep["excluded_rounds"]
+              << "\n";
+    if (r < 3) {
+      // The straggler alone would take 5 x 100 ms per iteration.
+      EXPECT_LT(rep["median_iteration_seconds"].get<double>(), 0.35) << "rank " << r;
+      EXPECT_EQ(rep["dropped"].get<int>(), 0) << "rank " << r;
+    }
+  }
+  auto slow = report(job, 3);
+  EXPECT_GT(slow["dropped"].get<int>() + slow["skipped"].get<int>(), 0) << slow.dump();
+  EXPECT_GT(slow["skipped"].get<int>(), 0) << slow.dump();
+  EXPECT_GT(excluded, 0);
 }
 
 }  // namespace

@@ -147,4 +147,109 @@ inline std::vector<LayerCheck> runScenario(Node& node, int64_t iterations, int l
   return checks;
 }
 
+// Straggler scenario: every worker computes for `pauseMs` per layer before
+// submitting it, the worker at index `slowWorker` five times longer. A worker
+// whose next iteration already completed without it skips computing it.
+// Every result is checked against the contributors the round reports:
+// PS bit-exact (the float sum in worker order over the contributors, divided
+// by their number), SFB within the returned error.
+struct StragglerReport {
+  std::vector<double> iterationSeconds;
+  bool psExact = true;
+  double sfbMaxRelError = 0;
+  int excludedRounds = 0;  // layer rounds whose result left some worker out
+  int64_t dropped = 0, skipped = 0;
+};
+
+inline StragglerReport runStragglerScenario(Node& node, int64_t iterations, int pauseMs, int slowWorker) {
+  const InformationBook& book = node.book();
+  const ModelDesc& model = book.model();
+  const int me = book.workerIndex(node.rank());
+  const int L = static_cast<int>(model.layers.size());
+  StragglerReport rep;
+  for (int64_t t = 0; t < iterations; ++t) {
+    auto t0 = std::chrono::steady_clock::now();
+    node.beginIteration(t);
+    std::vector<std::vector<float>> out(L), us(L), vs(L);
+    std::vector<Scheme> schemes(L);
+    for (int l = 0; l < L; ++l) {
+      out[l].assign(static_cast<size_t>(model.layers[l].numel()), 0.f);
+      schemes[l] = node.schemeFor(l, kScenarioBatch);
+    }
+    if (node.alreadyComplete()) {
+      std::vector<LayerBuffer> bufs;
+      for (int l = 0; l < L; ++l) bufs.push_back(LayerBuffer::contiguous(out[l].data(), static_cast<int64_t>(out[l].size())));
+      node.skipIteration(bufs);
+    } else {
+      for (int l = L - 1; l >= 0; --l) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(me == slowWorker ? 5 * pauseMs : pauseMs));
+        const LayerSpec& spec = model.layers[l];
+        if (schemes[l] != Scheme::kPS) {
+          us[l] = factorU(me, l, t, kScenarioBatch, spec.m);
+          vs[l] = factorV(me, l, t, kScenarioBatch, spec.n);
+          node.submitFactors(l, us[l].data(), vs[l].data(), kScenarioBatch,
+                             LayerBuffer::contiguous(out[l].data(), spec.numel()));
+        } else {
+          out[l] = denseGradient(me, l, t, spec.numel());
+          node.submitDense(l, LayerBuffer::contiguous(out[l].data(), spec.numel()));
+        }
+      }
+    }
+    node.waitIteration();
+    rep.iterationSeconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    for (int l = 0; l < L; ++l) {
+      const LayerSpec& spec = model.layers[l];
+      auto who = node.contributors(l, t);
+      if (who.empty()) {
+        rep.psExact = false;
+        continue;
+      }
+      if (schemes[l] == Scheme::kPS) {
+        const auto& pairs = book.layout().pairsOf(l);
+        for (size_t p = 0; p < pairs.size(); ++p) {
+          const auto& c = who[p];
+          std::vector<float> sum;
+          int count = 0;
+          for (int w = 0; w < static_cast<int>(c.size()); ++w) {
+            if (!c[w]) continue;
+            auto g = denseGradient(w, l, t, spec.numel());
+            if (sum.empty()) sum.assign(g.begin() + pairs[p].offset, g.begin() + pairs[p].offset + pairs[p].length);
+            else for (int64_t i = 0; i < pairs[p].length; ++i) sum[i] += g[pairs[p].offset + i];
+            ++count;
+          }
+          if (count < static_cast<int>(c.size())) ++rep.excludedRounds;
+          for (int64_t i = 0; i < pairs[p].length; ++i)
+            if (sum[i] / static_cast<float>(count) != out[l][pairs[p].offset + i]) rep.psExact = false;
+        }
+      } else {
+        const auto& c = who[0];
+        std::vector<double> ref(out[l].size(), 0.0);
+        int count = 0;
+        for (int w = 0; w < static_cast<int>(c.size()); ++w) {
+          if (!c[w]) continue;
+          ++count;
+          auto u = factorU(w, l, t, kScenarioBatch, spec.m);
+          auto v = factorV(w, l, t, kScenarioBatch, spec.n);
+          for (int64_t r = 0; r < kScenarioBatch; ++r)
+            for (int64_t i = 0; i < spec.m; ++i) {
+              for (int64_t j = 0; j < spec.n; ++j) ref[i * spec.n + j] += double(u[r * spec.m + i]) * v[r * spec.n + j];
+              if (spec.params.size() > 1) ref[spec.m * spec.n + i] += u[r * spec.m + i];
+            }
+        }
+        if (count < static_cast<int>(c.size())) ++rep.excludedRounds;
+        double maxErr = 0, maxRef = 0;
+        for (size_t i = 0; i < ref.size(); ++i) {
+          ref[i] /= count;
+          maxErr = std::max(maxErr, std::abs(out[l][i] - ref[i]));
+          maxRef = std::max(maxRef, std::abs(ref[i]));
+        }
+        rep.sfbMaxRelError = std::max(rep.sfbMaxRelError, maxRef > 0 ? maxErr / maxRef : maxErr);
+      }
+    }
+  }
+  rep.dropped = node.droppedContributions();
+  rep.skipped = node.skippedIterations();
+  return rep;
+}
+
 }  // namespace poseidon::testing

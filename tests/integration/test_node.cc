@@ -6,9 +6,11 @@
 //   poseidon_test_node SCENARIO POLICY ITERATIONS OUT_DIR [TIMEOUT_MS]
 //   scenarios: sync (the synthetic scenario), mismatch (rank 2 changes a layer),
 //              slow-sync (sync, with a pause before each iteration, for flood tests),
-//              paced (sync with a 10 ms pause before each layer's submit: fault tests)
+//              paced (sync with a 10 ms pause before each layer's submit: fault tests),
+//              straggler (20 ms per layer, worker 3 five times slower; drop 1, wait 100 ms)
 //   env: POSEIDON_ROLE=worker|server|both, POSEIDON_TEST_START_DELAY_MS=N,
 //        POSEIDON_SECRET (job secret)
+#include <algorithm>
 #include <fstream>
 #include <iostream>
 #include <thread>
@@ -50,6 +52,10 @@ int main(int argc, char** argv) {
     o.settings.policy = policy;
     if (const char* role = std::getenv("POSEIDON_ROLE")) o.role = parseRole(role);
     o.secret = jobSecretFromEnvironment();
+    if (scenario == "straggler") {
+      o.settings.dropStragglers = 1;
+      o.settings.stragglerTimeoutMs = 100;
+    }
     ModelDesc model = testing::scenarioModel();
     if (scenario == "mismatch" && env.rank == 2) model.layers[3] = LayerSpec::fc("even", 256, 254);
     auto node = Node::start(o, model);
@@ -65,7 +71,19 @@ int main(int argc, char** argv) {
         // Wait for the test to start flooding, then train slowly through it.
         std::this_thread::sleep_for(std::chrono::milliseconds(1000));
       }
-      checks = testing::runScenario(*node, iterations, scenario == "paced" ? 10 : 0);
+      if (scenario == "straggler") {
+        auto rep = testing::runStragglerScenario(*node, iterations, 20, 3);
+        std::vector<double> t = rep.iterationSeconds;
+        std::sort(t.begin(), t.end());
+        report["median_iteration_seconds"] = t[t.size() / 2];
+        report["ps_exact"] = rep.psExact;
+        report["sfb_max_rel_error"] = rep.sfbMaxRelError;
+        report["excluded_rounds"] = rep.excludedRounds;
+        report["dropped"] = rep.dropped;
+        report["skipped"] = rep.skipped;
+      } else {
+        checks = testing::runScenario(*node, iterations, scenario == "paced" ? 10 : 0);
+      }
       for (size_t l = 0; l < checks.size(); ++l) {
         report["layers"].push_back({{"scheme", schemeName(checks[l].scheme)},
                                     {"bit_exact", checks[l].bitExact},

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "../integration/process.h"
 #include "poseidon/launch/env.h"
@@ -137,6 +138,41 @@ TEST(BadInput, PortInUseUnreachableCoordinatorAndBadCheckpoint) {
                    dir.path + "/other");
   EXPECT_NE(other.exitCode(), 0);
   EXPECT_THAT(other.stderrText(), HasSubstr("was written with --workers 4, this run has 2"));
+}
+
+}  // namespace
+}  // namespace poseidon
+
+namespace poseidon {
+namespace {
+
+// Straggler dropping through the trainer: rank 3 takes 5x longer on every
+// step; with D = 1 the others do not wait for it beyond the timeout, and the
+// summary shows what was dropped and skipped.
+TEST(Stragglers, TrainerSummaryShowsDrops) {
+  TempDir dir;
+  auto p = run({"train", "--workers", "4", "--batch", "16", "--train-limit", "4096", "--epochs", "1", "--model", "mlp",
+                "--quiet", "--max-steps", "30", "--drop-stragglers", "1", "--straggler-timeout", "50", "--summary",
+                dir.path + "/s.json"},
+               dir.path + "/a", {{"POSEIDON_SLOW", "3:5"}});
+  ASSERT_EQ(p.exitCode(), 0) << p.stderrText();
+  EXPECT_THAT(p.stdoutText(), HasSubstr("straggler dropping: dropped layer contributions per rank [0, 0, 0, "));
+  std::ifstream f(dir.path + "/s.json");
+  auto s = nlohmann::json::parse(f);
+  auto dropped = s["dropped_contributions_per_rank"], skipped = s["skipped_iterations_per_rank"];
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(dropped[r].get<double>(), 0) << r;
+    EXPECT_EQ(skipped[r].get<double>(), 0) << r;
+  }
+  EXPECT_GT(dropped[3].get<double>() + skipped[3].get<double>(), 0);
+  EXPECT_GT(skipped[3].get<double>(), 0);
+}
+
+TEST(Stragglers, NeedsATimeout) {
+  TempDir dir;
+  auto p = run({"train", "--drop-stragglers", "1"}, dir.path + "/a");
+  EXPECT_EQ(p.exitCode(), 2);
+  EXPECT_THAT(p.stderrText(), HasSubstr("--drop-stragglers needs --straggler-timeout MS"));
 }
 
 }  // namespace

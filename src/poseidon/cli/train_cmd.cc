@@ -44,6 +44,11 @@ void readReliabilityEnvironment(pt::TrainOptions& o) {
     o.faultStep = step;
     o.faultSignal = std::string(sig) == "kill" ? SIGKILL : SIGSTOP;
   }
+  if (const char* s = std::getenv("POSEIDON_SLOW")) {
+    if (std::sscanf(s, "%d:%lf", &o.slowRank, &o.slowFactor) != 2 || o.slowFactor < 1) {
+      throw InvalidArgument(strCat("POSEIDON_SLOW='", s, "' is not RANK:FACTOR (FACTOR >= 1)"));
+    }
+  }
 }
 
 }  // namespace
@@ -88,6 +93,10 @@ int trainCommand(const std::vector<std::string>& args, const std::string& self) 
   flags.addInt("timeout", &o.timeoutMs, "timeout of every distributed wait, in milliseconds", "MS");
   flags.addInt64("pair-bytes", &pairBytes, "KV pair size of the parameter server", "BYTES");
   flags.addString("bind", &o.bindHost, "interface address for this rank's data endpoint (default: the route to MASTER_ADDR)", "ADDR");
+  flags.addInt("drop-stragglers", &o.dropStragglers,
+               "let each KV pair or SFB round proceed without up to D late workers (0: off)", "D");
+  flags.addInt64("straggler-timeout", &o.stragglerTimeoutMs,
+                 "how long a round waits for its last D contributions, in milliseconds", "MS");
   flags.addBool("quiet", &o.quiet, "no progress lines");
   flags.parse(args);
   if (flags.helpRequested()) {
@@ -102,6 +111,10 @@ int trainCommand(const std::vector<std::string>& args, const std::string& self) 
   if (o.timeoutMs < 1) throw InvalidArgument(strCat("--timeout must be positive, got ", o.timeoutMs));
   if (o.checkpointEvery < 0) throw InvalidArgument(strCat("--checkpoint-every must be >= 0, got ", o.checkpointEvery));
   if (maxRestarts < 0) throw InvalidArgument(strCat("--max-restarts must be >= 0, got ", maxRestarts));
+  if (o.dropStragglers < 0) throw InvalidArgument(strCat("--drop-stragglers must be >= 0, got ", o.dropStragglers));
+  if (o.dropStragglers > 0 && o.stragglerTimeoutMs <= 0) {
+    throw InvalidArgument("--drop-stragglers needs --straggler-timeout MS (how long to wait for late workers)");
+  }
   readReliabilityEnvironment(o);
   o.secret = jobSecretFromEnvironment();
 

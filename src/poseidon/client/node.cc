@@ -5,6 +5,7 @@
 
 #include "poseidon/common/error.h"
 #include "poseidon/common/log.h"
+#include "poseidon/kvstore/contributors.h"
 
 namespace poseidon {
 
@@ -65,6 +66,9 @@ std::unique_ptr<Node> Node::start(const NodeOptions& options, const ModelDesc& m
     node->shard_ = std::make_unique<KvShard>(book, book.shardIndex(options.rank));
     if (book.settings().policy == SchemePolicy::kAdam) {
       node->adam_ = std::make_unique<AdamServer>(book, book.shardIndex(options.rank));
+    }
+    if (book.settings().stragglerMode()) {
+      node->keeper_ = std::make_unique<SfbKeeper>(book, book.shardIndex(options.rank));
     }
   }
   if (node->isWorker()) {
@@ -172,16 +176,26 @@ void Node::heartbeatAndCheckPeers() {
 
 void Node::receiveLoop() {
   Message msg;
-  const int pollMs = static_cast<int>(std::min<int64_t>(100, heartbeat_.count()));
+  int64_t pollMs = std::min<int64_t>(100, heartbeat_.count());
+  if (book_.settings().stragglerMode()) {
+    pollMs = std::min<int64_t>(pollMs, std::max<int64_t>(1, book_.settings().stragglerTimeoutMs / 4));
+  }
   while (!stopLoop_) {
     bool got = false;
     try {
-      got = van_->poll(&msg, pollMs);
+      got = van_->poll(&msg, static_cast<int>(pollMs));
     } catch (const Error& e) {
       fail(strCat("rank ", rank(), ": transport failed: ", e.what()));
       return;
     }
     heartbeatAndCheckPeers();
+    if (shard_ || keeper_) {
+      try {
+        expireStragglerRounds();
+      } catch (const Error& e) {
+        fail(strCat("rank ", rank(), ": ", e.what()));
+      }
+    }
     if (!got) continue;
     try {
       if (msg.header.job != book_.jobId()) {
@@ -193,7 +207,7 @@ void Node::receiveLoop() {
       const int sender = static_cast<int>(msg.header.sender);
       lastHeard_[sender] = std::chrono::steady_clock::now();
       if (msg.header.type == MsgType::kHeartbeat || msg.header.type == MsgType::kPsPush ||
-          msg.header.type == MsgType::kSfbFactors) {
+          msg.header.type == MsgType::kSfbFactors || msg.header.type == MsgType::kSfbNotice) {
         lastIteration_[sender] = msg.header.iteration;
       }
       if (msg.header.type == MsgType::kBye) departed_[sender] = true;
@@ -217,14 +231,22 @@ void Node::dispatch(Message& msg) {
       if (!adam_) throw ProtocolError("adam factors to a rank that is not an adam server");
       onAdamFactors(msg);
       return;
+    case MsgType::kSfbNotice: {
+      if (!keeper_) throw ProtocolError("sfb notice to a rank that keeps no sfb rounds");
+      auto d = keeper_->notice(static_cast<int>(h.sender), static_cast<int>(h.layer), h.iteration);
+      if (d) sendDecision(*d);
+      return;
+    }
     case MsgType::kPsAggregate:
     case MsgType::kAdamAggregate:
+    case MsgType::kSfbDecision:
     case MsgType::kSfbFactors: {
       if (syncers_.empty()) throw ProtocolError(strCat(msgTypeName(h.type), " to a rank that is not a worker"));
       if (h.layer >= syncers_.size()) throw ProtocolError(strCat("layer ", h.layer, " does not exist"));
       Syncer& s = *syncers_[h.layer];
-      if (h.type != MsgType::kSfbFactors) s.onAggregate(msg);
-      else s.onFactors(msg);
+      if (h.type == MsgType::kSfbFactors) s.onFactors(msg);
+      else if (h.type == MsgType::kSfbDecision) s.onDecision(msg);
+      else s.onAggregate(msg);
       return;
     }
     case MsgType::kBroadcast:
@@ -262,15 +284,41 @@ void Node::onPush(Message& msg) {
   const FrameHeader& h = msg.header;
   auto done = shard_->push(static_cast<int>(h.sender), static_cast<int>(h.layer), static_cast<int>(h.pair),
                            h.iteration, msg.data(), msg.size());
-  if (!done) return;
+  if (done) sendAggregate(*done);
+}
+
+void Node::sendAggregate(const KvShard::Completed& done) {
   FrameHeader out;
   out.type = MsgType::kPsAggregate;
   out.job = book_.jobId();
-  out.layer = h.layer;
-  out.iteration = h.iteration;
-  out.pair = h.pair;
-  const size_t bytes = done->sum.size() * sizeof(float);
-  for (int w : book_.workerRanks()) van_->send(w, out, done->sum.data(), bytes);
+  out.layer = static_cast<uint32_t>(done.layer);
+  out.iteration = done.iteration;
+  out.pair = static_cast<uint32_t>(done.pair);
+  const size_t bytes = done.sum.size() * sizeof(float);
+  // Straggler mode: the contributor mask follows the floats, so workers divide
+  // by the number of contributions and know whether theirs was among them.
+  std::vector<uint8_t> mask;
+  if (book_.settings().stragglerMode()) mask = encodeMask(done.contributors);
+  for (int w : book_.workerRanks()) van_->send(w, out, {Van::Part{done.sum.data(), bytes}, Van::Part{mask.data(), mask.size()}});
+}
+
+void Node::sendDecision(const SfbKeeper::Decision& d) {
+  FrameHeader out;
+  out.type = MsgType::kSfbDecision;
+  out.job = book_.jobId();
+  out.layer = static_cast<uint32_t>(d.layer);
+  out.iteration = d.iteration;
+  std::vector<uint8_t> mask = encodeMask(d.contributors);
+  for (int w : book_.workerRanks()) van_->send(w, out, mask.data(), mask.size());
+}
+
+void Node::expireStragglerRounds() {
+  if (!book_.settings().stragglerMode()) return;
+  auto now = std::chrono::steady_clock::now();
+  if (shard_)
+    for (const auto& done : shard_->expire(now)) sendAggregate(done);
+  if (keeper_)
+    for (const auto& d : keeper_->expire(now)) sendDecision(d);
 }
 
 void Node::onAdamFactors(Message& msg) {
@@ -339,6 +387,34 @@ void Node::submitFactors(int layer, const float* u, const float* v, int64_t rows
                                  "' at ", rows, " rows; submit its dense gradient instead"));
   }
   syncers_[layer]->submitFactors(iteration_.load(), scheme, u, v, rows, std::move(out), std::move(keepAlive));
+}
+
+bool Node::alreadyComplete() const {
+  if (!book_.settings().stragglerMode() || syncers_.empty()) return false;
+  const int64_t t = iteration_.load();
+  for (const auto& s : syncers_)
+    if (!s->completeWithoutMe(t)) return false;
+  return true;
+}
+
+void Node::skipIteration(const std::vector<LayerBuffer>& outputs) {
+  checkError();
+  if (outputs.size() != syncers_.size()) {
+    throw InvalidArgument(strCat("skipIteration: ", outputs.size(), " buffers for ", syncers_.size(), " layers"));
+  }
+  if (!alreadyComplete()) throw InvalidArgument("skipIteration: the iteration has not completed without this worker");
+  for (size_t l = 0; l < syncers_.size(); ++l) syncers_[l]->submitSkipped(iteration_.load(), outputs[l]);
+  ++skipped_;
+}
+
+int64_t Node::droppedContributions() const {
+  int64_t n = 0;
+  for (const auto& s : syncers_) n += s->droppedContributions();
+  return n;
+}
+
+std::vector<std::vector<bool>> Node::contributors(int layer, int64_t iteration) const {
+  return syncers_.at(static_cast<size_t>(layer))->contributors(iteration);
 }
 
 void Node::layerDone(int layer, int64_t iteration) {

@@ -47,6 +47,7 @@
 #include "poseidon/coordinator/rendezvous.h"
 #include "poseidon/kvstore/adam_server.h"
 #include "poseidon/kvstore/kv_shard.h"
+#include "poseidon/kvstore/sfb_keeper.h"
 #include "poseidon/transport/van.h"
 
 namespace poseidon {
@@ -96,6 +97,19 @@ class Node : private SyncHost {
   void submitDense(int layer, LayerBuffer grad, std::shared_ptr<void> keepAlive = nullptr);
   void submitFactors(int layer, const float* u, const float* v, int64_t rows, LayerBuffer out,
                      std::shared_ptr<void> keepAlive = nullptr);
+  // Straggler mode: true when every layer of the current iteration already
+  // completed without this worker (it fell behind). Then skipIteration()
+  // writes those results into the given buffers (one per layer) instead of
+  // computing and submitting, and waitIteration() returns at once.
+  bool alreadyComplete() const;
+  void skipIteration(const std::vector<LayerBuffer>& outputs);
+  // Straggler mode counters: layer rounds this worker submitted to whose result
+  // it did not contribute, and iterations it skipped.
+  int64_t droppedContributions() const;
+  int64_t skippedIterations() const { return skipped_; }
+  // Contributors of a layer's recently completed round (see Syncer::contributors).
+  std::vector<std::vector<bool>> contributors(int layer, int64_t iteration) const;
+
   // BSP barrier of the current iteration. Throws TimeoutError naming every
   // layer still waiting and on whom, or the job's sticky error.
   void waitIteration();
@@ -138,6 +152,9 @@ class Node : private SyncHost {
   void dispatch(Message& msg);
   void onPush(Message& msg);
   void onAdamFactors(Message& msg);
+  void sendAggregate(const KvShard::Completed& done);
+  void sendDecision(const SfbKeeper::Decision& d);
+  void expireStragglerRounds();
   std::vector<Message> takeMail(MsgType type, uint32_t seq, size_t count, const char* what);
   [[noreturn]] void throwError() const;
 
@@ -150,12 +167,14 @@ class Node : private SyncHost {
   InformationBook book_;
   std::unique_ptr<KvShard> shard_;                // servers
   std::unique_ptr<AdamServer> adam_;              // servers, Adam baseline only
+  std::unique_ptr<SfbKeeper> keeper_;             // servers, straggler mode only
   std::vector<std::unique_ptr<Syncer>> syncers_;  // workers
   std::unique_ptr<ThreadPool> pool_;
   std::thread loop_;
   std::atomic<bool> stopLoop_{false};
   std::atomic<int64_t> iteration_{0};
   bool begun_ = false;  // user thread only
+  int64_t skipped_ = 0;  // user thread only
 
   // Control state; one mutex, one condition variable.
   mutable std::mutex mutex_;

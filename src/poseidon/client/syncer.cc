@@ -5,14 +5,27 @@
 
 #include "poseidon/common/error.h"
 #include "poseidon/common/log.h"
+#include "poseidon/kvstore/contributors.h"
 
 namespace poseidon {
+
+namespace {
+constexpr size_t kFinishedHistory = 256;
+
+void copyScaled(const LayerBuffer& out, int64_t offset, int64_t length, const uint8_t* src, float divisor) {
+  out.forEach(offset, length, [&](float* dst, int64_t n, int64_t done) {
+    std::memcpy(dst, src + done * sizeof(float), static_cast<size_t>(n) * sizeof(float));
+    for (int64_t i = 0; i < n; ++i) dst[i] /= divisor;
+  });
+}
+}  // namespace
 
 Syncer::Syncer(SyncHost& host, int layer)
     : host_(host),
       layer_(layer),
       spec_(host.book().model().layers.at(layer)),
-      pairs_(host.book().layout().pairsOf(layer)) {}
+      pairs_(host.book().layout().pairsOf(layer)),
+      straggler_(host.book().settings().stragglerMode()) {}
 
 Syncer::Round& Syncer::roundLocked(int64_t iteration) {
   auto it = rounds_.find(iteration);
@@ -21,11 +34,26 @@ Syncer::Round& Syncer::roundLocked(int64_t iteration) {
   int workers = host_.book().numWorkers();
   r.pairSeen.assign(pairs_.size(), false);
   r.pairsLeft = pairs_.size();
+  r.early.resize(pairs_.size());
+  r.pairContributors.resize(pairs_.size());
   r.factors.resize(workers);
   r.rows.assign(workers, 0);
   r.factorSeen.assign(workers, false);
-  r.factorsLeft = workers;
   return r;
+}
+
+Syncer::Round* Syncer::findRoundLocked(int64_t iteration, bool create, const char* what) {
+  if (finished_.count(iteration)) return nullptr;
+  auto it = rounds_.find(iteration);
+  if (it != rounds_.end()) return &it->second;
+  if (!create) return nullptr;
+  int64_t current = host_.currentIteration();
+  int64_t ahead = straggler_ ? kMaxAheadStraggler : 1;
+  if (iteration < current || iteration > current + ahead) {
+    throw ProtocolError(strCat(what, " for layer ", layer_, " iteration ", iteration, " outside the open window (",
+                               current, "..", current + ahead, ")"));
+  }
+  return &roundLocked(iteration);
 }
 
 bool Syncer::schemeOf(int64_t iteration, Scheme* out) const {
@@ -36,17 +64,36 @@ bool Syncer::schemeOf(int64_t iteration, Scheme* out) const {
   return true;
 }
 
+std::vector<std::vector<bool>> Syncer::contributors(int64_t iteration) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = contributors_.find(iteration);
+  return it == contributors_.end() ? std::vector<std::vector<bool>>{} : it->second;
+}
+
+int64_t Syncer::droppedContributions() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return dropped_;
+}
+
+// ---- submit -------------------------------------------------------------------------
+
 void Syncer::submitDense(int64_t iteration, LayerBuffer grad, std::shared_ptr<void> keepAlive) {
   if (grad.size() != spec_.numel()) {
     throw InvalidArgument(strCat("layer '", spec_.name, "': gradient has ", grad.size(), " floats, expected ",
                                  spec_.numel()));
   }
+  bool done = false;
+  std::vector<int> toSend;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (finished_.count(iteration)) {
+      throw InvalidArgument(strCat("layer '", spec_.name, "' submitted twice in iteration ", iteration));
+    }
     Round& r = roundLocked(iteration);
-    if (r.submitted) throw InvalidArgument(strCat("layer '", spec_.name, "' submitted twice in iteration ", iteration));
-    int early = host_.book().numWorkers() - r.factorsLeft;
-    if (early > 0) {
+    if (r.submitted || r.skipped) {
+      throw InvalidArgument(strCat("layer '", spec_.name, "' submitted twice in iteration ", iteration));
+    }
+    if (r.factorsSeen > 0 || r.decided) {
       host_.fail(strCat("layer '", spec_.name, "' iteration ", iteration,
                         ": this rank chose ps but another worker sent sfb factors (workers must use the same batch "
                         "size and scheme policy)"));
@@ -56,31 +103,42 @@ void Syncer::submitDense(int64_t iteration, LayerBuffer grad, std::shared_ptr<vo
     r.scheme = Scheme::kPS;
     r.out = grad;
     r.keepAlive = keepAlive;
-    if (pairs_.empty()) {  // a layer without parameters has nothing to sync
-      rounds_.erase(iteration);
-      host_.layerDone(layer_, iteration);
-      return;
+    // Results that came before us (straggler mode) go in now; we send only
+    // the pairs whose rounds are still open.
+    for (size_t i = 0; i < pairs_.size(); ++i) {
+      if (!r.pairSeen[i]) {
+        toSend.push_back(static_cast<int>(i));
+        continue;
+      }
+      const KvPair& p = pairs_[i];
+      grad.forEach(p.offset, p.length, [&](float* dst, int64_t n, int64_t off) {
+        std::memcpy(dst, r.early[i].data() + off, static_cast<size_t>(n) * sizeof(float));
+      });
+      std::vector<float>().swap(r.early[i]);
     }
+    done = maybeFinishLocked(iteration, r);
   }
-  host_.schedule([this, iteration, grad, keepAlive] { sendDense(iteration, grad); });
+  if (done) {
+    host_.layerDone(layer_, iteration);
+    return;
+  }
+  if (!toSend.empty()) {
+    host_.schedule([this, iteration, grad, keepAlive, toSend] { sendDense(iteration, grad, toSend); });
+  }
 }
 
-void Syncer::traceSent(int64_t iteration, int64_t startUs, const char* scheme) {
-  Tracer* tracer = host_.tracer();
-  if (!tracer) return;
-  int64_t now = Tracer::nowMicros();
-  tracer->span(strCat("send ", spec_.name, " (", scheme, ")"), "send", 1, startUs, now, iteration);
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = rounds_.find(iteration);
-  if (it != rounds_.end()) it->second.sentAtUs = now;
-}
-
-void Syncer::sendDense(int64_t iteration, const LayerBuffer& grad) {
+void Syncer::sendDense(int64_t iteration, const LayerBuffer& grad, const std::vector<int>& pairIndices) {
   const InformationBook& book = host_.book();
   const int64_t startUs = host_.tracer() ? Tracer::nowMicros() : 0;
   try {
     std::vector<Van::Part> parts;
-    for (const KvPair& p : pairs_) {
+    for (int i : pairIndices) {
+      const KvPair& p = pairs_[i];
+      // Under the lock: a result for this pair may arrive (straggler mode) and
+      // is written into the same memory; then there is nothing left to send.
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = rounds_.find(iteration);
+      if (it == rounds_.end() || it->second.pairSeen[i]) continue;
       parts.clear();
       grad.forEach(p.offset, p.length, [&](float* ptr, int64_t n, int64_t) {
         parts.push_back({ptr, static_cast<size_t>(n) * sizeof(float)});
@@ -112,21 +170,35 @@ void Syncer::submitFactors(int64_t iteration, Scheme scheme, const float* u, con
     throw InvalidArgument(strCat("layer '", spec_.name, "': output has ", out.size(), " floats, expected ",
                                  spec_.numel()));
   }
+  bool send = true;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (finished_.count(iteration)) {
+      throw InvalidArgument(strCat("layer '", spec_.name, "' submitted twice in iteration ", iteration));
+    }
     Round& r = roundLocked(iteration);
-    if (r.submitted) throw InvalidArgument(strCat("layer '", spec_.name, "' submitted twice in iteration ", iteration));
-    if (scheme == Scheme::kAdam && r.factorsLeft < host_.book().numWorkers()) {
-      host_.fail(strCat("layer '", spec_.name, "' iteration ", iteration,
-                        ": this rank chose adam but another worker sent sfb factors"));
+    if (r.submitted || r.skipped) {
+      throw InvalidArgument(strCat("layer '", spec_.name, "' submitted twice in iteration ", iteration));
+    }
+    bool mismatch = scheme == Scheme::kSFB ? r.aggregatesArrived : (r.factorsSeen > 0 || r.decided);
+    if (mismatch) {
+      host_.fail(strCat("layer '", spec_.name, "' iteration ", iteration, ": this rank chose ", schemeName(scheme),
+                        " but another worker used a different scheme (workers must use the same batch size and "
+                        "scheme policy)"));
       return;
     }
     r.submitted = true;
     r.scheme = scheme;
     r.out = out;
-    if (scheme == Scheme::kSFB) maybeReconstructLocked(iteration, r);
+    if (scheme == Scheme::kSFB) {
+      // Decided without us (straggler mode): our factors would be ignored.
+      if (straggler_ && r.decided && !r.decision[me()]) send = false;
+      maybeFinishLocked(iteration, r);
+    }
   }
-  host_.schedule([this, iteration, scheme, u, v, rows, keepAlive] { sendFactors(iteration, scheme, u, v, rows); });
+  if (send) {
+    host_.schedule([this, iteration, scheme, u, v, rows, keepAlive] { sendFactors(iteration, scheme, u, v, rows); });
+  }
 }
 
 void Syncer::sendFactors(int64_t iteration, Scheme scheme, const float* u, const float* v, int64_t rows) {
@@ -151,11 +223,59 @@ void Syncer::sendFactors(int64_t iteration, Scheme scheme, const float* u, const
       if (w != host_.rank()) host_.van().send(w, h, {Van::Part{u, ub}, Van::Part{v, vb}});
     }
     host_.van().send(host_.rank(), h, {Van::Part{u, ub}, Van::Part{v, vb}});
+    if (straggler_) {  // tell the layer's keeper that our factors are out
+      FrameHeader n = h;
+      n.type = MsgType::kSfbNotice;
+      host_.van().send(book.adamOwnerRank(layer_), n, static_cast<const void*>(nullptr), size_t{0});
+    }
     traceSent(iteration, startUs, "sfb");
   } catch (const Error& e) {
     host_.fail(strCat("layer '", spec_.name, "' iteration ", iteration, ": ", e.what()));
   }
 }
+
+bool Syncer::completeWithoutMe(int64_t iteration) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = rounds_.find(iteration);
+  if (it == rounds_.end()) return false;
+  const Round& r = it->second;
+  if (r.submitted || r.skipped) return false;
+  if (r.aggregatesArrived) return r.pairsLeft == 0;
+  std::vector<bool> set;
+  return r.decided && !r.decision[me()] && factorSetReadyLocked(r, &set);
+}
+
+void Syncer::submitSkipped(int64_t iteration, LayerBuffer out) {
+  if (out.size() != spec_.numel()) {
+    throw InvalidArgument(strCat("layer '", spec_.name, "': output has ", out.size(), " floats, expected ",
+                                 spec_.numel()));
+  }
+  bool done = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = rounds_.find(iteration);
+    if (it == rounds_.end() || it->second.submitted || it->second.skipped) {
+      throw InvalidArgument(strCat("layer '", spec_.name, "' iteration ", iteration, " cannot be skipped"));
+    }
+    Round& r = it->second;
+    r.skipped = true;
+    r.out = out;
+    if (r.aggregatesArrived) {
+      for (size_t i = 0; i < pairs_.size(); ++i) {
+        if (!r.pairSeen[i]) continue;
+        const KvPair& p = pairs_[i];
+        out.forEach(p.offset, p.length, [&](float* dst, int64_t n, int64_t off) {
+          std::memcpy(dst, r.early[i].data() + off, static_cast<size_t>(n) * sizeof(float));
+        });
+        std::vector<float>().swap(r.early[i]);
+      }
+    }
+    done = maybeFinishLocked(iteration, r);
+  }
+  if (done) host_.layerDone(layer_, iteration);
+}
+
+// ---- receive ------------------------------------------------------------------------------
 
 void Syncer::onAggregate(Message& msg) {
   const FrameHeader& h = msg.header;
@@ -170,34 +290,40 @@ void Syncer::onAggregate(Message& msg) {
     throw ProtocolError(strCat("aggregate for layer ", layer_, " pair ", h.pair, " from rank ", h.sender,
                                ", which does not own that pair"));
   }
-  if (msg.size() != static_cast<size_t>(p.length) * sizeof(float)) {
+  const size_t floatBytes = static_cast<size_t>(p.length) * sizeof(float);
+  const size_t mask = straggler_ && !adam ? maskBytes(book.numWorkers()) : 0;
+  if (msg.size() != floatBytes + mask) {
     throw ProtocolError(strCat("aggregate for layer ", layer_, " pair ", h.pair, " has ", msg.size(), " bytes"));
   }
+  std::vector<bool> contributors = mask ? decodeMask(msg.data() + floatBytes, mask, book.numWorkers())
+                                        : std::vector<bool>(static_cast<size_t>(book.numWorkers()), true);
+  const float divisor = static_cast<float>(countMask(contributors));
   bool done = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = rounds_.find(h.iteration);
-    if (it == rounds_.end() || !it->second.submitted || it->second.scheme != (adam ? Scheme::kAdam : Scheme::kPS)) {
+    Round* r = findRoundLocked(h.iteration, straggler_, "aggregate");
+    if (!r || (!straggler_ && !r->submitted)) {
       throw ProtocolError(strCat("aggregate for layer ", layer_, " iteration ", h.iteration,
                                  ", which this worker has not pushed"));
     }
-    Round& r = it->second;
-    if (r.pairSeen[h.pair]) throw ProtocolError(strCat("duplicate aggregate for layer ", layer_, " pair ", h.pair));
-    r.pairSeen[h.pair] = true;
-    const float divisor = static_cast<float>(book.numWorkers());
-    const uint8_t* src = msg.data();
-    r.out.forEach(p.offset, p.length, [&](float* dst, int64_t n, int64_t done) {
-      std::memcpy(dst, src + done * sizeof(float), static_cast<size_t>(n) * sizeof(float));
-      for (int64_t i = 0; i < n; ++i) dst[i] /= divisor;
-    });
-    if (--r.pairsLeft == 0) {
-      if (Tracer* tracer = host_.tracer()) {
-        tracer->span(strCat("receive ", spec_.name, adam ? " (adam)" : " (ps)"), "receive", 2, r.sentAtUs ? r.sentAtUs : Tracer::nowMicros(),
-                     Tracer::nowMicros(), h.iteration);
-      }
-      rounds_.erase(it);
-      done = true;
+    Scheme expected = adam ? Scheme::kAdam : Scheme::kPS;
+    if ((r->submitted && r->scheme != expected) || r->factorsSeen > 0 || r->decided) {
+      throw ProtocolError(strCat("aggregate for layer ", layer_, " iteration ", h.iteration, ", which uses another scheme"));
     }
+    if (r->pairSeen[h.pair]) throw ProtocolError(strCat("duplicate aggregate for layer ", layer_, " pair ", h.pair));
+    r->pairSeen[h.pair] = true;
+    --r->pairsLeft;
+    r->aggregatesArrived = true;
+    r->pairContributors[h.pair] = std::move(contributors);
+    if (r->submitted || r->skipped) {
+      copyScaled(r->out, p.offset, p.length, msg.data(), divisor);
+    } else {  // straggler mode: the result came before this worker's submit
+      std::vector<float>& e = r->early[h.pair];
+      e.resize(static_cast<size_t>(p.length));
+      std::memcpy(e.data(), msg.data(), floatBytes);
+      for (float& x : e) x /= divisor;
+    }
+    done = maybeFinishLocked(h.iteration, *r);
   }
   if (done) host_.layerDone(layer_, h.iteration);
 }
@@ -214,36 +340,95 @@ void Syncer::onFactors(Message& msg) {
     throw ProtocolError(strCat("sfb factors for layer ", layer_, " with ", rows, " rows have ", msg.size(),
                                " bytes, expected ", rows * (spec_.m + spec_.n) * 4));
   }
-  int64_t current = host_.currentIteration();
-  if (h.iteration < current || h.iteration > current + 1) {
-    throw ProtocolError(strCat("sfb factors for layer ", layer_, " iteration ", h.iteration,
-                               " outside the open window (", current, "..", current + 1, ")"));
-  }
   std::lock_guard<std::mutex> lock(mutex_);
-  Round& r = roundLocked(h.iteration);
-  if (r.submitted && r.scheme != Scheme::kSFB) {
-    host_.fail(strCat("layer '", spec_.name, "' iteration ", h.iteration, ": rank ", h.sender,
-                      " sent sfb factors (", rows, " rows) but this rank chose ", schemeName(r.scheme),
+  if (straggler_ && (h.iteration < host_.currentIteration() || finished_.count(h.iteration))) {
+    return;  // a straggler's factors for a round that finished without them
+  }
+  Round* r = findRoundLocked(h.iteration, true, "sfb factors");
+  if (!r) throw ProtocolError(strCat("sfb factors for layer ", layer_, " iteration ", h.iteration, ", already finished"));
+  if ((r->submitted && r->scheme != Scheme::kSFB) || r->aggregatesArrived) {
+    host_.fail(strCat("layer '", spec_.name, "' iteration ", h.iteration, ": rank ", h.sender, " sent sfb factors (",
+                      rows, " rows) but this rank chose ", schemeName(r->scheme),
                       " (workers must use the same batch size and scheme policy)"));
     return;
   }
-  if (r.factorSeen[worker]) throw ProtocolError(strCat("duplicate sfb factors from rank ", h.sender, " for layer ", layer_));
-  r.factorSeen[worker] = true;
-  r.rows[worker] = rows;
-  r.factors[worker] = std::move(msg.payload);
-  --r.factorsLeft;
-  maybeReconstructLocked(h.iteration, r);
+  if (r->factorSeen[worker]) throw ProtocolError(strCat("duplicate sfb factors from rank ", h.sender, " for layer ", layer_));
+  r->factorSeen[worker] = true;
+  ++r->factorsSeen;
+  if (straggler_ && r->decided && !r->decision[worker]) return;  // late: not in the decided set
+  r->rows[worker] = rows;
+  r->factors[worker] = std::move(msg.payload);
+  maybeFinishLocked(h.iteration, *r);
 }
 
-void Syncer::maybeReconstructLocked(int64_t iteration, Round& round) {
-  if (!round.submitted || round.factorsLeft > 0 || round.reconstructing) return;
-  round.reconstructing = true;
+void Syncer::onDecision(Message& msg) {
+  const FrameHeader& h = msg.header;
+  const InformationBook& book = host_.book();
+  if (!straggler_ || spec_.type != LayerType::kFC) throw ProtocolError(strCat("unexpected sfb decision for layer ", layer_));
+  if (static_cast<int>(h.sender) != book.adamOwnerRank(layer_)) {
+    throw ProtocolError(strCat("sfb decision for layer ", layer_, " from rank ", h.sender, ", which does not keep it"));
+  }
+  std::vector<bool> set = decodeMask(msg.data(), msg.size(), book.numWorkers());
+  std::lock_guard<std::mutex> lock(mutex_);
+  Round* r = findRoundLocked(h.iteration, true, "sfb decision");
+  if (!r || r->decided) throw ProtocolError(strCat("duplicate sfb decision for layer ", layer_));
+  if ((r->submitted && r->scheme != Scheme::kSFB) || r->aggregatesArrived) {
+    throw ProtocolError(strCat("sfb decision for layer ", layer_, " iteration ", h.iteration, ", which uses ps"));
+  }
+  r->decided = true;
+  r->decision = std::move(set);
+  for (size_t w = 0; w < r->decision.size(); ++w)
+    if (!r->decision[w]) r->factors[w] = zmq::message_t();  // late factors are ignored
+  maybeFinishLocked(h.iteration, *r);
+}
+
+bool Syncer::factorSetReadyLocked(const Round& r, std::vector<bool>* set) const {
+  if (straggler_) {
+    if (!r.decided) return false;
+    *set = r.decision;
+  } else {
+    set->assign(r.factorSeen.size(), true);
+  }
+  for (size_t w = 0; w < set->size(); ++w)
+    if ((*set)[w] && !r.factorSeen[w]) return false;
+  return true;
+}
+
+bool Syncer::maybeFinishLocked(int64_t iteration, Round& r) {
+  if (!r.submitted && !r.skipped) return false;
+  const bool aggregates = r.submitted ? r.scheme != Scheme::kSFB : r.aggregatesArrived;
+  auto remember = [&](std::vector<std::vector<bool>> who) {
+    finished_.insert(iteration);
+    while (finished_.size() > kFinishedHistory) finished_.erase(finished_.begin());
+    contributors_[iteration] = std::move(who);
+    while (contributors_.size() > kFinishedHistory) contributors_.erase(contributors_.begin());
+  };
+  if (aggregates) {
+    if (r.pairsLeft > 0) return false;
+    bool excluded = false;
+    for (const auto& c : r.pairContributors) excluded = excluded || (!c.empty() && !c[me()]);
+    if (r.submitted && excluded) ++dropped_;
+    if (Tracer* tracer = host_.tracer()) {
+      int64_t now = Tracer::nowMicros();
+      tracer->span(strCat("receive ", spec_.name, r.scheme == Scheme::kAdam ? " (adam)" : " (ps)"), "receive", 2,
+                   r.sentAtUs ? r.sentAtUs : now, now, iteration);
+    }
+    remember(r.pairContributors);
+    rounds_.erase(iteration);
+    return true;
+  }
+  std::vector<bool> set;
+  if (r.reconstructing || !factorSetReadyLocked(r, &set)) return false;
+  r.reconstructing = true;
+  if (r.submitted && !set[me()]) ++dropped_;
+  remember({set});
   auto node = rounds_.extract(iteration);
   auto shared = std::make_shared<Round>(std::move(node.mapped()));
-  host_.schedule([this, iteration, shared] { reconstruct(iteration, std::move(*shared)); });
+  host_.schedule([this, iteration, shared, set] { reconstruct(iteration, std::move(*shared), set); });
+  return false;
 }
 
-void Syncer::reconstruct(int64_t iteration, Round round) {
+void Syncer::reconstruct(int64_t iteration, Round round, std::vector<bool> set) {
   const int64_t startUs = host_.tracer() ? Tracer::nowMicros() : 0;
   if (Tracer* tracer = host_.tracer()) {
     tracer->span(strCat("receive ", spec_.name, " (sfb)"), "receive", 2, round.sentAtUs ? round.sentAtUs : startUs,
@@ -252,12 +437,12 @@ void Syncer::reconstruct(int64_t iteration, Round round) {
   try {
     const int64_t m = spec_.m, n = spec_.n;
     std::vector<FactorView> views;
-    views.reserve(round.factors.size());
     for (size_t w = 0; w < round.factors.size(); ++w) {
+      if (!set[w]) continue;
       const auto* base = static_cast<const float*>(round.factors[w].data());
       views.push_back({base, base + round.rows[w] * m, round.rows[w]});
     }
-    const float scale = 1.0f / static_cast<float>(host_.book().numWorkers());
+    const float scale = 1.0f / static_cast<float>(views.size());
     const bool bias = spec_.params.size() > 1;
     float* w = round.out.contiguousAt(0, m * n);
     float* b = bias ? round.out.contiguousAt(m * n, m) : nullptr;
@@ -278,17 +463,29 @@ void Syncer::reconstruct(int64_t iteration, Round round) {
   host_.layerDone(layer_, iteration);
 }
 
+void Syncer::traceSent(int64_t iteration, int64_t startUs, const char* scheme) {
+  Tracer* tracer = host_.tracer();
+  if (!tracer) return;
+  int64_t now = Tracer::nowMicros();
+  tracer->span(strCat("send ", spec_.name, " (", scheme, ")"), "send", 1, startUs, now, iteration);
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = rounds_.find(iteration);
+  if (it != rounds_.end()) it->second.sentAtUs = now;
+}
+
 std::string Syncer::pending(int64_t iteration) const {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = rounds_.find(iteration);
   if (it == rounds_.end()) return strCat("layer '", spec_.name, "' was not submitted (did backward reach it?)");
   const Round& r = it->second;
   const InformationBook& book = host_.book();
-  if (!r.submitted) return strCat("layer '", spec_.name, "' was not submitted by this worker (did backward reach it?)");
+  if (!r.submitted && !r.skipped) {
+    return strCat("layer '", spec_.name, "' was not submitted by this worker (did backward reach it?)");
+  }
   if (r.scheme == Scheme::kAdam) {
     return strCat("layer '", spec_.name, "' (adam): the full matrix from server rank ", book.adamOwnerRank(layer_));
   }
-  if (r.scheme == Scheme::kPS) {
+  if (r.scheme == Scheme::kPS || r.aggregatesArrived) {
     std::vector<int> shards;
     std::string missing;
     for (size_t i = 0; i < pairs_.size(); ++i) {
@@ -302,9 +499,12 @@ std::string Syncer::pending(int64_t iteration) const {
     for (int s : shards) ranks += (ranks.empty() ? "" : ",") + std::to_string(s);
     return strCat("layer '", spec_.name, "' (ps): aggregates of pairs ", missing, " from server rank(s) ", ranks);
   }
+  if (straggler_ && !r.decided) {
+    return strCat("layer '", spec_.name, "' (sfb): the contributor decision from rank ", book.adamOwnerRank(layer_));
+  }
   std::string ranks;
   for (size_t w = 0; w < r.factorSeen.size(); ++w)
-    if (!r.factorSeen[w]) ranks += (ranks.empty() ? "" : ",") + std::to_string(book.workerRanks()[w]);
+    if (!r.factorSeen[w] && (!r.decided || r.decision[w])) ranks += (ranks.empty() ? "" : ",") + std::to_string(book.workerRanks()[w]);
   return strCat("layer '", spec_.name, "' (sfb): factors from worker rank(s) ", ranks);
 }
 

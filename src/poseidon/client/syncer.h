@@ -7,17 +7,27 @@
 //   factors in)──> [SFB: pool reconstructs with one GEMM] ──> done
 //
 //   PS  : Send pushes every KV pair of the layer's gradient to the shard that
-//         owns it; Receive writes each shard's aggregate, divided by P1, into
-//         the output buffer as it arrives.
+//         owns it; Receive writes each shard's aggregate, divided by the number
+//         of contributions, into the output buffer as it arrives.
 //   SFB : Send broadcasts the factors U (K x M), V (K x N) to every worker
-//         (itself included, through the loopback); Receive waits for all P1
-//         workers' factors and rebuilds sum_p U_p^T V_p / P1 (and the bias).
+//         (itself included, through the loopback); Receive waits for the
+//         factors and rebuilds sum_p U_p^T V_p / P1 (and the bias).
+//   Adam: the benchmark's baseline: factors up to the layer's one server,
+//         the full matrix back as KV pairs.
 //
 // Move is fused into Send: the van copies straight from the framework's
 // memory into the outgoing message, so there is no staging copy.
 //
 // Rounds are keyed by iteration: a peer may already send factors for t + 1
 // while this worker still waits for t's last messages.
+//
+// Straggler mode (JobSettings::dropStragglers > 0): a round may complete
+// without this worker (it was late). Results that arrive before this worker
+// submitted are kept; its late submit then applies them at once without
+// sending anything, and completeWithoutMe()/submitSkipped() let a worker
+// that fell behind skip computing iterations the others already finished.
+// SFB rounds use exactly the contributor set the layer's keeper decided
+// (kvstore/sfb_keeper.h), so every replica rebuilds the same gradient.
 //
 // Threads: submit*() on the caller's thread, send steps and reconstruction
 // on the pool, on*() on the receive loop. mutex_ guards rounds_.
@@ -27,6 +37,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -59,63 +70,87 @@ class Syncer {
  public:
   // Upper bound on factor rows per worker accepted from the wire.
   static constexpr int64_t kMaxFactorRows = int64_t{1} << 24;
+  // Straggler mode: how far ahead of this worker results may be kept.
+  static constexpr int64_t kMaxAheadStraggler = 64;
 
   Syncer(SyncHost& host, int layer);
 
   int layer() const { return layer_; }
   const LayerSpec& spec() const { return spec_; }
 
-  // PS: `grad` holds this worker's gradient; the mean over all workers is
-  // written back into it in place.
+  // PS: `grad` holds this worker's gradient; the mean over the contributors
+  // is written back into it in place.
   void submitDense(int64_t iteration, LayerBuffer grad, std::shared_ptr<void> keepAlive);
   // SFB or Adam (FC layers only): u is rows x M, v is rows x N, both
   // row-major; the mean gradient (weight, then bias if any) goes to `out`.
   void submitFactors(int64_t iteration, Scheme scheme, const float* u, const float* v, int64_t rows, LayerBuffer out,
                      std::shared_ptr<void> keepAlive);
+  // Straggler mode: the round already completed without this worker (see
+  // completeWithoutMe); writes its result into `out` without contributing.
+  void submitSkipped(int64_t iteration, LayerBuffer out);
+  bool completeWithoutMe(int64_t iteration) const;
 
   // Receive loop. Throw ProtocolError for messages that do not fit.
-  // PS aggregates and Adam's full-matrix pairs.
-  void onAggregate(Message& msg);
+  void onAggregate(Message& msg);  // PS aggregates and Adam's full-matrix pairs
   void onFactors(Message& msg);
+  void onDecision(Message& msg);   // straggler mode: an SFB round's contributors
 
   // Human-readable state of an unfinished round (for timeout errors).
   std::string pending(int64_t iteration) const;
   // The scheme this layer used (or is using) in `iteration`, if submitted.
   bool schemeOf(int64_t iteration, Scheme* out) const;
+  // Contributors of a recently completed round: one mask per KV pair (PS,
+  // Adam) or a single mask (SFB), by worker index; empty if unknown.
+  std::vector<std::vector<bool>> contributors(int64_t iteration) const;
+  // Rounds this worker submitted to whose result it did not contribute.
+  int64_t droppedContributions() const;
 
  private:
   struct Round {
-    bool submitted = false;
+    bool submitted = false;  // this worker contributed (or tried to)
+    bool skipped = false;    // this worker only takes the result
     Scheme scheme = Scheme::kPS;
     LayerBuffer out;
     std::shared_ptr<void> keepAlive;
-    // PS
+    // PS / Adam: aggregates by pair; early ones (straggler mode) wait scaled.
     std::vector<bool> pairSeen;
     size_t pairsLeft = 0;
+    std::vector<std::vector<float>> early;
+    std::vector<std::vector<bool>> pairContributors;
+    bool aggregatesArrived = false;
     // SFB: one message per worker index, U then V.
     std::vector<zmq::message_t> factors;
     std::vector<int64_t> rows;
     std::vector<bool> factorSeen;
-    int factorsLeft = 0;
+    int factorsSeen = 0;
+    bool decided = false;
+    std::vector<bool> decision;
     bool reconstructing = false;
     int64_t sentAtUs = 0;  // for the receive span of the trace
   };
   Round& roundLocked(int64_t iteration);
-  void sendDense(int64_t iteration, const LayerBuffer& grad);
+  Round* findRoundLocked(int64_t iteration, bool create, const char* what);
+  void sendDense(int64_t iteration, const LayerBuffer& grad, const std::vector<int>& pairs);
   void sendFactors(int64_t iteration, Scheme scheme, const float* u, const float* v, int64_t rows);
-  // Called with mutex_ held; schedules reconstruction once every worker's
-  // factors are in and the round is submitted.
-  void maybeReconstructLocked(int64_t iteration, Round& round);
-  void reconstruct(int64_t iteration, Round round);
+  // With mutex_ held: finishes a PS/Adam round whose pairs are all in (returns
+  // true: call layerDone after unlocking), or schedules an SFB reconstruction.
+  bool maybeFinishLocked(int64_t iteration, Round& round);
+  void reconstruct(int64_t iteration, Round round, std::vector<bool> set);
   void traceSent(int64_t iteration, int64_t startUs, const char* scheme);
+  bool factorSetReadyLocked(const Round& r, std::vector<bool>* set) const;
+  int me() const { return host_.book().workerIndex(host_.rank()); }
 
   SyncHost& host_;
   const int layer_;
   const LayerSpec& spec_;
   const std::vector<KvPair>& pairs_;
+  const bool straggler_;
   mutable std::mutex mutex_;
-  std::map<int64_t, Round> rounds_;  // guarded by mutex_
-  FactorScratch scratch_;            // used by one reconstruction at a time (rounds finish in order)
+  std::map<int64_t, Round> rounds_;        // guarded by mutex_
+  std::set<int64_t> finished_;             // recent completed iterations; guarded by mutex_
+  std::map<int64_t, std::vector<std::vector<bool>>> contributors_;  // recent rounds; guarded by mutex_
+  int64_t dropped_ = 0;                    // guarded by mutex_
+  FactorScratch scratch_;                  // used by one reconstruction at a time
   std::mutex scratchMutex_;
 };
 

@@ -22,7 +22,8 @@ Role parseRole(const std::string& text) {
 
 std::string JobSettings::describe() const {
   return strCat("batch=", batch, " pair-bytes=", pairBytes, " start-iteration=", startIteration,
-                " scheme=", schemePolicyName(policy));
+                " scheme=", schemePolicyName(policy), " drop-stragglers=", dropStragglers,
+                " straggler-timeout=", stragglerTimeoutMs, "ms");
 }
 
 InformationBook::InformationBook(uint64_t jobId, std::vector<NodeInfo> nodes, ModelDesc model, JobSettings settings)
@@ -48,6 +49,14 @@ void InformationBook::derive() {
   }
   if (workers_.empty()) throw InvalidArgument("the job has no worker ranks (every rank is --role server)");
   if (servers_.empty()) throw InvalidArgument("the job has no server ranks (every rank is --role worker)");
+  if (settings_.stragglerMode()) {
+    if (settings_.dropStragglers >= static_cast<int>(workers_.size())) {
+      throw InvalidArgument(strCat("--drop-stragglers ", settings_.dropStragglers, " must be less than the ",
+                                   workers_.size(), " workers"));
+    }
+    if (settings_.stragglerTimeoutMs <= 0) throw InvalidArgument("straggler dropping needs a positive --straggler-timeout");
+    if (settings_.policy == SchemePolicy::kAdam) throw InvalidArgument("straggler dropping does not apply to the adam baseline");
+  }
   layout_ = KvLayout(model_, static_cast<int>(servers_.size()), settings_.pairBytes);
 }
 
@@ -144,6 +153,8 @@ void writeSettings(ByteWriter& w, const JobSettings& s) {
   w.i64(s.pairBytes);
   w.i64(s.startIteration);
   w.u8(static_cast<uint8_t>(s.policy));
+  w.u32(static_cast<uint32_t>(s.dropStragglers));
+  w.i64(s.stragglerTimeoutMs);
 }
 
 JobSettings readSettings(ByteReader& r) {
@@ -154,6 +165,11 @@ JobSettings readSettings(ByteReader& r) {
   uint8_t p = r.u8();
   if (s.batch < 1 || s.pairBytes < 4 || p > 3) throw ProtocolError("job settings out of range");
   s.policy = static_cast<SchemePolicy>(p);
+  s.dropStragglers = static_cast<int>(r.u32());
+  s.stragglerTimeoutMs = r.i64();
+  if (s.dropStragglers < 0 || s.dropStragglers > (1 << 16) || s.stragglerTimeoutMs < 0) {
+    throw ProtocolError("straggler settings out of range");
+  }
   return s;
 }
 

@@ -36,8 +36,15 @@ struct JobSettings {
   int64_t pairBytes = kDefaultPairBytes;
   int64_t startIteration = 0;
   SchemePolicy policy = SchemePolicy::kAuto;
+  // Straggler dropping (paper section 4.1; off when 0): a KV pair or SFB
+  // round that has waited stragglerTimeoutMs after its first P1 - D
+  // contributions proceeds with those it has.
+  int dropStragglers = 0;
+  int64_t stragglerTimeoutMs = 0;
+  bool stragglerMode() const { return dropStragglers > 0; }
   bool operator==(const JobSettings& o) const {
-    return batch == o.batch && pairBytes == o.pairBytes && startIteration == o.startIteration && policy == o.policy;
+    return batch == o.batch && pairBytes == o.pairBytes && startIteration == o.startIteration && policy == o.policy &&
+           dropStragglers == o.dropStragglers && stragglerTimeoutMs == o.stragglerTimeoutMs;
   }
   std::string describe() const;
 };

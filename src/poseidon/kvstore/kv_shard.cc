@@ -17,6 +17,7 @@ KvShard::KvShard(const InformationBook& book, int shard) : book_(book), shard_(s
       pairs_.emplace(key(p.layer, p.index), std::move(st));
     }
   }
+  dropped_.assign(book.numWorkers(), 0);
 }
 
 int64_t KvShard::bytesOwned() const {
@@ -25,8 +26,19 @@ int64_t KvShard::bytesOwned() const {
   return b;
 }
 
+namespace {
+void addInto(std::vector<float>& sum, bool& started, std::vector<float>&& values) {
+  if (!started) {
+    sum = std::move(values);
+    started = true;
+    return;
+  }
+  for (size_t i = 0; i < sum.size(); ++i) sum[i] += values[i];
+}
+}  // namespace
+
 std::optional<KvShard::Completed> KvShard::push(int senderRank, int layer, int pair, int64_t iteration,
-                                                const uint8_t* data, size_t bytes) {
+                                                const uint8_t* data, size_t bytes, Clock::time_point now) {
   int worker = book_.workerIndex(senderRank);
   if (worker < 0) throw ProtocolError(strCat("push from rank ", senderRank, ", which is not a worker"));
   auto it = pairs_.find(key(layer, pair));
@@ -38,6 +50,11 @@ std::optional<KvShard::Completed> KvShard::push(int senderRank, int layer, int p
   if (bytes != static_cast<size_t>(length) * sizeof(float)) {
     throw ProtocolError(strCat("push for layer ", layer, " pair ", pair, " has ", bytes, " bytes, expected ",
                                length * sizeof(float)));
+  }
+  const JobSettings& settings = book_.settings();
+  if (iteration <= st.completed && settings.stragglerMode() && iteration >= settings.startIteration) {
+    ++dropped_[worker];  // a straggler's late contribution: discarded, never mixed into a later round
+    return std::nullopt;
   }
   if (iteration <= st.completed || iteration > st.completed + kMaxAhead) {
     throw ProtocolError(strCat("push for layer ", layer, " pair ", pair, " iteration ", iteration,
@@ -58,50 +75,63 @@ std::optional<KvShard::Completed> KvShard::push(int senderRank, int layer, int p
   if (worker != round.next) {
     round.early.emplace(worker, std::move(values));
   } else {
-    if (round.next == 0) {
-      round.sum = std::move(values);
-    } else {
-      for (int64_t i = 0; i < length; ++i) round.sum[i] += values[i];
-    }
+    addInto(round.sum, round.started, std::move(values));
     ++round.next;
     // Add early arrivals that are now in order.
     for (auto e = round.early.find(round.next); e != round.early.end(); e = round.early.find(round.next)) {
-      if (round.next == 0) {
-        round.sum = std::move(e->second);
-      } else {
-        for (int64_t i = 0; i < length; ++i) round.sum[i] += e->second[i];
-      }
+      addInto(round.sum, round.started, std::move(e->second));
       round.early.erase(e);
       ++round.next;
     }
   }
-  if (round.count < workers) return std::nullopt;
-  // Complete rounds finish in iteration order: BSP workers cannot complete
-  // t + 1 here before t, because each pushes t + 1 only after it has received
-  // every aggregate of t.
+  if (round.count >= workers) return finish(st, iteration);
+  if (settings.stragglerMode() && !round.deadline && round.count >= workers - settings.dropStragglers) {
+    round.deadline = now + std::chrono::milliseconds(settings.stragglerTimeoutMs);
+  }
+  return std::nullopt;
+}
+
+KvShard::Completed KvShard::finish(PairState& st, int64_t iteration) {
+  Round& round = st.rounds.at(iteration);
+  // Contributions still waiting for a missing predecessor: add them in
+  // worker order now (the missing ones are the stragglers).
+  for (auto& [w, values] : round.early) addInto(round.sum, round.started, std::move(values));
   Completed done;
-  done.layer = layer;
-  done.pair = pair;
+  done.layer = st.pair->layer;
+  done.pair = st.pair->index;
   done.iteration = iteration;
   done.sum = std::move(round.sum);
+  done.contributors = round.got;
   st.rounds.erase(iteration);
+  // Rounds complete in iteration order: under BSP no worker pushes t + 1
+  // before it has every aggregate of t.
   if (iteration > st.completed) st.completed = iteration;
   return done;
+}
+
+std::vector<KvShard::Completed> KvShard::expire(Clock::time_point now) {
+  std::vector<Completed> out;
+  if (!book_.settings().stragglerMode()) return out;
+  for (auto& [k, st] : pairs_) {
+    for (auto r = st.rounds.begin(); r != st.rounds.end();) {
+      int64_t iteration = r->first;
+      bool due = r->second.deadline && *r->second.deadline <= now;
+      ++r;  // finish() erases the round
+      if (due) out.push_back(finish(st, iteration));
+    }
+  }
+  return out;
 }
 
 std::vector<std::string> KvShard::openRounds() const {
   std::vector<std::string> out;
   for (const auto& [k, st] : pairs_) {
     for (const auto& [it, round] : st.rounds) {
-      std::vector<int> missing;
+      std::string missing;
       for (size_t w = 0; w < round.got.size(); ++w)
-        if (!round.got[w]) missing.push_back(book_.workerRanks()[w]);
+        if (!round.got[w]) missing += (missing.empty() ? "" : ",") + std::to_string(book_.workerRanks()[w]);
       out.push_back(strCat("layer ", st.pair->layer, " pair ", st.pair->index, " iteration ", it, " waits for ranks ",
-                           [&] {
-                             std::string s;
-                             for (int r : missing) s += (s.empty() ? "" : ",") + std::to_string(r);
-                             return s;
-                           }()));
+                           missing));
     }
   }
   return out;

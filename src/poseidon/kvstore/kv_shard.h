@@ -4,7 +4,7 @@
 // Per pair and per iteration it keeps a round: the contributions pushed by the
 // workers and a counter. When the counter reaches P1 the round is complete
 // and the shard returns the sum, which the node sends back to every worker
-// (each divides by P1 for the mean the framework expects).
+// (each divides by the number of contributions for the mean).
 //
 // Summation order is fixed: contributions are added in worker-index order
 // (early arrivals wait in a side buffer), so the aggregate is bit-identical
@@ -12,13 +12,22 @@
 //
 // Pushes for a future iteration (a fast worker already in t+1 while this
 // pair's round t is still open) open their own round; they are never mixed
-// into round t. Pushes for an iteration that is already complete, too far in
-// the future, for a pair this shard does not own, with the wrong length, or
-// duplicated, are rejected with ProtocolError and change nothing.
+// into round t. Pushes for a pair this shard does not own, with the wrong
+// length, too far in the future, or duplicated, are rejected with
+// ProtocolError and change nothing.
+//
+// Straggler mode (JobSettings::dropStragglers = D > 0): once a round has
+// P1 - D contributions it waits at most stragglerTimeoutMs for the rest, then
+// expire() completes it with what it has (the result carries the contributor
+// set; workers divide by its size, an unbiased mean of what was received).
+// A push for a round that already completed is a straggler's late
+// contribution: discarded and counted per sender, never mixed into a later
+// round. Without straggler mode such a push is a protocol error.
 //
 // Threads: owned by the node's receive loop; not thread-safe.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -32,6 +41,7 @@ class KvShard {
  public:
   // How many iterations ahead of the last completed round a push may be.
   static constexpr int64_t kMaxAhead = 2;
+  using Clock = std::chrono::steady_clock;
 
   KvShard(const InformationBook& book, int shard);
 
@@ -40,26 +50,33 @@ class KvShard {
     int pair = 0;
     int64_t iteration = 0;
     std::vector<float> sum;
+    std::vector<bool> contributors;  // by worker index
   };
 
   // Accepts one push (payload: the pair's floats, little-endian IEEE).
   // Returns the aggregate when this push completes the round.
   std::optional<Completed> push(int senderRank, int layer, int pair, int64_t iteration, const uint8_t* data,
-                                size_t bytes);
+                                size_t bytes, Clock::time_point now = Clock::now());
+  // Straggler mode: completes the rounds whose straggler deadline has passed.
+  std::vector<Completed> expire(Clock::time_point now);
 
   int shard() const { return shard_; }
   int64_t pairsOwned() const { return static_cast<int64_t>(pairs_.size()); }
   int64_t bytesOwned() const;
+  // Late contributions discarded so far, by worker index (straggler mode).
+  const std::vector<int64_t>& droppedBySender() const { return dropped_; }
   // Rounds still open (diagnostics).
   std::vector<std::string> openRounds() const;
 
  private:
   struct Round {
     std::vector<float> sum;
-    int next = 0;  // next worker index to add
+    bool started = false;  // sum holds at least one contribution
+    int next = 0;          // next worker index to add in order
     std::map<int, std::vector<float>> early;
     std::vector<bool> got;
     int count = 0;
+    std::optional<Clock::time_point> deadline;
   };
   struct PairState {
     const KvPair* pair = nullptr;
@@ -67,10 +84,12 @@ class KvShard {
     std::map<int64_t, Round> rounds;
   };
   static uint64_t key(int layer, int pair) { return (static_cast<uint64_t>(layer) << 32) | static_cast<uint32_t>(pair); }
+  Completed finish(PairState& st, int64_t iteration);
 
   const InformationBook& book_;
   int shard_;
   std::map<uint64_t, PairState> pairs_;
+  std::vector<int64_t> dropped_;
 };
 
 }  // namespace poseidon

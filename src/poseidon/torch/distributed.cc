@@ -119,7 +119,28 @@ void DistributedModel::beginIteration() {
     l.v = torch::Tensor();
   }
   inIteration_ = true;
+  forwarded_ = false;
   lastReadyUs_ = 0;
+}
+
+bool DistributedModel::skipIfBehind(torch::optim::Optimizer& optimizer) {
+  if (solo_ || !node_->book().settings().stragglerMode()) return false;
+  if (!inIteration_) beginIteration();
+  if (!node_->alreadyComplete()) return false;
+  std::vector<LayerBuffer> outputs;
+  for (auto& layer : layers_) {
+    std::vector<FloatSpan> spans;
+    for (auto& p : layer.params) {
+      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+      spans.push_back({p.grad().data_ptr<float>(), p.grad().numel()});
+    }
+    outputs.emplace_back(spans);
+  }
+  node_->skipIteration(outputs);
+  node_->waitIteration();
+  inIteration_ = false;
+  optimizer.step();
+  return true;
 }
 
 torch::Tensor DistributedModel::forward(torch::Tensor x) {
@@ -130,12 +151,13 @@ torch::Tensor DistributedModel::forward(torch::Tensor x) {
 torch::Tensor DistributedModel::forwardWith(const std::function<torch::Tensor()>& run) {
   bool training = module_->is_training() && torch::GradMode::is_enabled();
   if (!training || solo_) return run();
-  if (inIteration_) {
+  if (inIteration_ && forwarded_) {
     throw InvalidArgument("forward() twice before step(): Poseidon synchronizes one forward/backward per step");
   }
   node_->checkError();
   int64_t t0 = tracer_ ? Tracer::nowMicros() : 0;
-  beginIteration();
+  if (!inIteration_) beginIteration();
+  forwarded_ = true;
   torch::Tensor out = run();
   if (options_.captureFactors) instrument(out);
   if (tracer_) tracer_->span("forward", "compute", 0, t0, Tracer::nowMicros(), iteration_);

@@ -87,6 +87,12 @@ class DistributedModel {
   void synchronize();
   void step(torch::optim::Optimizer& optimizer);
 
+  // Straggler dropping (settings.dropStragglers > 0): call before each
+  // step's forward. When the others already finished this iteration without
+  // this worker, it takes their result, runs optimizer.step() and returns
+  // true; the caller skips the step's forward and backward. Otherwise false.
+  bool skipIfBehind(torch::optim::Optimizer& optimizer);
+
   // Final barrier; servers stay until every rank is done.
   void finish();
 
@@ -122,6 +128,7 @@ class DistributedModel {
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // kept alive: hooks live on them
   bool solo_ = false;
   bool inIteration_ = false;
+  bool forwarded_ = false;  // the current iteration's forward has run
   int64_t iteration_ = -1;
   int64_t lastReadyUs_ = 0;
   std::vector<Scheme> lastSchemes_;

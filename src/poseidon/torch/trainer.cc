@@ -162,6 +162,8 @@ int trainRank(const TrainOptions& o, const RankEnv& env) {
     d.node.settings.startIteration = startIteration;
     d.node.tracer = tracer.get();
     d.node.secret = o.secret;
+    d.node.settings.dropStragglers = o.dropStragglers;
+    d.node.settings.stragglerTimeoutMs = o.stragglerTimeoutMs;
     d.overlap = o.overlap;
     dist = std::make_unique<DistributedModel>(net.module, net.name, d, net.forward);
   }
@@ -223,16 +225,25 @@ int trainRank(const TrainOptions& o, const RankEnv& env) {
         raise(o.faultSignal);
       }
       size_t b = static_cast<size_t>(s * o.batch), e = std::min(idx.size(), b + static_cast<size_t>(o.batch));
-      torch::Tensor x = batchImages(train, idx, b, e), y = batchLabels(train, idx, b, e);
       optimizer.zero_grad();
-      torch::Tensor out = dist ? dist->forward(x) : net.forward(x);
-      torch::Tensor loss = torch::nll_loss(torch::log_softmax(out, 1), y);
-      loss.backward();
-      if (dist) dist->step(optimizer);
-      else optimizer.step();
-      lossSum += loss.item<double>();
-      ++lossCount;
-      epochImages += static_cast<int64_t>(e - b) * world;
+      if (dist && dist->skipIfBehind(optimizer)) {
+        // A straggler: the others finished this iteration without us.
+        epochImages += static_cast<int64_t>(e - b) * world;
+      } else {
+        auto stepStart = Clock::now();
+        torch::Tensor x = batchImages(train, idx, b, e), y = batchLabels(train, idx, b, e);
+        torch::Tensor out = dist ? dist->forward(x) : net.forward(x);
+        torch::Tensor loss = torch::nll_loss(torch::log_softmax(out, 1), y);
+        loss.backward();
+        if (rank == o.slowRank && o.slowFactor > 1) {
+          std::this_thread::sleep_for(std::chrono::duration<double>(secondsSince(stepStart) * (o.slowFactor - 1)));
+        }
+        if (dist) dist->step(optimizer);
+        else optimizer.step();
+        lossSum += loss.item<double>();
+        ++lossCount;
+        epochImages += static_cast<int64_t>(e - b) * world;
+      }
       ++steps;
       ++iteration;
       if (o.checkpointEvery > 0 && iteration % o.checkpointEvery == 0) checkpoint(iteration);
@@ -268,6 +279,24 @@ int trainRank(const TrainOptions& o, const RankEnv& env) {
 
   // Traffic over all ranks, against Table 1's prediction.
   double psBytes = 0, sfbBytes = 0, predictedPs = 0, predictedSfb = 0;
+  std::vector<double> dropped(world, 0.0), skipped(world, 0.0);
+  if (dist && o.dropStragglers > 0) {
+    std::vector<double> mine(2 * world, 0.0);
+    mine[rank] = static_cast<double>(dist->node().droppedContributions());
+    mine[world + rank] = static_cast<double>(dist->node().skippedIterations());
+    auto all = allSum(dist->node(), mine);
+    for (int r = 0; r < world; ++r) {
+      dropped[r] = all[r];
+      skipped[r] = all[world + r];
+    }
+    if (lead) {
+      std::printf("straggler dropping: dropped layer contributions per rank [");
+      for (int r = 0; r < world; ++r) std::printf("%s%.0f", r ? ", " : "", dropped[r]);
+      std::printf("], skipped iterations per rank [");
+      for (int r = 0; r < world; ++r) std::printf("%s%.0f", r ? ", " : "", skipped[r]);
+      std::printf("]\n");
+    }
+  }
   if (dist) {
     Node& node = dist->node();
     TrafficTotals ps = node.counters().total(TrafficKind::kPS), sfb = node.counters().total(TrafficKind::kSFB);
@@ -323,6 +352,9 @@ int trainRank(const TrainOptions& o, const RankEnv& env) {
                            {"overlap", o.overlap},
                            {"plain", o.plain},
                            {"bytes_sent_by_scheme", {{"ps", psBytes}, {"sfb", sfbBytes}}},
+                           {"drop_stragglers", o.dropStragglers},
+                           {"dropped_contributions_per_rank", dropped},
+                           {"skipped_iterations_per_rank", skipped},
                            {"predicted_bytes_by_scheme", {{"ps", predictedPs}, {"sfb", predictedSfb}}},
                            {"layers", layers}};
     std::string tmp = o.summaryPath + ".tmp";

@@ -36,6 +36,12 @@ struct TrainOptions {
   int faultRank = -1;
   int64_t faultStep = -1;
   int faultSignal = 9;
+  // Straggler dropping (--drop-stragglers D --straggler-timeout MS).
+  int dropStragglers = 0;
+  int64_t stragglerTimeoutMs = 0;
+  // Test hook (POSEIDON_SLOW=RANK:FACTOR): that rank's steps take FACTOR times longer.
+  int slowRank = -1;
+  double slowFactor = 1;
   int threads = 0;             // LibTorch intra-op threads per worker (0: cores / local workers)
   int syncThreads = 2;         // Poseidon thread pool per worker
   int timeoutMs = 30000;

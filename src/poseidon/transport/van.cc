@@ -94,7 +94,9 @@ TrafficKind Van::kindOf(MsgType type) {
   switch (type) {
     case MsgType::kPsPush:
     case MsgType::kPsAggregate: return TrafficKind::kPS;
-    case MsgType::kSfbFactors: return TrafficKind::kSFB;
+    case MsgType::kSfbFactors:
+    case MsgType::kSfbNotice:
+    case MsgType::kSfbDecision: return TrafficKind::kSFB;
     case MsgType::kAdamFactors:
     case MsgType::kAdamAggregate: return TrafficKind::kAdam;
     default: return TrafficKind::kControl;

@@ -15,6 +15,8 @@ const char* msgTypeName(MsgType t) {
     case MsgType::kSfbFactors: return "sfb-factors";
     case MsgType::kAdamFactors: return "adam-factors";
     case MsgType::kAdamAggregate: return "adam-aggregate";
+    case MsgType::kSfbNotice: return "sfb-notice";
+    case MsgType::kSfbDecision: return "sfb-decision";
     case MsgType::kBroadcast: return "broadcast";
     case MsgType::kBarrier: return "barrier";
     case MsgType::kHeartbeat: return "heartbeat";
@@ -34,6 +36,8 @@ bool isKnownMsgType(uint16_t t) {
     case MsgType::kSfbFactors:
     case MsgType::kAdamFactors:
     case MsgType::kAdamAggregate:
+    case MsgType::kSfbNotice:
+    case MsgType::kSfbDecision:
     case MsgType::kBroadcast:
     case MsgType::kBarrier:
     case MsgType::kHeartbeat:

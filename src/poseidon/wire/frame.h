@@ -46,6 +46,9 @@ enum class MsgType : uint16_t {
   // Project Adam's scheme (benchmark baseline only)
   kAdamFactors = 21,    // worker -> the layer's one server: U then V
   kAdamAggregate = 22,  // that server -> worker: one KV pair of the summed full matrix
+  // straggler mode: agreeing on an SFB round's contributors
+  kSfbNotice = 23,    // worker -> the layer's keeper: my factors are out
+  kSfbDecision = 24,  // keeper -> every worker: the contributor mask
   // collectives and control (data endpoint)
   kBroadcast = 30,  // root -> all: chunk of a broadcast buffer
   kBarrier = 31,    // all -> all: reached a named barrier

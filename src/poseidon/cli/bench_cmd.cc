@@ -129,6 +129,8 @@ struct Run {
   double speedup = 0;          // over the same system on one node
   double idealSeconds = 0;
   std::vector<double> txPerIter, rxPerIter;  // bytes per node per iteration (interface counters)
+  int attempts = 1;
+  std::vector<std::string> earlierErrors;     // failed attempts before this result
   nlohmann::json toJson() const {
     return {{"model", model},          {"system", system},       {"nodes", nodes},
             {"link_mbit", mbit},       {"latency_ms", latencyMs}, {"ok", ok},
@@ -136,14 +138,15 @@ struct Run {
             {"images_per_sec", imagesPerSec}, {"speedup", speedup},
             {"ideal_seconds", idealSeconds},
             {"measured_over_ideal", idealSeconds > 0 ? iterSeconds / idealSeconds : 0.0},
-            {"tx_bytes_per_iteration", txPerIter}, {"rx_bytes_per_iteration", rxPerIter}};
+            {"tx_bytes_per_iteration", txPerIter}, {"rx_bytes_per_iteration", rxPerIter},
+            {"attempts", attempts},     {"earlier_errors", earlierErrors}};
   }
 };
 
 struct Harness {
   std::string exe, ddpScript, work;
   double scale = 0.1;
-  int iterations = 8, warmup = 3, timeoutS = 300;
+  int iterations = 8, warmup = 3, timeoutS = 300, retries = 1;
   EmulatedCluster* cluster = nullptr;
   std::map<std::string, EmulatedModel> models;
   std::map<std::string, std::string> modelJson;  // model -> path
@@ -176,7 +179,21 @@ struct Harness {
     return std::max(m.computeSeconds(), comm);
   }
 
+  // A run that fails (PyTorch's Gloo occasionally hangs) is tried again, up
+  // to `retries` times; the result records every earlier error.
   Run run(const std::string& modelName, const std::string& system, int nodes) {
+    std::vector<std::string> errors;
+    for (int attempt = 1;; ++attempt) {
+      Run r = runOnce(modelName, system, nodes);
+      r.attempts = attempt;
+      r.earlierErrors = errors;
+      if (r.ok || attempt > retries) return r;
+      errors.push_back(r.error);
+      if (verbose) std::printf("  retrying %s on %d nodes (attempt %d failed: %s)\n", system.c_str(), nodes, attempt, r.error.c_str());
+    }
+  }
+
+  Run runOnce(const std::string& modelName, const std::string& system, int nodes) {
     const EmulatedModel& m = model(modelName);
     Run r;
     r.model = modelName;
@@ -426,7 +443,7 @@ int benchCommand(const std::vector<std::string>& args, const std::string&) {
   std::string nodesFlag = "1,2,4,8", ratesFlag = "1000,300,100,30";
   std::string jsonPath, mdPath, plotDir, ddpScript, bisectSystems;
   double scale = 0.1, latencyMs = 0;
-  int iterations = 8, warmup = 3, timeoutS = 300;
+  int iterations = 8, warmup = 3, timeoutS = 150;
   bool quick = false, keep = false;
   FlagSet flags("bench", "poseidon bench [--quick] [--models LIST] [--systems LIST] [--nodes LIST] [--rates LIST] [flags]",
                 "Emulated-cluster benchmark (needs root): one network namespace per node, links shaped with tc tbf,\n"
@@ -446,6 +463,8 @@ int benchCommand(const std::vector<std::string>& args, const std::string&) {
   flags.addInt("iterations", &iterations, "measured iterations per run", "N");
   flags.addInt("warmup", &warmup, "warm-up iterations per run (not measured)", "N");
   flags.addInt("run-timeout", &timeoutS, "seconds before a run is declared failed", "S");
+  int retries = 1;
+  flags.addInt("retries", &retries, "times a failed run is tried again (recorded in the results)", "N");
   flags.addString("bisect", &bisectSystems,
                   "comma-separated systems: bisect the minimum link rate for 90% efficiency at the largest size "
                   "(first model)", "LIST");
@@ -499,6 +518,7 @@ int benchCommand(const std::vector<std::string>& args, const std::string&) {
   h.iterations = iterations;
   h.warmup = warmup;
   h.timeoutS = timeoutS;
+  h.retries = std::max(0, retries);
   bool anyDdp = std::any_of(systems.begin(), systems.end(), isDdp);
   if (anyDdp) {
     h.ddpScript = findDdpScript(ddpScript);

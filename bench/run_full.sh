@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The full benchmark sweep behind bench/results/ (about 80 minutes here; run as root).
+#   stage A: vgg19, every system, 1/2/4/8 nodes, 1000/300/100/30 Mbit/s, and the bisection of the
+#            minimum link rate for 90% efficiency at 8 nodes for poseidon and ddp;
+#   stage B: the other zoo models against DDP at 1 and 8 nodes, 300/100/30 Mbit/s.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=bench/results
+mkdir -p "$out/plots"
+bin=build/bin/poseidon
+a=(bench --models vgg19 --systems poseidon,ps-wfbp,ps-naive,adam,ddp,ddp-fp16,ddp-powersgd1,ddp-powersgd4
+   --nodes 1,2,4,8 --rates 1000,300,100,30 --bisect poseidon,ddp
+   --json "$out/vgg19.json" --markdown "$out/vgg19.md" --plots "$out/plots")
+b=(bench --models vgg19-22k,googlenet,resnet-152,alexnet --systems poseidon,ps-wfbp,ddp,ddp-fp16
+   --nodes 1,8 --rates 300,100,30
+   --json "$out/models.json" --markdown "$out/models.md" --plots "$out/plots")
+{
+  echo "# made by bench/run_full.sh on $(date -u +%Y-%m-%d) ($(nproc) cores, $(uname -r))"
+  echo "build/bin/poseidon ${a[*]}"
+  echo "build/bin/poseidon ${b[*]}"
+} > "$out/command.txt"
+"$bin" "${a[@]}" | tee "$out/vgg19.log"
+"$bin" "${b[@]}" | tee "$out/models.log"
+rm -f "$out"/plots/*.dat "$out"/plots/*.gp

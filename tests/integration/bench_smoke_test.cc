@@ -93,7 +93,8 @@ TEST(BenchSmoke, LeftoversOfADeadHarnessAreSwept) {
   std::string ns = "psd" + std::to_string(dead) + "n0";
   bench::run({"ip", "netns", "add", ns});
   ASSERT_EQ(namespacesOf(dead).size(), 1u);
-  EXPECT_GE(bench::EmulatedCluster::sweepLeftovers(), 1);
+  // (A harness running beside this test may sweep it first; either way it goes.)
+  bench::EmulatedCluster::sweepLeftovers();
   EXPECT_TRUE(namespacesOf(dead).empty());
 }
 

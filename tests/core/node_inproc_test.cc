@@ -57,7 +57,9 @@ void runAll(std::vector<std::unique_ptr<Node>>& nodes, int iterations, SchemePol
       } else {
         EXPECT_LT(c.maxRelError, 1e-5) << "layer " << l;
       }
-      if (policy == SchemePolicy::kPS) EXPECT_EQ(c.scheme, Scheme::kPS);
+      if (policy == SchemePolicy::kPS) {
+        EXPECT_EQ(c.scheme, Scheme::kPS);
+      }
     }
   }
 }

@@ -76,7 +76,9 @@ void expectCorrect(const Job& job, const std::map<std::string, std::string>& sch
     for (size_t l = 0; l < model.layers.size(); ++l) {
       const auto& L = rep["layers"][l];
       const std::string& name = model.layers[l].name;
-      if (schemes.count(name)) EXPECT_EQ(L["scheme"], schemes.at(name)) << name;
+      if (schemes.count(name)) {
+        EXPECT_EQ(L["scheme"], schemes.at(name)) << name;
+      }
       if (L["scheme"] == "ps") {
         // PS sums in a fixed worker order: bit-exact against the same float sum.
         EXPECT_TRUE(L["bit_exact"].get<bool>()) << "rank " << r << " layer " << name;
@@ -112,7 +114,9 @@ TEST(MultiProcess, FourRanksPsBytesMatchTable1) {
       double floats = (t["sent"].get<double>() + t["received"].get<double>()) / 4;
       total += floats;
       // "even" splits into 4 equal pairs, one per shard: every node moves the formula's amount.
-      if (name == "even") EXPECT_NEAR(floats / formula, 1.0, 0.05) << "rank " << r;
+      if (name == "even") {
+        EXPECT_NEAR(floats / formula, 1.0, 0.05) << "rank " << r;
+      }
     }
     // "huge" has a short last pair, so nodes differ; the mean node matches.
     EXPECT_NEAR(total / P / formula, 1.0, 0.05) << name << " measured " << total / P << " formula " << formula;
@@ -151,7 +155,9 @@ TEST(MultiProcess, SeparateServerRanks) {
     EXPECT_EQ(rep["workers"], 2);
     EXPECT_EQ(rep["servers"], 2);
     for (const auto& L : rep["layers"]) {
-      if (L["scheme"] == "ps") EXPECT_TRUE(L["bit_exact"].get<bool>());
+      if (L["scheme"] == "ps") {
+        EXPECT_TRUE(L["bit_exact"].get<bool>());
+      }
       EXPECT_LT(L["max_rel_error"].get<double>(), 1e-5);
     }
   }
@@ -200,18 +206,26 @@ std::string readFile(const std::string& path) {
   return ss.str();
 }
 
+// A rank's data endpoint and the job id, once it has joined (it writes them to a file).
+std::pair<std::string, uint64_t> waitForEndpoint(const Job& job, int rank) {
+  std::string path = job.dir + "/endpoint" + std::to_string(rank);
+  for (int i = 0; i < 500 && readFile(path).empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::istringstream in(readFile(path));
+  std::string endpoint;
+  uint64_t jobId = 0;
+  in >> endpoint >> jobId;
+  return {endpoint, jobId};
+}
+
 // Garbage on a server's data port: random frames, truncated and oversized
 // headers, unknown types and versions, frames for another job, and a raw
 // non-ZeroMQ TCP connection. The job keeps training and its results are
 // exact; every bad frame is counted and logged with the peer's address.
 TEST(MultiProcess, BadFramesAreRejectedAndChangeNothing) {
   Job job = startJob(4, 4, "slow-sync", "auto", 6, 20000);
-  std::string epFile = job.dir + "/endpoint1";
-  for (int i = 0; i < 500 && readFile(epFile).empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  std::istringstream ep(readFile(epFile));
-  std::string endpoint;
-  uint64_t jobId = 0;
-  ep >> endpoint >> jobId;
+  auto ep = waitForEndpoint(job, 1);
+  const std::string endpoint = ep.first;
+  const uint64_t jobId = ep.second;
   ASSERT_FALSE(endpoint.empty());
 
   zmq::context_t ctx(1);
@@ -358,12 +372,9 @@ namespace {
 // stay exact.
 TEST(JobSecret, OutsidersAreRefusedAndChangeNothing) {
   Job job = startJob(2, 2, "slow-sync", "ps", 6, 20000);
-  std::string epFile = job.dir + "/endpoint1";
-  for (int i = 0; i < 500 && readFile(epFile).empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  std::istringstream ep(readFile(epFile));
-  std::string endpoint;
-  uint64_t jobId = 0;
-  ep >> endpoint >> jobId;
+  auto ep = waitForEndpoint(job, 1);
+  const std::string endpoint = ep.first;
+  const uint64_t jobId = ep.second;
   ASSERT_FALSE(endpoint.empty());
   zmq::context_t ctx(1);
   zmq::socket_t plain(ctx, zmq::socket_type::dealer), wrong(ctx, zmq::socket_type::dealer),

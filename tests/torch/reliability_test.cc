@@ -8,7 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "../integration/process.h"
+#include "cli_helpers.h"
 #include "poseidon/launch/env.h"
 
 namespace poseidon {
@@ -17,23 +17,12 @@ namespace {
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
-struct TempDir {
-  std::string path = testing::makeTempDir("rel");
-  ~TempDir() { fs::remove_all(path); }
-};
+using testing::readBytes;
+using testing::TempDir;
 
 testing::Proc run(const std::vector<std::string>& args, const std::string& log, std::map<std::string, std::string> env = {},
                   int timeoutSeconds = 240) {
-  std::vector<std::string> argv{POSEIDON_CLI};
-  argv.insert(argv.end(), args.begin(), args.end());
-  std::vector<testing::Proc> procs{testing::spawn(argv, env, log)};
-  testing::waitAll(procs, std::chrono::seconds(timeoutSeconds));
-  return procs[0];
-}
-
-std::string readBytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return testing::runCli(args, log, env, timeoutSeconds);
 }
 
 // 4 workers x batch 16 over 1024 images: 16 iterations per epoch, so 20

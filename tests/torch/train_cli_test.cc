@@ -8,7 +8,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "../integration/process.h"
+#include "cli_helpers.h"
 #include "poseidon/launch/env.h"
 
 namespace poseidon {
@@ -17,26 +17,12 @@ namespace {
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
-struct TempDir {
-  std::string path = testing::makeTempDir("train");
-  ~TempDir() { fs::remove_all(path); }
-};
+using testing::readFloats;
+using testing::TempDir;
 
 testing::Proc run(const std::vector<std::string>& args, const std::string& log, int timeoutSeconds = 300,
                   std::map<std::string, std::string> env = {}) {
-  std::vector<std::string> argv{POSEIDON_CLI};
-  argv.insert(argv.end(), args.begin(), args.end());
-  std::vector<testing::Proc> procs{testing::spawn(argv, env, log)};
-  testing::waitAll(procs, std::chrono::seconds(timeoutSeconds));
-  return procs[0];
-}
-
-std::vector<float> readFloats(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  std::vector<float> v(bytes.size() / 4);
-  std::memcpy(v.data(), bytes.data(), v.size() * 4);
-  return v;
+  return testing::runCli(args, log, env, timeoutSeconds);
 }
 
 double maxRelativeDifference(const std::vector<float>& a, const std::vector<float>& b) {
@@ -76,8 +62,12 @@ TEST_P(Exactness, FourWorkersEqualOneProcessWithFourTimesTheBatch) {
     auto summary = nlohmann::json::parse(sf);
     std::set<std::string> used;
     for (const auto& l : summary["layers"]) used.insert(l["scheme"].get<std::string>());
-    if (scheme == "ps") EXPECT_EQ(used, std::set<std::string>{"ps"}) << model;
-    if (scheme == "sfb" || (scheme == "auto" && model == "mlp")) EXPECT_TRUE(used.count("sfb")) << model;
+    if (scheme == "ps") {
+      EXPECT_EQ(used, std::set<std::string>{"ps"}) << model;
+    }
+    if (scheme == "sfb" || (scheme == "auto" && model == "mlp")) {
+      EXPECT_TRUE(used.count("sfb")) << model;
+    }
   }
 }
 

@@ -42,6 +42,14 @@ Syncer::Round& Syncer::roundLocked(int64_t iteration) {
   return r;
 }
 
+Syncer::Round& Syncer::submitRoundLocked(int64_t iteration) {
+  auto twice = [&] { return InvalidArgument(strCat("layer '", spec_.name, "' submitted twice in iteration ", iteration)); };
+  if (finished_.count(iteration)) throw twice();
+  Round& r = roundLocked(iteration);
+  if (r.submitted || r.skipped) throw twice();
+  return r;
+}
+
 Syncer::Round* Syncer::findRoundLocked(int64_t iteration, bool create, const char* what) {
   if (finished_.count(iteration)) return nullptr;
   auto it = rounds_.find(iteration);
@@ -86,13 +94,7 @@ void Syncer::submitDense(int64_t iteration, LayerBuffer grad, std::shared_ptr<vo
   std::vector<int> toSend;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (finished_.count(iteration)) {
-      throw InvalidArgument(strCat("layer '", spec_.name, "' submitted twice in iteration ", iteration));
-    }
-    Round& r = roundLocked(iteration);
-    if (r.submitted || r.skipped) {
-      throw InvalidArgument(strCat("layer '", spec_.name, "' submitted twice in iteration ", iteration));
-    }
+    Round& r = submitRoundLocked(iteration);
     if (r.factorsSeen > 0 || r.decided) {
       host_.fail(strCat("layer '", spec_.name, "' iteration ", iteration,
                         ": this rank chose ps but another worker sent sfb factors (workers must use the same batch "
@@ -173,13 +175,7 @@ void Syncer::submitFactors(int64_t iteration, Scheme scheme, const float* u, con
   bool send = true;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (finished_.count(iteration)) {
-      throw InvalidArgument(strCat("layer '", spec_.name, "' submitted twice in iteration ", iteration));
-    }
-    Round& r = roundLocked(iteration);
-    if (r.submitted || r.skipped) {
-      throw InvalidArgument(strCat("layer '", spec_.name, "' submitted twice in iteration ", iteration));
-    }
+    Round& r = submitRoundLocked(iteration);
     bool mismatch = scheme == Scheme::kSFB ? r.aggregatesArrived : (r.factorsSeen > 0 || r.decided);
     if (mismatch) {
       host_.fail(strCat("layer '", spec_.name, "' iteration ", iteration, ": this rank chose ", schemeName(scheme),

@@ -129,6 +129,8 @@ class Syncer {
     int64_t sentAtUs = 0;  // for the receive span of the trace
   };
   Round& roundLocked(int64_t iteration);
+  // The round this worker submits to; throws if it already submitted it.
+  Round& submitRoundLocked(int64_t iteration);
   Round* findRoundLocked(int64_t iteration, bool create, const char* what);
   void sendDense(int64_t iteration, const LayerBuffer& grad, const std::vector<int>& pairs);
   void sendFactors(int64_t iteration, Scheme scheme, const float* u, const float* v, int64_t rows);

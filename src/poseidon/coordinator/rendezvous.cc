@@ -5,6 +5,7 @@
 
 #include "poseidon/common/error.h"
 #include "poseidon/common/log.h"
+#include "poseidon/transport/multipart.h"
 #include "poseidon/wire/frame.h"
 
 namespace poseidon {
@@ -137,14 +138,7 @@ void Coordinator::run() {
     }
     if (!(item.revents & ZMQ_POLLIN)) continue;
 
-    std::vector<zmq::message_t> parts;
-    for (;;) {
-      zmq::message_t m;
-      if (!s.recv(m, zmq::recv_flags::dontwait)) break;
-      bool more = m.more();
-      if (parts.size() < 4) parts.push_back(std::move(m));
-      if (!more) break;
-    }
+    std::vector<zmq::message_t> parts = recvMultipart(s, 4);
     if (parts.size() != 3) {
       POSEIDON_LOG(kWarning) << "coordinator: ignored malformed message with " << parts.size() << " frames";
       continue;
@@ -265,14 +259,7 @@ InformationBook joinJob(zmq::context_t& ctx, const RendezvousOptions& opts, cons
       throw IoError(strCat("poll failed: ", e.what()));
     }
     if (!(item.revents & ZMQ_POLLIN)) continue;
-    std::vector<zmq::message_t> parts;
-    for (;;) {
-      zmq::message_t m;
-      if (!s.recv(m, zmq::recv_flags::dontwait)) break;
-      bool more = m.more();
-      if (parts.size() < 3) parts.push_back(std::move(m));
-      if (!more) break;
-    }
+    std::vector<zmq::message_t> parts = recvMultipart(s, 3);
     FrameHeader rh;
     if (parts.size() != 2 || !decodeHeader(parts[0].data(), parts[0].size(), 256u << 20, &rh).empty() ||
         rh.payloadBytes != parts[1].size()) {

@@ -7,6 +7,7 @@
 
 #include "poseidon/common/error.h"
 #include "poseidon/common/log.h"
+#include "poseidon/transport/multipart.h"
 
 namespace poseidon {
 namespace {
@@ -136,14 +137,7 @@ void ZapAuthenticator::run() {
       return;  // the context is going away
     }
     if (!(item.revents & ZMQ_POLLIN)) continue;
-    std::vector<zmq::message_t> parts;
-    for (;;) {
-      zmq::message_t m;
-      if (!socket_.recv(m, zmq::recv_flags::dontwait)) break;
-      bool more = m.more();
-      if (parts.size() < 16) parts.push_back(std::move(m));
-      if (!more) break;
-    }
+    std::vector<zmq::message_t> parts = recvMultipart(socket_, 16);
     // version, request id, domain, address, identity, mechanism, credentials...
     bool ok = parts.size() >= 7 && parts[5].to_string() == "CURVE" && parts[6].to_string() == expected_;
     std::string address = parts.size() > 3 ? parts[3].to_string() : "?";

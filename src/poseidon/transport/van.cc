@@ -5,6 +5,7 @@
 
 #include "poseidon/common/error.h"
 #include "poseidon/common/log.h"
+#include "poseidon/transport/multipart.h"
 
 namespace poseidon {
 namespace {
@@ -140,34 +141,18 @@ void Van::send(int dest, FrameHeader header, const Part* partsBegin, size_t numP
 }
 
 bool Van::receiveFrom(zmq::socket_t& socket, bool loopback, Message* out) {
-  // Read every part of the multipart message first, so that a malformed one
-  // is consumed whole and the next message starts clean.
-  std::vector<zmq::message_t> parts;
+  // The whole multipart message, so that a malformed one is consumed whole.
+  std::vector<zmq::message_t> parts = recvMultipart(socket, 8);
+  if (parts.empty()) return false;
   std::string peer = loopback ? "loopback" : "?";
-  for (;;) {
-    zmq::message_t part;
-    auto ok = socket.recv(part, zmq::recv_flags::dontwait);
-    if (!ok) break;
-    // The identity frame is made up by the ROUTER; the peer's address is
-    // metadata of the frames that came over the wire.
-    if (!loopback && parts.size() == 1) {
-      try {
-        const char* addr = part.gets("Peer-Address");
-        if (addr) peer = addr;
-      } catch (const zmq::error_t&) {
-      }
-    }
-    bool more = part.more();
-    parts.push_back(std::move(part));
-    if (!more) break;
-    if (parts.size() > 8) {  // drain the rest without keeping it
-      zmq::message_t skip;
-      while (socket.recv(skip, zmq::recv_flags::dontwait) && skip.more()) {
-      }
-      break;
+  // The identity frame is made up by the ROUTER; the peer's address is
+  // metadata of the frames that came over the wire.
+  if (!loopback && parts.size() > 1) {
+    try {
+      if (const char* addr = parts[1].gets("Peer-Address")) peer = addr;
+    } catch (const zmq::error_t&) {
     }
   }
-  if (parts.empty()) return false;
   // ROUTER prepends the sender's identity frame.
   size_t first = loopback ? 0 : 1;
   std::string why;

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "expect_error.h"
 #include "poseidon/common/error.h"
 
 namespace poseidon {
@@ -122,21 +123,6 @@ void writeSplit(const TempDir& dir, const std::string& prefix, const Synthetic& 
     writeRaw(images, s.images);
     writeRaw(labels, s.labels);
   }
-}
-
-// Runs `fn`, expects InvalidArgument, and returns its message.
-template <typename Fn>
-std::string invalidArgumentMessage(Fn fn) {
-  try {
-    fn();
-  } catch (const InvalidArgument& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected InvalidArgument, got: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected InvalidArgument, nothing was thrown";
-  return "";
 }
 
 // ---- real data -------------------------------------------------------------

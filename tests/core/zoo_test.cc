@@ -11,6 +11,7 @@
 #include <set>
 #include <string>
 
+#include "expect_error.h"
 #include "poseidon/common/error.h"
 
 namespace poseidon {
@@ -34,19 +35,6 @@ const LayerSpec& layer(const ModelDesc& m, const std::string& name) {
   int i = m.find(name);
   if (i < 0) throw std::runtime_error("no layer " + name + " in " + m.name);
   return m.layers[i];
-}
-
-// The message of the InvalidArgument that `fn` throws ("" if it throws none,
-// which then fails the test).
-template <typename Fn>
-std::string invalidArgumentMessage(Fn fn) {
-  try {
-    fn();
-  } catch (const InvalidArgument& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected InvalidArgument";
-  return "";
 }
 
 // ---- zoo entries and parameter counts ---------------------------------------------

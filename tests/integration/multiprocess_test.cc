@@ -291,12 +291,6 @@ TEST(MultiProcess, BadFramesAreRejectedAndChangeNothing) {
   EXPECT_THAT(job.procs[1].stderrText(), HasSubstr("bad magic"));
 }
 
-}  // namespace
-}  // namespace poseidon
-
-namespace poseidon {
-namespace {
-
 // Fault injection: SIGKILL or SIGSTOP one rank in the middle of training
 // (mid-backward for a worker, mid-aggregation for a server shard) or during
 // rendezvous. Every other rank must stop with an error naming what was lost,
@@ -358,12 +352,6 @@ TEST(FaultInjection, CoordinatorStoppedDuringRendezvous) {
   Job job = startJob(4, 4, "paced", "auto", 10, 3000, {{3, {{"POSEIDON_TEST_START_DELAY_MS", "1500"}}}});
   expectSurvivorsFail(job, {0, SIGSTOP, 500}, "no answer from the coordinator");
 }
-
-}  // namespace
-}  // namespace poseidon
-
-namespace poseidon {
-namespace {
 
 // Outsiders: a ZeroMQ client without CURVE, one with CURVE but keys from the
 // wrong secret, and half-open raw TCP connections, all hammering a server
@@ -431,12 +419,6 @@ TEST(JobSecret, RankWithAnotherSecretCannotJoin) {
   EXPECT_THAT(job.procs[2].stderrText(), HasSubstr("with the same job secret?"));
   EXPECT_THAT(job.procs[0].stderrText(), HasSubstr("refused a connection on coordinator 127.0.0.1:"));
 }
-
-}  // namespace
-}  // namespace poseidon
-
-namespace poseidon {
-namespace {
 
 // One worker 5x slower on every step, D = 1, a 100 ms straggler timeout: the
 // others go at their own pace (5 layers x 20 ms + the wait), the slow one is

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The full benchmark sweep behind bench/results/ (about 80 minutes here; run as root).
+# The full benchmark sweep behind bench/results/ (about 95 minutes here; run as root).
 #   stage A: vgg19, every system, 1/2/4/8 nodes, 1000/300/100/30 Mbit/s, and the bisection of the
 #            minimum link rate for 90% efficiency at 8 nodes for poseidon and ddp;
-#   stage B: the other zoo models against DDP at 1 and 8 nodes, 300/100/30 Mbit/s.
+#   stage B: the other zoo models against DDP at 1 and 8 nodes, 300/100/30 Mbit/s;
+#   stage C: what the lossy DDP variants do to real training (bench/powersgd_loss.py, ~12 min).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=bench/results
@@ -18,7 +19,11 @@ b=(bench --models vgg19-22k,googlenet,resnet-152,alexnet --systems poseidon,ps-w
   echo "# made by bench/run_full.sh on $(date -u +%Y-%m-%d) ($(nproc) cores, $(uname -r))"
   echo "build/bin/poseidon ${a[*]}"
   echo "build/bin/poseidon ${b[*]}"
+  echo "/usr/bin/python3 bench/powersgd_loss.py"
+  echo "/usr/bin/python3 bench/powersgd_loss.py --lr 0.01 --json $out/powersgd_loss_lr0.01.json --markdown $out/powersgd_loss_lr0.01.md"
 } > "$out/command.txt"
 "$bin" "${a[@]}" | tee "$out/vgg19.log"
 "$bin" "${b[@]}" | tee "$out/models.log"
 rm -f "$out"/plots/*.dat "$out"/plots/*.gp
+/usr/bin/python3 bench/powersgd_loss.py
+/usr/bin/python3 bench/powersgd_loss.py --lr 0.01 --json "$out/powersgd_loss_lr0.01.json" --markdown "$out/powersgd_loss_lr0.01.md"

@@ -118,15 +118,20 @@ void Node::fail(const std::string& why) {
   cv_.notify_all();
   POSEIDON_LOG(kError) << why;
   // Tell the peers, so they stop at once with this reason instead of timing out.
+  sendToPeers(MsgType::kAbort, why.data(), why.size(), false);
+}
+
+void Node::sendToPeers(MsgType type, const void* data, size_t size, bool skipDeparted) {
   FrameHeader h;
-  h.type = MsgType::kAbort;
+  h.type = type;
   h.job = book_.jobId();
   h.iteration = iteration_.load();
   for (int r = 0; r < book_.worldSize(); ++r) {
-    if (r == rank()) continue;
+    if (r == rank() || (skipDeparted && departed_[r])) continue;
     try {
-      van_->send(r, h, why.data(), why.size());
+      van_->send(r, h, data, size);
     } catch (const Error&) {
+      // Best effort: a peer that cannot be reached is noticed by its own silence.
     }
   }
 }
@@ -150,17 +155,7 @@ void Node::heartbeatAndCheckPeers() {
   auto now = std::chrono::steady_clock::now();
   if (now >= nextHeartbeat_) {
     nextHeartbeat_ = now + heartbeat_;
-    FrameHeader h;
-    h.type = MsgType::kHeartbeat;
-    h.job = book_.jobId();
-    h.iteration = iteration_.load();
-    for (int r = 0; r < book_.worldSize(); ++r) {
-      if (r == rank() || departed_[r]) continue;
-      try {
-        van_->send(r, h, static_cast<const void*>(nullptr), size_t{0});
-      } catch (const Error&) {
-      }
-    }
+    sendToPeers(MsgType::kHeartbeat, nullptr, 0, true);
   }
   for (int r = 0; r < book_.worldSize(); ++r) {
     if (r == rank() || departed_[r]) continue;
@@ -434,7 +429,7 @@ void Node::layerDone(int layer, int64_t iteration) {
 
 // The barrier allows two heartbeat periods more than the liveness timeout: when
 // a peer dies, the liveness check names it before the barrier times out.
-void Node::waitIteration() { waitIteration(options_.timeout + 2 * heartbeat_); }
+void Node::waitIteration() { waitIteration(waitTimeout()); }
 
 void Node::waitIteration(std::chrono::milliseconds timeout) {
   std::vector<int> pending;
@@ -463,7 +458,7 @@ void Node::waitIteration(std::chrono::milliseconds timeout) {
 std::vector<Message> Node::takeMail(MsgType type, uint32_t seq, size_t count, const char* what) {
   std::unique_lock<std::mutex> lock(mutex_);
   auto key = std::make_pair(static_cast<uint16_t>(type), seq);
-  bool ok = cv_.wait_for(lock, options_.timeout + 2 * heartbeat_,
+  bool ok = cv_.wait_for(lock, waitTimeout(),
                          [&] { return !error_.empty() || mail_[key].size() >= count; });
   if (!error_.empty()) throwError();
   if (!ok) {
@@ -472,7 +467,7 @@ std::vector<Message> Node::takeMail(MsgType type, uint32_t seq, size_t count, co
     std::vector<int> missing;
     for (int r = 0; r < book_.worldSize(); ++r)
       if (!seen[r] && r != rank()) missing.push_back(r);
-    std::string why = strCat("rank ", rank(), ": timed out after ", (options_.timeout + 2 * heartbeat_).count() / 1000.0, " s in ", what,
+    std::string why = strCat("rank ", rank(), ": timed out after ", waitTimeout().count() / 1000.0, " s in ", what,
                              " waiting for rank(s) ", formatRanks(missing));
     lock.unlock();
     fail(why);
@@ -550,17 +545,7 @@ void Node::finish() {
   barrier();
   finished_ = true;
   // Say bye, so that peers still finishing do not take our silence for a failure.
-  FrameHeader h;
-  h.type = MsgType::kBye;
-  h.job = book_.jobId();
-  h.iteration = iteration_.load();
-  for (int r = 0; r < book_.worldSize(); ++r) {
-    if (r == rank()) continue;
-    try {
-      van_->send(r, h, static_cast<const void*>(nullptr), size_t{0});
-    } catch (const Error&) {
-    }
-  }
+  sendToPeers(MsgType::kBye, nullptr, 0, false);
   stopLoop_ = true;
   if (loop_.joinable()) loop_.join();
   pool_.reset();

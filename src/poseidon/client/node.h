@@ -144,6 +144,12 @@ class Node : private SyncHost {
   void schedule(std::function<void()> task) override;
   void layerDone(int layer, int64_t iteration) override;
   void fail(const std::string& why) override;
+  // One header-only-or-small message to every other rank, best effort (errors ignored).
+  // skipDeparted reads departed_, so only the receive loop may pass true.
+  void sendToPeers(MsgType type, const void* data, size_t size, bool skipDeparted);
+  // How long a wait on peers may last: the liveness timeout plus two heartbeats, so that a
+  // lost peer is reported by the heartbeat check (naming it) before a wait gives up.
+  std::chrono::milliseconds waitTimeout() const { return options_.timeout + 2 * heartbeat_; }
   int64_t currentIteration() const override { return iteration_.load(); }
   Tracer* tracer() const override { return options_.tracer; }
 

@@ -44,14 +44,14 @@ Syncer::Round& Syncer::roundLocked(int64_t iteration) {
 
 Syncer::Round& Syncer::submitRoundLocked(int64_t iteration) {
   auto twice = [&] { return InvalidArgument(strCat("layer '", spec_.name, "' submitted twice in iteration ", iteration)); };
-  if (finished_.count(iteration)) throw twice();
+  if (contributors_.count(iteration)) throw twice();
   Round& r = roundLocked(iteration);
   if (r.submitted || r.skipped) throw twice();
   return r;
 }
 
 Syncer::Round* Syncer::findRoundLocked(int64_t iteration, bool create, const char* what) {
-  if (finished_.count(iteration)) return nullptr;
+  if (contributors_.count(iteration)) return nullptr;
   auto it = rounds_.find(iteration);
   if (it != rounds_.end()) return &it->second;
   if (!create) return nullptr;
@@ -107,17 +107,7 @@ void Syncer::submitDense(int64_t iteration, LayerBuffer grad, std::shared_ptr<vo
     r.keepAlive = keepAlive;
     // Results that came before us (straggler mode) go in now; we send only
     // the pairs whose rounds are still open.
-    for (size_t i = 0; i < pairs_.size(); ++i) {
-      if (!r.pairSeen[i]) {
-        toSend.push_back(static_cast<int>(i));
-        continue;
-      }
-      const KvPair& p = pairs_[i];
-      grad.forEach(p.offset, p.length, [&](float* dst, int64_t n, int64_t off) {
-        std::memcpy(dst, r.early[i].data() + off, static_cast<size_t>(n) * sizeof(float));
-      });
-      std::vector<float>().swap(r.early[i]);
-    }
+    applyEarlyLocked(r, grad, &toSend);
     done = maybeFinishLocked(iteration, r);
   }
   if (done) {
@@ -129,6 +119,20 @@ void Syncer::submitDense(int64_t iteration, LayerBuffer grad, std::shared_ptr<vo
   }
 }
 
+void Syncer::applyEarlyLocked(Round& r, const LayerBuffer& out, std::vector<int>* open) {
+  for (size_t i = 0; i < pairs_.size(); ++i) {
+    if (!r.pairSeen[i]) {
+      if (open) open->push_back(static_cast<int>(i));
+      continue;
+    }
+    const KvPair& p = pairs_[i];
+    out.forEach(p.offset, p.length, [&](float* dst, int64_t n, int64_t off) {
+      std::memcpy(dst, r.early[i].data() + off, static_cast<size_t>(n) * sizeof(float));
+    });
+    std::vector<float>().swap(r.early[i]);
+  }
+}
+
 void Syncer::sendDense(int64_t iteration, const LayerBuffer& grad, const std::vector<int>& pairIndices) {
   const InformationBook& book = host_.book();
   const int64_t startUs = host_.tracer() ? Tracer::nowMicros() : 0;
@@ -136,11 +140,16 @@ void Syncer::sendDense(int64_t iteration, const LayerBuffer& grad, const std::ve
     std::vector<Van::Part> parts;
     for (int i : pairIndices) {
       const KvPair& p = pairs_[i];
-      // Under the lock: a result for this pair may arrive (straggler mode) and
-      // is written into the same memory; then there is nothing left to send.
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto it = rounds_.find(iteration);
-      if (it == rounds_.end() || it->second.pairSeen[i]) continue;
+      // In straggler mode a result for this pair may arrive without our push and
+      // is written into the same memory: check under the lock and send nothing
+      // then. Otherwise no result can precede our push, and the receive thread
+      // must not wait on this lock while a pair is copied out.
+      std::unique_lock<std::mutex> lock(mutex_, std::defer_lock);
+      if (straggler_) {
+        lock.lock();
+        auto it = rounds_.find(iteration);
+        if (it == rounds_.end() || it->second.pairSeen[i]) continue;
+      }
       parts.clear();
       grad.forEach(p.offset, p.length, [&](float* ptr, int64_t n, int64_t) {
         parts.push_back({ptr, static_cast<size_t>(n) * sizeof(float)});
@@ -256,16 +265,7 @@ void Syncer::submitSkipped(int64_t iteration, LayerBuffer out) {
     Round& r = it->second;
     r.skipped = true;
     r.out = out;
-    if (r.aggregatesArrived) {
-      for (size_t i = 0; i < pairs_.size(); ++i) {
-        if (!r.pairSeen[i]) continue;
-        const KvPair& p = pairs_[i];
-        out.forEach(p.offset, p.length, [&](float* dst, int64_t n, int64_t off) {
-          std::memcpy(dst, r.early[i].data() + off, static_cast<size_t>(n) * sizeof(float));
-        });
-        std::vector<float>().swap(r.early[i]);
-      }
-    }
+    applyEarlyLocked(r, out, nullptr);
     done = maybeFinishLocked(iteration, r);
   }
   if (done) host_.layerDone(layer_, iteration);
@@ -337,7 +337,7 @@ void Syncer::onFactors(Message& msg) {
                                " bytes, expected ", rows * (spec_.m + spec_.n) * 4));
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  if (straggler_ && (h.iteration < host_.currentIteration() || finished_.count(h.iteration))) {
+  if (straggler_ && (h.iteration < host_.currentIteration() || contributors_.count(h.iteration))) {
     return;  // a straggler's factors for a round that finished without them
   }
   Round* r = findRoundLocked(h.iteration, true, "sfb factors");
@@ -394,8 +394,6 @@ bool Syncer::maybeFinishLocked(int64_t iteration, Round& r) {
   if (!r.submitted && !r.skipped) return false;
   const bool aggregates = r.submitted ? r.scheme != Scheme::kSFB : r.aggregatesArrived;
   auto remember = [&](std::vector<std::vector<bool>> who) {
-    finished_.insert(iteration);
-    while (finished_.size() > kFinishedHistory) finished_.erase(finished_.begin());
     contributors_[iteration] = std::move(who);
     while (contributors_.size() > kFinishedHistory) contributors_.erase(contributors_.begin());
   };
@@ -409,7 +407,7 @@ bool Syncer::maybeFinishLocked(int64_t iteration, Round& r) {
       tracer->span(strCat("receive ", spec_.name, r.scheme == Scheme::kAdam ? " (adam)" : " (ps)"), "receive", 2,
                    r.sentAtUs ? r.sentAtUs : now, now, iteration);
     }
-    remember(r.pairContributors);
+    remember(std::move(r.pairContributors));
     rounds_.erase(iteration);
     return true;
   }

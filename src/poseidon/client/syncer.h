@@ -37,7 +37,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -68,8 +67,6 @@ class SyncHost {
 
 class Syncer {
  public:
-  // Upper bound on factor rows per worker accepted from the wire.
-  static constexpr int64_t kMaxFactorRows = int64_t{1} << 24;
   // Straggler mode: how far ahead of this worker results may be kept.
   static constexpr int64_t kMaxAheadStraggler = 64;
 
@@ -137,6 +134,9 @@ class Syncer {
   // With mutex_ held: finishes a PS/Adam round whose pairs are all in (returns
   // true: call layerDone after unlocking), or schedules an SFB reconstruction.
   bool maybeFinishLocked(int64_t iteration, Round& round);
+  // Writes the results that arrived before this rank submitted (straggler mode) into `out`;
+  // the indices of the pairs still open go to `open` when given.
+  void applyEarlyLocked(Round& round, const LayerBuffer& out, std::vector<int>* open);
   void reconstruct(int64_t iteration, Round round, std::vector<bool> set);
   void traceSent(int64_t iteration, int64_t startUs, const char* scheme);
   bool factorSetReadyLocked(const Round& r, std::vector<bool>* set) const;
@@ -149,8 +149,9 @@ class Syncer {
   const bool straggler_;
   mutable std::mutex mutex_;
   std::map<int64_t, Round> rounds_;        // guarded by mutex_
-  std::set<int64_t> finished_;             // recent completed iterations; guarded by mutex_
-  std::map<int64_t, std::vector<std::vector<bool>>> contributors_;  // recent rounds; guarded by mutex_
+  // The last kFinishedHistory finished rounds: who contributed to each pair. Its keys are the
+  // recently finished iterations (a late message for one is stale). Guarded by mutex_.
+  std::map<int64_t, std::vector<std::vector<bool>>> contributors_;
   int64_t dropped_ = 0;                    // guarded by mutex_
   FactorScratch scratch_;                  // used by one reconstruction at a time
   std::mutex scratchMutex_;

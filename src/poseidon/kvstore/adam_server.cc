@@ -18,13 +18,13 @@ std::optional<AdamServer::Completed> AdamServer::push(int senderRank, int layer,
   int worker = book_.workerIndex(senderRank);
   if (worker < 0) throw ProtocolError(strCat("adam factors from rank ", senderRank, ", which is not a worker"));
   const LayerSpec& spec = layers[layer];
-  if (rows < 1 || rows > (int64_t{1} << 24) ||
+  if (rows < 1 || rows > kMaxFactorRows ||
       payload.size() != static_cast<size_t>(rows * (spec.m + spec.n)) * sizeof(float)) {
     throw ProtocolError(strCat("adam factors for layer ", layer, " with ", rows, " rows have ", payload.size(), " bytes"));
   }
   auto done = completed_.find(layer);
   int64_t last = done == completed_.end() ? book_.settings().startIteration - 1 : done->second;
-  if (iteration <= last || iteration > last + 2) {
+  if (iteration <= last || iteration > last + kMaxAhead) {
     throw ProtocolError(strCat("adam factors for layer ", layer, " iteration ", iteration, " outside the open window"));
   }
   Round& r = rounds_[{layer, iteration}];

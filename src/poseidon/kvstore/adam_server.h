@@ -28,6 +28,8 @@ class AdamServer {
     int64_t iteration = 0;
     std::vector<float> sum;  // weight then bias, summed over workers
   };
+  // How many iterations ahead of the layer's last completed round factors may be (as KvShard).
+  static constexpr int64_t kMaxAhead = 2;
   // Validates and stores one worker's factors (ProtocolError if they do not fit).
   std::optional<Completed> push(int senderRank, int layer, int64_t iteration, int64_t rows, zmq::message_t&& payload);
 

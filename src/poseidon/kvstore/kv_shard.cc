@@ -17,7 +17,6 @@ KvShard::KvShard(const InformationBook& book, int shard) : book_(book), shard_(s
       pairs_.emplace(key(p.layer, p.index), std::move(st));
     }
   }
-  dropped_.assign(book.numWorkers(), 0);
 }
 
 int64_t KvShard::bytesOwned() const {
@@ -53,8 +52,7 @@ std::optional<KvShard::Completed> KvShard::push(int senderRank, int layer, int p
   }
   const JobSettings& settings = book_.settings();
   if (iteration <= st.completed && settings.stragglerMode() && iteration >= settings.startIteration) {
-    ++dropped_[worker];  // a straggler's late contribution: discarded, never mixed into a later round
-    return std::nullopt;
+    return std::nullopt;  // a straggler's late contribution: discarded, never mixed into a later round
   }
   if (iteration <= st.completed || iteration > st.completed + kMaxAhead) {
     throw ProtocolError(strCat("push for layer ", layer, " pair ", pair, " iteration ", iteration,

@@ -63,8 +63,6 @@ class KvShard {
   int shard() const { return shard_; }
   int64_t pairsOwned() const { return static_cast<int64_t>(pairs_.size()); }
   int64_t bytesOwned() const;
-  // Late contributions discarded so far, by worker index (straggler mode).
-  const std::vector<int64_t>& droppedBySender() const { return dropped_; }
   // Rounds still open (diagnostics).
   std::vector<std::string> openRounds() const;
 
@@ -89,7 +87,6 @@ class KvShard {
   const InformationBook& book_;
   int shard_;
   std::map<uint64_t, PairState> pairs_;
-  std::vector<int64_t> dropped_;
 };
 
 }  // namespace poseidon

@@ -4,9 +4,7 @@
 
 namespace poseidon {
 
-SfbKeeper::SfbKeeper(const InformationBook& book, int shard) : book_(book), shard_(shard) {
-  dropped_.assign(book.numWorkers(), 0);
-}
+SfbKeeper::SfbKeeper(const InformationBook& book, int shard) : book_(book), shard_(shard) {}
 
 std::optional<SfbKeeper::Decision> SfbKeeper::notice(int senderRank, int layer, int64_t iteration,
                                                      Clock::time_point now) {
@@ -22,10 +20,7 @@ std::optional<SfbKeeper::Decision> SfbKeeper::notice(int senderRank, int layer, 
   const JobSettings& s = book_.settings();
   auto done = completed_.find(layer);
   int64_t last = done == completed_.end() ? s.startIteration - 1 : done->second;
-  if (iteration <= last && iteration >= s.startIteration) {
-    ++dropped_[worker];
-    return std::nullopt;
-  }
+  if (iteration <= last && iteration >= s.startIteration) return std::nullopt;  // late: discarded
   if (iteration <= last || iteration > last + kMaxAhead) {
     throw ProtocolError(strCat("sfb notice for layer ", layer, " iteration ", iteration, " outside the open window"));
   }

@@ -38,7 +38,6 @@ class SfbKeeper {
   };
   std::optional<Decision> notice(int senderRank, int layer, int64_t iteration, Clock::time_point now = Clock::now());
   std::vector<Decision> expire(Clock::time_point now);
-  const std::vector<int64_t>& droppedBySender() const { return dropped_; }
 
  private:
   struct Round {
@@ -51,7 +50,6 @@ class SfbKeeper {
   int shard_;
   std::map<std::pair<int, int64_t>, Round> rounds_;
   std::map<int, int64_t> completed_;  // per layer
-  std::vector<int64_t> dropped_;
 };
 
 }  // namespace poseidon

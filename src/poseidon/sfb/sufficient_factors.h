@@ -15,6 +15,10 @@
 
 namespace poseidon {
 
+// Upper bound on the factor rows (the batch K) of one worker accepted from the wire, by the
+// workers (SFB) and by the Adam-style server alike.
+constexpr int64_t kMaxFactorRows = int64_t{1} << 24;
+
 // Factors of one worker, rows-major: U is rows x m, V is rows x n.
 struct FactorView {
   const float* u = nullptr;

@@ -137,8 +137,8 @@ EmulatedCluster::EmulatedCluster(int nodes, const LinkSpec& link) : link_(link) 
       run({"ip", "-n", ns, "addr", "add", nodeAddress(i) + "/24", "dev", "eth0"});
       run({"ip", "-n", ns, "link", "set", "eth0", "up"});
       run({"ip", "-n", ns, "link", "set", "lo", "up"});
-      shape(ns, "eth0", link, false);
-      shape(switchNs_, port, LinkSpec{link.mbit, 0}, false);
+      shape(ns, "eth0", link);
+      shape(switchNs_, port, LinkSpec{link.mbit, 0});
     }
   } catch (...) {
     destroy();
@@ -148,25 +148,30 @@ EmulatedCluster::EmulatedCluster(int nodes, const LinkSpec& link) : link_(link) 
 
 EmulatedCluster::~EmulatedCluster() { destroy(); }
 
-void EmulatedCluster::shape(const std::string& ns, const std::string& dev, const LinkSpec& link, bool replace) {
-  const char* verb = replace ? "replace" : "add";
+void EmulatedCluster::clearRoot(const std::string& ns, const std::string& dev) {
+  try {
+    run({"ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root"});
+  } catch (const Error&) {
+    // Nothing to delete.
+  }
+}
+
+void EmulatedCluster::shape(const std::string& ns, const std::string& dev, const LinkSpec& link) {
   // tbf needs a bucket of at least rate/HZ to reach its rate; 100 ms of queue.
   double bytesPerSec = link.mbit * 1e6 / 8;
   long burst = std::max<long>(16 * 1024, std::lround(bytesPerSec / 250));
   std::string rate = strCat(link.mbit, "mbit"), burstText = strCat(burst, "b");
   if (link.latencyMs > 0) {
-    run({"ip", "netns", "exec", ns, "tc", "qdisc", verb, "dev", dev, "root", "handle", "1:", "netem", "delay",
-         strCat(link.latencyMs, "ms")});
-    run({"ip", "netns", "exec", ns, "tc", "qdisc", verb, "dev", dev, "parent", "1:", "handle", "2:", "tbf", "rate",
+    try {
+      run({"ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem", "delay",
+           strCat(link.latencyMs, "ms")});
+    } catch (const Error& e) {
+      throw Error(strCat("--latency-ms needs the kernel's netem qdisc (sch_netem), which this machine lacks: ",
+                         e.what()));
+    }
+    run({"ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "parent", "1:", "handle", "2:", "tbf", "rate",
          rate, "burst", burstText, "latency", "100ms"});
   } else {
-    if (replace) {
-      // Drop a netem parent that an earlier setting may have left.
-      try {
-        run({"ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root"});
-      } catch (const Error&) {
-      }
-    }
     run({"ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst",
          burstText, "latency", "100ms"});
   }
@@ -174,17 +179,12 @@ void EmulatedCluster::shape(const std::string& ns, const std::string& dev, const
 
 void EmulatedCluster::setLink(const LinkSpec& link) {
   if (!(link.mbit > 0)) throw InvalidArgument(strCat("link rate must be positive, got ", link.mbit, " Mbit/s"));
+  // Drop the old qdiscs (a netem parent included) and shape afresh.
   for (size_t i = 0; i < namespaces_.size(); ++i) {
-    if (link.latencyMs > 0 || link_.latencyMs > 0) {
-      try {
-        run({"ip", "netns", "exec", namespaces_[i], "tc", "qdisc", "del", "dev", "eth0", "root"});
-      } catch (const Error&) {
-      }
-      shape(namespaces_[i], "eth0", link, false);
-    } else {
-      shape(namespaces_[i], "eth0", link, true);
-    }
-    shape(switchNs_, switchPorts_[i], LinkSpec{link.mbit, 0}, true);
+    clearRoot(namespaces_[i], "eth0");
+    shape(namespaces_[i], "eth0", link);
+    clearRoot(switchNs_, switchPorts_[i]);
+    shape(switchNs_, switchPorts_[i], LinkSpec{link.mbit, 0});
   }
   link_ = link;
 }

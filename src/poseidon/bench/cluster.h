@@ -49,7 +49,9 @@ class EmulatedCluster {
   static std::vector<std::string> listOurNamespaces();
 
  private:
-  void shape(const std::string& ns, const std::string& dev, const LinkSpec& link, bool replace);
+  // Adds a tbf (under a netem delay when link.latencyMs > 0) as the root qdisc of dev.
+  void shape(const std::string& ns, const std::string& dev, const LinkSpec& link);
+  void clearRoot(const std::string& ns, const std::string& dev);  // errors ignored
   std::string prefix_;
   std::string switchNs_;
   std::vector<std::string> namespaces_;

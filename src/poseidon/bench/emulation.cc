@@ -62,7 +62,6 @@ EmulatedModel emulatedModel(const std::string& name, double scale) {
   m.name = name;
   m.scale = scale;
   m.desc = zooModel(name, scale);
-  m.paperBatch = timing->batch;
   m.batch = std::max<int64_t>(1, std::llround(static_cast<double>(timing->batch) * scale));
   m.iterationSeconds = timing->seconds;
   m.timeSource = timing->source;

@@ -20,8 +20,7 @@ struct EmulatedModel {
   std::string name;
   double scale = 0.1;
   ModelDesc desc;                 // scaled parameter shapes
-  int64_t paperBatch = 0;         // per-worker batch of the published time
-  int64_t batch = 0;              // round(paperBatch x s), at least 1
+  int64_t batch = 0;              // round(published per-worker batch x s), at least 1
   double iterationSeconds = 0;    // single-GPU seconds per iteration
   std::string timeSource;         // where iterationSeconds comes from
   std::vector<double> forwardSeconds, backwardSeconds;  // per layer

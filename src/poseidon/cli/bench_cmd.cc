@@ -23,9 +23,9 @@
 #include "poseidon/cli/flags.h"
 #include "poseidon/common/error.h"
 #include "poseidon/core/cost_model.h"
+#include "poseidon/launch/env.h"
 #include "poseidon/transport/security.h"
 
-extern char** environ;
 
 namespace poseidon::cli {
 namespace fs = std::filesystem;
@@ -64,13 +64,7 @@ struct Child {
 
 Child spawn(const std::vector<std::string>& argv, const std::map<std::string, std::string>& extraEnv,
             const std::string& log) {
-  std::vector<std::string> envStrings;
-  for (char** e = environ; *e; ++e) {
-    std::string kv = *e;
-    std::string key = kv.substr(0, kv.find('='));
-    if (!extraEnv.count(key)) envStrings.push_back(kv);
-  }
-  for (const auto& [k, v] : extraEnv) envStrings.push_back(k + "=" + v);
+  std::vector<std::string> envStrings = environmentWith(extraEnv);
   Child c;
   c.log = log;
   c.pid = fork();
@@ -99,18 +93,10 @@ std::string lastLine(const std::string& path) {
   return last;
 }
 
-std::string selfExe() {
-  char buf[4096];
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) throw IoError("cannot find the poseidon executable");
-  buf[n] = '\0';
-  return buf;
-}
-
 std::string findDdpScript(const std::string& flag) {
   std::vector<fs::path> candidates;
   if (!flag.empty()) candidates.push_back(flag);
-  fs::path exe = selfExe();
+  fs::path exe = selfExecutable();
   candidates.push_back(exe.parent_path() / "../../bench/ddp_worker.py");
   candidates.push_back(fs::current_path() / "bench/ddp_worker.py");
   for (const auto& c : candidates)
@@ -437,7 +423,7 @@ void writePlots(const std::string& dir, const nlohmann::json& result) {
 
 }  // namespace
 
-int benchCommand(const std::vector<std::string>& args, const std::string&) {
+int benchCommand(const std::vector<std::string>& args) {
   std::string modelsFlag = "vgg19,vgg19-22k,googlenet,resnet-152,alexnet";
   std::string systemsFlag = "poseidon,ps-wfbp,ps-naive,adam,ddp,ddp-fp16,ddp-powersgd1,ddp-powersgd4";
   std::string nodesFlag = "1,2,4,8", ratesFlag = "1000,300,100,30";
@@ -513,7 +499,7 @@ int benchCommand(const std::vector<std::string>& args, const std::string&) {
   std::string why;
   if (!EmulatedCluster::available(&why)) throw Error(why);
   Harness h;
-  h.exe = selfExe();
+  h.exe = selfExecutable();
   h.scale = scale;
   h.iterations = iterations;
   h.warmup = warmup;

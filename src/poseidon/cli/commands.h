@@ -9,8 +9,8 @@ namespace poseidon::cli {
 
 int planCommand(const std::vector<std::string>& args);
 int launchCommand(const std::vector<std::string>& args);
-int trainCommand(const std::vector<std::string>& args, const std::string& self);
-int benchCommand(const std::vector<std::string>& args, const std::string& self);
+int trainCommand(const std::vector<std::string>& args);
+int benchCommand(const std::vector<std::string>& args);
 int benchWorkerCommand(const std::vector<std::string>& args);
 
 }  // namespace poseidon::cli

@@ -42,8 +42,8 @@ int main(int argc, char** argv) {
     if (const char* level = std::getenv("POSEIDON_LOG")) setLogLevel(parseLogLevel(level));
     if (cmd == "plan") return cli::planCommand(args);
     if (cmd == "launch") return cli::launchCommand(args);
-    if (cmd == "train") return cli::trainCommand(args, "/proc/self/exe");
-    if (cmd == "bench") return cli::benchCommand(args, "/proc/self/exe");
+    if (cmd == "train") return cli::trainCommand(args);
+    if (cmd == "bench") return cli::benchCommand(args);
     if (cmd == "bench-worker") return cli::benchWorkerCommand(args);
     if (cmd == "version" || cmd == "--version") {
       std::cout << "poseidon 0.1.0\n";

@@ -22,13 +22,6 @@
 namespace poseidon::cli {
 
 namespace {
-std::string selfPath(const std::string& fallback) {
-  char buf[4096];
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return fallback;
-  buf[n] = '\0';
-  return buf;
-}
 // Set by a supervising launcher (poseidon launch / train) and by tests.
 void readReliabilityEnvironment(pt::TrainOptions& o) {
   if (const char* p = std::getenv("POSEIDON_PROGRESS_FILE")) o.progressPath = p;
@@ -53,7 +46,7 @@ void readReliabilityEnvironment(pt::TrainOptions& o) {
 
 }  // namespace
 
-int trainCommand(const std::vector<std::string>& args, const std::string& self) {
+int trainCommand(const std::vector<std::string>& args) {
   pt::TrainOptions o;
   std::string scheme = "auto";
   bool noOverlap = false;
@@ -118,9 +111,13 @@ int trainCommand(const std::vector<std::string>& args, const std::string& self) 
   readReliabilityEnvironment(o);
   o.secret = jobSecretFromEnvironment();
 
-  // A missing dataset is reported once, here, rather than by every worker.
-  data::loadFashionMnist(o.dataDir.empty() ? data::kDefaultFashionMnistDir : o.dataDir, false);
-
+  // Merges the per-rank trace files into --trace.
+  auto mergeTraces = [&o](int ranks) {
+    std::vector<std::string> parts;
+    for (int i = 0; i < ranks; ++i) parts.push_back(o.tracePath + ".rank" + std::to_string(i));
+    Tracer::merge(parts, o.tracePath);
+    for (const auto& p : parts) std::filesystem::remove(p);
+  };
   RankEnv env = rankFromEnvironment();
   if (env.present) {
     if (flags.wasSet("workers") && o.workers != env.worldSize) {
@@ -132,15 +129,15 @@ int trainCommand(const std::vector<std::string>& args, const std::string& self) 
   if (o.workers == 1) {
     env.masterPort = freePort(env.masterAddr);
     int rc = pt::trainRank(o, env);
-    if (rc == 0 && !o.tracePath.empty()) {
-      Tracer::merge({o.tracePath + ".rank0"}, o.tracePath);
-      std::filesystem::remove(o.tracePath + ".rank0");
-    }
+    if (rc == 0 && !o.tracePath.empty()) mergeTraces(1);
     return rc;
   }
+  // A missing dataset is reported once, here, rather than by every worker (a rank started on
+  // its own finds out when it loads the data).
+  data::loadFashionMnist(o.dataDir.empty() ? data::kDefaultFashionMnistDir : o.dataDir, false);
   LaunchOptions lo;
   lo.ranks = o.workers;
-  lo.command = {selfPath(self), "train"};
+  lo.command = {selfExecutable(), "train"};
   lo.command.insert(lo.command.end(), args.begin(), args.end());
   lo.prefixRank0 = false;
   lo.maxRestarts = maxRestarts;
@@ -151,10 +148,7 @@ int trainCommand(const std::vector<std::string>& args, const std::string& self) 
     return r.exitCode;
   }
   if (!o.tracePath.empty()) {
-    std::vector<std::string> parts;
-    for (int i = 0; i < o.workers; ++i) parts.push_back(o.tracePath + ".rank" + std::to_string(i));
-    Tracer::merge(parts, o.tracePath);
-    for (const auto& p : parts) std::filesystem::remove(p);
+    mergeTraces(o.workers);
     std::cout << "trace written to " << o.tracePath << " (open in chrome://tracing or ui.perfetto.dev)\n";
   }
   if (!o.summaryPath.empty()) std::cout << "summary written to " << o.summaryPath << "\n";

@@ -4,7 +4,7 @@
 
 namespace poseidon::cli {
 
-int trainCommand(const std::vector<std::string>&, const std::string&) {
+int trainCommand(const std::vector<std::string>&) {
   throw Error("this poseidon was built without LibTorch (-DPOSEIDON_WITH_TORCH=OFF); install libtorch-dev and rebuild");
 }
 

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "poseidon/common/error.h"
+#include "poseidon/common/file.h"
 
 namespace poseidon {
 
@@ -14,10 +15,6 @@ void Tracer::span(const std::string& name, const std::string& category, int lane
   events_.push_back({name, category, lane, startUs, endUs, iteration});
 }
 
-size_t Tracer::size() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return events_.size();
-}
 
 std::string Tracer::json() const {
   static const char* kLanes[] = {"compute (forward/backward/apply)", "send", "receive"};
@@ -36,16 +33,7 @@ std::string Tracer::json() const {
   return nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump();
 }
 
-void Tracer::writeFile(const std::string& path) const {
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp);
-    if (!f) throw IoError("cannot write trace file " + path);
-    f << json();
-    if (!f) throw IoError("cannot write trace file " + path);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw IoError("cannot write trace file " + path);
-}
+void Tracer::writeFile(const std::string& path) const { writeFileAtomically(path, json(), "trace file"); }
 
 void Tracer::merge(const std::vector<std::string>& inputs, const std::string& output) {
   nlohmann::json all = nlohmann::json::array();

@@ -28,7 +28,6 @@ class Tracer {
   void writeFile(const std::string& path) const;  // throws IoError
   // Merges several trace files (one per rank) into one.
   static void merge(const std::vector<std::string>& inputs, const std::string& output);
-  size_t size() const;
 
  private:
   struct Event {

@@ -15,6 +15,8 @@
 
 #include "poseidon/common/error.h"
 
+extern char** environ;
+
 namespace poseidon {
 namespace {
 
@@ -131,6 +133,24 @@ int freePort(const std::string& host) {
   s.bind("tcp://" + host + ":*");
   std::string ep = s.get(zmq::sockopt::last_endpoint);
   return std::atoi(ep.substr(ep.rfind(':') + 1).c_str());
+}
+
+std::string selfExecutable() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) throw IoError("cannot find the poseidon executable (/proc/self/exe)");
+  buf[n] = '\0';
+  return buf;
+}
+
+std::vector<std::string> environmentWith(const std::map<std::string, std::string>& overrides) {
+  std::vector<std::string> out;
+  for (char** e = environ; *e; ++e) {
+    std::string kv = *e;
+    if (!overrides.count(kv.substr(0, kv.find('=')))) out.push_back(std::move(kv));
+  }
+  for (const auto& [k, v] : overrides) out.push_back(k + "=" + v);
+  return out;
 }
 
 }  // namespace poseidon

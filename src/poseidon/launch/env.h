@@ -10,7 +10,9 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <string>
+#include <vector>
 
 namespace poseidon {
 
@@ -46,5 +48,12 @@ std::string resolveHost(const std::string& host);
 std::string localAddressToward(const std::string& ip);
 // Finds a free TCP port on `host` (bind port 0 and read it back).
 int freePort(const std::string& host);
+
+// The running executable's absolute path (/proc/self/exe resolved); throws IoError.
+std::string selfExecutable();
+
+// This process's environment with `overrides` set (added or replaced), as NAME=VALUE strings
+// for execve: what every child the launchers and the bench start gets.
+std::vector<std::string> environmentWith(const std::map<std::string, std::string>& overrides);
 
 }  // namespace poseidon

@@ -19,7 +19,6 @@
 #include "poseidon/launch/env.h"
 #include "poseidon/transport/security.h"
 
-extern char** environ;
 
 namespace poseidon {
 namespace {
@@ -75,9 +74,6 @@ std::string describeStatus(int status) {
   return "ended";
 }
 
-}  // namespace
-
-namespace {
 
 LaunchResult launchOnce(const LaunchOptions& options) {
   std::string masterAddr = resolveHost(options.masterAddr);
@@ -95,21 +91,14 @@ LaunchResult launchOnce(const LaunchOptions& options) {
   for (int r = 0; r < options.ranks; ++r) {
     int out[2], err[2];
     if (pipe(out) != 0 || pipe(err) != 0) throw IoError(strCat("pipe(): ", std::strerror(errno)));
-    std::map<std::string, std::string> env;
-    for (char** e = environ; *e; ++e) {
-      std::string kv = *e;
-      auto eq = kv.find('=');
-      if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
-    }
-    for (const auto& [k, v] : options.env) env[k] = v;
+    std::map<std::string, std::string> env = options.env;
     env["RANK"] = std::to_string(r);
     env["WORLD_SIZE"] = std::to_string(options.ranks);
     env["LOCAL_RANK"] = std::to_string(r);
     env["LOCAL_WORLD_SIZE"] = std::to_string(options.ranks);
     env["MASTER_ADDR"] = masterAddr;
     env["MASTER_PORT"] = std::to_string(port);
-    std::vector<std::string> envStrings;
-    for (const auto& [k, v] : env) envStrings.push_back(k + "=" + v);
+    std::vector<std::string> envStrings = environmentWith(env);
     std::vector<char*> envp, argv;
     for (auto& s : envStrings) envp.push_back(s.data());
     envp.push_back(nullptr);
@@ -201,6 +190,7 @@ LaunchResult launchOnce(const LaunchOptions& options) {
     }
     if (gSignal && !stopping) {
       result.failure = strCat("interrupted by signal ", gSignal.load(), "; stopped all ranks");
+      result.interrupted = true;
       result.exitCode = 128 + gSignal.load();
       stopping = true;
       stopDeadline = std::chrono::steady_clock::now() + options.killGrace;
@@ -250,9 +240,11 @@ LaunchResult launchLocal(const LaunchOptions& options) {
   if (options.ranks < 1) throw InvalidArgument(strCat("-n must be at least 1, got ", options.ranks));
   if (options.command.empty()) throw InvalidArgument("no command to launch (usage: poseidon launch -n N -- CMD ...)");
   if (options.maxRestarts < 0) throw InvalidArgument(strCat("--max-restarts must be >= 0, got ", options.maxRestarts));
+  // Progress reports are read only to say what a restart lost: without restarts, the ranks
+  // are not asked to write them (rank 0 would rewrite the file every step for nothing).
   char dir[] = "/tmp/poseidon-launch-XXXXXX";
-  if (!mkdtemp(dir)) throw IoError("cannot create a directory in /tmp");
-  const std::string progress = std::string(dir) + "/progress.json";
+  if (options.maxRestarts > 0 && !mkdtemp(dir)) throw IoError("cannot create a directory in /tmp");
+  const std::string progress = options.maxRestarts > 0 ? std::string(dir) + "/progress.json" : "";
   LaunchResult result;
   // The ranks prove membership with a job secret; make one for them if the
   // user did not provide one (POSEIDON_SECRET / POSEIDON_SECRET_FILE pass through).
@@ -263,12 +255,10 @@ LaunchResult launchLocal(const LaunchOptions& options) {
   for (int attempt = 0;; ++attempt) {
     LaunchOptions run = withSecret;
     run.env["POSEIDON_RESTART_COUNT"] = std::to_string(attempt);
-    run.env["POSEIDON_PROGRESS_FILE"] = progress;
+    if (!progress.empty()) run.env["POSEIDON_PROGRESS_FILE"] = progress;
     if (attempt > 0) run.masterPort = 0;  // a fresh port: the old one may linger in TIME_WAIT
     result = launchOnce(run);
-    result.restarts = attempt;
-    bool interrupted = result.failure.rfind("interrupted", 0) == 0;
-    if (result.exitCode == 0 || interrupted || attempt >= options.maxRestarts) break;
+    if (result.exitCode == 0 || result.interrupted || attempt >= options.maxRestarts) break;
     long long it = -1, ckpt = -1;
     std::string lost;
     if (readProgress(progress, &it, &ckpt)) {
@@ -283,8 +273,10 @@ LaunchResult launchLocal(const LaunchOptions& options) {
                              options.maxRestarts, "\n");
     writeAll(STDERR_FILENO, msg);
   }
-  std::remove(progress.c_str());
-  rmdir(dir);
+  if (!progress.empty()) {
+    std::remove(progress.c_str());
+    rmdir(dir);
+  }
   return result;
 }
 

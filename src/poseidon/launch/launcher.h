@@ -33,7 +33,7 @@ struct LaunchResult {
   int exitCode = 0;         // 0 when every rank succeeded
   int failedRank = -1;      // first rank that failed
   std::string failure;      // "rank 2 exited with code 1: <its last error line>"
-  int restarts = 0;         // restarts used
+  bool interrupted = false; // stopped by SIGINT / SIGTERM (never restarted)
 };
 
 LaunchResult launchLocal(const LaunchOptions& options);

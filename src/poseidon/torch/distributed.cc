@@ -321,8 +321,8 @@ void DistributedModel::synchronize() {
       else p.mutable_grad() = src.clone();
       off += p.numel();
     }
+    layer.scheme = Scheme::kPS;  // the default for the next iteration
   }
-  for (auto& layer : layers_) layer.scheme = Scheme::kPS;
   inIteration_ = false;
   if (tracer_) tracer_->span("apply (sfb results into .grad)", "compute", 0, t0, Tracer::nowMicros(), iteration_);
 }

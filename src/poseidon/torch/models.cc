@@ -51,11 +51,6 @@ torch::Tensor MlpImpl::forward(torch::Tensor x) {
   return fc3->forward(x);
 }
 
-const std::vector<std::string>& trainerModelNames() {
-  static const std::vector<std::string> names{"lenet", "cifar10-quick", "mlp"};
-  return names;
-}
-
 AnyNet makeModel(const std::string& name) {
   if (name == "lenet") {
     LeNet m;

@@ -47,7 +47,6 @@ struct AnyNet {
   std::function<torch::Tensor(torch::Tensor)> forward;
 };
 
-const std::vector<std::string>& trainerModelNames();  // lenet, cifar10-quick, mlp
 AnyNet makeModel(const std::string& name);              // throws InvalidArgument
 
 // The layer table of a module: one layer per module that owns parameters

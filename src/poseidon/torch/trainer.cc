@@ -7,13 +7,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "poseidon/common/error.h"
+#include "poseidon/common/file.h"
 #include "poseidon/common/log.h"
 #include "poseidon/common/trace.h"
 #include "poseidon/data/fashion_mnist.h"
@@ -22,7 +22,6 @@
 #include "poseidon/torch/models.h"
 
 namespace poseidon::pt {
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -76,13 +75,13 @@ std::string human(double bytes) {
 // job is and where its newest checkpoint is, so a restart can say what was lost.
 void writeProgress(const std::string& path, int64_t iteration, int64_t checkpointIteration) {
   if (path.empty()) return;
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp);
-    f << nlohmann::json{{"iteration", iteration}, {"checkpoint_iteration", checkpointIteration}}.dump() << "\n";
+  try {
+    writeFileAtomically(
+        path, nlohmann::json{{"iteration", iteration}, {"checkpoint_iteration", checkpointIteration}}.dump() + "\n",
+        "progress file");
+  } catch (const IoError&) {
+    // Best effort: without it a restart only says less about what was lost.
   }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
 }
 
 }  // namespace
@@ -357,13 +356,7 @@ int trainRank(const TrainOptions& o, const RankEnv& env) {
                            {"skipped_iterations_per_rank", skipped},
                            {"predicted_bytes_by_scheme", {{"ps", predictedPs}, {"sfb", predictedSfb}}},
                            {"layers", layers}};
-    std::string tmp = o.summaryPath + ".tmp";
-    {
-      std::ofstream f(tmp);
-      f << summary.dump(2) << "\n";
-      if (!f) throw IoError("cannot write summary " + o.summaryPath);
-    }
-    fs::rename(tmp, o.summaryPath);
+    writeFileAtomically(o.summaryPath, summary.dump(2) + "\n", "summary");
   }
   if (dist) dist->finish();
   return 0;

@@ -1,3 +1,4 @@
+#include "poseidon/core/best_scheme.h"
 #include "poseidon/core/cost_model.h"
 
 #include <gtest/gtest.h>

@@ -11,6 +11,7 @@
 #include <random>
 #include <zmq.hpp>
 
+#include "poseidon/core/best_scheme.h"
 #include "poseidon/core/cost_model.h"
 #include "poseidon/launch/env.h"
 #include "poseidon/transport/security.h"

@@ -22,6 +22,7 @@
 #include "poseidon/cli/commands.h"
 #include "poseidon/cli/flags.h"
 #include "poseidon/common/error.h"
+#include "poseidon/core/best_scheme.h"
 #include "poseidon/core/cost_model.h"
 #include "poseidon/launch/env.h"
 #include "poseidon/transport/security.h"

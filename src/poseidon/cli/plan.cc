@@ -10,6 +10,7 @@
 #include "poseidon/cli/commands.h"
 #include "poseidon/cli/flags.h"
 #include "poseidon/common/error.h"
+#include "poseidon/core/best_scheme.h"
 #include "poseidon/core/cost_model.h"
 #include "poseidon/core/kv_layout.h"
 #include "poseidon/model/zoo.h"

@@ -44,10 +44,11 @@
 #include "poseidon/client/syncer.h"
 #include "poseidon/common/thread_pool.h"
 #include "poseidon/coordinator/book.h"
+#include "poseidon/coordinator/coordinator.h"
 #include "poseidon/coordinator/rendezvous.h"
 #include "poseidon/kvstore/adam_server.h"
 #include "poseidon/kvstore/kv_shard.h"
-#include "poseidon/kvstore/sfb_keeper.h"
+#include "poseidon/sfb/keeper.h"
 #include "poseidon/transport/van.h"
 
 namespace poseidon {

@@ -27,7 +27,7 @@
 // sending anything, and completeWithoutMe()/submitSkipped() let a worker
 // that fell behind skip computing iterations the others already finished.
 // SFB rounds use exactly the contributor set the layer's keeper decided
-// (kvstore/sfb_keeper.h), so every replica rebuilds the same gradient.
+// (sfb/keeper.h), so every replica rebuilds the same gradient.
 //
 // Threads: submit*() on the caller's thread, send steps and reconstruction
 // on the pool, on*() on the receive loop. mutex_ guards rounds_.

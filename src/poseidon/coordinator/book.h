@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "poseidon/common/bytes.h"
+#include "poseidon/core/best_scheme.h"
 #include "poseidon/core/cost_model.h"
 #include "poseidon/core/kv_layout.h"
 #include "poseidon/model/layer.h"

@@ -18,12 +18,10 @@
 
 #include <zmq.hpp>
 
-#include <atomic>
 #include <chrono>
-#include <memory>
 #include <string>
-#include <thread>
 
+#include "poseidon/common/ranks.h"
 #include "poseidon/coordinator/book.h"
 #include "poseidon/transport/security.h"
 
@@ -40,33 +38,6 @@ struct JoinRequest {
 
 std::vector<uint8_t> encodeJoin(const JoinRequest& req);
 JoinRequest decodeJoin(const void* data, size_t size);  // throws ProtocolError
-
-// "2,3" or "2-5,7" for error messages.
-std::string formatRanks(const std::vector<int>& ranks);
-
-class Coordinator {
- public:
-  // Binds tcp://host:port at once (throws IoError if the port is taken) and
-  // starts the coordinator thread.
-  Coordinator(zmq::context_t& ctx, const std::string& host, int port, int worldSize,
-              std::chrono::milliseconds timeout, const CurveKeys* curve = nullptr);
-  ~Coordinator();
-  Coordinator(const Coordinator&) = delete;
-  Coordinator& operator=(const Coordinator&) = delete;
-
-  std::string address() const { return address_; }  // "host:port"
-
- private:
-  void run();
-  zmq::context_t& ctx_;
-  std::string address_;
-  int worldSize_;
-  std::chrono::milliseconds timeout_;
-  std::unique_ptr<zmq::socket_t> socket_;
-  std::unique_ptr<HandshakeMonitor> monitor_;  // with a job secret
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
-};
 
 struct RendezvousOptions {
   std::string masterAddr = "127.0.0.1";

@@ -1,4 +1,5 @@
-// Communication cost model (paper Table 1) and BestScheme (Algorithm 1).
+// Communication cost model (paper Table 1). BestScheme (Algorithm 1), which
+// decides with these costs, is in core/best_scheme.h.
 //
 // Costs are floats moved per iteration by one node (sent + received), for an
 // M x N fully-connected layer with P1 workers, P2 server shards and
@@ -6,23 +7,10 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 
 #include "poseidon/model/layer.h"
 
 namespace poseidon {
-
-// kAdam is Project Adam's scheme (factors up to the one server that holds
-// the layer, the full matrix back down): never chosen by BestScheme, only
-// forced, as the traffic-balance baseline of the benchmark.
-enum class Scheme : uint8_t { kPS = 0, kSFB = 1, kAdam = 2 };
-const char* schemeName(Scheme s);  // "ps", "sfb", "adam"
-
-// A user's choice: let BestScheme decide, or force one scheme (SFB applies to
-// FC layers only; everything else still goes by PS).
-enum class SchemePolicy : uint8_t { kAuto = 0, kPS = 1, kSFB = 2, kAdam = 3 };
-const char* schemePolicyName(SchemePolicy p);
-SchemePolicy parseSchemePolicy(const std::string& text);  // throws InvalidArgument
 
 struct CostInputs {
   int64_t m = 0;  // FC rows (out); for non-FC layers use m = numel, n = 1
@@ -48,10 +36,5 @@ double adamCostBoth(const CostInputs& c);
 // Cost inputs of a layer: FC layers use their M x N weight; other layers are
 // treated as one PS tensor of all their parameters.
 CostInputs costInputs(const LayerSpec& layer, int64_t batch, int workers, int servers);
-
-// Algorithm 1: SFB if the layer is FC and 2K(P1-1)(M+N) <= 2MN(P1+P2-2)/P2,
-// else PS. `policy` can force a scheme; SFB is only ever used for FC layers.
-Scheme bestScheme(const LayerSpec& layer, int64_t batch, int workers, int servers,
-                  SchemePolicy policy = SchemePolicy::kAuto);
 
 }  // namespace poseidon

@@ -9,6 +9,7 @@
 
 #include "poseidon/common/error.h"
 #include "poseidon/common/log.h"
+#include "poseidon/core/best_scheme.h"
 #include "poseidon/core/cost_model.h"
 #include "poseidon/torch/models.h"
 

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "poseidon/core/cost_model.h"
+#include "poseidon/core/best_scheme.h"
 #include "poseidon/launch/env.h"
 
 namespace poseidon::pt {

@@ -1,4 +1,4 @@
-#include "poseidon/kvstore/sfb_keeper.h"
+#include "poseidon/sfb/keeper.h"
 
 #include "poseidon/common/error.h"
 

@@ -1,0 +1,30 @@
+// BestScheme (paper Algorithm 1): per layer and per iteration, the cheaper of
+// the sharded parameter server (PS) and sufficient-factor broadcasting (SFB),
+// by the Table 1 costs of core/cost_model.h.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "poseidon/model/layer.h"
+
+namespace poseidon {
+
+// kAdam is Project Adam's scheme (factors up to the one server that holds
+// the layer, the full matrix back down): never chosen by BestScheme, only
+// forced, as the traffic-balance baseline of the benchmark.
+enum class Scheme : uint8_t { kPS = 0, kSFB = 1, kAdam = 2 };
+const char* schemeName(Scheme s);  // "ps", "sfb", "adam"
+
+// A user's choice: let BestScheme decide, or force one scheme (SFB applies to
+// FC layers only; everything else still goes by PS).
+enum class SchemePolicy : uint8_t { kAuto = 0, kPS = 1, kSFB = 2, kAdam = 3 };
+const char* schemePolicyName(SchemePolicy p);
+SchemePolicy parseSchemePolicy(const std::string& text);  // throws InvalidArgument
+
+// Algorithm 1: SFB if the layer is FC and 2K(P1-1)(M+N) <= 2MN(P1+P2-2)/P2,
+// else PS. `policy` can force a scheme; SFB is only ever used for FC layers.
+Scheme bestScheme(const LayerSpec& layer, int64_t batch, int workers, int servers,
+                  SchemePolicy policy = SchemePolicy::kAuto);
+
+}  // namespace poseidon

@@ -77,7 +77,7 @@ TEST(NodeInProcess, AdamBaselineRebuildsOnTheLayerServer) {
   EXPECT_EQ(nodes[0]->schemeFor(1, testing::kScenarioBatch), Scheme::kPS);  // conv
   runAll(nodes, 2, SchemePolicy::kAdam);
   // All of 'huge' meets on one server: its owner moved far more adam bytes than the others.
-  int owner = nodes[0]->book().adamOwnerRank(4);
+  int owner = nodes[0]->book().layerKeeperRank(4);
   for (auto& n : nodes) {
     auto t = n->counters().layer(4, TrafficKind::kAdam);
     if (n->rank() == owner) EXPECT_GT(t.bytesSent, 60000u * 4 * 2 * 2) << "owner";

@@ -1,16 +1,13 @@
 #include "poseidon/client/node.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "poseidon/common/error.h"
 #include "poseidon/common/log.h"
-#include "poseidon/kvstore/contributors.h"
+#include "poseidon/coordinator/rendezvous.h"
+#include "poseidon/wire/messages.h"
 
 namespace poseidon {
-
-// Lock order: a Syncer's mutex may be held while taking Node::mutex_ (via
-// layerDone / fail), never the other way round.
 
 Node::Node(const NodeOptions& options) : options_(options), ctx_(1) {}
 
@@ -19,7 +16,9 @@ std::unique_ptr<Node> Node::start(const NodeOptions& options, const ModelDesc& m
   if (options.rank < 0 || options.rank >= options.worldSize) {
     throw InvalidArgument(strCat("rank ", options.rank, " is outside the world of ", options.worldSize, " ranks"));
   }
-  if (options.threads < 1) throw InvalidArgument(strCat("--threads must be at least 1, got ", options.threads));
+  if (options.threads < 1) {
+    throw InvalidArgument(strCat("the syncer thread pool needs at least 1 thread, got ", options.threads));
+  }
   if (options.timeout.count() <= 0) throw InvalidArgument("the timeout must be positive");
   std::unique_ptr<Node> node(new Node(options));
   const CurveKeys* curve = nullptr;
@@ -61,33 +60,21 @@ std::unique_ptr<Node> Node::start(const NodeOptions& options, const ModelDesc& m
   node->van_->counters().resize(layers);
   std::vector<std::string> endpoints;
   for (const auto& n : book.nodes()) endpoints.push_back(n.endpoint);
-  node->van_->connectPeers(options.rank, endpoints);
-  if (node->isServer()) {
-    node->shard_ = std::make_unique<KvShard>(book, book.shardIndex(options.rank));
-    if (book.settings().policy == SchemePolicy::kAdam) {
-      node->adam_ = std::make_unique<AdamServer>(book, book.shardIndex(options.rank));
-    }
-    if (book.settings().stragglerMode()) {
-      node->keeper_ = std::make_unique<SfbKeeper>(book, book.shardIndex(options.rank));
-    }
-  }
+  node->van_->connectPeers(options.rank, endpoints, book.jobId());
+  if (node->isServer()) node->server_ = std::make_unique<KvServer>(book, book.shardIndex(options.rank));
   if (node->isWorker()) {
     for (int l = 0; l < layers; ++l) node->syncers_.push_back(std::make_unique<Syncer>(static_cast<SyncHost&>(*node), l));
+    node->barrier_ = std::make_unique<IterationBarrier>(layers, node->error_);
     node->pool_ = std::make_unique<ThreadPool>(options.threads);
   }
   node->iteration_ = book.settings().startIteration;
-  node->heartbeat_ = options.heartbeat.count() > 0
-                         ? options.heartbeat
-                         : std::max(std::chrono::milliseconds(50), std::min(std::chrono::milliseconds(1000),
-                                                                            options.timeout / 6));
-  auto now = std::chrono::steady_clock::now();
-  node->lastHeard_.assign(book.worldSize(), now);
-  node->lastIteration_.assign(book.worldSize(), book.settings().startIteration);
-  node->departed_.assign(book.worldSize(), false);
-  node->nextHeartbeat_ = now;
-  node->layerDone_.assign(layers, true);
-  node->layersLeft_ = 0;
-  node->loop_ = std::thread([n = node.get()] { n->receiveLoop(); });
+  node->liveness_ = std::make_unique<Liveness>(book.worldSize(), options.rank, options.timeout, options.heartbeat,
+                                               book.settings().startIteration, std::chrono::steady_clock::now());
+  Node* self = node.get();
+  node->collectives_ = std::make_unique<Collectives>(
+      *node->van_, book, options.rank, node->error_, [self](std::exception_ptr e) { self->fail(std::move(e)); },
+      node->waitTimeout());
+  node->loop_ = std::thread([self] { self->receiveLoop(); });
   POSEIDON_LOG(kInfo) << "rank " << options.rank << " (" << roleName(options.role) << ") joined job "
                       << std::hex << book.jobId() << std::dec << ": " << book.numWorkers() << " workers, "
                       << book.numServers() << " server shards, " << layers << " layers; data endpoint "
@@ -96,6 +83,8 @@ std::unique_ptr<Node> Node::start(const NodeOptions& options, const ModelDesc& m
 }
 
 Node::~Node() {
+  // Queued sends and reconstructions must not touch the caller's buffers any more.
+  for (auto& s : syncers_) s->close();
   stopLoop_ = true;
   if (loop_.joinable()) loop_.join();
   pool_.reset();  // drains queued sends while the van is still open
@@ -109,69 +98,61 @@ uint64_t Node::refusedConnections() const {
 
 // ---- failure ------------------------------------------------------------------
 
-void Node::fail(const std::string& why) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!error_.empty()) return;
-    error_ = why;
-  }
-  cv_.notify_all();
+void Node::fail(std::exception_ptr error) { fail(std::move(error), true); }
+
+void Node::fail(std::exception_ptr error, bool tellPeers) {
+  if (!error_.set(std::move(error))) return;
+  const std::string why = error_.message();
   POSEIDON_LOG(kError) << why;
+  if (barrier_) barrier_->wake();
+  if (collectives_) collectives_->wake();
   // Tell the peers, so they stop at once with this reason instead of timing out.
-  sendToPeers(MsgType::kAbort, why.data(), why.size(), false);
+  if (tellPeers) sendToPeers(wire::abort(iteration_.load()), why, false);
 }
 
-void Node::sendToPeers(MsgType type, const void* data, size_t size, bool skipDeparted) {
-  FrameHeader h;
-  h.type = type;
-  h.job = book_.jobId();
-  h.iteration = iteration_.load();
+void Node::sendToPeers(const FrameHeader& header, const std::string& payload, bool skipDeparted) {
   for (int r = 0; r < book_.worldSize(); ++r) {
-    if (r == rank() || (skipDeparted && departed_[r])) continue;
+    if (r == rank() || (skipDeparted && liveness_->departed(r))) continue;
     try {
-      van_->send(r, h, data, size);
+      van_->send(r, header, payload.data(), payload.size());
     } catch (const Error&) {
       // Best effort: a peer that cannot be reached is noticed by its own silence.
     }
   }
 }
 
-void Node::abort(const std::string& why) { fail(strCat("rank ", rank(), " aborted the job: ", why)); }
-
-void Node::throwError() const {
-  // mutex_ held by the caller or error_ already immutable (set once).
-  if (aborted_) throw AbortedError(error_);
-  throw Error(error_);
+void Node::quiesce() {
+  for (auto& s : syncers_) s->close();
+  if (pool_) pool_->waitIdle();
 }
 
-void Node::checkError() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (!error_.empty()) throwError();
+void Node::throwIfFailed() {
+  if (!error_.failed()) return;
+  quiesce();
+  error_.check();
+}
+
+void Node::checkError() { throwIfFailed(); }
+
+void Node::abort(const std::string& why) {
+  fail(std::make_exception_ptr(AbortedError(strCat("rank ", rank(), " aborted the job: ", why))));
 }
 
 // ---- receive loop ----------------------------------------------------------------
 
-void Node::heartbeatAndCheckPeers() {
-  auto now = std::chrono::steady_clock::now();
-  if (now >= nextHeartbeat_) {
-    nextHeartbeat_ = now + heartbeat_;
-    sendToPeers(MsgType::kHeartbeat, nullptr, 0, true);
-  }
-  for (int r = 0; r < book_.worldSize(); ++r) {
-    if (r == rank() || departed_[r]) continue;
-    auto silent = now - lastHeard_[r];
-    if (silent > options_.timeout) {
-      fail(strCat("rank ", rank(), ": lost rank ", r, " (nothing from it for ",
-                  std::chrono::duration_cast<std::chrono::milliseconds>(silent).count() / 1000.0,
-                  " s; last known at iteration ", lastIteration_[r], "): it died, hung or became unreachable"));
-      departed_[r] = true;  // report each lost peer once
-    }
+void Node::checkPeers() {
+  const auto now = std::chrono::steady_clock::now();
+  if (liveness_->heartbeatDue(now)) sendToPeers(wire::heartbeat(iteration_.load()), {}, true);
+  for (const Liveness::Lost& lost : liveness_->lostPeers(now)) {
+    fail(std::make_exception_ptr(AbortedError(strCat(
+        "rank ", rank(), ": lost rank ", lost.rank, " (nothing from it for ", lost.silent.count() / 1000.0,
+        " s; last known at iteration ", lost.lastIteration, "): it died, hung or became unreachable"))));
   }
 }
 
 void Node::receiveLoop() {
   Message msg;
-  int64_t pollMs = std::min<int64_t>(100, heartbeat_.count());
+  int64_t pollMs = std::min<int64_t>(100, liveness_->heartbeat().count());
   if (book_.settings().stragglerMode()) {
     pollMs = std::min<int64_t>(pollMs, std::max<int64_t>(1, book_.settings().stragglerTimeoutMs / 4));
   }
@@ -180,58 +161,46 @@ void Node::receiveLoop() {
     try {
       got = van_->poll(&msg, static_cast<int>(pollMs));
     } catch (const Error& e) {
-      fail(strCat("rank ", rank(), ": transport failed: ", e.what()));
+      fail(std::make_exception_ptr(IoError(strCat("rank ", rank(), ": transport failed: ", e.what()))));
       return;
     }
-    heartbeatAndCheckPeers();
-    if (shard_ || keeper_) {
+    checkPeers();
+    if (server_ && server_->hasDeadlines()) {
       try {
-        expireStragglerRounds();
+        sendAll(server_->expire(std::chrono::steady_clock::now()));
       } catch (const Error& e) {
-        fail(strCat("rank ", rank(), ": ", e.what()));
+        fail(std::make_exception_ptr(Error(strCat("rank ", rank(), ": ", e.what()))));
       }
     }
     if (!got) continue;
+    liveness_->heard(msg.header, std::chrono::steady_clock::now());
     try {
-      if (msg.header.job != book_.jobId()) {
-        throw ProtocolError(strCat("frame for job ", std::hex, msg.header.job, ", this job is ", book_.jobId()));
-      }
-      if (static_cast<int>(msg.header.sender) >= book_.worldSize()) {
-        throw ProtocolError(strCat("sender rank ", msg.header.sender, " outside the world of ", book_.worldSize()));
-      }
-      const int sender = static_cast<int>(msg.header.sender);
-      lastHeard_[sender] = std::chrono::steady_clock::now();
-      if (msg.header.type == MsgType::kHeartbeat || msg.header.type == MsgType::kPsPush ||
-          msg.header.type == MsgType::kSfbFactors || msg.header.type == MsgType::kSfbNotice) {
-        lastIteration_[sender] = msg.header.iteration;
-      }
-      if (msg.header.type == MsgType::kBye) departed_[sender] = true;
-      dispatch(msg);
+      route(msg);
     } catch (const ProtocolError& e) {
       van_->rejected(msg.peer, strCat(describe(msg.header), ": ", e.what()));
     } catch (const std::exception& e) {
-      fail(strCat("rank ", rank(), ": handling ", describe(msg.header), " failed: ", e.what()));
+      fail(std::make_exception_ptr(
+          Error(strCat("rank ", rank(), ": handling ", describe(msg.header), " failed: ", e.what()))));
     }
   }
 }
 
-void Node::dispatch(Message& msg) {
+void Node::sendAll(const std::vector<KvServer::Outgoing>& out) {
+  for (const KvServer::Outgoing& o : out) {
+    const std::vector<Van::Part> parts = o.parts();
+    for (int dest : o.to) van_->send(dest, o.header, parts);
+  }
+}
+
+// The Van has checked the frame, its job and its sender; route it by type.
+void Node::route(Message& msg) {
   const FrameHeader& h = msg.header;
+  if (KvServer::handles(h.type)) {
+    if (!server_) throw ProtocolError(strCat(msgTypeName(h.type), " to a rank that is not a server"));
+    sendAll(server_->handle(msg));
+    return;
+  }
   switch (h.type) {
-    case MsgType::kPsPush:
-      if (!shard_) throw ProtocolError("ps push to a rank that is not a server");
-      onPush(msg);
-      return;
-    case MsgType::kAdamFactors:
-      if (!adam_) throw ProtocolError("adam factors to a rank that is not an adam server");
-      onAdamFactors(msg);
-      return;
-    case MsgType::kSfbNotice: {
-      if (!keeper_) throw ProtocolError("sfb notice to a rank that keeps no sfb rounds");
-      auto d = keeper_->notice(static_cast<int>(h.sender), static_cast<int>(h.layer), h.iteration);
-      if (d) sendDecision(*d);
-      return;
-    }
     case MsgType::kPsAggregate:
     case MsgType::kAdamAggregate:
     case MsgType::kSfbDecision:
@@ -245,26 +214,14 @@ void Node::dispatch(Message& msg) {
       return;
     }
     case MsgType::kBroadcast:
-    case MsgType::kBarrier: {
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        auto& box = mail_[{static_cast<uint16_t>(h.type), h.layer}];
-        if (box.size() >= static_cast<size_t>(book_.worldSize()) * 1024 * 1024) throw ProtocolError("mailbox full");
-        box.push_back(std::move(msg));
-      }
-      cv_.notify_all();
+    case MsgType::kBarrier:
+      collectives_->deliver(std::move(msg));
       return;
-    }
     case MsgType::kAbort: {
       std::string why(reinterpret_cast<const char*>(msg.data()), std::min<size_t>(msg.size(), 4096));
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        if (!error_.empty()) return;
-        error_ = strCat("rank ", h.sender, " failed (at its iteration ", h.iteration, "): ", why);
-        aborted_ = true;
-      }
-      cv_.notify_all();
-      POSEIDON_LOG(kError) << "rank " << rank() << ": job aborted by rank " << h.sender << ": " << why;
+      fail(std::make_exception_ptr(
+               AbortedError(strCat("rank ", h.sender, " failed (at its iteration ", h.iteration, "): ", why))),
+           /*tellPeers=*/false);
       return;
     }
     case MsgType::kHeartbeat:
@@ -275,83 +232,24 @@ void Node::dispatch(Message& msg) {
   }
 }
 
-void Node::onPush(Message& msg) {
-  const FrameHeader& h = msg.header;
-  auto done = shard_->push(static_cast<int>(h.sender), static_cast<int>(h.layer), static_cast<int>(h.pair),
-                           h.iteration, msg.data(), msg.size());
-  if (done) sendAggregate(*done);
-}
-
-void Node::sendAggregate(const KvShard::Completed& done) {
-  FrameHeader out;
-  out.type = MsgType::kPsAggregate;
-  out.job = book_.jobId();
-  out.layer = static_cast<uint32_t>(done.layer);
-  out.iteration = done.iteration;
-  out.pair = static_cast<uint32_t>(done.pair);
-  const size_t bytes = done.sum.size() * sizeof(float);
-  // Straggler mode: the contributor mask follows the floats, so workers divide
-  // by the number of contributions and know whether theirs was among them.
-  std::vector<uint8_t> mask;
-  if (book_.settings().stragglerMode()) mask = encodeMask(done.contributors);
-  for (int w : book_.workerRanks()) van_->send(w, out, {Van::Part{done.sum.data(), bytes}, Van::Part{mask.data(), mask.size()}});
-}
-
-void Node::sendDecision(const SfbKeeper::Decision& d) {
-  FrameHeader out;
-  out.type = MsgType::kSfbDecision;
-  out.job = book_.jobId();
-  out.layer = static_cast<uint32_t>(d.layer);
-  out.iteration = d.iteration;
-  std::vector<uint8_t> mask = encodeMask(d.contributors);
-  for (int w : book_.workerRanks()) van_->send(w, out, mask.data(), mask.size());
-}
-
-void Node::expireStragglerRounds() {
-  if (!book_.settings().stragglerMode()) return;
-  auto now = std::chrono::steady_clock::now();
-  if (shard_)
-    for (const auto& done : shard_->expire(now)) sendAggregate(done);
-  if (keeper_)
-    for (const auto& d : keeper_->expire(now)) sendDecision(d);
-}
-
-void Node::onAdamFactors(Message& msg) {
-  const FrameHeader& h = msg.header;
-  auto done = adam_->push(static_cast<int>(h.sender), static_cast<int>(h.layer), h.iteration, h.aux,
-                          std::move(msg.payload));
-  if (!done) return;
-  FrameHeader out;
-  out.type = MsgType::kAdamAggregate;
-  out.job = book_.jobId();
-  out.layer = h.layer;
-  out.iteration = h.iteration;
-  for (const KvPair& p : book_.layout().pairsOf(done->layer)) {
-    out.pair = static_cast<uint32_t>(p.index);
-    for (int w : book_.workerRanks()) van_->send(w, out, done->sum.data() + p.offset, static_cast<size_t>(p.length) * 4);
-  }
-}
-
 // ---- worker API ------------------------------------------------------------------
+
+void Node::send(int dest, const FrameHeader& header, const std::vector<Van::Part>& parts) {
+  van_->send(dest, header, parts);
+}
 
 void Node::schedule(std::function<void()> task) { pool_->schedule(std::move(task)); }
 
 void Node::beginIteration(int64_t iteration) {
   if (!isWorker()) throw InvalidArgument(strCat("rank ", rank(), " is not a worker; it has no iterations"));
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (!error_.empty()) throwError();
+  throwIfFailed();
   int64_t expected = begun_ ? iteration_.load() + 1 : book_.settings().startIteration;
   if (iteration != expected) {
     throw InvalidArgument(strCat("beginIteration(", iteration, "): expected iteration ", expected));
   }
-  if (layersLeft_ != 0) {
-    throw InvalidArgument(strCat("beginIteration(", iteration, ") before waitIteration() finished iteration ",
-                                 iteration_.load()));
-  }
+  barrier_->begin(iteration);
   begun_ = true;
   iteration_ = iteration;
-  std::fill(layerDone_.begin(), layerDone_.end(), false);
-  layersLeft_ = static_cast<int>(layerDone_.size());
 }
 
 Scheme Node::schemeFor(int layer, int64_t rows) const {
@@ -362,7 +260,7 @@ Scheme Node::schemeFor(int layer, int64_t rows) const {
 }
 
 void Node::submitDense(int layer, LayerBuffer grad, std::shared_ptr<void> keepAlive) {
-  checkError();
+  throwIfFailed();
   if (layer < 0 || layer >= static_cast<int>(syncers_.size())) {
     throw InvalidArgument(strCat("submitDense: layer index ", layer, " out of range (rank ", rank(),
                                  " has ", syncers_.size(), " worker layers)"));
@@ -372,7 +270,7 @@ void Node::submitDense(int layer, LayerBuffer grad, std::shared_ptr<void> keepAl
 
 void Node::submitFactors(int layer, const float* u, const float* v, int64_t rows, LayerBuffer out,
                          std::shared_ptr<void> keepAlive) {
-  checkError();
+  throwIfFailed();
   if (layer < 0 || layer >= static_cast<int>(syncers_.size())) {
     throw InvalidArgument(strCat("submitFactors: layer index ", layer, " out of range"));
   }
@@ -393,7 +291,7 @@ bool Node::alreadyComplete() const {
 }
 
 void Node::skipIteration(const std::vector<LayerBuffer>& outputs) {
-  checkError();
+  throwIfFailed();
   if (outputs.size() != syncers_.size()) {
     throw InvalidArgument(strCat("skipIteration: ", outputs.size(), " buffers for ", syncers_.size(), " layers"));
   }
@@ -413,18 +311,11 @@ std::vector<std::vector<bool>> Node::contributors(int layer, int64_t iteration) 
 }
 
 void Node::layerDone(int layer, int64_t iteration) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (iteration != iteration_.load() || layerDone_[layer]) {
-      // Cannot happen under BSP; treat it as a bug rather than corrupt state.
-      error_ = strCat("internal error: layer ", layer, " finished iteration ", iteration, " during iteration ",
-                      iteration_.load());
-    } else {
-      layerDone_[layer] = true;
-      --layersLeft_;
-    }
+  if (!barrier_->layerDone(layer, iteration)) {
+    // Cannot happen under BSP; treat it as a bug rather than corrupt state.
+    fail(std::make_exception_ptr(Error(strCat("internal error: layer ", layer, " finished iteration ", iteration,
+                                              " during iteration ", iteration_.load()))));
   }
-  cv_.notify_all();
 }
 
 // The barrier allows two heartbeat periods more than the liveness timeout: when
@@ -432,112 +323,34 @@ void Node::layerDone(int layer, int64_t iteration) {
 void Node::waitIteration() { waitIteration(waitTimeout()); }
 
 void Node::waitIteration(std::chrono::milliseconds timeout) {
+  if (!barrier_) throw InvalidArgument(strCat("rank ", rank(), " is not a worker; it has no iterations"));
   std::vector<int> pending;
-  int64_t it;
-  {
-    std::unique_lock<std::mutex> lock(mutex_);
-    bool ok = cv_.wait_for(lock, timeout, [&] { return !error_.empty() || layersLeft_ == 0; });
-    if (!error_.empty()) throwError();
-    if (ok) return;
-    it = iteration_.load();
-    for (size_t l = 0; l < layerDone_.size(); ++l)
-      if (!layerDone_[l]) pending.push_back(static_cast<int>(l));
+  try {
+    pending = barrier_->wait(timeout);
+  } catch (...) {
+    quiesce();
+    throw;
   }
-  // Outside mutex_: Syncer::pending takes the syncer's lock (see lock order).
+  if (pending.empty()) return;
+  const int64_t it = iteration_.load();
   std::string what;
   for (size_t i = 0; i < pending.size() && i < 8; ++i) what += (i ? "; " : "") + syncers_[pending[i]]->pending(it);
   if (pending.size() > 8) what += strCat("; and ", pending.size() - 8, " more layers");
-  std::string why = strCat("rank ", rank(), " iteration ", it, ": timed out after ", timeout.count() / 1000.0,
-                           " s waiting for ", what);
-  fail(why);
-  throw TimeoutError(why);
+  fail(std::make_exception_ptr(TimeoutError(strCat("rank ", rank(), " iteration ", it, ": timed out after ",
+                                                   timeout.count() / 1000.0, " s waiting for ", what))));
+  throwIfFailed();
 }
 
 // ---- collectives -------------------------------------------------------------------
 
-std::vector<Message> Node::takeMail(MsgType type, uint32_t seq, size_t count, const char* what) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  auto key = std::make_pair(static_cast<uint16_t>(type), seq);
-  bool ok = cv_.wait_for(lock, waitTimeout(),
-                         [&] { return !error_.empty() || mail_[key].size() >= count; });
-  if (!error_.empty()) throwError();
-  if (!ok) {
-    std::vector<bool> seen(book_.worldSize(), false);
-    for (const auto& m : mail_[key]) seen[m.header.sender] = true;
-    std::vector<int> missing;
-    for (int r = 0; r < book_.worldSize(); ++r)
-      if (!seen[r] && r != rank()) missing.push_back(r);
-    std::string why = strCat("rank ", rank(), ": timed out after ", waitTimeout().count() / 1000.0, " s in ", what,
-                             " waiting for rank(s) ", formatRanks(missing));
-    lock.unlock();
-    fail(why);
-    throw TimeoutError(why);
-  }
-  std::vector<Message> out = std::move(mail_[key]);
-  mail_.erase(key);
-  return out;
-}
-
 void Node::broadcast(int root, LayerBuffer buffer) {
-  checkError();
-  if (root < 0 || root >= book_.worldSize()) throw InvalidArgument(strCat("broadcast root ", root, " out of range"));
-  const uint32_t seq = collectiveSeq_++;
-  const int64_t chunk = std::max<int64_t>(1, book_.settings().pairBytes / 4);
-  const int64_t total = buffer.size();
-  const int64_t chunks = (total + chunk - 1) / chunk;
-  if (rank() == root) {
-    FrameHeader h;
-    h.type = MsgType::kBroadcast;
-    h.job = book_.jobId();
-    h.layer = seq;
-    h.iteration = total;
-    h.aux = static_cast<uint32_t>(chunks);
-    std::vector<Van::Part> parts;
-    for (int r = 0; r < book_.worldSize(); ++r) {
-      if (r == root) continue;
-      for (int64_t c = 0; c < std::max<int64_t>(chunks, 1); ++c) {
-        parts.clear();
-        int64_t off = c * chunk, len = std::min(chunk, total - off);
-        if (len > 0) buffer.forEach(off, len, [&](float* p, int64_t n, int64_t) { parts.push_back({p, size_t(n) * 4}); });
-        h.pair = static_cast<uint32_t>(c);
-        van_->send(r, h, parts);
-      }
-    }
-    return;
-  }
-  std::vector<Message> msgs = takeMail(MsgType::kBroadcast, seq, std::max<int64_t>(chunks, 1), "broadcast");
-  std::vector<bool> seen(std::max<int64_t>(chunks, 1), false);
-  for (const Message& m : msgs) {
-    const FrameHeader& h = m.header;
-    if (static_cast<int>(h.sender) != root || h.iteration != total || h.aux != chunks) {
-      throw Error(strCat("broadcast mismatch: rank ", h.sender, " sent ", h.iteration, " floats from root ", root,
-                         ", rank ", rank(), " expects ", total, " from root ", root,
-                         " (do all ranks build the same model?)"));
-    }
-    int64_t off = static_cast<int64_t>(h.pair) * chunk, len = std::min(chunk, total - off);
-    if (h.pair >= seen.size() || seen[h.pair] || (len > 0 && m.size() != size_t(len) * 4)) {
-      throw Error(strCat("broadcast chunk ", h.pair, " from rank ", h.sender, " is malformed"));
-    }
-    seen[h.pair] = true;
-    if (len > 0) buffer.forEach(off, len, [&](float* p, int64_t n, int64_t done) { std::memcpy(p, m.data() + done * 4, n * 4); });
-  }
+  throwIfFailed();
+  collectives_->broadcast(root, std::move(buffer));
 }
 
 void Node::barrier() {
-  checkError();
-  const uint32_t seq = collectiveSeq_++;
-  FrameHeader h;
-  h.type = MsgType::kBarrier;
-  h.job = book_.jobId();
-  h.layer = seq;
-  for (int r = 0; r < book_.worldSize(); ++r)
-    if (r != rank()) van_->send(r, h, static_cast<const void*>(nullptr), size_t{0});
-  std::vector<Message> msgs = takeMail(MsgType::kBarrier, seq, book_.worldSize() - 1, "barrier");
-  std::vector<bool> seen(book_.worldSize(), false);
-  for (const Message& m : msgs) {
-    if (seen[m.header.sender]) throw Error(strCat("barrier: rank ", m.header.sender, " arrived twice"));
-    seen[m.header.sender] = true;
-  }
+  throwIfFailed();
+  collectives_->barrier();
 }
 
 void Node::finish() {
@@ -545,7 +358,7 @@ void Node::finish() {
   barrier();
   finished_ = true;
   // Say bye, so that peers still finishing do not take our silence for a failure.
-  sendToPeers(MsgType::kBye, nullptr, 0, false);
+  sendToPeers(wire::bye(iteration_.load()), {}, false);
   stopLoop_ = true;
   if (loop_.joinable()) loop_.join();
   pool_.reset();

@@ -1,14 +1,22 @@
 // Node: one Poseidon process (rank). A worker, a server shard, or both.
 //
-// It owns, for its lifetime: the ZeroMQ context and van, the receive loop
-// thread, the KV shard (servers), one Syncer per layer plus the thread pool
-// and the BSP barrier (workers), and on rank 0 the coordinator. Nothing is
-// global: several nodes can live in one process (tests do that).
+// The node keeps the lifecycle and the routing; each role lives in its own
+// component:
+//   rendezvous + CURVE    Node::start (coordinator/, transport/security.h)
+//   worker                one Syncer per layer (client/syncer.h) on a thread
+//                         pool, and the BSP IterationBarrier
+//   server                KvServer (kvstore/server.h): KV shard, Adam's
+//                         server, SFB keeper; I/O-free, the node sends what
+//                         it returns
+//   collectives           Collectives (client/collectives.h)
+//   liveness              Liveness (client/liveness.h), driven by the
+//                         receive loop, which also routes every inbound frame
+// Nothing is global: several nodes can live in one process (tests do that).
 //
 // Worker iteration protocol (paper Algorithm 2):
 //   node.beginIteration(t);
 //   forward; during backward, for l = L..1 as each gradient is final:
-//     node.submitDense(l, grad)          // PS, or
+//     node.submitDense(l, grad)           // PS, or
 //     node.submitFactors(l, U, V, K, out) // SFB (or Adam), when schemeFor(l, K) says so
 //   node.waitIteration();   // BSP barrier: every layer's sync is done
 //   the optimizer applies the synchronized mean gradients.
@@ -16,39 +24,52 @@
 // (wait-free backpropagation); sends of upper layers overlap the backward
 // of lower ones.
 //
-// Failure is sticky (gloo-style): once anything fails (a timeout, an abort
-// from a peer, a transport error, a lost peer) every later call throws the
-// same error, and the reason is sent to every peer.
+// Failure is sticky (gloo-style): the first failure (a timeout, an abort
+// from a peer, a transport error, a lost peer, a misuse) is kept with its type
+// (StickyError) by Node::fail, the one place that records it; every later call
+// rethrows it, and the reason is sent to every peer so they stop at once.
 //
 // Liveness: the receive loop sends a heartbeat to every peer each period and
 // declares a peer lost when nothing (heartbeat or data) has come from it for
 // `timeout`, naming it and its last-known iteration. A node leaving cleanly
 // (finish) says bye first, so it is not mistaken for a lost one.
+//
+// Buffers: the caller's gradient and output buffers are read and written by
+// the pool and the receive loop until the layer is done. Once a call on the
+// user's thread throws the job's error, nothing touches them any more: the
+// node first closes every Syncer and waits for running pool tasks, so the
+// caller may free them as the exception unwinds.
+//
+// Threads and lock order (checked by the ThreadSanitizer build in CI):
+//   user thread    beginIteration, submit*, waitIteration, collectives
+//   receive loop   Van::poll, Liveness, KvServer, Syncer::on*
+//   pool           Syncer sends and SFB reconstruction
+// Every lock is a leaf except a Syncer's, which is never held while calling
+// out: Syncer::mutex_, IterationBarrier, Collectives and StickyError mutexes
+// are each released before their owner calls anything else, and a Van peer's
+// mutex is innermost. fail() takes no lock of its caller's.
 #pragma once
 
 #include <zmq.hpp>
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <exception>
-#include <map>
 #include <memory>
-#include <mutex>
-#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "poseidon/client/collectives.h"
+#include "poseidon/client/iteration_barrier.h"
 #include "poseidon/client/layer_buffer.h"
+#include "poseidon/client/liveness.h"
 #include "poseidon/client/syncer.h"
+#include "poseidon/common/sticky_error.h"
 #include "poseidon/common/thread_pool.h"
 #include "poseidon/coordinator/book.h"
 #include "poseidon/coordinator/coordinator.h"
-#include "poseidon/coordinator/rendezvous.h"
-#include "poseidon/kvstore/adam_server.h"
-#include "poseidon/kvstore/kv_shard.h"
-#include "poseidon/sfb/keeper.h"
+#include "poseidon/kvstore/server.h"
 #include "poseidon/transport/van.h"
 
 namespace poseidon {
@@ -127,43 +148,46 @@ class Node : private SyncHost {
   // Fails the job: tells every peer (best effort) and makes every later call
   // throw AbortedError(why).
   void abort(const std::string& why);
-  // Throws the sticky error, if any.
-  void checkError() const;
+  // Throws the sticky error, if any (see "Buffers" above).
+  void checkError();
 
   // ---- introspection -------------------------------------------------------------
   TrafficCounters& counters() { return van_->counters(); }
   uint64_t rejectedFrames() const { return van_->rejectedFrames(); }
   // Connections refused for not being members of the job (CURVE/ZAP).
   uint64_t refusedConnections() const;
-  const KvShard* shard() const { return shard_.get(); }
+  const KvShard* shard() const { return server_ ? &server_->shard() : nullptr; }
   const std::string& endpoint() const { return van_->endpoint(); }
 
  private:
   Node(const NodeOptions& options);
   // SyncHost
-  Van& van() override { return *van_; }
+  void send(int dest, const FrameHeader& header, const std::vector<Van::Part>& parts) override;
   void schedule(std::function<void()> task) override;
   void layerDone(int layer, int64_t iteration) override;
-  void fail(const std::string& why) override;
-  // One header-only-or-small message to every other rank, best effort (errors ignored).
-  // skipDeparted reads departed_, so only the receive loop may pass true.
-  void sendToPeers(MsgType type, const void* data, size_t size, bool skipDeparted);
-  // How long a wait on peers may last: the liveness timeout plus two heartbeats, so that a
-  // lost peer is reported by the heartbeat check (naming it) before a wait gives up.
-  std::chrono::milliseconds waitTimeout() const { return options_.timeout + 2 * heartbeat_; }
   int64_t currentIteration() const override { return iteration_.load(); }
   Tracer* tracer() const override { return options_.tracer; }
+  // The one place that records the job's failure: keeps the first error with
+  // its type, logs it, wakes every waiter, and (unless it came from a peer's
+  // abort) tells every peer. Call it with no lock held.
+  void fail(std::exception_ptr error) override;
+  void fail(std::exception_ptr error, bool tellPeers);
+  // One small message to every other rank, best effort (errors ignored).
+  // skipDeparted reads liveness_, so only the receive loop may pass true.
+  void sendToPeers(const FrameHeader& header, const std::string& payload, bool skipDeparted);
+  // How long a wait on peers may last: the liveness timeout plus two heartbeats, so that a
+  // lost peer is reported by the heartbeat check (naming it) before a wait gives up.
+  std::chrono::milliseconds waitTimeout() const { return options_.timeout + 2 * liveness_->heartbeat(); }
+
+  // User thread: once the job failed, stop every use of the caller's buffers
+  // (see "Buffers"), then rethrow the error.
+  void throwIfFailed();
+  void quiesce();
 
   void receiveLoop();
-  void heartbeatAndCheckPeers();
-  void dispatch(Message& msg);
-  void onPush(Message& msg);
-  void onAdamFactors(Message& msg);
-  void sendAggregate(const KvShard::Completed& done);
-  void sendDecision(const SfbKeeper::Decision& d);
-  void expireStragglerRounds();
-  std::vector<Message> takeMail(MsgType type, uint32_t seq, size_t count, const char* what);
-  [[noreturn]] void throwError() const;
+  void checkPeers();
+  void route(Message& msg);
+  void sendAll(const std::vector<KvServer::Outgoing>& out);
 
   NodeOptions options_;
   zmq::context_t ctx_;
@@ -172,32 +196,18 @@ class Node : private SyncHost {
   std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
   std::unique_ptr<Van> van_;
   InformationBook book_;
-  std::unique_ptr<KvShard> shard_;                // servers
-  std::unique_ptr<AdamServer> adam_;              // servers, Adam baseline only
-  std::unique_ptr<SfbKeeper> keeper_;             // servers, straggler mode only
+  StickyError error_;
+  std::unique_ptr<KvServer> server_;              // servers
   std::vector<std::unique_ptr<Syncer>> syncers_;  // workers
+  std::unique_ptr<IterationBarrier> barrier_;     // workers
+  std::unique_ptr<Collectives> collectives_;
+  std::unique_ptr<Liveness> liveness_;  // receive loop only (after start)
   std::unique_ptr<ThreadPool> pool_;
   std::thread loop_;
   std::atomic<bool> stopLoop_{false};
   std::atomic<int64_t> iteration_{0};
-  bool begun_ = false;  // user thread only
+  bool begun_ = false;   // user thread only
   int64_t skipped_ = 0;  // user thread only
-
-  // Control state; one mutex, one condition variable.
-  mutable std::mutex mutex_;
-  std::condition_variable cv_;
-  std::string error_;                 // sticky; empty while healthy
-  bool aborted_ = false;              // error_ came from an abort
-  std::vector<bool> layerDone_;       // BSP bits of the current iteration
-  int layersLeft_ = 0;
-  std::map<std::pair<uint16_t, uint32_t>, std::vector<Message>> mail_;  // broadcast / barrier messages
-  uint32_t collectiveSeq_ = 0;  // user thread only
-  // Liveness, receive loop only.
-  std::vector<std::chrono::steady_clock::time_point> lastHeard_;
-  std::vector<int64_t> lastIteration_;
-  std::vector<bool> departed_;
-  std::chrono::steady_clock::time_point nextHeartbeat_;
-  std::chrono::milliseconds heartbeat_{1000};
   bool finished_ = false;
 };
 

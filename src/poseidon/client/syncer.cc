@@ -6,16 +6,24 @@
 #include "poseidon/common/error.h"
 #include "poseidon/common/log.h"
 #include "poseidon/kvstore/contributors.h"
+#include "poseidon/wire/messages.h"
 
 namespace poseidon {
 
 namespace {
 constexpr size_t kFinishedHistory = 256;
 
+// `src` holds floats at any alignment (a received payload).
 void copyScaled(const LayerBuffer& out, int64_t offset, int64_t length, const uint8_t* src, float divisor) {
   out.forEach(offset, length, [&](float* dst, int64_t n, int64_t done) {
-    std::memcpy(dst, src + done * sizeof(float), static_cast<size_t>(n) * sizeof(float));
+    std::memcpy(dst, src + done * kFloatBytes, static_cast<size_t>(n) * kFloatBytes);
     for (int64_t i = 0; i < n; ++i) dst[i] /= divisor;
+  });
+}
+
+void copyOut(const LayerBuffer& out, int64_t offset, int64_t length, const float* src) {
+  out.forEach(offset, length, [&](float* dst, int64_t n, int64_t done) {
+    std::memcpy(dst, src + done, static_cast<size_t>(n) * kFloatBytes);
   });
 }
 }  // namespace
@@ -27,31 +35,29 @@ Syncer::Syncer(SyncHost& host, int layer)
       pairs_(host.book().layout().pairsOf(layer)),
       straggler_(host.book().settings().stragglerMode()) {}
 
-Syncer::Round& Syncer::roundLocked(int64_t iteration) {
-  auto it = rounds_.find(iteration);
-  if (it != rounds_.end()) return it->second;
-  Round& r = rounds_[iteration];
-  int workers = host_.book().numWorkers();
-  r.pairSeen.assign(pairs_.size(), false);
-  r.pairsLeft = pairs_.size();
-  r.early.resize(pairs_.size());
-  r.pairContributors.resize(pairs_.size());
-  r.factors.resize(workers);
-  r.rows.assign(workers, 0);
-  r.factorSeen.assign(workers, false);
-  return r;
+std::exception_ptr Syncer::mismatch(int64_t iteration, const std::string& what) const {
+  return std::make_exception_ptr(InvalidArgument(strCat("layer '", spec_.name, "' iteration ", iteration, ": ", what,
+                                                        " (workers must use the same batch size and scheme policy)")));
 }
+
+void Syncer::apply(int64_t iteration, Effects& fx) {
+  if (fx.failure) host_.fail(fx.failure);
+  if (fx.rebuild) host_.schedule(std::move(fx.rebuild));
+  if (fx.layerDone) host_.layerDone(layer_, iteration);
+}
+
+// ---- rounds -------------------------------------------------------------------------
 
 Syncer::Round& Syncer::submitRoundLocked(int64_t iteration) {
   auto twice = [&] { return InvalidArgument(strCat("layer '", spec_.name, "' submitted twice in iteration ", iteration)); };
-  if (contributors_.count(iteration)) throw twice();
-  Round& r = roundLocked(iteration);
-  if (r.submitted || r.skipped) throw twice();
+  if (finished_.count(iteration)) throw twice();
+  Round& r = rounds_[iteration];
+  if (r.phase != Phase::kOpen) throw twice();
   return r;
 }
 
 Syncer::Round* Syncer::findRoundLocked(int64_t iteration, bool create, const char* what) {
-  if (contributors_.count(iteration)) return nullptr;
+  if (finished_.count(iteration)) return nullptr;
   auto it = rounds_.find(iteration);
   if (it != rounds_.end()) return &it->second;
   if (!create) return nullptr;
@@ -61,21 +67,103 @@ Syncer::Round* Syncer::findRoundLocked(int64_t iteration, bool create, const cha
     throw ProtocolError(strCat(what, " for layer ", layer_, " iteration ", iteration, " outside the open window (",
                                current, "..", current + ahead, ")"));
   }
-  return &roundLocked(iteration);
+  return &rounds_[iteration];
 }
 
-bool Syncer::schemeOf(int64_t iteration, Scheme* out) const {
+Syncer::Aggregates* Syncer::aggregatesLocked(Round& r, Scheme scheme) {
+  if (std::holds_alternative<std::monostate>(r.kind)) {
+    Aggregates a;
+    a.scheme = scheme;
+    a.pairs.resize(pairs_.size());
+    a.left = pairs_.size();
+    r.kind = std::move(a);
+  }
+  auto* a = std::get_if<Aggregates>(&r.kind);
+  return a && a->scheme == scheme ? a : nullptr;
+}
+
+Syncer::Factors* Syncer::factorsLocked(Round& r) {
+  if (std::holds_alternative<std::monostate>(r.kind)) {
+    const size_t workers = static_cast<size_t>(host_.book().numWorkers());
+    Factors f;
+    f.payload.resize(workers);
+    f.rows.assign(workers, 0);
+    f.seen.assign(workers, false);
+    r.kind = std::move(f);
+  }
+  return std::get_if<Factors>(&r.kind);
+}
+
+std::optional<std::vector<bool>> Syncer::factorSetLocked(const Factors& f) const {
+  std::vector<bool> set;
+  if (straggler_) {
+    if (!f.decision) return std::nullopt;
+    set = *f.decision;
+  } else {
+    set.assign(f.seen.size(), true);
+  }
+  for (size_t w = 0; w < set.size(); ++w)
+    if (set[w] && !f.seen[w]) return std::nullopt;
+  return set;
+}
+
+void Syncer::advanceLocked(int64_t iteration, Round& r, Effects& fx) {
+  Aggregates* a = std::get_if<Aggregates>(&r.kind);
+  Factors* f = std::get_if<Factors>(&r.kind);
+  const bool allPairsIn = a && a->left == 0 && a->sending == 0;
+  std::optional<std::vector<bool>> set = f && r.phase == Phase::kAwaiting ? factorSetLocked(*f) : std::nullopt;
+  // Each action erases the round from rounds_: nothing may touch r after it.
+  if (attemptTransition(r, Phase::kAwaiting, Phase::kFinished, allPairsIn,
+                        [&] { finishAggregatesLocked(iteration, r, *a, fx); })) {
+    return;
+  }
+  attemptTransition(r, Phase::kAwaiting, Phase::kRebuilding, set.has_value(),
+                    [&] { startRebuildLocked(iteration, r, std::move(*set), fx); });
+}
+
+void Syncer::finishAggregatesLocked(int64_t iteration, Round& r, Aggregates& a, Effects& fx) {
+  bool excluded = false;
+  std::vector<std::vector<bool>> who;
+  for (auto& slot : a.pairs) {
+    excluded = excluded || (!slot.contributors.empty() && !slot.contributors[me()]);
+    who.push_back(std::move(slot.contributors));
+  }
+  if (r.contributed && excluded) ++dropped_;
+  if (Tracer* tracer = host_.tracer()) {
+    int64_t now = Tracer::nowMicros();
+    tracer->span(strCat("receive ", spec_.name, a.scheme == Scheme::kAdam ? " (adam)" : " (ps)"), "receive", 2,
+                 r.sentAtUs ? r.sentAtUs : now, now, iteration);
+  }
+  finished_[iteration] = std::move(who);
+  while (finished_.size() > kFinishedHistory) finished_.erase(finished_.begin());
+  rounds_.erase(iteration);
+  fx.layerDone = true;
+}
+
+void Syncer::startRebuildLocked(int64_t iteration, Round& r, std::vector<bool> set, Effects& fx) {
+  if (r.contributed && !set[me()]) ++dropped_;
+  finished_[iteration] = {set};
+  while (finished_.size() > kFinishedHistory) finished_.erase(finished_.begin());
+  auto shared = std::make_shared<Round>(std::move(rounds_.extract(iteration).mapped()));
+  fx.rebuild = [this, iteration, shared, set = std::move(set)] { reconstruct(iteration, std::move(*shared), set); };
+}
+
+void Syncer::writeHeldLocked(const Round& r, PairSlot& slot, int pair) const {
+  const KvPair& p = pairs_[pair];
+  copyOut(r.out, p.offset, p.length, slot.held.data());
+  std::vector<float>().swap(slot.held);
+}
+
+void Syncer::close() {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = rounds_.find(iteration);
-  if (it == rounds_.end() || !it->second.submitted) return false;
-  *out = it->second.scheme;
-  return true;
+  closed_ = true;
+  rounds_.clear();
 }
 
 std::vector<std::vector<bool>> Syncer::contributors(int64_t iteration) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = contributors_.find(iteration);
-  return it == contributors_.end() ? std::vector<std::vector<bool>>{} : it->second;
+  auto it = finished_.find(iteration);
+  return it == finished_.end() ? std::vector<std::vector<bool>>{} : it->second;
 }
 
 int64_t Syncer::droppedContributions() const {
@@ -90,82 +178,89 @@ void Syncer::submitDense(int64_t iteration, LayerBuffer grad, std::shared_ptr<vo
     throw InvalidArgument(strCat("layer '", spec_.name, "': gradient has ", grad.size(), " floats, expected ",
                                  spec_.numel()));
   }
-  bool done = false;
+  Effects fx;
   std::vector<int> toSend;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (closed_) return;
     Round& r = submitRoundLocked(iteration);
-    if (r.factorsSeen > 0 || r.decided) {
-      host_.fail(strCat("layer '", spec_.name, "' iteration ", iteration,
-                        ": this rank chose ps but another worker sent sfb factors (workers must use the same batch "
-                        "size and scheme policy)"));
-      return;
+    Aggregates* a = aggregatesLocked(r, Scheme::kPS);
+    if (!a) {
+      fx.failure = mismatch(iteration, "this rank chose ps but another worker sent sfb factors");
+    } else {
+      r.phase = Phase::kAwaiting;
+      r.contributed = true;
+      r.out = grad;
+      r.keepAlive = keepAlive;
+      // Results that came before us (straggler mode) go in now; we push only
+      // the pairs whose rounds are still open.
+      for (size_t i = 0; i < a->pairs.size(); ++i) {
+        PairSlot& slot = a->pairs[i];
+        if (slot.in) {
+          writeHeldLocked(r, slot, static_cast<int>(i));
+        } else {
+          slot.sending = true;
+          ++a->sending;
+          toSend.push_back(static_cast<int>(i));
+        }
+      }
+      advanceLocked(iteration, r, fx);
     }
-    r.submitted = true;
-    r.scheme = Scheme::kPS;
-    r.out = grad;
-    r.keepAlive = keepAlive;
-    // Results that came before us (straggler mode) go in now; we send only
-    // the pairs whose rounds are still open.
-    applyEarlyLocked(r, grad, &toSend);
-    done = maybeFinishLocked(iteration, r);
   }
-  if (done) {
-    host_.layerDone(layer_, iteration);
-    return;
-  }
+  apply(iteration, fx);
   if (!toSend.empty()) {
     host_.schedule([this, iteration, grad, keepAlive, toSend] { sendDense(iteration, grad, toSend); });
-  }
-}
-
-void Syncer::applyEarlyLocked(Round& r, const LayerBuffer& out, std::vector<int>* open) {
-  for (size_t i = 0; i < pairs_.size(); ++i) {
-    if (!r.pairSeen[i]) {
-      if (open) open->push_back(static_cast<int>(i));
-      continue;
-    }
-    const KvPair& p = pairs_[i];
-    out.forEach(p.offset, p.length, [&](float* dst, int64_t n, int64_t off) {
-      std::memcpy(dst, r.early[i].data() + off, static_cast<size_t>(n) * sizeof(float));
-    });
-    std::vector<float>().swap(r.early[i]);
   }
 }
 
 void Syncer::sendDense(int64_t iteration, const LayerBuffer& grad, const std::vector<int>& pairIndices) {
   const InformationBook& book = host_.book();
   const int64_t startUs = host_.tracer() ? Tracer::nowMicros() : 0;
-  try {
-    std::vector<Van::Part> parts;
-    for (int i : pairIndices) {
-      const KvPair& p = pairs_[i];
-      // In straggler mode a result for this pair may arrive without our push and
-      // is written into the same memory: check under the lock and send nothing
-      // then. Otherwise no result can precede our push, and the receive thread
-      // must not wait on this lock while a pair is copied out.
-      std::unique_lock<std::mutex> lock(mutex_, std::defer_lock);
-      if (straggler_) {
-        lock.lock();
-        auto it = rounds_.find(iteration);
-        if (it == rounds_.end() || it->second.pairSeen[i]) continue;
-      }
+  std::exception_ptr failure;
+  std::vector<Van::Part> parts;
+  for (int i : pairIndices) {
+    const KvPair& p = pairs_[i];
+    bool skip = failure != nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (closed_) return;  // the job failed: the caller's buffer may be gone
+      // Straggler mode: the pair may have completed without us since submit; nothing to push then.
+      skip = skip || std::get<Aggregates>(rounds_.at(iteration).kind).pairs[i].in;
+    }
+    if (!skip) {
+      // No lock here: while `sending` is set, a result for this pair is held
+      // instead of being written into the memory we read.
       parts.clear();
       grad.forEach(p.offset, p.length, [&](float* ptr, int64_t n, int64_t) {
-        parts.push_back({ptr, static_cast<size_t>(n) * sizeof(float)});
+        parts.push_back({ptr, static_cast<size_t>(n) * kFloatBytes});
       });
-      FrameHeader h;
-      h.type = MsgType::kPsPush;
-      h.job = book.jobId();
-      h.layer = static_cast<uint32_t>(layer_);
-      h.iteration = iteration;
-      h.pair = static_cast<uint32_t>(p.index);
-      host_.van().send(book.shardRank(p.shard), h, parts);
+      try {
+        host_.send(book.shardRank(p.shard), wire::psPush(layer_, iteration, p.index), parts);
+      } catch (const Error& e) {
+        failure = std::make_exception_ptr(
+            IoError(strCat("layer '", spec_.name, "' iteration ", iteration, ": ", e.what())));
+      }
     }
-    traceSent(iteration, startUs, "ps");
-  } catch (const Error& e) {
-    host_.fail(strCat("layer '", spec_.name, "' iteration ", iteration, ": ", e.what()));
+    Effects fx;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (closed_) return;
+      // A round with a pair being sent cannot finish, so it is still here.
+      Round& r = rounds_.at(iteration);
+      Aggregates& a = std::get<Aggregates>(r.kind);
+      PairSlot& slot = a.pairs[i];
+      slot.sending = false;
+      --a.sending;
+      if (slot.in && !slot.held.empty()) writeHeldLocked(r, slot, i);
+      advanceLocked(iteration, r, fx);
+    }
+    apply(iteration, fx);
   }
+  if (failure) {
+    host_.fail(failure);
+    return;
+  }
+  traceSent(iteration, startUs, "ps");
 }
 
 void Syncer::submitFactors(int64_t iteration, Scheme scheme, const float* u, const float* v, int64_t rows,
@@ -181,26 +276,27 @@ void Syncer::submitFactors(int64_t iteration, Scheme scheme, const float* u, con
     throw InvalidArgument(strCat("layer '", spec_.name, "': output has ", out.size(), " floats, expected ",
                                  spec_.numel()));
   }
-  bool send = true;
+  Effects fx;
+  bool send = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (closed_) return;
     Round& r = submitRoundLocked(iteration);
-    bool mismatch = scheme == Scheme::kSFB ? r.aggregatesArrived : (r.factorsSeen > 0 || r.decided);
-    if (mismatch) {
-      host_.fail(strCat("layer '", spec_.name, "' iteration ", iteration, ": this rank chose ", schemeName(scheme),
-                        " but another worker used a different scheme (workers must use the same batch size and "
-                        "scheme policy)"));
-      return;
-    }
-    r.submitted = true;
-    r.scheme = scheme;
-    r.out = out;
-    if (scheme == Scheme::kSFB) {
+    Factors* f = scheme == Scheme::kSFB ? factorsLocked(r) : nullptr;
+    Aggregates* a = scheme == Scheme::kAdam ? aggregatesLocked(r, Scheme::kAdam) : nullptr;
+    if (!f && !a) {
+      fx.failure = mismatch(iteration, strCat("this rank chose ", schemeName(scheme),
+                                              " but another worker used a different scheme"));
+    } else {
+      r.phase = Phase::kAwaiting;
+      r.contributed = true;
+      r.out = out;
       // Decided without us (straggler mode): our factors would be ignored.
-      if (straggler_ && r.decided && !r.decision[me()]) send = false;
-      maybeFinishLocked(iteration, r);
+      send = !(f && f->decision && !(*f->decision)[me()]);
+      advanceLocked(iteration, r, fx);
     }
   }
+  apply(iteration, fx);
   if (send) {
     host_.schedule([this, iteration, scheme, u, v, rows, keepAlive] { sendFactors(iteration, scheme, u, v, rows); });
   }
@@ -209,45 +305,41 @@ void Syncer::submitFactors(int64_t iteration, Scheme scheme, const float* u, con
 void Syncer::sendFactors(int64_t iteration, Scheme scheme, const float* u, const float* v, int64_t rows) {
   const InformationBook& book = host_.book();
   const int64_t startUs = host_.tracer() ? Tracer::nowMicros() : 0;
+  const std::vector<Van::Part> parts{{u, static_cast<size_t>(rows * spec_.m) * kFloatBytes},
+                                     {v, static_cast<size_t>(rows * spec_.n) * kFloatBytes}};
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (closed_) return;  // the job failed: the caller's factors may be gone
+  }
   try {
-    FrameHeader h;
-    h.type = scheme == Scheme::kAdam ? MsgType::kAdamFactors : MsgType::kSfbFactors;
-    h.job = book.jobId();
-    h.layer = static_cast<uint32_t>(layer_);
-    h.iteration = iteration;
-    h.aux = static_cast<uint32_t>(rows);
-    size_t ub = static_cast<size_t>(rows * spec_.m) * sizeof(float);
-    size_t vb = static_cast<size_t>(rows * spec_.n) * sizeof(float);
     if (scheme == Scheme::kAdam) {  // factors up to the layer's one server
-      host_.van().send(book.adamOwnerRank(layer_), h, {Van::Part{u, ub}, Van::Part{v, vb}});
+      host_.send(book.layerKeeperRank(layer_), wire::adamFactors(layer_, iteration, rows), parts);
       traceSent(iteration, startUs, "adam");
       return;
     }
+    const FrameHeader h = wire::sfbFactors(layer_, iteration, rows);
     // Peers first, ourselves last: our own copy costs no network time.
     for (int w : book.workerRanks()) {
-      if (w != host_.rank()) host_.van().send(w, h, {Van::Part{u, ub}, Van::Part{v, vb}});
+      if (w != host_.rank()) host_.send(w, h, parts);
     }
-    host_.van().send(host_.rank(), h, {Van::Part{u, ub}, Van::Part{v, vb}});
-    if (straggler_) {  // tell the layer's keeper that our factors are out
-      FrameHeader n = h;
-      n.type = MsgType::kSfbNotice;
-      host_.van().send(book.adamOwnerRank(layer_), n, static_cast<const void*>(nullptr), size_t{0});
-    }
+    host_.send(host_.rank(), h, parts);
+    if (straggler_) host_.send(book.layerKeeperRank(layer_), wire::sfbNotice(layer_, iteration), {});
     traceSent(iteration, startUs, "sfb");
   } catch (const Error& e) {
-    host_.fail(strCat("layer '", spec_.name, "' iteration ", iteration, ": ", e.what()));
+    host_.fail(std::make_exception_ptr(IoError(strCat("layer '", spec_.name, "' iteration ", iteration, ": ", e.what()))));
   }
 }
 
 bool Syncer::completeWithoutMe(int64_t iteration) const {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = rounds_.find(iteration);
-  if (it == rounds_.end()) return false;
+  if (it == rounds_.end() || it->second.phase != Phase::kOpen) return false;
   const Round& r = it->second;
-  if (r.submitted || r.skipped) return false;
-  if (r.aggregatesArrived) return r.pairsLeft == 0;
-  std::vector<bool> set;
-  return r.decided && !r.decision[me()] && factorSetReadyLocked(r, &set);
+  if (const auto* a = std::get_if<Aggregates>(&r.kind)) return a->left == 0;
+  if (const auto* f = std::get_if<Factors>(&r.kind)) {
+    return f->decision && !(*f->decision)[me()] && factorSetLocked(*f).has_value();
+  }
+  return false;
 }
 
 void Syncer::submitSkipped(int64_t iteration, LayerBuffer out) {
@@ -255,20 +347,25 @@ void Syncer::submitSkipped(int64_t iteration, LayerBuffer out) {
     throw InvalidArgument(strCat("layer '", spec_.name, "': output has ", out.size(), " floats, expected ",
                                  spec_.numel()));
   }
-  bool done = false;
+  Effects fx;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (closed_) return;
     auto it = rounds_.find(iteration);
-    if (it == rounds_.end() || it->second.submitted || it->second.skipped) {
+    if (it == rounds_.end() || it->second.phase != Phase::kOpen ||
+        std::holds_alternative<std::monostate>(it->second.kind)) {
       throw InvalidArgument(strCat("layer '", spec_.name, "' iteration ", iteration, " cannot be skipped"));
     }
     Round& r = it->second;
-    r.skipped = true;
+    r.phase = Phase::kAwaiting;
     r.out = out;
-    applyEarlyLocked(r, out, nullptr);
-    done = maybeFinishLocked(iteration, r);
+    if (auto* a = std::get_if<Aggregates>(&r.kind)) {
+      for (size_t i = 0; i < a->pairs.size(); ++i)
+        if (a->pairs[i].in) writeHeldLocked(r, a->pairs[i], static_cast<int>(i));
+    }
+    advanceLocked(iteration, r, fx);
   }
-  if (done) host_.layerDone(layer_, iteration);
+  apply(iteration, fx);
 }
 
 // ---- receive ------------------------------------------------------------------------------
@@ -279,14 +376,15 @@ void Syncer::onAggregate(Message& msg) {
   if (h.pair >= pairs_.size()) {
     throw ProtocolError(strCat("aggregate for layer ", layer_, " pair ", h.pair, ", which does not exist"));
   }
-  const KvPair& p = pairs_[h.pair];
+  const int pair = static_cast<int>(h.pair);
+  const KvPair& p = pairs_[pair];
   const bool adam = h.type == MsgType::kAdamAggregate;
-  const int owner = adam ? book.adamOwnerRank(layer_) : book.shardRank(p.shard);
+  const int owner = adam ? book.layerKeeperRank(layer_) : book.shardRank(p.shard);
   if (static_cast<int>(h.sender) != owner) {
     throw ProtocolError(strCat("aggregate for layer ", layer_, " pair ", h.pair, " from rank ", h.sender,
                                ", which does not own that pair"));
   }
-  const size_t floatBytes = static_cast<size_t>(p.length) * sizeof(float);
+  const size_t floatBytes = static_cast<size_t>(p.length) * kFloatBytes;
   const size_t mask = straggler_ && !adam ? maskBytes(book.numWorkers()) : 0;
   if (msg.size() != floatBytes + mask) {
     throw ProtocolError(strCat("aggregate for layer ", layer_, " pair ", h.pair, " has ", msg.size(), " bytes"));
@@ -294,34 +392,37 @@ void Syncer::onAggregate(Message& msg) {
   std::vector<bool> contributors = mask ? decodeMask(msg.data() + floatBytes, mask, book.numWorkers())
                                         : std::vector<bool>(static_cast<size_t>(book.numWorkers()), true);
   const float divisor = static_cast<float>(countMask(contributors));
-  bool done = false;
+  const uint8_t* sum = msg.data();
+  Effects fx;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (closed_) return;
     Round* r = findRoundLocked(h.iteration, straggler_, "aggregate");
-    if (!r || (!straggler_ && !r->submitted)) {
+    if (!r || (!straggler_ && !r->contributed)) {
       throw ProtocolError(strCat("aggregate for layer ", layer_, " iteration ", h.iteration,
                                  ", which this worker has not pushed"));
     }
-    Scheme expected = adam ? Scheme::kAdam : Scheme::kPS;
-    if ((r->submitted && r->scheme != expected) || r->factorsSeen > 0 || r->decided) {
+    Aggregates* a = aggregatesLocked(*r, adam ? Scheme::kAdam : Scheme::kPS);
+    if (!a) {
       throw ProtocolError(strCat("aggregate for layer ", layer_, " iteration ", h.iteration, ", which uses another scheme"));
     }
-    if (r->pairSeen[h.pair]) throw ProtocolError(strCat("duplicate aggregate for layer ", layer_, " pair ", h.pair));
-    r->pairSeen[h.pair] = true;
-    --r->pairsLeft;
-    r->aggregatesArrived = true;
-    r->pairContributors[h.pair] = std::move(contributors);
-    if (r->submitted || r->skipped) {
-      copyScaled(r->out, p.offset, p.length, msg.data(), divisor);
-    } else {  // straggler mode: the result came before this worker's submit
-      std::vector<float>& e = r->early[h.pair];
-      e.resize(static_cast<size_t>(p.length));
-      std::memcpy(e.data(), msg.data(), floatBytes);
-      for (float& x : e) x /= divisor;
+    PairSlot& slot = a->pairs[pair];
+    if (slot.in) throw ProtocolError(strCat("duplicate aggregate for layer ", layer_, " pair ", h.pair));
+    slot.in = true;
+    --a->left;
+    slot.contributors = std::move(contributors);
+    if (r->phase == Phase::kOpen || slot.sending) {
+      // Before this worker's submit (straggler mode), or while our push still
+      // reads this pair's memory: hold it until it can be written.
+      slot.held.resize(static_cast<size_t>(p.length));
+      std::memcpy(slot.held.data(), sum, floatBytes);
+      for (float& x : slot.held) x /= divisor;
+    } else {
+      copyScaled(r->out, p.offset, p.length, sum, divisor);
     }
-    done = maybeFinishLocked(h.iteration, *r);
+    advanceLocked(h.iteration, *r, fx);
   }
-  if (done) host_.layerDone(layer_, h.iteration);
+  apply(h.iteration, fx);
 }
 
 void Syncer::onFactors(Message& msg) {
@@ -330,125 +431,103 @@ void Syncer::onFactors(Message& msg) {
   if (spec_.type != LayerType::kFC) throw ProtocolError(strCat("sfb factors for non-fc layer ", layer_));
   int worker = book.workerIndex(static_cast<int>(h.sender));
   if (worker < 0) throw ProtocolError(strCat("sfb factors from rank ", h.sender, ", which is not a worker"));
-  const int64_t rows = h.aux;
+  const int64_t rows = wire::factorRows(h);
   if (rows < 1 || rows > kMaxFactorRows) throw ProtocolError(strCat("sfb factors with ", rows, " rows"));
-  if (msg.size() != static_cast<size_t>(rows * (spec_.m + spec_.n)) * sizeof(float)) {
+  const size_t expected = static_cast<size_t>(rows * (spec_.m + spec_.n)) * kFloatBytes;
+  if (msg.size() != expected) {
     throw ProtocolError(strCat("sfb factors for layer ", layer_, " with ", rows, " rows have ", msg.size(),
-                               " bytes, expected ", rows * (spec_.m + spec_.n) * 4));
+                               " bytes, expected ", expected));
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (straggler_ && (h.iteration < host_.currentIteration() || contributors_.count(h.iteration))) {
-    return;  // a straggler's factors for a round that finished without them
+  Effects fx;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (closed_) return;
+    if (straggler_ && (h.iteration < host_.currentIteration() || finished_.count(h.iteration))) {
+      return;  // a straggler's factors for a round that finished without them
+    }
+    Round* r = findRoundLocked(h.iteration, true, "sfb factors");
+    if (!r) throw ProtocolError(strCat("sfb factors for layer ", layer_, " iteration ", h.iteration, ", already finished"));
+    Factors* f = factorsLocked(*r);
+    if (!f) {
+      const auto* a = std::get_if<Aggregates>(&r->kind);
+      fx.failure = mismatch(h.iteration, strCat("rank ", h.sender, " sent sfb factors (", rows,
+                                                " rows) but this rank chose ", schemeName(a->scheme)));
+    } else {
+      if (f->seen[worker]) throw ProtocolError(strCat("duplicate sfb factors from rank ", h.sender, " for layer ", layer_));
+      f->seen[worker] = true;
+      ++f->count;
+      if (!(f->decision && !(*f->decision)[worker])) {  // else late: not in the decided set
+        f->rows[worker] = rows;
+        f->payload[worker] = std::move(msg.payload);
+      }
+      advanceLocked(h.iteration, *r, fx);
+    }
   }
-  Round* r = findRoundLocked(h.iteration, true, "sfb factors");
-  if (!r) throw ProtocolError(strCat("sfb factors for layer ", layer_, " iteration ", h.iteration, ", already finished"));
-  if ((r->submitted && r->scheme != Scheme::kSFB) || r->aggregatesArrived) {
-    host_.fail(strCat("layer '", spec_.name, "' iteration ", h.iteration, ": rank ", h.sender, " sent sfb factors (",
-                      rows, " rows) but this rank chose ", schemeName(r->scheme),
-                      " (workers must use the same batch size and scheme policy)"));
-    return;
-  }
-  if (r->factorSeen[worker]) throw ProtocolError(strCat("duplicate sfb factors from rank ", h.sender, " for layer ", layer_));
-  r->factorSeen[worker] = true;
-  ++r->factorsSeen;
-  if (straggler_ && r->decided && !r->decision[worker]) return;  // late: not in the decided set
-  r->rows[worker] = rows;
-  r->factors[worker] = std::move(msg.payload);
-  maybeFinishLocked(h.iteration, *r);
+  apply(h.iteration, fx);
 }
 
 void Syncer::onDecision(Message& msg) {
   const FrameHeader& h = msg.header;
   const InformationBook& book = host_.book();
   if (!straggler_ || spec_.type != LayerType::kFC) throw ProtocolError(strCat("unexpected sfb decision for layer ", layer_));
-  if (static_cast<int>(h.sender) != book.adamOwnerRank(layer_)) {
+  if (static_cast<int>(h.sender) != book.layerKeeperRank(layer_)) {
     throw ProtocolError(strCat("sfb decision for layer ", layer_, " from rank ", h.sender, ", which does not keep it"));
   }
   std::vector<bool> set = decodeMask(msg.data(), msg.size(), book.numWorkers());
-  std::lock_guard<std::mutex> lock(mutex_);
-  Round* r = findRoundLocked(h.iteration, true, "sfb decision");
-  if (!r || r->decided) throw ProtocolError(strCat("duplicate sfb decision for layer ", layer_));
-  if ((r->submitted && r->scheme != Scheme::kSFB) || r->aggregatesArrived) {
-    throw ProtocolError(strCat("sfb decision for layer ", layer_, " iteration ", h.iteration, ", which uses ps"));
+  Effects fx;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (closed_) return;
+    Round* r = findRoundLocked(h.iteration, true, "sfb decision");
+    if (!r) throw ProtocolError(strCat("duplicate sfb decision for layer ", layer_));
+    Factors* f = factorsLocked(*r);
+    if (!f) throw ProtocolError(strCat("sfb decision for layer ", layer_, " iteration ", h.iteration, ", which uses ps"));
+    if (f->decision) throw ProtocolError(strCat("duplicate sfb decision for layer ", layer_));
+    for (size_t w = 0; w < set.size(); ++w)
+      if (!set[w]) f->payload[w] = zmq::message_t();  // late factors are ignored
+    f->decision = std::move(set);
+    advanceLocked(h.iteration, *r, fx);
   }
-  r->decided = true;
-  r->decision = std::move(set);
-  for (size_t w = 0; w < r->decision.size(); ++w)
-    if (!r->decision[w]) r->factors[w] = zmq::message_t();  // late factors are ignored
-  maybeFinishLocked(h.iteration, *r);
+  apply(h.iteration, fx);
 }
 
-bool Syncer::factorSetReadyLocked(const Round& r, std::vector<bool>* set) const {
-  if (straggler_) {
-    if (!r.decided) return false;
-    *set = r.decision;
-  } else {
-    set->assign(r.factorSeen.size(), true);
-  }
-  for (size_t w = 0; w < set->size(); ++w)
-    if ((*set)[w] && !r.factorSeen[w]) return false;
-  return true;
-}
-
-bool Syncer::maybeFinishLocked(int64_t iteration, Round& r) {
-  if (!r.submitted && !r.skipped) return false;
-  const bool aggregates = r.submitted ? r.scheme != Scheme::kSFB : r.aggregatesArrived;
-  auto remember = [&](std::vector<std::vector<bool>> who) {
-    contributors_[iteration] = std::move(who);
-    while (contributors_.size() > kFinishedHistory) contributors_.erase(contributors_.begin());
-  };
-  if (aggregates) {
-    if (r.pairsLeft > 0) return false;
-    bool excluded = false;
-    for (const auto& c : r.pairContributors) excluded = excluded || (!c.empty() && !c[me()]);
-    if (r.submitted && excluded) ++dropped_;
-    if (Tracer* tracer = host_.tracer()) {
-      int64_t now = Tracer::nowMicros();
-      tracer->span(strCat("receive ", spec_.name, r.scheme == Scheme::kAdam ? " (adam)" : " (ps)"), "receive", 2,
-                   r.sentAtUs ? r.sentAtUs : now, now, iteration);
-    }
-    remember(std::move(r.pairContributors));
-    rounds_.erase(iteration);
-    return true;
-  }
-  std::vector<bool> set;
-  if (r.reconstructing || !factorSetReadyLocked(r, &set)) return false;
-  r.reconstructing = true;
-  if (r.submitted && !set[me()]) ++dropped_;
-  remember({set});
-  auto node = rounds_.extract(iteration);
-  auto shared = std::make_shared<Round>(std::move(node.mapped()));
-  host_.schedule([this, iteration, shared, set] { reconstruct(iteration, std::move(*shared), set); });
-  return false;
-}
+// ---- reconstruction (pool) ----------------------------------------------------------------
 
 void Syncer::reconstruct(int64_t iteration, Round round, std::vector<bool> set) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (closed_) return;  // the job failed: the output buffer may be gone
+  }
   const int64_t startUs = host_.tracer() ? Tracer::nowMicros() : 0;
   if (Tracer* tracer = host_.tracer()) {
     tracer->span(strCat("receive ", spec_.name, " (sfb)"), "receive", 2, round.sentAtUs ? round.sentAtUs : startUs,
                  startUs, iteration);
   }
   try {
+    const Factors& f = std::get<Factors>(round.kind);
     const int64_t m = spec_.m, n = spec_.n;
     std::vector<FactorView> views;
-    for (size_t w = 0; w < round.factors.size(); ++w) {
+    for (size_t w = 0; w < f.payload.size(); ++w) {
       if (!set[w]) continue;
-      const auto* base = static_cast<const float*>(round.factors[w].data());
-      views.push_back({base, base + round.rows[w] * m, round.rows[w]});
+      const auto* base = static_cast<const float*>(f.payload[w].data());
+      views.push_back({base, base + f.rows[w] * m, f.rows[w]});
     }
     const float scale = 1.0f / static_cast<float>(views.size());
     const bool bias = spec_.params.size() > 1;
     float* w = round.out.contiguousAt(0, m * n);
     float* b = bias ? round.out.contiguousAt(m * n, m) : nullptr;
-    std::lock_guard<std::mutex> lock(scratchMutex_);
     std::vector<float> tmpW, tmpB;
     if (!w) tmpW.resize(static_cast<size_t>(m * n));
     if (bias && !b) tmpB.resize(static_cast<size_t>(m));
-    reconstructGradient(views, m, n, scale, w ? w : tmpW.data(), bias ? (b ? b : tmpB.data()) : nullptr, &scratch_);
-    if (!w) round.out.forEach(0, m * n, [&](float* d, int64_t k, int64_t done) { std::memcpy(d, tmpW.data() + done, k * 4); });
-    if (bias && !b) round.out.forEach(m * n, m, [&](float* d, int64_t k, int64_t done) { std::memcpy(d, tmpB.data() + done, k * 4); });
+    {
+      std::lock_guard<std::mutex> lock(scratchMutex_);
+      reconstructGradient(views, m, n, scale, w ? w : tmpW.data(), bias ? (b ? b : tmpB.data()) : nullptr, &scratch_);
+    }
+    if (!w) copyOut(round.out, 0, m * n, tmpW.data());
+    if (bias && !b) copyOut(round.out, m * n, m, tmpB.data());
   } catch (const std::exception& e) {
-    host_.fail(strCat("layer '", spec_.name, "' iteration ", iteration, ": reconstructing the gradient failed: ", e.what()));
+    host_.fail(std::make_exception_ptr(
+        Error(strCat("layer '", spec_.name, "' iteration ", iteration, ": reconstructing the gradient failed: ", e.what()))));
     return;
   }
   if (Tracer* tracer = host_.tracer()) {
@@ -473,17 +552,17 @@ std::string Syncer::pending(int64_t iteration) const {
   if (it == rounds_.end()) return strCat("layer '", spec_.name, "' was not submitted (did backward reach it?)");
   const Round& r = it->second;
   const InformationBook& book = host_.book();
-  if (!r.submitted && !r.skipped) {
+  if (r.phase == Phase::kOpen) {
     return strCat("layer '", spec_.name, "' was not submitted by this worker (did backward reach it?)");
   }
-  if (r.scheme == Scheme::kAdam) {
-    return strCat("layer '", spec_.name, "' (adam): the full matrix from server rank ", book.adamOwnerRank(layer_));
-  }
-  if (r.scheme == Scheme::kPS || r.aggregatesArrived) {
+  if (const auto* a = std::get_if<Aggregates>(&r.kind)) {
+    if (a->scheme == Scheme::kAdam) {
+      return strCat("layer '", spec_.name, "' (adam): the full matrix from server rank ", book.layerKeeperRank(layer_));
+    }
     std::vector<int> shards;
     std::string missing;
     for (size_t i = 0; i < pairs_.size(); ++i) {
-      if (r.pairSeen[i]) continue;
+      if (a->pairs[i].in) continue;
       missing += (missing.empty() ? "" : ",") + std::to_string(i);
       int s = book.shardRank(pairs_[i].shard);
       if (std::find(shards.begin(), shards.end(), s) == shards.end()) shards.push_back(s);
@@ -493,12 +572,16 @@ std::string Syncer::pending(int64_t iteration) const {
     for (int s : shards) ranks += (ranks.empty() ? "" : ",") + std::to_string(s);
     return strCat("layer '", spec_.name, "' (ps): aggregates of pairs ", missing, " from server rank(s) ", ranks);
   }
-  if (straggler_ && !r.decided) {
-    return strCat("layer '", spec_.name, "' (sfb): the contributor decision from rank ", book.adamOwnerRank(layer_));
+  const auto* f = std::get_if<Factors>(&r.kind);
+  if (!f) return strCat("layer '", spec_.name, "': nothing arrived yet");
+  if (straggler_ && !f->decision) {
+    return strCat("layer '", spec_.name, "' (sfb): the contributor decision from rank ", book.layerKeeperRank(layer_));
   }
   std::string ranks;
-  for (size_t w = 0; w < r.factorSeen.size(); ++w)
-    if (!r.factorSeen[w] && (!r.decided || r.decision[w])) ranks += (ranks.empty() ? "" : ",") + std::to_string(book.workerRanks()[w]);
+  for (size_t w = 0; w < f->seen.size(); ++w)
+    if (!f->seen[w] && (!f->decision || (*f->decision)[w])) {
+      ranks += (ranks.empty() ? "" : ",") + std::to_string(book.workerRanks()[w]);
+    }
   return strCat("layer '", spec_.name, "' (sfb): factors from worker rank(s) ", ranks);
 }
 

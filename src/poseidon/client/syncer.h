@@ -1,43 +1,70 @@
 // Syncer: the per-layer synchronization unit of the client library (paper
 // section 4.1, Table 2: Send, Receive, Move).
 //
-// One Syncer per layer on every worker. For iteration t its round goes:
-//
-//   submitted ──(pool: Move+Send)──> sent ──(receive loop: all pairs or all
-//   factors in)──> [SFB: pool reconstructs with one GEMM] ──> done
-//
+// One Syncer per layer on every worker; one round per iteration.
 //   PS  : Send pushes every KV pair of the layer's gradient to the shard that
 //         owns it; Receive writes each shard's aggregate, divided by the number
 //         of contributions, into the output buffer as it arrives.
 //   SFB : Send broadcasts the factors U (K x M), V (K x N) to every worker
 //         (itself included, through the loopback); Receive waits for the
 //         factors and rebuilds sum_p U_p^T V_p / P1 (and the bias).
-//   Adam: the benchmark's baseline: factors up to the layer's one server,
+//   Adam: the benchmark's baseline: factors up to the layer's keeper server,
 //         the full matrix back as KV pairs.
-//
 // Move is fused into Send: the van copies straight from the framework's
 // memory into the outgoing message, so there is no staging copy.
+//
+// A round's life, written down (advanceLocked() is the one place that moves a
+// round on once this worker has submitted):
+//
+//            submit / skip                 every pair in, none being sent
+//   kOpen ─────────────────> kAwaiting ─────────────────────────────────────> kFinished
+//                               │  (aggregates: PS, Adam)                          ^
+//                               │                                                  │
+//                               └── factor set complete ──> kRebuilding ──GEMM─────┘
+//                                   (factors: SFB)          (on the pool)
+//
+//   kOpen       this worker has neither contributed nor skipped; peers'
+//               messages may already be here (SFB factors of faster workers;
+//               in straggler mode, results of rounds that finish without us).
+//   kAwaiting   this worker contributed (or, straggler mode, skipped: it only
+//               takes the result); results are written into its buffer.
+//   kRebuilding the factor set is complete: the round has left rounds_ and the
+//               reconstruction GEMM runs on the pool.
+//   kFinished   the result is in the buffer; the round is gone and finished_
+//               remembers who contributed (a late message for it is stale).
+//
+// Orthogonal to the phase, a round's kind is fixed by its first event:
+// Aggregates (PS and Adam: the result comes back in KV pairs) or Factors
+// (SFB: every worker's U and V). An event of the other kind means the workers
+// disagree on the scheme; the job fails with that reason.
 //
 // Rounds are keyed by iteration: a peer may already send factors for t + 1
 // while this worker still waits for t's last messages.
 //
 // Straggler mode (JobSettings::dropStragglers > 0): a round may complete
 // without this worker (it was late). Results that arrive before this worker
-// submitted are kept; its late submit then applies them at once without
+// submitted are held; its late submit then applies them at once without
 // sending anything, and completeWithoutMe()/submitSkipped() let a worker
 // that fell behind skip computing iterations the others already finished.
 // SFB rounds use exactly the contributor set the layer's keeper decided
-// (sfb/keeper.h), so every replica rebuilds the same gradient.
+// (sfb/keeper.h), so every replica rebuilds the same gradient. While a pair of
+// this worker's push is being read by the sender, a result for that pair is
+// held too and written once the send is done, so no lock is held across a send.
 //
-// Threads: submit*() on the caller's thread, send steps and reconstruction
-// on the pool, on*() on the receive loop. mutex_ guards rounds_.
+// Threads: submit*() on the caller's thread, sends and reconstruction on the
+// pool, on*() on the receive loop. mutex_ guards rounds_, finished_ and
+// dropped_. Lock order: mutex_ is a leaf: the Syncer calls its host (send,
+// schedule, layerDone, fail) only with no lock of its own held.
 #pragma once
 
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "poseidon/client/layer_buffer.h"
@@ -48,18 +75,19 @@
 
 namespace poseidon {
 
-// What a Syncer needs from its node.
+// What a Syncer needs from its node. Tests implement it without sockets.
 class SyncHost {
  public:
   virtual ~SyncHost() = default;
   virtual const InformationBook& book() const = 0;
-  virtual Van& van() = 0;
   virtual int rank() const = 0;
+  // Sends one message built with wire/messages.h (thread-safe; throws IoError).
+  virtual void send(int dest, const FrameHeader& header, const std::vector<Van::Part>& parts) = 0;
   virtual void schedule(std::function<void()> task) = 0;
   // The layer's synchronized result for `iteration` is in its output buffer.
   virtual void layerDone(int layer, int64_t iteration) = 0;
-  // Fails the whole job (sticky); `why` names what went wrong.
-  virtual void fail(const std::string& why) = 0;
+  // Fails the whole job (sticky); the error names what went wrong.
+  virtual void fail(std::exception_ptr error) = 0;
   virtual int64_t currentIteration() const = 0;
   // Optional span recorder (null when not tracing).
   virtual Tracer* tracer() const = 0;
@@ -87,59 +115,90 @@ class Syncer {
   void submitSkipped(int64_t iteration, LayerBuffer out);
   bool completeWithoutMe(int64_t iteration) const;
 
-  // Receive loop. Throw ProtocolError for messages that do not fit.
+  // Receive loop. Throw ProtocolError for messages that do not fit; nothing
+  // changes then.
   void onAggregate(Message& msg);  // PS aggregates and Adam's full-matrix pairs
   void onFactors(Message& msg);
   void onDecision(Message& msg);   // straggler mode: an SFB round's contributors
 
+  // After the job failed: drops every round and makes every later call a
+  // no-op, so that no buffer of the caller's is read or written any more
+  // (except by a pool task already running; the node waits for those).
+  void close();
+
   // Human-readable state of an unfinished round (for timeout errors).
   std::string pending(int64_t iteration) const;
-  // The scheme this layer used (or is using) in `iteration`, if submitted.
-  bool schemeOf(int64_t iteration, Scheme* out) const;
-  // Contributors of a recently completed round: one mask per KV pair (PS,
+  // Contributors of a recently finished round: one mask per KV pair (PS,
   // Adam) or a single mask (SFB), by worker index; empty if unknown.
   std::vector<std::vector<bool>> contributors(int64_t iteration) const;
   // Rounds this worker submitted to whose result it did not contribute.
   int64_t droppedContributions() const;
 
  private:
-  struct Round {
-    bool submitted = false;  // this worker contributed (or tried to)
-    bool skipped = false;    // this worker only takes the result
+  enum class Phase : uint8_t { kOpen, kAwaiting, kRebuilding, kFinished };
+  struct PairSlot {
+    bool in = false;          // its result arrived
+    bool sending = false;     // our push is reading this pair's memory
+    std::vector<float> held;  // a result (already divided) waiting to be written into `out`
+    std::vector<bool> contributors;
+  };
+  struct Aggregates {  // PS, Adam
     Scheme scheme = Scheme::kPS;
+    std::vector<PairSlot> pairs;
+    size_t left = 0;     // pairs whose result has not arrived
+    size_t sending = 0;  // pairs marked `sending`
+  };
+  struct Factors {  // SFB: one message per worker index, U then V
+    std::vector<zmq::message_t> payload;
+    std::vector<int64_t> rows;
+    std::vector<bool> seen;
+    int count = 0;
+    std::optional<std::vector<bool>> decision;  // straggler mode: the keeper's contributor set
+  };
+  struct Round {
+    Phase phase = Phase::kOpen;
+    bool contributed = false;  // this worker's data is in the round (false when it skipped)
+    std::variant<std::monostate, Aggregates, Factors> kind;
     LayerBuffer out;
     std::shared_ptr<void> keepAlive;
-    // PS / Adam: aggregates by pair; early ones (straggler mode) wait scaled.
-    std::vector<bool> pairSeen;
-    size_t pairsLeft = 0;
-    std::vector<std::vector<float>> early;
-    std::vector<std::vector<bool>> pairContributors;
-    bool aggregatesArrived = false;
-    // SFB: one message per worker index, U then V.
-    std::vector<zmq::message_t> factors;
-    std::vector<int64_t> rows;
-    std::vector<bool> factorSeen;
-    int factorsSeen = 0;
-    bool decided = false;
-    std::vector<bool> decision;
-    bool reconstructing = false;
     int64_t sentAtUs = 0;  // for the receive span of the trace
   };
-  Round& roundLocked(int64_t iteration);
-  // The round this worker submits to; throws if it already submitted it.
+  // What to do once mutex_ is released.
+  struct Effects {
+    std::exception_ptr failure;
+    std::function<void()> rebuild;  // to schedule on the pool
+    bool layerDone = false;
+  };
+
+  // The round this worker submits to; throws InvalidArgument if it already submitted it.
   Round& submitRoundLocked(int64_t iteration);
+  // The round of an inbound message: null when the round finished; created when
+  // `create` and the iteration is in the open window, else ProtocolError.
   Round* findRoundLocked(int64_t iteration, bool create, const char* what);
+  // Fix the round's kind at its first event; null when it already has the other kind.
+  Aggregates* aggregatesLocked(Round& r, Scheme scheme);
+  Factors* factorsLocked(Round& r);
+  // The one place that moves a round out of kAwaiting (see the diagram).
+  void advanceLocked(int64_t iteration, Round& r, Effects& fx);
+  template <typename Action>
+  static bool attemptTransition(Round& r, Phase from, Phase to, bool cond, Action&& action) {
+    if (r.phase != from || !cond) return false;
+    r.phase = to;
+    action();
+    return true;
+  }
+  void finishAggregatesLocked(int64_t iteration, Round& r, Aggregates& a, Effects& fx);
+  void startRebuildLocked(int64_t iteration, Round& r, std::vector<bool> set, Effects& fx);
+  // The factor set to rebuild from, once complete.
+  std::optional<std::vector<bool>> factorSetLocked(const Factors& f) const;
+  void writeHeldLocked(const Round& r, PairSlot& slot, int pair) const;
+  void apply(int64_t iteration, Effects& fx);
+
   void sendDense(int64_t iteration, const LayerBuffer& grad, const std::vector<int>& pairs);
   void sendFactors(int64_t iteration, Scheme scheme, const float* u, const float* v, int64_t rows);
-  // With mutex_ held: finishes a PS/Adam round whose pairs are all in (returns
-  // true: call layerDone after unlocking), or schedules an SFB reconstruction.
-  bool maybeFinishLocked(int64_t iteration, Round& round);
-  // Writes the results that arrived before this rank submitted (straggler mode) into `out`;
-  // the indices of the pairs still open go to `open` when given.
-  void applyEarlyLocked(Round& round, const LayerBuffer& out, std::vector<int>* open);
   void reconstruct(int64_t iteration, Round round, std::vector<bool> set);
   void traceSent(int64_t iteration, int64_t startUs, const char* scheme);
-  bool factorSetReadyLocked(const Round& r, std::vector<bool>* set) const;
+  std::exception_ptr mismatch(int64_t iteration, const std::string& what) const;
   int me() const { return host_.book().workerIndex(host_.rank()); }
 
   SyncHost& host_;
@@ -148,13 +207,14 @@ class Syncer {
   const std::vector<KvPair>& pairs_;
   const bool straggler_;
   mutable std::mutex mutex_;
-  std::map<int64_t, Round> rounds_;        // guarded by mutex_
+  std::map<int64_t, Round> rounds_;  // guarded by mutex_
   // The last kFinishedHistory finished rounds: who contributed to each pair. Its keys are the
   // recently finished iterations (a late message for one is stale). Guarded by mutex_.
-  std::map<int64_t, std::vector<std::vector<bool>>> contributors_;
-  int64_t dropped_ = 0;                    // guarded by mutex_
-  FactorScratch scratch_;                  // used by one reconstruction at a time
-  std::mutex scratchMutex_;
+  std::map<int64_t, std::vector<std::vector<bool>>> finished_;
+  int64_t dropped_ = 0;    // guarded by mutex_
+  bool closed_ = false;    // guarded by mutex_
+  FactorScratch scratch_;  // used by one reconstruction at a time
+  std::mutex scratchMutex_;  // a leaf: held only around the GEMM
 };
 
 }  // namespace poseidon

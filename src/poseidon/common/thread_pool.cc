@@ -36,9 +36,22 @@ void ThreadPool::run() {
       if (queue_.empty()) return;  // stopping and drained
       task = std::move(queue_.front());
       queue_.pop_front();
+      ++running_;
     }
     task();
+    task = nullptr;  // whatever it captured is released before the pool reports idle
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      --running_;
+      if (running_ > 0 || !queue_.empty()) continue;
+    }
+    idle_.notify_all();
   }
+}
+
+void ThreadPool::waitIdle() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  idle_.wait(lock, [this] { return queue_.empty() && running_ == 0; });
 }
 
 }  // namespace poseidon

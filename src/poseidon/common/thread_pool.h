@@ -21,6 +21,8 @@ class ThreadPool {
 
   // Tasks must not throw; they report failure through their owner's status.
   void schedule(std::function<void()> task);
+  // Waits until no task is queued or running. Never call it from a task.
+  void waitIdle();
   int size() const { return static_cast<int>(threads_.size()); }
 
  private:
@@ -29,6 +31,8 @@ class ThreadPool {
   std::condition_variable cv_;
   std::deque<std::function<void()>> queue_;  // guarded by mutex_
   bool stopping_ = false;                    // guarded by mutex_
+  int running_ = 0;                          // guarded by mutex_
+  std::condition_variable idle_;
   std::vector<std::thread> threads_;
 };
 

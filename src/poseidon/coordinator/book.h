@@ -79,9 +79,10 @@ class InformationBook {
   int workerIndex(int rank) const;  // -1 if not a worker
   int shardIndex(int rank) const;   // -1 if not a server
   int shardRank(int shard) const { return servers_.at(shard); }
-  // Project Adam's placement (benchmark baseline): the whole layer on the
-  // shard that owns its first pair.
-  int adamOwnerRank(int layer) const { return servers_.at(layout_.pairsOf(layer).at(0).shard); }
+  // The server that keeps a whole layer: the shard owning the layer's first
+  // KV pair. It is Project Adam's server for the layer (benchmark baseline)
+  // and, in straggler mode, the keeper of the layer's SFB rounds.
+  int layerKeeperRank(int layer) const { return servers_.at(layout_.pairsOf(layer).at(0).shard); }
 
   // BestScheme(l) with this cluster's P1, P2 and the given per-worker batch.
   Scheme bestScheme(int layer, int64_t batch) const;

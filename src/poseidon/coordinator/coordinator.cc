@@ -8,16 +8,13 @@
 #include "poseidon/common/ranks.h"
 #include "poseidon/coordinator/rendezvous.h"
 #include "poseidon/transport/multipart.h"
-#include "poseidon/wire/frame.h"
+#include "poseidon/wire/messages.h"
 
 namespace poseidon {
 
 namespace {
 
-void sendTo(zmq::socket_t& s, const std::string& identity, MsgType type, uint64_t job, const std::vector<uint8_t>& payload) {
-  FrameHeader h;
-  h.type = type;
-  h.job = job;
+void sendTo(zmq::socket_t& s, const std::string& identity, FrameHeader h, const std::vector<uint8_t>& payload) {
   h.payloadBytes = payload.size();
   zmq::message_t head(kHeaderBytes);
   encodeHeader(h, static_cast<uint8_t*>(head.data()));
@@ -27,7 +24,7 @@ void sendTo(zmq::socket_t& s, const std::string& identity, MsgType type, uint64_
 }
 
 void sendError(zmq::socket_t& s, const std::string& identity, const std::string& why) {
-  sendTo(s, identity, MsgType::kJoinError, 0, std::vector<uint8_t>(why.begin(), why.end()));
+  sendTo(s, identity, wire::joinError(), std::vector<uint8_t>(why.begin(), why.end()));
 }
 
 }  // namespace
@@ -169,7 +166,7 @@ void Coordinator::run() {
       InformationBook book(job, nodes, ref.model, ref.settings);
       ByteWriter w;
       book.write(w);
-      for (auto& [rank, j] : joined) sendTo(s, j.identity, MsgType::kBook, job, w.bytes());
+      for (auto& [rank, j] : joined) sendTo(s, j.identity, wire::book(job), w.bytes());
       started = true;
     } catch (const Error& e) {
       failAll(e.what());

@@ -1,12 +1,9 @@
 #include "poseidon/coordinator/rendezvous.h"
 
-#include <map>
-#include <random>
-
 #include "poseidon/common/error.h"
 #include "poseidon/common/log.h"
 #include "poseidon/transport/multipart.h"
-#include "poseidon/wire/frame.h"
+#include "poseidon/wire/messages.h"
 
 namespace poseidon {
 
@@ -51,9 +48,7 @@ InformationBook joinJob(zmq::context_t& ctx, const RendezvousOptions& opts, cons
     throw IoError(strCat("cannot connect to coordinator at ", address, ": ", e.what()));
   }
   std::vector<uint8_t> payload = encodeJoin(req);
-  FrameHeader h;
-  h.type = MsgType::kJoin;
-  h.sender = static_cast<uint32_t>(req.rank);
+  FrameHeader h = wire::join(req.rank);
   h.payloadBytes = payload.size();
   zmq::message_t head(kHeaderBytes);
   encodeHeader(h, static_cast<uint8_t*>(head.data()));

@@ -12,7 +12,7 @@ std::optional<AdamServer::Completed> AdamServer::push(int senderRank, int layer,
   if (layer < 0 || layer >= static_cast<int>(layers.size()) || layers[layer].type != LayerType::kFC) {
     throw ProtocolError(strCat("adam factors for layer ", layer, ", which is not an fc layer"));
   }
-  if (book_.adamOwnerRank(layer) != book_.shardRank(shard_)) {
+  if (book_.layerKeeperRank(layer) != book_.shardRank(shard_)) {
     throw ProtocolError(strCat("adam factors for layer ", layer, ", which shard ", shard_, " does not hold"));
   }
   int worker = book_.workerIndex(senderRank);

@@ -6,14 +6,20 @@
 // socket, so the receive loop sees one stream and a colocated worker/server
 // pair costs no network bytes.
 //
+// The Van stamps every outgoing header with this node's rank (`sender`) and
+// the job id, and drops (counts and logs) inbound frames of another job or
+// from a rank outside the world, so nothing above it handles those.
+//
 // Threads: send() may be called from any thread (each DEALER has its own
 // mutex; ZeroMQ sockets are not thread-safe). poll() must be called from one
 // thread only, the owner's receive loop. High-water marks are unlimited, so
-// send() never blocks and never drops.
+// send() never blocks and never drops. A peer's mutex is the innermost lock
+// of the runtime: nothing is locked while one is held.
 #pragma once
 
 #include <zmq.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -52,14 +58,17 @@ class Van {
   // "tcp://host:port" actually bound.
   const std::string& endpoint() const { return endpoint_; }
 
-  // Sets this node's rank and the peer endpoints (index = rank). Connects a
-  // DEALER to every other rank. Call once, before any send().
-  void connectPeers(int selfRank, const std::vector<std::string>& endpoints);
+  // Sets this node's rank, the job id and the peer endpoints (index = rank).
+  // Connects a DEALER to every other rank. Call once, before any send() or
+  // poll().
+  void connectPeers(int selfRank, const std::vector<std::string>& endpoints, uint64_t job);
   int rank() const { return rank_; }
   int worldSize() const { return static_cast<int>(peers_.size()); }
 
-  // Thread-safe. The payload is the concatenation of the given parts (so U and
-  // V factors go out as one frame without an extra copy on our side).
+  // Thread-safe. Build `header` with wire/messages.h; sender, job and
+  // payloadBytes are filled in here. The payload is the concatenation of the
+  // given parts (so U and V factors go out as one frame without an extra copy
+  // on our side). Throws IoError once the van is closed.
   struct Part {
     const void* data;
     size_t bytes;
@@ -77,7 +86,8 @@ class Van {
   }
 
   // Receive thread only. Waits up to timeoutMs for one valid message. Frames
-  // that fail header validation are logged with the peer address, counted in
+  // that fail header validation, belong to another job or name a sender
+  // outside the world are logged with the peer address, counted in
   // rejectedFrames(), and skipped. Returns false on timeout.
   bool poll(Message* out, int timeoutMs);
 
@@ -107,6 +117,7 @@ class Van {
   VanOptions options_;
   std::string endpoint_;
   int rank_ = -1;
+  uint64_t job_ = 0;
   zmq::socket_t router_;
   zmq::socket_t loopIn_;
   std::mutex loopOutMutex_;
@@ -115,7 +126,9 @@ class Van {
   TrafficCounters counters_;
   std::atomic<uint64_t> rejected_{0};
   std::unique_ptr<HandshakeMonitor> monitor_;  // handshake failures (CURVE only)
-  bool closed_ = false;
+  // Written by close() (any thread), read by send() under a peer's or the
+  // loopback's mutex and by close() itself: atomic, so no reader needs them all.
+  std::atomic<bool> closed_{false};
 };
 
 }  // namespace poseidon

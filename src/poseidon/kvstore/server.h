@@ -1,0 +1,71 @@
+// KvServer: the server role of a node (paper section 4.1).
+//
+// It owns the node's KV shard and, when the job needs them, Project Adam's
+// per-layer server (the benchmark baseline, kvstore/adam_server.h) and the
+// SFB keeper (straggler mode, sfb/keeper.h). Like KvShard it does no I/O:
+// handle() validates one inbound message and returns the messages to send,
+// which the node sends; so the whole server side is unit-tested without
+// sockets.
+//
+//   ps-push       -> KvShard::push      -> ps-aggregate to every worker once
+//                                          the pair's round is complete
+//   adam-factors  -> AdamServer::push   -> adam-aggregate, one per KV pair of
+//                                          the layer, to every worker
+//   sfb-notice    -> SfbKeeper::notice  -> sfb-decision to every worker
+//
+// Threads: owned by the node's receive loop; not thread-safe.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include "poseidon/coordinator/book.h"
+#include "poseidon/kvstore/adam_server.h"
+#include "poseidon/kvstore/kv_shard.h"
+#include "poseidon/sfb/keeper.h"
+#include "poseidon/transport/van.h"
+
+namespace poseidon {
+
+class KvServer {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  KvServer(const InformationBook& book, int shard);
+
+  // The message types this role accepts.
+  static bool handles(MsgType type);
+
+  // A message to send: header (wire/messages.h), then floats[offset, offset +
+  // length) of a buffer shared by all destinations, then the trailer.
+  struct Outgoing {
+    std::vector<int> to;  // destination ranks
+    FrameHeader header;
+    std::shared_ptr<const std::vector<float>> floats;
+    int64_t offset = 0, length = 0;
+    std::vector<uint8_t> trailer;  // straggler mode: the contributor mask
+    std::vector<Van::Part> parts() const;
+  };
+
+  // One inbound message (one of handles()'s types). Throws ProtocolError when
+  // it does not fit; nothing changes then.
+  std::vector<Outgoing> handle(Message& msg, Clock::time_point now = Clock::now());
+  // Straggler mode: completes the rounds whose deadline has passed.
+  std::vector<Outgoing> expire(Clock::time_point now);
+  // Whether expire() can ever return anything (straggler mode).
+  bool hasDeadlines() const { return book_.settings().stragglerMode(); }
+
+  const KvShard& shard() const { return shard_; }
+
+ private:
+  Outgoing aggregate(KvShard::Completed&& done) const;
+  Outgoing decision(const SfbKeeper::Decision& d) const;
+
+  const InformationBook& book_;
+  KvShard shard_;
+  std::unique_ptr<AdamServer> adam_;    // Adam baseline only
+  std::unique_ptr<SfbKeeper> keeper_;   // straggler mode only
+};
+
+}  // namespace poseidon

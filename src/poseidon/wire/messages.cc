@@ -1,0 +1,105 @@
+#include "poseidon/wire/messages.h"
+
+namespace poseidon::wire {
+
+namespace {
+FrameHeader make(MsgType type, int layer = 0, int64_t iteration = 0, int pair = 0, int64_t aux = 0) {
+  FrameHeader h;
+  h.type = type;
+  h.layer = static_cast<uint32_t>(layer);
+  h.iteration = iteration;
+  h.pair = static_cast<uint32_t>(pair);
+  h.aux = static_cast<uint32_t>(aux);
+  return h;
+}
+}  // namespace
+
+FrameHeader join(int rank) {
+  FrameHeader h = make(MsgType::kJoin);
+  h.sender = static_cast<uint32_t>(rank);
+  return h;
+}
+
+FrameHeader book(uint64_t job) {
+  FrameHeader h = make(MsgType::kBook);
+  h.job = job;
+  return h;
+}
+
+FrameHeader joinError() { return make(MsgType::kJoinError); }
+
+FrameHeader psPush(int layer, int64_t iteration, int pair) { return make(MsgType::kPsPush, layer, iteration, pair); }
+
+FrameHeader psAggregate(int layer, int64_t iteration, int pair) {
+  return make(MsgType::kPsAggregate, layer, iteration, pair);
+}
+
+FrameHeader sfbFactors(int layer, int64_t iteration, int64_t rows) {
+  return make(MsgType::kSfbFactors, layer, iteration, 0, rows);
+}
+
+FrameHeader adamFactors(int layer, int64_t iteration, int64_t rows) {
+  return make(MsgType::kAdamFactors, layer, iteration, 0, rows);
+}
+
+FrameHeader adamAggregate(int layer, int64_t iteration, int pair) {
+  return make(MsgType::kAdamAggregate, layer, iteration, pair);
+}
+
+FrameHeader sfbNotice(int layer, int64_t iteration) { return make(MsgType::kSfbNotice, layer, iteration); }
+
+FrameHeader sfbDecision(int layer, int64_t iteration) { return make(MsgType::kSfbDecision, layer, iteration); }
+
+FrameHeader broadcastChunk(const BroadcastChunk& c) {
+  FrameHeader h = make(MsgType::kBroadcast);
+  h.layer = c.sequence;
+  h.iteration = c.totalFloats;
+  h.pair = c.index;
+  h.aux = c.count;
+  return h;
+}
+
+BroadcastChunk broadcastChunkOf(const FrameHeader& h) {
+  BroadcastChunk c;
+  c.sequence = h.layer;
+  c.totalFloats = h.iteration;
+  c.index = h.pair;
+  c.count = h.aux;
+  return c;
+}
+
+FrameHeader barrier(uint32_t sequence) {
+  FrameHeader h = make(MsgType::kBarrier);
+  h.layer = sequence;
+  return h;
+}
+
+uint32_t collectiveSequence(const FrameHeader& h) { return h.layer; }
+
+FrameHeader heartbeat(int64_t iteration) { return make(MsgType::kHeartbeat, 0, iteration); }
+FrameHeader abort(int64_t iteration) { return make(MsgType::kAbort, 0, iteration); }
+FrameHeader bye(int64_t iteration) { return make(MsgType::kBye, 0, iteration); }
+
+int64_t factorRows(const FrameHeader& h) { return h.aux; }
+
+int trafficLayer(const FrameHeader& h) {
+  switch (h.type) {
+    case MsgType::kPsPush:
+    case MsgType::kPsAggregate:
+    case MsgType::kSfbFactors:
+    case MsgType::kAdamFactors:
+    case MsgType::kAdamAggregate:
+    case MsgType::kSfbNotice:
+    case MsgType::kSfbDecision:
+      return static_cast<int>(h.layer);
+    default:
+      return -1;
+  }
+}
+
+bool reportsSenderIteration(MsgType type) {
+  return type == MsgType::kHeartbeat || type == MsgType::kPsPush || type == MsgType::kSfbFactors ||
+         type == MsgType::kSfbNotice;
+}
+
+}  // namespace poseidon::wire

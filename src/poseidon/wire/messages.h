@@ -1,0 +1,78 @@
+// One builder per message type: the only place that knows what each header
+// field means for each type (wire/frame.h has the layout). Senders build
+// their headers here; receivers read type-specific fields through the
+// readers below. The Van stamps `sender`, `job` and `payloadBytes`.
+//
+//   type            layer             iteration           pair          aux
+//   join            -                 -                   -             -      (sender: the joining rank)
+//   book            -                 -                   -             -      (job: the new job id)
+//   ps-push         layer             iteration           KV pair       -
+//   ps-aggregate    layer             iteration           KV pair       -
+//   sfb-factors     layer             iteration           -             rows K
+//   adam-factors    layer             iteration           -             rows K
+//   adam-aggregate  layer             iteration           KV pair       -
+//   sfb-notice      layer             iteration           -             -
+//   sfb-decision    layer             iteration           -             -
+//   broadcast       sequence number   total floats        chunk index   chunk count
+//   barrier         sequence number   -                   -             -
+//   heartbeat/abort/bye -             sender's iteration  -             -
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "poseidon/wire/frame.h"
+
+namespace poseidon {
+
+// Floats travel as IEEE-754 binary32 in the machine's byte order.
+constexpr size_t kFloatBytes = sizeof(float);
+static_assert(kFloatBytes == 4, "the wire format assumes 32-bit floats");
+
+namespace wire {
+
+// Rendezvous (coordinator endpoint).
+FrameHeader join(int rank);
+FrameHeader book(uint64_t job);
+FrameHeader joinError();
+
+// Parameter server.
+FrameHeader psPush(int layer, int64_t iteration, int pair);
+FrameHeader psAggregate(int layer, int64_t iteration, int pair);
+// Sufficient factors: U (rows x M) then V (rows x N) in the payload.
+FrameHeader sfbFactors(int layer, int64_t iteration, int64_t rows);
+FrameHeader adamFactors(int layer, int64_t iteration, int64_t rows);
+FrameHeader adamAggregate(int layer, int64_t iteration, int pair);
+// Straggler mode's agreement on an SFB round's contributors.
+FrameHeader sfbNotice(int layer, int64_t iteration);
+FrameHeader sfbDecision(int layer, int64_t iteration);
+
+// Collectives. `sequence` numbers the collective calls of a job (every rank
+// makes them in the same order), so chunks of different calls never mix.
+struct BroadcastChunk {
+  uint32_t sequence = 0;
+  int64_t totalFloats = 0;  // of the whole broadcast buffer
+  uint32_t index = 0;       // this chunk
+  uint32_t count = 0;       // chunks in the broadcast
+};
+FrameHeader broadcastChunk(const BroadcastChunk& chunk);
+BroadcastChunk broadcastChunkOf(const FrameHeader& h);
+FrameHeader barrier(uint32_t sequence);
+uint32_t collectiveSequence(const FrameHeader& h);  // broadcast or barrier
+
+// Control: each carries the sender's current iteration (liveness reports it).
+FrameHeader heartbeat(int64_t iteration);
+FrameHeader abort(int64_t iteration);
+FrameHeader bye(int64_t iteration);
+
+// Readers of type-specific fields.
+int64_t factorRows(const FrameHeader& h);  // sfb-factors, adam-factors
+// The layer whose traffic counters a message counts under, or -1 for
+// messages that belong to no layer (rendezvous, collectives, control).
+int trafficLayer(const FrameHeader& h);
+// Whether `iteration` is the sender's training iteration at send time (data
+// and heartbeats), which liveness reports as the peer's last known one.
+bool reportsSenderIteration(MsgType type);
+
+}  // namespace wire
+}  // namespace poseidon

@@ -5,6 +5,7 @@
 #include <random>
 
 #include "poseidon/common/bytes.h"
+#include "poseidon/wire/messages.h"
 
 namespace poseidon {
 namespace {
@@ -35,6 +36,41 @@ TEST(Wire, HeaderRoundTrip) {
   EXPECT_EQ(d.pair, 4u);
   EXPECT_EQ(d.aux, 32u);
   EXPECT_EQ(d.payloadBytes, 12345u);
+}
+
+TEST(Wire, EachBuilderPutsItsFieldsWhereItsReaderFindsThem) {
+  FrameHeader f = wire::sfbFactors(3, 41, 32);
+  EXPECT_EQ(f.type, MsgType::kSfbFactors);
+  EXPECT_EQ(f.layer, 3u);
+  EXPECT_EQ(f.iteration, 41);
+  EXPECT_EQ(wire::factorRows(f), 32);
+  EXPECT_EQ(wire::trafficLayer(f), 3);
+  FrameHeader p = wire::psPush(2, 7, 5);
+  EXPECT_EQ(p.type, MsgType::kPsPush);
+  EXPECT_EQ(p.pair, 5u);
+  EXPECT_EQ(wire::psAggregate(2, 7, 5).type, MsgType::kPsAggregate);
+  EXPECT_EQ(wire::adamAggregate(2, 7, 5).pair, 5u);
+  EXPECT_EQ(wire::factorRows(wire::adamFactors(1, 0, 9)), 9);
+  wire::BroadcastChunk c{12, 1000000, 3, 4};
+  FrameHeader b = wire::broadcastChunk(c);
+  EXPECT_EQ(b.type, MsgType::kBroadcast);
+  wire::BroadcastChunk d = wire::broadcastChunkOf(b);
+  EXPECT_EQ(d.sequence, 12u);
+  EXPECT_EQ(d.totalFloats, 1000000);
+  EXPECT_EQ(d.index, 3u);
+  EXPECT_EQ(d.count, 4u);
+  EXPECT_EQ(wire::collectiveSequence(b), 12u);
+  EXPECT_EQ(wire::collectiveSequence(wire::barrier(13)), 13u);
+  // Collectives and control belong to no layer, whatever their fields hold.
+  EXPECT_EQ(wire::trafficLayer(b), -1);
+  EXPECT_EQ(wire::trafficLayer(wire::barrier(0)), -1);
+  EXPECT_EQ(wire::trafficLayer(wire::heartbeat(5)), -1);
+  EXPECT_EQ(wire::heartbeat(5).iteration, 5);
+  EXPECT_TRUE(wire::reportsSenderIteration(MsgType::kHeartbeat));
+  EXPECT_FALSE(wire::reportsSenderIteration(MsgType::kBroadcast));
+  EXPECT_EQ(wire::join(4).sender, 4u);
+  EXPECT_EQ(wire::book(99).job, 99u);
+  EXPECT_EQ(wire::joinError().type, MsgType::kJoinError);
 }
 
 TEST(Wire, RejectsBadHeaders) {

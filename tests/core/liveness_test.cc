@@ -1,0 +1,92 @@
+// Liveness, IterationBarrier and StickyError on their own (no sockets, no threads but the test's).
+#include "poseidon/client/liveness.h"
+
+#include <gtest/gtest.h>
+
+#include <future>
+
+#include "expect_error.h"
+#include "poseidon/client/iteration_barrier.h"
+#include "poseidon/common/sticky_error.h"
+#include "poseidon/wire/messages.h"
+
+namespace poseidon {
+namespace {
+
+using std::chrono::milliseconds;
+
+FrameHeader from(FrameHeader h, int sender) {
+  h.sender = static_cast<uint32_t>(sender);
+  return h;
+}
+
+TEST(Liveness, ReportsEachSilentPeerOnceWithItsLastIteration) {
+  const auto t0 = Liveness::Clock::now();
+  Liveness l(3, 0, milliseconds(3000), milliseconds(0), 10, t0);
+  EXPECT_EQ(l.heartbeat(), milliseconds(500));  // timeout / 6
+  l.heard(from(wire::heartbeat(12), 1), t0 + milliseconds(1000));
+  l.heard(from(wire::psPush(0, 13, 0), 2), t0 + milliseconds(2000));
+  l.heard(from(wire::barrier(99), 2), t0 + milliseconds(2500));  // a barrier's fields are no iteration
+  EXPECT_TRUE(l.lostPeers(t0 + milliseconds(4000)).empty());
+  auto lost = l.lostPeers(t0 + milliseconds(4001));
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_EQ(lost[0].rank, 1);
+  EXPECT_EQ(lost[0].silent, milliseconds(3001));
+  EXPECT_EQ(lost[0].lastIteration, 12);
+  EXPECT_TRUE(l.departed(1));
+  EXPECT_TRUE(l.lostPeers(t0 + milliseconds(9000)).size() == 1u);  // rank 2 now; rank 1 not again
+  EXPECT_TRUE(l.lostPeers(t0 + milliseconds(20000)).empty());
+}
+
+TEST(Liveness, APeerThatSaidByeIsNeverLost) {
+  const auto t0 = Liveness::Clock::now();
+  Liveness l(2, 1, milliseconds(600), milliseconds(0), 0, t0);
+  EXPECT_EQ(l.heartbeat(), milliseconds(100));
+  l.heard(from(wire::bye(5), 0), t0);
+  EXPECT_TRUE(l.departed(0));
+  EXPECT_TRUE(l.lostPeers(t0 + std::chrono::hours(1)).empty());
+}
+
+TEST(Liveness, HeartbeatIsDueOncePerPeriod) {
+  const auto t0 = Liveness::Clock::now();
+  Liveness l(2, 0, milliseconds(30000), milliseconds(0), 0, t0);
+  EXPECT_EQ(l.heartbeat(), milliseconds(1000));  // capped at 1 s
+  EXPECT_TRUE(l.heartbeatDue(t0));
+  EXPECT_FALSE(l.heartbeatDue(t0 + milliseconds(999)));
+  EXPECT_TRUE(l.heartbeatDue(t0 + milliseconds(1000)));
+  EXPECT_EQ(Liveness::heartbeatFor(milliseconds(60)), milliseconds(50));  // at least 50 ms
+}
+
+TEST(IterationBarrier, OpensWhenEveryLayerIsDone) {
+  StickyError error;
+  IterationBarrier b(3, error);
+  b.begin(7);
+  EXPECT_EQ(b.wait(milliseconds(1)), (std::vector<int>{0, 1, 2}));
+  EXPECT_TRUE(b.layerDone(2, 7));
+  EXPECT_FALSE(b.layerDone(2, 7));  // twice
+  EXPECT_FALSE(b.layerDone(0, 8));  // another iteration
+  EXPECT_FALSE(b.layerDone(5, 7));  // no such layer
+  EXPECT_EQ(b.wait(milliseconds(1)), (std::vector<int>{0, 1}));
+  EXPECT_ERROR_CONTAINS(b.begin(8), InvalidArgument, "beginIteration(8) before waitIteration() finished iteration 7");
+  auto waiter = std::async(std::launch::async, [&] { return b.wait(milliseconds(60000)); });
+  EXPECT_TRUE(b.layerDone(0, 7));
+  EXPECT_TRUE(b.layerDone(1, 7));
+  EXPECT_TRUE(waiter.get().empty());
+  b.begin(8);
+}
+
+TEST(IterationBarrier, AFailureWakesTheWaiterWithItsType) {
+  StickyError error;
+  IterationBarrier b(1, error);
+  b.begin(0);
+  auto waiter = std::async(std::launch::async, [&] { b.wait(milliseconds(600000)); });
+  EXPECT_TRUE(error.set(std::make_exception_ptr(TimeoutError("first"))));
+  EXPECT_FALSE(error.set(std::make_exception_ptr(AbortedError("second"))));  // the first one stays
+  b.wake();
+  EXPECT_ERROR_CONTAINS(waiter.get(), TimeoutError, "first");
+  EXPECT_ERROR_CONTAINS(error.check(), TimeoutError, "first");
+  EXPECT_EQ(error.message(), "first");
+}
+
+}  // namespace
+}  // namespace poseidon

@@ -1,6 +1,8 @@
 // libFuzzer target over every decoder of network data: the frame header,
-// join requests, the information book, and the KV store's and Adam server's
-// validation of pushes. Built and run by tests/fuzz/run.sh (Debian's clang,
+// join requests, the information book, the KV store's and Adam server's
+// validation of pushes, the whole server role (KvServer, in straggler mode,
+// with the SFB keeper), and a worker's Syncer receiving aggregates, factors
+// and decisions. Built and run by tests/fuzz/run.sh (Debian's clang,
 // -fsanitize=fuzzer,address,undefined). The first input byte picks the
 // decoder. Any crash, sanitizer report, or exception other than the
 // documented ones (Error and its subclasses) is a bug.
@@ -17,8 +19,11 @@
 #include "poseidon/coordinator/book.h"
 #include "poseidon/coordinator/rendezvous.h"
 #include "poseidon/kvstore/adam_server.h"
+#include "poseidon/client/syncer.h"
 #include "poseidon/kvstore/kv_shard.h"
+#include "poseidon/kvstore/server.h"
 #include "poseidon/wire/frame.h"
+#include "poseidon/wire/messages.h"
 
 using namespace poseidon;
 
@@ -43,6 +48,48 @@ const InformationBook& book() {
     return InformationBook(7, nodes, smallModel(), s);
   }();
   return b;
+}
+
+// The same cluster with straggler dropping: the server role then also keeps SFB rounds.
+const InformationBook& stragglerBook() {
+  static const InformationBook b = [] {
+    std::vector<NodeInfo> nodes;
+    for (int r = 0; r < 3; ++r) nodes.push_back({r, Role::kBoth, "tcp://127.0.0.1:1"});
+    JobSettings s;
+    s.pairBytes = 16 * 4;
+    s.batch = 2;
+    s.dropStragglers = 1;
+    s.stragglerTimeoutMs = 10;
+    return InformationBook(7, nodes, smallModel(), s);
+  }();
+  return b;
+}
+
+// A worker's view of the job for the Syncer: nothing is sent anywhere; scheduled
+// work (reconstructions) runs at once.
+class FuzzHost : public SyncHost {
+ public:
+  explicit FuzzHost(const InformationBook& book) : book_(book) {}
+  const InformationBook& book() const override { return book_; }
+  int rank() const override { return 1; }
+  void send(int, const FrameHeader&, const std::vector<Van::Part>&) override {}
+  void schedule(std::function<void()> task) override { task(); }
+  void layerDone(int, int64_t) override {}
+  void fail(std::exception_ptr) override {}
+  int64_t currentIteration() const override { return 0; }
+  Tracer* tracer() const override { return nullptr; }
+
+ private:
+  const InformationBook& book_;
+};
+
+Message fuzzMessage(FrameHeader h, uint32_t sender, const uint8_t* data, size_t n) {
+  Message m;
+  m.header = h;
+  m.header.sender = sender;
+  m.header.payloadBytes = n;
+  m.payload = zmq::message_t(data, n);
+  return m;
 }
 
 struct Fields {
@@ -72,10 +119,13 @@ Fields readFields(const uint8_t*& data, size_t& size) {
 
 }  // namespace
 
+// Case 6 runs in either mode: the first byte after the selector picks it.
+const InformationBook& f6book(uint8_t pick) { return pick % 2 ? stragglerBook() : book(); }
+
 #ifndef POSEIDON_FUZZ_SEEDS
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
-  const uint8_t which = data[0] % 5;
+  const uint8_t which = data[0] % 7;
   ++data;
   --size;
   try {
@@ -113,6 +163,58 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           size_t n = std::min<size_t>(size, f.rows * 13 * 4);
           zmq::message_t payload(data, n);
           adam.push(static_cast<int>(f.sender), static_cast<int>(f.layer), f.iteration, f.rows, std::move(payload));
+          data += n;
+          size -= n;
+        }
+        break;
+      }
+      case 5: {
+        // The server role: pushes and SFB notices, deadlines expiring as the input goes on.
+        KvServer server(stragglerBook(), 0);
+        auto now = KvServer::Clock::time_point();
+        while (size > 0) {
+          Fields f = readFields(data, size);
+          size_t n = std::min<size_t>(size, f.rows * 16);
+          FrameHeader h = f.pair % 2 ? wire::sfbNotice(static_cast<int>(f.layer), f.iteration)
+                                     : wire::psPush(static_cast<int>(f.layer), f.iteration, static_cast<int>(f.pair));
+          Message m = fuzzMessage(h, f.sender, data, n);
+          try {
+            server.handle(m, now);
+          } catch (const ProtocolError&) {
+          }
+          now += std::chrono::milliseconds(f.rows * 2);
+          server.expire(now);
+          data += n;
+          size -= n;
+        }
+        break;
+      }
+      case 6: {
+        // A worker's receive path: aggregates, factors and decisions for both layers.
+        if (size == 0) break;
+        const InformationBook& b = f6book(data[0]);
+        FuzzHost host(b);
+        Syncer conv(host, 0), fc(host, 1);
+        ++data;
+        --size;
+        while (size > 0) {
+          Fields f = readFields(data, size);
+          size_t n = std::min<size_t>(size, f.rows * 13 * 4 + (f.pair & 1));
+          Syncer& s = f.layer % 2 ? fc : conv;
+          const int layer = f.layer % 2;
+          FrameHeader h;
+          switch (f.pair % 3) {
+            case 0: h = wire::psAggregate(layer, f.iteration, static_cast<int>(f.pair / 3)); break;
+            case 1: h = wire::sfbFactors(layer, f.iteration, f.rows); break;
+            default: h = wire::sfbDecision(layer, f.iteration); break;
+          }
+          Message m = fuzzMessage(h, f.sender, data, n);
+          try {
+            if (h.type == MsgType::kPsAggregate) s.onAggregate(m);
+            else if (h.type == MsgType::kSfbFactors) s.onFactors(m);
+            else s.onDecision(m);
+          } catch (const ProtocolError&) {
+          }
           data += n;
           size -= n;
         }
@@ -166,6 +268,18 @@ int main(int argc, char** argv) {
     factors.insert(factors.end(), 2 * 13 * 4, 0x3f);
   }
   write("adam-round", 4, factors);
+  // The server role: a complete round of pair 0 (pair field 0: pushes).
+  write("server-round", 5, pushes);
+  // A worker receiving the SFB factors of all three workers (pair field 1: factors).
+  std::vector<uint8_t> sfb{0};
+  for (uint32_t s = 0; s < 3; ++s) {
+    uint32_t fields[4] = {s, 1, 1, 2};
+    int64_t it = 0;
+    sfb.insert(sfb.end(), reinterpret_cast<uint8_t*>(fields), reinterpret_cast<uint8_t*>(fields) + 16);
+    sfb.insert(sfb.end(), reinterpret_cast<uint8_t*>(&it), reinterpret_cast<uint8_t*>(&it) + 8);
+    sfb.insert(sfb.end(), 2 * 13 * 4 + 1, 0x3f);
+  }
+  write("syncer-sfb", 6, sfb);
   return 0;
 }
 #endif

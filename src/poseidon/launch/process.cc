@@ -170,7 +170,9 @@ CommandResult runCommand(const std::vector<std::string>& argv) {
 
 std::string describeExit(int status) {
   if (WIFEXITED(status)) return strCat("exited with code ", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return strCat("was killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
+  if (WIFSIGNALED(status)) {
+    return strCat("was killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
+  }
   return "ended";
 }
 

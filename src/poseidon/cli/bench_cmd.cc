@@ -3,7 +3,6 @@
 // bench/README.md for the method and DESIGN.md section 4 for its rationale).
 #include <signal.h>
 #include <sys/wait.h>
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,8 +23,8 @@
 #include "poseidon/common/error.h"
 #include "poseidon/core/cost_model.h"
 #include "poseidon/launch/env.h"
+#include "poseidon/launch/process.h"
 #include "poseidon/transport/security.h"
-
 
 namespace poseidon::cli {
 namespace fs = std::filesystem;
@@ -54,35 +53,6 @@ std::string fmt(const char* f, double v) {
   char b[64];
   std::snprintf(b, sizeof b, f, v);
   return b;
-}
-
-struct Child {
-  pid_t pid = -1;
-  std::string log;
-  int status = -1;
-};
-
-Child spawn(const std::vector<std::string>& argv, const std::map<std::string, std::string>& extraEnv,
-            const std::string& log) {
-  std::vector<std::string> envStrings = environmentWith(extraEnv);
-  Child c;
-  c.log = log;
-  c.pid = fork();
-  if (c.pid < 0) throw IoError("fork() failed");
-  if (c.pid == 0) {
-    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    setpgid(0, 0);
-    std::vector<char*> args, envp;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    for (auto& s : envStrings) envp.push_back(s.data());
-    envp.push_back(nullptr);
-    execvpe(args[0], args.data(), envp.data());
-    _exit(127);
-  }
-  return c;
 }
 
 std::string lastLine(const std::string& path) {
@@ -190,54 +160,57 @@ struct Harness {
     r.idealSeconds = ideal(m, nodes, r.mbit);
     int p = port++;
     if (port > 29999) port = 29600;
-    std::vector<Child> children;
+    std::vector<ChildProcess> children;
+    std::vector<std::string> logs;
     for (int i = 0; i < nodes; ++i) {
       std::string out = strCat(work, "/", modelName, "-", system, "-", nodes, "-", r.mbit, "-", i);
-      std::vector<std::string> argv{"ip", "netns", "exec", cluster->nodeNamespace(i)};
+      SpawnOptions so;
+      so.netns = cluster->nodeNamespace(i);
       if (isDdp(system)) {
-        argv.insert(argv.end(), {"/usr/bin/python3", ddpScript, "--model-json", modelJson[modelName], "--variant", system,
-                                 "--iterations", std::to_string(iterations), "--warmup", std::to_string(warmup),
-                                 "--out", out + ".json", "--iface", EmulatedCluster::nodeInterface(), "--timeout",
-                                 std::to_string(timeoutS)});
+        so.argv = {"/usr/bin/python3", ddpScript, "--model-json", modelJson[modelName], "--variant", system,
+                   "--iterations", std::to_string(iterations), "--warmup", std::to_string(warmup),
+                   "--out", out + ".json", "--iface", EmulatedCluster::nodeInterface(), "--timeout",
+                   std::to_string(timeoutS)};
       } else {
-        argv.insert(argv.end(), {exe, "bench-worker", "--model", modelName, "--scale", fmt("%g", scale), "--system",
-                                 system, "--iterations", std::to_string(iterations), "--warmup",
-                                 std::to_string(warmup), "--out", out + ".json", "--iface",
-                                 EmulatedCluster::nodeInterface(), "--bind", cluster->nodeAddress(i), "--timeout",
-                                 std::to_string(timeoutS * 1000)});
+        so.argv = {exe, "bench-worker", "--model", modelName, "--scale", fmt("%g", scale), "--system",
+                   system, "--iterations", std::to_string(iterations), "--warmup",
+                   std::to_string(warmup), "--out", out + ".json", "--iface",
+                   EmulatedCluster::nodeInterface(), "--bind", cluster->nodeAddress(i), "--timeout",
+                   std::to_string(timeoutS * 1000)};
       }
-      std::map<std::string, std::string> env{{"RANK", std::to_string(i)},
-                                             {"WORLD_SIZE", std::to_string(nodes)},
-                                             {"LOCAL_RANK", "0"},
-                                             {"MASTER_ADDR", cluster->nodeAddress(0)},
-                                             {"MASTER_PORT", std::to_string(p)},
-                                             {"GLOO_SOCKET_IFNAME", EmulatedCluster::nodeInterface()},
-                                             {"OMP_NUM_THREADS", "1"},
-                                             {"POSEIDON_SECRET", secret}};
-      children.push_back(spawn(argv, env, out + ".log"));
+      so.env = {{"RANK", std::to_string(i)},
+                {"WORLD_SIZE", std::to_string(nodes)},
+                {"LOCAL_RANK", "0"},
+                {"MASTER_ADDR", cluster->nodeAddress(0)},
+                {"MASTER_PORT", std::to_string(p)},
+                {"GLOO_SOCKET_IFNAME", EmulatedCluster::nodeInterface()},
+                {"OMP_NUM_THREADS", "1"},
+                {"POSEIDON_SECRET", secret}};
+      so.stdoutTo = Output::kFile;
+      so.stderrTo = Output::kLikeStdout;
+      so.file = out + ".log";
+      // A failed or late run is killed as a process group, with whatever the rank started.
+      so.ownProcessGroup = true;
+      children.push_back(ChildProcess::spawn(so));
+      logs.push_back(so.file);
     }
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeoutS);
     size_t left = children.size();
     std::string failure;
     while (left > 0) {
-      for (auto& c : children) {
-        if (c.status != -1) continue;
-        int st;
-        if (waitpid(c.pid, &st, WNOHANG) == c.pid) {
-          c.status = st;
-          --left;
-          if ((!WIFEXITED(st) || WEXITSTATUS(st) != 0) && failure.empty()) {
-            failure = strCat("rank ", &c - children.data(), " failed: ", lastLine(c.log));
-          }
+      for (size_t i = 0; i < children.size(); ++i) {
+        ChildProcess& c = children[i];
+        if (c.exited() || !c.poll()) continue;
+        --left;
+        if ((!WIFEXITED(c.status()) || WEXITSTATUS(c.status()) != 0) && failure.empty()) {
+          failure = strCat("rank ", i, " failed: ", lastLine(logs[i]));
         }
       }
       bool stop = gStop.load() != 0, late = std::chrono::steady_clock::now() > deadline;
       if (left > 0 && (stop || late || !failure.empty())) {
         if (failure.empty()) failure = stop ? "interrupted" : strCat("timed out after ", timeoutS, " s");
-        for (auto& c : children)
-          if (c.status == -1) kill(-c.pid, SIGKILL), kill(c.pid, SIGKILL);
-        for (auto& c : children)
-          if (c.status == -1) waitpid(c.pid, &c.status, 0);
+        for (auto& c : children) c.kill(SIGKILL);
+        for (auto& c : children) c.wait();
         break;
       }
       usleep(50000);

@@ -88,6 +88,8 @@ ChildProcess ChildProcess::spawn(const SpawnOptions& options) {
     ::_exit(127);
   }
   if (fileFd >= 0) ::close(fileFd);
+  // Both sides set the group, so that a kill() right after spawn reaches it too.
+  if (options.ownProcessGroup) ::setpgid(pid, pid);
   ChildProcess child;
   child.pid_ = pid;
   child.ownGroup_ = options.ownProcessGroup;

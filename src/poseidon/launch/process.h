@@ -35,8 +35,9 @@ struct SpawnOptions {
   // setns(): it also mounts the namespace's /sys, where bench-worker reads
   // its interface's byte counters.
   std::string netns;
-  // Its own process group, so that kill() reaches what the child starts too
-  // (a rank under `ip netns exec` is the grandchild).
+  // Its own process group, so that kill() also reaches whatever the child
+  // started (and a Ctrl-C at the terminal reaches only the supervisor, which
+  // then stops its children in order).
   bool ownProcessGroup = false;
 };
 

@@ -19,7 +19,8 @@ std::string run(const std::vector<std::string>& argv) {
   if (!r.ok()) {
     std::string cmd;
     for (const auto& a : argv) cmd += (cmd.empty() ? "" : " ") + a;
-    throw Error(strCat("command failed (", WIFEXITED(r.status) ? WEXITSTATUS(r.status) : -1, "): ", cmd, ": ", r.output));
+    int code = WIFEXITED(r.status) ? WEXITSTATUS(r.status) : -1;
+    throw Error(strCat("command failed (", code, "): ", cmd, ": ", r.output));
   }
   return r.output;
 }

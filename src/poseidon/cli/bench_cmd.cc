@@ -1,6 +1,8 @@
 // poseidon bench: the emulated-cluster benchmark, Poseidon against PyTorch
 // DDP side by side on the same emulated model and network (see
 // bench/README.md for the method and DESIGN.md section 4 for its rationale).
+// This file is the flags and the harness that runs; bench/report.h turns the
+// runs into speedups, headline ratios, tables and plots.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,10 +20,10 @@
 
 #include "poseidon/bench/cluster.h"
 #include "poseidon/bench/emulation.h"
+#include "poseidon/bench/report.h"
 #include "poseidon/cli/commands.h"
 #include "poseidon/cli/flags.h"
 #include "poseidon/common/error.h"
-#include "poseidon/core/cost_model.h"
 #include "poseidon/launch/env.h"
 #include "poseidon/launch/process.h"
 #include "poseidon/transport/security.h"
@@ -30,6 +32,7 @@ namespace poseidon::cli {
 namespace fs = std::filesystem;
 using bench::EmulatedCluster;
 using bench::EmulatedModel;
+using bench::RunResult;
 
 namespace {
 
@@ -47,12 +50,6 @@ std::vector<std::string> splitList(const std::string& s) {
   while (std::getline(ss, item, ','))
     if (!item.empty()) out.push_back(item);
   return out;
-}
-
-std::string fmt(const char* f, double v) {
-  char b[64];
-  std::snprintf(b, sizeof b, f, v);
-  return b;
 }
 
 std::string lastLine(const std::string& path) {
@@ -73,31 +70,6 @@ std::string findDdpScript(const std::string& flag) {
     if (fs::exists(c)) return fs::canonical(c).string();
   throw InvalidArgument("bench/ddp_worker.py not found (run from the repository, or pass --ddp-script PATH)");
 }
-
-struct Run {
-  std::string model, system;
-  int nodes = 0;
-  double mbit = 0, latencyMs = 0;
-  bool ok = false;
-  std::string error;
-  double iterSeconds = 0;      // median of the steady iterations (rank 0)
-  double imagesPerSec = 0;     // emulated images: nodes x K / iteration
-  double speedup = 0;          // over the same system on one node
-  double idealSeconds = 0;
-  std::vector<double> txPerIter, rxPerIter;  // bytes per node per iteration (interface counters)
-  int attempts = 1;
-  std::vector<std::string> earlierErrors;     // failed attempts before this result
-  nlohmann::json toJson() const {
-    return {{"model", model},          {"system", system},       {"nodes", nodes},
-            {"link_mbit", mbit},       {"latency_ms", latencyMs}, {"ok", ok},
-            {"error", error},          {"iteration_seconds", iterSeconds},
-            {"images_per_sec", imagesPerSec}, {"speedup", speedup},
-            {"ideal_seconds", idealSeconds},
-            {"measured_over_ideal", idealSeconds > 0 ? iterSeconds / idealSeconds : 0.0},
-            {"tx_bytes_per_iteration", txPerIter}, {"rx_bytes_per_iteration", rxPerIter},
-            {"attempts", attempts},     {"earlier_errors", earlierErrors}};
-  }
-};
 
 struct Harness {
   std::string exe, ddpScript, work;
@@ -120,44 +92,32 @@ struct Harness {
     return models.emplace(name, std::move(m)).first->second;
   }
 
-  // Ideal iteration time: max(compute, min-scheme bytes per node / link rate),
-  // full duplex (half of Table 1's send + receive floats each way).
-  double ideal(const EmulatedModel& m, int nodes, double mbit) {
-    double floats = 0;
-    if (nodes > 1) {
-      for (const auto& l : m.desc.layers) {
-        CostInputs c = costInputs(l, m.batch, nodes, nodes);
-        double ps = psCostBoth(c);
-        floats += l.type == LayerType::kFC ? std::min(ps, sfbCost(c)) : ps;
-      }
-    }
-    double comm = floats / 2 * 4 * 8 / (mbit * 1e6);
-    return std::max(m.computeSeconds(), comm);
-  }
-
   // A run that fails (PyTorch's Gloo occasionally hangs) is tried again, up
   // to `retries` times; the result records every earlier error.
-  Run run(const std::string& modelName, const std::string& system, int nodes) {
+  RunResult run(const std::string& modelName, const std::string& system, int nodes) {
     std::vector<std::string> errors;
     for (int attempt = 1;; ++attempt) {
-      Run r = runOnce(modelName, system, nodes);
+      RunResult r = runOnce(modelName, system, nodes);
       r.attempts = attempt;
       r.earlierErrors = errors;
       if (r.ok || attempt > retries) return r;
       errors.push_back(r.error);
-      if (verbose) std::printf("  retrying %s on %d nodes (attempt %d failed: %s)\n", system.c_str(), nodes, attempt, r.error.c_str());
+      if (verbose) {
+        std::printf("  retrying %s on %d nodes (attempt %d failed: %s)\n", system.c_str(), nodes, attempt,
+                    r.error.c_str());
+      }
     }
   }
 
-  Run runOnce(const std::string& modelName, const std::string& system, int nodes) {
+  RunResult runOnce(const std::string& modelName, const std::string& system, int nodes) {
     const EmulatedModel& m = model(modelName);
-    Run r;
+    RunResult r;
     r.model = modelName;
     r.system = system;
     r.nodes = nodes;
     r.mbit = cluster->link().mbit;
     r.latencyMs = cluster->link().latencyMs;
-    r.idealSeconds = ideal(m, nodes, r.mbit);
+    r.idealSeconds = bench::idealSeconds(m, nodes, r.mbit);
     int p = port++;
     if (port > 29999) port = 29600;
     std::vector<ChildProcess> children;
@@ -172,7 +132,7 @@ struct Harness {
                    "--out", out + ".json", "--iface", EmulatedCluster::nodeInterface(), "--timeout",
                    std::to_string(timeoutS)};
       } else {
-        so.argv = {exe, "bench-worker", "--model", modelName, "--scale", fmt("%g", scale), "--system",
+        so.argv = {exe, "bench-worker", "--model", modelName, "--scale", strCat(scale), "--system",
                    system, "--iterations", std::to_string(iterations), "--warmup",
                    std::to_string(warmup), "--out", out + ".json", "--iface",
                    EmulatedCluster::nodeInterface(), "--bind", cluster->nodeAddress(i), "--timeout",
@@ -218,7 +178,7 @@ struct Harness {
     if (gStop.load()) throw Error(strCat("interrupted by signal ", gStop.load()));
     if (!failure.empty()) {
       r.error = failure;
-      report(r);
+      printRun(r);
       return r;
     }
     try {
@@ -239,11 +199,12 @@ struct Harness {
     } catch (const std::exception& e) {
       r.error = strCat("unreadable result: ", e.what());
     }
-    report(r);
+    printRun(r);
     return r;
   }
 
-  void report(const Run& r) {
+  // One progress line per run.
+  void printRun(const RunResult& r) {
     if (!verbose) return;
     if (!r.ok) {
       std::printf("  %-14s %2d nodes @ %6g Mbit/s: FAILED: %s\n", r.system.c_str(), r.nodes, r.mbit, r.error.c_str());
@@ -257,142 +218,6 @@ struct Harness {
     std::fflush(stdout);
   }
 };
-
-void writeMarkdown(const std::string& path, const nlohmann::json& result) {
-  std::ostringstream md;
-  const auto& cfg = result["config"];
-  md << "# poseidon bench results\n\n";
-  md << "Command: `" << cfg["command"].get<std::string>() << "`\n\n";
-  md << "Emulated cluster: one network namespace per node, tc tbf links both ways; width scale s = "
-     << cfg["scale"].get<double>() << " (link rates represent rate / s^2 at full width); "
-     << cfg["iterations"].get<int>() << " measured iterations after " << cfg["warmup"].get<int>()
-     << " warm-up ones; iteration time is rank 0's median.\n\n";
-  std::map<std::pair<std::string, double>, std::vector<nlohmann::json>> groups;
-  for (const auto& r : result["runs"])
-    if (r["nodes"].get<int>() > 1) groups[{r["model"].get<std::string>(), r["link_mbit"].get<double>()}].push_back(r);
-  std::map<std::pair<std::string, std::string>, nlohmann::json> one;
-  for (const auto& r : result["runs"])
-    if (r["nodes"].get<int>() == 1) one[{r["model"].get<std::string>(), r["system"].get<std::string>()}] = r;
-  for (const auto& [key, runs] : groups) {
-    double scale = cfg["scale"].get<double>();
-    md << "## " << key.first << " at " << key.second << " Mbit/s (" << fmt("%g", key.second / scale / scale / 1000)
-       << " Gbit/s at full width)\n\n";
-    std::vector<int> nodes{1};
-    std::vector<std::string> systems;
-    for (const auto& r : runs) {
-      if (std::find(nodes.begin(), nodes.end(), r["nodes"].get<int>()) == nodes.end()) nodes.push_back(r["nodes"]);
-      if (std::find(systems.begin(), systems.end(), r["system"].get<std::string>()) == systems.end())
-        systems.push_back(r["system"]);
-    }
-    std::sort(nodes.begin(), nodes.end());
-    md << "| system |";
-    for (int n : nodes) md << " " << n << " node" << (n > 1 ? "s" : "") << " |";
-    md << " s/iter at " << nodes.back() << " | measured / ideal |\n|---|";
-    for (size_t i = 0; i < nodes.size() + 2; ++i) md << "---|";
-    md << "\n";
-    for (const auto& s : systems) {
-      md << "| " << s << " |";
-      nlohmann::json last;
-      for (int n : nodes) {
-        nlohmann::json hit;
-        if (n == 1) {
-          auto it = one.find({key.first, s});
-          if (it != one.end()) hit = it->second;
-        } else {
-          for (const auto& r : runs)
-            if (r["system"] == s && r["nodes"] == n) hit = r;
-        }
-        if (hit.is_null()) md << " - |";
-        else if (!hit["ok"].get<bool>()) md << " failed |";
-        else md << " " << fmt("%.2fx", n == 1 ? 1.0 : hit["speedup"].get<double>()) << " |";
-        if (n == nodes.back()) last = hit;
-      }
-      if (!last.is_null() && last["ok"].get<bool>()) {
-        md << " " << fmt("%.3f", last["iteration_seconds"].get<double>()) << " | "
-           << fmt("%.2f", last["measured_over_ideal"].get<double>()) << " |\n";
-      } else {
-        md << " - | - |\n";
-      }
-    }
-    md << "\n";
-  }
-  if (result.contains("headline")) {
-    md << "## Headline ratios (measured side by side in this run)\n\n";
-    for (const auto& h : result["headline"]) md << "- " << h.get<std::string>() << "\n";
-    md << "\n";
-  }
-  if (result.contains("bisection")) {
-    md << "## Minimum link rate for 90% efficiency at " << result["bisection"]["nodes"].get<int>() << " nodes ("
-       << result["bisection"]["model"].get<std::string>() << ")\n\n| system | Mbit/s (emulated) | at full width |\n|---|---|---|\n";
-    double scale = cfg["scale"].get<double>();
-    for (const auto& [sys, v] : result["bisection"]["min_mbit"].items()) {
-      md << "| " << sys << " | " << fmt("%.1f", v.get<double>()) << " | "
-         << fmt("%.1f Gbit/s", v.get<double>() / scale / scale / 1000) << " |\n";
-    }
-    md << "\n";
-  }
-  std::ofstream(path) << md.str();
-}
-
-void writePlots(const std::string& dir, const nlohmann::json& result) {
-  fs::create_directories(dir);
-  std::map<std::pair<std::string, double>, std::map<std::string, std::vector<std::pair<int, double>>>> series;
-  for (const auto& r : result["runs"]) {
-    if (!r["ok"].get<bool>()) continue;
-    if (r["nodes"].get<int>() == 1) continue;
-    series[{r["model"], r["link_mbit"]}][r["system"]].push_back({r["nodes"].get<int>(), r["speedup"].get<double>()});
-  }
-  for (auto& [key, systems] : series) {
-    std::string base = strCat(dir, "/speedup-", key.first, "-", fmt("%g", key.second), "mbit");
-    std::ofstream gp(base + ".gp");
-    gp << "set terminal pngcairo size 800,560\nset output '" << base << ".png'\n"
-       << "set title 'speedup over one node: " << key.first << ", " << key.second << " Mbit/s links (emulated)'\n"
-       << "set xlabel 'nodes'\nset ylabel 'speedup'\nset key left top\nset grid\nset xtics (1,2,4,8,16,32)\n"
-       << "plot x title 'linear' dashtype 2 lc rgb 'gray'";
-    for (auto& [sys, pts] : systems) {
-      std::sort(pts.begin(), pts.end());
-      std::ofstream dat(base + "-" + sys + ".dat");
-      dat << "1 1\n";
-      for (auto& [n, s] : pts) dat << n << " " << s << "\n";
-      gp << ", '" << base << "-" << sys << ".dat' with linespoints lw 2 title '" << sys << "'";
-    }
-    gp << "\n";
-    gp.close();
-    try {
-      bench::run({"gnuplot", base + ".gp"});
-    } catch (const Error& e) {
-      std::cerr << "poseidon bench: plotting failed (install gnuplot-nox): " << e.what() << "\n";
-    }
-  }
-  if (result.contains("histogram")) {
-    const auto& h = result["histogram"];
-    std::string base = strCat(dir, "/traffic-", h["model"].get<std::string>(), "-", h["nodes"].get<int>(), "nodes");
-    std::ofstream dat(base + ".dat");
-    dat << "node";
-    for (const auto& [sys, v] : h["bytes_per_node"].items()) dat << " " << sys;
-    dat << "\n";
-    int n = h["nodes"].get<int>();
-    for (int i = 0; i < n; ++i) {
-      dat << i;
-      for (const auto& [sys, v] : h["bytes_per_node"].items()) dat << " " << v[i].get<double>() / 1e6;
-      dat << "\n";
-    }
-    dat.close();
-    std::ofstream gp(base + ".gp");
-    gp << "set terminal pngcairo size 800,480\nset output '" << base << ".png'\n"
-       << "set title 'bytes per node per iteration (sent + received), " << h["model"].get<std::string>() << ", " << n
-       << " nodes'\nset ylabel 'MB per iteration'\nset xlabel 'node'\nset style data histograms\n"
-       << "set style histogram clustered gap 1\nset style fill solid 0.8 border -1\nset grid ytics\nset key left top\n"
-       << "plot for [c=2:" << 1 + h["bytes_per_node"].size() << "] '" << base
-       << ".dat' using c:xtic(1) title columnheader\n";
-    gp.close();
-    try {
-      bench::run({"gnuplot", base + ".gp"});
-    } catch (const Error& e) {
-      std::cerr << "poseidon bench: plotting failed (install gnuplot-nox): " << e.what() << "\n";
-    }
-  }
-}
 
 }  // namespace
 
@@ -504,7 +329,7 @@ int benchCommand(const std::vector<std::string>& args) {
   result["config"] = {{"command", command},   {"scale", scale},     {"iterations", iterations},
                       {"warmup", warmup},     {"latency_ms", latencyMs}, {"models", models},
                       {"systems", systems},   {"nodes", nodes},     {"rates_mbit", rates}};
-  std::vector<Run> runs;
+  std::vector<RunResult> runs;
   auto t0 = std::chrono::steady_clock::now();
   {
     EmulatedCluster cluster(nodes.back(), bench::LinkSpec{rates.front(), latencyMs});
@@ -526,15 +351,7 @@ int benchCommand(const std::vector<std::string>& args) {
             if (n > 1) runs.push_back(h.run(m, s, n));
       }
     }
-    // Speedups against the same system on one node.
-    for (auto& r : runs) {
-      if (!r.ok || r.nodes == 1) {
-        if (r.ok) r.speedup = 1;
-        continue;
-      }
-      for (const auto& b : runs)
-        if (b.ok && b.nodes == 1 && b.model == r.model && b.system == r.system) r.speedup = r.nodes * b.iterSeconds / r.iterSeconds;
-    }
+    bench::computeSpeedups(runs);
     // Bisection of the minimum rate for 90% efficiency at the largest size.
     std::vector<std::string> bisect = splitList(bisectSystems);
     if (!bisect.empty() && nodes.front() == 1 && nodes.back() > 1) {
@@ -551,7 +368,7 @@ int benchCommand(const std::vector<std::string>& args) {
         for (int step = 0; step < 7; ++step) {
           double mid = std::sqrt(lo * hi);
           cluster.setLink({mid, latencyMs});
-          Run r = h.run(m, s, n);
+          RunResult r = h.run(m, s, n);
           bool good = r.ok && n * base / r.iterSeconds >= 0.9 * n;
           (good ? hi : lo) = mid;
         }
@@ -565,36 +382,11 @@ int benchCommand(const std::vector<std::string>& args) {
   nlohmann::json runsJson = nlohmann::json::array();
   for (const auto& r : runs) runsJson.push_back(r.toJson());
   result["runs"] = runsJson;
-  // Headline ratios: throughput of poseidon against each other system at the largest size.
-  nlohmann::json headline = nlohmann::json::array();
-  int big = nodes.back();
-  for (const auto& m : models)
-    for (double rate : rates) {
-      const Run* pos = nullptr;
-      for (const auto& r : runs)
-        if (r.ok && r.model == m && r.mbit == rate && r.nodes == big && r.system == "poseidon") pos = &r;
-      if (!pos) continue;
-      std::string line = strCat(m, ", ", big, " nodes, ", rate, " Mbit/s: poseidon ", fmt("%.2fx", pos->speedup),
-                                " speedup (", fmt("%.0f%%", 100 * pos->speedup / big), " efficiency), measured/ideal ",
-                                fmt("%.2f", pos->iterSeconds / pos->idealSeconds));
-      for (const auto& r : runs)
-        if (r.ok && r.model == m && r.mbit == rate && r.nodes == big && r.system != "poseidon")
-          line += strCat("; vs ", r.system, " ", fmt("%.2fx", pos->imagesPerSec / r.imagesPerSec), " throughput");
-      headline.push_back(line);
-    }
+  // Headline ratios at the largest size; per-node traffic there at the lowest rate, for the first model.
+  nlohmann::json headline = bench::headlineRatios(runs, models, rates, nodes.back());
   result["headline"] = headline;
-  // Per-node traffic at the largest size and lowest rate for the first model.
-  {
-    nlohmann::json perNode;
-    for (const auto& r : runs) {
-      if (!r.ok || r.model != models.front() || r.nodes != big || r.mbit != rates.back()) continue;
-      if (r.system != "poseidon" && r.system != "adam" && r.system != "ps-wfbp" && r.system != "ddp") continue;
-      std::vector<double> both;
-      for (size_t i = 0; i < r.txPerIter.size(); ++i) both.push_back(r.txPerIter[i] + r.rxPerIter[i]);
-      perNode[r.system] = both;
-    }
-    if (!perNode.empty() && big > 1) result["histogram"] = {{"model", models.front()}, {"nodes", big}, {"link_mbit", rates.back()}, {"bytes_per_node", perNode}};
-  }
+  nlohmann::json histogram = bench::trafficHistogram(runs, models.front(), nodes.back(), rates.back());
+  if (!histogram.is_null()) result["histogram"] = histogram;
   result["wall_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   std::printf("\n");
@@ -604,16 +396,16 @@ int benchCommand(const std::vector<std::string>& args) {
     std::printf("results: %s\n", jsonPath.c_str());
   }
   if (!mdPath.empty()) {
-    writeMarkdown(mdPath, result);
+    bench::writeMarkdown(mdPath, result);
     std::printf("table: %s\n", mdPath.c_str());
   }
   if (!plotDir.empty()) {
-    writePlots(plotDir, result);
+    bench::writePlots(plotDir, result);
     std::printf("plots: %s\n", plotDir.c_str());
   }
   if (keep) std::printf("logs: %s\n", h.work.c_str());
   else fs::remove_all(h.work);
-  bool allOk = std::all_of(runs.begin(), runs.end(), [](const Run& r) { return r.ok; });
+  bool allOk = std::all_of(runs.begin(), runs.end(), [](const RunResult& r) { return r.ok; });
   return allOk ? 0 : 1;
 }
 

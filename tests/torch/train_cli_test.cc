@@ -175,6 +175,35 @@ TEST(TrainCli, BadInputGetsOneLineErrors) {
   EXPECT_THAT(ckpt.stderrText(), HasSubstr("checkpoint " + dir.path + "/badckpt/step-000000003 is unreadable"));
 }
 
+// Out-of-range values are refused while the flags are parsed, under their own
+// names: before, --pair-bytes 0 surfaced from rendezvous as "malformed join
+// message: job settings out of range" and --sync-threads 0 as "--threads".
+TEST(TrainCli, OutOfRangeValuesAreRejectedBeforeRendezvous) {
+  TempDir dir;
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::vector<Case> cases{
+      {{"--pair-bytes", "0"}, "--pair-bytes must be in [4, 1073741824], got 0"},
+      {{"--sync-threads", "0"}, "--sync-threads must be >= 1, got 0"},
+      {{"--workers", "0"}, "--workers must be in [1, 65536], got 0"},
+      {{"--batch", "0"}, "--batch must be in [1, 16777216], got 0"},
+      {{"--momentum", "1"}, "--momentum must be in [0, 1), got 1"},
+      {{"--max-steps", "0"}, "--max-steps must be -1 or >= 1, got 0"},
+      {{"--timeout", "0"}, "--timeout must be >= 1, got 0"},
+      {{"--drop-stragglers", "70000"}, "--drop-stragglers must be in [0, 65535], got 70000"},
+  };
+  for (const auto& c : cases) {
+    std::vector<std::string> args{"train", "--workers", "2", "--max-steps", "2", "--train-limit", "128"};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    auto p = run(args, dir.path + "/" + c.args[0].substr(2), 60);
+    EXPECT_EQ(p.exitCode(), 2) << c.args[0] << ": " << p.stderrText();
+    EXPECT_EQ(p.stderrText(), "poseidon train: error: " + c.message + "\n");
+    EXPECT_EQ(p.stdoutText(), "") << c.args[0];  // no worker was started
+  }
+}
+
 // Two ranks that share nothing but the coordinator's address: each binds its
 // own loopback address, proving nothing assumes one host address.
 TEST(TrainCli, TwoRanksOnTwoLoopbackAddresses) {

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -240,15 +241,19 @@ int benchCommand(const std::vector<std::string>& args) {
   flags.addBool("quick", &quick, "vgg19, 1 and 8 nodes, 100 and 30 Mbit/s, poseidon vs ddp, 5 iterations (< 10 min)");
   flags.addString("models", &modelsFlag, "comma-separated emulated models", "LIST");
   flags.addString("systems", &systemsFlag, "comma-separated systems", "LIST");
-  flags.addString("nodes", &nodesFlag, "comma-separated cluster sizes (1 is the speedup baseline)", "LIST");
-  flags.addString("rates", &ratesFlag, "comma-separated link rates in Mbit/s (tc tbf)", "LIST");
-  flags.addDouble("latency-ms", &latencyMs, "added one-way latency per link (netem)", "MS");
-  flags.addDouble("scale", &scale, "width scale s (link rates represent rate / s^2 at full width)", "S");
-  flags.addInt("iterations", &iterations, "measured iterations per run", "N");
-  flags.addInt("warmup", &warmup, "warm-up iterations per run (not measured)", "N");
-  flags.addInt("run-timeout", &timeoutS, "seconds before a run is declared failed", "S");
+  flags.addString("nodes", &nodesFlag, "comma-separated cluster sizes in [1, 64] (1 is the speedup baseline)", "LIST");
+  flags.addString("rates", &ratesFlag, "comma-separated link rates in Mbit/s, > 0 (tc tbf)", "LIST");
+  flags.addDouble("latency-ms", &latencyMs, "added one-way latency per link (netem)", "MS", RealRange::atLeast(0));
+  flags.addDouble("scale", &scale, "width scale s (link rates represent rate / s^2 at full width)", "S",
+                  RealRange::leftOpen(0, 1));
+  flags.addInt("iterations", &iterations, "measured iterations per run", "N", IntRange::atLeast(1));
+  flags.addInt("warmup", &warmup, "warm-up iterations per run (not measured)", "N", IntRange::atLeast(0));
+  // The ranks get it in milliseconds (bench-worker --timeout), an int.
+  flags.addInt("run-timeout", &timeoutS, "seconds before a run is declared failed", "S",
+               IntRange::closed(1, std::numeric_limits<int>::max() / 1000));
   int retries = 1;
-  flags.addInt("retries", &retries, "times a failed run is tried again (recorded in the results)", "N");
+  flags.addInt("retries", &retries, "times a failed run is tried again (recorded in the results)", "N",
+               IntRange::atLeast(0));
   flags.addString("bisect", &bisectSystems,
                   "comma-separated systems: bisect the minimum link rate for 90% efficiency at the largest size "
                   "(first model)", "LIST");
@@ -273,16 +278,12 @@ int benchCommand(const std::vector<std::string>& args) {
   std::vector<std::string> models = splitList(modelsFlag), systems = splitList(systemsFlag);
   std::vector<int> nodes;
   for (const auto& n : splitList(nodesFlag)) {
-    int v = std::atoi(n.c_str());
-    if (v < 1 || v > 64) throw InvalidArgument("--nodes entries must be 1..64, got '" + n + "'");
-    nodes.push_back(v);
+    nodes.push_back(static_cast<int>(parseIntIn("each --nodes entry", n, IntRange::closed(1, 64))));
   }
   std::sort(nodes.begin(), nodes.end());
   std::vector<double> rates;
   for (const auto& r : splitList(ratesFlag)) {
-    double v = std::atof(r.c_str());
-    if (!(v > 0)) throw InvalidArgument("--rates entries must be positive Mbit/s, got '" + r + "'");
-    rates.push_back(v);
+    rates.push_back(parseRealIn("each --rates entry (Mbit/s)", r, RealRange::above(0)));
   }
   for (const auto& s : systems) {
     bool known = std::find(kPoseidonSystems.begin(), kPoseidonSystems.end(), s) != kPoseidonSystems.end() ||
@@ -290,8 +291,6 @@ int benchCommand(const std::vector<std::string>& args) {
     if (!known) throw InvalidArgument("unknown system '" + s + "'");
   }
   if (models.empty() || systems.empty() || nodes.empty() || rates.empty()) throw InvalidArgument("empty list flag");
-  if (!(scale > 0 && scale <= 1)) throw InvalidArgument("--scale must be in (0, 1]");
-  if (iterations < 1 || warmup < 0) throw InvalidArgument("--iterations must be >= 1 and --warmup >= 0");
   for (const auto& m : models) bench::emulatedModel(m, scale);  // validate names early
 
   std::string why;
@@ -302,7 +301,7 @@ int benchCommand(const std::vector<std::string>& args) {
   h.iterations = iterations;
   h.warmup = warmup;
   h.timeoutS = timeoutS;
-  h.retries = std::max(0, retries);
+  h.retries = retries;
   bool anyDdp = std::any_of(systems.begin(), systems.end(), isDdp);
   if (anyDdp) {
     h.ddpScript = findDdpScript(ddpScript);

@@ -26,6 +26,7 @@
 #include "poseidon/cli/flags.h"
 #include "poseidon/common/error.h"
 #include "poseidon/launch/env.h"
+#include "poseidon/launch/launcher.h"
 #include "poseidon/launch/process.h"
 #include "poseidon/transport/security.h"
 
@@ -164,7 +165,7 @@ struct Harness {
         if (c.exited() || !c.poll()) continue;
         --left;
         if ((!WIFEXITED(c.status()) || WEXITSTATUS(c.status()) != 0) && failure.empty()) {
-          failure = strCat("rank ", i, " failed: ", lastLine(logs[i]));
+          failure = strCat("rank ", i, " failed: ", withoutRankMarker(lastLine(logs[i]), static_cast<int>(i)));
         }
       }
       bool stop = gStop.load() != 0, late = std::chrono::steady_clock::now() > deadline;

@@ -67,7 +67,7 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
 
   bench::EmulatedModel em = bench::emulatedModel(model, scale);
   RankEnv env = rankFromEnvironment();
-  setLogPrefix("bench rank " + std::to_string(env.rank));
+  setLogPrefix("rank " + std::to_string(env.rank));  // like every rank's: the harness drops it from its report
   NodeOptions o;
   o.rank = env.rank;
   o.worldSize = env.worldSize;

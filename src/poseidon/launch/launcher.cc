@@ -30,24 +30,29 @@ struct Rank {
   std::deque<std::string> lastErr;  // last lines of stderr, for the failure report
 };
 
-// Emits complete lines of buf (or everything when flush) with the prefix.
-void forward(std::string& buf, int fd, const std::string& prefix, std::deque<std::string>* keep, bool flush) {
+// Emits the complete lines of buf (or everything when flush), each with the
+// rank prefix in place of the rank's own marker when `prefixed`, and as the
+// rank wrote it otherwise. `keep` gets the last lines without their marker,
+// for the failure report (which names the rank itself).
+void forward(std::string& buf, int fd, int rank, bool prefixed, std::deque<std::string>* keep, bool flush) {
+  auto emit = [&](const std::string& line) {
+    std::string own = withoutRankMarker(line, rank);
+    writeAll(fd, (prefixed ? rankPrefix(rank) + own : line) + "\n");
+    if (keep && !own.empty()) {
+      keep->push_back(own);
+      if (keep->size() > 5) keep->pop_front();
+    }
+  };
   size_t start = 0;
   for (;;) {
     size_t nl = buf.find('\n', start);
     if (nl == std::string::npos) break;
-    std::string line = buf.substr(start, nl - start);
-    writeAll(fd, prefix + line + "\n");
-    if (keep && !line.empty()) {
-      keep->push_back(line);
-      if (keep->size() > 5) keep->pop_front();
-    }
+    emit(buf.substr(start, nl - start));
     start = nl + 1;
   }
   buf.erase(0, start);
   if (flush && !buf.empty()) {
-    writeAll(fd, prefix + buf + "\n");
-    if (keep) keep->push_back(buf);
+    emit(buf);
     buf.clear();
   }
 }
@@ -110,12 +115,13 @@ LaunchResult launchOnce(const LaunchOptions& options) {
       char buf[65536];
       ssize_t n = ::read(fds[k].fd, buf, sizeof buf);
       std::string& acc = isErr ? c.errBuf : c.outBuf;
-      std::string prefix = (c.rank == 0 && !options.prefixRank0) ? "" : strCat("[rank ", c.rank, "] ");
+      const bool prefixed = c.rank != 0 || options.prefixRank0;
+      const int fd = isErr ? STDERR_FILENO : STDOUT_FILENO;
       if (n > 0) {
         acc.append(buf, static_cast<size_t>(n));
-        forward(acc, isErr ? STDERR_FILENO : STDOUT_FILENO, prefix, isErr ? &c.lastErr : nullptr, false);
+        forward(acc, fd, c.rank, prefixed, isErr ? &c.lastErr : nullptr, false);
       } else if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) {
-        forward(acc, isErr ? STDERR_FILENO : STDOUT_FILENO, prefix, isErr ? &c.lastErr : nullptr, true);
+        forward(acc, fd, c.rank, prefixed, isErr ? &c.lastErr : nullptr, true);
         if (isErr) c.process.closeStderr();
         else c.process.closeStdout();
       }
@@ -179,6 +185,16 @@ bool readProgress(const std::string& path, long long* iteration, long long* chec
 }
 
 }  // namespace
+
+std::string rankPrefix(int rank) { return strCat("[rank ", rank, "] "); }
+
+std::string withoutRankMarker(const std::string& line, int rank) {
+  std::string rest = line;
+  for (const std::string& marker : {rankPrefix(rank), strCat("rank ", rank, ": ")}) {
+    if (rest.compare(0, marker.size(), marker) == 0) rest.erase(0, marker.size());
+  }
+  return rest;
+}
 
 LaunchResult launchLocal(const LaunchOptions& options) {
   if (options.ranks < 1) throw InvalidArgument(strCat("-n must be at least 1, got ", options.ranks));

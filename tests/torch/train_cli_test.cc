@@ -249,6 +249,9 @@ TEST(TrainCli, FailingRankErrorLineCarriesTheRankOnce) {
   EXPECT_THAT(err, HasSubstr("poseidon train: rank 1 exited with code 1: poseidon train: error: lost rank 0 ("));
   EXPECT_THAT(err, ::testing::Not(HasSubstr("[rank 1] [rank 1]")));
   EXPECT_THAT(err, ::testing::Not(HasSubstr("[rank 1] rank 1:")));
+  // The rank's log line of the same error (common/log.h) names it once too.
+  EXPECT_THAT(err, HasSubstr("[rank 1] error: lost rank 0 (nothing from it for"));
+  EXPECT_THAT(err, ::testing::Not(HasSubstr("error: rank 1: lost")));
 
   // Rank 1 kills itself; the trainer's "rank 1: fault injection" line gets the launcher's prefix only.
   auto killed = run(args, dir.path + "/killed", 120, {{"POSEIDON_FAULT", "1:1:kill"}});

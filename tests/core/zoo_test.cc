@@ -1,4 +1,5 @@
 #include "poseidon/model/zoo.h"
+#include "poseidon/model/table.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

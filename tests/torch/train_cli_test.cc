@@ -7,6 +7,7 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "cli_helpers.h"
 #include "poseidon/launch/env.h"
@@ -175,6 +176,35 @@ TEST(TrainCli, BadInputGetsOneLineErrors) {
   EXPECT_THAT(ckpt.stderrText(), HasSubstr("checkpoint " + dir.path + "/badckpt/step-000000003 is unreadable"));
 }
 
+// Out-of-range values are refused while the flags are parsed, under their own
+// names: before, --pair-bytes 0 surfaced from rendezvous as "malformed join
+// message: job settings out of range" and --sync-threads 0 as "--threads".
+TEST(TrainCli, OutOfRangeValuesAreRejectedBeforeRendezvous) {
+  TempDir dir;
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::vector<Case> cases{
+      {{"--pair-bytes", "0"}, "--pair-bytes must be in [4, 1073741824], got 0"},
+      {{"--sync-threads", "0"}, "--sync-threads must be >= 1, got 0"},
+      {{"--workers", "0"}, "--workers must be in [1, 65536], got 0"},
+      {{"--batch", "0"}, "--batch must be in [1, 16777216], got 0"},
+      {{"--momentum", "1"}, "--momentum must be in [0, 1), got 1"},
+      {{"--max-steps", "0"}, "--max-steps must be -1 or >= 1, got 0"},
+      {{"--timeout", "0"}, "--timeout must be >= 1, got 0"},
+      {{"--drop-stragglers", "70000"}, "--drop-stragglers must be in [0, 65535], got 70000"},
+  };
+  for (const auto& c : cases) {
+    std::vector<std::string> args{"train", "--workers", "2", "--max-steps", "2", "--train-limit", "128"};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    auto p = run(args, dir.path + "/" + c.args[0].substr(2), 60);
+    EXPECT_EQ(p.exitCode(), 2) << c.args[0] << ": " << p.stderrText();
+    EXPECT_EQ(p.stderrText(), "poseidon train: error: " + c.message + "\n");
+    EXPECT_EQ(p.stdoutText(), "") << c.args[0];  // no worker was started
+  }
+}
+
 // Two ranks that share nothing but the coordinator's address: each binds its
 // own loopback address, proving nothing assumes one host address.
 TEST(TrainCli, TwoRanksOnTwoLoopbackAddresses) {
@@ -192,6 +222,43 @@ TEST(TrainCli, TwoRanksOnTwoLoopbackAddresses) {
   for (int r = 0; r < 2; ++r) ASSERT_EQ(procs[r].exitCode(), 0) << procs[r].stderrText();
   EXPECT_THAT(procs[0].stderrText(), HasSubstr("data endpoint tcp://127.0.0.2:"));
   EXPECT_THAT(procs[1].stderrText(), HasSubstr("data endpoint tcp://127.0.0.3:"));
+}
+
+// Lines of a failing rank name it once: the launcher's "[rank 1] " replaces
+// the rank's own marker (its error line, messages that start "rank 1: ")
+// instead of preceding it, and the failure report names the rank itself.
+std::vector<std::string> linesWith(const std::string& text, const std::string& needle) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    if (line.find(needle) != std::string::npos) out.push_back(line);
+  return out;
+}
+
+TEST(TrainCli, FailingRankErrorLineCarriesTheRankOnce) {
+  TempDir dir;
+  std::vector<std::string> args{"train", "--workers", "2", "--max-steps", "4", "--train-limit", "128", "--quiet",
+                                "--timeout", "3000"};
+  // Rank 0 stops at iteration 1; rank 1 declares it lost and fails.
+  auto lost = run(args, dir.path + "/lost", 120, {{"POSEIDON_FAULT", "0:1:stop"}});
+  EXPECT_EQ(lost.exitCode(), 1);
+  std::string err = lost.stderrText();
+  auto errorLines = linesWith(err, "poseidon train: error: ");
+  ASSERT_FALSE(errorLines.empty()) << err;
+  EXPECT_THAT(errorLines[0], ::testing::StartsWith("[rank 1] poseidon train: error: lost rank 0 (nothing from it for"));
+  EXPECT_THAT(err, HasSubstr("poseidon train: rank 1 exited with code 1: poseidon train: error: lost rank 0 ("));
+  EXPECT_THAT(err, ::testing::Not(HasSubstr("[rank 1] [rank 1]")));
+  EXPECT_THAT(err, ::testing::Not(HasSubstr("[rank 1] rank 1:")));
+  // The rank's log line of the same error (common/log.h) names it once too.
+  EXPECT_THAT(err, HasSubstr("[rank 1] error: lost rank 0 (nothing from it for"));
+  EXPECT_THAT(err, ::testing::Not(HasSubstr("error: rank 1: lost")));
+
+  // Rank 1 kills itself; the trainer's "rank 1: fault injection" line gets the launcher's prefix only.
+  auto killed = run(args, dir.path + "/killed", 120, {{"POSEIDON_FAULT", "1:1:kill"}});
+  EXPECT_NE(killed.exitCode(), 0);
+  EXPECT_THAT(killed.stderrText(), HasSubstr("[rank 1] fault injection (POSEIDON_FAULT): signal 9 at iteration 1\n"));
+  EXPECT_THAT(killed.stderrText(), HasSubstr("poseidon train: rank 1 was killed by signal 9 (Killed): fault injection"));
+  EXPECT_THAT(killed.stderrText(), ::testing::Not(HasSubstr("[rank 1] rank 1:")));
 }
 
 TEST(LaunchCli, FailingRankStopsTheOthers) {

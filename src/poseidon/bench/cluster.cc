@@ -1,53 +1,28 @@
 #include "poseidon/bench/cluster.h"
 
-#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <sstream>
 
 #include "poseidon/common/error.h"
 #include "poseidon/common/log.h"
+#include "poseidon/launch/process.h"
 
 namespace poseidon::bench {
 
 std::string run(const std::vector<std::string>& argv) {
-  int pipefd[2];
-  if (pipe(pipefd) != 0) throw IoError(strCat("pipe(): ", std::strerror(errno)));
-  pid_t pid = fork();
-  if (pid < 0) throw IoError(strCat("fork(): ", std::strerror(errno)));
-  if (pid == 0) {
-    dup2(pipefd[1], 1);
-    dup2(pipefd[1], 2);
-    close(pipefd[0]);
-    close(pipefd[1]);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execvp(args[0], args.data());
-    _exit(127);
-  }
-  close(pipefd[1]);
-  std::string out;
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(pipefd[0], buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR)) {
-    if (n > 0) out.append(buf, static_cast<size_t>(n));
-  }
-  close(pipefd[0]);
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+  CommandResult r = runCommand(argv);
+  if (!r.ok()) {
     std::string cmd;
     for (const auto& a : argv) cmd += (cmd.empty() ? "" : " ") + a;
-    throw Error(strCat("command failed (", WIFEXITED(status) ? WEXITSTATUS(status) : -1, "): ", cmd, ": ", out));
+    int code = WIFEXITED(r.status) ? WEXITSTATUS(r.status) : -1;
+    throw Error(strCat("command failed (", code, "): ", cmd, ": ", r.output));
   }
-  return out;
+  return r.output;
 }
 
 namespace {

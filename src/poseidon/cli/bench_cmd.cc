@@ -1,9 +1,10 @@
 // poseidon bench: the emulated-cluster benchmark, Poseidon against PyTorch
 // DDP side by side on the same emulated model and network (see
 // bench/README.md for the method and DESIGN.md section 4 for its rationale).
+// This file is the flags and the harness that runs; bench/report.h turns the
+// runs into speedups, headline ratios, tables and plots.
 #include <signal.h>
 #include <sys/wait.h>
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,25 +14,27 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "poseidon/bench/cluster.h"
 #include "poseidon/bench/emulation.h"
+#include "poseidon/bench/report.h"
 #include "poseidon/cli/commands.h"
 #include "poseidon/cli/flags.h"
 #include "poseidon/common/error.h"
-#include "poseidon/core/best_scheme.h"
-#include "poseidon/core/cost_model.h"
 #include "poseidon/launch/env.h"
+#include "poseidon/launch/launcher.h"
+#include "poseidon/launch/process.h"
 #include "poseidon/transport/security.h"
-
 
 namespace poseidon::cli {
 namespace fs = std::filesystem;
 using bench::EmulatedCluster;
 using bench::EmulatedModel;
+using bench::RunResult;
 
 namespace {
 
@@ -49,41 +52,6 @@ std::vector<std::string> splitList(const std::string& s) {
   while (std::getline(ss, item, ','))
     if (!item.empty()) out.push_back(item);
   return out;
-}
-
-std::string fmt(const char* f, double v) {
-  char b[64];
-  std::snprintf(b, sizeof b, f, v);
-  return b;
-}
-
-struct Child {
-  pid_t pid = -1;
-  std::string log;
-  int status = -1;
-};
-
-Child spawn(const std::vector<std::string>& argv, const std::map<std::string, std::string>& extraEnv,
-            const std::string& log) {
-  std::vector<std::string> envStrings = environmentWith(extraEnv);
-  Child c;
-  c.log = log;
-  c.pid = fork();
-  if (c.pid < 0) throw IoError("fork() failed");
-  if (c.pid == 0) {
-    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    setpgid(0, 0);
-    std::vector<char*> args, envp;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    for (auto& s : envStrings) envp.push_back(s.data());
-    envp.push_back(nullptr);
-    execvpe(args[0], args.data(), envp.data());
-    _exit(127);
-  }
-  return c;
 }
 
 std::string lastLine(const std::string& path) {
@@ -104,31 +72,6 @@ std::string findDdpScript(const std::string& flag) {
     if (fs::exists(c)) return fs::canonical(c).string();
   throw InvalidArgument("bench/ddp_worker.py not found (run from the repository, or pass --ddp-script PATH)");
 }
-
-struct Run {
-  std::string model, system;
-  int nodes = 0;
-  double mbit = 0, latencyMs = 0;
-  bool ok = false;
-  std::string error;
-  double iterSeconds = 0;      // median of the steady iterations (rank 0)
-  double imagesPerSec = 0;     // emulated images: nodes x K / iteration
-  double speedup = 0;          // over the same system on one node
-  double idealSeconds = 0;
-  std::vector<double> txPerIter, rxPerIter;  // bytes per node per iteration (interface counters)
-  int attempts = 1;
-  std::vector<std::string> earlierErrors;     // failed attempts before this result
-  nlohmann::json toJson() const {
-    return {{"model", model},          {"system", system},       {"nodes", nodes},
-            {"link_mbit", mbit},       {"latency_ms", latencyMs}, {"ok", ok},
-            {"error", error},          {"iteration_seconds", iterSeconds},
-            {"images_per_sec", imagesPerSec}, {"speedup", speedup},
-            {"ideal_seconds", idealSeconds},
-            {"measured_over_ideal", idealSeconds > 0 ? iterSeconds / idealSeconds : 0.0},
-            {"tx_bytes_per_iteration", txPerIter}, {"rx_bytes_per_iteration", rxPerIter},
-            {"attempts", attempts},     {"earlier_errors", earlierErrors}};
-  }
-};
 
 struct Harness {
   std::string exe, ddpScript, work;
@@ -151,94 +94,85 @@ struct Harness {
     return models.emplace(name, std::move(m)).first->second;
   }
 
-  // Ideal iteration time: max(compute, min-scheme bytes per node / link rate),
-  // full duplex (half of Table 1's send + receive floats each way).
-  double ideal(const EmulatedModel& m, int nodes, double mbit) {
-    double floats = 0;
-    if (nodes > 1) {
-      for (const auto& l : m.desc.layers) {
-        CostInputs c = costInputs(l, m.batch, nodes, nodes);
-        double ps = psCostBoth(c);
-        floats += l.type == LayerType::kFC ? std::min(ps, sfbCost(c)) : ps;
-      }
-    }
-    double comm = floats / 2 * 4 * 8 / (mbit * 1e6);
-    return std::max(m.computeSeconds(), comm);
-  }
-
   // A run that fails (PyTorch's Gloo occasionally hangs) is tried again, up
   // to `retries` times; the result records every earlier error.
-  Run run(const std::string& modelName, const std::string& system, int nodes) {
+  RunResult run(const std::string& modelName, const std::string& system, int nodes) {
     std::vector<std::string> errors;
     for (int attempt = 1;; ++attempt) {
-      Run r = runOnce(modelName, system, nodes);
+      RunResult r = runOnce(modelName, system, nodes);
       r.attempts = attempt;
       r.earlierErrors = errors;
       if (r.ok || attempt > retries) return r;
       errors.push_back(r.error);
-      if (verbose) std::printf("  retrying %s on %d nodes (attempt %d failed: %s)\n", system.c_str(), nodes, attempt, r.error.c_str());
+      if (verbose) {
+        std::printf("  retrying %s on %d nodes (attempt %d failed: %s)\n", system.c_str(), nodes, attempt,
+                    r.error.c_str());
+      }
     }
   }
 
-  Run runOnce(const std::string& modelName, const std::string& system, int nodes) {
+  RunResult runOnce(const std::string& modelName, const std::string& system, int nodes) {
     const EmulatedModel& m = model(modelName);
-    Run r;
+    RunResult r;
     r.model = modelName;
     r.system = system;
     r.nodes = nodes;
     r.mbit = cluster->link().mbit;
     r.latencyMs = cluster->link().latencyMs;
-    r.idealSeconds = ideal(m, nodes, r.mbit);
+    r.idealSeconds = bench::idealSeconds(m, nodes, r.mbit);
     int p = port++;
     if (port > 29999) port = 29600;
-    std::vector<Child> children;
+    std::vector<ChildProcess> children;
+    std::vector<std::string> logs;
     for (int i = 0; i < nodes; ++i) {
       std::string out = strCat(work, "/", modelName, "-", system, "-", nodes, "-", r.mbit, "-", i);
-      std::vector<std::string> argv{"ip", "netns", "exec", cluster->nodeNamespace(i)};
+      SpawnOptions so;
+      so.netns = cluster->nodeNamespace(i);
       if (isDdp(system)) {
-        argv.insert(argv.end(), {"/usr/bin/python3", ddpScript, "--model-json", modelJson[modelName], "--variant", system,
-                                 "--iterations", std::to_string(iterations), "--warmup", std::to_string(warmup),
-                                 "--out", out + ".json", "--iface", EmulatedCluster::nodeInterface(), "--timeout",
-                                 std::to_string(timeoutS)});
+        so.argv = {"/usr/bin/python3", ddpScript, "--model-json", modelJson[modelName], "--variant", system,
+                   "--iterations", std::to_string(iterations), "--warmup", std::to_string(warmup),
+                   "--out", out + ".json", "--iface", EmulatedCluster::nodeInterface(), "--timeout",
+                   std::to_string(timeoutS)};
       } else {
-        argv.insert(argv.end(), {exe, "bench-worker", "--model", modelName, "--scale", fmt("%g", scale), "--system",
-                                 system, "--iterations", std::to_string(iterations), "--warmup",
-                                 std::to_string(warmup), "--out", out + ".json", "--iface",
-                                 EmulatedCluster::nodeInterface(), "--bind", cluster->nodeAddress(i), "--timeout",
-                                 std::to_string(timeoutS * 1000)});
+        so.argv = {exe, "bench-worker", "--model", modelName, "--scale", strCat(scale), "--system",
+                   system, "--iterations", std::to_string(iterations), "--warmup",
+                   std::to_string(warmup), "--out", out + ".json", "--iface",
+                   EmulatedCluster::nodeInterface(), "--bind", cluster->nodeAddress(i), "--timeout",
+                   std::to_string(timeoutS * 1000)};
       }
-      std::map<std::string, std::string> env{{"RANK", std::to_string(i)},
-                                             {"WORLD_SIZE", std::to_string(nodes)},
-                                             {"LOCAL_RANK", "0"},
-                                             {"MASTER_ADDR", cluster->nodeAddress(0)},
-                                             {"MASTER_PORT", std::to_string(p)},
-                                             {"GLOO_SOCKET_IFNAME", EmulatedCluster::nodeInterface()},
-                                             {"OMP_NUM_THREADS", "1"},
-                                             {"POSEIDON_SECRET", secret}};
-      children.push_back(spawn(argv, env, out + ".log"));
+      so.env = {{"RANK", std::to_string(i)},
+                {"WORLD_SIZE", std::to_string(nodes)},
+                {"LOCAL_RANK", "0"},
+                {"MASTER_ADDR", cluster->nodeAddress(0)},
+                {"MASTER_PORT", std::to_string(p)},
+                {"GLOO_SOCKET_IFNAME", EmulatedCluster::nodeInterface()},
+                {"OMP_NUM_THREADS", "1"},
+                {"POSEIDON_SECRET", secret}};
+      so.stdoutTo = Output::kFile;
+      so.stderrTo = Output::kLikeStdout;
+      so.file = out + ".log";
+      // A failed or late run is killed as a process group, with whatever the rank started.
+      so.ownProcessGroup = true;
+      children.push_back(ChildProcess::spawn(so));
+      logs.push_back(so.file);
     }
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeoutS);
     size_t left = children.size();
     std::string failure;
     while (left > 0) {
-      for (auto& c : children) {
-        if (c.status != -1) continue;
-        int st;
-        if (waitpid(c.pid, &st, WNOHANG) == c.pid) {
-          c.status = st;
-          --left;
-          if ((!WIFEXITED(st) || WEXITSTATUS(st) != 0) && failure.empty()) {
-            failure = strCat("rank ", &c - children.data(), " failed: ", lastLine(c.log));
-          }
+      for (size_t i = 0; i < children.size(); ++i) {
+        ChildProcess& c = children[i];
+        if (c.exited() || !c.poll()) continue;
+        --left;
+        if ((!WIFEXITED(c.status()) || WEXITSTATUS(c.status()) != 0) && failure.empty()) {
+          failure = strCat("rank ", i, " failed: ", withoutRankMarker(lastLine(logs[i]), static_cast<int>(i)));
         }
       }
       bool stop = gStop.load() != 0, late = std::chrono::steady_clock::now() > deadline;
       if (left > 0 && (stop || late || !failure.empty())) {
         if (failure.empty()) failure = stop ? "interrupted" : strCat("timed out after ", timeoutS, " s");
-        for (auto& c : children)
-          if (c.status == -1) kill(-c.pid, SIGKILL), kill(c.pid, SIGKILL);
-        for (auto& c : children)
-          if (c.status == -1) waitpid(c.pid, &c.status, 0);
+        for (auto& c : children) c.kill(SIGKILL);
+        for (auto& c : children) c.wait();
         break;
       }
       usleep(50000);
@@ -246,7 +180,7 @@ struct Harness {
     if (gStop.load()) throw Error(strCat("interrupted by signal ", gStop.load()));
     if (!failure.empty()) {
       r.error = failure;
-      report(r);
+      printRun(r);
       return r;
     }
     try {
@@ -267,11 +201,12 @@ struct Harness {
     } catch (const std::exception& e) {
       r.error = strCat("unreadable result: ", e.what());
     }
-    report(r);
+    printRun(r);
     return r;
   }
 
-  void report(const Run& r) {
+  // One progress line per run.
+  void printRun(const RunResult& r) {
     if (!verbose) return;
     if (!r.ok) {
       std::printf("  %-14s %2d nodes @ %6g Mbit/s: FAILED: %s\n", r.system.c_str(), r.nodes, r.mbit, r.error.c_str());
@@ -285,142 +220,6 @@ struct Harness {
     std::fflush(stdout);
   }
 };
-
-void writeMarkdown(const std::string& path, const nlohmann::json& result) {
-  std::ostringstream md;
-  const auto& cfg = result["config"];
-  md << "# poseidon bench results\n\n";
-  md << "Command: `" << cfg["command"].get<std::string>() << "`\n\n";
-  md << "Emulated cluster: one network namespace per node, tc tbf links both ways; width scale s = "
-     << cfg["scale"].get<double>() << " (link rates represent rate / s^2 at full width); "
-     << cfg["iterations"].get<int>() << " measured iterations after " << cfg["warmup"].get<int>()
-     << " warm-up ones; iteration time is rank 0's median.\n\n";
-  std::map<std::pair<std::string, double>, std::vector<nlohmann::json>> groups;
-  for (const auto& r : result["runs"])
-    if (r["nodes"].get<int>() > 1) groups[{r["model"].get<std::string>(), r["link_mbit"].get<double>()}].push_back(r);
-  std::map<std::pair<std::string, std::string>, nlohmann::json> one;
-  for (const auto& r : result["runs"])
-    if (r["nodes"].get<int>() == 1) one[{r["model"].get<std::string>(), r["system"].get<std::string>()}] = r;
-  for (const auto& [key, runs] : groups) {
-    double scale = cfg["scale"].get<double>();
-    md << "## " << key.first << " at " << key.second << " Mbit/s (" << fmt("%g", key.second / scale / scale / 1000)
-       << " Gbit/s at full width)\n\n";
-    std::vector<int> nodes{1};
-    std::vector<std::string> systems;
-    for (const auto& r : runs) {
-      if (std::find(nodes.begin(), nodes.end(), r["nodes"].get<int>()) == nodes.end()) nodes.push_back(r["nodes"]);
-      if (std::find(systems.begin(), systems.end(), r["system"].get<std::string>()) == systems.end())
-        systems.push_back(r["system"]);
-    }
-    std::sort(nodes.begin(), nodes.end());
-    md << "| system |";
-    for (int n : nodes) md << " " << n << " node" << (n > 1 ? "s" : "") << " |";
-    md << " s/iter at " << nodes.back() << " | measured / ideal |\n|---|";
-    for (size_t i = 0; i < nodes.size() + 2; ++i) md << "---|";
-    md << "\n";
-    for (const auto& s : systems) {
-      md << "| " << s << " |";
-      nlohmann::json last;
-      for (int n : nodes) {
-        nlohmann::json hit;
-        if (n == 1) {
-          auto it = one.find({key.first, s});
-          if (it != one.end()) hit = it->second;
-        } else {
-          for (const auto& r : runs)
-            if (r["system"] == s && r["nodes"] == n) hit = r;
-        }
-        if (hit.is_null()) md << " - |";
-        else if (!hit["ok"].get<bool>()) md << " failed |";
-        else md << " " << fmt("%.2fx", n == 1 ? 1.0 : hit["speedup"].get<double>()) << " |";
-        if (n == nodes.back()) last = hit;
-      }
-      if (!last.is_null() && last["ok"].get<bool>()) {
-        md << " " << fmt("%.3f", last["iteration_seconds"].get<double>()) << " | "
-           << fmt("%.2f", last["measured_over_ideal"].get<double>()) << " |\n";
-      } else {
-        md << " - | - |\n";
-      }
-    }
-    md << "\n";
-  }
-  if (result.contains("headline")) {
-    md << "## Headline ratios (measured side by side in this run)\n\n";
-    for (const auto& h : result["headline"]) md << "- " << h.get<std::string>() << "\n";
-    md << "\n";
-  }
-  if (result.contains("bisection")) {
-    md << "## Minimum link rate for 90% efficiency at " << result["bisection"]["nodes"].get<int>() << " nodes ("
-       << result["bisection"]["model"].get<std::string>() << ")\n\n| system | Mbit/s (emulated) | at full width |\n|---|---|---|\n";
-    double scale = cfg["scale"].get<double>();
-    for (const auto& [sys, v] : result["bisection"]["min_mbit"].items()) {
-      md << "| " << sys << " | " << fmt("%.1f", v.get<double>()) << " | "
-         << fmt("%.1f Gbit/s", v.get<double>() / scale / scale / 1000) << " |\n";
-    }
-    md << "\n";
-  }
-  std::ofstream(path) << md.str();
-}
-
-void writePlots(const std::string& dir, const nlohmann::json& result) {
-  fs::create_directories(dir);
-  std::map<std::pair<std::string, double>, std::map<std::string, std::vector<std::pair<int, double>>>> series;
-  for (const auto& r : result["runs"]) {
-    if (!r["ok"].get<bool>()) continue;
-    if (r["nodes"].get<int>() == 1) continue;
-    series[{r["model"], r["link_mbit"]}][r["system"]].push_back({r["nodes"].get<int>(), r["speedup"].get<double>()});
-  }
-  for (auto& [key, systems] : series) {
-    std::string base = strCat(dir, "/speedup-", key.first, "-", fmt("%g", key.second), "mbit");
-    std::ofstream gp(base + ".gp");
-    gp << "set terminal pngcairo size 800,560\nset output '" << base << ".png'\n"
-       << "set title 'speedup over one node: " << key.first << ", " << key.second << " Mbit/s links (emulated)'\n"
-       << "set xlabel 'nodes'\nset ylabel 'speedup'\nset key left top\nset grid\nset xtics (1,2,4,8,16,32)\n"
-       << "plot x title 'linear' dashtype 2 lc rgb 'gray'";
-    for (auto& [sys, pts] : systems) {
-      std::sort(pts.begin(), pts.end());
-      std::ofstream dat(base + "-" + sys + ".dat");
-      dat << "1 1\n";
-      for (auto& [n, s] : pts) dat << n << " " << s << "\n";
-      gp << ", '" << base << "-" << sys << ".dat' with linespoints lw 2 title '" << sys << "'";
-    }
-    gp << "\n";
-    gp.close();
-    try {
-      bench::run({"gnuplot", base + ".gp"});
-    } catch (const Error& e) {
-      std::cerr << "poseidon bench: plotting failed (install gnuplot-nox): " << e.what() << "\n";
-    }
-  }
-  if (result.contains("histogram")) {
-    const auto& h = result["histogram"];
-    std::string base = strCat(dir, "/traffic-", h["model"].get<std::string>(), "-", h["nodes"].get<int>(), "nodes");
-    std::ofstream dat(base + ".dat");
-    dat << "node";
-    for (const auto& [sys, v] : h["bytes_per_node"].items()) dat << " " << sys;
-    dat << "\n";
-    int n = h["nodes"].get<int>();
-    for (int i = 0; i < n; ++i) {
-      dat << i;
-      for (const auto& [sys, v] : h["bytes_per_node"].items()) dat << " " << v[i].get<double>() / 1e6;
-      dat << "\n";
-    }
-    dat.close();
-    std::ofstream gp(base + ".gp");
-    gp << "set terminal pngcairo size 800,480\nset output '" << base << ".png'\n"
-       << "set title 'bytes per node per iteration (sent + received), " << h["model"].get<std::string>() << ", " << n
-       << " nodes'\nset ylabel 'MB per iteration'\nset xlabel 'node'\nset style data histograms\n"
-       << "set style histogram clustered gap 1\nset style fill solid 0.8 border -1\nset grid ytics\nset key left top\n"
-       << "plot for [c=2:" << 1 + h["bytes_per_node"].size() << "] '" << base
-       << ".dat' using c:xtic(1) title columnheader\n";
-    gp.close();
-    try {
-      bench::run({"gnuplot", base + ".gp"});
-    } catch (const Error& e) {
-      std::cerr << "poseidon bench: plotting failed (install gnuplot-nox): " << e.what() << "\n";
-    }
-  }
-}
 
 }  // namespace
 
@@ -443,15 +242,19 @@ int benchCommand(const std::vector<std::string>& args) {
   flags.addBool("quick", &quick, "vgg19, 1 and 8 nodes, 100 and 30 Mbit/s, poseidon vs ddp, 5 iterations (< 10 min)");
   flags.addString("models", &modelsFlag, "comma-separated emulated models", "LIST");
   flags.addString("systems", &systemsFlag, "comma-separated systems", "LIST");
-  flags.addString("nodes", &nodesFlag, "comma-separated cluster sizes (1 is the speedup baseline)", "LIST");
-  flags.addString("rates", &ratesFlag, "comma-separated link rates in Mbit/s (tc tbf)", "LIST");
-  flags.addDouble("latency-ms", &latencyMs, "added one-way latency per link (netem)", "MS");
-  flags.addDouble("scale", &scale, "width scale s (link rates represent rate / s^2 at full width)", "S");
-  flags.addInt("iterations", &iterations, "measured iterations per run", "N");
-  flags.addInt("warmup", &warmup, "warm-up iterations per run (not measured)", "N");
-  flags.addInt("run-timeout", &timeoutS, "seconds before a run is declared failed", "S");
+  flags.addString("nodes", &nodesFlag, "comma-separated cluster sizes in [1, 64] (1 is the speedup baseline)", "LIST");
+  flags.addString("rates", &ratesFlag, "comma-separated link rates in Mbit/s, > 0 (tc tbf)", "LIST");
+  flags.addDouble("latency-ms", &latencyMs, "added one-way latency per link (netem)", "MS", RealRange::atLeast(0));
+  flags.addDouble("scale", &scale, "width scale s (link rates represent rate / s^2 at full width)", "S",
+                  RealRange::leftOpen(0, 1));
+  flags.addInt("iterations", &iterations, "measured iterations per run", "N", IntRange::atLeast(1));
+  flags.addInt("warmup", &warmup, "warm-up iterations per run (not measured)", "N", IntRange::atLeast(0));
+  // The ranks get it in milliseconds (bench-worker --timeout), an int.
+  flags.addInt("run-timeout", &timeoutS, "seconds before a run is declared failed", "S",
+               IntRange::closed(1, std::numeric_limits<int>::max() / 1000));
   int retries = 1;
-  flags.addInt("retries", &retries, "times a failed run is tried again (recorded in the results)", "N");
+  flags.addInt("retries", &retries, "times a failed run is tried again (recorded in the results)", "N",
+               IntRange::atLeast(0));
   flags.addString("bisect", &bisectSystems,
                   "comma-separated systems: bisect the minimum link rate for 90% efficiency at the largest size "
                   "(first model)", "LIST");
@@ -476,16 +279,12 @@ int benchCommand(const std::vector<std::string>& args) {
   std::vector<std::string> models = splitList(modelsFlag), systems = splitList(systemsFlag);
   std::vector<int> nodes;
   for (const auto& n : splitList(nodesFlag)) {
-    int v = std::atoi(n.c_str());
-    if (v < 1 || v > 64) throw InvalidArgument("--nodes entries must be 1..64, got '" + n + "'");
-    nodes.push_back(v);
+    nodes.push_back(static_cast<int>(parseIntIn("each --nodes entry", n, IntRange::closed(1, 64))));
   }
   std::sort(nodes.begin(), nodes.end());
   std::vector<double> rates;
   for (const auto& r : splitList(ratesFlag)) {
-    double v = std::atof(r.c_str());
-    if (!(v > 0)) throw InvalidArgument("--rates entries must be positive Mbit/s, got '" + r + "'");
-    rates.push_back(v);
+    rates.push_back(parseRealIn("each --rates entry (Mbit/s)", r, RealRange::above(0)));
   }
   for (const auto& s : systems) {
     bool known = std::find(kPoseidonSystems.begin(), kPoseidonSystems.end(), s) != kPoseidonSystems.end() ||
@@ -493,8 +292,6 @@ int benchCommand(const std::vector<std::string>& args) {
     if (!known) throw InvalidArgument("unknown system '" + s + "'");
   }
   if (models.empty() || systems.empty() || nodes.empty() || rates.empty()) throw InvalidArgument("empty list flag");
-  if (!(scale > 0 && scale <= 1)) throw InvalidArgument("--scale must be in (0, 1]");
-  if (iterations < 1 || warmup < 0) throw InvalidArgument("--iterations must be >= 1 and --warmup >= 0");
   for (const auto& m : models) bench::emulatedModel(m, scale);  // validate names early
 
   std::string why;
@@ -505,7 +302,7 @@ int benchCommand(const std::vector<std::string>& args) {
   h.iterations = iterations;
   h.warmup = warmup;
   h.timeoutS = timeoutS;
-  h.retries = std::max(0, retries);
+  h.retries = retries;
   bool anyDdp = std::any_of(systems.begin(), systems.end(), isDdp);
   if (anyDdp) {
     h.ddpScript = findDdpScript(ddpScript);
@@ -532,7 +329,7 @@ int benchCommand(const std::vector<std::string>& args) {
   result["config"] = {{"command", command},   {"scale", scale},     {"iterations", iterations},
                       {"warmup", warmup},     {"latency_ms", latencyMs}, {"models", models},
                       {"systems", systems},   {"nodes", nodes},     {"rates_mbit", rates}};
-  std::vector<Run> runs;
+  std::vector<RunResult> runs;
   auto t0 = std::chrono::steady_clock::now();
   {
     EmulatedCluster cluster(nodes.back(), bench::LinkSpec{rates.front(), latencyMs});
@@ -554,15 +351,7 @@ int benchCommand(const std::vector<std::string>& args) {
             if (n > 1) runs.push_back(h.run(m, s, n));
       }
     }
-    // Speedups against the same system on one node.
-    for (auto& r : runs) {
-      if (!r.ok || r.nodes == 1) {
-        if (r.ok) r.speedup = 1;
-        continue;
-      }
-      for (const auto& b : runs)
-        if (b.ok && b.nodes == 1 && b.model == r.model && b.system == r.system) r.speedup = r.nodes * b.iterSeconds / r.iterSeconds;
-    }
+    bench::computeSpeedups(runs);
     // Bisection of the minimum rate for 90% efficiency at the largest size.
     std::vector<std::string> bisect = splitList(bisectSystems);
     if (!bisect.empty() && nodes.front() == 1 && nodes.back() > 1) {
@@ -579,7 +368,7 @@ int benchCommand(const std::vector<std::string>& args) {
         for (int step = 0; step < 7; ++step) {
           double mid = std::sqrt(lo * hi);
           cluster.setLink({mid, latencyMs});
-          Run r = h.run(m, s, n);
+          RunResult r = h.run(m, s, n);
           bool good = r.ok && n * base / r.iterSeconds >= 0.9 * n;
           (good ? hi : lo) = mid;
         }
@@ -593,36 +382,11 @@ int benchCommand(const std::vector<std::string>& args) {
   nlohmann::json runsJson = nlohmann::json::array();
   for (const auto& r : runs) runsJson.push_back(r.toJson());
   result["runs"] = runsJson;
-  // Headline ratios: throughput of poseidon against each other system at the largest size.
-  nlohmann::json headline = nlohmann::json::array();
-  int big = nodes.back();
-  for (const auto& m : models)
-    for (double rate : rates) {
-      const Run* pos = nullptr;
-      for (const auto& r : runs)
-        if (r.ok && r.model == m && r.mbit == rate && r.nodes == big && r.system == "poseidon") pos = &r;
-      if (!pos) continue;
-      std::string line = strCat(m, ", ", big, " nodes, ", rate, " Mbit/s: poseidon ", fmt("%.2fx", pos->speedup),
-                                " speedup (", fmt("%.0f%%", 100 * pos->speedup / big), " efficiency), measured/ideal ",
-                                fmt("%.2f", pos->iterSeconds / pos->idealSeconds));
-      for (const auto& r : runs)
-        if (r.ok && r.model == m && r.mbit == rate && r.nodes == big && r.system != "poseidon")
-          line += strCat("; vs ", r.system, " ", fmt("%.2fx", pos->imagesPerSec / r.imagesPerSec), " throughput");
-      headline.push_back(line);
-    }
+  // Headline ratios at the largest size; per-node traffic there at the lowest rate, for the first model.
+  nlohmann::json headline = bench::headlineRatios(runs, models, rates, nodes.back());
   result["headline"] = headline;
-  // Per-node traffic at the largest size and lowest rate for the first model.
-  {
-    nlohmann::json perNode;
-    for (const auto& r : runs) {
-      if (!r.ok || r.model != models.front() || r.nodes != big || r.mbit != rates.back()) continue;
-      if (r.system != "poseidon" && r.system != "adam" && r.system != "ps-wfbp" && r.system != "ddp") continue;
-      std::vector<double> both;
-      for (size_t i = 0; i < r.txPerIter.size(); ++i) both.push_back(r.txPerIter[i] + r.rxPerIter[i]);
-      perNode[r.system] = both;
-    }
-    if (!perNode.empty() && big > 1) result["histogram"] = {{"model", models.front()}, {"nodes", big}, {"link_mbit", rates.back()}, {"bytes_per_node", perNode}};
-  }
+  nlohmann::json histogram = bench::trafficHistogram(runs, models.front(), nodes.back(), rates.back());
+  if (!histogram.is_null()) result["histogram"] = histogram;
   result["wall_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   std::printf("\n");
@@ -632,16 +396,16 @@ int benchCommand(const std::vector<std::string>& args) {
     std::printf("results: %s\n", jsonPath.c_str());
   }
   if (!mdPath.empty()) {
-    writeMarkdown(mdPath, result);
+    bench::writeMarkdown(mdPath, result);
     std::printf("table: %s\n", mdPath.c_str());
   }
   if (!plotDir.empty()) {
-    writePlots(plotDir, result);
+    bench::writePlots(plotDir, result);
     std::printf("plots: %s\n", plotDir.c_str());
   }
   if (keep) std::printf("logs: %s\n", h.work.c_str());
   else fs::remove_all(h.work);
-  bool allOk = std::all_of(runs.begin(), runs.end(), [](const Run& r) { return r.ok; });
+  bool allOk = std::all_of(runs.begin(), runs.end(), [](const RunResult& r) { return r.ok; });
   return allOk ? 0 : 1;
 }
 

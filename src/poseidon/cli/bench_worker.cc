@@ -13,6 +13,7 @@
 #include "poseidon/bench/emulation.h"
 #include "poseidon/cli/commands.h"
 #include "poseidon/cli/flags.h"
+#include "poseidon/cli/limits.h"
 #include "poseidon/client/node.h"
 #include "poseidon/common/error.h"
 #include "poseidon/common/log.h"
@@ -39,15 +40,16 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
   FlagSet flags("bench-worker", "poseidon bench-worker --model NAME --system SYS --out FILE [flags]",
                 "One rank of 'poseidon bench' (started by it; not meant to be run by hand).");
   flags.addString("model", &model, "emulated model", "NAME");
-  flags.addDouble("scale", &scale, "width scale s", "S");
+  flags.addDouble("scale", &scale, "width scale s", "S", RealRange::leftOpen(0, 1));
   flags.addString("system", &system, "poseidon | ps-wfbp | ps-naive | adam | sfb", "SYS");
-  flags.addInt("iterations", &iterations, "measured iterations", "N");
-  flags.addInt("warmup", &warmup, "unmeasured iterations first", "N");
+  flags.addInt("iterations", &iterations, "measured iterations", "N", IntRange::atLeast(1));
+  flags.addInt("warmup", &warmup, "unmeasured iterations first", "N", IntRange::atLeast(0));
   flags.addString("out", &out, "result JSON file", "FILE");
   flags.addString("iface", &iface, "network interface whose byte counters to read", "DEV");
   flags.addString("bind", &bind, "data endpoint address", "ADDR");
-  flags.addInt("timeout", &timeoutMs, "timeout of every wait (ms)", "MS");
-  flags.addInt64("pair-bytes", &pairBytes, "KV pair size (default: 2 MB x s^2, the scaling rule)", "BYTES");
+  flags.addInt("timeout", &timeoutMs, "timeout of every wait (ms)", "MS", IntRange::atLeast(1));
+  flags.addInt64("pair-bytes", &pairBytes, "KV pair size (default: 2 MB x s^2, the scaling rule)", "BYTES",
+                 IntRange::closed(kMinPairBytes, kMaxPairBytes));
   flags.parse(args);
   if (flags.helpRequested()) {
     std::cout << flags.helpText();
@@ -65,7 +67,7 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
 
   bench::EmulatedModel em = bench::emulatedModel(model, scale);
   RankEnv env = rankFromEnvironment();
-  setLogPrefix("bench rank " + std::to_string(env.rank));
+  setLogPrefix("rank " + std::to_string(env.rank));  // like every rank's: the harness drops it from its report
   NodeOptions o;
   o.rank = env.rank;
   o.worldSize = env.worldSize;
@@ -75,7 +77,9 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
   o.timeout = std::chrono::milliseconds(timeoutMs);
   o.settings.batch = em.batch;
   // The paper's 2 MB pairs at full width; the same number of pairs per layer at scale s.
-  o.settings.pairBytes = pairBytes > 0 ? pairBytes : std::max<int64_t>(4096, std::llround(2.0 * 1024 * 1024 * scale * scale));
+  o.settings.pairBytes = flags.wasSet("pair-bytes")
+                             ? pairBytes
+                             : std::max<int64_t>(4096, std::llround(2.0 * 1024 * 1024 * scale * scale));
   o.settings.policy = policy;
   o.secret = jobSecretFromEnvironment();
   auto node = Node::start(o, em.desc);

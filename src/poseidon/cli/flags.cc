@@ -1,5 +1,6 @@
 #include "poseidon/cli/flags.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -9,9 +10,6 @@
 
 namespace poseidon::cli {
 
-FlagSet::FlagSet(std::string command, std::string usage, std::string summary)
-    : command_(std::move(command)), usage_(std::move(usage)), summary_(std::move(summary)) {}
-
 namespace {
 std::string fmtDouble(double v) {
   std::ostringstream os;
@@ -20,53 +18,81 @@ std::string fmtDouble(double v) {
 }
 }  // namespace
 
+std::string IntRange::text(int64_t typeMax) const {
+  std::string range = max >= typeMax ? strCat(">= ", min) : strCat("in [", min, ", ", max, "]");
+  return off ? strCat(*off, " or ", max >= typeMax ? range : range.substr(3)) : range;
+}
+
+bool RealRange::contains(double v) const {
+  bool aboveMin = minOpen ? v > min : v >= min;
+  bool belowMax = maxOpen ? v < max : v <= max;
+  return aboveMin && belowMax;
+}
+
+std::string RealRange::text() const {
+  if (std::isinf(max)) return strCat(minOpen ? "> " : ">= ", fmtDouble(min));
+  return strCat("in ", minOpen ? "(" : "[", fmtDouble(min), ", ", fmtDouble(max), maxOpen ? ")" : "]");
+}
+
+int64_t parseIntIn(const std::string& what, const std::string& text, const IntRange& range, int64_t typeMax) {
+  errno = 0;
+  char* end = nullptr;
+  long long x = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno) throw InvalidArgument(what + " expects an integer, got '" + text + "'");
+  // An int flag cannot hold more than its type, whatever the range says.
+  if (x > typeMax) throw InvalidArgument(strCat(what, " must be at most ", typeMax, ", got ", x));
+  if (!range.contains(x)) throw InvalidArgument(strCat(what, " must be ", range.text(typeMax), ", got ", x));
+  return x;
+}
+
+double parseRealIn(const std::string& what, const std::string& text, const RealRange& range) {
+  errno = 0;
+  char* end = nullptr;
+  double x = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || errno || !std::isfinite(x)) {
+    throw InvalidArgument(what + " expects a number, got '" + text + "'");
+  }
+  if (!range.contains(x)) throw InvalidArgument(strCat(what, " must be ", range.text(), ", got ", text));
+  return x;
+}
+
+FlagSet::FlagSet(std::string command, std::string usage, std::string summary)
+    : command_(std::move(command)), usage_(std::move(usage)), summary_(std::move(summary)) {}
+
 void FlagSet::addString(const std::string& name, std::string* target, const std::string& help,
                         const std::string& valueName) {
-  flags_.push_back({name, help, valueName, target->empty() ? "" : *target, false,
+  flags_.push_back({name, help, valueName, target->empty() ? "" : *target, "", false,
                     [target](const std::string& v) { *target = v; }});
 }
 
-void FlagSet::addInt(const std::string& name, int* target, const std::string& help, const std::string& valueName) {
-  std::string cmd = command_;
-  flags_.push_back({name, help, valueName, std::to_string(*target), false, [target, name, cmd](const std::string& v) {
-                      errno = 0;
-                      char* end = nullptr;
-                      long long x = std::strtoll(v.c_str(), &end, 10);
-                      if (v.empty() || *end != '\0' || errno || x < INT32_MIN || x > INT32_MAX) {
-                        throw InvalidArgument("--" + name + " expects an integer, got '" + v + "'");
-                      }
-                      *target = static_cast<int>(x);
+void FlagSet::addInt(const std::string& name, int* target, const std::string& help, const std::string& valueName,
+                     const IntRange& range) {
+  constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+  IntRange r = range;
+  r.min = std::max<int64_t>(r.min, std::numeric_limits<int>::min());
+  r.max = std::min<int64_t>(r.max, kIntMax);
+  flags_.push_back({name, help, valueName, r.contains(*target) ? std::to_string(*target) : "", r.text(kIntMax), false,
+                    [target, name, r](const std::string& v) {
+                      *target = static_cast<int>(parseIntIn("--" + name, v, r, kIntMax));
                     }});
 }
 
 void FlagSet::addInt64(const std::string& name, int64_t* target, const std::string& help,
-                       const std::string& valueName) {
-  flags_.push_back({name, help, valueName, std::to_string(*target), false, [target, name](const std::string& v) {
-                      errno = 0;
-                      char* end = nullptr;
-                      long long x = std::strtoll(v.c_str(), &end, 10);
-                      if (v.empty() || *end != '\0' || errno) {
-                        throw InvalidArgument("--" + name + " expects an integer, got '" + v + "'");
-                      }
-                      *target = x;
+                       const std::string& valueName, const IntRange& range) {
+  flags_.push_back({name, help, valueName, range.contains(*target) ? std::to_string(*target) : "", range.text(),
+                    false, [target, name, range](const std::string& v) {
+                      *target = parseIntIn("--" + name, v, range);
                     }});
 }
 
 void FlagSet::addDouble(const std::string& name, double* target, const std::string& help,
-                        const std::string& valueName) {
-  flags_.push_back({name, help, valueName, fmtDouble(*target), false, [target, name](const std::string& v) {
-                      errno = 0;
-                      char* end = nullptr;
-                      double x = std::strtod(v.c_str(), &end);
-                      if (v.empty() || *end != '\0' || errno || !std::isfinite(x)) {
-                        throw InvalidArgument("--" + name + " expects a number, got '" + v + "'");
-                      }
-                      *target = x;
-                    }});
+                        const std::string& valueName, const RealRange& range) {
+  flags_.push_back({name, help, valueName, range.contains(*target) ? fmtDouble(*target) : "", range.text(), false,
+                    [target, name, range](const std::string& v) { *target = parseRealIn("--" + name, v, range); }});
 }
 
 void FlagSet::addBool(const std::string& name, bool* target, const std::string& help) {
-  flags_.push_back({name, help, "", "", true, [target, name](const std::string& v) {
+  flags_.push_back({name, help, "", "", "", true, [target, name](const std::string& v) {
                       if (v.empty() || v == "true" || v == "1" || v == "yes") *target = true;
                       else if (v == "false" || v == "0" || v == "no") *target = false;
                       else throw InvalidArgument("--" + name + " expects true or false, got '" + v + "'");
@@ -129,7 +155,9 @@ std::string FlagSet::helpText() const {
     if (left.size() < 28) os << std::string(28 - left.size(), ' ');
     else os << "\n" << std::string(28, ' ');
     os << f.help;
-    if (!f.isBool && !f.defaultText.empty()) os << " (default: " << f.defaultText << ")";
+    std::string notes = f.rangeText;
+    if (!f.isBool && !f.defaultText.empty()) notes += (notes.empty() ? "default: " : "; default: ") + f.defaultText;
+    if (!notes.empty()) os << " (" << notes << ")";
     os << "\n";
   }
   os << "  --help                    show this help\n";

@@ -3,6 +3,7 @@
 
 #include "poseidon/cli/commands.h"
 #include "poseidon/cli/flags.h"
+#include "poseidon/cli/limits.h"
 #include "poseidon/common/error.h"
 #include "poseidon/launch/env.h"
 #include "poseidon/launch/launcher.h"
@@ -26,12 +27,13 @@ int launchCommand(const std::vector<std::string>& args) {
                 "Starts N ranks of CMD on this machine with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and\n"
                 "MASTER_PORT set (torchrun's convention), forwards their output prefixed with the rank, and\n"
                 "if any rank fails, stops the others and exits non-zero with that rank's error.");
-  flags.addInt("n", &n, "number of ranks (also -n)", "N");
+  flags.addInt("n", &n, "number of ranks (also -n)", "N", IntRange::closed(1, kMaxRanks));
   flags.addString("master-addr", &masterAddr, "address of rank 0's coordinator", "ADDR");
-  flags.addInt("master-port", &masterPort, "coordinator port (0: pick a free one)", "PORT");
+  flags.addInt("master-port", &masterPort, "coordinator port (0: pick a free one)", "PORT", IntRange::closed(0, 65535));
   int maxRestarts = 0;
   flags.addInt("max-restarts", &maxRestarts,
-               "after a failure, restart the whole job up to R times (it resumes from its newest checkpoint)", "R");
+               "after a failure, restart the whole job up to R times (it resumes from its newest checkpoint)", "R",
+               IntRange::atLeast(0));
   flags.parse(normalized);
   if (flags.helpRequested()) {
     std::cout << flags.helpText();

@@ -8,6 +8,8 @@
 #include "poseidon/cli/commands.h"
 #include "poseidon/common/error.h"
 #include "poseidon/common/log.h"
+#include "poseidon/launch/env.h"
+#include "poseidon/launch/launcher.h"
 
 namespace {
 
@@ -26,6 +28,22 @@ const char* kUsage =
     "\n"
     "Run 'poseidon <command> --help' for a command's flags.\n"
     "Environment: POSEIDON_LOG=debug|info|warning|error sets the log level (default warning).\n";
+
+// The one line a failed command prints. A rank (RANK and friends set) puts
+// its rank in front, like its log lines, and drops the "rank R: " that the
+// core's messages often start with, so the line names the rank once; a
+// launcher that prefixes every line replaces that prefix (launch/launcher.h).
+std::string errorLine(const std::string& cmd, const std::string& what) {
+  using namespace poseidon;
+  const std::string head = "poseidon " + cmd + ": error: ";
+  try {
+    RankEnv env = rankFromEnvironment();
+    if (env.present) return rankPrefix(env.rank) + head + withoutRankMarker(what, env.rank) + "\n";
+  } catch (const Error&) {
+    // A malformed rank environment is the error being reported, or will be.
+  }
+  return head + what + "\n";
+}
 
 }  // namespace
 
@@ -52,10 +70,10 @@ int main(int argc, char** argv) {
     std::cerr << "poseidon: unknown command '" << cmd << "'\n\n" << kUsage;
     return 2;
   } catch (const InvalidArgument& e) {
-    std::cerr << "poseidon " << cmd << ": error: " << e.what() << "\n";
+    std::cerr << errorLine(cmd, e.what());
     return 2;
   } catch (const std::exception& e) {
-    std::cerr << "poseidon " << cmd << ": error: " << e.what() << "\n";
+    std::cerr << errorLine(cmd, e.what());
     return 1;
   }
 }

@@ -9,6 +9,7 @@
 
 #include "poseidon/cli/commands.h"
 #include "poseidon/cli/flags.h"
+#include "poseidon/cli/limits.h"
 #include "poseidon/common/error.h"
 #include "poseidon/core/best_scheme.h"
 #include "poseidon/core/cost_model.h"
@@ -52,11 +53,15 @@ int planCommand(const std::vector<std::string>& args) {
                 "and the scheme BestScheme (Algorithm 1) picks, with totals. Runs nothing.\n"
                 "Zoo models: " + knownModels() + ".");
   flags.addString("model", &model, "zoo model name or path to a JSON layer table", "NAME|FILE");
-  flags.addInt("workers", &workers, "P1, the number of workers", "P1");
-  flags.addInt("servers", &servers, "P2, the number of server shards (default: P1, every node is both)", "P2");
-  flags.addInt64("batch", &batch, "K, the per-worker batch (default: the model's batch in the paper)", "K");
-  flags.addInt64("pair-bytes", &pairBytes, "KV pair size in bytes", "BYTES");
-  flags.addDouble("width-scale", &scale, "build the zoo model with widths x S (the bench's scaling rule)", "S");
+  flags.addInt("workers", &workers, "P1, the number of workers", "P1", IntRange::closed(1, kMaxRanks));
+  flags.addInt("servers", &servers, "P2, the number of server shards (default: P1, every node is both)", "P2",
+               IntRange::closed(1, kMaxRanks));
+  flags.addInt64("batch", &batch, "K, the per-worker batch (default: the model's batch in the paper)", "K",
+                 IntRange::closed(1, kMaxBatch));
+  flags.addInt64("pair-bytes", &pairBytes, "KV pair size in bytes", "BYTES",
+                 IntRange::closed(kMinPairBytes, kMaxPairBytes));
+  flags.addDouble("width-scale", &scale, "build the zoo model with widths x S (the bench's scaling rule)", "S",
+                  RealRange::leftOpen(0, 1));
   flags.addString("scheme", &scheme, "auto (BestScheme), or force ps / sfb for FC layers", "auto|ps|sfb");
   flags.addBool("json", &json, "print JSON instead of a table");
   flags.parse(args);
@@ -64,17 +69,14 @@ int planCommand(const std::vector<std::string>& args) {
     std::cout << flags.helpText();
     return 0;
   }
-  if (servers < 0) servers = workers;
-  if (workers < 1) throw InvalidArgument(strCat("--workers must be at least 1, got ", workers));
-  if (servers < 1) throw InvalidArgument(strCat("--servers must be at least 1, got ", servers));
+  if (!flags.wasSet("servers")) servers = workers;
   SchemePolicy policy = parseSchemePolicy(scheme);
   ModelDesc desc = resolveModel(model, scale);
-  if (batch < 0) {
+  if (!flags.wasSet("batch")) {
     batch = 32;
     for (const auto& e : zooEntries())
       if (e.name == model) batch = std::max<int64_t>(1, static_cast<int64_t>(e.defaultBatch * scale + 0.5));
   }
-  if (batch < 1) throw InvalidArgument(strCat("--batch must be at least 1, got ", batch));
   KvLayout layout(desc, servers, pairBytes);
 
   nlohmann::json out;

@@ -12,6 +12,7 @@
 
 #include "poseidon/cli/commands.h"
 #include "poseidon/cli/flags.h"
+#include "poseidon/cli/limits.h"
 #include "poseidon/common/error.h"
 #include "poseidon/common/trace.h"
 #include "poseidon/data/fashion_mnist.h"
@@ -59,13 +60,13 @@ int trainCommand(const std::vector<std::string>& args) {
                 "Without RANK in the environment it starts --workers local processes itself; started by\n"
                 "'poseidon launch', torchrun-style variables, mpirun or Slurm, it runs as that one rank.");
   flags.addString("model", &o.model, "lenet (Caffe's, 431K params), cifar10-quick (adapted to 28x28), mlp", "NAME");
-  flags.addInt("workers", &o.workers, "number of local worker processes", "N");
-  flags.addInt("epochs", &o.epochs, "epochs to train", "N");
-  flags.addInt64("batch", &o.batch, "per-worker batch size K", "K");
-  flags.addDouble("lr", &o.lr, "SGD learning rate", "LR");
-  flags.addDouble("momentum", &o.momentum, "SGD momentum", "M");
+  flags.addInt("workers", &o.workers, "number of local worker processes", "N", IntRange::closed(1, kMaxRanks));
+  flags.addInt("epochs", &o.epochs, "epochs to train", "N", IntRange::atLeast(1));
+  flags.addInt64("batch", &o.batch, "per-worker batch size K", "K", IntRange::closed(1, kMaxBatch));
+  flags.addDouble("lr", &o.lr, "SGD learning rate", "LR", RealRange::above(0));
+  flags.addDouble("momentum", &o.momentum, "SGD momentum", "M", RealRange::rightOpen(0, 1));
   int64_t seed = static_cast<int64_t>(o.seed);
-  flags.addInt64("seed", &seed, "seed of the initial weights and the per-epoch data order", "S");
+  flags.addInt64("seed", &seed, "seed of the initial weights and the per-epoch data order", "S", IntRange::atLeast(0));
   flags.addString("scheme", &scheme, "auto (BestScheme per layer), or force ps / sfb for FC layers", "auto|ps|sfb");
   flags.addBool("no-overlap", &noOverlap, "sync every layer after the whole backward (the naive baseline)");
   flags.addBool("plain", &o.plain, "run the plain LibTorch loop without Poseidon (overhead baseline; 1 worker)");
@@ -73,23 +74,30 @@ int trainCommand(const std::vector<std::string>& args) {
   flags.addString("trace", &o.tracePath, "write a Chrome trace (chrome://tracing, Perfetto) of every rank to FILE", "FILE");
   flags.addString("checkpoint", &o.checkpointDir,
                   "save the job state into DIR (atomically, fsync'd) and resume from the newest checkpoint there", "DIR");
-  flags.addInt64("checkpoint-every", &o.checkpointEvery, "checkpoint every N iterations (0: at the end of every epoch)", "N");
+  flags.addInt64("checkpoint-every", &o.checkpointEvery, "checkpoint every N iterations (0: at the end of every epoch)",
+                 "N", IntRange::atLeast(0));
   int maxRestarts = 0;
   flags.addInt("max-restarts", &maxRestarts,
-               "after a failure, restart all workers up to R times, resuming from the newest checkpoint", "R");
+               "after a failure, restart all workers up to R times, resuming from the newest checkpoint", "R",
+               IntRange::atLeast(0));
   flags.addString("data", &o.dataDir, "Fashion-MNIST directory (default: /usr/share/datasets/fashion-mnist)", "DIR");
-  flags.addInt64("max-steps", &o.maxSteps, "stop after N steps in total (smoke tests; -1: no limit)", "N");
-  flags.addInt64("train-limit", &o.trainLimit, "use only the first N training images (-1: all 60000)", "N");
+  flags.addInt64("max-steps", &o.maxSteps, "stop after N steps in total (smoke tests; -1: no limit)", "N",
+                 IntRange::atLeast(1).orOff(-1));
+  flags.addInt64("train-limit", &o.trainLimit, "use only the first N training images (-1: all 60000)", "N",
+                 IntRange::atLeast(1).orOff(-1));
   flags.addString("save-params", &o.saveParamsPath, "write the final parameters as raw float32 to FILE", "FILE");
-  flags.addInt("threads", &o.threads, "LibTorch threads per worker (0: cores / workers)", "N");
-  flags.addInt("sync-threads", &o.syncThreads, "Poseidon syncer threads per worker", "N");
-  flags.addInt("timeout", &o.timeoutMs, "timeout of every distributed wait, in milliseconds", "MS");
-  flags.addInt64("pair-bytes", &pairBytes, "KV pair size of the parameter server", "BYTES");
+  flags.addInt("threads", &o.threads, "LibTorch threads per worker (0: cores / workers)", "N", IntRange::atLeast(0));
+  flags.addInt("sync-threads", &o.syncThreads, "Poseidon syncer threads per worker", "N", IntRange::atLeast(1));
+  flags.addInt("timeout", &o.timeoutMs, "timeout of every distributed wait, in milliseconds", "MS",
+               IntRange::atLeast(1));
+  flags.addInt64("pair-bytes", &pairBytes, "KV pair size of the parameter server", "BYTES",
+                 IntRange::closed(kMinPairBytes, kMaxPairBytes));
   flags.addString("bind", &o.bindHost, "interface address for this rank's data endpoint (default: the route to MASTER_ADDR)", "ADDR");
   flags.addInt("drop-stragglers", &o.dropStragglers,
-               "let each KV pair or SFB round proceed without up to D late workers (0: off)", "D");
+               "let each KV pair or SFB round proceed without up to D late workers (0: off)", "D",
+               IntRange::closed(0, kMaxDropStragglers));
   flags.addInt64("straggler-timeout", &o.stragglerTimeoutMs,
-                 "how long a round waits for its last D contributions, in milliseconds", "MS");
+                 "how long a round waits for its last D contributions, in milliseconds", "MS", IntRange::atLeast(0));
   flags.addBool("quiet", &o.quiet, "no progress lines");
   flags.parse(args);
   if (flags.helpRequested()) {
@@ -100,11 +108,6 @@ int trainCommand(const std::vector<std::string>& args) {
   o.overlap = !noOverlap;
   o.seed = static_cast<uint64_t>(seed);
   o.pairBytes = pairBytes;
-  if (o.workers < 1) throw InvalidArgument(strCat("--workers must be at least 1, got ", o.workers));
-  if (o.timeoutMs < 1) throw InvalidArgument(strCat("--timeout must be positive, got ", o.timeoutMs));
-  if (o.checkpointEvery < 0) throw InvalidArgument(strCat("--checkpoint-every must be >= 0, got ", o.checkpointEvery));
-  if (maxRestarts < 0) throw InvalidArgument(strCat("--max-restarts must be >= 0, got ", maxRestarts));
-  if (o.dropStragglers < 0) throw InvalidArgument(strCat("--drop-stragglers must be >= 0, got ", o.dropStragglers));
   if (o.dropStragglers > 0 && o.stragglerTimeoutMs <= 0) {
     throw InvalidArgument("--drop-stragglers needs --straggler-timeout MS (how long to wait for late workers)");
   }

@@ -39,7 +39,12 @@ LogLine::~LogLine() {
     std::lock_guard<std::mutex> lock(gPrefixMutex);
     prefix = gPrefix;
   }
-  std::string line = "[" + prefix + "] " + kNames[static_cast<int>(level_)] + ": " + os_.str() + "\n";
+  std::string message = os_.str();
+  // Errors that name their rank ("rank 1: lost rank 0 ...", thrown by the
+  // core and logged as well) would repeat the line's own prefix; drop it.
+  const std::string own = prefix + ": ";
+  if (message.compare(0, own.size(), own) == 0) message.erase(0, own.size());
+  std::string line = "[" + prefix + "] " + kNames[static_cast<int>(level_)] + ": " + message + "\n";
   // One write() per line so lines from several threads do not interleave.
   ssize_t ignored = ::write(STDERR_FILENO, line.data(), line.size());
   (void)ignored;

@@ -1,4 +1,5 @@
-// Minimal leveled logging to stderr with a rank prefix.
+// Minimal leveled logging to stderr with a rank prefix: "[rank 1] error: MSG".
+// A message that starts with the prefix itself ("rank 1: ...") does not repeat it.
 //
 // The level and the prefix are process settings made once by the CLI
 // (config layer); library code only writes. Thread-safe: a line is formatted

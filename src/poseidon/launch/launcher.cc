@@ -1,15 +1,12 @@
 #include "poseidon/launch/launcher.h"
 
-#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
-#include <cstring>
 #include <cstdio>
 #include <deque>
 #include <fstream>
@@ -17,8 +14,8 @@
 
 #include "poseidon/common/error.h"
 #include "poseidon/launch/env.h"
+#include "poseidon/launch/process.h"
 #include "poseidon/transport/security.h"
-
 
 namespace poseidon {
 namespace {
@@ -26,54 +23,39 @@ namespace {
 std::atomic<int> gSignal{0};
 void onSignal(int sig) { gSignal = sig; }
 
-struct Child {
+struct Rank {
   int rank = 0;
-  pid_t pid = -1;
-  int outFd = -1, errFd = -1;
+  ChildProcess process;
   std::string outBuf, errBuf;
-  bool exited = false;
-  int status = 0;
   std::deque<std::string> lastErr;  // last lines of stderr, for the failure report
 };
 
-void writeAll(int fd, const std::string& s) {
-  size_t off = 0;
-  while (off < s.size()) {
-    ssize_t n = ::write(fd, s.data() + off, s.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    off += static_cast<size_t>(n);
-  }
-}
-
-// Emits complete lines of buf (or everything when flush) with the prefix.
-void forward(std::string& buf, int fd, const std::string& prefix, std::deque<std::string>* keep, bool flush) {
+// Emits the complete lines of buf (or everything when flush), each with the
+// rank prefix in place of the rank's own marker when `prefixed`, and as the
+// rank wrote it otherwise. `keep` gets the last lines without their marker,
+// for the failure report (which names the rank itself).
+void forward(std::string& buf, int fd, int rank, bool prefixed, std::deque<std::string>* keep, bool flush) {
+  auto emit = [&](const std::string& line) {
+    std::string own = withoutRankMarker(line, rank);
+    writeAll(fd, (prefixed ? rankPrefix(rank) + own : line) + "\n");
+    if (keep && !own.empty()) {
+      keep->push_back(own);
+      if (keep->size() > 5) keep->pop_front();
+    }
+  };
   size_t start = 0;
   for (;;) {
     size_t nl = buf.find('\n', start);
     if (nl == std::string::npos) break;
-    std::string line = buf.substr(start, nl - start);
-    writeAll(fd, prefix + line + "\n");
-    if (keep && !line.empty()) {
-      keep->push_back(line);
-      if (keep->size() > 5) keep->pop_front();
-    }
+    emit(buf.substr(start, nl - start));
     start = nl + 1;
   }
   buf.erase(0, start);
   if (flush && !buf.empty()) {
-    writeAll(fd, prefix + buf + "\n");
-    if (keep) keep->push_back(buf);
+    emit(buf);
     buf.clear();
   }
 }
-
-std::string describeStatus(int status) {
-  if (WIFEXITED(status)) return strCat("exited with code ", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return strCat("was killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
-  return "ended";
-}
-
 
 LaunchResult launchOnce(const LaunchOptions& options) {
   std::string masterAddr = resolveHost(options.masterAddr);
@@ -87,47 +69,21 @@ LaunchResult launchOnce(const LaunchOptions& options) {
   sigaction(SIGTERM, &sa, &oldTerm);
   gSignal = 0;
 
-  std::vector<Child> children(options.ranks);
+  std::vector<Rank> children(options.ranks);
   for (int r = 0; r < options.ranks; ++r) {
-    int out[2], err[2];
-    if (pipe(out) != 0 || pipe(err) != 0) throw IoError(strCat("pipe(): ", std::strerror(errno)));
-    std::map<std::string, std::string> env = options.env;
-    env["RANK"] = std::to_string(r);
-    env["WORLD_SIZE"] = std::to_string(options.ranks);
-    env["LOCAL_RANK"] = std::to_string(r);
-    env["LOCAL_WORLD_SIZE"] = std::to_string(options.ranks);
-    env["MASTER_ADDR"] = masterAddr;
-    env["MASTER_PORT"] = std::to_string(port);
-    std::vector<std::string> envStrings = environmentWith(env);
-    std::vector<char*> envp, argv;
-    for (auto& s : envStrings) envp.push_back(s.data());
-    envp.push_back(nullptr);
-    std::vector<std::string> args = options.command;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-
-    pid_t pid = fork();
-    if (pid < 0) throw IoError(strCat("fork(): ", std::strerror(errno)));
-    if (pid == 0) {
-      dup2(out[1], STDOUT_FILENO);
-      dup2(err[1], STDERR_FILENO);
-      close(out[0]);
-      close(out[1]);
-      close(err[0]);
-      close(err[1]);
-      signal(SIGINT, SIG_DFL);
-      signal(SIGTERM, SIG_DFL);
-      execvpe(argv[0], argv.data(), envp.data());
-      std::string msg = strCat("poseidon launch: cannot run '", argv[0], "': ", std::strerror(errno), "\n");
-      writeAll(STDERR_FILENO, msg);
-      _exit(127);
-    }
-    close(out[1]);
-    close(err[1]);
+    SpawnOptions so;
+    so.argv = options.command;
+    so.env = options.env;
+    so.env["RANK"] = std::to_string(r);
+    so.env["WORLD_SIZE"] = std::to_string(options.ranks);
+    so.env["LOCAL_RANK"] = std::to_string(r);
+    so.env["LOCAL_WORLD_SIZE"] = std::to_string(options.ranks);
+    so.env["MASTER_ADDR"] = masterAddr;
+    so.env["MASTER_PORT"] = std::to_string(port);
+    so.stdoutTo = Output::kPipe;
+    so.stderrTo = Output::kPipe;
     children[r].rank = r;
-    children[r].pid = pid;
-    children[r].outFd = out[0];
-    children[r].errFd = err[0];
+    children[r].process = ChildProcess::spawn(so);
   }
 
   LaunchResult result;
@@ -135,19 +91,18 @@ LaunchResult launchOnce(const LaunchOptions& options) {
   auto stopDeadline = std::chrono::steady_clock::time_point::max();
   auto allExitedSince = std::chrono::steady_clock::time_point::max();
   auto stopAll = [&](int sig) {
-    for (auto& c : children)
-      if (!c.exited) kill(c.pid, sig);
+    for (auto& c : children) c.process.kill(sig);
   };
   for (;;) {
     std::vector<pollfd> fds;
     std::vector<std::pair<int, bool>> who;  // child index, is stderr
     for (size_t i = 0; i < children.size(); ++i) {
-      if (children[i].outFd >= 0) {
-        fds.push_back({children[i].outFd, POLLIN, 0});
+      if (children[i].process.stdoutFd() >= 0) {
+        fds.push_back({children[i].process.stdoutFd(), POLLIN, 0});
         who.push_back({static_cast<int>(i), false});
       }
-      if (children[i].errFd >= 0) {
-        fds.push_back({children[i].errFd, POLLIN, 0});
+      if (children[i].process.stderrFd() >= 0) {
+        fds.push_back({children[i].process.stderrFd(), POLLIN, 0});
         who.push_back({static_cast<int>(i), true});
       }
     }
@@ -155,34 +110,31 @@ LaunchResult launchOnce(const LaunchOptions& options) {
     else usleep(20000);
     for (size_t k = 0; k < fds.size(); ++k) {
       if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      Child& c = children[who[k].first];
+      Rank& c = children[who[k].first];
       bool isErr = who[k].second;
       char buf[65536];
       ssize_t n = ::read(fds[k].fd, buf, sizeof buf);
       std::string& acc = isErr ? c.errBuf : c.outBuf;
-      std::string prefix = (c.rank == 0 && !options.prefixRank0) ? "" : strCat("[rank ", c.rank, "] ");
+      const bool prefixed = c.rank != 0 || options.prefixRank0;
+      const int fd = isErr ? STDERR_FILENO : STDOUT_FILENO;
       if (n > 0) {
         acc.append(buf, static_cast<size_t>(n));
-        forward(acc, isErr ? STDERR_FILENO : STDOUT_FILENO, prefix, isErr ? &c.lastErr : nullptr, false);
+        forward(acc, fd, c.rank, prefixed, isErr ? &c.lastErr : nullptr, false);
       } else if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) {
-        forward(acc, isErr ? STDERR_FILENO : STDOUT_FILENO, prefix, isErr ? &c.lastErr : nullptr, true);
-        close(fds[k].fd);
-        (isErr ? c.errFd : c.outFd) = -1;
+        forward(acc, fd, c.rank, prefixed, isErr ? &c.lastErr : nullptr, true);
+        if (isErr) c.process.closeStderr();
+        else c.process.closeStdout();
       }
     }
     for (auto& c : children) {
-      if (c.exited) continue;
-      int status = 0;
-      pid_t got = waitpid(c.pid, &status, WNOHANG);
-      if (got != c.pid) continue;
-      c.exited = true;
-      c.status = status;
+      if (c.process.exited() || !c.process.poll()) continue;
+      const int status = c.process.status();
       bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
       if (!ok && result.failedRank < 0 && !stopping) {
         result.failedRank = c.rank;
         result.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
         // Drain what is buffered so the error line is known.
-        result.failure = strCat("rank ", c.rank, " ", describeStatus(status));
+        result.failure = strCat("rank ", c.rank, " ", describeExit(status));
         stopping = true;
         stopDeadline = std::chrono::steady_clock::now() + options.killGrace;
         stopAll(SIGTERM);
@@ -201,23 +153,21 @@ LaunchResult launchOnce(const LaunchOptions& options) {
       stopDeadline = std::chrono::steady_clock::time_point::max();
     }
     bool allDone = true;
-    for (auto& c : children) allDone = allDone && c.exited && c.outFd < 0 && c.errFd < 0;
+    for (auto& c : children) {
+      allDone = allDone && c.process.exited() && c.process.stdoutFd() < 0 && c.process.stderrFd() < 0;
+    }
     if (allDone) break;
     // A child that exited may have left a grandchild holding the pipe open;
     // do not wait for it forever.
     bool allExited = true;
-    for (auto& c : children) allExited = allExited && c.exited;
+    for (auto& c : children) allExited = allExited && c.process.exited();
     if (allExited) {
       if (allExitedSince == std::chrono::steady_clock::time_point::max()) allExitedSince = std::chrono::steady_clock::now();
       if (std::chrono::steady_clock::now() - allExitedSince > std::chrono::seconds(5)) break;
     }
   }
-  for (auto& c : children) {
-    if (c.outFd >= 0) close(c.outFd);
-    if (c.errFd >= 0) close(c.errFd);
-  }
   if (result.failedRank >= 0) {
-    const Child& c = children[result.failedRank];
+    const Rank& c = children[result.failedRank];
     if (!c.lastErr.empty()) result.failure += ": " + c.lastErr.back();
   }
   sigaction(SIGINT, &oldInt, nullptr);
@@ -235,6 +185,16 @@ bool readProgress(const std::string& path, long long* iteration, long long* chec
 }
 
 }  // namespace
+
+std::string rankPrefix(int rank) { return strCat("[rank ", rank, "] "); }
+
+std::string withoutRankMarker(const std::string& line, int rank) {
+  std::string rest = line;
+  for (const std::string& marker : {rankPrefix(rank), strCat("rank ", rank, ": ")}) {
+    if (rest.compare(0, marker.size(), marker) == 0) rest.erase(0, marker.size());
+  }
+  return rest;
+}
 
 LaunchResult launchLocal(const LaunchOptions& options) {
   if (options.ranks < 1) throw InvalidArgument(strCat("-n must be at least 1, got ", options.ranks));

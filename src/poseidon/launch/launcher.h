@@ -19,7 +19,7 @@ struct LaunchOptions {
   std::string masterAddr = "127.0.0.1";
   int masterPort = 0;  // 0 picks a free port
   std::map<std::string, std::string> env;  // extra environment for every rank
-  bool prefixRank0 = true;                 // "[rank 0] " before rank 0's lines too
+  bool prefixRank0 = true;                 // false: rank 0's lines pass as it wrote them
   std::chrono::milliseconds killGrace{3000};  // SIGTERM, then SIGKILL after this
   // After a failure, restart the whole job up to this many times. Ranks see
   // POSEIDON_RESTART_COUNT and report progress to POSEIDON_PROGRESS_FILE
@@ -37,5 +37,16 @@ struct LaunchResult {
 };
 
 LaunchResult launchLocal(const LaunchOptions& options);
+
+// Every line carries its rank once. The launcher puts rankPrefix(R) before
+// each line of rank R; a rank's own lines may already start with its rank:
+// its log prefix ("[rank R] warning: ...", common/log.h), its error line
+// ("[rank R] poseidon train: error: ...", cli/main.cc) or a message that
+// names it ("rank R: fault injection ..."). withoutRankMarker(line, R) drops
+// such a leading marker of rank R (and only of R: "[rank 0] ..." printed by
+// rank 1 is about rank 0 and stays), so the launcher replaces it rather than
+// adding a second one.
+std::string rankPrefix(int rank);  // "[rank R] "
+std::string withoutRankMarker(const std::string& line, int rank);
 
 }  // namespace poseidon

@@ -1,5 +1,5 @@
 // The model zoo: layer tables of the networks the paper evaluates, built from
-// their published architectures, plus loading a layer table from JSON.
+// their published architectures. Layer tables from JSON files: model/table.h.
 //
 // A zoo model can be built at a width scale s (bench's emulated cluster:
 // channel and FC widths x s, image channels kept): parameter counts then
@@ -25,15 +25,6 @@ const std::vector<ZooEntry>& zooEntries();
 // Throws InvalidArgument naming the known models when `name` is unknown.
 const ZooEntry& zooEntry(const std::string& name);
 ModelDesc zooModel(const std::string& name, double widthScale = 1.0);
-
-// JSON layer table: {"name": "...", "layers": [
-//   {"name": "fc6", "type": "fc", "m": 4096, "n": 25088, "bias": true},
-//   {"name": "conv1", "type": "conv", "shape": [64, 3, 3, 3], "bias": true},
-//   {"name": "bn1", "type": "other", "params": [{"name": "weight", "shape": [64]}]}]}
-// Optional per layer: "macs" (forward multiply-accumulates per sample).
-// Throws InvalidArgument naming the file and the offending field.
-ModelDesc loadModelTable(const std::string& path);
-std::string modelTableJson(const ModelDesc& model);
 
 // A zoo name or a path to a JSON layer table (anything containing '/' or
 // ending in .json is a path).

@@ -1,0 +1,238 @@
+#include "poseidon/bench/report.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+#include "poseidon/bench/cluster.h"
+#include "poseidon/common/error.h"
+#include "poseidon/core/cost_model.h"
+
+namespace poseidon::bench {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string fmt(const char* f, double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, f, v);
+  return b;
+}
+
+}  // namespace
+
+nlohmann::json RunResult::toJson() const {
+  return {{"model", model},          {"system", system},       {"nodes", nodes},
+          {"link_mbit", mbit},       {"latency_ms", latencyMs}, {"ok", ok},
+          {"error", error},          {"iteration_seconds", iterSeconds},
+          {"images_per_sec", imagesPerSec}, {"speedup", speedup},
+          {"ideal_seconds", idealSeconds},
+          {"measured_over_ideal", idealSeconds > 0 ? iterSeconds / idealSeconds : 0.0},
+          {"tx_bytes_per_iteration", txPerIter}, {"rx_bytes_per_iteration", rxPerIter},
+          {"attempts", attempts},     {"earlier_errors", earlierErrors}};
+}
+
+double idealSeconds(const EmulatedModel& m, int nodes, double mbit) {
+  double floats = 0;
+  if (nodes > 1) {
+    for (const auto& l : m.desc.layers) {
+      CostInputs c = costInputs(l, m.batch, nodes, nodes);
+      double ps = psCostBoth(c);
+      floats += l.type == LayerType::kFC ? std::min(ps, sfbCost(c)) : ps;
+    }
+  }
+  double comm = floats / 2 * 4 * 8 / (mbit * 1e6);
+  return std::max(m.computeSeconds(), comm);
+}
+
+void computeSpeedups(std::vector<RunResult>& runs) {
+  for (auto& r : runs) {
+    if (!r.ok || r.nodes == 1) {
+      if (r.ok) r.speedup = 1;
+      continue;
+    }
+    for (const auto& b : runs) {
+      if (b.ok && b.nodes == 1 && b.model == r.model && b.system == r.system) {
+        r.speedup = r.nodes * b.iterSeconds / r.iterSeconds;
+      }
+    }
+  }
+}
+
+nlohmann::json headlineRatios(const std::vector<RunResult>& runs, const std::vector<std::string>& models,
+                              const std::vector<double>& rates, int nodes) {
+  nlohmann::json headline = nlohmann::json::array();
+  const int big = nodes;
+  for (const auto& m : models)
+    for (double rate : rates) {
+      const RunResult* pos = nullptr;
+      for (const auto& r : runs)
+        if (r.ok && r.model == m && r.mbit == rate && r.nodes == big && r.system == "poseidon") pos = &r;
+      if (!pos) continue;
+      std::string line = strCat(m, ", ", big, " nodes, ", rate, " Mbit/s: poseidon ", fmt("%.2fx", pos->speedup),
+                                " speedup (", fmt("%.0f%%", 100 * pos->speedup / big), " efficiency), measured/ideal ",
+                                fmt("%.2f", pos->iterSeconds / pos->idealSeconds));
+      for (const auto& r : runs)
+        if (r.ok && r.model == m && r.mbit == rate && r.nodes == big && r.system != "poseidon")
+          line += strCat("; vs ", r.system, " ", fmt("%.2fx", pos->imagesPerSec / r.imagesPerSec), " throughput");
+      headline.push_back(line);
+    }
+  return headline;
+}
+
+nlohmann::json trafficHistogram(const std::vector<RunResult>& runs, const std::string& model, int nodes,
+                                double mbit) {
+  nlohmann::json perNode;
+  for (const auto& r : runs) {
+    if (!r.ok || r.model != model || r.nodes != nodes || r.mbit != mbit) continue;
+    if (r.system != "poseidon" && r.system != "adam" && r.system != "ps-wfbp" && r.system != "ddp") continue;
+    std::vector<double> both;
+    for (size_t i = 0; i < r.txPerIter.size(); ++i) both.push_back(r.txPerIter[i] + r.rxPerIter[i]);
+    perNode[r.system] = both;
+  }
+  if (perNode.empty() || nodes <= 1) return nullptr;
+  return {{"model", model}, {"nodes", nodes}, {"link_mbit", mbit}, {"bytes_per_node", perNode}};
+}
+
+void writeMarkdown(const std::string& path, const nlohmann::json& result) {
+  std::ostringstream md;
+  const auto& cfg = result["config"];
+  md << "# poseidon bench results\n\n";
+  md << "Command: `" << cfg["command"].get<std::string>() << "`\n\n";
+  md << "Emulated cluster: one network namespace per node, tc tbf links both ways; width scale s = "
+     << cfg["scale"].get<double>() << " (link rates represent rate / s^2 at full width); "
+     << cfg["iterations"].get<int>() << " measured iterations after " << cfg["warmup"].get<int>()
+     << " warm-up ones; iteration time is rank 0's median.\n\n";
+  std::map<std::pair<std::string, double>, std::vector<nlohmann::json>> groups;
+  for (const auto& r : result["runs"])
+    if (r["nodes"].get<int>() > 1) groups[{r["model"].get<std::string>(), r["link_mbit"].get<double>()}].push_back(r);
+  std::map<std::pair<std::string, std::string>, nlohmann::json> one;
+  for (const auto& r : result["runs"])
+    if (r["nodes"].get<int>() == 1) one[{r["model"].get<std::string>(), r["system"].get<std::string>()}] = r;
+  for (const auto& [key, runs] : groups) {
+    double scale = cfg["scale"].get<double>();
+    md << "## " << key.first << " at " << key.second << " Mbit/s (" << fmt("%g", key.second / scale / scale / 1000)
+       << " Gbit/s at full width)\n\n";
+    std::vector<int> nodes{1};
+    std::vector<std::string> systems;
+    for (const auto& r : runs) {
+      if (std::find(nodes.begin(), nodes.end(), r["nodes"].get<int>()) == nodes.end()) nodes.push_back(r["nodes"]);
+      if (std::find(systems.begin(), systems.end(), r["system"].get<std::string>()) == systems.end())
+        systems.push_back(r["system"]);
+    }
+    std::sort(nodes.begin(), nodes.end());
+    md << "| system |";
+    for (int n : nodes) md << " " << n << " node" << (n > 1 ? "s" : "") << " |";
+    md << " s/iter at " << nodes.back() << " | measured / ideal |\n|---|";
+    for (size_t i = 0; i < nodes.size() + 2; ++i) md << "---|";
+    md << "\n";
+    for (const auto& s : systems) {
+      md << "| " << s << " |";
+      nlohmann::json last;
+      for (int n : nodes) {
+        nlohmann::json hit;
+        if (n == 1) {
+          auto it = one.find({key.first, s});
+          if (it != one.end()) hit = it->second;
+        } else {
+          for (const auto& r : runs)
+            if (r["system"] == s && r["nodes"] == n) hit = r;
+        }
+        if (hit.is_null()) md << " - |";
+        else if (!hit["ok"].get<bool>()) md << " failed |";
+        else md << " " << fmt("%.2fx", n == 1 ? 1.0 : hit["speedup"].get<double>()) << " |";
+        if (n == nodes.back()) last = hit;
+      }
+      if (!last.is_null() && last["ok"].get<bool>()) {
+        md << " " << fmt("%.3f", last["iteration_seconds"].get<double>()) << " | "
+           << fmt("%.2f", last["measured_over_ideal"].get<double>()) << " |\n";
+      } else {
+        md << " - | - |\n";
+      }
+    }
+    md << "\n";
+  }
+  if (result.contains("headline")) {
+    md << "## Headline ratios (measured side by side in this run)\n\n";
+    for (const auto& h : result["headline"]) md << "- " << h.get<std::string>() << "\n";
+    md << "\n";
+  }
+  if (result.contains("bisection")) {
+    md << "## Minimum link rate for 90% efficiency at " << result["bisection"]["nodes"].get<int>() << " nodes ("
+       << result["bisection"]["model"].get<std::string>()
+       << ")\n\n| system | Mbit/s (emulated) | at full width |\n|---|---|---|\n";
+    double scale = cfg["scale"].get<double>();
+    for (const auto& [sys, v] : result["bisection"]["min_mbit"].items()) {
+      md << "| " << sys << " | " << fmt("%.1f", v.get<double>()) << " | "
+         << fmt("%.1f Gbit/s", v.get<double>() / scale / scale / 1000) << " |\n";
+    }
+    md << "\n";
+  }
+  std::ofstream(path) << md.str();
+}
+
+void writePlots(const std::string& dir, const nlohmann::json& result) {
+  fs::create_directories(dir);
+  std::map<std::pair<std::string, double>, std::map<std::string, std::vector<std::pair<int, double>>>> series;
+  for (const auto& r : result["runs"]) {
+    if (!r["ok"].get<bool>()) continue;
+    if (r["nodes"].get<int>() == 1) continue;
+    series[{r["model"], r["link_mbit"]}][r["system"]].push_back({r["nodes"].get<int>(), r["speedup"].get<double>()});
+  }
+  for (auto& [key, systems] : series) {
+    std::string base = strCat(dir, "/speedup-", key.first, "-", fmt("%g", key.second), "mbit");
+    std::ofstream gp(base + ".gp");
+    gp << "set terminal pngcairo size 800,560\nset output '" << base << ".png'\n"
+       << "set title 'speedup over one node: " << key.first << ", " << key.second << " Mbit/s links (emulated)'\n"
+       << "set xlabel 'nodes'\nset ylabel 'speedup'\nset key left top\nset grid\nset xtics (1,2,4,8,16,32)\n"
+       << "plot x title 'linear' dashtype 2 lc rgb 'gray'";
+    for (auto& [sys, pts] : systems) {
+      std::sort(pts.begin(), pts.end());
+      std::ofstream dat(base + "-" + sys + ".dat");
+      dat << "1 1\n";
+      for (auto& [n, s] : pts) dat << n << " " << s << "\n";
+      gp << ", '" << base << "-" << sys << ".dat' with linespoints lw 2 title '" << sys << "'";
+    }
+    gp << "\n";
+    gp.close();
+    try {
+      bench::run({"gnuplot", base + ".gp"});
+    } catch (const Error& e) {
+      std::cerr << "poseidon bench: plotting failed (install gnuplot-nox): " << e.what() << "\n";
+    }
+  }
+  if (result.contains("histogram")) {
+    const auto& h = result["histogram"];
+    std::string base = strCat(dir, "/traffic-", h["model"].get<std::string>(), "-", h["nodes"].get<int>(), "nodes");
+    std::ofstream dat(base + ".dat");
+    dat << "node";
+    for (const auto& [sys, v] : h["bytes_per_node"].items()) dat << " " << sys;
+    dat << "\n";
+    int n = h["nodes"].get<int>();
+    for (int i = 0; i < n; ++i) {
+      dat << i;
+      for (const auto& [sys, v] : h["bytes_per_node"].items()) dat << " " << v[i].get<double>() / 1e6;
+      dat << "\n";
+    }
+    dat.close();
+    std::ofstream gp(base + ".gp");
+    gp << "set terminal pngcairo size 800,480\nset output '" << base << ".png'\n"
+       << "set title 'bytes per node per iteration (sent + received), " << h["model"].get<std::string>() << ", " << n
+       << " nodes'\nset ylabel 'MB per iteration'\nset xlabel 'node'\nset style data histograms\n"
+       << "set style histogram clustered gap 1\nset style fill solid 0.8 border -1\nset grid ytics\nset key left top\n"
+       << "plot for [c=2:" << 1 + h["bytes_per_node"].size() << "] '" << base
+       << ".dat' using c:xtic(1) title columnheader\n";
+    gp.close();
+    try {
+      bench::run({"gnuplot", base + ".gp"});
+    } catch (const Error& e) {
+      std::cerr << "poseidon bench: plotting failed (install gnuplot-nox): " << e.what() << "\n";
+    }
+  }
+}
+
+}  // namespace poseidon::bench

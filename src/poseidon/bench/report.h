@@ -1,0 +1,57 @@
+// What `poseidon bench` reports, computed from its runs: the ideal iteration
+// time, speedups over one node, the headline ratios, the per-node traffic
+// histogram, and the Markdown tables and gnuplot plots written from the
+// results JSON. The harness (cli/bench_cmd.cc) measures; this judges.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+#include "poseidon/bench/emulation.h"
+
+namespace poseidon::bench {
+
+// One run: a system on a model, cluster size and link rate.
+struct RunResult {
+  std::string model, system;
+  int nodes = 0;
+  double mbit = 0, latencyMs = 0;
+  bool ok = false;
+  std::string error;
+  double iterSeconds = 0;      // median of the steady iterations (rank 0)
+  double imagesPerSec = 0;     // emulated images: nodes x K / iteration
+  double speedup = 0;          // over the same system on one node
+  double idealSeconds = 0;
+  std::vector<double> txPerIter, rxPerIter;  // bytes per node per iteration (interface counters)
+  int attempts = 1;
+  std::vector<std::string> earlierErrors;     // failed attempts before this result
+  nlohmann::json toJson() const;
+};
+
+// Ideal iteration time: max(compute, min-scheme bytes per node / link rate),
+// full duplex (half of Table 1's send + receive floats each way).
+double idealSeconds(const EmulatedModel& m, int nodes, double mbit);
+
+// Sets every successful run's speedup over the same model and system on one
+// node (1 for the one-node runs themselves).
+void computeSpeedups(std::vector<RunResult>& runs);
+
+// Per model and rate, one line: poseidon's speedup, efficiency and measured /
+// ideal at `nodes` nodes, and its throughput against every other system there.
+nlohmann::json headlineRatios(const std::vector<RunResult>& runs, const std::vector<std::string>& models,
+                              const std::vector<double>& rates, int nodes);
+
+// Bytes per node per iteration (sent + received) of poseidon, adam, ps-wfbp
+// and ddp on `model` at `nodes` nodes and `mbit`; null when there is none.
+nlohmann::json trafficHistogram(const std::vector<RunResult>& runs, const std::string& model, int nodes,
+                                double mbit);
+
+// From the results JSON that `poseidon bench --json` writes: tables per model
+// and rate, the headline ratios and the bisection as Markdown; speedup and
+// traffic plots as PNG through gnuplot (a missing gnuplot is reported, not fatal).
+void writeMarkdown(const std::string& path, const nlohmann::json& result);
+void writePlots(const std::string& dir, const nlohmann::json& result);
+
+}  // namespace poseidon::bench

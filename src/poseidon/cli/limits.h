@@ -1,0 +1,27 @@
+// Limits the core enforces, for the ranges of the CLI's flags: a value the
+// core would refuse later (the coordinator while reading the join messages,
+// the KV layout, the transport) is refused at parse time instead, under the
+// flag's own name.
+#pragma once
+
+#include <cstdint>
+
+#include "poseidon/sfb/sufficient_factors.h"
+#include "poseidon/wire/frame.h"
+
+namespace poseidon::cli {
+
+// Ranks in one job: the information book holds at most 1 << 16 nodes
+// (kMaxNodes in coordinator/book.cc).
+constexpr int64_t kMaxRanks = int64_t{1} << 16;
+// The per-worker batch K is the row count of every SFB factor, which peers
+// accept up to kMaxFactorRows.
+constexpr int64_t kMaxBatch = kMaxFactorRows;
+// A KV pair holds at least one float (KvLayout, the book's readSettings) and
+// travels as one frame payload.
+constexpr int64_t kMinPairBytes = 4;
+constexpr int64_t kMaxPairBytes = static_cast<int64_t>(kDefaultMaxPayloadBytes);
+// Straggler dropping: D < P1 (the book), so at most kMaxRanks - 1.
+constexpr int64_t kMaxDropStragglers = kMaxRanks - 1;
+
+}  // namespace poseidon::cli

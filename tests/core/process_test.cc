@@ -1,0 +1,116 @@
+// The one fork/exec helper: where a child's output goes, its environment,
+// failures to exec, and stopping a child together with what it started.
+#include "poseidon/launch/process.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "poseidon/common/error.h"
+
+namespace poseidon {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string readFd(int fd) {
+  std::string out;
+  char buf[256];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
+  return out;
+}
+
+TEST(Process, PipesKeepStdoutAndStderrApartAndPassTheEnvironment) {
+  SpawnOptions o;
+  o.argv = {"/bin/sh", "-c", "echo out $POSEIDON_PROCESS_TEST; echo err >&2; exit 3"};
+  o.env = {{"POSEIDON_PROCESS_TEST", "value"}};
+  o.stdoutTo = Output::kPipe;
+  o.stderrTo = Output::kPipe;
+  ChildProcess c = ChildProcess::spawn(o);
+  EXPECT_EQ(readFd(c.stdoutFd()), "out value\n");
+  EXPECT_EQ(readFd(c.stderrFd()), "err\n");
+  int status = c.wait();
+  EXPECT_TRUE(c.exited());
+  EXPECT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 3);
+  EXPECT_EQ(describeExit(status), "exited with code 3");
+}
+
+TEST(Process, FileGetsBothStreams) {
+  std::string path = strCat("/tmp/poseidon-process-test-", getpid(), ".log");
+  SpawnOptions o;
+  o.argv = {"/bin/sh", "-c", "echo one; echo two >&2"};
+  o.stdoutTo = Output::kFile;
+  o.stderrTo = Output::kLikeStdout;
+  o.file = path;
+  ChildProcess c = ChildProcess::spawn(o);
+  EXPECT_EQ(c.stdoutFd(), -1);
+  EXPECT_EQ(c.wait(), 0);
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  EXPECT_EQ(ss.str(), "one\ntwo\n");
+  std::remove(path.c_str());
+}
+
+TEST(Process, AProgramThatCannotRunExits127AndSaysWhy) {
+  CommandResult r = runCommand({"/nonexistent/poseidon-no-such-program", "x"});
+  EXPECT_FALSE(r.ok());
+  EXPECT_EQ(describeExit(r.status), "exited with code 127");
+  EXPECT_THAT(r.output, HasSubstr("cannot run '/nonexistent/poseidon-no-such-program': No such file or directory"));
+  CommandResult ok = runCommand({"echo", "hello"});
+  EXPECT_TRUE(ok.ok());
+  EXPECT_EQ(ok.output, "hello\n");
+}
+
+TEST(Process, PollReapsAndKillReachesTheProcessGroup) {
+  // The shell starts a grandchild that would outlive it; with its own
+  // process group, kill() stops both.
+  SpawnOptions o;
+  o.argv = {"/bin/sh", "-c", "sleep 30 & echo $!; wait"};
+  o.stdoutTo = Output::kPipe;
+  o.ownProcessGroup = true;
+  ChildProcess c = ChildProcess::spawn(o);
+  std::string line;
+  char ch;
+  while (::read(c.stdoutFd(), &ch, 1) == 1 && ch != '\n') line += ch;
+  pid_t grandchild = static_cast<pid_t>(std::atol(line.c_str()));
+  ASSERT_GT(grandchild, 0);
+  EXPECT_FALSE(c.poll());
+  c.kill(SIGKILL);
+  int status = c.wait();
+  EXPECT_TRUE(WIFSIGNALED(status));
+  EXPECT_EQ(describeExit(status), "was killed by signal 9 (Killed)");
+  bool gone = false;
+  for (int i = 0; i < 100 && !gone; ++i) {
+    // The grandchild is reparented (to init or a subreaper) and reaped there; until then it is a zombie.
+    std::ifstream stat(strCat("/proc/", grandchild, "/stat"));
+    std::string content;
+    std::getline(stat, content);
+    gone = !stat || content.find(") Z") != std::string::npos;
+    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(gone);
+  c.kill(SIGKILL);  // reaped: nothing happens
+}
+
+TEST(Process, SpawnFailuresThrow) {
+  SpawnOptions o;
+  EXPECT_THROW(ChildProcess::spawn(o), InvalidArgument);
+  o.argv = {"true"};
+  o.stdoutTo = Output::kFile;
+  o.file = "/nonexistent-dir/poseidon.log";
+  EXPECT_THROW(ChildProcess::spawn(o), IoError);
+}
+
+}  // namespace
+}  // namespace poseidon

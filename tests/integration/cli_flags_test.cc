@@ -1,0 +1,74 @@
+// Every numeric flag of the real poseidon binary is range-checked when it is
+// parsed: a bad value exits 2 at once with one line naming the flag and its
+// range, before anything starts (no rendezvous, no cluster, no root needed).
+// `poseidon train` is covered with LibTorch in tests/torch/train_cli_test.cc.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "process.h"
+
+namespace poseidon {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Rejection {
+  std::vector<std::string> args;
+  std::string message;
+};
+
+void expectRejected(const Rejection& c) {
+  std::string dir = testing::makeTempDir("flags");
+  std::vector<std::string> argv{POSEIDON_CLI};
+  argv.insert(argv.end(), c.args.begin(), c.args.end());
+  std::vector<testing::Proc> procs{testing::spawn(argv, {}, dir + "/cli")};
+  testing::waitAll(procs, std::chrono::seconds(30));
+  EXPECT_EQ(procs[0].exitCode(), 2) << c.args[0] << ": " << procs[0].stderrText();
+  EXPECT_LT(procs[0].seconds, 10);
+  EXPECT_EQ(procs[0].stderrText(), "poseidon " + c.args[0] + ": error: " + c.message + "\n");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(CliFlags, PlanRejectsOutOfRangeValues) {
+  expectRejected({{"plan", "--workers", "0"}, "--workers must be in [1, 65536], got 0"});
+  expectRejected({{"plan", "--servers", "70000"}, "--servers must be in [1, 65536], got 70000"});
+  expectRejected({{"plan", "--batch", "0"}, "--batch must be in [1, 16777216], got 0"});
+  expectRejected({{"plan", "--pair-bytes", "0"}, "--pair-bytes must be in [4, 1073741824], got 0"});
+  expectRejected({{"plan", "--width-scale", "1.5"}, "--width-scale must be in (0, 1], got 1.5"});
+}
+
+TEST(CliFlags, LaunchRejectsOutOfRangeValues) {
+  expectRejected({{"launch", "--master-port", "70000", "--", "true"}, "--master-port must be in [0, 65535], got 70000"});
+  expectRejected({{"launch", "-n", "0", "--", "true"}, "--n must be in [1, 65536], got 0"});
+  expectRejected({{"launch", "--max-restarts", "-1", "--", "true"}, "--max-restarts must be >= 0, got -1"});
+}
+
+TEST(CliFlags, BenchRejectsOutOfRangeValues) {
+  expectRejected({{"bench", "--iterations", "0"}, "--iterations must be >= 1, got 0"});
+  expectRejected({{"bench", "--scale", "0"}, "--scale must be in (0, 1], got 0"});
+  expectRejected({{"bench", "--latency-ms", "-1"}, "--latency-ms must be >= 0, got -1"});
+  expectRejected({{"bench", "--run-timeout", "3000000"}, "--run-timeout must be in [1, 2147483], got 3000000"});
+  expectRejected({{"bench", "--nodes", "1,65"}, "each --nodes entry must be in [1, 64], got 65"});
+  expectRejected({{"bench", "--rates", "100,0"}, "each --rates entry (Mbit/s) must be > 0, got 0"});
+}
+
+TEST(CliFlags, BenchWorkerRejectsOutOfRangeValues) {
+  expectRejected({{"bench-worker", "--out", "/dev/null", "--pair-bytes", "2"},
+                  "--pair-bytes must be in [4, 1073741824], got 2"});
+  expectRejected({{"bench-worker", "--out", "/dev/null", "--timeout", "0"}, "--timeout must be >= 1, got 0"});
+  expectRejected({{"bench-worker", "--out", "/dev/null", "--warmup", "-1"}, "--warmup must be >= 0, got -1"});
+}
+
+TEST(CliFlags, HelpShowsTheRanges) {
+  std::string dir = testing::makeTempDir("flags");
+  std::vector<testing::Proc> procs{testing::spawn({POSEIDON_CLI, "launch", "--help"}, {}, dir + "/help")};
+  testing::waitAll(procs, std::chrono::seconds(30));
+  EXPECT_EQ(procs[0].exitCode(), 0);
+  EXPECT_THAT(procs[0].stdoutText(), HasSubstr("coordinator port (0: pick a free one) (in [0, 65535]; default: 0)"));
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace poseidon

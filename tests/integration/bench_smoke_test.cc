@@ -26,6 +26,17 @@ std::vector<std::string> namespacesOf(pid_t pid) {
   return out;
 }
 
+// Processes running inside a network namespace.
+std::string pidsIn(const std::string& ns) {
+  std::string out;
+  FILE* f = popen(("ip netns pids " + ns + " 2>/dev/null").c_str(), "r");
+  if (!f) return out;
+  char buf[256];
+  while (fgets(buf, sizeof buf, f)) out += buf;
+  pclose(f);
+  return out;
+}
+
 void requireCluster() {
   std::string why;
   if (!bench::EmulatedCluster::available(&why)) GTEST_SKIP() << "no emulated cluster here: " << why;
@@ -74,7 +85,14 @@ TEST(BenchSmoke, InterruptLeavesNothingBehind) {
     if (!seen) usleep(100000);
   }
   ASSERT_TRUE(seen) << "the harness never built its cluster: " << procs[0].stderrText();
-  usleep(1500000);  // let ranks start inside the namespaces
+  // Interrupt once ranks run inside the node namespaces (the harder case to clean up).
+  bool running = false;
+  for (int i = 0; i < 600 && !running; ++i) {
+    running = true;
+    for (const auto& ns : namespacesOf(pid))
+      if (ns.compare(ns.size() - 2, 2, "sw") != 0) running = running && !pidsIn(ns).empty();  // nodes, not the switch
+    if (!running) usleep(100000);
+  }
   kill(pid, SIGINT);
   testing::waitAll(procs, std::chrono::seconds(60));
   EXPECT_FALSE(procs[0].killed);
@@ -107,11 +125,19 @@ TEST(BenchSmoke, WithoutRootItSaysSo) {
     return;
   }
   if (access("/usr/sbin/runuser", X_OK) != 0) GTEST_SKIP() << "runuser not available to drop root";
-  std::vector<testing::Proc> procs{testing::spawn(
-      {"/usr/sbin/runuser", "-u", "nobody", "--", POSEIDON_CLI, "bench", "--quick"}, {}, "/tmp/poseidon-bench-noroot")};
+  // The checkout may sit below a folder that 'nobody' cannot enter (a mktemp -d
+  // folder is 0700): run a copy of the binary from a folder anyone can read.
+  std::string dir = testing::makeTempDir("bench-noroot");
+  fs::permissions(dir, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                           fs::perms::others_read | fs::perms::others_exec);
+  const std::string binary = dir + "/poseidon";
+  fs::copy_file(POSEIDON_CLI, binary);
+  std::vector<testing::Proc> procs{
+      testing::spawn({"/usr/sbin/runuser", "-u", "nobody", "--", binary, "bench", "--quick"}, {}, dir + "/log")};
   testing::waitAll(procs, std::chrono::seconds(30));
   EXPECT_EQ(procs[0].exitCode(), 1) << procs[0].stderrText();
   EXPECT_THAT(procs[0].stderrText(), HasSubstr("needs root"));
+  fs::remove_all(dir);
 }
 
 }  // namespace

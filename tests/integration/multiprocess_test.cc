@@ -1,11 +1,17 @@
 // Multi-process tests: real poseidon_test_node processes over real ZeroMQ
 // on localhost (the in-process tests in tests/core cover the same paths
 // with threads).
+#include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <iostream>
+#include <thread>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -210,7 +216,10 @@ std::string readFile(const std::string& path) {
 // A rank's data endpoint and the job id, once it has joined (it writes them to a file).
 std::pair<std::string, uint64_t> waitForEndpoint(const Job& job, int rank) {
   std::string path = job.dir + "/endpoint" + std::to_string(rank);
-  for (int i = 0; i < 500 && readFile(path).empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  // Bounded only against a hang: a loaded machine may take long to start a process.
+  for (int i = 0; i < 6000 && readFile(path).empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   std::istringstream in(readFile(path));
   std::string endpoint;
   uint64_t jobId = 0;
@@ -299,13 +308,37 @@ TEST(MultiProcess, BadFramesAreRejectedAndChangeNothing) {
 struct Fault {
   int victim;
   int signal;
-  int afterMs;
 };
 
-void expectSurvivorsFail(Job& job, const Fault& f, const std::string& expected) {
-  usleep(static_cast<useconds_t>(f.afterMs) * 1000);
+// Whether something accepts TCP connections on 127.0.0.1:port (rank 0's coordinator).
+bool listening(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bool ok = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  close(fd);
+  return ok;
+}
+
+void waitUntil(const std::function<bool()>& ready, const char* what) {
+  // Bounded only against a hang: a loaded machine may take long to start processes.
+  for (int i = 0; i < 6000 && !ready(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(ready()) << "never happened: " << what;
+}
+
+// Mid-training: every rank has joined (it writes its endpoint then), and the paced
+// scenario's 400 iterations outlast the test.
+void waitUntilTraining(const Job& job) {
+  for (int r = 0; r < static_cast<int>(job.procs.size()); ++r) ASSERT_FALSE(waitForEndpoint(job, r).first.empty()) << r;
+}
+
+void expectSurvivorsFail(Job& job, const Fault& f, const std::string& expected,
+                         const std::function<void()>& afterKill = nullptr) {
   ASSERT_EQ(kill(job.procs[f.victim].pid, f.signal), 0);
   auto t0 = std::chrono::steady_clock::now();
+  if (afterKill) afterKill();
   std::vector<Proc> others;
   for (size_t r = 0; r < job.procs.size(); ++r)
     if (static_cast<int>(r) != f.victim) others.push_back(job.procs[r]);
@@ -323,35 +356,48 @@ void expectSurvivorsFail(Job& job, const Fault& f, const std::string& expected) 
 
 TEST(FaultInjection, WorkerKilledMidBackward) {
   Job job = startJob(4, 4, "paced", "auto", 400, 3000);
-  expectSurvivorsFail(job, {2, SIGKILL, 1500}, "rank 2");
+  waitUntilTraining(job);
+  expectSurvivorsFail(job, {2, SIGKILL}, "rank 2");
   for (int r : {0, 1, 3}) EXPECT_THAT(job.procs[r].stderrText(), ::testing::ContainsRegex("lost rank 2|rank 2 failed"));
 }
 
 TEST(FaultInjection, WorkerStoppedMidBackward) {
   Job job = startJob(4, 4, "paced", "auto", 400, 3000);
-  expectSurvivorsFail(job, {1, SIGSTOP, 1500}, "lost rank 1 (nothing from it for 3");
+  waitUntilTraining(job);
+  expectSurvivorsFail(job, {1, SIGSTOP}, "lost rank 1 (nothing from it for 3");
 }
 
 TEST(FaultInjection, ServerShardKilledMidAggregation) {
   Job job = startJob(4, 4, "paced", "ps", 400, 3000,
                      {{3, {{"POSEIDON_ROLE", "server"}}}, {0, {{"POSEIDON_ROLE", "worker"}}}});
-  expectSurvivorsFail(job, {3, SIGKILL, 1500}, "rank 3");
+  waitUntilTraining(job);
+  expectSurvivorsFail(job, {3, SIGKILL}, "rank 3");
 }
 
 TEST(FaultInjection, ServerShardStoppedMidAggregation) {
   Job job = startJob(4, 4, "paced", "ps", 400, 3000, {{3, {{"POSEIDON_ROLE", "server"}}}});
-  expectSurvivorsFail(job, {3, SIGSTOP, 1500}, "lost rank 3");
+  waitUntilTraining(job);
+  expectSurvivorsFail(job, {3, SIGSTOP}, "lost rank 3");
+}
+
+// Rank 3 is held back until rank 0 has been hit, so the rendezvous is still open when the
+// coordinator goes; it then finds nobody answering either.
+void coordinatorFailsDuringRendezvous(int signal, bool namesTheAddress) {
+  std::string gate = testing::makeTempDir("gate") + "/go";
+  Job job = startJob(4, 4, "paced", "auto", 10, 3000, {{3, {{"POSEIDON_TEST_START_AFTER", gate}}}});
+  waitUntil([&] { return listening(job.port); }, "rank 0's coordinator listens");
+  std::string expected = "no answer from the coordinator";
+  if (namesTheAddress) expected += " at 127.0.0.1:" + std::to_string(job.port);
+  expectSurvivorsFail(job, {0, signal}, expected, [&] { std::ofstream(gate) << "go\n"; });
+  std::filesystem::remove_all(std::filesystem::path(gate).parent_path());
 }
 
 TEST(FaultInjection, CoordinatorKilledDuringRendezvous) {
-  // Rank 3 starts late, so the rendezvous is still open when rank 0 dies.
-  Job job = startJob(4, 4, "paced", "auto", 10, 3000, {{3, {{"POSEIDON_TEST_START_DELAY_MS", "1500"}}}});
-  expectSurvivorsFail(job, {0, SIGKILL, 500}, "no answer from the coordinator at 127.0.0.1:" + std::to_string(job.port));
+  coordinatorFailsDuringRendezvous(SIGKILL, true);
 }
 
 TEST(FaultInjection, CoordinatorStoppedDuringRendezvous) {
-  Job job = startJob(4, 4, "paced", "auto", 10, 3000, {{3, {{"POSEIDON_TEST_START_DELAY_MS", "1500"}}}});
-  expectSurvivorsFail(job, {0, SIGSTOP, 500}, "no answer from the coordinator");
+  coordinatorFailsDuringRendezvous(SIGSTOP, false);
 }
 
 // Outsiders: a ZeroMQ client without CURVE, one with CURVE but keys from the

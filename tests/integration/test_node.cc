@@ -8,8 +8,8 @@
 //              slow-sync (sync, with a pause before each iteration, for flood tests),
 //              paced (sync with a 10 ms pause before each layer's submit: fault tests),
 //              straggler (20 ms per layer, worker 3 five times slower; drop 1, wait 100 ms)
-//   env: POSEIDON_ROLE=worker|server|both, POSEIDON_TEST_START_DELAY_MS=N,
-//        POSEIDON_SECRET (job secret)
+//   env: POSEIDON_ROLE=worker|server|both, POSEIDON_SECRET (job secret),
+//        POSEIDON_TEST_START_AFTER=FILE (start only once FILE exists: a test holds a rank back)
 #include <algorithm>
 #include <fstream>
 #include <iostream>
@@ -34,8 +34,8 @@ int main(int argc, char** argv) {
   int iterations = std::atoi(argv[3]);
   int timeoutMs = argc > 5 ? std::atoi(argv[5]) : 20000;
   try {
-    if (const char* d = std::getenv("POSEIDON_TEST_START_DELAY_MS")) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(d)));
+    if (const char* gate = std::getenv("POSEIDON_TEST_START_AFTER")) {
+      while (!std::ifstream(gate).good()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     RankEnv env = rankFromEnvironment();
     setLogPrefix("rank " + std::to_string(env.rank));

@@ -1,6 +1,9 @@
 // Exact checkpoint/restart, automatic recovery and bad user input, through
 // the real CLI (real processes, real LibTorch, a subset of the real data).
+#include <arpa/inet.h>
 #include <gmock/gmock.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -99,8 +102,20 @@ TEST(BadInput, PortInUseUnreachableCoordinatorAndBadCheckpoint) {
   std::map<std::string, std::string> env0{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
                                           {"MASTER_PORT", std::to_string(port)}};
   std::vector<testing::Proc> holder{testing::spawn(
-      {POSEIDON_CLI, "train", "--timeout", "8000", "--train-limit", "64", "--quiet"}, env0, dir.path + "/holder")};
-  usleep(1500000);
+      {POSEIDON_CLI, "train", "--timeout", "60000", "--train-limit", "64", "--quiet"}, env0, dir.path + "/holder")};
+  // Wait for the event (the holder's coordinator listens), not for a head start in time.
+  auto listening = [port] {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bool ok = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    close(fd);
+    return ok;
+  };
+  for (int i = 0; i < 6000 && !listening(); ++i) usleep(20000);
+  ASSERT_TRUE(listening()) << "the holder never bound port " << port << ": " << holder[0].stderrText();
   auto clash = run({"train", "--timeout", "3000", "--train-limit", "64", "--quiet"}, dir.path + "/clash", env0, 60);
   EXPECT_EQ(clash.exitCode(), 1);
   EXPECT_THAT(clash.stderrText(), HasSubstr("cannot start the coordinator on 127.0.0.1:" + std::to_string(port)));
@@ -152,11 +167,13 @@ TEST(Stragglers, TrainerSummaryShowsDrops) {
   std::ifstream f(dir.path + "/s.json");
   auto s = nlohmann::json::parse(f);
   auto dropped = s["dropped_contributions_per_rank"], skipped = s["skipped_iterations_per_rank"];
+  // The slowed rank is the one left behind. (Whether a fast rank is also dropped now and then
+  // depends on how loaded this machine is, against a 50 ms straggler timeout: not asserted.)
+  auto lost = [&](int r) { return dropped[r].get<double>() + skipped[r].get<double>(); };
   for (int r = 0; r < 3; ++r) {
-    EXPECT_EQ(dropped[r].get<double>(), 0) << r;
-    EXPECT_EQ(skipped[r].get<double>(), 0) << r;
+    EXPECT_GT(lost(3), lost(r)) << r;
+    EXPECT_LT(skipped[r].get<double>(), skipped[3].get<double>()) << r;
   }
-  EXPECT_GT(dropped[3].get<double>() + skipped[3].get<double>(), 0);
   EXPECT_GT(skipped[3].get<double>(), 0);
 }
 

@@ -263,11 +263,15 @@ TEST(TrainCli, FailingRankErrorLineCarriesTheRankOnce) {
 
 TEST(LaunchCli, FailingRankStopsTheOthers) {
   TempDir dir;
+  // Rank 1 fails only once rank 0 has said hello (an event, not a head start in time), so the
+  // hello is always there to be forwarded; the others' 'sleep 60' must be cut short.
+  const std::string said = dir.path + "/rank0-said-hello";
   auto p = run({"launch", "-n", "3", "--", "/bin/sh", "-c",
-                "if [ \"$RANK\" = 1 ]; then echo boom >&2; exit 3; fi; echo hello from $RANK of $WORLD_SIZE; sleep 60"},
-               dir.path + "/l", 60);
+                "if [ \"$RANK\" = 1 ]; then while [ ! -e " + said + " ]; do sleep 0.05; done; echo boom >&2; exit 3; fi; "
+                "echo hello from $RANK of $WORLD_SIZE; [ \"$RANK\" = 0 ] && touch " + said + "; sleep 60"},
+               dir.path + "/l", 120);
   EXPECT_EQ(p.exitCode(), 3);
-  EXPECT_LT(p.seconds, 20);
+  EXPECT_LT(p.seconds, 60);
   EXPECT_THAT(p.stderrText(), HasSubstr("[rank 1] boom"));
   EXPECT_THAT(p.stderrText(), HasSubstr("poseidon launch: rank 1 exited with code 3: boom; stopped the other ranks"));
   EXPECT_THAT(p.stdoutText(), HasSubstr("[rank 0] hello from 0 of 3"));

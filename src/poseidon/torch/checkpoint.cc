@@ -4,9 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <utility>
 #include <vector>
 
 #include "poseidon/common/error.h"
@@ -18,12 +21,86 @@ namespace {
 
 constexpr const char* kPrefix = "step-";
 
-void fsyncPath(const fs::path& p) {
-  int fd = ::open(p.c_str(), O_RDONLY);
-  if (fd < 0) throw IoError("cannot open " + p.string() + " to sync it");
-  int rc = ::fsync(fd);
+// A failed write, by file and errno; saveCheckpoint turns it into one message.
+struct WriteFailure {
+  std::string file;
+  int error;
+};
+
+// One checkpoint file written with plain POSIX calls. write() never throws
+// and always reports success to its caller: torch's stream writer throws on a
+// short write and then throws again from its destructor during the unwinding,
+// which terminates the process (a full disk used to end in SIGABRT and a stack
+// dump). The first errno is kept instead, and commit() throws it once torch's
+// writer is gone.
+class FileSink {
+ public:
+  explicit FileSink(fs::path path) : path_(std::move(path)) {
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) error_ = errno;
+  }
+  ~FileSink() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  FileSink(const FileSink&) = delete;
+  FileSink& operator=(const FileSink&) = delete;
+
+  size_t write(const void* data, size_t n) {
+    if (error_ != 0 || n == 0) return n;
+    if (data == nullptr) {
+      error_ = EINVAL;
+      return n;
+    }
+    const char* p = static_cast<const char*>(data);
+    for (size_t left = n; left > 0;) {
+      ssize_t w = ::write(fd_, p, left);
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) {
+        error_ = errno;
+        break;
+      }
+      p += w;
+      left -= static_cast<size_t>(w);
+    }
+    return n;
+  }
+
+  // fsync, then close, each checked: on filesystems that allocate late
+  // (delayed allocation, NFS) a full disk shows only there.
+  void commit() {
+    if (error_ == 0 && ::fsync(fd_) != 0) error_ = errno;
+    if (fd_ >= 0) {
+      int fd = fd_;
+      fd_ = -1;
+      if (::close(fd) != 0 && error_ == 0) error_ = errno;
+    }
+    if (error_ != 0) throw WriteFailure{path_.filename().string(), error_};
+  }
+
+ private:
+  fs::path path_;
+  int fd_ = -1;
+  int error_ = 0;
+};
+
+void writeArchive(torch::serialize::OutputArchive& archive, const fs::path& path) {
+  FileSink sink(path);
+  archive.save_to([&sink](const void* data, size_t n) { return sink.write(data, n); });
+  sink.commit();
+}
+
+void writeText(const std::string& text, const fs::path& path) {
+  FileSink sink(path);
+  sink.write(text.data(), text.size());
+  sink.commit();
+}
+
+void syncDirectory(const fs::path& p) {
+  int fd = ::open(p.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw WriteFailure{p.string() + " (directory)", errno};
+  int rc = ::fsync(fd), error = errno;
   ::close(fd);
-  if (rc != 0) throw IoError("fsync failed on " + p.string());
+  if (rc != 0) throw WriteFailure{p.string() + " (directory)", error};
 }
 
 std::vector<std::pair<int64_t, fs::path>> listComplete(const std::string& dir) {
@@ -60,29 +137,35 @@ std::string saveCheckpoint(const std::string& dir, const CheckpointMeta& meta, t
   char name[64];
   std::snprintf(name, sizeof name, "%s%09lld", kPrefix, static_cast<long long>(meta.iteration));
   fs::path final = fs::path(dir) / name, tmp = fs::path(dir) / (std::string(name) + ".tmp");
+  // A failed checkpoint leaves nothing behind: its space goes back (on a full
+  // disk that is what the next try needs) and the older checkpoints stay the
+  // resume point.
+  auto fail = [&](const std::string& why) -> IoError {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    return IoError("cannot write checkpoint " + final.string() + ": " + why + " (the checkpoints already in " + dir +
+                   " are untouched)");
+  };
   try {
     fs::create_directories(dir);
     fs::remove_all(tmp);
     fs::create_directories(tmp);
-    torch::serialize::OutputArchive ma, oa;
-    module.save(ma);
-    ma.save_to((tmp / "model.pt").string());
-    optimizer.save(oa);
-    oa.save_to((tmp / "optimizer.pt").string());
-    {
-      std::ofstream f(tmp / "meta.json");
-      f << meta.toJson().dump(2) << "\n";
-      if (!f) throw IoError("cannot write " + (tmp / "meta.json").string());
-    }
-    for (const char* file : {"model.pt", "optimizer.pt", "meta.json"}) fsyncPath(tmp / file);
-    fsyncPath(tmp);
+    torch::serialize::OutputArchive modelArchive, optimizerArchive;
+    module.save(modelArchive);
+    optimizer.save(optimizerArchive);
+    writeArchive(modelArchive, tmp / "model.pt");
+    writeArchive(optimizerArchive, tmp / "optimizer.pt");
+    writeText(meta.toJson().dump(2) + "\n", tmp / "meta.json");  // last: a directory with meta.json is complete
+    syncDirectory(tmp);
     fs::remove_all(final);
     fs::rename(tmp, final);
-    fsyncPath(dir);
+    syncDirectory(dir);
+  } catch (const WriteFailure& f) {
+    throw fail(f.file + ": " + std::strerror(f.error));
   } catch (const fs::filesystem_error& e) {
-    throw IoError(std::string("cannot write checkpoint in ") + dir + ": " + e.what());
+    throw fail(e.what());
   } catch (const c10::Error& e) {
-    throw IoError(std::string("cannot write checkpoint in ") + dir + ": " + e.what_without_backtrace());
+    throw fail(e.what_without_backtrace());
   }
   auto all = listComplete(dir);
   for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) {

@@ -6,8 +6,12 @@
 // function of seed and epoch, so iteration + seed fix it). Nothing else
 // carries state across iterations: the KV store's rounds are complete at
 // every BSP barrier, and training draws no random numbers after
-// initialization. A checkpoint is written into step-...tmp, every file and
-// the directory fsync'd, then renamed; a half-written one is never picked.
+// initialization.
+//
+// Durability: a checkpoint is written into step-...tmp with plain POSIX
+// writes (every error seen with its errno, a full disk included), every file
+// and the directory fsync'd and closed, then renamed; a half-written one is
+// never picked, and a failed one is removed again.
 #pragma once
 
 #include <torch/torch.h>
@@ -30,7 +34,9 @@ struct CheckpointMeta {
 
 // The newest complete checkpoint in dir, or "" (dir missing or empty).
 std::string newestCheckpoint(const std::string& dir);
-// Saves atomically; keeps the newest `keep` checkpoints. Throws IoError.
+// Saves atomically; keeps the newest `keep` checkpoints. Throws IoError
+// "cannot write checkpoint DIR/step-N: FILE: <strerror>" (for a full disk:
+// "No space left on device"); the checkpoints already in dir are untouched.
 std::string saveCheckpoint(const std::string& dir, const CheckpointMeta& meta, torch::nn::Module& module,
                            torch::optim::Optimizer& optimizer, int keep = 2);
 // Loads into module and optimizer after checking that the checkpoint belongs

@@ -284,6 +284,8 @@ double RankRun::evaluate() {
 
 void RankRun::checkpoint(int64_t iteration) {
   if (!lead_ || o_.checkpointDir.empty()) return;
+  // Reported first, so that a restart after a failed save (a full disk) counts this iteration as lost.
+  writeProgress(o_.progressPath, iteration, checkpointIteration_);
   meta_.iteration = iteration;
   saveCheckpoint(o_.checkpointDir, meta_, *net_.module, *optimizer_);
   checkpointIteration_ = iteration;

@@ -1,4 +1,5 @@
-// Checkpoints through the real CLI: a disk that fills up while a job checkpoints.
+// Checkpoints through the real CLI: a disk that fills up while a job
+// checkpoints, and damaged checkpoint files at resume.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -71,6 +72,49 @@ TEST(CheckpointCli, DiskFullFailsWithOneLineAndResumesFromTheOlderCheckpoint) {
   ASSERT_EQ(roomy.exitCode(), 0) << roomy.stderrText();
   EXPECT_THAT(roomy.stdoutText(), HasSubstr("resuming from " + ck + "/step-000000005 (iteration 5: "));
   EXPECT_TRUE(fs::exists(ck + "/step-000000010/meta.json"));
+}
+
+// Each checkpoint file damaged in turn in the newer of two checkpoints: the
+// job warns, naming the checkpoint and the file, resumes from the older one,
+// and finishes.
+TEST(CheckpointCli, DamagedCheckpointIsRefusedByNameAndResumeFallsBack) {
+  TempDir dir;
+  auto first = testing::runCli(job(dir.path + "/ck", 10), dir.path + "/first", {}, 240);
+  ASSERT_EQ(first.exitCode(), 0) << first.stderrText();
+  ASSERT_EQ(entries(dir.path + "/ck"), (std::set<std::string>{"step-000000005", "step-000000010"}));
+
+  struct Case {
+    std::string file;
+    std::function<void(const std::string&)> damage;
+  };
+  const Case cases[] = {
+      {"model.pt", [](const std::string& p) { testing::zeroBytes(p, fs::file_size(p) / 2, 4096); }},
+      {"optimizer.pt", [](const std::string& p) { testing::flipByte(p, fs::file_size(p) / 2); }},
+      {"meta.json", [](const std::string& p) { testing::alterIteration(p); }},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.file);
+    const std::string ck = dir.path + "/ck-" + c.file;
+    fs::copy(dir.path + "/ck", ck, fs::copy_options::recursive);
+    c.damage(ck + "/step-000000010/" + c.file);
+    auto resumed = testing::runCli(job(ck, 12), dir.path + "/resume-" + c.file, {}, 240);
+    ASSERT_EQ(resumed.exitCode(), 0) << resumed.stderrText();
+    EXPECT_THAT(resumed.stderrText(), HasSubstr("[rank 0] warning: checkpoint " + ck + "/step-000000010 is damaged: " +
+                                                c.file));
+    EXPECT_THAT(resumed.stderrText(), HasSubstr("resuming from the older " + ck + "/step-000000005"));
+    EXPECT_THAT(resumed.stdoutText(), HasSubstr("resuming from " + ck + "/step-000000005 (iteration 5: "));
+    // The run wrote an intact checkpoint at 10 again; resume is exact, so its parameters are
+    // byte for byte the first run's (optimizer.pt is not compared: LibTorch keys its state by
+    // tensor addresses).
+    testing::TrainState mlp("mlp");
+    pt::CheckpointMeta expect = mlp.meta;
+    expect.workers = 2;
+    expect.batch = 16;
+    expect.trainLimit = 1024;
+    EXPECT_NO_THROW(pt::loadCheckpoint(ck + "/step-000000010", expect, *mlp.net.module, mlp.optimizer));
+    EXPECT_TRUE(testing::readBytes(ck + "/step-000000010/model.pt") ==
+                testing::readBytes(dir.path + "/ck/step-000000010/model.pt"));
+  }
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// Checkpoint tests' tools: a training state to save and a small disk.
+// Checkpoint tests' tools: a training state to save, a small disk, and ways
+// to damage a file in place.
 #pragma once
 
 #include <sys/mount.h>
@@ -7,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -96,5 +98,35 @@ class SmallDisk {
 inline uint64_t pagesFor(uint64_t bytes) { return (bytes + 4095) / 4096 * 4096; }
 
 inline uint64_t fileBytes(const std::string& path) { return std::filesystem::file_size(path); }
+
+// Overwrites n bytes at offset with zeros, in place.
+inline void zeroBytes(const std::string& path, uint64_t offset, size_t n) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(static_cast<std::streamoff>(offset));
+  std::string zeros(n, '\0');
+  f.write(zeros.data(), static_cast<std::streamsize>(n));
+}
+
+// Flips the low bit of the byte at offset, in place.
+inline void flipByte(const std::string& path, uint64_t offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(offset));
+  char c = 0;
+  f.get(c);
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.put(static_cast<char>(c ^ 1));
+}
+
+// In meta.json, turns "iteration": 10 into "iteration": 30: still valid JSON,
+// now telling a lie that only its own checksum can catch.
+inline void alterIteration(const std::string& metaPath) {
+  std::ifstream in(metaPath);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  auto at = text.find("\"iteration\": 1");
+  if (at == std::string::npos) throw std::runtime_error("no \"iteration\": 1... in " + metaPath);
+  text[at + std::strlen("\"iteration\": ")] = '3';
+  std::ofstream(metaPath) << text;
+}
 
 }  // namespace poseidon::testing

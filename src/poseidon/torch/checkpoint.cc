@@ -1,18 +1,17 @@
 #include "poseidon/torch/checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <utility>
 #include <vector>
-
-#include "poseidon/common/error.h"
 
 namespace poseidon::pt {
 namespace fs = std::filesystem;
@@ -20,6 +19,20 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kPrefix = "step-";
+// The files meta.json's checksums cover (meta.json covers itself with meta_crc32).
+constexpr const char* kDataFiles[] = {"model.pt", "optimizer.pt"};
+
+std::string hex32(uint32_t v) {
+  char b[16];
+  std::snprintf(b, sizeof b, "%08x", v);
+  return b;
+}
+
+uint32_t crcOf(const void* data, size_t n) {
+  return static_cast<uint32_t>(crc32_z(crc32_z(0, Z_NULL, 0), static_cast<const Bytef*>(data), n));
+}
+
+uint32_t crcOf(const std::string& s) { return crcOf(s.data(), s.size()); }
 
 // A failed write, by file and errno; saveCheckpoint turns it into one message.
 struct WriteFailure {
@@ -32,7 +45,7 @@ struct WriteFailure {
 // short write and then throws again from its destructor during the unwinding,
 // which terminates the process (a full disk used to end in SIGABRT and a stack
 // dump). The first errno is kept instead, and commit() throws it once torch's
-// writer is gone.
+// writer is gone. The CRC-32 is taken of exactly the bytes handed to write().
 class FileSink {
  public:
   explicit FileSink(fs::path path) : path_(std::move(path)) {
@@ -51,6 +64,8 @@ class FileSink {
       error_ = EINVAL;
       return n;
     }
+    crc_ = crc32_z(crc_, static_cast<const Bytef*>(data), n);
+    bytes_ += n;
     const char* p = static_cast<const char*>(data);
     for (size_t left = n; left > 0;) {
       ssize_t w = ::write(fd_, p, left);
@@ -77,16 +92,21 @@ class FileSink {
     if (error_ != 0) throw WriteFailure{path_.filename().string(), error_};
   }
 
+  nlohmann::json entry() const { return {{"bytes", bytes_}, {"crc32", hex32(static_cast<uint32_t>(crc_))}}; }
+
  private:
   fs::path path_;
   int fd_ = -1;
   int error_ = 0;
+  uLong crc_ = crc32_z(0, Z_NULL, 0);
+  uint64_t bytes_ = 0;
 };
 
-void writeArchive(torch::serialize::OutputArchive& archive, const fs::path& path) {
+nlohmann::json writeArchive(torch::serialize::OutputArchive& archive, const fs::path& path) {
   FileSink sink(path);
   archive.save_to([&sink](const void* data, size_t n) { return sink.write(data, n); });
   sink.commit();
+  return sink.entry();
 }
 
 void writeText(const std::string& text, const fs::path& path) {
@@ -101,6 +121,120 @@ void syncDirectory(const fs::path& p) {
   int rc = ::fsync(fd), error = errno;
   ::close(fd);
   if (rc != 0) throw WriteFailure{p.string() + " (directory)", error};
+}
+
+// meta.json: the job layout, each data file's size and CRC-32, and a CRC-32
+// of the rest of meta.json itself (over its compact dump, keys sorted), so a
+// changed digit in the iteration or a checksum is caught too.
+std::string metaText(const CheckpointMeta& meta, const nlohmann::json& files) {
+  nlohmann::json j = meta.toJson();
+  j["files"] = files;
+  j["meta_crc32"] = hex32(crcOf(j.dump()));
+  return j.dump(2) + "\n";
+}
+
+// Reads a whole file; returns 0 or the errno.
+int readWholeFile(const fs::path& p, std::string* out) {
+  int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno;
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    int e = errno;
+    ::close(fd);
+    return e;
+  }
+  out->resize(static_cast<size_t>(st.st_size));
+  size_t got = 0;
+  while (got < out->size()) {
+    ssize_t r = ::read(fd, out->data() + got, out->size() - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      int e = errno;
+      ::close(fd);
+      return e;
+    }
+    if (r == 0) break;
+    got += static_cast<size_t>(r);
+  }
+  out->resize(got);
+  ::close(fd);
+  return 0;
+}
+
+[[noreturn]] void damaged(const std::string& path, const std::string& what) {
+  throw CheckpointDamaged("checkpoint " + path + " is damaged: " + what);
+}
+
+nlohmann::json readMeta(const std::string& path) {
+  std::string text;
+  if (int e = readWholeFile(fs::path(path) / "meta.json", &text); e != 0) {
+    throw CheckpointDamaged("checkpoint " + path + " is unreadable: meta.json: " + std::strerror(e));
+  }
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    throw CheckpointDamaged("checkpoint " + path + " is unreadable: meta.json is not valid JSON");
+  }
+  return j;
+}
+
+// Checkpoints written before checksums have neither key; ours always both.
+bool hasChecksums(const nlohmann::json& j) { return j.contains("files") || j.contains("meta_crc32"); }
+
+void verifyMeta(const std::string& path, const nlohmann::json& j) {
+  if (!j.contains("meta_crc32") || !j["meta_crc32"].is_string() || !j.contains("files") || !j["files"].is_object()) {
+    damaged(path, "meta.json lacks its checksums");
+  }
+  nlohmann::json rest = j;
+  rest.erase("meta_crc32");
+  if (hex32(crcOf(rest.dump())) != j["meta_crc32"].get<std::string>()) {
+    damaged(path, "meta.json does not match its own checksum");
+  }
+}
+
+CheckpointMeta parseMeta(const std::string& path, const nlohmann::json& j) {
+  CheckpointMeta m;
+  try {
+    m.model = j.at("model").get<std::string>();
+    m.iteration = j.at("iteration").get<int64_t>();
+    m.workers = j.at("workers").get<int>();
+    m.batch = j.at("batch").get<int64_t>();
+    m.seed = j.at("seed").get<uint64_t>();
+    m.trainLimit = j.value("train_limit", int64_t{-1});
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointDamaged("checkpoint " + path + " is unreadable (meta.json: " + e.what() + ")");
+  }
+  return m;
+}
+
+void checkLayout(const std::string& path, const CheckpointMeta& m, const CheckpointMeta& expect) {
+  auto mismatch = [&](const std::string& what, const std::string& theirs, const std::string& ours) {
+    throw InvalidArgument("checkpoint " + path + " was written with " + what + " " + theirs + ", this run has " + ours +
+                          "; resume with the same settings or use another --checkpoint DIR");
+  };
+  if (m.model != expect.model) mismatch("--model", m.model, expect.model);
+  if (m.workers != expect.workers) mismatch("--workers", std::to_string(m.workers), std::to_string(expect.workers));
+  if (m.batch != expect.batch) mismatch("--batch", std::to_string(m.batch), std::to_string(expect.batch));
+  if (m.seed != expect.seed) mismatch("--seed", std::to_string(m.seed), std::to_string(expect.seed));
+  if (m.trainLimit != expect.trainLimit) {
+    mismatch("--train-limit", std::to_string(m.trainLimit), std::to_string(expect.trainLimit));
+  }
+}
+
+// The bytes of one data file, checked against its entry in meta.json.
+std::string readVerified(const std::string& path, const std::string& file, const nlohmann::json& files) {
+  if (!files.contains(file) || !files[file].is_object()) damaged(path, "meta.json has no checksum for " + file);
+  const nlohmann::json& entry = files[file];
+  std::string bytes;
+  if (int e = readWholeFile(fs::path(path) / file, &bytes); e != 0) damaged(path, file + ": " + std::strerror(e));
+  const uint64_t expectBytes = entry.value("bytes", uint64_t{0});
+  if (bytes.size() != expectBytes) {
+    damaged(path, strCat(file, " has ", bytes.size(), " bytes, meta.json says ", expectBytes));
+  }
+  const std::string crc = hex32(crcOf(bytes)), expectCrc = entry.value("crc32", std::string());
+  if (crc != expectCrc) {
+    damaged(path, file + " does not match its checksum in meta.json (CRC-32 " + crc + ", expected " + expectCrc + ")");
+  }
+  return bytes;
 }
 
 std::vector<std::pair<int64_t, fs::path>> listComplete(const std::string& dir) {
@@ -153,9 +287,10 @@ std::string saveCheckpoint(const std::string& dir, const CheckpointMeta& meta, t
     torch::serialize::OutputArchive modelArchive, optimizerArchive;
     module.save(modelArchive);
     optimizer.save(optimizerArchive);
-    writeArchive(modelArchive, tmp / "model.pt");
-    writeArchive(optimizerArchive, tmp / "optimizer.pt");
-    writeText(meta.toJson().dump(2) + "\n", tmp / "meta.json");  // last: a directory with meta.json is complete
+    nlohmann::json files;
+    files["model.pt"] = writeArchive(modelArchive, tmp / "model.pt");
+    files["optimizer.pt"] = writeArchive(optimizerArchive, tmp / "optimizer.pt");
+    writeText(metaText(meta, files), tmp / "meta.json");  // last: a directory with meta.json is complete
     syncDirectory(tmp);
     fs::remove_all(final);
     fs::rename(tmp, final);
@@ -176,44 +311,62 @@ std::string saveCheckpoint(const std::string& dir, const CheckpointMeta& meta, t
 }
 
 CheckpointMeta loadCheckpoint(const std::string& path, const CheckpointMeta& expect, torch::nn::Module& module,
-                              torch::optim::Optimizer& optimizer) {
-  std::ifstream mf(fs::path(path) / "meta.json");
-  nlohmann::json j = nlohmann::json::parse(mf, nullptr, false);
-  if (!mf || j.is_discarded() || !j.is_object()) {
-    throw InvalidArgument("checkpoint " + path + " is unreadable (bad meta.json); remove it or use another --checkpoint DIR");
-  }
-  CheckpointMeta m;
+                              torch::optim::Optimizer& optimizer, std::vector<std::string>* warnings) {
+  nlohmann::json j = readMeta(path);
+  const bool verified = hasChecksums(j);
+  if (verified) verifyMeta(path, j);
+  CheckpointMeta m = parseMeta(path, j);
+  checkLayout(path, m, expect);
   try {
-    m.model = j.at("model").get<std::string>();
-    m.iteration = j.at("iteration").get<int64_t>();
-    m.workers = j.at("workers").get<int>();
-    m.batch = j.at("batch").get<int64_t>();
-    m.seed = j.at("seed").get<uint64_t>();
-    m.trainLimit = j.value("train_limit", int64_t{-1});
-  } catch (const nlohmann::json::exception& e) {
-    throw InvalidArgument("checkpoint " + path + " is unreadable (meta.json: " + e.what() + ")");
-  }
-  auto mismatch = [&](const std::string& what, const std::string& theirs, const std::string& ours) {
-    throw InvalidArgument("checkpoint " + path + " was written with " + what + " " + theirs + ", this run has " + ours +
-                          "; resume with the same settings or use another --checkpoint DIR");
-  };
-  if (m.model != expect.model) mismatch("--model", m.model, expect.model);
-  if (m.workers != expect.workers) mismatch("--workers", std::to_string(m.workers), std::to_string(expect.workers));
-  if (m.batch != expect.batch) mismatch("--batch", std::to_string(m.batch), std::to_string(expect.batch));
-  if (m.seed != expect.seed) mismatch("--seed", std::to_string(m.seed), std::to_string(expect.seed));
-  if (m.trainLimit != expect.trainLimit) {
-    mismatch("--train-limit", std::to_string(m.trainLimit), std::to_string(expect.trainLimit));
-  }
-  try {
-    torch::serialize::InputArchive ma, oa;
-    ma.load_from((fs::path(path) / "model.pt").string());
-    module.load(ma);
-    oa.load_from((fs::path(path) / "optimizer.pt").string());
-    optimizer.load(oa);
+    torch::serialize::InputArchive modelArchive, optimizerArchive;
+    if (verified) {
+      // Both files are checked before either is loaded, so a damaged
+      // checkpoint leaves the module and optimizer as they were.
+      std::string modelBytes = readVerified(path, kDataFiles[0], j["files"]);
+      std::string optimizerBytes = readVerified(path, kDataFiles[1], j["files"]);
+      modelArchive.load_from(modelBytes.data(), modelBytes.size());
+      optimizerArchive.load_from(optimizerBytes.data(), optimizerBytes.size());
+    } else {
+      if (warnings) {
+        warnings->push_back("checkpoint " + path +
+                            " has no checksums (written by an older poseidon); resuming from it unverified");
+      }
+      modelArchive.load_from((fs::path(path) / kDataFiles[0]).string());
+      optimizerArchive.load_from((fs::path(path) / kDataFiles[1]).string());
+    }
+    module.load(modelArchive);
+    optimizer.load(optimizerArchive);
   } catch (const c10::Error& e) {
     throw InvalidArgument("cannot load checkpoint " + path + ": " + e.what_without_backtrace());
   }
   return m;
+}
+
+Resumed resumeFromNewest(const std::string& dir, const CheckpointMeta& expect, torch::nn::Module& module,
+                         torch::optim::Optimizer& optimizer) {
+  auto all = listComplete(dir);
+  std::vector<std::string> refused;
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    Resumed r;
+    std::vector<std::string> notes;
+    try {
+      r.meta = loadCheckpoint(it->second.string(), expect, module, optimizer, &notes);
+    } catch (const CheckpointDamaged& e) {
+      refused.push_back(e.what());
+      continue;
+    }
+    r.path = it->second.string();
+    for (const auto& why : refused) r.warnings.push_back(why + "; refused it, resuming from the older " + r.path);
+    r.warnings.insert(r.warnings.end(), notes.begin(), notes.end());
+    return r;
+  }
+  if (!refused.empty()) {
+    std::string all = refused[0];
+    for (size_t i = 1; i < refused.size(); ++i) all += "; " + refused[i];
+    throw InvalidArgument("no intact checkpoint in " + dir + ": " + all +
+                          "; remove the damaged checkpoints or use another --checkpoint DIR");
+  }
+  return {};
 }
 
 }  // namespace poseidon::pt

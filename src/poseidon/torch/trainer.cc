@@ -138,7 +138,7 @@ class RankRun {
  public:
   // Checks the options, seeds LibTorch, loads the data and builds the model and optimizer.
   RankRun(const TrainOptions& o, const RankEnv& env);
-  // Resumes from the newest complete checkpoint in --checkpoint, if any.
+  // Resumes from the newest intact checkpoint in --checkpoint, if any (warning about damaged newer ones).
   void resume();
   // Joins the job (unless --plain): the DistributedModel with this rank's options.
   void connect();
@@ -225,11 +225,17 @@ void RankRun::resume() {
   meta_.batch = o_.batch;
   meta_.seed = o_.seed;
   meta_.trainLimit = o_.trainLimit;
-  if (std::string path = newestCheckpoint(o_.checkpointDir); !path.empty()) {
-    startIteration_ = loadCheckpoint(path, meta_, *net_.module, *optimizer_).iteration;
+  // A damaged checkpoint (a file that fails its checksum) is skipped for the
+  // newest intact one; every rank decides alike from the same files.
+  Resumed r = resumeFromNewest(o_.checkpointDir, meta_, *net_.module, *optimizer_);
+  if (lead_) {
+    for (const auto& w : r.warnings) POSEIDON_LOG(kWarning) << w;
+  }
+  if (!r.path.empty()) {
+    startIteration_ = r.meta.iteration;
     checkpointIteration_ = startIteration_;
     if (lead_) {
-      std::printf("resuming from %s (iteration %lld: epoch %lld, step %lld)\n", path.c_str(),
+      std::printf("resuming from %s (iteration %lld: epoch %lld, step %lld)\n", r.path.c_str(),
                   static_cast<long long>(startIteration_), static_cast<long long>(startIteration_ / stepsPerEpoch_ + 1),
                   static_cast<long long>(startIteration_ % stepsPerEpoch_));
       std::fflush(stdout);

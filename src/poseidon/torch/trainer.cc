@@ -2,11 +2,16 @@
 
 #include <torch/torch.h>
 
+#include <fcntl.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -94,6 +99,42 @@ void validateOptions(const TrainOptions& o, int world) {
   if (o.plain && world != 1) throw InvalidArgument("--plain runs the plain LibTorch loop and needs --workers 1");
 }
 
+// Output paths are checked before the first step, by the rank that will write
+// there: a typo in --summary should cost seconds, not the whole run. Creating
+// (and removing) a file where the output goes is the one check that sees
+// everything: a missing directory, permissions, a read-only or full file system.
+void probeDirectory(const std::string& flag, const std::string& path, const std::filesystem::path& dir, int rank) {
+  std::filesystem::path probe = dir / strCat(".poseidon-probe-", rank, "-", ::getpid());
+  int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    throw InvalidArgument(strCat(flag, " ", path, ": cannot create files in ", dir.string(), ": ", std::strerror(errno)));
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
+void checkOutputFile(const std::string& flag, const std::string& path, int rank) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    throw InvalidArgument(strCat(flag, " ", path, ": is a directory, expected a file name"));
+  }
+  std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  probeDirectory(flag, path, dir.empty() ? std::filesystem::path(".") : dir, rank);
+}
+
+void checkOutputPaths(const TrainOptions& o, int rank) {
+  if (rank == 0 && !o.checkpointDir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(o.checkpointDir, ec);  // saveCheckpoint would create it anyway
+    if (ec) throw InvalidArgument(strCat("--checkpoint ", o.checkpointDir, ": cannot create it: ", ec.message()));
+    probeDirectory("--checkpoint", o.checkpointDir, o.checkpointDir, rank);
+  }
+  if (rank == 0 && !o.summaryPath.empty()) checkOutputFile("--summary", o.summaryPath, rank);
+  if (rank == 0 && !o.saveParamsPath.empty()) checkOutputFile("--save-params", o.saveParamsPath, rank);
+  // Every rank writes <trace>.rank<R> next to --trace (merged into it at the end).
+  if (!o.tracePath.empty()) checkOutputFile("--trace", o.tracePath, rank);
+}
+
 // LibTorch's intra-op threads: this machine's cores shared by its local workers, unless --threads.
 void setTorchThreads(const TrainOptions& o, int world) {
   const int localWorkers = std::max(1, std::min(world, static_cast<int>(std::thread::hardware_concurrency())));
@@ -136,7 +177,7 @@ struct EpochStats {
 // One rank's run. trainRank() calls the pieces in order; each does one thing.
 class RankRun {
  public:
-  // Checks the options, seeds LibTorch, loads the data and builds the model and optimizer.
+  // Checks the options and output paths, seeds LibTorch, loads the data and builds the model and optimizer.
   RankRun(const TrainOptions& o, const RankEnv& env);
   // Resumes from the newest intact checkpoint in --checkpoint, if any (warning about damaged newer ones).
   void resume();
@@ -199,6 +240,7 @@ RankRun::RankRun(const TrainOptions& o, const RankEnv& env)
     : o_(o), env_(env), rank_(env.rank), world_(env.worldSize), lead_(env.rank == 0) {
   setLogPrefix("rank " + std::to_string(rank_));
   validateOptions(o_, world_);
+  checkOutputPaths(o_, rank_);
   setTorchThreads(o_, world_);
   torch::manual_seed(static_cast<int64_t>(o_.seed));
 

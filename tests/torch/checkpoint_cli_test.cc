@@ -61,7 +61,8 @@ TEST(CheckpointCli, DiskFullFailsWithOneLineAndResumesFromTheOlderCheckpoint) {
   EXPECT_THAT(err, HasSubstr(".pt: No space left on device (the checkpoints already in " + ck + " are untouched)"));
   EXPECT_THAT(err, Not(HasSubstr("terminate called")));
   EXPECT_THAT(err, Not(HasSubstr("c10::Error")));
-  EXPECT_THAT(err, HasSubstr("poseidon train: rank 0 exited with code 1: poseidon train: error: cannot write checkpoint"));
+  EXPECT_THAT(err,
+              HasSubstr("poseidon train: rank 0 exited with code 1: poseidon train: error: cannot write checkpoint"));
   // The restart (docs/reliability.md): from the intact checkpoint at 5, into the same full disk.
   EXPECT_THAT(err, HasSubstr("restarting from the checkpoint at iteration 5"));
   EXPECT_THAT(full.stdoutText(), HasSubstr("resuming from " + ck + "/step-000000005 (iteration 5: "));

@@ -118,7 +118,8 @@ TEST(Checkpoint, EveryCheckpointDamagedIsRefusedNotRestarted) {
   testing::flipByte(five + "/model.pt", fs::file_size(five + "/model.pt") / 2);
   testing::flipByte(ten + "/optimizer.pt", fs::file_size(ten + "/optimizer.pt") / 2);
   TrainState other;
-  std::string m = messageOf([&] { pt::resumeFromNewest(dir.path + "/ck", job.meta, *other.net.module, other.optimizer); });
+  std::string m =
+      messageOf([&] { pt::resumeFromNewest(dir.path + "/ck", job.meta, *other.net.module, other.optimizer); });
   EXPECT_THAT(m, HasSubstr("no intact checkpoint in " + dir.path + "/ck"));
   EXPECT_THAT(m, HasSubstr("checkpoint " + ten + " is damaged: optimizer.pt"));
   EXPECT_THAT(m, HasSubstr("checkpoint " + five + " is damaged: model.pt"));

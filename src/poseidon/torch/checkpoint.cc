@@ -317,20 +317,22 @@ CheckpointMeta loadCheckpoint(const std::string& path, const CheckpointMeta& exp
   if (verified) verifyMeta(path, j);
   CheckpointMeta m = parseMeta(path, j);
   checkLayout(path, m, expect);
+  // Both files are checked before either is loaded, so a damaged checkpoint
+  // leaves the module and optimizer as they were.
+  std::string modelBytes, optimizerBytes;
+  if (verified) {
+    modelBytes = readVerified(path, kDataFiles[0], j["files"]);
+    optimizerBytes = readVerified(path, kDataFiles[1], j["files"]);
+  } else if (warnings) {
+    warnings->push_back("checkpoint " + path +
+                        " has no checksums (written by an older poseidon); resuming from it unverified");
+  }
   try {
     torch::serialize::InputArchive modelArchive, optimizerArchive;
     if (verified) {
-      // Both files are checked before either is loaded, so a damaged
-      // checkpoint leaves the module and optimizer as they were.
-      std::string modelBytes = readVerified(path, kDataFiles[0], j["files"]);
-      std::string optimizerBytes = readVerified(path, kDataFiles[1], j["files"]);
       modelArchive.load_from(modelBytes.data(), modelBytes.size());
       optimizerArchive.load_from(optimizerBytes.data(), optimizerBytes.size());
     } else {
-      if (warnings) {
-        warnings->push_back("checkpoint " + path +
-                            " has no checksums (written by an older poseidon); resuming from it unverified");
-      }
       modelArchive.load_from((fs::path(path) / kDataFiles[0]).string());
       optimizerArchive.load_from((fs::path(path) / kDataFiles[1]).string());
     }

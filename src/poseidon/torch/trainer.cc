@@ -107,7 +107,8 @@ void probeDirectory(const std::string& flag, const std::string& path, const std:
   std::filesystem::path probe = dir / strCat(".poseidon-probe-", rank, "-", ::getpid());
   int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) {
-    throw InvalidArgument(strCat(flag, " ", path, ": cannot create files in ", dir.string(), ": ", std::strerror(errno)));
+    throw InvalidArgument(
+        strCat(flag, " ", path, ": cannot create files in ", dir.string(), ": ", std::strerror(errno)));
   }
   ::close(fd);
   ::unlink(probe.c_str());
@@ -288,8 +289,8 @@ void RankRun::resume() {
 void RankRun::connect() {
   if (!o_.tracePath.empty()) tracer_ = std::make_unique<Tracer>(rank_);
   if (o_.plain) return;
-  dist_ = std::make_unique<DistributedModel>(net_.module, net_.name,
-                                             distributedOptions(o_, env_, startIteration_, tracer_.get()), net_.forward);
+  DistributedOptions d = distributedOptions(o_, env_, startIteration_, tracer_.get());
+  dist_ = std::make_unique<DistributedModel>(net_.module, net_.name, std::move(d), net_.forward);
 }
 
 void RankRun::printPlan() const {

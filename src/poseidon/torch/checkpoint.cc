@@ -1,15 +1,17 @@
 #include "poseidon/torch/checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
+#include <utility>
 #include <vector>
-
-#include "poseidon/common/error.h"
 
 namespace poseidon::pt {
 namespace fs = std::filesystem;
@@ -17,13 +19,222 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kPrefix = "step-";
+// The files meta.json's checksums cover (meta.json covers itself with meta_crc32).
+constexpr const char* kDataFiles[] = {"model.pt", "optimizer.pt"};
 
-void fsyncPath(const fs::path& p) {
-  int fd = ::open(p.c_str(), O_RDONLY);
-  if (fd < 0) throw IoError("cannot open " + p.string() + " to sync it");
-  int rc = ::fsync(fd);
+std::string hex32(uint32_t v) {
+  char b[16];
+  std::snprintf(b, sizeof b, "%08x", v);
+  return b;
+}
+
+uint32_t crcOf(const void* data, size_t n) {
+  return static_cast<uint32_t>(crc32_z(crc32_z(0, Z_NULL, 0), static_cast<const Bytef*>(data), n));
+}
+
+uint32_t crcOf(const std::string& s) { return crcOf(s.data(), s.size()); }
+
+// A failed write, by file and errno; saveCheckpoint turns it into one message.
+struct WriteFailure {
+  std::string file;
+  int error;
+};
+
+// One checkpoint file written with plain POSIX calls. write() never throws
+// and always reports success to its caller: torch's stream writer throws on a
+// short write and then throws again from its destructor during the unwinding,
+// which terminates the process (a full disk used to end in SIGABRT and a stack
+// dump). The first errno is kept instead, and commit() throws it once torch's
+// writer is gone. The CRC-32 is taken of exactly the bytes handed to write().
+class FileSink {
+ public:
+  explicit FileSink(fs::path path) : path_(std::move(path)) {
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) error_ = errno;
+  }
+  ~FileSink() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  FileSink(const FileSink&) = delete;
+  FileSink& operator=(const FileSink&) = delete;
+
+  size_t write(const void* data, size_t n) {
+    if (error_ != 0 || n == 0) return n;
+    if (data == nullptr) {
+      error_ = EINVAL;
+      return n;
+    }
+    crc_ = crc32_z(crc_, static_cast<const Bytef*>(data), n);
+    bytes_ += n;
+    const char* p = static_cast<const char*>(data);
+    for (size_t left = n; left > 0;) {
+      ssize_t w = ::write(fd_, p, left);
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) {
+        error_ = errno;
+        break;
+      }
+      p += w;
+      left -= static_cast<size_t>(w);
+    }
+    return n;
+  }
+
+  // fsync, then close, each checked: on filesystems that allocate late
+  // (delayed allocation, NFS) a full disk shows only there.
+  void commit() {
+    if (error_ == 0 && ::fsync(fd_) != 0) error_ = errno;
+    if (fd_ >= 0) {
+      int fd = fd_;
+      fd_ = -1;
+      if (::close(fd) != 0 && error_ == 0) error_ = errno;
+    }
+    if (error_ != 0) throw WriteFailure{path_.filename().string(), error_};
+  }
+
+  nlohmann::json entry() const { return {{"bytes", bytes_}, {"crc32", hex32(static_cast<uint32_t>(crc_))}}; }
+
+ private:
+  fs::path path_;
+  int fd_ = -1;
+  int error_ = 0;
+  uLong crc_ = crc32_z(0, Z_NULL, 0);
+  uint64_t bytes_ = 0;
+};
+
+nlohmann::json writeArchive(torch::serialize::OutputArchive& archive, const fs::path& path) {
+  FileSink sink(path);
+  archive.save_to([&sink](const void* data, size_t n) { return sink.write(data, n); });
+  sink.commit();
+  return sink.entry();
+}
+
+void writeText(const std::string& text, const fs::path& path) {
+  FileSink sink(path);
+  sink.write(text.data(), text.size());
+  sink.commit();
+}
+
+void syncDirectory(const fs::path& p) {
+  int fd = ::open(p.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw WriteFailure{p.string() + " (directory)", errno};
+  int rc = ::fsync(fd), error = errno;
   ::close(fd);
-  if (rc != 0) throw IoError("fsync failed on " + p.string());
+  if (rc != 0) throw WriteFailure{p.string() + " (directory)", error};
+}
+
+// meta.json: the job layout, each data file's size and CRC-32, and a CRC-32
+// of the rest of meta.json itself (over its compact dump, keys sorted), so a
+// changed digit in the iteration or a checksum is caught too.
+std::string metaText(const CheckpointMeta& meta, const nlohmann::json& files) {
+  nlohmann::json j = meta.toJson();
+  j["files"] = files;
+  j["meta_crc32"] = hex32(crcOf(j.dump()));
+  return j.dump(2) + "\n";
+}
+
+// Reads a whole file; returns 0 or the errno.
+int readWholeFile(const fs::path& p, std::string* out) {
+  int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno;
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    int e = errno;
+    ::close(fd);
+    return e;
+  }
+  out->resize(static_cast<size_t>(st.st_size));
+  size_t got = 0;
+  while (got < out->size()) {
+    ssize_t r = ::read(fd, out->data() + got, out->size() - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      int e = errno;
+      ::close(fd);
+      return e;
+    }
+    if (r == 0) break;
+    got += static_cast<size_t>(r);
+  }
+  out->resize(got);
+  ::close(fd);
+  return 0;
+}
+
+[[noreturn]] void damaged(const std::string& path, const std::string& what) {
+  throw CheckpointDamaged("checkpoint " + path + " is damaged: " + what);
+}
+
+nlohmann::json readMeta(const std::string& path) {
+  std::string text;
+  if (int e = readWholeFile(fs::path(path) / "meta.json", &text); e != 0) {
+    throw CheckpointDamaged("checkpoint " + path + " is unreadable: meta.json: " + std::strerror(e));
+  }
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    throw CheckpointDamaged("checkpoint " + path + " is unreadable: meta.json is not valid JSON");
+  }
+  return j;
+}
+
+// Checkpoints written before checksums have neither key; ours always both.
+bool hasChecksums(const nlohmann::json& j) { return j.contains("files") || j.contains("meta_crc32"); }
+
+void verifyMeta(const std::string& path, const nlohmann::json& j) {
+  if (!j.contains("meta_crc32") || !j["meta_crc32"].is_string() || !j.contains("files") || !j["files"].is_object()) {
+    damaged(path, "meta.json lacks its checksums");
+  }
+  nlohmann::json rest = j;
+  rest.erase("meta_crc32");
+  if (hex32(crcOf(rest.dump())) != j["meta_crc32"].get<std::string>()) {
+    damaged(path, "meta.json does not match its own checksum");
+  }
+}
+
+CheckpointMeta parseMeta(const std::string& path, const nlohmann::json& j) {
+  CheckpointMeta m;
+  try {
+    m.model = j.at("model").get<std::string>();
+    m.iteration = j.at("iteration").get<int64_t>();
+    m.workers = j.at("workers").get<int>();
+    m.batch = j.at("batch").get<int64_t>();
+    m.seed = j.at("seed").get<uint64_t>();
+    m.trainLimit = j.value("train_limit", int64_t{-1});
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointDamaged("checkpoint " + path + " is unreadable (meta.json: " + e.what() + ")");
+  }
+  return m;
+}
+
+void checkLayout(const std::string& path, const CheckpointMeta& m, const CheckpointMeta& expect) {
+  auto mismatch = [&](const std::string& what, const std::string& theirs, const std::string& ours) {
+    throw InvalidArgument("checkpoint " + path + " was written with " + what + " " + theirs + ", this run has " + ours +
+                          "; resume with the same settings or use another --checkpoint DIR");
+  };
+  if (m.model != expect.model) mismatch("--model", m.model, expect.model);
+  if (m.workers != expect.workers) mismatch("--workers", std::to_string(m.workers), std::to_string(expect.workers));
+  if (m.batch != expect.batch) mismatch("--batch", std::to_string(m.batch), std::to_string(expect.batch));
+  if (m.seed != expect.seed) mismatch("--seed", std::to_string(m.seed), std::to_string(expect.seed));
+  if (m.trainLimit != expect.trainLimit) {
+    mismatch("--train-limit", std::to_string(m.trainLimit), std::to_string(expect.trainLimit));
+  }
+}
+
+// The bytes of one data file, checked against its entry in meta.json.
+std::string readVerified(const std::string& path, const std::string& file, const nlohmann::json& files) {
+  if (!files.contains(file) || !files[file].is_object()) damaged(path, "meta.json has no checksum for " + file);
+  const nlohmann::json& entry = files[file];
+  std::string bytes;
+  if (int e = readWholeFile(fs::path(path) / file, &bytes); e != 0) damaged(path, file + ": " + std::strerror(e));
+  const uint64_t expectBytes = entry.value("bytes", uint64_t{0});
+  if (bytes.size() != expectBytes) {
+    damaged(path, strCat(file, " has ", bytes.size(), " bytes, meta.json says ", expectBytes));
+  }
+  const std::string crc = hex32(crcOf(bytes)), expectCrc = entry.value("crc32", std::string());
+  if (crc != expectCrc) {
+    damaged(path, file + " does not match its checksum in meta.json (CRC-32 " + crc + ", expected " + expectCrc + ")");
+  }
+  return bytes;
 }
 
 std::vector<std::pair<int64_t, fs::path>> listComplete(const std::string& dir) {
@@ -60,29 +271,36 @@ std::string saveCheckpoint(const std::string& dir, const CheckpointMeta& meta, t
   char name[64];
   std::snprintf(name, sizeof name, "%s%09lld", kPrefix, static_cast<long long>(meta.iteration));
   fs::path final = fs::path(dir) / name, tmp = fs::path(dir) / (std::string(name) + ".tmp");
+  // A failed checkpoint leaves nothing behind: its space goes back (on a full
+  // disk that is what the next try needs) and the older checkpoints stay the
+  // resume point.
+  auto fail = [&](const std::string& why) -> IoError {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    return IoError("cannot write checkpoint " + final.string() + ": " + why + " (the checkpoints already in " + dir +
+                   " are untouched)");
+  };
   try {
     fs::create_directories(dir);
     fs::remove_all(tmp);
     fs::create_directories(tmp);
-    torch::serialize::OutputArchive ma, oa;
-    module.save(ma);
-    ma.save_to((tmp / "model.pt").string());
-    optimizer.save(oa);
-    oa.save_to((tmp / "optimizer.pt").string());
-    {
-      std::ofstream f(tmp / "meta.json");
-      f << meta.toJson().dump(2) << "\n";
-      if (!f) throw IoError("cannot write " + (tmp / "meta.json").string());
-    }
-    for (const char* file : {"model.pt", "optimizer.pt", "meta.json"}) fsyncPath(tmp / file);
-    fsyncPath(tmp);
+    torch::serialize::OutputArchive modelArchive, optimizerArchive;
+    module.save(modelArchive);
+    optimizer.save(optimizerArchive);
+    nlohmann::json files;
+    files["model.pt"] = writeArchive(modelArchive, tmp / "model.pt");
+    files["optimizer.pt"] = writeArchive(optimizerArchive, tmp / "optimizer.pt");
+    writeText(metaText(meta, files), tmp / "meta.json");  // last: a directory with meta.json is complete
+    syncDirectory(tmp);
     fs::remove_all(final);
     fs::rename(tmp, final);
-    fsyncPath(dir);
+    syncDirectory(dir);
+  } catch (const WriteFailure& f) {
+    throw fail(f.file + ": " + std::strerror(f.error));
   } catch (const fs::filesystem_error& e) {
-    throw IoError(std::string("cannot write checkpoint in ") + dir + ": " + e.what());
+    throw fail(e.what());
   } catch (const c10::Error& e) {
-    throw IoError(std::string("cannot write checkpoint in ") + dir + ": " + e.what_without_backtrace());
+    throw fail(e.what_without_backtrace());
   }
   auto all = listComplete(dir);
   for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) {
@@ -93,44 +311,64 @@ std::string saveCheckpoint(const std::string& dir, const CheckpointMeta& meta, t
 }
 
 CheckpointMeta loadCheckpoint(const std::string& path, const CheckpointMeta& expect, torch::nn::Module& module,
-                              torch::optim::Optimizer& optimizer) {
-  std::ifstream mf(fs::path(path) / "meta.json");
-  nlohmann::json j = nlohmann::json::parse(mf, nullptr, false);
-  if (!mf || j.is_discarded() || !j.is_object()) {
-    throw InvalidArgument("checkpoint " + path + " is unreadable (bad meta.json); remove it or use another --checkpoint DIR");
-  }
-  CheckpointMeta m;
-  try {
-    m.model = j.at("model").get<std::string>();
-    m.iteration = j.at("iteration").get<int64_t>();
-    m.workers = j.at("workers").get<int>();
-    m.batch = j.at("batch").get<int64_t>();
-    m.seed = j.at("seed").get<uint64_t>();
-    m.trainLimit = j.value("train_limit", int64_t{-1});
-  } catch (const nlohmann::json::exception& e) {
-    throw InvalidArgument("checkpoint " + path + " is unreadable (meta.json: " + e.what() + ")");
-  }
-  auto mismatch = [&](const std::string& what, const std::string& theirs, const std::string& ours) {
-    throw InvalidArgument("checkpoint " + path + " was written with " + what + " " + theirs + ", this run has " + ours +
-                          "; resume with the same settings or use another --checkpoint DIR");
-  };
-  if (m.model != expect.model) mismatch("--model", m.model, expect.model);
-  if (m.workers != expect.workers) mismatch("--workers", std::to_string(m.workers), std::to_string(expect.workers));
-  if (m.batch != expect.batch) mismatch("--batch", std::to_string(m.batch), std::to_string(expect.batch));
-  if (m.seed != expect.seed) mismatch("--seed", std::to_string(m.seed), std::to_string(expect.seed));
-  if (m.trainLimit != expect.trainLimit) {
-    mismatch("--train-limit", std::to_string(m.trainLimit), std::to_string(expect.trainLimit));
+                              torch::optim::Optimizer& optimizer, std::vector<std::string>* warnings) {
+  nlohmann::json j = readMeta(path);
+  const bool verified = hasChecksums(j);
+  if (verified) verifyMeta(path, j);
+  CheckpointMeta m = parseMeta(path, j);
+  checkLayout(path, m, expect);
+  // Both files are checked before either is loaded, so a damaged checkpoint
+  // leaves the module and optimizer as they were.
+  std::string modelBytes, optimizerBytes;
+  if (verified) {
+    modelBytes = readVerified(path, kDataFiles[0], j["files"]);
+    optimizerBytes = readVerified(path, kDataFiles[1], j["files"]);
+  } else if (warnings) {
+    warnings->push_back("checkpoint " + path +
+                        " has no checksums (written by an older poseidon); resuming from it unverified");
   }
   try {
-    torch::serialize::InputArchive ma, oa;
-    ma.load_from((fs::path(path) / "model.pt").string());
-    module.load(ma);
-    oa.load_from((fs::path(path) / "optimizer.pt").string());
-    optimizer.load(oa);
+    torch::serialize::InputArchive modelArchive, optimizerArchive;
+    if (verified) {
+      modelArchive.load_from(modelBytes.data(), modelBytes.size());
+      optimizerArchive.load_from(optimizerBytes.data(), optimizerBytes.size());
+    } else {
+      modelArchive.load_from((fs::path(path) / kDataFiles[0]).string());
+      optimizerArchive.load_from((fs::path(path) / kDataFiles[1]).string());
+    }
+    module.load(modelArchive);
+    optimizer.load(optimizerArchive);
   } catch (const c10::Error& e) {
     throw InvalidArgument("cannot load checkpoint " + path + ": " + e.what_without_backtrace());
   }
   return m;
+}
+
+Resumed resumeFromNewest(const std::string& dir, const CheckpointMeta& expect, torch::nn::Module& module,
+                         torch::optim::Optimizer& optimizer) {
+  auto all = listComplete(dir);
+  std::vector<std::string> refused;
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    Resumed r;
+    std::vector<std::string> notes;
+    try {
+      r.meta = loadCheckpoint(it->second.string(), expect, module, optimizer, &notes);
+    } catch (const CheckpointDamaged& e) {
+      refused.push_back(e.what());
+      continue;
+    }
+    r.path = it->second.string();
+    for (const auto& why : refused) r.warnings.push_back(why + "; refused it, resuming from the older " + r.path);
+    r.warnings.insert(r.warnings.end(), notes.begin(), notes.end());
+    return r;
+  }
+  if (!refused.empty()) {
+    std::string all = refused[0];
+    for (size_t i = 1; i < refused.size(); ++i) all += "; " + refused[i];
+    throw InvalidArgument("no intact checkpoint in " + dir + ": " + all +
+                          "; remove the damaged checkpoints or use another --checkpoint DIR");
+  }
+  return {};
 }
 
 }  // namespace poseidon::pt

@@ -2,13 +2,19 @@
 
 #include <torch/torch.h>
 
+#include <fcntl.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -84,281 +90,445 @@ void writeProgress(const std::string& path, int64_t iteration, int64_t checkpoin
   }
 }
 
-}  // namespace
-
-int trainRank(const TrainOptions& o, const RankEnv& env) {
-  const auto wallStart = Clock::now();
-  const int rank = env.rank, world = env.worldSize;
-  const bool lead = rank == 0;
-  setLogPrefix("rank " + std::to_string(rank));
+// Option values no rank can train with (the CLI checks the launcher-level ones).
+void validateOptions(const TrainOptions& o, int world) {
   if (o.batch < 1) throw InvalidArgument(strCat("--batch must be at least 1, got ", o.batch));
   if (o.epochs < 1) throw InvalidArgument(strCat("--epochs must be at least 1, got ", o.epochs));
   if (!(o.lr > 0)) throw InvalidArgument(strCat("--lr must be positive, got ", o.lr));
   if (o.momentum < 0 || o.momentum >= 1) throw InvalidArgument(strCat("--momentum must be in [0, 1), got ", o.momentum));
   if (o.plain && world != 1) throw InvalidArgument("--plain runs the plain LibTorch loop and needs --workers 1");
+}
 
+// Output paths are checked before the first step, by the rank that will write
+// there: a typo in --summary should cost seconds, not the whole run. Creating
+// (and removing) a file where the output goes is the one check that sees
+// everything: a missing directory, permissions, a read-only or full file system.
+void probeDirectory(const std::string& flag, const std::string& path, const std::filesystem::path& dir, int rank) {
+  std::filesystem::path probe = dir / strCat(".poseidon-probe-", rank, "-", ::getpid());
+  int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    throw InvalidArgument(
+        strCat(flag, " ", path, ": cannot create files in ", dir.string(), ": ", std::strerror(errno)));
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
+void checkOutputFile(const std::string& flag, const std::string& path, int rank) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    throw InvalidArgument(strCat(flag, " ", path, ": is a directory, expected a file name"));
+  }
+  std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  probeDirectory(flag, path, dir.empty() ? std::filesystem::path(".") : dir, rank);
+}
+
+void checkOutputPaths(const TrainOptions& o, int rank) {
+  if (rank == 0 && !o.checkpointDir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(o.checkpointDir, ec);  // saveCheckpoint would create it anyway
+    if (ec) throw InvalidArgument(strCat("--checkpoint ", o.checkpointDir, ": cannot create it: ", ec.message()));
+    probeDirectory("--checkpoint", o.checkpointDir, o.checkpointDir, rank);
+  }
+  if (rank == 0 && !o.summaryPath.empty()) checkOutputFile("--summary", o.summaryPath, rank);
+  if (rank == 0 && !o.saveParamsPath.empty()) checkOutputFile("--save-params", o.saveParamsPath, rank);
+  // Every rank writes <trace>.rank<R> next to --trace (merged into it at the end).
+  if (!o.tracePath.empty()) checkOutputFile("--trace", o.tracePath, rank);
+}
+
+// LibTorch's intra-op threads: this machine's cores shared by its local workers, unless --threads.
+void setTorchThreads(const TrainOptions& o, int world) {
   const int localWorkers = std::max(1, std::min(world, static_cast<int>(std::thread::hardware_concurrency())));
   int threads = o.threads > 0 ? o.threads
                               : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / localWorkers);
   torch::set_num_threads(threads);
-  torch::manual_seed(static_cast<int64_t>(o.seed));
+}
 
-  const std::string dataDir = o.dataDir.empty() ? data::kDefaultFashionMnistDir : o.dataDir;
-  data::Dataset train = data::loadFashionMnist(dataDir, true);
-  data::Dataset test = data::loadFashionMnist(dataDir, false);
-  if (o.trainLimit > 0 && o.trainLimit < train.count) train.count = o.trainLimit;
+DistributedOptions distributedOptions(const TrainOptions& o, const RankEnv& env, int64_t startIteration,
+                                      Tracer* tracer) {
+  DistributedOptions d;
+  d.node.rank = env.rank;
+  d.node.worldSize = env.worldSize;
+  d.node.masterAddr = resolveHost(env.masterAddr);
+  d.node.masterPort = env.masterPort;
+  d.node.bindHost = o.bindHost.empty() ? localAddressToward(d.node.masterAddr) : o.bindHost;
+  d.node.timeout = std::chrono::milliseconds(o.timeoutMs);
+  d.node.threads = o.syncThreads;
+  d.node.settings.batch = o.batch;
+  d.node.settings.pairBytes = o.pairBytes;
+  d.node.settings.policy = o.scheme;
+  d.node.settings.startIteration = startIteration;
+  d.node.tracer = tracer;
+  d.node.secret = o.secret;
+  d.node.settings.dropStragglers = o.dropStragglers;
+  d.node.settings.stragglerTimeoutMs = o.stragglerTimeoutMs;
+  d.overlap = o.overlap;
+  return d;
+}
 
-  AnyNet net = makeModel(o.model);
-  torch::optim::SGD optimizer(net.module->parameters(), torch::optim::SGDOptions(o.lr).momentum(o.momentum));
+// Loss and throughput of one epoch, as the progress lines and the summary report them.
+struct EpochStats {
+  Clock::time_point start;
+  double lossSum = 0;
+  int64_t lossCount = 0;
+  int64_t images = 0;  // over all ranks
+  double meanLoss() const { return lossSum / std::max<int64_t>(lossCount, 1); }
+};
 
-  const int64_t perRank = (train.count + world - 1) / world;
-  const int64_t stepsPerEpoch = (perRank + o.batch - 1) / o.batch;
+// One rank's run. trainRank() calls the pieces in order; each does one thing.
+class RankRun {
+ public:
+  // Checks the options and output paths, seeds LibTorch, loads the data and builds the model and optimizer.
+  RankRun(const TrainOptions& o, const RankEnv& env);
+  // Resumes from the newest intact checkpoint in --checkpoint, if any (warning about damaged newer ones).
+  void resume();
+  // Joins the job (unless --plain): the DistributedModel with this rank's options.
+  void connect();
+  // Rank 0: the job line and the per-layer plan.
+  void printPlan() const;
+  // The epoch loop: trains, evaluates after every epoch, checkpoints.
+  void train();
+  // Straggler drops and bytes on the wire over all ranks (collectives: every rank calls it).
+  void reportTraffic();
+  // Rank 0: final accuracy, throughput and wall time.
+  void printResult() const;
+  // --save-params, the trace of this rank, --summary.
+  void writeOutputs() const;
+  void finish() {
+    if (dist_) dist_->finish();
+  }
 
-  // Resume from the newest complete checkpoint. Every rank reads it (the
-  // directory must be visible to all ranks); the rendezvous then checks that
-  // all ranks resume at the same iteration.
-  CheckpointMeta meta;
-  meta.model = o.model;
-  meta.workers = world;
-  meta.batch = o.batch;
-  meta.seed = o.seed;
-  meta.trainLimit = o.trainLimit;
-  int64_t startIteration = 0, checkpointIteration = -1;
-  if (std::string path = newestCheckpoint(o.checkpointDir); !path.empty()) {
-    startIteration = loadCheckpoint(path, meta, *net.module, optimizer).iteration;
-    checkpointIteration = startIteration;
-    if (lead) {
-      std::printf("resuming from %s (iteration %lld: epoch %lld, step %lld)\n", path.c_str(),
-                  static_cast<long long>(startIteration), static_cast<long long>(startIteration / stepsPerEpoch + 1),
-                  static_cast<long long>(startIteration % stepsPerEpoch));
+ private:
+  // Returns true when --max-steps was reached inside the epoch.
+  bool trainEpoch(int epoch, EpochStats& stats);
+  // One SGD step on batch [b, e) of idx; adds its loss and images to stats.
+  void trainStep(const std::vector<int64_t>& idx, size_t b, size_t e, EpochStats& stats);
+  int startEpoch() const { return static_cast<int>(startIteration_ / stepsPerEpoch_); }
+  void injectFault() const;
+  void printProgress(int epoch, int64_t s, const EpochStats& stats, int& nextReport) const;
+  // Test accuracy over all ranks' shards of the test set.
+  double evaluate();
+  void checkpoint(int64_t iteration);
+  void reportStragglers();
+  double imagesPerSecond() const { return trainSeconds_ > 0 ? images_ / trainSeconds_ : 0; }
+  void saveParams() const;
+  nlohmann::json summaryJson() const;
+
+  const TrainOptions& o_;
+  const RankEnv& env_;
+  const Clock::time_point wallStart_ = Clock::now();
+  const int rank_, world_;
+  const bool lead_;
+  data::Dataset train_, test_;
+  AnyNet net_;
+  std::unique_ptr<torch::optim::SGD> optimizer_;
+  int64_t stepsPerEpoch_ = 0;
+  CheckpointMeta meta_;
+  int64_t startIteration_ = 0, checkpointIteration_ = -1;
+  std::unique_ptr<Tracer> tracer_;
+  std::unique_ptr<DistributedModel> dist_;
+  // Results of the epoch loop.
+  nlohmann::json epochsJson_ = nlohmann::json::array();
+  double accuracy_ = 0, trainSeconds_ = 0;
+  int64_t steps_ = 0, images_ = 0, iteration_ = 0;
+  bool stop_ = false;
+  // Results of reportTraffic().
+  double psBytes_ = 0, sfbBytes_ = 0, predictedPs_ = 0, predictedSfb_ = 0;
+  std::vector<double> dropped_, skipped_;
+};
+
+RankRun::RankRun(const TrainOptions& o, const RankEnv& env)
+    : o_(o), env_(env), rank_(env.rank), world_(env.worldSize), lead_(env.rank == 0) {
+  setLogPrefix("rank " + std::to_string(rank_));
+  validateOptions(o_, world_);
+  checkOutputPaths(o_, rank_);
+  setTorchThreads(o_, world_);
+  torch::manual_seed(static_cast<int64_t>(o_.seed));
+
+  const std::string dataDir = o_.dataDir.empty() ? data::kDefaultFashionMnistDir : o_.dataDir;
+  train_ = data::loadFashionMnist(dataDir, true);
+  test_ = data::loadFashionMnist(dataDir, false);
+  if (o_.trainLimit > 0 && o_.trainLimit < train_.count) train_.count = o_.trainLimit;
+
+  net_ = makeModel(o_.model);
+  optimizer_ = std::make_unique<torch::optim::SGD>(net_.module->parameters(),
+                                                   torch::optim::SGDOptions(o_.lr).momentum(o_.momentum));
+
+  const int64_t perRank = (train_.count + world_ - 1) / world_;
+  stepsPerEpoch_ = (perRank + o_.batch - 1) / o_.batch;
+  dropped_.assign(world_, 0.0);
+  skipped_.assign(world_, 0.0);
+}
+
+void RankRun::resume() {
+  // Every rank reads the checkpoint (the directory must be visible to all
+  // ranks); the rendezvous then checks that all ranks resume at the same iteration.
+  meta_.model = o_.model;
+  meta_.workers = world_;
+  meta_.batch = o_.batch;
+  meta_.seed = o_.seed;
+  meta_.trainLimit = o_.trainLimit;
+  // A damaged checkpoint (a file that fails its checksum) is skipped for the
+  // newest intact one; every rank decides alike from the same files.
+  Resumed r = resumeFromNewest(o_.checkpointDir, meta_, *net_.module, *optimizer_);
+  if (lead_) {
+    for (const auto& w : r.warnings) POSEIDON_LOG(kWarning) << w;
+  }
+  if (!r.path.empty()) {
+    startIteration_ = r.meta.iteration;
+    checkpointIteration_ = startIteration_;
+    if (lead_) {
+      std::printf("resuming from %s (iteration %lld: epoch %lld, step %lld)\n", r.path.c_str(),
+                  static_cast<long long>(startIteration_), static_cast<long long>(startIteration_ / stepsPerEpoch_ + 1),
+                  static_cast<long long>(startIteration_ % stepsPerEpoch_));
       std::fflush(stdout);
     }
   }
-  const int startEpoch = static_cast<int>(startIteration / stepsPerEpoch);
-  auto checkpoint = [&](int64_t iteration) {
-    if (!lead || o.checkpointDir.empty()) return;
-    meta.iteration = iteration;
-    saveCheckpoint(o.checkpointDir, meta, *net.module, optimizer);
-    checkpointIteration = iteration;
-  };
+}
 
-  std::unique_ptr<Tracer> tracer;
-  if (!o.tracePath.empty()) tracer = std::make_unique<Tracer>(rank);
+void RankRun::connect() {
+  if (!o_.tracePath.empty()) tracer_ = std::make_unique<Tracer>(rank_);
+  if (o_.plain) return;
+  DistributedOptions d = distributedOptions(o_, env_, startIteration_, tracer_.get());
+  dist_ = std::make_unique<DistributedModel>(net_.module, net_.name, std::move(d), net_.forward);
+}
 
-  std::unique_ptr<DistributedModel> dist;
-  if (!o.plain) {
-    DistributedOptions d;
-    d.node.rank = rank;
-    d.node.worldSize = world;
-    d.node.masterAddr = resolveHost(env.masterAddr);
-    d.node.masterPort = env.masterPort;
-    d.node.bindHost = o.bindHost.empty() ? localAddressToward(d.node.masterAddr) : o.bindHost;
-    d.node.timeout = std::chrono::milliseconds(o.timeoutMs);
-    d.node.threads = o.syncThreads;
-    d.node.settings.batch = o.batch;
-    d.node.settings.pairBytes = o.pairBytes;
-    d.node.settings.policy = o.scheme;
-    d.node.settings.startIteration = startIteration;
-    d.node.tracer = tracer.get();
-    d.node.secret = o.secret;
-    d.node.settings.dropStragglers = o.dropStragglers;
-    d.node.settings.stragglerTimeoutMs = o.stragglerTimeoutMs;
-    d.overlap = o.overlap;
-    dist = std::make_unique<DistributedModel>(net.module, net.name, d, net.forward);
+void RankRun::printPlan() const {
+  if (!lead_) return;
+  ModelDesc desc = describeModule(*net_.module, net_.name);
+  std::printf("poseidon train: %s (%lld params) on Fashion-MNIST, %d worker%s x batch %lld, %d epochs, lr %g, "
+              "momentum %g, scheme %s%s\n",
+              net_.name.c_str(), static_cast<long long>(desc.numel()), world_, world_ > 1 ? "s" : "",
+              static_cast<long long>(o_.batch), o_.epochs, o_.lr, o_.momentum, schemePolicyName(o_.scheme),
+              o_.plain ? ", plain LibTorch (no Poseidon)" : (o_.overlap ? ", wait-free backprop" : ", no overlap"));
+  if (dist_) {
+    std::printf("\n%-8s %-5s %-12s %-6s %16s\n", "layer", "type", "shape", "scheme", "floats/iter/node");
+    for (const auto& p : dist_->plan(o_.batch)) {
+      std::printf("%-8s %-5s %-12s %-6s %16.0f\n", p.name.c_str(), layerTypeName(p.type), p.shape.c_str(),
+                  world_ == 1 ? "local" : schemeName(p.scheme), world_ == 1 ? 0.0 : p.floatsPerIteration);
+    }
+    std::printf("\n");
   }
+  std::fflush(stdout);
+}
 
-  if (lead) {
-    ModelDesc desc = describeModule(*net.module, net.name);
-    std::printf("poseidon train: %s (%lld params) on Fashion-MNIST, %d worker%s x batch %lld, %d epochs, lr %g, "
-                "momentum %g, scheme %s%s\n",
-                net.name.c_str(), static_cast<long long>(desc.numel()), world, world > 1 ? "s" : "",
-                static_cast<long long>(o.batch), o.epochs, o.lr, o.momentum, schemePolicyName(o.scheme),
-                o.plain ? ", plain LibTorch (no Poseidon)" : (o.overlap ? ", wait-free backprop" : ", no overlap"));
-    if (dist) {
-      std::printf("\n%-8s %-5s %-12s %-6s %16s\n", "layer", "type", "shape", "scheme", "floats/iter/node");
-      for (const auto& p : dist->plan(o.batch)) {
-        std::printf("%-8s %-5s %-12s %-6s %16.0f\n", p.name.c_str(), layerTypeName(p.type), p.shape.c_str(),
-                    world == 1 ? "local" : schemeName(p.scheme), world == 1 ? 0.0 : p.floatsPerIteration);
-      }
-      std::printf("\n");
-    }
-    std::fflush(stdout);
+double RankRun::evaluate() {
+  torch::NoGradGuard guard;
+  net_.module->eval();
+  int64_t correct = 0, seen = 0;
+  std::vector<int64_t> idx = data::shardIndices(test_.count, world_, rank_, 0, 0, /*shuffle=*/false);
+  // Padding repeats a few samples on the last ranks; count each sample once.
+  size_t limit = std::min<size_t>(idx.size(), static_cast<size_t>((test_.count - rank_ + world_ - 1) / world_));
+  for (size_t b = 0; b < limit; b += 500) {
+    size_t e = std::min(limit, b + 500);
+    auto pred = net_.forward(batchImages(test_, idx, b, e)).argmax(1);
+    correct += pred.eq(batchLabels(test_, idx, b, e)).sum().item<int64_t>();
+    seen += static_cast<int64_t>(e - b);
   }
+  net_.module->train();
+  if (!dist_) return static_cast<double>(correct) / static_cast<double>(seen);
+  auto total = allSum(dist_->node(), {static_cast<double>(correct), static_cast<double>(seen)});
+  return total[0] / total[1];
+}
 
-  auto evaluate = [&]() -> double {
-    torch::NoGradGuard guard;
-    net.module->eval();
-    int64_t correct = 0, seen = 0;
-    std::vector<int64_t> idx = data::shardIndices(test.count, world, rank, 0, 0, /*shuffle=*/false);
-    // Padding repeats a few samples on the last ranks; count each sample once.
-    size_t limit = std::min<size_t>(idx.size(), static_cast<size_t>((test.count - rank + world - 1) / world));
-    for (size_t b = 0; b < limit; b += 500) {
-      size_t e = std::min(limit, b + 500);
-      auto pred = net.forward(batchImages(test, idx, b, e)).argmax(1);
-      correct += pred.eq(batchLabels(test, idx, b, e)).sum().item<int64_t>();
-      seen += static_cast<int64_t>(e - b);
-    }
-    net.module->train();
-    if (!dist) return static_cast<double>(correct) / static_cast<double>(seen);
-    auto total = allSum(dist->node(), {static_cast<double>(correct), static_cast<double>(seen)});
-    return total[0] / total[1];
-  };
+void RankRun::checkpoint(int64_t iteration) {
+  if (!lead_ || o_.checkpointDir.empty()) return;
+  // Reported first, so that a restart after a failed save (a full disk) counts this iteration as lost.
+  writeProgress(o_.progressPath, iteration, checkpointIteration_);
+  meta_.iteration = iteration;
+  saveCheckpoint(o_.checkpointDir, meta_, *net_.module, *optimizer_);
+  checkpointIteration_ = iteration;
+}
 
-  nlohmann::json epochsJson = nlohmann::json::array();
-  double accuracy = 0, trainSeconds = 0;
-  int64_t steps = 0, images = 0, iteration = startIteration;
-  bool stop = o.maxSteps > 0 && iteration >= o.maxSteps;
-  net.module->train();
-  for (int epoch = startEpoch; epoch < o.epochs && !stop; ++epoch) {
-    std::vector<int64_t> idx = data::shardIndices(train.count, world, rank, o.seed, epoch);
-    auto epochStart = Clock::now();
-    double lossSum = 0;
-    int64_t lossCount = 0, epochImages = 0;
-    int nextReport = 1;
-    const int64_t firstStep = epoch == startEpoch ? startIteration % stepsPerEpoch : 0;
-    for (int64_t s = firstStep; s < stepsPerEpoch; ++s) {
-      if (rank == o.faultRank && iteration == o.faultStep && o.restartCount == 0) {
-        std::fprintf(stderr, "rank %d: fault injection (POSEIDON_FAULT): signal %d at iteration %lld\n", rank,
-                     o.faultSignal, static_cast<long long>(iteration));
-        std::fflush(stderr);
-        raise(o.faultSignal);
-      }
-      size_t b = static_cast<size_t>(s * o.batch), e = std::min(idx.size(), b + static_cast<size_t>(o.batch));
-      optimizer.zero_grad();
-      if (dist && dist->skipIfBehind(optimizer)) {
-        // A straggler: the others finished this iteration without us.
-        epochImages += static_cast<int64_t>(e - b) * world;
-      } else {
-        auto stepStart = Clock::now();
-        torch::Tensor x = batchImages(train, idx, b, e), y = batchLabels(train, idx, b, e);
-        torch::Tensor out = dist ? dist->forward(x) : net.forward(x);
-        torch::Tensor loss = torch::nll_loss(torch::log_softmax(out, 1), y);
-        loss.backward();
-        if (rank == o.slowRank && o.slowFactor > 1) {
-          std::this_thread::sleep_for(std::chrono::duration<double>(secondsSince(stepStart) * (o.slowFactor - 1)));
-        }
-        if (dist) dist->step(optimizer);
-        else optimizer.step();
-        lossSum += loss.item<double>();
-        ++lossCount;
-        epochImages += static_cast<int64_t>(e - b) * world;
-      }
-      ++steps;
-      ++iteration;
-      if (o.checkpointEvery > 0 && iteration % o.checkpointEvery == 0) checkpoint(iteration);
-      if (lead) writeProgress(o.progressPath, iteration, checkpointIteration);
-      if (o.maxSteps > 0 && iteration >= o.maxSteps) {
-        stop = true;
-        break;
-      }
-      if (lead && !o.quiet && (s + 1) * 10 >= nextReport * stepsPerEpoch) {
-        int pct = static_cast<int>(100 * (s + 1) / stepsPerEpoch);
-        std::string bar(static_cast<size_t>(pct / 5), '#');
-        bar.resize(20, '.');
-        std::printf("epoch %d/%d [%s] %3d%%  loss %.4f  %.0f img/s\n", epoch + 1, o.epochs, bar.c_str(), pct,
-                    lossSum / lossCount, epochImages / secondsSince(epochStart));
-        std::fflush(stdout);
-        while (nextReport * stepsPerEpoch <= (s + 1) * 10) ++nextReport;
-      }
-    }
-    double epochSeconds = secondsSince(epochStart);
-    trainSeconds += epochSeconds;
-    images += epochImages;
-    accuracy = evaluate();
-    if (lead) {
-      std::printf("epoch %d/%d done in %.1f s: train loss %.4f, test accuracy %.2f%%\n", epoch + 1, o.epochs,
-                  epochSeconds, lossSum / std::max<int64_t>(lossCount, 1), 100 * accuracy);
+void RankRun::train() {
+  iteration_ = startIteration_;
+  stop_ = o_.maxSteps > 0 && iteration_ >= o_.maxSteps;
+  net_.module->train();
+  for (int epoch = startEpoch(); epoch < o_.epochs && !stop_; ++epoch) {
+    EpochStats stats;
+    stop_ = trainEpoch(epoch, stats);
+    double epochSeconds = secondsSince(stats.start);
+    trainSeconds_ += epochSeconds;
+    images_ += stats.images;
+    accuracy_ = evaluate();
+    if (lead_) {
+      std::printf("epoch %d/%d done in %.1f s: train loss %.4f, test accuracy %.2f%%\n", epoch + 1, o_.epochs,
+                  epochSeconds, stats.meanLoss(), 100 * accuracy_);
       std::fflush(stdout);
     }
-    epochsJson.push_back({{"epoch", epoch + 1}, {"train_loss", lossSum / std::max<int64_t>(lossCount, 1)},
-                          {"test_accuracy", accuracy}, {"seconds", epochSeconds}});
+    epochsJson_.push_back({{"epoch", epoch + 1}, {"train_loss", stats.meanLoss()},
+                           {"test_accuracy", accuracy_}, {"seconds", epochSeconds}});
     // Per-epoch checkpoints, unless --checkpoint-every already took this one.
-    if (!stop && o.checkpointEvery <= 0) checkpoint(iteration);
+    if (!stop_ && o_.checkpointEvery <= 0) checkpoint(iteration_);
   }
+}
 
+bool RankRun::trainEpoch(int epoch, EpochStats& stats) {
+  std::vector<int64_t> idx = data::shardIndices(train_.count, world_, rank_, o_.seed, epoch);
+  stats.start = Clock::now();
+  int nextReport = 1;
+  const int64_t firstStep = epoch == startEpoch() ? startIteration_ % stepsPerEpoch_ : 0;
+  for (int64_t s = firstStep; s < stepsPerEpoch_; ++s) {
+    injectFault();
+    size_t b = static_cast<size_t>(s * o_.batch), e = std::min(idx.size(), b + static_cast<size_t>(o_.batch));
+    trainStep(idx, b, e, stats);
+    ++steps_;
+    ++iteration_;
+    if (o_.checkpointEvery > 0 && iteration_ % o_.checkpointEvery == 0) checkpoint(iteration_);
+    if (lead_) writeProgress(o_.progressPath, iteration_, checkpointIteration_);
+    if (o_.maxSteps > 0 && iteration_ >= o_.maxSteps) return true;
+    printProgress(epoch, s, stats, nextReport);
+  }
+  return false;
+}
+
+void RankRun::injectFault() const {
+  if (rank_ != o_.faultRank || iteration_ != o_.faultStep || o_.restartCount != 0) return;
+  std::fprintf(stderr, "rank %d: fault injection (POSEIDON_FAULT): signal %d at iteration %lld\n", rank_,
+               o_.faultSignal, static_cast<long long>(iteration_));
+  std::fflush(stderr);
+  raise(o_.faultSignal);
+}
+
+void RankRun::trainStep(const std::vector<int64_t>& idx, size_t b, size_t e, EpochStats& stats) {
+  optimizer_->zero_grad();
+  if (dist_ && dist_->skipIfBehind(*optimizer_)) {
+    // A straggler: the others finished this iteration without us.
+    stats.images += static_cast<int64_t>(e - b) * world_;
+    return;
+  }
+  auto stepStart = Clock::now();
+  torch::Tensor x = batchImages(train_, idx, b, e), y = batchLabels(train_, idx, b, e);
+  torch::Tensor out = dist_ ? dist_->forward(x) : net_.forward(x);
+  torch::Tensor loss = torch::nll_loss(torch::log_softmax(out, 1), y);
+  loss.backward();
+  if (rank_ == o_.slowRank && o_.slowFactor > 1) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(secondsSince(stepStart) * (o_.slowFactor - 1)));
+  }
+  if (dist_) dist_->step(*optimizer_);
+  else optimizer_->step();
+  stats.lossSum += loss.item<double>();
+  ++stats.lossCount;
+  stats.images += static_cast<int64_t>(e - b) * world_;
+}
+
+// A progress line at every tenth of the epoch (rank 0, unless --quiet).
+void RankRun::printProgress(int epoch, int64_t s, const EpochStats& stats, int& nextReport) const {
+  if (!lead_ || o_.quiet || (s + 1) * 10 < nextReport * stepsPerEpoch_) return;
+  int pct = static_cast<int>(100 * (s + 1) / stepsPerEpoch_);
+  std::string bar(static_cast<size_t>(pct / 5), '#');
+  bar.resize(20, '.');
+  std::printf("epoch %d/%d [%s] %3d%%  loss %.4f  %.0f img/s\n", epoch + 1, o_.epochs, bar.c_str(), pct,
+              stats.lossSum / stats.lossCount, stats.images / secondsSince(stats.start));
+  std::fflush(stdout);
+  while (nextReport * stepsPerEpoch_ <= (s + 1) * 10) ++nextReport;
+}
+
+void RankRun::reportStragglers() {
+  if (!dist_ || o_.dropStragglers <= 0) return;
+  std::vector<double> mine(2 * world_, 0.0);
+  mine[rank_] = static_cast<double>(dist_->node().droppedContributions());
+  mine[world_ + rank_] = static_cast<double>(dist_->node().skippedIterations());
+  auto all = allSum(dist_->node(), mine);
+  for (int r = 0; r < world_; ++r) {
+    dropped_[r] = all[r];
+    skipped_[r] = all[world_ + r];
+  }
+  if (lead_) {
+    std::printf("straggler dropping: dropped layer contributions per rank [");
+    for (int r = 0; r < world_; ++r) std::printf("%s%.0f", r ? ", " : "", dropped_[r]);
+    std::printf("], skipped iterations per rank [");
+    for (int r = 0; r < world_; ++r) std::printf("%s%.0f", r ? ", " : "", skipped_[r]);
+    std::printf("]\n");
+  }
+}
+
+void RankRun::reportTraffic() {
+  reportStragglers();
+  if (!dist_) return;
   // Traffic over all ranks, against Table 1's prediction.
-  double psBytes = 0, sfbBytes = 0, predictedPs = 0, predictedSfb = 0;
-  std::vector<double> dropped(world, 0.0), skipped(world, 0.0);
-  if (dist && o.dropStragglers > 0) {
-    std::vector<double> mine(2 * world, 0.0);
-    mine[rank] = static_cast<double>(dist->node().droppedContributions());
-    mine[world + rank] = static_cast<double>(dist->node().skippedIterations());
-    auto all = allSum(dist->node(), mine);
-    for (int r = 0; r < world; ++r) {
-      dropped[r] = all[r];
-      skipped[r] = all[world + r];
-    }
-    if (lead) {
-      std::printf("straggler dropping: dropped layer contributions per rank [");
-      for (int r = 0; r < world; ++r) std::printf("%s%.0f", r ? ", " : "", dropped[r]);
-      std::printf("], skipped iterations per rank [");
-      for (int r = 0; r < world; ++r) std::printf("%s%.0f", r ? ", " : "", skipped[r]);
-      std::printf("]\n");
-    }
+  Node& node = dist_->node();
+  TrafficTotals ps = node.counters().total(TrafficKind::kPS), sfb = node.counters().total(TrafficKind::kSFB);
+  auto pred = dist_->predictedFloats();
+  auto total = allSum(node, {double(ps.bytesSent), double(sfb.bytesSent), double(ps.bytesSent + ps.bytesReceived),
+                             double(sfb.bytesSent + sfb.bytesReceived), pred.first * 4, pred.second * 4});
+  psBytes_ = total[0];
+  sfbBytes_ = total[1];
+  predictedPs_ = total[4];
+  predictedSfb_ = total[5];
+  double moved = total[2] + total[3], predicted = total[4] + total[5];
+  if (lead_ && world_ > 1) {
+    std::printf("\nbytes on the wire (all ranks, sent): ps %s, sfb %s\n", human(psBytes_).c_str(),
+                human(sfbBytes_).c_str());
+    std::printf("bytes moved (sent + received) vs Table 1 prediction: %s vs %s (%.3fx)\n", human(moved).c_str(),
+                human(predicted).c_str(), predicted > 0 ? moved / predicted : 0.0);
   }
-  if (dist) {
-    Node& node = dist->node();
-    TrafficTotals ps = node.counters().total(TrafficKind::kPS), sfb = node.counters().total(TrafficKind::kSFB);
-    auto pred = dist->predictedFloats();
-    auto total = allSum(node, {double(ps.bytesSent), double(sfb.bytesSent), double(ps.bytesSent + ps.bytesReceived),
-                               double(sfb.bytesSent + sfb.bytesReceived), pred.first * 4, pred.second * 4});
-    psBytes = total[0];
-    sfbBytes = total[1];
-    predictedPs = total[4];
-    predictedSfb = total[5];
-    double moved = total[2] + total[3], predicted = total[4] + total[5];
-    if (lead && world > 1) {
-      std::printf("\nbytes on the wire (all ranks, sent): ps %s, sfb %s\n", human(psBytes).c_str(), human(sfbBytes).c_str());
-      std::printf("bytes moved (sent + received) vs Table 1 prediction: %s vs %s (%.3fx)\n", human(moved).c_str(),
-                  human(predicted).c_str(), predicted > 0 ? moved / predicted : 0.0);
-    }
+}
+
+void RankRun::printResult() const {
+  if (!lead_) return;
+  std::printf("final test accuracy %.2f%%, %.0f images/s, %.1f s\n", 100 * accuracy_, imagesPerSecond(),
+              secondsSince(wallStart_));
+  std::fflush(stdout);
+}
+
+void RankRun::saveParams() const {
+  std::ofstream f(o_.saveParamsPath, std::ios::binary);
+  for (const auto& p : net_.module->parameters()) {
+    torch::Tensor c = p.detach().contiguous();
+    f.write(reinterpret_cast<const char*>(c.data_ptr<float>()), static_cast<std::streamsize>(c.numel() * 4));
   }
-  double imagesPerSec = trainSeconds > 0 ? images / trainSeconds : 0;
-  if (lead) {
-    std::printf("final test accuracy %.2f%%, %.0f images/s, %.1f s\n", 100 * accuracy, imagesPerSec,
-                secondsSince(wallStart));
-    std::fflush(stdout);
+  if (!f) throw IoError("cannot write " + o_.saveParamsPath);
+}
+
+nlohmann::json RankRun::summaryJson() const {
+  nlohmann::json layers = nlohmann::json::array();
+  ModelDesc desc = describeModule(*net_.module, net_.name);
+  for (size_t l = 0; l < desc.layers.size(); ++l) {
+    const auto& s = desc.layers[l];
+    std::string scheme = world_ == 1 ? "local" : schemeName(dist_->lastSchemes()[l]);
+    layers.push_back({{"name", s.name}, {"type", layerTypeName(s.type)}, {"shape", s.params[0].shape},
+                      {"params", s.numel()}, {"scheme", scheme}});
   }
-  if (!o.saveParamsPath.empty() && lead) {
-    std::ofstream f(o.saveParamsPath, std::ios::binary);
-    for (const auto& p : net.module->parameters()) {
-      torch::Tensor c = p.detach().contiguous();
-      f.write(reinterpret_cast<const char*>(c.data_ptr<float>()), static_cast<std::streamsize>(c.numel() * 4));
-    }
-    if (!f) throw IoError("cannot write " + o.saveParamsPath);
-  }
-  if (tracer) tracer->writeFile(o.tracePath + ".rank" + std::to_string(rank));
-  if (lead && !o.summaryPath.empty()) {
-    nlohmann::json layers = nlohmann::json::array();
-    ModelDesc desc = describeModule(*net.module, net.name);
-    for (size_t l = 0; l < desc.layers.size(); ++l) {
-      const auto& s = desc.layers[l];
-      std::string scheme = world == 1 ? "local" : schemeName(dist->lastSchemes()[l]);
-      layers.push_back({{"name", s.name}, {"type", layerTypeName(s.type)}, {"shape", s.params[0].shape},
-                        {"params", s.numel()}, {"scheme", scheme}});
-    }
-    nlohmann::json summary{{"model", o.model},
-                           {"test_accuracy", accuracy},
-                           {"epochs", o.epochs},
-                           {"epochs_run", epochsJson},
-                           {"workers", world},
-                           {"batch", o.batch},
-                           {"steps", steps},
-                           {"images_per_sec", imagesPerSec},
-                           {"train_seconds", trainSeconds},
-                           {"wall_seconds", secondsSince(wallStart)},
-                           {"scheme_policy", schemePolicyName(o.scheme)},
-                           {"overlap", o.overlap},
-                           {"plain", o.plain},
-                           {"bytes_sent_by_scheme", {{"ps", psBytes}, {"sfb", sfbBytes}}},
-                           {"drop_stragglers", o.dropStragglers},
-                           {"dropped_contributions_per_rank", dropped},
-                           {"skipped_iterations_per_rank", skipped},
-                           {"predicted_bytes_by_scheme", {{"ps", predictedPs}, {"sfb", predictedSfb}}},
-                           {"layers", layers}};
-    writeFileAtomically(o.summaryPath, summary.dump(2) + "\n", "summary");
-  }
-  if (dist) dist->finish();
+  return {{"model", o_.model},
+          {"test_accuracy", accuracy_},
+          {"epochs", o_.epochs},
+          {"epochs_run", epochsJson_},
+          {"workers", world_},
+          {"batch", o_.batch},
+          {"steps", steps_},
+          {"images_per_sec", imagesPerSecond()},
+          {"train_seconds", trainSeconds_},
+          {"wall_seconds", secondsSince(wallStart_)},
+          {"scheme_policy", schemePolicyName(o_.scheme)},
+          {"overlap", o_.overlap},
+          {"plain", o_.plain},
+          {"bytes_sent_by_scheme", {{"ps", psBytes_}, {"sfb", sfbBytes_}}},
+          {"drop_stragglers", o_.dropStragglers},
+          {"dropped_contributions_per_rank", dropped_},
+          {"skipped_iterations_per_rank", skipped_},
+          {"predicted_bytes_by_scheme", {{"ps", predictedPs_}, {"sfb", predictedSfb_}}},
+          {"layers", layers}};
+}
+
+void RankRun::writeOutputs() const {
+  if (!o_.saveParamsPath.empty() && lead_) saveParams();
+  if (tracer_) tracer_->writeFile(o_.tracePath + ".rank" + std::to_string(rank_));
+  if (lead_ && !o_.summaryPath.empty()) writeFileAtomically(o_.summaryPath, summaryJson().dump(2) + "\n", "summary");
+}
+
+}  // namespace
+
+int trainRank(const TrainOptions& o, const RankEnv& env) {
+  RankRun run(o, env);
+  run.resume();
+  run.connect();
+  run.printPlan();
+  run.train();
+  run.reportTraffic();
+  run.printResult();
+  run.writeOutputs();
+  run.finish();
   return 0;
 }
 

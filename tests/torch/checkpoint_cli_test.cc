@@ -1,0 +1,122 @@
+// Checkpoints through the real CLI: a disk that fills up while a job
+// checkpoints, and damaged checkpoint files at resume.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <set>
+
+#include "checkpoint_helpers.h"
+#include "cli_helpers.h"
+
+namespace poseidon {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+namespace fs = std::filesystem;
+
+using testing::TempDir;
+
+// 2 workers x batch 16 over 1024 images (32 iterations per epoch), the MLP:
+// checkpoints every 5 iterations.
+std::vector<std::string> job(const std::string& ck, int maxSteps, const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> a{"train",       "--workers",   "2",          "--batch",   "16",    "--train-limit",
+                             "1024",        "--quiet",     "--model",    "mlp",       "--timeout", "10000",
+                             "--max-steps", std::to_string(maxSteps), "--checkpoint-every", "5", "--checkpoint", ck};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+std::set<std::string> entries(const std::string& dir) {
+  std::set<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.insert(e.path().filename().string());
+  return out;
+}
+
+// Room for one MLP checkpoint and a half: the one at iteration 5 fits, the one
+// at 10 does not. Rank 0 stops with one line naming the checkpoint and the
+// errno (no SIGABRT, no stack dump), the job exits non-zero, the launcher's
+// restart resumes from the checkpoint at 5 and runs out of room again; nothing
+// of step 10 is left. Once there is room, the same command resumes from 5 and
+// finishes.
+TEST(CheckpointCli, DiskFullFailsWithOneLineAndResumesFromTheOlderCheckpoint) {
+  TempDir dir;
+  uint64_t one = 0;
+  {
+    testing::TrainState mlp("mlp");
+    std::string p = mlp.save(dir.path + "/scratch", 1);
+    one = testing::pagesFor(fs::file_size(p + "/model.pt")) + testing::pagesFor(fs::file_size(p + "/optimizer.pt")) +
+          4096;
+  }
+  testing::SmallDisk disk(dir.path + "/disk", one + one / 2);
+  if (!disk.mounted()) GTEST_SKIP() << disk.skipReason();
+  const std::string ck = disk.path() + "/ck";
+
+  auto full = testing::runCli(job(ck, 10, {"--max-restarts", "1"}), dir.path + "/full", {}, 240);
+  ASSERT_FALSE(full.killed) << "the job hung after the disk filled up";
+  EXPECT_EQ(full.exitCode(), 1) << full.stderrText();
+  const std::string err = full.stderrText();
+  EXPECT_THAT(err, HasSubstr("poseidon train: error: cannot write checkpoint " + ck + "/step-000000010: "));
+  EXPECT_THAT(err, HasSubstr(".pt: No space left on device (the checkpoints already in " + ck + " are untouched)"));
+  EXPECT_THAT(err, Not(HasSubstr("terminate called")));
+  EXPECT_THAT(err, Not(HasSubstr("c10::Error")));
+  EXPECT_THAT(err,
+              HasSubstr("poseidon train: rank 0 exited with code 1: poseidon train: error: cannot write checkpoint"));
+  // The restart (docs/reliability.md): from the intact checkpoint at 5, into the same full disk.
+  EXPECT_THAT(err, HasSubstr("restarting from the checkpoint at iteration 5"));
+  EXPECT_THAT(full.stdoutText(), HasSubstr("resuming from " + ck + "/step-000000005 (iteration 5: "));
+  EXPECT_EQ(entries(ck), std::set<std::string>{"step-000000005"});
+
+  ASSERT_TRUE(disk.resize(4 * one));
+  auto roomy = testing::runCli(job(ck, 10), dir.path + "/roomy", {}, 240);
+  ASSERT_EQ(roomy.exitCode(), 0) << roomy.stderrText();
+  EXPECT_THAT(roomy.stdoutText(), HasSubstr("resuming from " + ck + "/step-000000005 (iteration 5: "));
+  EXPECT_TRUE(fs::exists(ck + "/step-000000010/meta.json"));
+}
+
+// Each checkpoint file damaged in turn in the newer of two checkpoints: the
+// job warns, naming the checkpoint and the file, resumes from the older one,
+// and finishes.
+TEST(CheckpointCli, DamagedCheckpointIsRefusedByNameAndResumeFallsBack) {
+  TempDir dir;
+  auto first = testing::runCli(job(dir.path + "/ck", 10), dir.path + "/first", {}, 240);
+  ASSERT_EQ(first.exitCode(), 0) << first.stderrText();
+  ASSERT_EQ(entries(dir.path + "/ck"), (std::set<std::string>{"step-000000005", "step-000000010"}));
+
+  struct Case {
+    std::string file;
+    std::function<void(const std::string&)> damage;
+  };
+  const Case cases[] = {
+      {"model.pt", [](const std::string& p) { testing::zeroBytes(p, fs::file_size(p) / 2, 4096); }},
+      {"optimizer.pt", [](const std::string& p) { testing::flipByte(p, fs::file_size(p) / 2); }},
+      {"meta.json", [](const std::string& p) { testing::alterIteration(p); }},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.file);
+    const std::string ck = dir.path + "/ck-" + c.file;
+    fs::copy(dir.path + "/ck", ck, fs::copy_options::recursive);
+    c.damage(ck + "/step-000000010/" + c.file);
+    auto resumed = testing::runCli(job(ck, 12), dir.path + "/resume-" + c.file, {}, 240);
+    ASSERT_EQ(resumed.exitCode(), 0) << resumed.stderrText();
+    EXPECT_THAT(resumed.stderrText(), HasSubstr("[rank 0] warning: checkpoint " + ck + "/step-000000010 is damaged: " +
+                                                c.file));
+    EXPECT_THAT(resumed.stderrText(), HasSubstr("resuming from the older " + ck + "/step-000000005"));
+    EXPECT_THAT(resumed.stdoutText(), HasSubstr("resuming from " + ck + "/step-000000005 (iteration 5: "));
+    // The run wrote an intact checkpoint at 10 again; resume is exact, so its parameters are
+    // byte for byte the first run's (optimizer.pt is not compared: LibTorch keys its state by
+    // tensor addresses).
+    testing::TrainState mlp("mlp");
+    pt::CheckpointMeta expect = mlp.meta;
+    expect.workers = 2;
+    expect.batch = 16;
+    expect.trainLimit = 1024;
+    EXPECT_NO_THROW(pt::loadCheckpoint(ck + "/step-000000010", expect, *mlp.net.module, mlp.optimizer));
+    EXPECT_TRUE(testing::readBytes(ck + "/step-000000010/model.pt") ==
+                testing::readBytes(dir.path + "/ck/step-000000010/model.pt"));
+  }
+}
+
+}  // namespace
+}  // namespace poseidon

@@ -129,8 +129,7 @@ int trainCommand(const std::vector<std::string>& args) {
     }
     return pt::trainRank(o, env);
   }
-  if (o.workers == 1) {
-    env.masterPort = freePort(env.masterAddr);
+  if (o.workers == 1) {  // a world of one on a free port (DistributedOptions::fromEnvironment)
     int rc = pt::trainRank(o, env);
     if (rc == 0 && !o.tracePath.empty()) mergeTraces(1);
     return rc;

@@ -32,7 +32,8 @@ std::unique_ptr<Node> Node::start(const NodeOptions& options, const ModelDesc& m
   }
   if (options.rank == 0) {
     node->coordinator_ = std::make_unique<Coordinator>(node->ctx_, options.masterAddr, options.masterPort,
-                                                       options.worldSize, options.timeout, curve);
+                                                       options.worldSize, options.timeout, curve,
+                                                       options.masterPortChosen);
   }
   VanOptions vo;
   vo.curve = curve;

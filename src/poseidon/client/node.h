@@ -80,6 +80,9 @@ struct NodeOptions {
   Role role = Role::kBoth;
   std::string masterAddr = "127.0.0.1";  // coordinator host (rank 0 binds it)
   int masterPort = 29500;
+  // The user chose masterPort (MASTER_PORT, --master-port): a port in use is then
+  // not a missing setting, and the error says so.
+  bool masterPortChosen = false;
   std::string bindHost = "127.0.0.1";    // interface for this node's data endpoint
   int dataPort = 0;                      // 0 picks a free port
   // Every wait (rendezvous, barrier, collectives) and the liveness check: a

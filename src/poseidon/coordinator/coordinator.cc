@@ -30,7 +30,7 @@ void sendError(zmq::socket_t& s, const std::string& identity, const std::string&
 }  // namespace
 
 Coordinator::Coordinator(zmq::context_t& ctx, const std::string& host, int port, int worldSize,
-                         std::chrono::milliseconds timeout, const CurveKeys* curve)
+                         std::chrono::milliseconds timeout, const CurveKeys* curve, bool portChosen)
     : ctx_(ctx), address_(host + ":" + std::to_string(port)), worldSize_(worldSize), timeout_(timeout) {
   if (worldSize < 1) throw InvalidArgument(strCat("world size must be at least 1, got ", worldSize));
   socket_ = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::router);
@@ -40,9 +40,11 @@ Coordinator::Coordinator(zmq::context_t& ctx, const std::string& host, int port,
   try {
     socket_->bind("tcp://" + address_);
   } catch (const zmq::error_t& e) {
-    throw IoError(strCat("cannot start the coordinator on ", address_, ": ", e.what(),
-                         e.num() == EADDRINUSE ? " (the port is in use: set MASTER_PORT or --master-port to a free port)"
-                                               : " (MASTER_ADDR must be an address of this machine)"));
+    const char* hint = e.num() != EADDRINUSE ? " (MASTER_ADDR must be an address of this machine)"
+                       : portChosen ? " (the port is in use: another job or a leftover process holds it; is another "
+                                      "rank of this job also rank 0? otherwise choose another MASTER_PORT)"
+                                    : " (the port is in use: set MASTER_PORT or --master-port to a free port)";
+    throw IoError(strCat("cannot start the coordinator on ", address_, ": ", e.what(), hint));
   }
   if (curve) monitor_ = std::make_unique<HandshakeMonitor>(ctx, *socket_, "coordinator " + address_);
   thread_ = std::thread([this] { run(); });

@@ -21,8 +21,10 @@ class Coordinator {
  public:
   // Binds tcp://host:port at once (throws IoError if the port is taken) and
   // starts the coordinator thread.
+  // portChosen: the user set the port (MASTER_PORT, --master-port), which the
+  // error for a port in use takes into account.
   Coordinator(zmq::context_t& ctx, const std::string& host, int port, int worldSize,
-              std::chrono::milliseconds timeout, const CurveKeys* curve = nullptr);
+              std::chrono::milliseconds timeout, const CurveKeys* curve = nullptr, bool portChosen = false);
   ~Coordinator();
   Coordinator(const Coordinator&) = delete;
   Coordinator& operator=(const Coordinator&) = delete;

@@ -62,7 +62,10 @@ RankEnv rankFromEnvironment(const GetEnv& getenv) {
     throw InvalidArgument(strCat("started by ", env.source, " with ", env.worldSize,
                                  " ranks but MASTER_ADDR is not set: export MASTER_ADDR=<address of rank 0's machine>"));
   }
-  if (port && *port) env.masterPort = parseInt("MASTER_PORT", port, 1, 65535);
+  if (port && *port) {
+    env.masterPort = parseInt("MASTER_PORT", port, 1, 65535);
+    env.masterPortSet = true;
+  }
   return env;
 }
 

@@ -26,6 +26,7 @@ struct RankEnv {
   int localRank = 0;
   std::string masterAddr = "127.0.0.1";
   int masterPort = kDefaultMasterPort;
+  bool masterPortSet = false;  // MASTER_PORT was given (else the default)
 };
 
 using GetEnv = std::function<const char*(const char*)>;

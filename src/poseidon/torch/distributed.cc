@@ -104,6 +104,24 @@ DistributedModel::DistributedModel(std::shared_ptr<torch::nn::Module> module, co
   }
 }
 
+DistributedOptions DistributedOptions::fromEnvironment() {
+  return fromEnvironment(rankFromEnvironment(), jobSecretFromEnvironment());
+}
+
+DistributedOptions DistributedOptions::fromEnvironment(const RankEnv& env, const std::string& secret) {
+  DistributedOptions d;
+  d.node.rank = env.rank;
+  d.node.worldSize = env.worldSize;
+  d.node.masterAddr = resolveHost(env.masterAddr);
+  // A process started on its own is a world of one: any free port will do, and two such
+  // programs on one machine must not collide on the default port.
+  d.node.masterPort = env.present || env.masterPortSet ? env.masterPort : freePort(d.node.masterAddr);
+  d.node.masterPortChosen = env.masterPortSet;
+  d.node.bindHost = localAddressToward(d.node.masterAddr);
+  d.node.secret = secret;
+  return d;
+}
+
 DistributedModel::~DistributedModel() = default;
 
 bool DistributedModel::factorsCaptured(int layer) const { return layers_.at(layer).captured; }

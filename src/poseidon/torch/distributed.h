@@ -44,6 +44,7 @@
 
 #include "poseidon/client/node.h"
 #include "poseidon/common/trace.h"
+#include "poseidon/launch/env.h"
 
 namespace poseidon::pt {
 
@@ -51,6 +52,14 @@ struct DistributedOptions {
   NodeOptions node;       // rank, world size, coordinator, timeout, settings (batch K, scheme policy)
   bool overlap = true;    // wait-free backprop; false syncs every layer after the whole backward
   bool captureFactors = true;
+
+  // What the launcher said: rank and world size (poseidon launch, torchrun's variables, mpirun,
+  // Slurm), MASTER_ADDR resolved, MASTER_PORT, this rank's data endpoint on the interface that
+  // routes to the master, and the job secret (POSEIDON_SECRET or POSEIDON_SECRET_FILE). Without a
+  // launcher: rank 0 of 1 on a free local port. Throws InvalidArgument for malformed variables.
+  static DistributedOptions fromEnvironment();
+  // The same from an already-read environment (the trainer reads it once for all its uses).
+  static DistributedOptions fromEnvironment(const RankEnv& env, const std::string& secret);
 };
 
 struct LayerPlan {

@@ -146,12 +146,8 @@ void setTorchThreads(const TrainOptions& o, int world) {
 
 DistributedOptions distributedOptions(const TrainOptions& o, const RankEnv& env, int64_t startIteration,
                                       Tracer* tracer) {
-  DistributedOptions d;
-  d.node.rank = env.rank;
-  d.node.worldSize = env.worldSize;
-  d.node.masterAddr = resolveHost(env.masterAddr);
-  d.node.masterPort = env.masterPort;
-  d.node.bindHost = o.bindHost.empty() ? localAddressToward(d.node.masterAddr) : o.bindHost;
+  DistributedOptions d = DistributedOptions::fromEnvironment(env, o.secret);
+  if (!o.bindHost.empty()) d.node.bindHost = o.bindHost;
   d.node.timeout = std::chrono::milliseconds(o.timeoutMs);
   d.node.threads = o.syncThreads;
   d.node.settings.batch = o.batch;
@@ -159,7 +155,6 @@ DistributedOptions distributedOptions(const TrainOptions& o, const RankEnv& env,
   d.node.settings.policy = o.scheme;
   d.node.settings.startIteration = startIteration;
   d.node.tracer = tracer;
-  d.node.secret = o.secret;
   d.node.settings.dropStragglers = o.dropStragglers;
   d.node.settings.stragglerTimeoutMs = o.stragglerTimeoutMs;
   d.overlap = o.overlap;

@@ -87,3 +87,37 @@ TEST(KvShard, RejectsBadPushesWithoutChangingState) {
 
 }  // namespace
 }  // namespace poseidon
+
+namespace poseidon {
+namespace {
+
+// A layer whose rounds went by SFB for a while (its factors), then by PS again: the
+// push carries the gap since the layer's previous PS round, and the shard takes it
+// as the pair's next round; without the gap such a push is still outside the window.
+TEST(KvShard, APushAfterAStretchOfSfbRoundsIsThePairsNextRound) {
+  Fixture f;
+  const KvPair& p = f.book.layout().pairsOf(0)[2];  // 2 floats
+  KvShard shard(f.book, p.shard);
+  std::vector<float> one{1, 1};
+  auto b = bytesOf(one);
+  for (int w = 0; w < 3; ++w) shard.push(w, 0, 2, 0, b.data(), 8);  // round 0 by PS
+  try {
+    shard.push(0, 0, 2, 4, b.data(), 8);
+    ADD_FAILURE() << "a push 4 iterations ahead without a gap was accepted";
+  } catch (const ProtocolError& e) {
+    EXPECT_NE(std::string(e.what()).find("outside the open window (1..2)"), std::string::npos) << e.what();
+  }
+  const auto now = KvShard::Clock::now();
+  EXPECT_FALSE(shard.push(0, 0, 2, 4, b.data(), 8, now, /*gap=*/4));  // rounds 1-3 went by SFB
+  EXPECT_FALSE(shard.push(2, 0, 2, 4, b.data(), 8, now, 4));
+  auto done = shard.push(1, 0, 2, 4, b.data(), 8, now, 4);
+  ASSERT_TRUE(done);
+  EXPECT_EQ(done->iteration, 4);
+  EXPECT_EQ(done->sum, (std::vector<float>{3, 3}));
+  // A gap that does not lead back to the last completed round (4) is no excuse.
+  EXPECT_THROW(shard.push(0, 0, 2, 9, b.data(), 8, now, 2), ProtocolError);
+  EXPECT_FALSE(shard.push(0, 0, 2, 5, b.data(), 8, now, 1));
+}
+
+}  // namespace
+}  // namespace poseidon

@@ -66,15 +66,15 @@ void runAll(std::vector<std::unique_ptr<Node>>& nodes, int iterations, SchemePol
 
 TEST(NodeInProcess, ThreeNodesAutoScheme) {
   auto nodes = startNodes(3, SchemePolicy::kAuto);
-  EXPECT_EQ(nodes[0]->schemeFor(4, testing::kScenarioBatch), Scheme::kSFB);  // huge
-  EXPECT_EQ(nodes[0]->schemeFor(2, testing::kScenarioBatch), Scheme::kPS);   // odd
+  EXPECT_EQ(nodes[0]->schemeFor(4), Scheme::kSFB);  // huge
+  EXPECT_EQ(nodes[0]->schemeFor(2), Scheme::kPS);   // odd
   runAll(nodes, 3, SchemePolicy::kAuto);
 }
 
 TEST(NodeInProcess, AdamBaselineRebuildsOnTheLayerServer) {
   auto nodes = startNodes(3, SchemePolicy::kAdam);
-  EXPECT_EQ(nodes[0]->schemeFor(4, testing::kScenarioBatch), Scheme::kAdam);
-  EXPECT_EQ(nodes[0]->schemeFor(1, testing::kScenarioBatch), Scheme::kPS);  // conv
+  EXPECT_EQ(nodes[0]->schemeFor(4), Scheme::kAdam);
+  EXPECT_EQ(nodes[0]->schemeFor(1), Scheme::kPS);  // conv
   runAll(nodes, 2, SchemePolicy::kAdam);
   // All of 'huge' meets on one server: its owner moved far more adam bytes than the others.
   int owner = nodes[0]->book().layerKeeperRank(4);

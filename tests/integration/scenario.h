@@ -102,7 +102,7 @@ inline std::vector<LayerCheck> runScenario(Node& node, int64_t iterations, int l
       const LayerSpec& spec = model.layers[l];
       // An emulated backward: the fault tests stop processes in the middle of it.
       if (layerPauseMs > 0) std::this_thread::sleep_for(std::chrono::milliseconds(layerPauseMs));
-      schemes[l] = node.schemeFor(l, kScenarioBatch);
+      schemes[l] = node.schemeFor(l);
       grads[l].assign(static_cast<size_t>(spec.numel()), 0.f);
       if (schemes[l] != Scheme::kPS) {  // SFB, or Adam when forced
         us[l] = factorU(me, l, t, kScenarioBatch, spec.m);
@@ -174,7 +174,7 @@ inline StragglerReport runStragglerScenario(Node& node, int64_t iterations, int 
     std::vector<Scheme> schemes(L);
     for (int l = 0; l < L; ++l) {
       out[l].assign(static_cast<size_t>(model.layers[l].numel()), 0.f);
-      schemes[l] = node.schemeFor(l, kScenarioBatch);
+      schemes[l] = node.schemeFor(l);
     }
     if (node.alreadyComplete()) {
       std::vector<LayerBuffer> bufs;

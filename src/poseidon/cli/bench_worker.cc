@@ -101,7 +101,7 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
     }
   }
   auto submit = [&](int l) {
-    if (layers[l].type == LayerType::kFC && node->schemeFor(l, em.batch) != Scheme::kPS) {
+    if (layers[l].type == LayerType::kFC && node->schemeFor(l) != Scheme::kPS) {
       node->submitFactors(l, us[l].data(), vs[l].data(), em.batch,
                           LayerBuffer::contiguous(outs[l].data(), static_cast<int64_t>(outs[l].size())));
     } else {

@@ -84,6 +84,12 @@ std::unique_ptr<Node> Node::start(const NodeOptions& options, const ModelDesc& m
 }
 
 Node::~Node() {
+  // A rank that goes without finish() (its program ended or threw) tells its peers, so they stop
+  // now with that reason instead of declaring it lost after the timeout.
+  if (loop_.joinable() && !finished_ && !error_.failed()) {
+    fail(std::make_exception_ptr(AbortedError(
+        strCat("rank ", rank(), " left the job before finish() (its program ended or threw an error)"))));
+  }
   // Queued sends and reconstructions must not touch the caller's buffers any more.
   for (auto& s : syncers_) s->close();
   stopLoop_ = true;
@@ -253,11 +259,11 @@ void Node::beginIteration(int64_t iteration) {
   iteration_ = iteration;
 }
 
-Scheme Node::schemeFor(int layer, int64_t rows) const {
+Scheme Node::schemeFor(int layer) const {
   if (layer < 0 || layer >= static_cast<int>(book_.model().layers.size())) {
     throw InvalidArgument(strCat("layer index ", layer, " out of range"));
   }
-  return book_.bestScheme(layer, std::max<int64_t>(rows, 1));
+  return book_.bestScheme(layer, book_.settings().batch);
 }
 
 void Node::submitDense(int layer, LayerBuffer grad, std::shared_ptr<void> keepAlive) {
@@ -275,10 +281,11 @@ void Node::submitFactors(int layer, const float* u, const float* v, int64_t rows
   if (layer < 0 || layer >= static_cast<int>(syncers_.size())) {
     throw InvalidArgument(strCat("submitFactors: layer index ", layer, " out of range"));
   }
-  Scheme scheme = schemeFor(layer, rows);
+  Scheme scheme = schemeFor(layer);
   if (scheme == Scheme::kPS) {
     throw InvalidArgument(strCat("submitFactors: BestScheme chose ps for layer '", book_.model().layers[layer].name,
-                                 "' at ", rows, " rows; submit its dense gradient instead"));
+                                 "' at the job's batch of ", book_.settings().batch,
+                                 "; submit its dense gradient instead"));
   }
   syncers_[layer]->submitFactors(iteration_.load(), scheme, u, v, rows, std::move(out), std::move(keepAlive));
 }

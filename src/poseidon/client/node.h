@@ -17,7 +17,7 @@
 //   node.beginIteration(t);
 //   forward; during backward, for l = L..1 as each gradient is final:
 //     node.submitDense(l, grad)           // PS, or
-//     node.submitFactors(l, U, V, K, out) // SFB (or Adam), when schemeFor(l, K) says so
+//     node.submitFactors(l, U, V, K, out) // SFB (or Adam), when schemeFor(l) says so
 //   node.waitIteration();   // BSP barrier: every layer's sync is done
 //   the optimizer applies the synchronized mean gradients.
 // submit*() only queue the layer's sync on the thread pool and return at once
@@ -116,9 +116,12 @@ class Node : private SyncHost {
   // Starts iteration t; t must follow the previous one (or be the book's start).
   void beginIteration(int64_t iteration);
   int64_t iteration() const { return iteration_.load(); }
-  // BestScheme for this iteration given the rows of factors K (the same on
-  // every worker, e.g. the per-worker batch).
-  Scheme schemeFor(int layer, int64_t rows) const;
+  // BestScheme for the layer: Algorithm 1 with the job's per-worker batch K
+  // (JobSettings::batch), P1 and P2, so every worker decides the same way,
+  // including one whose layer got no gradient this step (it contributes zero
+  // by the same scheme). Factors with fewer or more rows than K (a partial last
+  // batch, accumulated micro-batches) still go the way the job's K decided.
+  Scheme schemeFor(int layer) const;
   void submitDense(int layer, LayerBuffer grad, std::shared_ptr<void> keepAlive = nullptr);
   void submitFactors(int layer, const float* u, const float* v, int64_t rows, LayerBuffer out,
                      std::shared_ptr<void> keepAlive = nullptr);
@@ -151,6 +154,10 @@ class Node : private SyncHost {
   // Fails the job: tells every peer (best effort) and makes every later call
   // throw AbortedError(why).
   void abort(const std::string& why);
+  // Records `error` as the job's failure (the first one wins), tells every peer
+  // at once, and returns; the caller throws. For a misuse found above the node
+  // (DistributedModel), so that every rank stops with this rank's reason.
+  void failJob(std::exception_ptr error) { fail(std::move(error)); }
   // Throws the sticky error, if any (see "Buffers" above).
   void checkError();
 

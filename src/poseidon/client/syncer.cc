@@ -33,7 +33,8 @@ Syncer::Syncer(SyncHost& host, int layer)
       layer_(layer),
       spec_(host.book().model().layers.at(layer)),
       pairs_(host.book().layout().pairsOf(layer)),
-      straggler_(host.book().settings().stragglerMode()) {}
+      straggler_(host.book().settings().stragglerMode()),
+      lastPsRound_(host.book().settings().startIteration - 1) {}
 
 std::exception_ptr Syncer::mismatch(int64_t iteration, const std::string& what) const {
   return std::make_exception_ptr(InvalidArgument(strCat("layer '", spec_.name, "' iteration ", iteration, ": ", what,
@@ -180,6 +181,7 @@ void Syncer::submitDense(int64_t iteration, LayerBuffer grad, std::shared_ptr<vo
   }
   Effects fx;
   std::vector<int> toSend;
+  int64_t gap = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (closed_) return;
@@ -188,6 +190,8 @@ void Syncer::submitDense(int64_t iteration, LayerBuffer grad, std::shared_ptr<vo
     if (!a) {
       fx.failure = mismatch(iteration, "this rank chose ps but another worker sent sfb factors");
     } else {
+      gap = iteration - lastPsRound_;
+      lastPsRound_ = iteration;
       r.phase = Phase::kAwaiting;
       r.contributed = true;
       r.out = grad;
@@ -209,11 +213,11 @@ void Syncer::submitDense(int64_t iteration, LayerBuffer grad, std::shared_ptr<vo
   }
   apply(iteration, fx);
   if (!toSend.empty()) {
-    host_.schedule([this, iteration, grad, keepAlive, toSend] { sendDense(iteration, grad, toSend); });
+    host_.schedule([this, iteration, gap, grad, keepAlive, toSend] { sendDense(iteration, gap, grad, toSend); });
   }
 }
 
-void Syncer::sendDense(int64_t iteration, const LayerBuffer& grad, const std::vector<int>& pairIndices) {
+void Syncer::sendDense(int64_t iteration, int64_t gap, const LayerBuffer& grad, const std::vector<int>& pairIndices) {
   const InformationBook& book = host_.book();
   const int64_t startUs = host_.tracer() ? Tracer::nowMicros() : 0;
   std::exception_ptr failure;
@@ -235,7 +239,7 @@ void Syncer::sendDense(int64_t iteration, const LayerBuffer& grad, const std::ve
         parts.push_back({ptr, static_cast<size_t>(n) * kFloatBytes});
       });
       try {
-        host_.send(book.shardRank(p.shard), wire::psPush(layer_, iteration, p.index), parts);
+        host_.send(book.shardRank(p.shard), wire::psPush(layer_, iteration, p.index, gap), parts);
       } catch (const Error& e) {
         failure = std::make_exception_ptr(
             IoError(strCat("layer '", spec_.name, "' iteration ", iteration, ": ", e.what())));
@@ -359,6 +363,7 @@ void Syncer::submitSkipped(int64_t iteration, LayerBuffer out) {
     Round& r = it->second;
     r.phase = Phase::kAwaiting;
     r.out = out;
+    if (auto* a = std::get_if<Aggregates>(&r.kind); a && a->scheme == Scheme::kPS) lastPsRound_ = iteration;
     if (auto* a = std::get_if<Aggregates>(&r.kind)) {
       for (size_t i = 0; i < a->pairs.size(); ++i)
         if (a->pairs[i].in) writeHeldLocked(r, a->pairs[i], static_cast<int>(i));

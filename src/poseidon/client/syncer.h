@@ -194,7 +194,7 @@ class Syncer {
   void writeHeldLocked(const Round& r, PairSlot& slot, int pair) const;
   void apply(int64_t iteration, Effects& fx);
 
-  void sendDense(int64_t iteration, const LayerBuffer& grad, const std::vector<int>& pairs);
+  void sendDense(int64_t iteration, int64_t gap, const LayerBuffer& grad, const std::vector<int>& pairs);
   void sendFactors(int64_t iteration, Scheme scheme, const float* u, const float* v, int64_t rows);
   void reconstruct(int64_t iteration, Round round, std::vector<bool> set);
   void traceSent(int64_t iteration, int64_t startUs, const char* scheme);
@@ -213,6 +213,9 @@ class Syncer {
   std::map<int64_t, std::vector<std::vector<bool>>> finished_;
   int64_t dropped_ = 0;    // guarded by mutex_
   bool closed_ = false;    // guarded by mutex_
+  // The last iteration whose round of this layer was PS (what wire::psPush's gap
+  // counts from); the same sequence on every worker. Guarded by mutex_.
+  int64_t lastPsRound_;
   FactorScratch scratch_;  // used by one reconstruction at a time
   std::mutex scratchMutex_;  // a leaf: held only around the GEMM
 };

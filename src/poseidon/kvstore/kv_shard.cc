@@ -37,7 +37,8 @@ void addInto(std::vector<float>& sum, bool& started, std::vector<float>&& values
 }  // namespace
 
 std::optional<KvShard::Completed> KvShard::push(int senderRank, int layer, int pair, int64_t iteration,
-                                                const uint8_t* data, size_t bytes, Clock::time_point now) {
+                                                const uint8_t* data, size_t bytes, Clock::time_point now,
+                                                int64_t gap) {
   int worker = book_.workerIndex(senderRank);
   if (worker < 0) throw ProtocolError(strCat("push from rank ", senderRank, ", which is not a worker"));
   auto it = pairs_.find(key(layer, pair));
@@ -54,7 +55,11 @@ std::optional<KvShard::Completed> KvShard::push(int senderRank, int layer, int p
   if (iteration <= st.completed && settings.stragglerMode() && iteration >= settings.startIteration) {
     return std::nullopt;  // a straggler's late contribution: discarded, never mixed into a later round
   }
-  if (iteration <= st.completed || iteration > st.completed + kMaxAhead) {
+  // The rounds between the pair's last PS round and this one went by SFB (the
+  // layer's factors): the push is the pair's next round however far ahead.
+  const bool nextAfterSfb = gap > 0 && iteration - gap == st.completed &&
+                            (st.rounds.empty() || (st.rounds.size() == 1 && st.rounds.count(iteration)));
+  if (iteration <= st.completed || (iteration > st.completed + kMaxAhead && !nextAfterSfb)) {
     throw ProtocolError(strCat("push for layer ", layer, " pair ", pair, " iteration ", iteration,
                                " outside the open window (", st.completed + 1, "..", st.completed + kMaxAhead, ")"));
   }

@@ -54,9 +54,12 @@ class KvShard {
   };
 
   // Accepts one push (payload: the pair's floats, little-endian IEEE).
-  // Returns the aggregate when this push completes the round.
+  // Returns the aggregate when this push completes the round. `gap` is the
+  // sender's count of iterations since this layer's previous PS round
+  // (wire::psPush): a push whose iteration minus gap is the pair's last
+  // completed round is its next round even after a stretch of SFB rounds.
   std::optional<Completed> push(int senderRank, int layer, int pair, int64_t iteration, const uint8_t* data,
-                                size_t bytes, Clock::time_point now = Clock::now());
+                                size_t bytes, Clock::time_point now = Clock::now(), int64_t gap = 0);
   // Straggler mode: completes the rounds whose straggler deadline has passed.
   std::vector<Completed> expire(Clock::time_point now);
 

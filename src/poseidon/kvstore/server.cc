@@ -49,7 +49,7 @@ std::vector<KvServer::Outgoing> KvServer::handle(Message& msg, Clock::time_point
   switch (h.type) {
     case MsgType::kPsPush: {
       auto done = shard_.push(sender, static_cast<int>(h.layer), static_cast<int>(h.pair), h.iteration, msg.data(),
-                              msg.size(), now);
+                              msg.size(), now, wire::psGap(h));
       if (done) out.push_back(aggregate(std::move(*done)));
       return out;
     }

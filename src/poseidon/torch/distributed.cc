@@ -9,9 +9,7 @@
 
 #include "poseidon/common/error.h"
 #include "poseidon/common/log.h"
-#include "poseidon/core/best_scheme.h"
 #include "poseidon/core/cost_model.h"
-#include "poseidon/torch/models.h"
 
 namespace poseidon::pt {
 
@@ -20,21 +18,34 @@ namespace autograd = torch::autograd;
 struct DistributedModel::Layer {
   const LayerSpec* spec = nullptr;
   std::vector<torch::Tensor> params;
+  // This step's synchronized pass.
   std::vector<bool> ready;
   int readyCount = 0;
   bool submitted = false;
   Scheme scheme = Scheme::kPS;
-  bool captured = false;     // the graph gave us this layer's factors this iteration
-  torch::Tensor u, v;        // factors captured this iteration
+  bool captured = false;     // the graph gave us this layer's factors this step
+  torch::Tensor u, v;        // factors sent this step
   torch::Tensor staging;     // SFB result: weight then bias, flat
+  // Accumulation passes (noSync) since the last step.
+  int accumulatedPasses = 0;  // passes in which the layer's first parameter got a gradient
+  std::vector<torch::Tensor> stashU, stashV;  // factors of those passes
+  // A used FC layer whose factors were not captured the last time it was used
+  // (3-D input, weight used twice): when unused it contributes zeros by PS, as
+  // its used steps do on every rank.
+  bool uncapturable = false;
+  bool used() const { return readyCount > 0 || captured || accumulatedPasses > 0; }
+  bool stashComplete() const {
+    return !stashU.empty() && static_cast<int>(stashU.size()) == accumulatedPasses;
+  }
 };
 
 // Pre-hook on the addmm/mm node of a Linear layer: receives dL/dy (U).
 class DistributedModel::FactorHook : public autograd::FunctionPreHook {
  public:
-  FactorHook(DistributedModel* owner, int layer, torch::Tensor v) : owner_(owner), layer_(layer), v_(std::move(v)) {}
+  FactorHook(DistributedModel* owner, int layer, torch::Tensor v, bool accumulating)
+      : owner_(owner), layer_(layer), v_(std::move(v)), accumulating_(accumulating) {}
   autograd::variable_list operator()(const autograd::variable_list& grads) override {
-    if (!grads.empty() && grads[0].defined()) owner_->onFactors(layer_, grads[0], v_);
+    if (!grads.empty() && grads[0].defined()) owner_->onFactors(layer_, grads[0], v_, accumulating_);
     return grads;
   }
 
@@ -42,67 +53,8 @@ class DistributedModel::FactorHook : public autograd::FunctionPreHook {
   DistributedModel* owner_;
   int layer_;
   torch::Tensor v_;
+  bool accumulating_;  // instrumented in a noSync pass
 };
-
-DistributedModel::DistributedModel(std::shared_ptr<torch::nn::Module> module, const std::string& name,
-                                   DistributedOptions options, std::function<torch::Tensor(torch::Tensor)> forward)
-    : module_(std::move(module)), forward_(std::move(forward)), options_(std::move(options)) {
-  desc_ = describeModule(*module_, name);
-  if (desc_.layers.empty()) throw InvalidArgument("module '" + name + "' has no trainable parameters");
-  for (const auto& p : module_->parameters()) {
-    if (p.scalar_type() != torch::kFloat32 || !p.device().is_cpu()) {
-      throw InvalidArgument("Poseidon synchronizes float32 CPU parameters; module '" + name + "' has a " +
-                            std::string(c10::toString(p.scalar_type())) + " parameter on " + p.device().str());
-    }
-  }
-  tracer_ = options_.node.tracer;
-  node_ = Node::start(options_.node, desc_);
-
-  // Every replica starts from rank 0's parameters and buffers.
-  {
-    torch::NoGradGuard guard;
-    std::vector<FloatSpan> spans;
-    std::vector<torch::Tensor> keep;
-    for (auto& p : module_->parameters()) spans.push_back({p.data_ptr<float>(), p.numel()});
-    for (auto& b : module_->buffers()) {
-      if (b.scalar_type() == torch::kFloat32 && b.is_contiguous()) spans.push_back({b.data_ptr<float>(), b.numel()});
-    }
-    node_->broadcast(0, LayerBuffer(spans));
-  }
-
-  solo_ = node_->book().numWorkers() == 1 && node_->book().numServers() == 1;
-  // Map the module's parameters onto the layer table (same walk as describeModule).
-  std::unordered_map<std::string, int> layerIndex;
-  for (size_t l = 0; l < desc_.layers.size(); ++l) layerIndex[desc_.layers[l].name] = static_cast<int>(l);
-  layers_.resize(desc_.layers.size());
-  for (const auto& item : module_->named_modules()) {
-    std::string lname = item.key().empty() ? name : item.key();
-    auto it = layerIndex.find(lname);
-    if (it == layerIndex.end()) continue;
-    Layer& layer = layers_[it->second];
-    layer.spec = &desc_.layers[it->second];
-    for (const auto& p : item.value()->named_parameters(/*recurse=*/false))
-      if (p.value().requires_grad()) layer.params.push_back(p.value());
-    layer.ready.assign(layer.params.size(), false);
-    if (layer.spec->type == LayerType::kFC) layer.staging = torch::zeros({layer.spec->numel()});
-  }
-  lastSchemes_.assign(layers_.size(), Scheme::kPS);
-  if (solo_) return;  // one worker: the local gradient is already the mean
-
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    for (size_t i = 0; i < layers_[l].params.size(); ++i) {
-      auto acc = autograd::impl::grad_accumulator(layers_[l].params[i]);
-      POSEIDON_ENFORCE(acc, "parameter without a gradient accumulator");
-      int li = static_cast<int>(l), pi = static_cast<int>(i);
-      acc->add_post_hook(std::make_unique<autograd::utils::LambdaPostHook>(
-          [this, li, pi](const autograd::variable_list& outputs, const autograd::variable_list&) {
-            onGradReady(li, pi);
-            return outputs;
-          }));
-      accumulators_.push_back(std::move(acc));
-    }
-  }
-}
 
 DistributedOptions DistributedOptions::fromEnvironment() {
   return fromEnvironment(rankFromEnvironment(), jobSecretFromEnvironment());
@@ -122,13 +74,96 @@ DistributedOptions DistributedOptions::fromEnvironment(const RankEnv& env, const
   return d;
 }
 
+DistributedModel::DistributedModel(std::shared_ptr<torch::nn::Module> module, const std::string& name,
+                                   DistributedOptions options, std::function<torch::Tensor(torch::Tensor)> forward)
+    : module_(std::move(module)), forward_(std::move(forward)), options_(std::move(options)) {
+  init(partsOf(*module_, name));
+}
+
+DistributedModel::DistributedModel(ModelParts parts, DistributedOptions options) : options_(std::move(options)) {
+  init(std::move(parts));
+}
+
+namespace {
+// A tensor's bytes as floats, for broadcasting them bit for bit (buffers may be int64, as
+// BatchNorm's num_batches_tracked is). Empty when the tensor cannot be sent in place.
+std::optional<FloatSpan> bytesAsFloats(const torch::Tensor& t) {
+  if (!t.defined() || !t.device().is_cpu() || !t.is_contiguous() || t.nbytes() % sizeof(float) != 0) {
+    return std::nullopt;
+  }
+  return FloatSpan{static_cast<float*>(t.data_ptr()), static_cast<int64_t>(t.nbytes() / sizeof(float))};
+}
+}  // namespace
+
+void DistributedModel::init(ModelParts parts) {
+  desc_ = describe(parts);
+  if (desc_.layers.empty()) throw InvalidArgument("model '" + parts.name + "' has no trainable parameters");
+  for (const auto& l : parts.layers) {
+    for (const auto& p : l.params) {
+      if (p.scalar_type() != torch::kFloat32 || !p.device().is_cpu()) {
+        throw InvalidArgument("Poseidon synchronizes float32 CPU parameters; model '" + parts.name + "' has a " +
+                              std::string(c10::toString(p.scalar_type())) + " parameter on " + p.device().str() +
+                              " (layer '" + l.name + "')");
+      }
+    }
+  }
+  tracer_ = options_.node.tracer;
+  node_ = Node::start(options_.node, desc_);
+  solo_ = node_->book().numWorkers() == 1 && node_->book().numServers() == 1;
+  for (auto& b : parts.buffers)
+    if (bytesAsFloats(b)) buffers_.push_back(b);
+
+  // Every replica starts from rank 0's parameters and buffers.
+  {
+    torch::NoGradGuard guard;
+    std::vector<FloatSpan> spans;
+    for (const auto& l : parts.layers)
+      for (const auto& p : l.params) spans.push_back({p.data_ptr<float>(), p.numel()});
+    for (const auto& t : parts.frozen)
+      if (auto s = bytesAsFloats(t)) spans.push_back(*s);
+    for (const auto& b : buffers_) spans.push_back(*bytesAsFloats(b));
+    node_->broadcast(0, LayerBuffer(spans));
+  }
+
+  layers_.resize(desc_.layers.size());
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    Layer& layer = layers_[l];
+    layer.spec = &desc_.layers[l];
+    layer.params = parts.layers[l].params;
+    layer.ready.assign(layer.params.size(), false);
+    if (layer.spec->type == LayerType::kFC) layer.staging = torch::zeros({layer.spec->numel()});
+  }
+  lastSchemes_.assign(layers_.size(), Scheme::kPS);
+
+  // The hooks also run with one worker: they tell a step without backward from one with it.
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    for (size_t i = 0; i < layers_[l].params.size(); ++i) {
+      auto acc = autograd::impl::grad_accumulator(layers_[l].params[i]);
+      POSEIDON_ENFORCE(acc, "parameter without a gradient accumulator");
+      int li = static_cast<int>(l), pi = static_cast<int>(i);
+      acc->add_post_hook(std::make_unique<autograd::utils::LambdaPostHook>(
+          [this, li, pi](const autograd::variable_list& outputs, const autograd::variable_list&) {
+            onGradReady(li, pi);
+            return outputs;
+          }));
+      accumulators_.push_back(std::move(acc));
+    }
+  }
+}
+
 DistributedModel::~DistributedModel() = default;
 
 bool DistributedModel::factorsCaptured(int layer) const { return layers_.at(layer).captured; }
 
+void DistributedModel::misuse(const std::string& why) {
+  // Every rank stops now with this reason, instead of waiting out its timeout for this one.
+  node_->failJob(std::make_exception_ptr(InvalidArgument(strCat("rank ", rank(), ": ", why))));
+  throw InvalidArgument(why);
+}
+
 void DistributedModel::beginIteration() {
   iteration_ = iteration_ < 0 ? node_->book().settings().startIteration : iteration_ + 1;
-  node_->beginIteration(iteration_);
+  if (!solo_) node_->beginIteration(iteration_);
   for (auto& l : layers_) {
     std::fill(l.ready.begin(), l.ready.end(), false);
     l.readyCount = 0;
@@ -142,7 +177,7 @@ void DistributedModel::beginIteration() {
   lastReadyUs_ = 0;
 }
 
-bool DistributedModel::skipIfBehind(torch::optim::Optimizer& optimizer) {
+bool DistributedModel::skipIfBehind() {
   if (solo_ || !node_->book().settings().stragglerMode()) return false;
   if (!inIteration_) beginIteration();
   if (!node_->alreadyComplete()) return false;
@@ -158,6 +193,12 @@ bool DistributedModel::skipIfBehind(torch::optim::Optimizer& optimizer) {
   node_->skipIteration(outputs);
   node_->waitIteration();
   inIteration_ = false;
+  broadcastBuffers();
+  return true;
+}
+
+bool DistributedModel::skipIfBehind(torch::optim::Optimizer& optimizer) {
+  if (!skipIfBehind()) return false;
   optimizer.step();
   return true;
 }
@@ -168,26 +209,41 @@ torch::Tensor DistributedModel::forward(torch::Tensor x) {
 }
 
 torch::Tensor DistributedModel::forwardWith(const std::function<torch::Tensor()>& run) {
-  bool training = module_->is_training() && torch::GradMode::is_enabled();
-  if (!training || solo_) return run();
-  if (inIteration_ && forwarded_) {
-    throw InvalidArgument("forward() twice before step(): Poseidon synchronizes one forward/backward per step");
-  }
-  node_->checkError();
+  const bool training = (!module_ || module_->is_training()) && torch::GradMode::is_enabled();
+  if (!training) return run();
   int64_t t0 = tracer_ ? Tracer::nowMicros() : 0;
-  if (!inIteration_) beginIteration();
-  forwarded_ = true;
+  beginForward();
   torch::Tensor out = run();
-  if (options_.captureFactors) instrument(out);
+  endForward(out);
   if (tracer_) tracer_->span("forward", "compute", 0, t0, Tracer::nowMicros(), iteration_);
   return out;
+}
+
+void DistributedModel::beginForward() {
+  node_->checkError();
+  if (inIteration_ && forwarded_) {
+    misuse(syncEnabled_ ? "forward() twice before step(): Poseidon synchronizes one forward/backward per step "
+                          "(accumulate micro-batches under noSync())"
+                        : "forward() under noSync() after this step's synchronized forward: run the "
+                          "accumulation passes first, then the synchronized one, then step()");
+  }
+  if (!syncEnabled_) {
+    accumulating_ = true;
+    return;
+  }
+  if (!inIteration_) beginIteration();
+  forwarded_ = true;
+}
+
+void DistributedModel::endForward(const torch::Tensor& output) {
+  if (options_.captureFactors && !solo_) instrument(output, !syncEnabled_);
 }
 
 // Finds, for each FC layer, the addmm (with bias) or mm (without) node that
 // consumes weight.t(), and hooks it. A weight reached from more than one place
 // (weight tying, several calls) cannot be factored and stays on PS.
-void DistributedModel::instrument(const torch::Tensor& output) {
-  if (!output.grad_fn()) return;
+void DistributedModel::instrument(const torch::Tensor& output, bool accumulating) {
+  if (!output.defined() || !output.grad_fn()) return;
   std::unordered_map<const autograd::Node*, std::pair<int, int>> accOwner;  // accumulator -> (layer, param)
   for (size_t l = 0; l < layers_.size(); ++l) {
     if (layers_[l].spec->type != LayerType::kFC) continue;
@@ -240,18 +296,36 @@ void DistributedModel::instrument(const torch::Tensor& output) {
   // TBackward0 -> accumulator counts once per use of weight.t().
   for (auto& c : candidates) {
     if (uses[c.layer] != 1) continue;
-    c.node->add_pre_hook(std::make_unique<FactorHook>(this, c.layer, c.v));
+    c.node->add_pre_hook(std::make_unique<FactorHook>(this, c.layer, c.v, accumulating));
   }
 }
 
-void DistributedModel::onFactors(int layer, const torch::Tensor& u, const torch::Tensor& v) {
+void DistributedModel::onFactors(int layer, const torch::Tensor& u, const torch::Tensor& v, bool accumulating) {
   Layer& l = layers_[layer];
-  if (!inIteration_ || l.submitted || l.captured) return;
   if (u.dim() != 2 || u.size(0) != v.size(0) || u.size(1) != l.spec->m) return;
+  if (accumulating) {  // a noSync pass: keep them for the step's synchronized pass
+    if (inIteration_) return;
+    l.stashU.push_back(u.detach().contiguous());
+    l.stashV.push_back(v.detach().contiguous());
+    return;
+  }
+  if (!inIteration_ || l.submitted || l.captured) return;
+  if (l.accumulatedPasses > 0 && !l.stashComplete()) {
+    // Some accumulation pass gave a gradient but no factors: only the dense sum is complete.
+    return;
+  }
+  // The sum over the accumulation passes and this one is the product of the stacked factors.
+  torch::Tensor uu = u.detach().contiguous(), vv = v.detach().contiguous();
+  if (!l.stashU.empty()) {
+    l.stashU.push_back(uu);
+    l.stashV.push_back(vv);
+    uu = torch::cat(l.stashU, 0);
+    vv = torch::cat(l.stashV, 0);
+  }
   l.captured = true;
-  l.u = u.detach().contiguous();
-  l.v = v.detach().contiguous();
-  Scheme scheme = node_->schemeFor(layer, l.u.size(0));
+  l.u = uu;
+  l.v = vv;
+  Scheme scheme = node_->schemeFor(layer);
   if (scheme == Scheme::kPS) return;
   l.scheme = scheme;  // SFB, or Adam when forced
   if (options_.overlap) submitFactors(layer);
@@ -280,10 +354,14 @@ void DistributedModel::submitFactors(int layer) {
 
 void DistributedModel::onGradReady(int layer, int param) {
   Layer& l = layers_[layer];
-  if (!inIteration_ || l.ready[param]) return;
+  if (!inIteration_) {
+    if (accumulating_ && param == 0) ++l.accumulatedPasses;  // a noSync pass
+    return;
+  }
+  if (l.ready[param]) return;
   l.ready[param] = true;
   ++l.readyCount;
-  if (l.readyCount < static_cast<int>(l.params.size())) return;
+  if (solo_ || l.readyCount < static_cast<int>(l.params.size())) return;
   if (l.submitted) return;  // SFB already took this layer
   if (l.captured && l.scheme != Scheme::kPS) return;  // no-overlap: factors wait for synchronize()
   if (options_.overlap) submitDense(layer);
@@ -316,34 +394,77 @@ void DistributedModel::submitDense(int layer) {
 }
 
 void DistributedModel::synchronize() {
-  if (solo_) return;
-  if (!inIteration_) {
-    throw InvalidArgument("synchronize()/step() without a training forward() through the DistributedModel");
+  if (!inIteration_ || !forwarded_) {
+    misuse(accumulating_ ? "synchronize()/step() after forward passes that all ran under noSync(): run the last "
+                           "forward/backward of the step outside noSync()"
+                         : "synchronize()/step() without a training forward() through the DistributedModel");
   }
-  // Layers not yet submitted: no-overlap mode, or gradients that never came
-  // (unused parameters). Backward order, as WFBP would have sent them.
-  for (int l = static_cast<int>(layers_.size()) - 1; l >= 0; --l) {
-    Layer& layer = layers_[l];
-    if (layer.submitted) continue;
-    if (layer.captured && layer.scheme != Scheme::kPS) submitFactors(l);
-    else submitDense(l);
+  bool anyGradient = false;
+  for (const auto& l : layers_) anyGradient = anyGradient || l.used();
+  if (!anyGradient) {
+    misuse("step() after forward() without loss.backward(): no parameter received a gradient this step");
   }
-  node_->waitIteration();
-  int64_t t0 = tracer_ ? Tracer::nowMicros() : 0;
-  torch::NoGradGuard guard;
-  for (auto& layer : layers_) {
-    if (layer.scheme == Scheme::kPS) continue;
-    int64_t off = 0;
-    for (auto& p : layer.params) {
-      torch::Tensor src = layer.staging.narrow(0, off, p.numel()).view(p.sizes());
-      if (p.grad().defined()) p.mutable_grad().copy_(src);
-      else p.mutable_grad() = src.clone();
-      off += p.numel();
+  if (!solo_) {
+    // Layers not yet submitted: no-overlap mode, gradients that never came (unused
+    // parameters), or accumulated ones. Backward order, as WFBP would have sent them.
+    for (int l = static_cast<int>(layers_.size()) - 1; l >= 0; --l) {
+      Layer& layer = layers_[l];
+      if (layer.submitted) continue;
+      const bool sfbLayer = layer.spec->type == LayerType::kFC && node_->schemeFor(l) != Scheme::kPS;
+      if (!layer.captured && layer.readyCount == 0 && layer.stashComplete() && sfbLayer) {
+        // Used only in accumulation passes: their stacked factors carry the sum.
+        layer.u = torch::cat(layer.stashU, 0);
+        layer.v = torch::cat(layer.stashV, 0);
+        layer.captured = true;
+        layer.scheme = node_->schemeFor(l);
+      } else if (!layer.used() && sfbLayer && !layer.uncapturable) {
+        // Unused: contribute zero by the layer's scheme, as every other rank expects.
+        layer.u = torch::zeros({1, layer.spec->m});
+        layer.v = torch::zeros({1, layer.spec->n});
+        layer.captured = true;
+        layer.scheme = node_->schemeFor(l);
+      } else if (!layer.used()) {
+        torch::NoGradGuard guard;
+        for (auto& p : layer.params)
+          if (p.grad().defined()) p.mutable_grad().zero_();  // contribute zero, not a stale gradient
+      }
+      if (layer.captured && layer.scheme != Scheme::kPS) submitFactors(l);
+      else submitDense(l);
     }
-    layer.scheme = Scheme::kPS;  // the default for the next iteration
+    node_->waitIteration();
+  }
+  int64_t t0 = tracer_ ? Tracer::nowMicros() : 0;
+  {
+    torch::NoGradGuard guard;
+    for (auto& layer : layers_) {
+      if (layer.spec->type == LayerType::kFC && layer.used()) layer.uncapturable = !layer.captured;
+      layer.accumulatedPasses = 0;
+      layer.stashU.clear();
+      layer.stashV.clear();
+      if (layer.scheme == Scheme::kPS) continue;
+      int64_t off = 0;
+      for (auto& p : layer.params) {
+        torch::Tensor src = layer.staging.narrow(0, off, p.numel()).view(p.sizes());
+        if (p.grad().defined()) p.mutable_grad().copy_(src);
+        else p.mutable_grad() = src.clone();
+        off += p.numel();
+      }
+      layer.scheme = Scheme::kPS;  // the default for the next iteration
+    }
   }
   inIteration_ = false;
+  accumulating_ = false;
+  broadcastBuffers();
   if (tracer_) tracer_->span("apply (sfb results into .grad)", "compute", 0, t0, Tracer::nowMicros(), iteration_);
+}
+
+void DistributedModel::broadcastBuffers() {
+  // Straggler mode: a per-step broadcast would make rank 0 everyone's pace-setter again, so
+  // buffers are left to each rank there (docs/torch.md).
+  if (solo_ || !options_.broadcastBuffers || buffers_.empty() || node_->book().settings().stragglerMode()) return;
+  std::vector<FloatSpan> spans;
+  for (const auto& b : buffers_) spans.push_back(*bytesAsFloats(b));
+  node_->broadcast(0, LayerBuffer(spans));
 }
 
 void DistributedModel::step(torch::optim::Optimizer& optimizer) {

@@ -1,8 +1,11 @@
-// DistributedModel: Poseidon for an ordinary LibTorch training loop.
+// DistributedModel: Poseidon for an ordinary LibTorch training loop (the
+// Python package wraps the same class).
 //
-//   auto net = LeNet();
+//   auto net = std::make_shared<MyNet>();
 //   torch::optim::SGD opt(net->parameters(), ...);
-//   poseidon::pt::DistributedModel dist(net, "lenet", options);   // joins the job
+//   auto options = poseidon::pt::DistributedOptions::fromEnvironment();  // rank, world, master, secret
+//   options.node.settings.batch = 64;                                     // per-worker batch K
+//   poseidon::pt::DistributedModel dist(net, "mynet", options);           // joins the job
 //   for (...) {
 //     opt.zero_grad();
 //     auto loss = loss_fn(dist.forward(x), y);   // forward through the wrapper
@@ -12,27 +15,34 @@
 //   dist.finish();
 //
 // What it does (paper section 4, "150 lines into Caffe", for LibTorch):
-// - On construction it describes the module to the coordinator (one layer per
+// - On construction it describes the model to the coordinator (one layer per
 //   module that owns parameters), joins the job, and broadcasts rank 0's
 //   parameters and buffers so every replica starts identical.
 // - Wait-free backpropagation: a post hook on every parameter's gradient
 //   accumulator (the hooks c10d's Reducer uses) fires the moment that
 //   parameter's gradient is final; when all of a layer's parameters are in,
 //   the layer's sync is queued on the node's thread pool and backward goes on.
-// - Sufficient factors from real torch::nn::Linear layers without touching
-//   the model: after forward, the autograd graph is searched for the
-//   addmm/mm node that consumes each Linear weight; its saved input is V, and
-//   a pre-hook on that node receives dL/dy = U during backward. When
-//   BestScheme picks SFB, U and V are broadcast as soon as U exists (even
-//   before the weight gradient is computed), and the rebuilt mean gradient
-//   replaces the local one at step(). Linear layers whose factors cannot be
-//   captured (input of rank > 2, weight used twice) go by PS.
-// - Unused parameters: a layer whose gradient never arrived by step() is
-//   synchronized with a zero contribution (DDP's find_unused_parameters
-//   semantics), so the barrier never hangs.
-// - One worker: nothing to synchronize; hooks are not installed and step()
-//   is optimizer.step().
-// Not supported: several backward passes per step (gradient accumulation).
+// - Sufficient factors from real Linear layers without touching the model:
+//   after forward, the autograd graph is searched for the addmm/mm node that
+//   consumes each Linear weight; its saved input is V, and a pre-hook on that
+//   node receives dL/dy = U during backward. When BestScheme picks SFB, U and
+//   V are broadcast as soon as U exists (even before the weight gradient is
+//   computed), and the rebuilt mean gradient replaces the local one at step().
+//   Linear layers whose factors cannot be captured (input of rank > 2, weight
+//   used twice) go by PS.
+// DDP's semantics (docs/torch.md):
+// - Unused parameters, at any step and on any subset of the ranks: a layer
+//   that got no gradient contributes zero by its layer's scheme (zero factors
+//   for SFB, zeros for PS), so the mean is over all workers and nothing stalls.
+// - Buffers (BatchNorm running statistics): rank 0's are broadcast after every
+//   synchronized step (and at the start), so every rank holds the same
+//   (broadcastBuffers; DDP's broadcast_buffers).
+// - Gradient accumulation: forward/backward passes under noSync() accumulate
+//   locally (SFB layers keep their factors); the next synchronized pass sends
+//   the accumulated gradient once (DDP's no_sync).
+// - Misuse on one rank (forward twice before step, step without backward or
+//   without forward) stops every rank at once with that rank's reason; one
+//   worker checks the same.
 #pragma once
 
 #include <torch/torch.h>
@@ -45,6 +55,7 @@
 #include "poseidon/client/node.h"
 #include "poseidon/common/trace.h"
 #include "poseidon/launch/env.h"
+#include "poseidon/torch/models.h"
 
 namespace poseidon::pt {
 
@@ -52,6 +63,8 @@ struct DistributedOptions {
   NodeOptions node;       // rank, world size, coordinator, timeout, settings (batch K, scheme policy)
   bool overlap = true;    // wait-free backprop; false syncs every layer after the whole backward
   bool captureFactors = true;
+  // Rank 0's buffers go to every rank after each synchronized step (DDP's broadcast_buffers).
+  bool broadcastBuffers = true;
 
   // What the launcher said: rank and world size (poseidon launch, torchrun's variables, mpirun,
   // Slurm), MASTER_ADDR resolved, MASTER_PORT, this rank's data endpoint on the interface that
@@ -79,8 +92,12 @@ class DistributedModel {
       : DistributedModel(module.ptr(), name, std::move(options), [module](torch::Tensor x) mutable {
           return module->forward(x);
         }) {}
+  // From a module: `forward` runs it (or use forwardWith for other signatures).
   DistributedModel(std::shared_ptr<torch::nn::Module> module, const std::string& name, DistributedOptions options,
                    std::function<torch::Tensor(torch::Tensor)> forward = nullptr);
+  // From the parts of a model built elsewhere (the Python package): the caller
+  // runs the model between beginForward() and endForward().
+  DistributedModel(ModelParts parts, DistributedOptions options);
   ~DistributedModel();
   DistributedModel(const DistributedModel&) = delete;
   DistributedModel& operator=(const DistributedModel&) = delete;
@@ -90,17 +107,46 @@ class DistributedModel {
   torch::Tensor forward(torch::Tensor x);
   // For modules with other signatures: run = [&] { return net->forward(a, b); }.
   torch::Tensor forwardWith(const std::function<torch::Tensor()>& run);
+  // The two halves of a training forward, for callers that run the model
+  // themselves: beginForward() before (it starts the iteration, or an
+  // accumulation pass under noSync), endForward(output) after.
+  void beginForward();
+  void endForward(const torch::Tensor& output);
 
   // After loss.backward(): BSP barrier; every .grad() then holds the mean
   // gradient over all workers.
   void synchronize();
   void step(torch::optim::Optimizer& optimizer);
 
+  // Gradient accumulation (DDP's no_sync): while the guard lives, forward and
+  // backward accumulate gradients locally; the next forward/backward outside it
+  // synchronizes the accumulated gradients once, at the following step().
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(DistributedModel& model) : model_(&model) { model_->setSyncEnabled(false); }
+    ~NoSyncGuard() {
+      if (model_) model_->setSyncEnabled(true);
+    }
+    NoSyncGuard(NoSyncGuard&& o) noexcept : model_(o.model_) { o.model_ = nullptr; }
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(NoSyncGuard&&) = delete;
+
+   private:
+    DistributedModel* model_;
+  };
+  NoSyncGuard noSync() { return NoSyncGuard(*this); }
+  void setSyncEnabled(bool enabled) { syncEnabled_ = enabled; }
+  bool syncEnabled() const { return syncEnabled_; }
+
   // Straggler dropping (settings.dropStragglers > 0): call before each
   // step's forward. When the others already finished this iteration without
   // this worker, it takes their result, runs optimizer.step() and returns
   // true; the caller skips the step's forward and backward. Otherwise false.
   bool skipIfBehind(torch::optim::Optimizer& optimizer);
+  // The same for callers whose optimizer lives elsewhere (Python): the mean
+  // gradients are in .grad() when it returns true; the caller runs its step.
+  bool skipIfBehind();
 
   // Final barrier; servers stay until every rank is done.
   void finish();
@@ -119,25 +165,31 @@ class DistributedModel {
 
  private:
   struct Layer;
-  struct Params;
   class FactorHook;
+  void init(ModelParts parts);
   void onGradReady(int layer, int param);
-  void onFactors(int layer, const torch::Tensor& u, const torch::Tensor& v);
+  void onFactors(int layer, const torch::Tensor& u, const torch::Tensor& v, bool accumulating);
   void submitDense(int layer);
   void submitFactors(int layer);
-  void instrument(const torch::Tensor& output);
+  void instrument(const torch::Tensor& output, bool accumulating);
   void beginIteration();
+  void broadcastBuffers();
+  // A misuse found on this rank: every rank stops with this reason; throws InvalidArgument.
+  [[noreturn]] void misuse(const std::string& why);
 
-  std::shared_ptr<torch::nn::Module> module_;
+  std::shared_ptr<torch::nn::Module> module_;  // when built from a C++ module
   std::function<torch::Tensor(torch::Tensor)> forward_;
   DistributedOptions options_;
   ModelDesc desc_;
   std::unique_ptr<Node> node_;
   std::vector<Layer> layers_;
+  std::vector<torch::Tensor> buffers_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // kept alive: hooks live on them
   bool solo_ = false;
+  bool syncEnabled_ = true;
   bool inIteration_ = false;
-  bool forwarded_ = false;  // the current iteration's forward has run
+  bool forwarded_ = false;     // the current iteration's synchronized forward has run
+  bool accumulating_ = false;  // noSync passes ran since the last step
   int64_t iteration_ = -1;
   int64_t lastReadyUs_ = 0;
   std::vector<Scheme> lastSchemes_;

@@ -67,33 +67,57 @@ AnyNet makeModel(const std::string& name) {
   throw InvalidArgument("unknown model '" + name + "' (expected lenet, cifar10-quick or mlp)");
 }
 
-ModelDesc describeModule(const torch::nn::Module& module, const std::string& name) {
-  ModelDesc desc;
-  desc.name = name;
+ModelParts partsOf(const torch::nn::Module& module, const std::string& name) {
+  ModelParts parts;
+  parts.name = name;
   for (const auto& item : module.named_modules()) {
     const torch::nn::Module& m = *item.value();
-    std::vector<ParamSpec> params;
+    LayerTensors l;
     for (const auto& p : m.named_parameters(/*recurse=*/false)) {
-      if (!p.value().requires_grad()) continue;
-      params.push_back({p.key(), p.value().sizes().vec()});
+      if (!p.value().requires_grad()) {
+        parts.frozen.push_back(p.value());
+        continue;
+      }
+      l.paramNames.push_back(p.key());
+      l.params.push_back(p.value());
     }
-    if (params.empty()) continue;
-    LayerSpec l;
+    if (l.params.empty()) continue;
     l.name = item.key().empty() ? name : item.key();
-    l.params = params;
-    if (dynamic_cast<const torch::nn::LinearImpl*>(&m) && params[0].name == "weight" && params[0].shape.size() == 2) {
+    if (dynamic_cast<const torch::nn::LinearImpl*>(&m)) {
       l.type = LayerType::kFC;
-      l.m = params[0].shape[0];
-      l.n = params[0].shape[1];
     } else if (dynamic_cast<const torch::nn::Conv1dImpl*>(&m) || dynamic_cast<const torch::nn::Conv2dImpl*>(&m) ||
                dynamic_cast<const torch::nn::Conv3dImpl*>(&m)) {
       l.type = LayerType::kConv;
-    } else {
-      l.type = LayerType::kOther;
+    }
+    parts.layers.push_back(std::move(l));
+  }
+  for (const auto& b : module.buffers()) parts.buffers.push_back(b);
+  return parts;
+}
+
+ModelDesc describe(const ModelParts& parts) {
+  ModelDesc desc;
+  desc.name = parts.name;
+  for (const auto& lt : parts.layers) {
+    LayerSpec l;
+    l.name = lt.name;
+    for (size_t i = 0; i < lt.params.size(); ++i) l.params.push_back({lt.paramNames.at(i), lt.params[i].sizes().vec()});
+    l.type = lt.type;
+    if (l.type == LayerType::kFC) {
+      if (l.params[0].name == "weight" && l.params[0].shape.size() == 2) {
+        l.m = l.params[0].shape[0];
+        l.n = l.params[0].shape[1];
+      } else {
+        l.type = LayerType::kOther;
+      }
     }
     desc.layers.push_back(std::move(l));
   }
   return desc;
+}
+
+ModelDesc describeModule(const torch::nn::Module& module, const std::string& name) {
+  return describe(partsOf(module, name));
 }
 
 }  // namespace poseidon::pt

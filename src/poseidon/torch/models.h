@@ -49,10 +49,29 @@ struct AnyNet {
 
 AnyNet makeModel(const std::string& name);              // throws InvalidArgument
 
-// The layer table of a module: one layer per module that owns parameters
-// (requires_grad), in registration order; Linear layers are FC (M x N from
-// the weight), ConvNd layers CONV, everything else OTHER. Layer names are the
-// module paths ("ip1", "features.0").
+// A model as Poseidon sees it, whatever built it: its layers (one per module
+// that owns trainable parameters, in registration order: each is one sync
+// unit) and its buffers. partsOf() reads a C++ module; the Python package
+// builds the same from a Python module's parameters.
+struct LayerTensors {
+  std::string name;  // module path ("ip1", "features.0"); the model's name for the root module
+  LayerType type = LayerType::kOther;  // kFC: a Linear (weight M x N [+ bias]); kConv: a ConvNd
+  std::vector<std::string> paramNames;
+  std::vector<torch::Tensor> params;  // requires_grad
+};
+struct ModelParts {
+  std::string name;
+  std::vector<LayerTensors> layers;
+  std::vector<torch::Tensor> buffers;  // running statistics and the like (BatchNorm)
+  std::vector<torch::Tensor> frozen;   // parameters that do not require grad: copied from rank 0 at the start
+};
+ModelParts partsOf(const torch::nn::Module& module, const std::string& name);
+
+// The layer table the coordinator checks: FC layers get M x N from the
+// weight (a kFC layer without a 2-D first parameter named "weight" is
+// described as OTHER), the rest their parameter shapes.
+ModelDesc describe(const ModelParts& parts);
+// describe(partsOf(module, name)).
 ModelDesc describeModule(const torch::nn::Module& module, const std::string& name);
 
 }  // namespace poseidon::pt

@@ -1,5 +1,7 @@
 #include "poseidon/wire/messages.h"
 
+#include <cstdint>
+
 namespace poseidon::wire {
 
 namespace {
@@ -28,7 +30,12 @@ FrameHeader book(uint64_t job) {
 
 FrameHeader joinError() { return make(MsgType::kJoinError); }
 
-FrameHeader psPush(int layer, int64_t iteration, int pair) { return make(MsgType::kPsPush, layer, iteration, pair); }
+FrameHeader psPush(int layer, int64_t iteration, int pair, int64_t gap) {
+  // A gap that does not fit the field is sent as unknown.
+  return make(MsgType::kPsPush, layer, iteration, pair, gap > 0 && gap <= UINT32_MAX ? gap : 0);
+}
+
+int64_t psGap(const FrameHeader& h) { return h.aux; }
 
 FrameHeader psAggregate(int layer, int64_t iteration, int pair) {
   return make(MsgType::kPsAggregate, layer, iteration, pair);

@@ -6,7 +6,7 @@
 //   type            layer             iteration           pair          aux
 //   join            -                 -                   -             -      (sender: the joining rank)
 //   book            -                 -                   -             -      (job: the new job id)
-//   ps-push         layer             iteration           KV pair       -
+//   ps-push         layer             iteration           KV pair       gap (see psPush)
 //   ps-aggregate    layer             iteration           KV pair       -
 //   sfb-factors     layer             iteration           -             rows K
 //   adam-factors    layer             iteration           -             rows K
@@ -36,8 +36,12 @@ FrameHeader join(int rank);
 FrameHeader book(uint64_t job);
 FrameHeader joinError();
 
-// Parameter server.
-FrameHeader psPush(int layer, int64_t iteration, int pair);
+// Parameter server. `gap`: iterations since the sender's previous PS round of
+// this layer (1 when the layer went by PS every step; more when the rounds in
+// between went by SFB; 0 when unknown), so a shard knows a push that comes
+// after a stretch of SFB rounds is the pair's next round, not a stray one.
+FrameHeader psPush(int layer, int64_t iteration, int pair, int64_t gap = 0);
+int64_t psGap(const FrameHeader& h);
 FrameHeader psAggregate(int layer, int64_t iteration, int pair);
 // Sufficient factors: U (rows x M) then V (rows x N) in the payload.
 FrameHeader sfbFactors(int layer, int64_t iteration, int64_t rows);

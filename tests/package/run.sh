@@ -8,8 +8,9 @@
 #   3. examples/cpp, configured with only CMAKE_PREFIX_PATH=<prefix> (find_package(Poseidon)), built and run:
 #      exactness under `poseidon launch -n 4` and alone (same global batch) must end with the same
 #      parameters (max |diff| / max |param| <= 1e-4); minimal runs under `poseidon launch -n 4` and alone.
-#   4. add_subdirectory(<checkout>) from a tiny project: configures, links Poseidon::poseidon_core, keeps
-#      the includer's output directory, and turns Poseidon's tests and install rules off.
+#   4. add_subdirectory(<checkout>) from a tiny project: configures and generates with a target on
+#      Poseidon::poseidon_torch, builds and links one on Poseidon::poseidon_core, keeps the includer's build
+#      type and output directory, and turns Poseidon's tests and install rules off.
 # Usage: run.sh BUILD_DIR. Works in BUILD_DIR/package-test, wiped first; a fixed path lets ccache (when the
 # build uses it) reuse the examples' objects. Removed on success, kept on failure for a look.
 set -euo pipefail
@@ -131,6 +132,10 @@ set(CMAKE_RUNTIME_OUTPUT_DIRECTORY \${PROJECT_BINARY_DIR}/includer-bin)
 add_subdirectory("$root" poseidon)
 add_executable(app app.cc)
 target_link_libraries(app PRIVATE Poseidon::poseidon_core)
+# Not built (the test builds only app), but generating it evaluates LibTorch's usage requirements from this
+# directory, which fails when Poseidon's find_package(Torch) targets are not visible here.
+add_executable(app_torch EXCLUDE_FROM_ALL app.cc)
+target_link_libraries(app_torch PRIVATE Poseidon::poseidon_torch)
 # Where Poseidon's own executable would go, without building it.
 file(GENERATE OUTPUT \${PROJECT_BINARY_DIR}/poseidon-location.txt CONTENT "\$<TARGET_FILE:poseidon>")
 CMAKE
@@ -139,8 +144,8 @@ cat > "$sub/app.cc" <<'CC'
 int main() { return poseidon::schemeName(poseidon::Scheme::kSFB)[0] == 's' ? 0 : 1; }
 CC
 # No build type: the includer's choice must stand (Poseidon sets Release only for itself at the top), and
-# unoptimized the core compiles in half the time.
-sub_flags=("-DCMAKE_CXX_COMPILER=$(cache_value CMAKE_CXX_COMPILER)" -DCMAKE_BUILD_TYPE= -DPOSEIDON_WITH_TORCH=OFF)
+# unoptimized the core compiles in half the time. Only the core is built.
+sub_flags=("-DCMAKE_CXX_COMPILER=$(cache_value CMAKE_CXX_COMPILER)" -DCMAKE_BUILD_TYPE=)
 [ -z "$launcher" ] || sub_flags+=("-DCMAKE_CXX_COMPILER_LAUNCHER=$launcher")
 quiet subdir-configure.log "configuring a project that does add_subdirectory(poseidon)" \
   "$cmake" -S "$sub" -B "$sub/build" "${sub_flags[@]}"
@@ -158,7 +163,8 @@ esac
 quiet subdir-build.log "building a project that does add_subdirectory(poseidon)" \
   "$cmake" --build "$sub/build" --target app -j"$jobs"
 "$sub/build/includer-bin/app" || fail "add_subdirectory: the linked program failed"
-say "add_subdirectory: configured, linked Poseidon::poseidon_core and ran; tests and install off, output directory kept"
+say "add_subdirectory: generated with Poseidon::poseidon_torch, linked Poseidon::poseidon_core and ran;" \
+  "tests and install off, build type and output directory kept"
 
 rm -rf "$work"
 say "PASS"

@@ -1,0 +1,33 @@
+# Installs Poseidon as a CMake package: headers under include/poseidon (the same paths as src/poseidon), the
+# static libraries, the poseidon command, and lib/cmake/Poseidon, so that another project needs only
+#   find_package(Poseidon REQUIRED)
+#   target_link_libraries(app PRIVATE Poseidon::poseidon_torch)
+# The core and the LibTorch part are separate export sets (components core and torch): a program that links
+# only the core should not have to find LibTorch.
+include(CMakePackageConfigHelpers)
+
+set(POSEIDON_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/Poseidon)
+
+# Every header the libraries' users can reach; cli/ belongs to the poseidon command alone.
+set(_poseidon_header_excludes PATTERN cli EXCLUDE)
+if(NOT POSEIDON_WITH_TORCH)
+  list(APPEND _poseidon_header_excludes PATTERN torch EXCLUDE)
+endif()
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/src/poseidon/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/poseidon
+  FILES_MATCHING PATTERN "*.h" ${_poseidon_header_excludes})
+
+install(TARGETS poseidon_core EXPORT PoseidonCoreTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
+install(EXPORT PoseidonCoreTargets NAMESPACE Poseidon:: DESTINATION ${POSEIDON_CMAKE_DIR})
+if(POSEIDON_WITH_TORCH)
+  install(TARGETS poseidon_torch EXPORT PoseidonTorchTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
+  install(EXPORT PoseidonTorchTargets NAMESPACE Poseidon:: DESTINATION ${POSEIDON_CMAKE_DIR})
+endif()
+install(TARGETS poseidon RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+
+configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/PoseidonConfig.cmake.in
+  ${PROJECT_BINARY_DIR}/PoseidonConfig.cmake INSTALL_DESTINATION ${POSEIDON_CMAKE_DIR})
+# 0.x: a minor release may change the API, so only the same major.minor is accepted.
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/PoseidonConfigVersion.cmake
+  VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/PoseidonConfig.cmake ${PROJECT_BINARY_DIR}/PoseidonConfigVersion.cmake
+  DESTINATION ${POSEIDON_CMAKE_DIR})

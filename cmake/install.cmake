@@ -31,3 +31,13 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/PoseidonConfigVersion.cma
   VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/PoseidonConfig.cmake ${PROJECT_BINARY_DIR}/PoseidonConfigVersion.cmake
   DESTINATION ${POSEIDON_CMAKE_DIR})
+
+# The Python package: under the prefix's dist-packages, which Debian's /usr/bin/python3 searches for
+# /usr/local (the default prefix): after `cmake --install build`, `import poseidon` works.
+if(TARGET poseidon_python)
+  set(POSEIDON_PYTHON_INSTALL_DIR lib/python3/dist-packages CACHE STRING
+      "where the poseidon Python package goes, relative to the install prefix")
+  install(TARGETS poseidon_python LIBRARY DESTINATION ${POSEIDON_PYTHON_INSTALL_DIR}/poseidon)
+  install(FILES ${PROJECT_SOURCE_DIR}/python/poseidon/__init__.py ${PROJECT_SOURCE_DIR}/python/poseidon/checkpoint.py
+          DESTINATION ${POSEIDON_PYTHON_INSTALL_DIR}/poseidon)
+endif()

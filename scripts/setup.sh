@@ -16,7 +16,8 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libtorch-dev                    # LibTorch integration (CPU build)
   dataset-fashion-mnist           # the main job's data
-  python3-torch                   # the PyTorch DDP baseline of poseidon bench
+  python3-torch                   # the Python package's torch, and the PyTorch DDP baseline of poseidon bench
+  python3-dev pybind11-dev        # the Python package (poseidon._poseidon)
   iproute2                        # network namespaces + tc for the emulated cluster
   gnuplot-nox                     # bench plots
   clang libclang-rt-14-dev        # libFuzzer for the decoder fuzz test

@@ -122,6 +122,15 @@ quiet minimal4.log "minimal under poseidon launch -n 4" "$prefix/bin/poseidon" l
 quiet minimal1.log "minimal alone" "${alone[@]}" "$ex/minimal"
 say "minimal: ran under poseidon launch -n 4 and alone; $(tail -n 1 "$work/minimal4.log")"
 
+# The Python package, when built: installed beside the rest, importable from the prefix alone.
+if [ -d "$build/python/poseidon" ]; then
+  site="$prefix/lib/python3/dist-packages"
+  [ -f "$site/poseidon/__init__.py" ] || fail "the install has no Python package under $site"
+  quiet python-import.log "import poseidon from the install" env PYTHONPATH="$site" "${alone[@]}" /usr/bin/python3 -c \
+    "import poseidon, torch; m = poseidon.DistributedModel(torch.nn.Linear(3, 2), batch=2); m.finish(); print(poseidon.__file__)"
+  say "python: $(tail -n 1 "$work/python-import.log")"
+fi
+
 # ---- 4. add_subdirectory --------------------------------------------------------------------------------------
 sub="$work/subdir"
 mkdir -p "$sub"

@@ -40,6 +40,9 @@ class Collectives {
   // in chunks of the KV pair size.
   void broadcast(int root, LayerBuffer buffer);
   void barrier();
+  // Sums a few numbers over all ranks (each rank broadcasts its own in turn; doubles travel bit
+  // for bit). For counts and statistics, not gradients.
+  std::vector<double> allSum(const std::vector<double>& mine);
   void wake();
 
  private:

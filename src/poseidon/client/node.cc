@@ -361,6 +361,11 @@ void Node::barrier() {
   collectives_->barrier();
 }
 
+std::vector<double> Node::allSum(const std::vector<double>& mine) {
+  throwIfFailed();
+  return collectives_->allSum(mine);
+}
+
 void Node::finish() {
   if (finished_) return;
   barrier();

@@ -147,6 +147,8 @@ class Node : private SyncHost {
   // Copies root's buffer into every other node's buffer (same size on all).
   void broadcast(int root, LayerBuffer buffer);
   void barrier();
+  // Sums a few numbers over all ranks (Collectives::allSum).
+  std::vector<double> allSum(const std::vector<double>& mine);
   // Final barrier, then stops the receive loop and closes the transport.
   // Servers stay up until every node has reached finish().
   void finish();

@@ -141,17 +141,19 @@ void DistributedModel::init(ModelParts parts) {
       auto acc = autograd::impl::grad_accumulator(layers_[l].params[i]);
       POSEIDON_ENFORCE(acc, "parameter without a gradient accumulator");
       int li = static_cast<int>(l), pi = static_cast<int>(i);
-      acc->add_post_hook(std::make_unique<autograd::utils::LambdaPostHook>(
+      uintptr_t key = acc->add_post_hook(std::make_unique<autograd::utils::LambdaPostHook>(
           [this, li, pi](const autograd::variable_list& outputs, const autograd::variable_list&) {
             onGradReady(li, pi);
             return outputs;
           }));
-      accumulators_.push_back(std::move(acc));
+      accumulators_.emplace_back(std::move(acc), key);
     }
   }
 }
 
-DistributedModel::~DistributedModel() = default;
+DistributedModel::~DistributedModel() {
+  for (auto& [acc, key] : accumulators_) acc->del_post_hook(key);
+}
 
 bool DistributedModel::factorsCaptured(int layer) const { return layers_.at(layer).captured; }
 
@@ -235,15 +237,18 @@ void DistributedModel::beginForward() {
   forwarded_ = true;
 }
 
-void DistributedModel::endForward(const torch::Tensor& output) {
-  if (options_.captureFactors && !solo_) instrument(output, !syncEnabled_);
+void DistributedModel::endForward(const std::vector<torch::Tensor>& outputs) {
+  if (options_.captureFactors && !solo_) instrument(outputs, !syncEnabled_);
 }
 
 // Finds, for each FC layer, the addmm (with bias) or mm (without) node that
 // consumes weight.t(), and hooks it. A weight reached from more than one place
 // (weight tying, several calls) cannot be factored and stays on PS.
-void DistributedModel::instrument(const torch::Tensor& output, bool accumulating) {
-  if (!output.defined() || !output.grad_fn()) return;
+void DistributedModel::instrument(const std::vector<torch::Tensor>& outputs, bool accumulating) {
+  std::vector<autograd::Node*> stack;
+  for (const auto& o : outputs)
+    if (o.defined() && o.grad_fn()) stack.push_back(o.grad_fn().get());
+  if (stack.empty()) return;
   std::unordered_map<const autograd::Node*, std::pair<int, int>> accOwner;  // accumulator -> (layer, param)
   for (size_t l = 0; l < layers_.size(); ++l) {
     if (layers_[l].spec->type != LayerType::kFC) continue;
@@ -259,7 +264,6 @@ void DistributedModel::instrument(const torch::Tensor& output, bool accumulating
     torch::Tensor v;
   };
   std::vector<Candidate> candidates;
-  std::vector<autograd::Node*> stack{output.grad_fn().get()};
   std::unordered_set<autograd::Node*> seen;
   while (!stack.empty()) {
     autograd::Node* n = stack.back();

@@ -111,7 +111,8 @@ class DistributedModel {
   // themselves: beginForward() before (it starts the iteration, or an
   // accumulation pass under noSync), endForward(output) after.
   void beginForward();
-  void endForward(const torch::Tensor& output);
+  void endForward(const torch::Tensor& output) { endForward(std::vector<torch::Tensor>{output}); }
+  void endForward(const std::vector<torch::Tensor>& outputs);  // a forward with several outputs
 
   // After loss.backward(): BSP barrier; every .grad() then holds the mean
   // gradient over all workers.
@@ -171,7 +172,7 @@ class DistributedModel {
   void onFactors(int layer, const torch::Tensor& u, const torch::Tensor& v, bool accumulating);
   void submitDense(int layer);
   void submitFactors(int layer);
-  void instrument(const torch::Tensor& output, bool accumulating);
+  void instrument(const std::vector<torch::Tensor>& outputs, bool accumulating);
   void beginIteration();
   void broadcastBuffers();
   // A misuse found on this rank: every rank stops with this reason; throws InvalidArgument.
@@ -184,7 +185,9 @@ class DistributedModel {
   std::unique_ptr<Node> node_;
   std::vector<Layer> layers_;
   std::vector<torch::Tensor> buffers_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // kept alive: hooks live on them
+  // Kept alive (our hooks live on them), with the keys of our hooks, removed again when the
+  // wrapper goes: the module may outlive it and run backward without it.
+  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> accumulators_;
   bool solo_ = false;
   bool syncEnabled_ = true;
   bool inIteration_ = false;

@@ -50,25 +50,6 @@ torch::Tensor batchLabels(const data::Dataset& d, const std::vector<int64_t>& id
   return y;
 }
 
-// Sums small vectors over all ranks: each rank broadcasts its own in turn.
-std::vector<double> allSum(Node& node, const std::vector<double>& mine) {
-  std::vector<double> total(mine.size(), 0.0);
-  std::vector<float> buf(mine.size() * 2);
-  for (int root = 0; root < node.book().worldSize(); ++root) {
-    // Doubles travel as pairs of floats (hi, lo) to keep counts exact.
-    if (root == node.rank()) {
-      for (size_t i = 0; i < mine.size(); ++i) {
-        float hi = static_cast<float>(mine[i]);
-        buf[2 * i] = hi;
-        buf[2 * i + 1] = static_cast<float>(mine[i] - hi);
-      }
-    }
-    node.broadcast(root, LayerBuffer::contiguous(buf.data(), static_cast<int64_t>(buf.size())));
-    for (size_t i = 0; i < mine.size(); ++i) total[i] += double(buf[2 * i]) + double(buf[2 * i + 1]);
-  }
-  return total;
-}
-
 std::string human(double bytes) {
   char b[64];
   if (bytes >= 1e9) std::snprintf(b, sizeof b, "%.2f GB", bytes / 1e9);
@@ -322,7 +303,7 @@ double RankRun::evaluate() {
   }
   net_.module->train();
   if (!dist_) return static_cast<double>(correct) / static_cast<double>(seen);
-  auto total = allSum(dist_->node(), {static_cast<double>(correct), static_cast<double>(seen)});
+  auto total = dist_->node().allSum({static_cast<double>(correct), static_cast<double>(seen)});
   return total[0] / total[1];
 }
 
@@ -424,7 +405,7 @@ void RankRun::reportStragglers() {
   std::vector<double> mine(2 * world_, 0.0);
   mine[rank_] = static_cast<double>(dist_->node().droppedContributions());
   mine[world_ + rank_] = static_cast<double>(dist_->node().skippedIterations());
-  auto all = allSum(dist_->node(), mine);
+  auto all = dist_->node().allSum(mine);
   for (int r = 0; r < world_; ++r) {
     dropped_[r] = all[r];
     skipped_[r] = all[world_ + r];
@@ -445,7 +426,7 @@ void RankRun::reportTraffic() {
   Node& node = dist_->node();
   TrafficTotals ps = node.counters().total(TrafficKind::kPS), sfb = node.counters().total(TrafficKind::kSFB);
   auto pred = dist_->predictedFloats();
-  auto total = allSum(node, {double(ps.bytesSent), double(sfb.bytesSent), double(ps.bytesSent + ps.bytesReceived),
+  auto total = node.allSum({double(ps.bytesSent), double(sfb.bytesSent), double(ps.bytesSent + ps.bytesReceived),
                              double(sfb.bytesSent + sfb.bytesReceived), pred.first * 4, pred.second * 4});
   psBytes_ = total[0];
   sfbBytes_ = total[1];

@@ -1,0 +1,157 @@
+#!/usr/bin/python3
+"""The main job from Python: Caffe's LeNet on Fashion-MNIST with Poseidon, as `poseidon train` runs it in C++.
+
+    poseidon launch -n 4 -- /usr/bin/python3 examples/python/train_lenet.py     # 4 workers x batch 64
+    /usr/bin/python3 examples/python/train_lenet.py --batch 256                 # one process, same global batch
+
+Same model (431,080 parameters; ip1 goes by SFB, the rest by PS), data order (each rank a strided shard of
+a per-epoch permutation from --seed), optimizer (SGD, lr 0.05, momentum 0.9) and schedule (5 epochs) as
+the C++ job. Prints progress, the test accuracy per epoch, and a JSON summary with --summary FILE.
+"""
+
+import argparse
+import gzip
+import json
+import os
+import struct
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+import poseidon
+
+DATA = "/usr/share/datasets/fashion-mnist"
+MEAN, STD = 0.2860, 0.3530  # Fashion-MNIST's, as the C++ reader uses
+
+
+def load(kind):
+    """Images (N, 1, 28, 28) normalized, and labels (N,), from the Debian package's IDX files."""
+    prefix = "train" if kind == "train" else "t10k"
+    with gzip.open(os.path.join(DATA, prefix + "-images-idx3-ubyte.gz"), "rb") as f:
+        magic, n, rows, cols = struct.unpack(">IIII", f.read(16))
+        assert magic == 2051, "not an IDX image file"
+        pixels = torch.frombuffer(bytearray(f.read(n * rows * cols)), dtype=torch.uint8)
+    with gzip.open(os.path.join(DATA, prefix + "-labels-idx1-ubyte.gz"), "rb") as f:
+        magic, m = struct.unpack(">II", f.read(8))
+        assert magic == 2049 and m == n, "labels do not match the images"
+        labels = torch.frombuffer(bytearray(f.read(m)), dtype=torch.uint8).long()
+    x = (pixels.float().div(255.0) - MEAN) / STD
+    return x.view(n, 1, rows, cols), labels
+
+
+class LeNet(torch.nn.Module):
+    """Caffe's LeNet: conv 20@5x5, max-pool, conv 50@5x5, max-pool, ip1 500, ReLU, ip2 10."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(1, 20, 5)
+        self.conv2 = torch.nn.Conv2d(20, 50, 5)
+        self.ip1 = torch.nn.Linear(800, 500)
+        self.ip2 = torch.nn.Linear(500, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(self.conv1(x), 2)
+        x = F.max_pool2d(self.conv2(x), 2)
+        x = F.relu(self.ip1(x.flatten(1)))
+        return self.ip2(x)
+
+
+def shard(count, world, rank, seed, epoch):
+    """This rank's indices of the epoch: a strided shard of one permutation, padded so all ranks take as many."""
+    g = torch.Generator().manual_seed(seed + epoch)
+    order = torch.randperm(count, generator=g)
+    per_rank = (count + world - 1) // world
+    return order[(rank + torch.arange(per_rank) * world) % count]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--batch", type=int, default=64, help="per-rank batch K")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--max-steps", type=int, default=-1, help="stop after N steps (smoke runs)")
+    p.add_argument("--summary", help="write a JSON summary to FILE")
+    a = p.parse_args()
+    if a.epochs < 1 or a.batch < 1 or not a.lr > 0 or not 0 <= a.momentum < 1:
+        p.error("--epochs and --batch must be >= 1, --lr > 0, --momentum in [0, 1)")
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+    torch.manual_seed(a.seed)
+    train_x, train_y = load("train")
+    test_x, test_y = load("test")
+    net = LeNet()
+    model = poseidon.DistributedModel(net, batch=a.batch, name="lenet")
+    rank, world = model.rank, model.world_size
+    opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum)
+    lead = rank == 0
+    if lead:
+        params = sum(t.numel() for t in net.parameters())
+        print("train_lenet.py: lenet (%d params) on Fashion-MNIST, %d worker%s x batch %d, %d epochs, lr %g, momentum %g"
+              % (params, world, "s" if world > 1 else "", a.batch, a.epochs, a.lr, a.momentum), flush=True)
+        for layer in model.plan():
+            print("  %-6s %-5s %-10s %s" % (layer["name"], layer["type"], layer["shape"],
+                                            layer["scheme"] if world > 1 else "local"))
+
+    def evaluate():
+        net.eval()
+        with torch.no_grad():
+            mine = torch.arange(rank, test_x.size(0), world)
+            correct = (net(test_x[mine]).argmax(1) == test_y[mine]).sum().item()
+        net.train()
+        return correct, len(mine)
+
+    start = time.time()
+    steps, epochs, accuracy = 0, [], 0.0
+    per_rank = (train_x.size(0) + world - 1) // world
+    steps_per_epoch = (per_rank + a.batch - 1) // a.batch
+    for epoch in range(a.epochs):
+        idx = shard(train_x.size(0), world, rank, a.seed, epoch)
+        t0, loss_sum = time.time(), 0.0
+        for s in range(steps_per_epoch):
+            b = idx[s * a.batch:(s + 1) * a.batch]
+            opt.zero_grad()
+            loss = F.cross_entropy(model(train_x[b]), train_y[b])
+            loss.backward()
+            model.synchronize()
+            opt.step()
+            loss_sum += loss.item()
+            steps += 1
+            if lead and (s + 1) % max(1, steps_per_epoch // 5) == 0:
+                print("epoch %d/%d %3d%%  loss %.4f  %.0f img/s" % (epoch + 1, a.epochs, 100 * (s + 1) // steps_per_epoch,
+                      loss_sum / (s + 1), (s + 1) * a.batch * world / (time.time() - t0)), flush=True)
+            if 0 < a.max_steps <= steps:
+                break
+        # Test accuracy over all ranks' shares of the test set (summed through one tiny all-reduce).
+        correct, seen = evaluate()
+        accuracy = correct / max(seen, 1)
+        if world > 1:
+            counts = model.allsum([correct, seen])
+            accuracy = counts[0] / counts[1]
+        epochs.append({"epoch": epoch + 1, "train_loss": loss_sum / max(s + 1, 1), "test_accuracy": accuracy,
+                       "seconds": time.time() - t0})
+        if lead:
+            print("epoch %d/%d done in %.1f s: train loss %.4f, test accuracy %.2f%%"
+                  % (epoch + 1, a.epochs, epochs[-1]["seconds"], epochs[-1]["train_loss"], 100 * accuracy), flush=True)
+        if 0 < a.max_steps <= steps:
+            break
+    elapsed = time.time() - start
+    summary = model.summary()
+    model.finish()
+    if lead:
+        print("final test accuracy %.2f%%, %.1f s" % (100 * accuracy, elapsed), flush=True)
+        if a.summary:
+            with open(a.summary, "w") as f:
+                json.dump({"test_accuracy": accuracy, "seconds": elapsed, "steps": steps, "workers": world,
+                           "batch": a.batch, "epochs_run": epochs, "layers": summary["layers"]}, f, indent=2)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except poseidon.Error as e:
+        print("train_lenet.py: error: %s" % e, file=sys.stderr)
+        sys.exit(1)

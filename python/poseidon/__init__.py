@@ -1,0 +1,195 @@
+"""Poseidon for PyTorch: data-parallel training over plain Ethernet.
+
+    import poseidon
+    model = poseidon.DistributedModel(model, batch=64)   # any torch.nn.Module; joins the job
+    for x, y in batches:
+        optimizer.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()          # each layer's sync starts as soon as its gradient is ready
+        model.synchronize()      # the mean gradient over all ranks is in every .grad
+        optimizer.step()
+    model.finish()
+
+Start the ranks with ``poseidon launch -n 4 -- /usr/bin/python3 train.py`` (or torchrun-style
+variables, mpirun, Slurm). The runtime is the C++ library's (wait-free backpropagation, sufficient
+factors of nn.Linear layers, the sharded parameter server, the coordinator, the job secret): see
+docs/python.md.
+"""
+
+import atexit
+import contextlib
+import weakref
+
+import torch
+
+from . import _poseidon
+from ._poseidon import AbortedError, Error, InvalidArgument, IoError, TimeoutError  # noqa: F401
+from .checkpoint import load_checkpoint, save_checkpoint  # noqa: F401
+
+__all__ = ["DistributedModel", "save_checkpoint", "load_checkpoint", "InvalidArgument", "TimeoutError",
+           "AbortedError", "IoError", "Error"]
+
+_CONV = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
+_live = weakref.WeakSet()  # models whose runtime threads must stop before the interpreter does
+
+
+def _kind(module):
+    if isinstance(module, torch.nn.Linear):
+        return "fc"
+    if isinstance(module, _CONV):
+        return "conv"
+    return "other"
+
+
+def _describe(module, name):
+    """Layers (modules that own trainable parameters, in registration order), buffers, frozen parameters."""
+    layers, frozen = [], []
+    for path, m in module.named_modules():
+        names, params = [], []
+        for pname, p in m.named_parameters(recurse=False):
+            if p.requires_grad:
+                names.append(pname)
+                params.append(p)
+            else:
+                frozen.append(p)
+        if params:
+            layers.append((path or name, _kind(m), names, params))
+    return layers, list(module.buffers()), frozen
+
+
+def _tensors(out):
+    """The tensors of a forward's output (a tensor, or tuples, lists and dicts of them)."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in _tensors(o)]
+    if isinstance(out, dict):
+        return [t for o in out.values() for t in _tensors(o)]
+    return []
+
+
+class DistributedModel(torch.nn.Module):
+    """Wraps any ``torch.nn.Module`` for data-parallel training with Poseidon.
+
+    batch: the per-rank batch size K (rows of each step's input), which BestScheme plans with.
+        When None, the rank joins the job at its first training forward and takes K from the first
+        tensor argument's first dimension.
+    name: the model's name in the job (default: the module's class name).
+    scheme: "auto" (BestScheme per layer), "ps" or "sfb" (force a scheme for Linear layers).
+    overlap: wait-free backpropagation; False sends every layer after the whole backward.
+    broadcast_buffers: rank 0's buffers (BatchNorm statistics) go to every rank after each step.
+    timeout: seconds any wait on other ranks may last before the job fails, naming what is missing.
+    The rank, world size, coordinator and job secret come from the launcher's environment.
+    """
+
+    def __init__(self, module, batch=None, *, name=None, scheme="auto", overlap=True, broadcast_buffers=True,
+                 timeout=30.0, sync_threads=2, pair_bytes=2 * 1024 * 1024):
+        super().__init__()
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError("DistributedModel wraps a torch.nn.Module, got %s" % type(module).__name__)
+        self.module = module
+        self._name = name or type(module).__name__.lower()
+        options = _poseidon.options_from_environment()
+        options.update(scheme=scheme, overlap=bool(overlap), broadcast_buffers=bool(broadcast_buffers),
+                       timeout_ms=int(round(timeout * 1000)), sync_threads=int(sync_threads),
+                       pair_bytes=int(pair_bytes))
+        self._options = options
+        self._impl = None
+        self._batch = None
+        if batch is not None:
+            self._join(int(batch))
+        _live.add(self)
+
+    # ---- the job ----------------------------------------------------------------------------------
+
+    def _join(self, batch):
+        self._options["batch"] = batch
+        layers, buffers, frozen = _describe(self.module, self._name)
+        self._impl = _poseidon.Model(self._name, layers, buffers, frozen, self._options)
+        self._batch = batch
+
+    def _runtime(self):
+        if self._impl is None:
+            raise InvalidArgument("the model has not joined its job yet: give batch= or run a training forward first")
+        return self._impl
+
+    @property
+    def rank(self):
+        return self._options["rank"]
+
+    @property
+    def world_size(self):
+        return self._options["world_size"]
+
+    # ---- training ---------------------------------------------------------------------------------
+
+    def forward(self, *args, **kwargs):
+        if not (self.training and torch.is_grad_enabled()):
+            return self.module(*args, **kwargs)
+        if self._impl is None:
+            first = next((a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)), None)
+            if first is None or first.dim() == 0:
+                raise InvalidArgument("cannot tell the batch size from this forward's arguments: "
+                                      "give DistributedModel(..., batch=K)")
+            self._join(int(first.shape[0]))
+        self._impl.begin_forward()
+        out = self.module(*args, **kwargs)
+        self._impl.end_forward(_tensors(out))
+        return out
+
+    def synchronize(self):
+        """After loss.backward(): waits until every .grad holds the mean gradient over all ranks."""
+        self._runtime().synchronize()
+
+    def step(self, optimizer):
+        """synchronize(), then optimizer.step()."""
+        self.synchronize()
+        optimizer.step()
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Gradient accumulation: forward/backward passes inside accumulate locally; the next pass outside
+        synchronizes the accumulated gradients once (DDP's no_sync)."""
+        impl = self._runtime()
+        impl.set_sync_enabled(False)
+        try:
+            yield
+        finally:
+            impl.set_sync_enabled(True)
+
+    def finish(self):
+        """Final barrier: every rank calls it when done; then the runtime's threads stop."""
+        if self._impl is not None and not self._impl.closed:
+            try:
+                self._impl.finish()
+            finally:
+                self._impl.close()
+
+    def close(self):
+        """Stops the runtime without the final barrier (after an error); peers are told this rank left."""
+        if self._impl is not None:
+            self._impl.close()
+
+    # ---- introspection ----------------------------------------------------------------------------
+
+    def allsum(self, values):
+        """Sums a few numbers (counts, losses) over all ranks; every rank calls it alike."""
+        return self._runtime().allsum([float(v) for v in values])
+
+    def plan(self):
+        """Per layer: name, type, shape, BestScheme's choice, the scheme the last step used, Table 1 floats."""
+        return self._runtime().plan(self._batch)
+
+    def summary(self):
+        """A dict for logs and JSON: the plan and the bytes this rank sent by scheme."""
+        impl = self._runtime()
+        return {"rank": impl.rank, "workers": impl.workers, "batch": self._batch, "layers": self.plan(),
+                "bytes_sent": impl.bytes_sent()}
+
+
+@atexit.register
+def _close_all():
+    # The runtime's threads must be gone before the interpreter tears itself down; a model that did
+    # not finish() tells its peers it left, so they stop at once instead of timing out.
+    for model in list(_live):
+        model.close()

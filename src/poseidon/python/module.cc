@@ -1,0 +1,187 @@
+// poseidon._poseidon: the Python binding of pt::DistributedModel (the package
+// around it is python/poseidon/__init__.py).
+//
+// Python's torch and this module share one LibTorch in the process (Debian's
+// python3-torch links the libtorch1.13 libraries that libtorch-dev builds
+// against), so the C++ runtime works on the Python tensors themselves: the
+// gradient-accumulator hooks, the factor capture and the in-place writes of
+// the mean gradients into .grad are those of the C++ library.
+//
+// The model is described from its parameters (layer name, kind, tensors), not
+// as a torch::nn::Module: Python modules are not C++ modules, and torch._C
+// already registers torch::nn::Module with pybind11.
+//
+// Every call that can block (rendezvous, synchronize, finish, close) releases
+// the GIL: the runtime's threads never take it, and a rank waiting for its
+// peers must not stop the rest of its own Python program.
+#include <torch/extension.h>
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "poseidon/common/error.h"
+#include "poseidon/torch/distributed.h"
+
+namespace py = pybind11;
+using namespace poseidon;
+
+namespace {
+
+// Options as a dict, so that the Python side can read the environment's, change a few and
+// pass them back.
+py::dict optionsToDict(const pt::DistributedOptions& o) {
+  py::dict d;
+  d["rank"] = o.node.rank;
+  d["world_size"] = o.node.worldSize;
+  d["master_addr"] = o.node.masterAddr;
+  d["master_port"] = o.node.masterPort;
+  d["master_port_chosen"] = o.node.masterPortChosen;
+  d["bind_host"] = o.node.bindHost;
+  d["secret"] = o.node.secret;
+  d["timeout_ms"] = static_cast<int64_t>(o.node.timeout.count());
+  d["sync_threads"] = o.node.threads;
+  d["batch"] = o.node.settings.batch;
+  d["pair_bytes"] = o.node.settings.pairBytes;
+  d["scheme"] = std::string(schemePolicyName(o.node.settings.policy));
+  d["start_iteration"] = o.node.settings.startIteration;
+  d["drop_stragglers"] = o.node.settings.dropStragglers;
+  d["straggler_timeout_ms"] = o.node.settings.stragglerTimeoutMs;
+  d["overlap"] = o.overlap;
+  d["broadcast_buffers"] = o.broadcastBuffers;
+  return d;
+}
+
+pt::DistributedOptions optionsFromDict(const py::dict& d) {
+  pt::DistributedOptions o;
+  auto get = [&](const char* key) {
+    if (!d.contains(key)) throw InvalidArgument(strCat("option '", key, "' is missing"));
+    return d[key];
+  };
+  o.node.rank = get("rank").cast<int>();
+  o.node.worldSize = get("world_size").cast<int>();
+  o.node.masterAddr = get("master_addr").cast<std::string>();
+  o.node.masterPort = get("master_port").cast<int>();
+  o.node.masterPortChosen = get("master_port_chosen").cast<bool>();
+  o.node.bindHost = get("bind_host").cast<std::string>();
+  o.node.secret = get("secret").cast<std::string>();
+  o.node.timeout = std::chrono::milliseconds(get("timeout_ms").cast<int64_t>());
+  o.node.threads = get("sync_threads").cast<int>();
+  o.node.settings.batch = get("batch").cast<int64_t>();
+  o.node.settings.pairBytes = get("pair_bytes").cast<int64_t>();
+  o.node.settings.policy = parseSchemePolicy(get("scheme").cast<std::string>());
+  o.node.settings.startIteration = get("start_iteration").cast<int64_t>();
+  o.node.settings.dropStragglers = get("drop_stragglers").cast<int>();
+  o.node.settings.stragglerTimeoutMs = get("straggler_timeout_ms").cast<int64_t>();
+  o.overlap = get("overlap").cast<bool>();
+  o.broadcastBuffers = get("broadcast_buffers").cast<bool>();
+  if (o.node.settings.batch < 1) throw InvalidArgument(strCat("batch must be at least 1, got ", o.node.settings.batch));
+  if (o.node.timeout.count() < 1) throw InvalidArgument("timeout must be positive");
+  return o;
+}
+
+LayerType layerTypeOf(const std::string& kind) {
+  if (kind == "fc") return LayerType::kFC;
+  if (kind == "conv") return LayerType::kConv;
+  if (kind == "other") return LayerType::kOther;
+  throw InvalidArgument("layer kind '" + kind + "' is not fc, conv or other");
+}
+
+// Owns the C++ model; close() ends it (threads stopped) before the interpreter does.
+class Model {
+ public:
+  Model(const std::string& name, const py::list& layers, const std::vector<torch::Tensor>& buffers,
+        const std::vector<torch::Tensor>& frozen, const py::dict& options) {
+    pt::ModelParts parts;
+    parts.name = name;
+    for (const auto& item : layers) {
+      auto t = item.cast<py::tuple>();
+      if (t.size() != 4) throw InvalidArgument("a layer is (name, kind, parameter names, parameters)");
+      pt::LayerTensors l;
+      l.name = t[0].cast<std::string>();
+      l.type = layerTypeOf(t[1].cast<std::string>());
+      l.paramNames = t[2].cast<std::vector<std::string>>();
+      l.params = t[3].cast<std::vector<torch::Tensor>>();
+      if (l.paramNames.size() != l.params.size()) throw InvalidArgument("layer '" + l.name + "': names and tensors differ");
+      parts.layers.push_back(std::move(l));
+    }
+    parts.buffers = buffers;
+    parts.frozen = frozen;
+    pt::DistributedOptions o = optionsFromDict(options);
+    py::gil_scoped_release release;  // the rendezvous waits for the other ranks
+    model_ = std::make_unique<pt::DistributedModel>(std::move(parts), std::move(o));
+  }
+
+  pt::DistributedModel& model() {
+    if (!model_) throw InvalidArgument("this DistributedModel is closed (finish() or close() was called)");
+    return *model_;
+  }
+
+  void close() { model_.reset(); }
+  bool closed() const { return !model_; }
+
+ private:
+  std::unique_ptr<pt::DistributedModel> model_;
+};
+
+py::list planOf(pt::DistributedModel& m, int64_t batch) {
+  py::list out;
+  const auto& used = m.lastSchemes();
+  auto plan = m.plan(batch);
+  for (size_t l = 0; l < plan.size(); ++l) {
+    py::dict d;
+    d["name"] = plan[l].name;
+    d["type"] = std::string(layerTypeName(plan[l].type));
+    d["shape"] = plan[l].shape;
+    d["scheme"] = std::string(schemeName(plan[l].scheme));  // BestScheme's choice
+    d["last_scheme"] = std::string(schemeName(used[l]));   // what the last step used
+    d["floats_per_iteration"] = plan[l].floatsPerIteration;
+    out.append(d);
+  }
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_poseidon, m) {
+  m.doc() = "Poseidon's runtime for PyTorch (see the poseidon package)";
+  // The base first: pybind11 tries the translators last-registered first, so the subclasses
+  // must come after it to keep their own Python types.
+  auto base = py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
+  py::register_exception<InvalidArgument>(m, "InvalidArgument", base.ptr());
+  py::register_exception<TimeoutError>(m, "TimeoutError", base.ptr());
+  py::register_exception<AbortedError>(m, "AbortedError", base.ptr());
+  py::register_exception<IoError>(m, "IoError", base.ptr());
+
+  m.def("options_from_environment", [] { return optionsToDict(pt::DistributedOptions::fromEnvironment()); },
+        "The launcher's rank, world size, master address and port, bind interface and job secret");
+
+  py::class_<Model>(m, "Model")
+      .def(py::init<const std::string&, const py::list&, const std::vector<torch::Tensor>&,
+                    const std::vector<torch::Tensor>&, const py::dict&>(),
+           py::arg("name"), py::arg("layers"), py::arg("buffers"), py::arg("frozen"), py::arg("options"))
+      .def("begin_forward", [](Model& s) { s.model().beginForward(); }, py::call_guard<py::gil_scoped_release>())
+      .def("end_forward", [](Model& s, const std::vector<torch::Tensor>& outputs) { s.model().endForward(outputs); },
+           py::call_guard<py::gil_scoped_release>())
+      .def("synchronize", [](Model& s) { s.model().synchronize(); }, py::call_guard<py::gil_scoped_release>())
+      .def("skip_if_behind", [](Model& s) { return s.model().skipIfBehind(); },
+           py::call_guard<py::gil_scoped_release>())
+      .def("set_sync_enabled", [](Model& s, bool on) { s.model().setSyncEnabled(on); })
+      .def("finish", [](Model& s) { s.model().finish(); }, py::call_guard<py::gil_scoped_release>())
+      .def("close", &Model::close, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("closed", &Model::closed)
+      .def_property_readonly("rank", [](Model& s) { return s.model().rank(); })
+      .def_property_readonly("world_size", [](Model& s) { return s.model().node().book().worldSize(); })
+      .def_property_readonly("workers", [](Model& s) { return s.model().workers(); })
+      .def("factors_captured", [](Model& s, int layer) { return s.model().factorsCaptured(layer); })
+      .def("allsum", [](Model& s, const std::vector<double>& mine) { return s.model().node().allSum(mine); },
+           py::call_guard<py::gil_scoped_release>())
+      .def("plan", [](Model& s, int64_t batch) { return planOf(s.model(), batch); }, py::arg("batch"))
+      .def("bytes_sent", [](Model& s) {
+        py::dict d;
+        auto& c = s.model().node().counters();
+        d["ps"] = c.total(TrafficKind::kPS).bytesSent;
+        d["sfb"] = c.total(TrafficKind::kSFB).bytesSent;
+        return d;
+      });
+}

@@ -1,0 +1,115 @@
+#!/usr/bin/python3
+"""One rank of an exactness run: MODEL for STEPS steps of SGD with momentum on a global batch of 64 rows per
+step, split evenly over the ranks; rank 0 writes the final parameters and the plan to OUT (torch.save).
+With --checkpoint DIR it saves after every --every steps and resumes from the newest checkpoint there;
+--fail-at RANK:STEP raises an error on that rank at that step (lifecycle tests)."""
+import argparse
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import poseidon
+
+GLOBAL = 64
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(784, 256)
+        self.fc2 = torch.nn.Linear(256, 10)
+
+    def forward(self, x):
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+class LeNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(1, 20, 5)
+        self.conv2 = torch.nn.Conv2d(20, 50, 5)
+        self.ip1 = torch.nn.Linear(800, 500)
+        self.ip2 = torch.nn.Linear(500, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(self.conv1(x), 2)
+        x = F.max_pool2d(self.conv2(x), 2)
+        return self.ip2(F.relu(self.ip1(x.flatten(1))))
+
+
+class Sequence(torch.nn.Module):
+    """A Linear on a 3-D input (batch, 7, 256): LibTorch folds it into one addmm over batch x 7 rows, whose
+    factors (7 rows per sample) are captured: SFB."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(256, 512)
+        self.out = torch.nn.Linear(512, 10)
+
+    def forward(self, x):
+        h = F.relu(self.proj(x.view(x.size(0), 7, 256)))
+        return self.out(h.mean(1))
+
+
+class Tied(torch.nn.Module):
+    """One Linear applied twice: its weight gradient is the sum of two products, which one set of factors
+    cannot carry, so the layer goes by PS whatever BestScheme says."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = torch.nn.Linear(784, 256)
+        self.twice = torch.nn.Linear(256, 256)
+        self.out = torch.nn.Linear(256, 10)
+
+    def forward(self, x):
+        h = F.relu(self.inp(x.flatten(1)))
+        return self.out(F.relu(self.twice(F.relu(self.twice(h)))))
+
+
+MODELS = {"mlp": (Mlp, (1, 28, 28)), "lenet": (LeNet, (1, 28, 28)), "sequence": (Sequence, (7 * 256,)),
+          "tied": (Tied, (1, 28, 28))}
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("model", choices=sorted(MODELS))
+    p.add_argument("out")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--checkpoint")
+    p.add_argument("--every", type=int, default=5)
+    p.add_argument("--fail-at")
+    a = p.parse_args()
+    make, shape = MODELS[a.model]
+    torch.manual_seed(1)
+    net = make()
+    # The sequence models join at their first forward, taking K from the input (the lazy form).
+    model = poseidon.DistributedModel(net, batch=None if a.model.startswith("sequence") else GLOBAL // 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    start = 0
+    if a.checkpoint:
+        meta = poseidon.load_checkpoint(a.checkpoint, model, opt)
+        start = meta["iteration"] if meta else 0
+    fail_rank, fail_step = map(int, a.fail_at.split(":")) if a.fail_at else (-1, -1)
+    for step in range(start, a.steps):
+        g = torch.Generator().manual_seed(1000 + step)
+        x = torch.randn((GLOBAL,) + shape, generator=g)
+        y = torch.randint(0, 10, (GLOBAL,), generator=g)
+        rows = GLOBAL // model.world_size
+        mine = slice(model.rank * rows, (model.rank + 1) * rows)
+        if model.rank == fail_rank and step == fail_step:
+            raise RuntimeError("rank %d fails at step %d on purpose" % (fail_rank, fail_step))
+        opt.zero_grad()
+        F.cross_entropy(model(x[mine]), y[mine]).backward()
+        model.synchronize()
+        opt.step()
+        if a.checkpoint and (step + 1) % a.every == 0:
+            poseidon.save_checkpoint(a.checkpoint, model, opt, step + 1)
+    if model.rank == 0:
+        torch.save({"params": [t.detach().clone() for t in net.parameters()], "plan": model.plan(),
+                    "workers": model.world_size}, a.out)
+    model.finish()
+
+
+if __name__ == "__main__":
+    main()

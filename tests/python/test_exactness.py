@@ -1,0 +1,44 @@
+"""4 ranks of a Python program give the parameters of one process with the 4x batch (<= 1e-4), for an MLP
+(SFB), LeNet (ip1 by SFB, the rest by PS), a Linear on 3-D input (LibTorch folds it into one addmm, so
+its factors are captured: SFB) and a Linear used twice (no single set of factors: PS)."""
+import os
+import unittest
+
+import torch
+
+from helpers import JOBS, TempDirTest, alone, launch
+
+JOB = os.path.join(JOBS, "exact_job.py")
+
+
+class Exactness(TempDirTest):
+    def run_model(self, model):
+        four = launch(4, JOB, model, self.path("four.pt"))
+        self.assertEqual(four.code, 0, str(four))
+        one = alone(JOB, model, self.path("one.pt"))
+        self.assertEqual(one.code, 0, str(one))
+        self.assertClean(four)
+        a, b = torch.load(self.path("four.pt")), torch.load(self.path("one.pt"))
+        self.assertEqual((a["workers"], b["workers"]), (4, 1))
+        worst = max(((p - q).abs().max() / q.abs().max().clamp(min=1e-6)).item()
+                    for p, q in zip(a["params"], b["params"]))
+        print("%s: 4 ranks x 16 vs 1 x 64 after 10 steps: max |diff| / max |param| = %.3g" % (model, worst))
+        self.assertLess(worst, 1e-4)
+        return {layer["name"]: layer["last_scheme"] for layer in a["plan"]}
+
+    def test_mlp(self):
+        self.assertEqual(self.run_model("mlp"), {"fc1": "sfb", "fc2": "ps"})
+
+    def test_lenet(self):
+        self.assertEqual(self.run_model("lenet"), {"conv1": "ps", "conv2": "ps", "ip1": "sfb", "ip2": "ps"})
+
+    def test_linear_on_3d_input_is_folded_and_goes_by_sfb(self):
+        self.assertEqual(self.run_model("sequence"), {"proj": "sfb", "out": "ps"})
+
+    def test_linear_used_twice_goes_by_ps(self):
+        # BestScheme picks SFB for 'twice' (256x256 at 4 x 16), but its factors cannot be captured.
+        self.assertEqual(self.run_model("tied"), {"inp": "sfb", "twice": "ps", "out": "ps"})
+
+
+if __name__ == "__main__":
+    unittest.main()

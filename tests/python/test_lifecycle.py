@@ -1,0 +1,110 @@
+"""A Python job's life: the README's program runs as printed, an error on one rank stops every rank with its
+reason and nothing crashes at interpreter exit, checkpoints resume exactly, and the main job learns."""
+import json
+import os
+import re
+import unittest
+
+import torch
+
+from helpers import CLI, JOBS, PYTHON, ROOT, Run, TempDirTest, alone, launch
+
+JOB = os.path.join(JOBS, "exact_job.py")
+MINIMAL = os.path.join(ROOT, "examples", "python", "minimal.py")
+
+
+def first_block(path, heading, language):
+    """The first ```language block after the line `heading` in a Markdown file."""
+    text = open(path).read()
+    at = text.index(heading + "\n")
+    start = text.index("```" + language + "\n", at) + len("```" + language + "\n")
+    return text[start:text.index("```\n", start)]
+
+
+class Lifecycle(TempDirTest):
+    def test_readme_program_is_examples_minimal_and_runs(self):
+        with open(MINIMAL) as f:
+            program = f.read()
+        self.assertEqual(first_block(os.path.join(ROOT, "README.md"), "## Use it from Python", "python"), program,
+                         "README's 'Use it from Python' block must be examples/python/minimal.py verbatim")
+        self.assertEqual(first_block(os.path.join(ROOT, "docs", "python.md"), "# Poseidon for PyTorch (Python)",
+                                     "python"), program)
+        four = launch(4, MINIMAL, cwd=self.dir)
+        self.assertEqual(four.code, 0, str(four))
+        self.assertClean(four)
+        for rank in range(4):  # (the launcher's prefix replaces the line's own "rank R: ")
+            self.assertIn("[rank %d] step 100 loss" % rank, four.out)
+        losses = [float(v) for v in re.findall(r"\[rank 0\] step \d+ loss ([0-9.]+)", four.out)]
+        self.assertLess(losses[-1], losses[0], str(four))
+        one = alone(MINIMAL, cwd=self.dir)
+        self.assertEqual(one.code, 0, str(one))
+        self.assertIn("rank 0: step 100 loss", one.out)
+
+    def test_an_error_on_one_rank_stops_every_rank_with_its_reason(self):
+        run = launch(4, JOB, "mlp", self.path("x.pt"), "--steps", "50", "--fail-at", "1:3")
+        self.assertNotEqual(run.code, 0, str(run))
+        self.assertClean(run)
+        self.assertIn("[rank 1] RuntimeError: rank 1 fails at step 3 on purpose", run.err)
+        self.assertIn("Traceback", run.err)
+        # The others learn at once why (rank 1 left before finish()), not after their 30 s timeout.
+        self.assertRegex(run.err, r"\[rank [023]\] .*rank 1 failed .*rank 1 left the job before finish\(\)")
+        self.assertLess(run.seconds, 30, str(run))
+
+    def test_a_program_that_never_calls_finish_exits_cleanly(self):
+        script = self.path("nofinish.py")
+        with open(script, "w") as f:
+            f.write("import torch, poseidon\n"
+                    "m = poseidon.DistributedModel(torch.nn.Linear(4, 2), batch=3)\n"
+                    "m(torch.randn(3, 4)).sum().backward()\n"
+                    "m.synchronize()\n"
+                    "print('trained without finish')\n")
+        run = alone(script)
+        self.assertEqual(run.code, 0, str(run))
+        self.assertIn("trained without finish", run.out)
+        self.assertClean(run)
+
+    def test_checkpoint_resume_equals_an_uninterrupted_run(self):
+        straight = launch(2, JOB, "lenet", self.path("straight.pt"), "--steps", "10")
+        self.assertEqual(straight.code, 0, str(straight))
+        ck = self.path("ck")
+        first = launch(2, JOB, "lenet", self.path("first.pt"), "--steps", "5", "--checkpoint", ck)
+        self.assertEqual(first.code, 0, str(first))
+        self.assertEqual(sorted(os.listdir(ck)), ["step-000000005"])
+        with open(os.path.join(ck, "step-000000005", "meta.json")) as f:
+            meta = json.load(f)
+        self.assertEqual((meta["iteration"], meta["world_size"]), (5, 2))
+        resumed = launch(2, JOB, "lenet", self.path("resumed.pt"), "--steps", "10", "--checkpoint", ck)
+        self.assertEqual(resumed.code, 0, str(resumed))
+        a, b = torch.load(self.path("straight.pt")), torch.load(self.path("resumed.pt"))
+        for p, q in zip(a["params"], b["params"]):
+            self.assertTrue(torch.equal(p, q), "5 + 5 steps differ from 10 straight")
+
+    def test_a_damaged_checkpoint_is_refused_by_name_and_the_older_one_used(self):
+        ck = self.path("ck")
+        run = launch(2, JOB, "mlp", self.path("a.pt"), "--steps", "10", "--checkpoint", ck, "--every", "5")
+        self.assertEqual(run.code, 0, str(run))
+        damaged = os.path.join(ck, "step-000000010", "model.pt")
+        with open(damaged, "r+b") as f:
+            f.seek(os.path.getsize(damaged) // 2)
+            f.write(b"\0" * 64)
+        again = launch(2, JOB, "mlp", self.path("b.pt"), "--steps", "12", "--checkpoint", ck, "--every", "5")
+        self.assertEqual(again.code, 0, str(again))
+        self.assertIn("checkpoint %s is damaged: model.pt does not match its checksum"
+                      % os.path.join(ck, "step-000000010"), again.err)
+
+    def test_main_job_learns(self):
+        run = launch(4, os.path.join(ROOT, "examples", "python", "train_lenet.py"), "--max-steps", "150",
+                     "--summary", self.path("s.json"))
+        self.assertEqual(run.code, 0, str(run))
+        self.assertClean(run)
+        with open(self.path("s.json")) as f:
+            s = json.load(f)
+        self.assertEqual(s["workers"], 4)
+        self.assertEqual({l["name"]: l["scheme"] for l in s["layers"]},
+                         {"conv1": "ps", "conv2": "ps", "ip1": "sfb", "ip2": "ps"})
+        print("examples/python/train_lenet.py, 4 workers, 150 steps: test accuracy %.2f%%" % (100 * s["test_accuracy"]))
+        self.assertGreater(s["test_accuracy"], 0.75)
+
+
+if __name__ == "__main__":
+    unittest.main()

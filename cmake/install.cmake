@@ -39,5 +39,5 @@ if(TARGET poseidon_python)
       "where the poseidon Python package goes, relative to the install prefix")
   install(TARGETS poseidon_python LIBRARY DESTINATION ${POSEIDON_PYTHON_INSTALL_DIR}/poseidon)
   install(FILES ${PROJECT_SOURCE_DIR}/python/poseidon/__init__.py ${PROJECT_SOURCE_DIR}/python/poseidon/checkpoint.py
-          DESTINATION ${POSEIDON_PYTHON_INSTALL_DIR}/poseidon)
+                ${PROJECT_SOURCE_DIR}/python/poseidon/zoo.py DESTINATION ${POSEIDON_PYTHON_INSTALL_DIR}/poseidon)
 endif()

@@ -10,10 +10,8 @@ the C++ job. Prints progress, the test accuracy per epoch, and a JSON summary wi
 """
 
 import argparse
-import gzip
 import json
 import os
-import struct
 import sys
 import time
 
@@ -21,49 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import poseidon
-
-DATA = "/usr/share/datasets/fashion-mnist"
-MEAN, STD = 0.2860, 0.3530  # Fashion-MNIST's, as the C++ reader uses
-
-
-def load(kind):
-    """Images (N, 1, 28, 28) normalized, and labels (N,), from the Debian package's IDX files."""
-    prefix = "train" if kind == "train" else "t10k"
-    with gzip.open(os.path.join(DATA, prefix + "-images-idx3-ubyte.gz"), "rb") as f:
-        magic, n, rows, cols = struct.unpack(">IIII", f.read(16))
-        assert magic == 2051, "not an IDX image file"
-        pixels = torch.frombuffer(bytearray(f.read(n * rows * cols)), dtype=torch.uint8)
-    with gzip.open(os.path.join(DATA, prefix + "-labels-idx1-ubyte.gz"), "rb") as f:
-        magic, m = struct.unpack(">II", f.read(8))
-        assert magic == 2049 and m == n, "labels do not match the images"
-        labels = torch.frombuffer(bytearray(f.read(m)), dtype=torch.uint8).long()
-    x = (pixels.float().div(255.0) - MEAN) / STD
-    return x.view(n, 1, rows, cols), labels
-
-
-class LeNet(torch.nn.Module):
-    """Caffe's LeNet: conv 20@5x5, max-pool, conv 50@5x5, max-pool, ip1 500, ReLU, ip2 10."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv1 = torch.nn.Conv2d(1, 20, 5)
-        self.conv2 = torch.nn.Conv2d(20, 50, 5)
-        self.ip1 = torch.nn.Linear(800, 500)
-        self.ip2 = torch.nn.Linear(500, 10)
-
-    def forward(self, x):
-        x = F.max_pool2d(self.conv1(x), 2)
-        x = F.max_pool2d(self.conv2(x), 2)
-        x = F.relu(self.ip1(x.flatten(1)))
-        return self.ip2(x)
-
-
-def shard(count, world, rank, seed, epoch):
-    """This rank's indices of the epoch: a strided shard of one permutation, padded so all ranks take as many."""
-    g = torch.Generator().manual_seed(seed + epoch)
-    order = torch.randperm(count, generator=g)
-    per_rank = (count + world - 1) // world
-    return order[(rank + torch.arange(per_rank) * world) % count]
+from poseidon.zoo import LeNet, fashion_mnist, shard
 
 
 def main():
@@ -81,8 +37,8 @@ def main():
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
     torch.manual_seed(a.seed)
-    train_x, train_y = load("train")
-    test_x, test_y = load("test")
+    train_x, train_y = fashion_mnist("train")
+    test_x, test_y = fashion_mnist("test")
     net = LeNet()
     model = poseidon.DistributedModel(net, batch=a.batch, name="lenet")
     rank, world = model.rank, model.world_size

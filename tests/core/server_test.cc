@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "expect_error.h"
+#include "small_job.h"
 #include "poseidon/common/error.h"
 #include "poseidon/kvstore/contributors.h"
 #include "poseidon/wire/messages.h"
@@ -17,21 +18,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Three ranks, all workers and servers: conv (PS, 2 pairs) and fc 4x3 + bias (16 floats, 4 pairs of 4).
 InformationBook makeBook(SchemePolicy policy, int dropStragglers = 0) {
-  ModelDesc m;
-  m.name = "server-test";
-  m.layers.push_back(LayerSpec::other("conv", {{"w", {6}}}));
-  m.layers.push_back(LayerSpec::fc("fc", 4, 3));
-  std::vector<NodeInfo> nodes;
-  for (int r = 0; r < 3; ++r) nodes.push_back({r, Role::kBoth, "tcp://x:1"});
-  JobSettings s;
-  s.pairBytes = 4 * 4;
-  s.batch = 2;
-  s.policy = policy;
-  s.dropStragglers = dropStragglers;
-  s.stragglerTimeoutMs = dropStragglers ? 100 : 0;
-  return InformationBook(42, nodes, m, s);
+  return testing::smallJob(policy, dropStragglers);
 }
 
 Message message(FrameHeader h, int sender, const void* data, size_t bytes) {

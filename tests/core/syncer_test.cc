@@ -11,6 +11,7 @@
 #include <future>
 
 #include "expect_error.h"
+#include "small_job.h"
 #include "poseidon/kvstore/contributors.h"
 #include "poseidon/wire/messages.h"
 
@@ -19,23 +20,10 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr int kConv = 0;  // 6 floats: pairs of 4 and 2
-constexpr int kFc = 1;    // 4 x 3 + bias = 16 floats
+constexpr int kConv = testing::kSmallConv;  // 6 floats: pairs of 4 and 2
+constexpr int kFc = testing::kSmallFc;      // 4 x 3 + bias = 16 floats
 
-InformationBook makeBook(int dropStragglers = 0) {
-  ModelDesc m;
-  m.name = "syncer-test";
-  m.layers.push_back(LayerSpec::other("conv", {{"w", {6}}}));
-  m.layers.push_back(LayerSpec::fc("fc", 4, 3));
-  std::vector<NodeInfo> nodes;
-  for (int r = 0; r < 3; ++r) nodes.push_back({r, Role::kBoth, "tcp://x:1"});
-  JobSettings s;
-  s.pairBytes = 4 * 4;
-  s.batch = 1;
-  s.dropStragglers = dropStragglers;
-  s.stragglerTimeoutMs = dropStragglers ? 100 : 0;
-  return InformationBook(42, nodes, m, s);
-}
+InformationBook makeBook(int dropStragglers = 0) { return testing::smallJob(SchemePolicy::kAuto, dropStragglers); }
 
 struct Sent {
   int dest;

@@ -38,30 +38,25 @@ ModelDesc smallModel() {
   return m;
 }
 
+InformationBook makeBook(int dropStragglers) {
+  std::vector<NodeInfo> nodes;
+  for (int r = 0; r < 3; ++r) nodes.push_back({r, Role::kBoth, "tcp://127.0.0.1:1"});
+  JobSettings s;
+  s.pairBytes = 16 * 4;
+  s.batch = 2;
+  s.dropStragglers = dropStragglers;
+  s.stragglerTimeoutMs = dropStragglers ? 10 : 0;
+  return InformationBook(7, nodes, smallModel(), s);
+}
+
 const InformationBook& book() {
-  static const InformationBook b = [] {
-    std::vector<NodeInfo> nodes;
-    for (int r = 0; r < 3; ++r) nodes.push_back({r, Role::kBoth, "tcp://127.0.0.1:1"});
-    JobSettings s;
-    s.pairBytes = 16 * 4;
-    s.batch = 2;
-    return InformationBook(7, nodes, smallModel(), s);
-  }();
+  static const InformationBook b = makeBook(0);
   return b;
 }
 
 // The same cluster with straggler dropping: the server role then also keeps SFB rounds.
 const InformationBook& stragglerBook() {
-  static const InformationBook b = [] {
-    std::vector<NodeInfo> nodes;
-    for (int r = 0; r < 3; ++r) nodes.push_back({r, Role::kBoth, "tcp://127.0.0.1:1"});
-    JobSettings s;
-    s.pairBytes = 16 * 4;
-    s.batch = 2;
-    s.dropStragglers = 1;
-    s.stragglerTimeoutMs = 10;
-    return InformationBook(7, nodes, smallModel(), s);
-  }();
+  static const InformationBook b = makeBook(1);
   return b;
 }
 

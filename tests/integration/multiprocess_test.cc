@@ -310,18 +310,6 @@ struct Fault {
   int signal;
 };
 
-// Whether something accepts TCP connections on 127.0.0.1:port (rank 0's coordinator).
-bool listening(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bool ok = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-  close(fd);
-  return ok;
-}
-
 void waitUntil(const std::function<bool()>& ready, const char* what) {
   // Bounded only against a hang: a loaded machine may take long to start processes.
   for (int i = 0; i < 6000 && !ready(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -385,7 +373,7 @@ TEST(FaultInjection, ServerShardStoppedMidAggregation) {
 void coordinatorFailsDuringRendezvous(int signal, bool namesTheAddress) {
   std::string gate = testing::makeTempDir("gate") + "/go";
   Job job = startJob(4, 4, "paced", "auto", 10, 3000, {{3, {{"POSEIDON_TEST_START_AFTER", gate}}}});
-  waitUntil([&] { return listening(job.port); }, "rank 0's coordinator listens");
+  waitUntil([&] { return testing::listening(job.port); }, "rank 0's coordinator listens");
   std::string expected = "no answer from the coordinator";
   if (namesTheAddress) expected += " at 127.0.0.1:" + std::to_string(job.port);
   expectSurvivorsFail(job, {0, signal}, expected, [&] { std::ofstream(gate) << "go\n"; });

@@ -3,7 +3,10 @@
 // running at the deadline is SIGKILLed and reported as such).
 #pragma once
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <fcntl.h>
 #include <unistd.h>
@@ -112,6 +115,19 @@ inline std::string makeTempDir(const std::string& tag) {
   buf.push_back('\0');
   char* d = mkdtemp(buf.data());
   return d ? std::string(d) : std::string("/tmp");
+}
+
+// Whether something accepts TCP connections on 127.0.0.1:port (a rank 0's coordinator): the event
+// tests wait for instead of a head start in time.
+inline bool listening(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bool ok = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  close(fd);
+  return ok;
 }
 
 }  // namespace poseidon::testing

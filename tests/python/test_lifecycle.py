@@ -7,7 +7,7 @@ import unittest
 
 import torch
 
-from helpers import CLI, JOBS, PYTHON, ROOT, Run, TempDirTest, alone, launch
+from helpers import JOBS, ROOT, TempDirTest, alone, launch
 
 JOB = os.path.join(JOBS, "exact_job.py")
 MINIMAL = os.path.join(ROOT, "examples", "python", "minimal.py")

@@ -1,9 +1,6 @@
 // Exact checkpoint/restart, automatic recovery and bad user input, through
 // the real CLI (real processes, real LibTorch, a subset of the real data).
-#include <arpa/inet.h>
 #include <gmock/gmock.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -104,22 +101,15 @@ TEST(BadInput, PortInUseUnreachableCoordinatorAndBadCheckpoint) {
   std::vector<testing::Proc> holder{testing::spawn(
       {POSEIDON_CLI, "train", "--timeout", "60000", "--train-limit", "64", "--quiet"}, env0, dir.path + "/holder")};
   // Wait for the event (the holder's coordinator listens), not for a head start in time.
-  auto listening = [port] {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bool ok = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-    close(fd);
-    return ok;
-  };
-  for (int i = 0; i < 6000 && !listening(); ++i) usleep(20000);
-  ASSERT_TRUE(listening()) << "the holder never bound port " << port << ": " << holder[0].stderrText();
+  for (int i = 0; i < 6000 && !testing::listening(port); ++i) usleep(20000);
+  ASSERT_TRUE(testing::listening(port)) << "the holder never bound port " << port << ": " << holder[0].stderrText();
   auto clash = run({"train", "--timeout", "3000", "--train-limit", "64", "--quiet"}, dir.path + "/clash", env0, 60);
   EXPECT_EQ(clash.exitCode(), 1);
   EXPECT_THAT(clash.stderrText(), HasSubstr("cannot start the coordinator on 127.0.0.1:" + std::to_string(port)));
   EXPECT_THAT(clash.stderrText(), HasSubstr("the port is in use"));
+  // MASTER_PORT was set: the hint must not tell the user to set it.
+  EXPECT_THAT(clash.stderrText(), HasSubstr("another job or a leftover process holds it"));
+  EXPECT_THAT(clash.stderrText(), ::testing::Not(HasSubstr("set MASTER_PORT")));
   kill(holder[0].pid, SIGKILL);
   testing::waitAll(holder, std::chrono::seconds(10));
 

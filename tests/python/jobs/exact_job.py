@@ -4,12 +4,12 @@ step, split evenly over the ranks; rank 0 writes the final parameters and the pl
 With --checkpoint DIR it saves after every --every steps and resumes from the newest checkpoint there;
 --fail-at RANK:STEP raises an error on that rank at that step (lifecycle tests)."""
 import argparse
-import sys
 
 import torch
 import torch.nn.functional as F
 
 import poseidon
+from poseidon.zoo import LeNet
 
 GLOBAL = 64
 
@@ -22,20 +22,6 @@ class Mlp(torch.nn.Module):
 
     def forward(self, x):
         return self.fc2(F.relu(self.fc1(x.flatten(1))))
-
-
-class LeNet(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1 = torch.nn.Conv2d(1, 20, 5)
-        self.conv2 = torch.nn.Conv2d(20, 50, 5)
-        self.ip1 = torch.nn.Linear(800, 500)
-        self.ip2 = torch.nn.Linear(500, 10)
-
-    def forward(self, x):
-        x = F.max_pool2d(self.conv1(x), 2)
-        x = F.max_pool2d(self.conv2(x), 2)
-        return self.ip2(F.relu(self.ip1(x.flatten(1))))
 
 
 class Sequence(torch.nn.Module):

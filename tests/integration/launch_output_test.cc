@@ -17,8 +17,12 @@ using ::testing::Not;
 
 TEST(LaunchOutput, EachLineCarriesItsRankOnce) {
   std::string dir = testing::makeTempDir("launch-out");
+  // Rank 1 fails only once rank 0 has printed (an event, not a head start in time): its line is
+  // then always there to be forwarded, however loaded the machine.
+  const std::string said = dir + "/rank0-printed";
   const std::string script =
       "if [ \"$RANK\" = 1 ]; then\n"
+      "  while [ ! -e " + said + " ]; do sleep 0.05; done\n"
       "  echo '[rank 1] warning: from the log' >&2\n"
       "  echo 'rank 1: fault injection' >&2\n"
       "  echo '[rank 0] is about another rank' >&2\n"
@@ -26,6 +30,7 @@ TEST(LaunchOutput, EachLineCarriesItsRankOnce) {
       "  exit 5\n"
       "fi\n"
       "echo \"[rank $RANK] plain output\"\n"
+      "touch " + said + "\n"
       "exec sleep 30\n";
   std::vector<testing::Proc> procs{
       testing::spawn({POSEIDON_CLI, "launch", "-n", "2", "--", "/bin/sh", "-c", script}, {}, dir + "/l")};

@@ -65,6 +65,15 @@ int trainCommand(const std::vector<std::string>& args) {
   flags.addInt64("batch", &o.batch, "per-worker batch size K", "K", IntRange::closed(1, kMaxBatch));
   flags.addDouble("lr", &o.lr, "SGD learning rate", "LR", RealRange::above(0));
   flags.addDouble("momentum", &o.momentum, "SGD momentum", "M", RealRange::rightOpen(0, 1));
+  flags.addDouble("weight-decay", &o.weightDecay, "SGD weight decay (L2)", "L", RealRange::rightOpen(0, 1));
+  flags.addInt("groups", &o.groups,
+               "Omnivore's compute groups: G groups of workers, synchronous inside, asynchronous across; the "
+               "shards hold the model and run SGD (momentum, weight decay, lr); G must divide --workers (0: off, "
+               "plain BSP; docs/omnivore.md)",
+               "G", IntRange::closed(0, kMaxRanks));
+  flags.addInt64("staleness", &o.staleness,
+                 "with --groups: no group runs more than S updates ahead of the slowest (SSP; -1: unbounded)", "S",
+                 IntRange::atLeast(-1));
   int64_t seed = static_cast<int64_t>(o.seed);
   flags.addInt64("seed", &seed, "seed of the initial weights and the per-epoch data order", "S", IntRange::atLeast(0));
   flags.addString("scheme", &scheme, "auto (BestScheme per layer), or force ps / sfb for FC layers", "auto|ps|sfb");

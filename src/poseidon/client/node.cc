@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "poseidon/common/bytes.h"
 #include "poseidon/common/error.h"
 #include "poseidon/common/log.h"
 #include "poseidon/coordinator/rendezvous.h"
@@ -67,6 +68,12 @@ std::unique_ptr<Node> Node::start(const NodeOptions& options, const ModelDesc& m
     for (int l = 0; l < layers; ++l) node->syncers_.push_back(std::make_unique<Syncer>(static_cast<SyncHost&>(*node), l));
     node->barrier_ = std::make_unique<IterationBarrier>(layers, node->error_);
     node->pool_ = std::make_unique<ThreadPool>(options.threads);
+    if (book.settings().groupMode()) {
+      Node* n = node.get();
+      node->puller_ = std::make_unique<Puller>(
+          book, [n](int dest, const FrameHeader& h, const std::vector<Van::Part>& parts) { n->van_->send(dest, h, parts); },
+          node->error_);
+    }
   }
   node->iteration_ = book.settings().startIteration;
   node->liveness_ = std::make_unique<Liveness>(book.worldSize(), options.rank, options.timeout, options.heartbeat,
@@ -113,6 +120,7 @@ void Node::fail(std::exception_ptr error, bool tellPeers) {
   POSEIDON_LOG(kError) << why;
   if (barrier_) barrier_->wake();
   if (collectives_) collectives_->wake();
+  if (puller_) puller_->wake();
   // Tell the peers, so they stop at once with this reason instead of timing out.
   if (tellPeers) sendToPeers(wire::abort(iteration_.load()), why, false);
 }
@@ -174,7 +182,12 @@ void Node::receiveLoop() {
     checkPeers();
     if (server_ && server_->hasDeadlines()) {
       try {
-        sendAll(server_->expire(std::chrono::steady_clock::now()));
+        std::vector<KvServer::Outgoing> due;
+        {
+          std::lock_guard<std::mutex> lock(serverMutex_);
+          due = server_->expire(std::chrono::steady_clock::now());
+        }
+        sendAll(due);
       } catch (const Error& e) {
         fail(std::make_exception_ptr(Error(strCat("rank ", rank(), ": ", e.what()))));
       }
@@ -204,7 +217,17 @@ void Node::route(Message& msg) {
   const FrameHeader& h = msg.header;
   if (KvServer::handles(h.type)) {
     if (!server_) throw ProtocolError(strCat(msgTypeName(h.type), " to a rank that is not a server"));
-    sendAll(server_->handle(msg));
+    std::vector<KvServer::Outgoing> out;
+    {
+      std::lock_guard<std::mutex> lock(serverMutex_);
+      out = server_->handle(msg);
+    }
+    sendAll(out);
+    return;
+  }
+  if (h.type == MsgType::kPullReply) {
+    if (!puller_) throw ProtocolError("pull reply to a rank that does not pull (not a worker, or no compute groups)");
+    puller_->onReply(msg);
     return;
   }
   switch (h.type) {
@@ -263,6 +286,9 @@ Scheme Node::schemeFor(int layer) const {
   if (layer < 0 || layer >= static_cast<int>(book_.model().layers.size())) {
     throw InvalidArgument(strCat("layer index ", layer, " out of range"));
   }
+  // Compute groups push dense gradients to the shards that hold the model (factors to the
+  // shards are not built: docs/omnivore.md).
+  if (book_.settings().groupMode()) return Scheme::kPS;
   return book_.bestScheme(layer, book_.settings().batch);
 }
 
@@ -347,6 +373,91 @@ void Node::waitIteration(std::chrono::milliseconds timeout) {
   fail(std::make_exception_ptr(TimeoutError(strCat("rank ", rank(), " iteration ", it, ": timed out after ",
                                                    timeout.count() / 1000.0, " s waiting for ", what))));
   throwIfFailed();
+}
+
+// ---- compute-group mode ----------------------------------------------------------------
+
+void Node::setModel(std::vector<LayerBuffer> params) {
+  if (!puller_) throw InvalidArgument("setModel: this job has no compute groups (or this rank is not a worker)");
+  puller_->setTargets(std::move(params));
+}
+
+void Node::initModel(const std::vector<LayerBuffer>& momentum, int64_t version, const std::vector<int64_t>& clocks) {
+  throwIfFailed();
+  if (!puller_) throw InvalidArgument("initModel: this job has no compute groups (or this rank is not a worker)");
+  if (rank() != book_.workerRanks().front()) throw InvalidArgument("initModel: only the first worker initializes");
+  const size_t groups = static_cast<size_t>(book_.settings().groups);
+  if (clocks.size() != groups) throw InvalidArgument(strCat("initModel: ", clocks.size(), " clocks for ", groups, " groups"));
+  const std::vector<LayerBuffer>& params = puller_->targets();
+  ByteWriter tail;
+  for (int64_t c : clocks) tail.i64(c);
+  const std::vector<uint8_t> clockBytes = tail.take();
+  std::vector<float> zeros;
+  std::vector<Van::Part> parts;
+  for (int l = 0; l < book_.layout().numLayers(); ++l) {
+    if (!momentum.empty() && momentum[l].size() != params[l].size()) {
+      throw InvalidArgument(strCat("initModel: layer ", l, " momentum has ", momentum[l].size(), " floats"));
+    }
+    for (const KvPair& p : book_.layout().pairsOf(l)) {
+      parts.clear();
+      params[l].forEach(p.offset, p.length, [&](float* ptr, int64_t n, int64_t) { parts.push_back({ptr, size_t(n) * kFloatBytes}); });
+      if (momentum.empty()) {
+        zeros.assign(static_cast<size_t>(p.length), 0.0f);
+        parts.push_back({zeros.data(), zeros.size() * kFloatBytes});
+      } else {
+        momentum[l].forEach(p.offset, p.length, [&](float* ptr, int64_t n, int64_t) { parts.push_back({ptr, size_t(n) * kFloatBytes}); });
+      }
+      parts.push_back({clockBytes.data(), clockBytes.size()});
+      van_->send(book_.shardRank(p.shard), wire::modelInit(l, p.index, version), parts);
+    }
+  }
+}
+
+void Node::startPull(int64_t round) {
+  throwIfFailed();
+  if (!puller_) throw InvalidArgument("startPull: this job has no compute groups (or this rank is not a worker)");
+  puller_->start(round);
+}
+
+void Node::waitPulled(int layer) {
+  if (!puller_->waitLayer(layer, waitTimeout())) {
+    fail(std::make_exception_ptr(TimeoutError(strCat("rank ", rank(), " group ", group(), ": timed out after ",
+                                                     waitTimeout().count() / 1000.0, " s waiting for layer '",
+                                                     book_.model().layers[layer].name, "' from the shards"))));
+  }
+  throwIfFailed();
+}
+
+void Node::waitPulled() {
+  if (!puller_->waitAll(waitTimeout())) {
+    std::string layers;
+    for (int l : puller_->missing()) layers += (layers.empty() ? "'" : ", '") + book_.model().layers[l].name + "'";
+    fail(std::make_exception_ptr(TimeoutError(strCat(
+        "rank ", rank(), " group ", group(), ": timed out after ", waitTimeout().count() / 1000.0,
+        " s pulling layers ", layers, " from the shards (a slower group may hold them back: --staleness)"))));
+  }
+  throwIfFailed();
+}
+
+std::vector<int64_t> Node::pulledVersions() const { return puller_ ? puller_->versions() : std::vector<int64_t>{}; }
+
+void Node::submitGroupPush(int layer, LayerBuffer grad, float lr, std::shared_ptr<void> keepAlive) {
+  throwIfFailed();
+  if (!puller_) throw InvalidArgument("submitGroupPush: this job has no compute groups");
+  if (layer < 0 || layer >= static_cast<int>(syncers_.size())) {
+    throw InvalidArgument(strCat("submitGroupPush: layer index ", layer, " out of range"));
+  }
+  syncers_[layer]->submitGroupPush(iteration_.load(), std::move(grad), lr, std::move(keepAlive));
+}
+
+std::map<int64_t, int64_t> Node::stalenessHistogram() const {
+  std::lock_guard<std::mutex> lock(serverMutex_);
+  return server_ && server_->model() ? server_->model()->stalenessHistogram() : std::map<int64_t, int64_t>{};
+}
+
+int64_t Node::maxGroupLead() const {
+  std::lock_guard<std::mutex> lock(serverMutex_);
+  return server_ && server_->model() ? server_->model()->maxLead() : 0;
 }
 
 // ---- collectives -------------------------------------------------------------------

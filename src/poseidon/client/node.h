@@ -55,6 +55,7 @@
 #include <atomic>
 #include <chrono>
 #include <exception>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -64,6 +65,7 @@
 #include "poseidon/client/iteration_barrier.h"
 #include "poseidon/client/layer_buffer.h"
 #include "poseidon/client/liveness.h"
+#include "poseidon/client/puller.h"
 #include "poseidon/client/syncer.h"
 #include "poseidon/common/sticky_error.h"
 #include "poseidon/common/thread_pool.h"
@@ -143,6 +145,30 @@ class Node : private SyncHost {
   void waitIteration();
   void waitIteration(std::chrono::milliseconds timeout);
 
+  // ---- compute-group mode (JobSettings::groups > 0; docs/omnivore.md) ----------
+  // The shards hold the model; a worker pulls it at the start of each of its
+  // group's rounds (written into the buffers given here) and pushes its
+  // gradient with submitGroupPush instead of submitDense. beginIteration and
+  // waitIteration keep their meaning: the round's pushes are out.
+  int group() const { return book_.groupOf(book_.workerIndex(rank())); }
+  // Where each layer's parameters live; pulls write into them.
+  void setModel(std::vector<LayerBuffer> params);
+  // The first worker: sends each shard its pairs' starting state: the parameters in setModel's
+  // buffers, the momentum (empty: zeros), the version and one clock per group (a resume gives all).
+  void initModel(const std::vector<LayerBuffer>& momentum, int64_t version, const std::vector<int64_t>& clocks);
+  // Asks for the model of the group's `round`; waitPulled(layer) / waitPulled() wait for it
+  // (TimeoutError naming the layers still missing, or the job's error).
+  void startPull(int64_t round);
+  void waitPulled(int layer);
+  void waitPulled();
+  // The version (updates applied) each layer's first pair had when this round's pull was answered.
+  std::vector<int64_t> pulledVersions() const;
+  void submitGroupPush(int layer, LayerBuffer grad, float lr, std::shared_ptr<void> keepAlive = nullptr);
+  // This node's shard: how many other updates landed between each update's pull and its
+  // application (count by staleness), and the largest lead of a group over the slowest one.
+  std::map<int64_t, int64_t> stalenessHistogram() const;
+  int64_t maxGroupLead() const;
+
   // ---- collectives (every node calls them in the same order) ------------------
   // Copies root's buffer into every other node's buffer (same size on all).
   void broadcast(int root, LayerBuffer buffer);
@@ -209,7 +235,9 @@ class Node : private SyncHost {
   std::unique_ptr<Van> van_;
   InformationBook book_;
   StickyError error_;
-  std::unique_ptr<KvServer> server_;              // servers
+  std::unique_ptr<KvServer> server_;              // servers; used by the receive loop under serverMutex_
+  mutable std::mutex serverMutex_;                // a leaf: also lets the user's thread read the statistics
+  std::unique_ptr<Puller> puller_;                // workers in compute-group mode
   std::vector<std::unique_ptr<Syncer>> syncers_;  // workers
   std::unique_ptr<IterationBarrier> barrier_;     // workers
   std::unique_ptr<Collectives> collectives_;

@@ -267,6 +267,48 @@ void Syncer::sendDense(int64_t iteration, int64_t gap, const LayerBuffer& grad, 
   traceSent(iteration, startUs, "ps");
 }
 
+void Syncer::submitGroupPush(int64_t round, LayerBuffer grad, float lr, std::shared_ptr<void> keepAlive) {
+  if (grad.size() != spec_.numel()) {
+    throw InvalidArgument(strCat("layer '", spec_.name, "': gradient has ", grad.size(), " floats, expected ",
+                                 spec_.numel()));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (closed_) return;
+    if (round <= lastGroupRound_) {
+      throw InvalidArgument(strCat("layer '", spec_.name, "' submitted twice in round ", round));
+    }
+    lastGroupRound_ = round;
+  }
+  host_.schedule([this, round, grad, lr, keepAlive] { sendGroupPush(round, grad, lr); });
+}
+
+void Syncer::sendGroupPush(int64_t round, const LayerBuffer& grad, float lr) {
+  const int64_t startUs = host_.tracer() ? Tracer::nowMicros() : 0;
+  std::vector<Van::Part> parts;
+  try {
+    for (const KvPair& p : pairs_) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (closed_) return;  // the job failed: the caller's buffer may be gone
+      }
+      parts.clear();
+      grad.forEach(p.offset, p.length, [&](float* ptr, int64_t n, int64_t) {
+        parts.push_back({ptr, static_cast<size_t>(n) * kFloatBytes});
+      });
+      parts.push_back({&lr, sizeof lr});
+      host_.send(host_.book().shardRank(p.shard), wire::groupPush(layer_, round, p.index), parts);
+    }
+  } catch (const Error& e) {
+    host_.fail(std::make_exception_ptr(IoError(strCat("layer '", spec_.name, "' round ", round, ": ", e.what()))));
+    return;
+  }
+  if (Tracer* tracer = host_.tracer()) {
+    tracer->span(strCat("push ", spec_.name, " (group)"), "send", 1, startUs, Tracer::nowMicros(), round);
+  }
+  host_.layerDone(layer_, round);
+}
+
 void Syncer::submitFactors(int64_t iteration, Scheme scheme, const float* u, const float* v, int64_t rows,
                            LayerBuffer out, std::shared_ptr<void> keepAlive) {
   if (spec_.type != LayerType::kFC) {

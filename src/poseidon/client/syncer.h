@@ -57,6 +57,7 @@
 // schedule, layerDone, fail) only with no lock of its own held.
 #pragma once
 
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <map>
@@ -110,6 +111,11 @@ class Syncer {
   // row-major; the mean gradient (weight, then bias if any) goes to `out`.
   void submitFactors(int64_t iteration, Scheme scheme, const float* u, const float* v, int64_t rows, LayerBuffer out,
                      std::shared_ptr<void> keepAlive);
+  // Compute-group mode: this worker's gradient for its group's `round` goes to
+  // the shards, which hold the model (kvstore/model_shard.h) and apply the
+  // group's mean with learning rate `lr`. The layer is done once the pushes
+  // are out: nothing comes back to this buffer (the next pull brings the model).
+  void submitGroupPush(int64_t round, LayerBuffer grad, float lr, std::shared_ptr<void> keepAlive);
   // Straggler mode: the round already completed without this worker (see
   // completeWithoutMe); writes its result into `out` without contributing.
   void submitSkipped(int64_t iteration, LayerBuffer out);
@@ -196,6 +202,7 @@ class Syncer {
 
   void sendDense(int64_t iteration, int64_t gap, const LayerBuffer& grad, const std::vector<int>& pairs);
   void sendFactors(int64_t iteration, Scheme scheme, const float* u, const float* v, int64_t rows);
+  void sendGroupPush(int64_t round, const LayerBuffer& grad, float lr);
   void reconstruct(int64_t iteration, Round round, std::vector<bool> set);
   void traceSent(int64_t iteration, int64_t startUs, const char* scheme);
   std::exception_ptr mismatch(int64_t iteration, const std::string& what) const;
@@ -216,6 +223,7 @@ class Syncer {
   // The last iteration whose round of this layer was PS (what wire::psPush's gap
   // counts from); the same sequence on every worker. Guarded by mutex_.
   int64_t lastPsRound_;
+  int64_t lastGroupRound_ = INT64_MIN;  // group mode: the last round pushed; guarded by mutex_
   FactorScratch scratch_;  // used by one reconstruction at a time
   std::mutex scratchMutex_;  // a leaf: held only around the GEMM
 };

@@ -26,6 +26,11 @@ class ByteWriter {
     std::memcpy(&bits, &v, sizeof bits);
     le(bits);
   }
+  void f32(float v) {
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    le(bits);
+  }
   void str(const std::string& s) {
     u32(static_cast<uint32_t>(s.size()));
     raw(s.data(), s.size());
@@ -54,6 +59,12 @@ class ByteReader {
   uint32_t u32() { return le<uint32_t>(); }
   uint64_t u64() { return le<uint64_t>(); }
   int64_t i64() { return static_cast<int64_t>(le<uint64_t>()); }
+  float f32() {
+    uint32_t bits = le<uint32_t>();
+    float v;
+    std::memcpy(&v, &bits, sizeof v);
+    return v;
+  }
   double f64() {
     uint64_t bits = le<uint64_t>();
     double v;

@@ -23,7 +23,8 @@ Role parseRole(const std::string& text) {
 std::string JobSettings::describe() const {
   return strCat("batch=", batch, " pair-bytes=", pairBytes, " start-iteration=", startIteration,
                 " scheme=", schemePolicyName(policy), " drop-stragglers=", dropStragglers,
-                " straggler-timeout=", stragglerTimeoutMs, "ms");
+                " straggler-timeout=", stragglerTimeoutMs, "ms groups=", groups, " staleness=", staleness,
+                " momentum=", momentum, " weight-decay=", weightDecay);
 }
 
 InformationBook::InformationBook(uint64_t jobId, std::vector<NodeInfo> nodes, ModelDesc model, JobSettings settings)
@@ -56,6 +57,14 @@ void InformationBook::derive() {
     }
     if (settings_.stragglerTimeoutMs <= 0) throw InvalidArgument("straggler dropping needs a positive --straggler-timeout");
     if (settings_.policy == SchemePolicy::kAdam) throw InvalidArgument("straggler dropping does not apply to the adam baseline");
+  }
+  if (settings_.groupMode()) {
+    const int workers = static_cast<int>(workers_.size());
+    if (workers % settings_.groups != 0) {
+      throw InvalidArgument(strCat("--groups ", settings_.groups, " must divide the ", workers, " workers"));
+    }
+    if (settings_.stragglerMode()) throw InvalidArgument("--groups and --drop-stragglers cannot be combined");
+    if (settings_.policy == SchemePolicy::kAdam) throw InvalidArgument("--groups does not apply to the adam baseline");
   }
   layout_ = KvLayout(model_, static_cast<int>(servers_.size()), settings_.pairBytes);
 }
@@ -155,6 +164,10 @@ void writeSettings(ByteWriter& w, const JobSettings& s) {
   w.u8(static_cast<uint8_t>(s.policy));
   w.u32(static_cast<uint32_t>(s.dropStragglers));
   w.i64(s.stragglerTimeoutMs);
+  w.u32(static_cast<uint32_t>(s.groups));
+  w.i64(s.staleness);
+  w.f32(s.momentum);
+  w.f32(s.weightDecay);
 }
 
 JobSettings readSettings(ByteReader& r) {
@@ -169,6 +182,14 @@ JobSettings readSettings(ByteReader& r) {
   s.stragglerTimeoutMs = r.i64();
   if (s.dropStragglers < 0 || s.dropStragglers > (1 << 16) || s.stragglerTimeoutMs < 0) {
     throw ProtocolError("straggler settings out of range");
+  }
+  s.groups = static_cast<int>(r.u32());
+  s.staleness = r.i64();
+  s.momentum = r.f32();
+  s.weightDecay = r.f32();
+  if (s.groups < 0 || s.groups > (1 << 16) || s.staleness < -1 || !(s.momentum >= 0 && s.momentum < 1) ||
+      !(s.weightDecay >= 0 && s.weightDecay < 1)) {
+    throw ProtocolError("group settings out of range");
   }
   return s;
 }

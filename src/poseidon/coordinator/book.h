@@ -43,9 +43,21 @@ struct JobSettings {
   int dropStragglers = 0;
   int64_t stragglerTimeoutMs = 0;
   bool stragglerMode() const { return dropStragglers > 0; }
+  // Omnivore's compute groups (docs/omnivore.md; off when 0): the P1 workers
+  // form `groups` groups of P1 / groups consecutive workers, synchronous inside
+  // and asynchronous across; the KV shards hold the model and its SGD state
+  // (momentum, weightDecay; the learning rate comes with each update) and
+  // apply each group's summed gradient as it arrives. `staleness` bounds how
+  // many updates a group may run ahead of the slowest (SSP; -1: unbounded).
+  int groups = 0;
+  int64_t staleness = -1;
+  float momentum = 0;
+  float weightDecay = 0;
+  bool groupMode() const { return groups > 0; }
   bool operator==(const JobSettings& o) const {
     return batch == o.batch && pairBytes == o.pairBytes && startIteration == o.startIteration && policy == o.policy &&
-           dropStragglers == o.dropStragglers && stragglerTimeoutMs == o.stragglerTimeoutMs;
+           dropStragglers == o.dropStragglers && stragglerTimeoutMs == o.stragglerTimeoutMs && groups == o.groups &&
+           staleness == o.staleness && momentum == o.momentum && weightDecay == o.weightDecay;
   }
   std::string describe() const;
 };
@@ -77,6 +89,9 @@ class InformationBook {
   int numWorkers() const { return static_cast<int>(workers_.size()); }
   int numServers() const { return static_cast<int>(servers_.size()); }
   int workerIndex(int rank) const;  // -1 if not a worker
+  // Group mode: the group of a worker index, and the workers per group (k = P1 / g).
+  int groupOf(int worker) const { return settings_.groups > 0 ? worker / groupSize() : 0; }
+  int groupSize() const { return settings_.groups > 0 ? numWorkers() / settings_.groups : numWorkers(); }
   int shardIndex(int rank) const;   // -1 if not a server
   int shardRank(int shard) const { return servers_.at(shard); }
   // The server that keeps a whole layer: the shard owning the layer's first

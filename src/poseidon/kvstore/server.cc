@@ -1,5 +1,9 @@
 #include "poseidon/kvstore/server.h"
 
+#include <algorithm>
+#include <cstring>
+
+#include "poseidon/common/bytes.h"
 #include "poseidon/common/error.h"
 #include "poseidon/kvstore/contributors.h"
 #include "poseidon/wire/messages.h"
@@ -9,10 +13,12 @@ namespace poseidon {
 KvServer::KvServer(const InformationBook& book, int shard) : book_(book), shard_(book, shard) {
   if (book.settings().policy == SchemePolicy::kAdam) adam_ = std::make_unique<AdamServer>(book, shard);
   if (book.settings().stragglerMode()) keeper_ = std::make_unique<SfbKeeper>(book, shard);
+  if (book.settings().groupMode()) model_ = std::make_unique<ModelShard>(book, shard);
 }
 
 bool KvServer::handles(MsgType type) {
-  return type == MsgType::kPsPush || type == MsgType::kAdamFactors || type == MsgType::kSfbNotice;
+  return type == MsgType::kPsPush || type == MsgType::kAdamFactors || type == MsgType::kSfbNotice ||
+         type == MsgType::kGroupPush || type == MsgType::kPull || type == MsgType::kModelInit;
 }
 
 std::vector<Van::Part> KvServer::Outgoing::parts() const {
@@ -42,10 +48,32 @@ KvServer::Outgoing KvServer::decision(const SfbKeeper::Decision& d) const {
   return o;
 }
 
+namespace {
+std::vector<KvServer::Outgoing> pullReplies(std::vector<ModelShard::Reply>&& replies) {
+  std::vector<KvServer::Outgoing> out;
+  for (auto& r : replies) {
+    KvServer::Outgoing o;
+    o.to = {r.toRank};
+    o.header = wire::pullReply(r.layer, r.iteration, r.pair);
+    o.length = static_cast<int64_t>(r.params->size());
+    o.floats = std::move(r.params);
+    ByteWriter w;
+    w.i64(r.version);
+    o.trailer = w.take();
+    out.push_back(std::move(o));
+  }
+  return out;
+}
+}  // namespace
+
 std::vector<KvServer::Outgoing> KvServer::handle(Message& msg, Clock::time_point now) {
   const FrameHeader& h = msg.header;
   const int sender = static_cast<int>(h.sender);
   std::vector<Outgoing> out;
+  if (h.type == MsgType::kGroupPush || h.type == MsgType::kPull || h.type == MsgType::kModelInit) {
+    if (!model_) throw ProtocolError(strCat(msgTypeName(h.type), " to a server of a job without compute groups"));
+    return handleGroup(msg);
+  }
   switch (h.type) {
     case MsgType::kPsPush: {
       auto done = shard_.push(sender, static_cast<int>(h.layer), static_cast<int>(h.pair), h.iteration, msg.data(),
@@ -78,6 +106,42 @@ std::vector<KvServer::Outgoing> KvServer::handle(Message& msg, Clock::time_point
     }
     default:
       throw ProtocolError(strCat("unexpected ", msgTypeName(h.type), " to a server"));
+  }
+}
+
+std::vector<KvServer::Outgoing> KvServer::handleGroup(Message& msg) {
+  const FrameHeader& h = msg.header;
+  const int sender = static_cast<int>(h.sender), layer = static_cast<int>(h.layer), pair = static_cast<int>(h.pair);
+  const auto& pairs = book_.layout();
+  if (layer < 0 || layer >= pairs.numLayers() || pair < 0 || pair >= static_cast<int>(pairs.pairsOf(layer).size())) {
+    throw ProtocolError(strCat(msgTypeName(h.type), " for layer ", h.layer, " pair ", h.pair, ", which does not exist"));
+  }
+  const size_t n = static_cast<size_t>(pairs.pairsOf(layer)[static_cast<size_t>(pair)].length);
+  switch (h.type) {
+    case MsgType::kPull:
+      if (msg.size() != 0) throw ProtocolError("pull with a payload");
+      return pullReplies(model_->pull(sender, layer, pair, h.iteration));
+    case MsgType::kGroupPush: {
+      if (msg.size() != n * kFloatBytes + sizeof(float)) {
+        throw ProtocolError(strCat("group push for layer ", layer, " pair ", pair, " has ", msg.size(), " bytes"));
+      }
+      std::vector<float> grad(n);
+      std::memcpy(grad.data(), msg.data(), n * kFloatBytes);
+      ByteReader r(msg.data() + n * kFloatBytes, sizeof(float));
+      return pullReplies(model_->push(sender, layer, pair, h.iteration, grad.data(), n, r.f32()));
+    }
+    default: {  // model init: W, V, then one clock per group
+      const size_t groups = static_cast<size_t>(std::max(1, book_.settings().groups));
+      if (msg.size() != 2 * n * kFloatBytes + groups * sizeof(int64_t)) {
+        throw ProtocolError(strCat("model init for layer ", layer, " pair ", pair, " has ", msg.size(), " bytes"));
+      }
+      std::vector<float> wv(2 * n);
+      std::memcpy(wv.data(), msg.data(), 2 * n * kFloatBytes);
+      ByteReader r(msg.data() + 2 * n * kFloatBytes, groups * sizeof(int64_t));
+      std::vector<int64_t> clocks;
+      for (size_t g = 0; g < groups; ++g) clocks.push_back(r.i64());
+      return pullReplies(model_->init(sender, layer, pair, wv.data(), wv.data() + n, h.iteration, clocks));
+    }
   }
 }
 

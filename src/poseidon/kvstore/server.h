@@ -1,8 +1,9 @@
 // KvServer: the server role of a node (paper section 4.1).
 //
 // It owns the node's KV shard and, when the job needs them, Project Adam's
-// per-layer server (the benchmark baseline, kvstore/adam_server.h) and the
-// SFB keeper (straggler mode, sfb/keeper.h). Like KvShard it does no I/O:
+// per-layer server (the benchmark baseline, kvstore/adam_server.h), the
+// SFB keeper (straggler mode, sfb/keeper.h), and in compute-group mode the
+// shard's part of the model (kvstore/model_shard.h). Like KvShard it does no I/O:
 // handle() validates one inbound message and returns the messages to send,
 // which the node sends; so the whole server side is unit-tested without
 // sockets.
@@ -12,6 +13,8 @@
 //   adam-factors  -> AdamServer::push   -> adam-aggregate, one per KV pair of
 //                                          the layer, to every worker
 //   sfb-notice    -> SfbKeeper::notice  -> sfb-decision to every worker
+//   model-init, pull, group-push -> ModelShard -> pull-reply to each member
+//                                          of a group whose pull is answered
 //
 // Threads: owned by the node's receive loop; not thread-safe.
 #pragma once
@@ -23,6 +26,7 @@
 #include "poseidon/coordinator/book.h"
 #include "poseidon/kvstore/adam_server.h"
 #include "poseidon/kvstore/kv_shard.h"
+#include "poseidon/kvstore/model_shard.h"
 #include "poseidon/sfb/keeper.h"
 #include "poseidon/transport/van.h"
 
@@ -57,8 +61,10 @@ class KvServer {
   bool hasDeadlines() const { return book_.settings().stragglerMode(); }
 
   const KvShard& shard() const { return shard_; }
+  const ModelShard* model() const { return model_.get(); }
 
  private:
+  std::vector<Outgoing> handleGroup(Message& msg);
   Outgoing aggregate(KvShard::Completed&& done) const;
   Outgoing decision(const SfbKeeper::Decision& d) const;
 
@@ -66,6 +72,7 @@ class KvServer {
   KvShard shard_;
   std::unique_ptr<AdamServer> adam_;    // Adam baseline only
   std::unique_ptr<SfbKeeper> keeper_;   // straggler mode only
+  std::unique_ptr<ModelShard> model_;   // compute-group mode only
 };
 
 }  // namespace poseidon

@@ -109,7 +109,8 @@ void DistributedModel::init(ModelParts parts) {
   }
   tracer_ = options_.node.tracer;
   node_ = Node::start(options_.node, desc_);
-  solo_ = node_->book().numWorkers() == 1 && node_->book().numServers() == 1;
+  // One worker has nothing to synchronize, unless the shards hold the model (compute groups).
+  solo_ = node_->book().numWorkers() == 1 && node_->book().numServers() == 1 && !node_->book().settings().groupMode();
   for (auto& b : parts.buffers)
     if (bytesAsFloats(b)) buffers_.push_back(b);
 
@@ -125,6 +126,13 @@ void DistributedModel::init(ModelParts parts) {
     node_->broadcast(0, LayerBuffer(spans));
   }
 
+  if (node_->book().settings().groupMode()) {
+    if (!(options_.learningRate > 0)) {
+      throw InvalidArgument("compute groups: the shards run SGD and need DistributedOptions::learningRate > 0");
+    }
+    groupLr_ = options_.learningRate;
+  }
+
   layers_.resize(desc_.layers.size());
   for (size_t l = 0; l < layers_.size(); ++l) {
     Layer& layer = layers_[l];
@@ -134,6 +142,22 @@ void DistributedModel::init(ModelParts parts) {
     if (layer.spec->type == LayerType::kFC) layer.staging = torch::zeros({layer.spec->numel()});
   }
   lastSchemes_.assign(layers_.size(), Scheme::kPS);
+
+  if (groupMode()) {
+    // The shards hold the model from here on: they start from rank 0's parameters (just broadcast,
+    // so every rank sends the same), and each round's pull writes the model into them.
+    std::vector<LayerBuffer> params;
+    for (auto& l : layers_) {
+      std::vector<FloatSpan> spans;
+      for (auto& p : l.params) spans.push_back({p.data_ptr<float>(), p.numel()});
+      params.emplace_back(spans);
+    }
+    node_->setModel(params);
+    if (node_->rank() == node_->book().workerRanks().front()) {
+      const int64_t start = node_->book().settings().startIteration;
+      node_->initModel({}, 0, std::vector<int64_t>(static_cast<size_t>(node_->book().settings().groups), start));
+    }
+  }
 
   // The hooks also run with one worker: they tell a step without backward from one with it.
   for (size_t l = 0; l < layers_.size(); ++l) {
@@ -230,15 +254,31 @@ void DistributedModel::beginForward() {
                           "accumulation passes first, then the synchronized one, then step()");
   }
   if (!syncEnabled_) {
+    if (groupMode()) misuse("noSync() is not available with compute groups: the shards apply every pass");
     accumulating_ = true;
     return;
   }
   if (!inIteration_) beginIteration();
   forwarded_ = true;
+  if (groupMode() && pulledRound_ != iteration_) {
+    // The round's model, from the shards (every pair asked at once; the first layers arrive first).
+    node_->startPull(iteration_);
+    node_->waitPulled();
+    pulledRound_ = iteration_;
+  }
+}
+
+void DistributedModel::pullLatest() {
+  if (!groupMode()) return;
+  const int64_t next = iteration_ < 0 ? node_->book().settings().startIteration : iteration_ + 1;
+  if (pulledRound_ == next) return;
+  node_->startPull(next);
+  node_->waitPulled();
+  pulledRound_ = next;
 }
 
 void DistributedModel::endForward(const std::vector<torch::Tensor>& outputs) {
-  if (options_.captureFactors && !solo_) instrument(outputs, !syncEnabled_);
+  if (options_.captureFactors && !solo_ && !groupMode()) instrument(outputs, !syncEnabled_);
 }
 
 // Finds, for each FC layer, the addmm (with bias) or mm (without) node that
@@ -368,7 +408,41 @@ void DistributedModel::onGradReady(int layer, int param) {
   if (solo_ || l.readyCount < static_cast<int>(l.params.size())) return;
   if (l.submitted) return;  // SFB already took this layer
   if (l.captured && l.scheme != Scheme::kPS) return;  // no-overlap: factors wait for synchronize()
-  if (options_.overlap) submitDense(layer);
+  if (options_.overlap) {
+    if (groupMode()) submitGroupPush(layer);
+    else submitDense(layer);
+  }
+}
+
+void DistributedModel::submitGroupPush(int layer) {
+  Layer& l = layers_[layer];
+  l.submitted = true;
+  l.scheme = Scheme::kPS;
+  std::vector<FloatSpan> spans;
+  for (auto& p : l.params) {
+    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);  // unused this round: zero
+    if (!p.grad().is_contiguous()) p.mutable_grad() = p.grad().contiguous();
+    spans.push_back({p.grad().data_ptr<float>(), p.grad().numel()});
+  }
+  node_->submitGroupPush(layer, LayerBuffer(spans), groupLr_);
+  predictedPs_ += psCostBoth(costInputs(*l.spec, node_->book().settings().batch, workers(), node_->book().numServers()));
+  lastSchemes_[layer] = Scheme::kPS;
+}
+
+void DistributedModel::takeGroupOptimizer(torch::optim::Optimizer& optimizer) {
+  auto* sgd = dynamic_cast<torch::optim::SGD*>(&optimizer);
+  if (!sgd) {
+    misuse("compute groups run SGD (momentum, weight decay) on the shards; this optimizer is not SGD");
+  }
+  const auto& o = static_cast<const torch::optim::SGDOptions&>(sgd->param_groups().at(0).options());
+  const JobSettings& s = node_->book().settings();
+  if (o.nesterov() || o.dampening() != 0 || static_cast<float>(o.momentum()) != s.momentum ||
+      static_cast<float>(o.weight_decay()) != s.weightDecay) {
+    misuse(strCat("compute groups: the shards run SGD with momentum ", s.momentum, " and weight decay ", s.weightDecay,
+                  "; the optimizer has momentum ", o.momentum(), ", weight decay ", o.weight_decay(),
+                  o.nesterov() ? ", nesterov" : "", o.dampening() != 0 ? ", dampening" : ""));
+  }
+  groupLr_ = static_cast<float>(o.lr());
 }
 
 void DistributedModel::submitDense(int layer) {
@@ -407,6 +481,21 @@ void DistributedModel::synchronize() {
   for (const auto& l : layers_) anyGradient = anyGradient || l.used();
   if (!anyGradient) {
     misuse("step() after forward() without loss.backward(): no parameter received a gradient this step");
+  }
+  if (groupMode()) {
+    for (int l = static_cast<int>(layers_.size()) - 1; l >= 0; --l) {
+      Layer& layer = layers_[l];
+      if (layer.submitted) continue;
+      if (!layer.used()) {
+        torch::NoGradGuard guard;
+        for (auto& p : layer.params)
+          if (p.grad().defined()) p.mutable_grad().zero_();
+      }
+      submitGroupPush(l);
+    }
+    node_->waitIteration();  // this round's pushes are out; the shards apply them
+    inIteration_ = false;
+    return;
   }
   if (!solo_) {
     // Layers not yet submitted: no-overlap mode, gradients that never came (unused
@@ -473,6 +562,10 @@ void DistributedModel::broadcastBuffers() {
 
 void DistributedModel::step(torch::optim::Optimizer& optimizer) {
   synchronize();
+  if (groupMode()) {  // the shards applied it; the optimizer only tells the learning rate
+    takeGroupOptimizer(optimizer);
+    return;
+  }
   int64_t t0 = tracer_ ? Tracer::nowMicros() : 0;
   optimizer.step();
   if (tracer_) tracer_->span("apply (optimizer step)", "compute", 0, t0, Tracer::nowMicros(), iteration_);

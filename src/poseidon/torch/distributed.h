@@ -65,6 +65,9 @@ struct DistributedOptions {
   bool captureFactors = true;
   // Rank 0's buffers go to every rank after each synchronized step (DDP's broadcast_buffers).
   bool broadcastBuffers = true;
+  // Compute-group mode (node.settings.groups > 0): the shards run SGD; this is its learning rate
+  // until step(optimizer) reports the optimizer's (whose lr may follow a schedule).
+  float learningRate = 0;
 
   // What the launcher said: rank and world size (poseidon launch, torchrun's variables, mpirun,
   // Slurm), MASTER_ADDR resolved, MASTER_PORT, this rank's data endpoint on the interface that
@@ -149,6 +152,10 @@ class DistributedModel {
   // gradients are in .grad() when it returns true; the caller runs its step.
   bool skipIfBehind();
 
+  // Compute-group mode: pulls the model as it stands now (after every rank's barrier, the
+  // final one), e.g. to evaluate it; the next step's forward uses it without pulling again.
+  void pullLatest();
+
   // Final barrier; servers stay until every rank is done.
   void finish();
 
@@ -175,6 +182,11 @@ class DistributedModel {
   void instrument(const std::vector<torch::Tensor>& outputs, bool accumulating);
   void beginIteration();
   void broadcastBuffers();
+  bool groupMode() const { return node_->book().settings().groupMode(); }
+  void submitGroupPush(int layer);
+  // Compute-group mode: the optimizer must be SGD with the job's momentum and weight decay (the
+  // shards apply it); its learning rate is taken for the next round.
+  void takeGroupOptimizer(torch::optim::Optimizer& optimizer);
   // A misuse found on this rank: every rank stops with this reason; throws InvalidArgument.
   [[noreturn]] void misuse(const std::string& why);
 
@@ -194,6 +206,8 @@ class DistributedModel {
   bool forwarded_ = false;     // the current iteration's synchronized forward has run
   bool accumulating_ = false;  // noSync passes ran since the last step
   int64_t iteration_ = -1;
+  int64_t pulledRound_ = -1;  // compute-group mode: the round whose model the parameters hold
+  float groupLr_ = 0;
   int64_t lastReadyUs_ = 0;
   std::vector<Scheme> lastSchemes_;
   double predictedPs_ = 0, predictedSfb_ = 0;

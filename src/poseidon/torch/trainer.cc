@@ -78,6 +78,15 @@ void validateOptions(const TrainOptions& o, int world) {
   if (!(o.lr > 0)) throw InvalidArgument(strCat("--lr must be positive, got ", o.lr));
   if (o.momentum < 0 || o.momentum >= 1) throw InvalidArgument(strCat("--momentum must be in [0, 1), got ", o.momentum));
   if (o.plain && world != 1) throw InvalidArgument("--plain runs the plain LibTorch loop and needs --workers 1");
+  if (o.groups > 0) {
+    if (o.plain) throw InvalidArgument("--groups needs Poseidon; --plain is the loop without it");
+    if (world % o.groups != 0) {
+      throw InvalidArgument(strCat("--groups ", o.groups, " must divide the ", world, " workers"));
+    }
+    if (o.dropStragglers > 0) throw InvalidArgument("--groups and --drop-stragglers cannot be combined");
+  } else if (o.staleness >= 0) {
+    throw InvalidArgument("--staleness bounds the lead of compute groups: it needs --groups");
+  }
 }
 
 // Output paths are checked before the first step, by the rank that will write
@@ -138,6 +147,11 @@ DistributedOptions distributedOptions(const TrainOptions& o, const RankEnv& env,
   d.node.tracer = tracer;
   d.node.settings.dropStragglers = o.dropStragglers;
   d.node.settings.stragglerTimeoutMs = o.stragglerTimeoutMs;
+  d.node.settings.groups = o.groups;
+  d.node.settings.staleness = o.staleness;
+  d.node.settings.momentum = static_cast<float>(o.momentum);
+  d.node.settings.weightDecay = static_cast<float>(o.weightDecay);
+  d.learningRate = static_cast<float>(o.lr);
   d.overlap = o.overlap;
   return d;
 }
@@ -186,6 +200,7 @@ class RankRun {
   double evaluate();
   void checkpoint(int64_t iteration);
   void reportStragglers();
+  void reportGroups();
   double imagesPerSecond() const { return trainSeconds_ > 0 ? images_ / trainSeconds_ : 0; }
   void saveParams() const;
   nlohmann::json summaryJson() const;
@@ -211,6 +226,9 @@ class RankRun {
   // Results of reportTraffic().
   double psBytes_ = 0, sfbBytes_ = 0, predictedPs_ = 0, predictedSfb_ = 0;
   std::vector<double> dropped_, skipped_;
+  // Results of reportGroups().
+  nlohmann::json stalenessHistogram_ = nlohmann::json::object();
+  int64_t maxGroupLead_ = 0;
 };
 
 RankRun::RankRun(const TrainOptions& o, const RankEnv& env)
@@ -228,7 +246,8 @@ RankRun::RankRun(const TrainOptions& o, const RankEnv& env)
 
   net_ = makeModel(o_.model);
   optimizer_ = std::make_unique<torch::optim::SGD>(net_.module->parameters(),
-                                                   torch::optim::SGDOptions(o_.lr).momentum(o_.momentum));
+                                                   torch::optim::SGDOptions(o_.lr).momentum(o_.momentum)
+                                                       .weight_decay(o_.weightDecay));
 
   const int64_t perRank = (train_.count + world_ - 1) / world_;
   stepsPerEpoch_ = (perRank + o_.batch - 1) / o_.batch;
@@ -289,6 +308,12 @@ void RankRun::printPlan() const {
 }
 
 double RankRun::evaluate() {
+  if (dist_ && o_.groups > 0) {
+    // The model as it stands once every group's updates so far are in (after a barrier, every
+    // shard has applied every push sent before it).
+    dist_->node().barrier();
+    dist_->pullLatest();
+  }
   torch::NoGradGuard guard;
   net_.module->eval();
   int64_t correct = 0, seen = 0;
@@ -419,8 +444,39 @@ void RankRun::reportStragglers() {
   }
 }
 
+void RankRun::reportGroups() {
+  if (!dist_ || o_.groups == 0) return;
+  // Every shard's count of updates by staleness, in buckets 0..kMaxStaleness-1 and the rest; the
+  // largest lead of a group over the slowest (per rank, then the maximum).
+  constexpr int kBuckets = 64;
+  Node& node = dist_->node();
+  std::vector<double> mine(kBuckets + 1 + world_, 0.0);
+  for (const auto& [s, n] : node.stalenessHistogram()) mine[std::min<int64_t>(s, kBuckets)] += static_cast<double>(n);
+  mine[kBuckets + 1 + rank_] = static_cast<double>(node.maxGroupLead());
+  auto all = node.allSum(mine);
+  stalenessHistogram_ = nlohmann::json::object();
+  double updates = 0, weighted = 0;
+  for (int s = 0; s <= kBuckets; ++s) {
+    if (all[s] == 0) continue;
+    stalenessHistogram_[s < kBuckets ? std::to_string(s) : ">=" + std::to_string(kBuckets)] = all[s];
+    updates += all[s];
+    weighted += s * all[s];
+  }
+  maxGroupLead_ = 0;
+  for (int r = 0; r < world_; ++r) maxGroupLead_ = std::max<int64_t>(maxGroupLead_, static_cast<int64_t>(all[kBuckets + 1 + r]));
+  if (lead_) {
+    std::printf("compute groups: %d groups of %d workers; staleness of %.0f pair updates (mean %.2f):", o_.groups,
+                world_ / o_.groups, updates, updates > 0 ? weighted / updates : 0.0);
+    for (auto it = stalenessHistogram_.begin(); it != stalenessHistogram_.end(); ++it) {
+      std::printf(" %s: %.0f", it.key().c_str(), it.value().get<double>());
+    }
+    std::printf("; largest lead of a group over the slowest: %lld\n", static_cast<long long>(maxGroupLead_));
+  }
+}
+
 void RankRun::reportTraffic() {
   reportStragglers();
+  reportGroups();
   if (!dist_) return;
   // Traffic over all ranks, against Table 1's prediction.
   Node& node = dist_->node();
@@ -484,6 +540,10 @@ nlohmann::json RankRun::summaryJson() const {
           {"dropped_contributions_per_rank", dropped_},
           {"skipped_iterations_per_rank", skipped_},
           {"predicted_bytes_by_scheme", {{"ps", predictedPs_}, {"sfb", predictedSfb_}}},
+          {"groups", o_.groups},
+          {"staleness_bound", o_.staleness},
+          {"staleness_histogram", stalenessHistogram_},
+          {"max_group_lead", maxGroupLead_},
           {"layers", layers}};
 }
 

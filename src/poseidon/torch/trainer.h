@@ -19,6 +19,10 @@ struct TrainOptions {
   int64_t batch = 64;  // per worker
   double lr = 0.05;
   double momentum = 0.9;
+  double weightDecay = 0;
+  // Omnivore's compute groups (0: off): the shards hold the model and run SGD; staleness -1: unbounded.
+  int groups = 0;
+  int64_t staleness = -1;
   uint64_t seed = 1;
   SchemePolicy scheme = SchemePolicy::kAuto;
   bool overlap = true;   // false: sync after the whole backward (naive baseline)

@@ -108,7 +108,11 @@ void Van::connectPeers(int selfRank, const std::vector<std::string>& endpoints, 
 TrafficKind Van::kindOf(MsgType type) {
   switch (type) {
     case MsgType::kPsPush:
-    case MsgType::kPsAggregate: return TrafficKind::kPS;
+    case MsgType::kPsAggregate:
+    case MsgType::kGroupPush:
+    case MsgType::kPull:
+    case MsgType::kPullReply:
+    case MsgType::kModelInit: return TrafficKind::kPS;
     case MsgType::kSfbFactors:
     case MsgType::kSfbNotice:
     case MsgType::kSfbDecision: return TrafficKind::kSFB;

@@ -17,6 +17,10 @@ const char* msgTypeName(MsgType t) {
     case MsgType::kAdamAggregate: return "adam-aggregate";
     case MsgType::kSfbNotice: return "sfb-notice";
     case MsgType::kSfbDecision: return "sfb-decision";
+    case MsgType::kGroupPush: return "group-push";
+    case MsgType::kPull: return "pull";
+    case MsgType::kPullReply: return "pull-reply";
+    case MsgType::kModelInit: return "model-init";
     case MsgType::kBroadcast: return "broadcast";
     case MsgType::kBarrier: return "barrier";
     case MsgType::kHeartbeat: return "heartbeat";
@@ -38,6 +42,10 @@ bool isKnownMsgType(uint16_t t) {
     case MsgType::kAdamAggregate:
     case MsgType::kSfbNotice:
     case MsgType::kSfbDecision:
+    case MsgType::kGroupPush:
+    case MsgType::kPull:
+    case MsgType::kPullReply:
+    case MsgType::kModelInit:
     case MsgType::kBroadcast:
     case MsgType::kBarrier:
     case MsgType::kHeartbeat:

@@ -49,6 +49,11 @@ enum class MsgType : uint16_t {
   // straggler mode: agreeing on an SFB round's contributors
   kSfbNotice = 23,    // worker -> the layer's keeper: my factors are out
   kSfbDecision = 24,  // keeper -> every worker: the contributor mask
+  // compute-group mode: the shards hold the model (kvstore/model_shard.h)
+  kGroupPush = 25,  // worker -> shard: its gradient of one KV pair for its group's round
+  kPull = 26,       // worker -> shard: the pair's parameters, please, for its group's round
+  kPullReply = 27,  // shard -> worker: the pair's parameters and version
+  kModelInit = 28,  // first worker -> shard: a pair's starting state (parameters, momentum, clocks)
   // collectives and control (data endpoint)
   kBroadcast = 30,  // root -> all: chunk of a broadcast buffer
   kBarrier = 31,    // all -> all: reached a named barrier

@@ -57,6 +57,11 @@ FrameHeader sfbNotice(int layer, int64_t iteration) { return make(MsgType::kSfbN
 
 FrameHeader sfbDecision(int layer, int64_t iteration) { return make(MsgType::kSfbDecision, layer, iteration); }
 
+FrameHeader groupPush(int layer, int64_t round, int pair) { return make(MsgType::kGroupPush, layer, round, pair); }
+FrameHeader pull(int layer, int64_t round, int pair) { return make(MsgType::kPull, layer, round, pair); }
+FrameHeader pullReply(int layer, int64_t round, int pair) { return make(MsgType::kPullReply, layer, round, pair); }
+FrameHeader modelInit(int layer, int pair, int64_t version) { return make(MsgType::kModelInit, layer, version, pair); }
+
 FrameHeader broadcastChunk(const BroadcastChunk& c) {
   FrameHeader h = make(MsgType::kBroadcast);
   h.layer = c.sequence;
@@ -98,6 +103,10 @@ int trafficLayer(const FrameHeader& h) {
     case MsgType::kAdamAggregate:
     case MsgType::kSfbNotice:
     case MsgType::kSfbDecision:
+    case MsgType::kGroupPush:
+    case MsgType::kPull:
+    case MsgType::kPullReply:
+    case MsgType::kModelInit:
       return static_cast<int>(h.layer);
     default:
       return -1;

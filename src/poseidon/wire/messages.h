@@ -13,6 +13,10 @@
 //   adam-aggregate  layer             iteration           KV pair       -
 //   sfb-notice      layer             iteration           -             -
 //   sfb-decision    layer             iteration           -             -
+//   group-push      layer             group's round       KV pair       -      (floats, then the lr as f32)
+//   pull            layer             group's round       KV pair       -
+//   pull-reply      layer             group's round       KV pair       -      (floats, then the version as i64)
+//   model-init      layer             version             KV pair       -      (W, V, then a clock per group as i64)
 //   broadcast       sequence number   total floats        chunk index   chunk count
 //   barrier         sequence number   -                   -             -
 //   heartbeat/abort/bye -             sender's iteration  -             -
@@ -50,6 +54,12 @@ FrameHeader adamAggregate(int layer, int64_t iteration, int pair);
 // Straggler mode's agreement on an SFB round's contributors.
 FrameHeader sfbNotice(int layer, int64_t iteration);
 FrameHeader sfbDecision(int layer, int64_t iteration);
+
+// Compute-group mode (kvstore/model_shard.h).
+FrameHeader groupPush(int layer, int64_t round, int pair);
+FrameHeader pull(int layer, int64_t round, int pair);
+FrameHeader pullReply(int layer, int64_t round, int pair);
+FrameHeader modelInit(int layer, int pair, int64_t version);
 
 // Collectives. `sequence` numbers the collective calls of a job (every rank
 // makes them in the same order), so chunks of different calls never mix.

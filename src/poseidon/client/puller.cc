@@ -1,0 +1,127 @@
+#include "poseidon/client/puller.h"
+
+#include <cstring>
+
+#include "poseidon/common/bytes.h"
+#include "poseidon/common/error.h"
+#include "poseidon/wire/messages.h"
+
+namespace poseidon {
+
+Puller::Puller(const InformationBook& book, Send send, const StickyError& error)
+    : book_(book), send_(std::move(send)), error_(error) {}
+
+void Puller::setTargets(std::vector<LayerBuffer> params) {
+  const KvLayout& layout = book_.layout();
+  if (static_cast<int>(params.size()) != layout.numLayers()) {
+    throw InvalidArgument(strCat("pull targets for ", params.size(), " layers, the model has ", layout.numLayers()));
+  }
+  for (int l = 0; l < layout.numLayers(); ++l) {
+    if (params[l].size() != book_.model().layers[l].numel()) {
+      throw InvalidArgument(strCat("layer ", l, ": ", params[l].size(), " parameters to pull into, expected ",
+                                   book_.model().layers[l].numel()));
+    }
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  targets_ = std::move(params);
+  versions_.assign(targets_.size(), -1);
+}
+
+void Puller::start(int64_t round) {
+  const KvLayout& layout = book_.layout();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (targets_.empty()) throw InvalidArgument("pull before the model's parameters were registered");
+    if (open_ && layersLeft_ > 0) throw InvalidArgument(strCat("pull of round ", round, " before round ", round_, " arrived"));
+    round_ = round;
+    open_ = true;
+    got_.assign(targets_.size(), {});
+    left_.assign(targets_.size(), 0);
+    for (int l = 0; l < layout.numLayers(); ++l) {
+      got_[l].assign(layout.pairsOf(l).size(), false);
+      left_[l] = static_cast<int>(layout.pairsOf(l).size());
+    }
+    layersLeft_ = layout.numLayers();
+  }
+  // Layer order, so the first layers' parameters come first.
+  for (int l = 0; l < layout.numLayers(); ++l) {
+    for (const KvPair& p : layout.pairsOf(l)) send_(book_.shardRank(p.shard), wire::pull(l, round, p.index), {});
+  }
+}
+
+void Puller::onReply(Message& msg) {
+  const FrameHeader& h = msg.header;
+  const KvLayout& layout = book_.layout();
+  if (h.layer >= static_cast<uint32_t>(layout.numLayers()) || h.pair >= layout.pairsOf(h.layer).size()) {
+    throw ProtocolError(strCat("pull reply for layer ", h.layer, " pair ", h.pair, ", which does not exist"));
+  }
+  const KvPair& p = layout.pairsOf(h.layer)[h.pair];
+  if (static_cast<int>(h.sender) != book_.shardRank(p.shard)) {
+    throw ProtocolError(strCat("pull reply for layer ", h.layer, " pair ", h.pair, " from rank ", h.sender,
+                               ", which does not own it"));
+  }
+  const size_t floatBytes = static_cast<size_t>(p.length) * kFloatBytes;
+  if (msg.size() != floatBytes + sizeof(int64_t)) {
+    throw ProtocolError(strCat("pull reply for layer ", h.layer, " pair ", h.pair, " has ", msg.size(), " bytes"));
+  }
+  ByteReader r(msg.data() + floatBytes, sizeof(int64_t));
+  const int64_t version = r.i64();
+  bool layerDone = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!open_ || h.iteration != round_) {
+      throw ProtocolError(strCat("pull reply for round ", h.iteration, ", this worker pulls round ", round_));
+    }
+    if (got_[h.layer][h.pair]) throw ProtocolError(strCat("duplicate pull reply for layer ", h.layer, " pair ", h.pair));
+    got_[h.layer][h.pair] = true;
+    targets_[h.layer].forEach(p.offset, p.length, [&](float* dst, int64_t n, int64_t done) {
+      std::memcpy(dst, msg.data() + done * kFloatBytes, static_cast<size_t>(n) * kFloatBytes);
+    });
+    if (h.pair == 0) versions_[h.layer] = version;
+    if (--left_[h.layer] == 0) {
+      --layersLeft_;
+      layerDone = true;
+    }
+  }
+  if (layerDone) cv_.notify_all();
+}
+
+bool Puller::waitLayer(int layer, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  bool ok = cv_.wait_for(lock, timeout, [&] { return error_.failed() || (open_ && left_.at(layer) == 0); });
+  if (error_.failed()) {
+    lock.unlock();
+    error_.check();
+  }
+  return ok;
+}
+
+bool Puller::waitAll(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  bool ok = cv_.wait_for(lock, timeout, [&] { return error_.failed() || (open_ && layersLeft_ == 0); });
+  if (error_.failed()) {
+    lock.unlock();
+    error_.check();
+  }
+  return ok;
+}
+
+std::vector<int> Puller::missing() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<int> out;
+  for (size_t l = 0; l < left_.size(); ++l)
+    if (left_[l] > 0) out.push_back(static_cast<int>(l));
+  return out;
+}
+
+std::vector<int64_t> Puller::versions() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return versions_;
+}
+
+void Puller::wake() {
+  { std::lock_guard<std::mutex> lock(mutex_); }
+  cv_.notify_all();
+}
+
+}  // namespace poseidon

@@ -1,0 +1,62 @@
+// Puller: a worker's pulls of the model from the shards (compute-group mode,
+// kvstore/model_shard.h). At the start of each of its group's rounds the
+// worker asks every shard for each KV pair of every layer; the replies are
+// written straight into the layers' parameter memory (like PS aggregates into
+// gradients, without staging copies), and a layer can be waited for on its
+// own, so the first layers' forward may start while later ones arrive.
+//
+// Threads: start() and wait*() on the user's thread; onReply() on the receive
+// loop; wake() from whoever records the job's failure. mutex_ is a leaf lock;
+// the parameter memory is written under it (the user's thread only reads it
+// after waitLayer/waitAll returned).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <vector>
+
+#include "poseidon/client/layer_buffer.h"
+#include "poseidon/common/sticky_error.h"
+#include "poseidon/coordinator/book.h"
+#include "poseidon/transport/van.h"
+
+namespace poseidon {
+
+class Puller {
+ public:
+  using Send = std::function<void(int dest, const FrameHeader&, const std::vector<Van::Part>&)>;
+  Puller(const InformationBook& book, Send send, const StickyError& error);
+
+  // Where each layer's parameters live (once, before the first start()).
+  void setTargets(std::vector<LayerBuffer> params);
+  const std::vector<LayerBuffer>& targets() const { return targets_; }  // user thread
+  // Asks for every pair of the model for `round`. The previous round's pulls must be complete.
+  void start(int64_t round);
+  // Receive loop: a pull-reply. ProtocolError when it does not fit; nothing changes then.
+  void onReply(Message& msg);
+  // Wait until the layer (or every layer) is in; false on timeout. Rethrow the sticky error.
+  bool waitLayer(int layer, std::chrono::milliseconds timeout);
+  bool waitAll(std::chrono::milliseconds timeout);
+  // The layers still missing (for a timeout's message), and the version each layer's first pair had.
+  std::vector<int> missing() const;
+  std::vector<int64_t> versions() const;
+  void wake();
+
+ private:
+  const InformationBook& book_;
+  Send send_;
+  const StickyError& error_;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<LayerBuffer> targets_;
+  int64_t round_ = -1;
+  bool open_ = false;
+  std::vector<std::vector<bool>> got_;  // by layer, by pair
+  std::vector<int> left_;               // pairs missing, by layer
+  int layersLeft_ = 0;
+  std::vector<int64_t> versions_;
+};
+
+}  // namespace poseidon

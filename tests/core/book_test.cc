@@ -70,7 +70,10 @@ TEST(Book, JoinRoundTripAndHashCheck) {
   EXPECT_EQ(d.role, Role::kWorker);
   EXPECT_EQ(d.endpoint, req.endpoint);
   EXPECT_EQ(d.model.hash(), req.model.hash());
-  bytes[bytes.size() - 40] ^= 0x40;  // corrupt a dimension of the last layer
+  ByteWriter settings;
+  writeSettings(settings, req.settings);
+  // Corrupt a dimension of the last layer (it ends 3 bytes before the settings that close the join).
+  bytes[bytes.size() - settings.bytes().size() - 3] ^= 0x40;
   EXPECT_THROW(decodeJoin(bytes.data(), bytes.size()), ProtocolError);
 }
 

@@ -38,7 +38,7 @@ ModelDesc smallModel() {
   return m;
 }
 
-InformationBook makeBook(int dropStragglers) {
+InformationBook makeBook(int dropStragglers, int groups = 0) {
   std::vector<NodeInfo> nodes;
   for (int r = 0; r < 3; ++r) nodes.push_back({r, Role::kBoth, "tcp://127.0.0.1:1"});
   JobSettings s;
@@ -46,7 +46,15 @@ InformationBook makeBook(int dropStragglers) {
   s.batch = 2;
   s.dropStragglers = dropStragglers;
   s.stragglerTimeoutMs = dropStragglers ? 10 : 0;
+  s.groups = groups;
+  s.momentum = groups ? 0.5f : 0.0f;
   return InformationBook(7, nodes, smallModel(), s);
+}
+
+// Three workers in three compute groups: the shards hold the model (kvstore/model_shard.h).
+const InformationBook& groupBook() {
+  static const InformationBook b = makeBook(0, 3);
+  return b;
 }
 
 const InformationBook& book() {
@@ -120,7 +128,7 @@ const InformationBook& f6book(uint8_t pick) { return pick % 2 ? stragglerBook() 
 #ifndef POSEIDON_FUZZ_SEEDS
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
-  const uint8_t which = data[0] % 7;
+  const uint8_t which = data[0] % 8;
   ++data;
   --size;
   try {
@@ -179,6 +187,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           }
           now += std::chrono::milliseconds(f.rows * 2);
           server.expire(now);
+          data += n;
+          size -= n;
+        }
+        break;
+      }
+      case 7: {
+        // The server role of compute-group mode: model init, pulls and group pushes.
+        KvServer server(groupBook(), 0);
+        while (size > 0) {
+          Fields f = readFields(data, size);
+          size_t n = std::min<size_t>(size, f.rows * 16);
+          FrameHeader h = f.pair % 3 == 0   ? wire::modelInit(static_cast<int>(f.layer), static_cast<int>(f.pair / 3), 0)
+                          : f.pair % 3 == 1 ? wire::pull(static_cast<int>(f.layer), f.iteration, static_cast<int>(f.pair / 3))
+                                            : wire::groupPush(static_cast<int>(f.layer), f.iteration,
+                                                              static_cast<int>(f.pair / 3));
+          Message m = fuzzMessage(h, f.sender, data, n);
+          try {
+            server.handle(m);
+          } catch (const ProtocolError&) {
+          }
           data += n;
           size -= n;
         }

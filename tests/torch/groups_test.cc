@@ -1,0 +1,100 @@
+// Omnivore's compute groups through the real CLI (docs/omnivore.md): one group is the BSP path
+// bit for bit; every worker its own group runs asynchronously with its staleness measured; SSP's
+// bound holds against a group slowed 10x.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cli_helpers.h"
+
+namespace poseidon {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::readFloats;
+using testing::TempDir;
+
+// 4 workers x batch 64 over 2048 images (8 steps per epoch), quiet.
+std::vector<std::string> job(const std::vector<std::string>& extra) {
+  std::vector<std::string> a{"train", "--workers", "4", "--train-limit", "2048", "--quiet", "--timeout", "60000"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+nlohmann::json summaryOf(const std::string& path) {
+  std::ifstream f(path);
+  return nlohmann::json::parse(f);
+}
+
+TEST(ComputeGroups, OneGroupGivesTheBspParametersBitForBit) {
+  TempDir dir;
+  // BSP with every layer by PS (the shards take dense pushes in group mode too), and one group.
+  auto bsp = testing::runCli(job({"--max-steps", "20", "--scheme", "ps", "--save-params", dir.path + "/bsp.bin"}),
+                             dir.path + "/bsp");
+  ASSERT_EQ(bsp.exitCode(), 0) << bsp.stderrText();
+  auto one = testing::runCli(job({"--max-steps", "20", "--groups", "1", "--save-params", dir.path + "/one.bin",
+                                  "--summary", dir.path + "/one.json"}),
+                             dir.path + "/one");
+  ASSERT_EQ(one.exitCode(), 0) << one.stderrText();
+  auto a = readFloats(dir.path + "/bsp.bin"), b = readFloats(dir.path + "/one.bin");
+  ASSERT_EQ(a.size(), 431080u);
+  ASSERT_EQ(a.size(), b.size());
+  size_t differ = 0;
+  for (size_t i = 0; i < a.size(); ++i) differ += a[i] != b[i];
+  EXPECT_EQ(differ, 0u) << "of " << a.size() << " parameters";
+  auto s = summaryOf(dir.path + "/one.json");
+  EXPECT_EQ(s["groups"], 1);
+  EXPECT_EQ(s["staleness_histogram"], nlohmann::json({{"0", 80}}));  // 20 rounds x 4 layers, one pair each
+  EXPECT_EQ(s["max_group_lead"], 0);
+}
+
+TEST(ComputeGroups, EveryWorkerItsOwnGroupRunsAsynchronouslyWithItsStalenessReported) {
+  TempDir dir;
+  auto p = testing::runCli(job({"--max-steps", "40", "--groups", "4", "--momentum", "0.3", "--summary",
+                                dir.path + "/s.json"}),
+                           dir.path + "/g4");
+  ASSERT_EQ(p.exitCode(), 0) << p.stderrText();
+  EXPECT_THAT(p.stdoutText(), HasSubstr("compute groups: 4 groups of 1 workers; staleness of 640 pair updates"));
+  auto s = summaryOf(dir.path + "/s.json");
+  double updates = 0, stale = 0;
+  for (auto it = s["staleness_histogram"].begin(); it != s["staleness_histogram"].end(); ++it) {
+    updates += it.value().get<double>();
+    if (it.key() != "0") stale += it.value().get<double>();
+  }
+  EXPECT_EQ(updates, 640);  // 40 rounds x 4 groups x 4 layers
+  EXPECT_GT(stale, 0) << s["staleness_histogram"].dump();  // asynchronous: updates land on a moved model
+  EXPECT_GT(s["test_accuracy"].get<double>(), 0.5) << "it learns";
+}
+
+// Rank 3 (its own group) takes 10x as long per step. With --staleness 1 no other group runs more
+// than one update ahead of it; unbounded, they do.
+TEST(ComputeGroups, SspKeepsEveryGroupWithinTheBoundOfASlowOne) {
+  TempDir dir;
+  const std::map<std::string, std::string> slow{{"POSEIDON_SLOW", "3:10"}};
+  auto bounded = testing::runCli(job({"--max-steps", "24", "--groups", "4", "--momentum", "0.3", "--staleness", "1",
+                                      "--summary", dir.path + "/bounded.json"}),
+                                 dir.path + "/bounded", slow);
+  ASSERT_EQ(bounded.exitCode(), 0) << bounded.stderrText();
+  auto b = summaryOf(dir.path + "/bounded.json");
+  EXPECT_LE(b["max_group_lead"].get<int>(), 1);
+  auto free = testing::runCli(job({"--max-steps", "24", "--groups", "4", "--momentum", "0.3", "--summary",
+                                   dir.path + "/free.json"}),
+                              dir.path + "/free", slow);
+  ASSERT_EQ(free.exitCode(), 0) << free.stderrText();
+  EXPECT_GT(summaryOf(dir.path + "/free.json")["max_group_lead"].get<int>(), 1);
+}
+
+TEST(ComputeGroups, FlagsThatDoNotFitAreOneLineErrors) {
+  TempDir dir;
+  auto p = testing::runCli(job({"--groups", "3"}), dir.path + "/three");
+  EXPECT_EQ(p.exitCode(), 2);
+  EXPECT_THAT(p.stderrText(), HasSubstr("--groups 3 must divide the 4 workers"));
+  auto q = testing::runCli(job({"--staleness", "2"}), dir.path + "/nogroups");
+  EXPECT_EQ(q.exitCode(), 2);
+  EXPECT_THAT(q.stderrText(), HasSubstr("--staleness bounds the lead of compute groups: it needs --groups"));
+}
+
+}  // namespace
+}  // namespace poseidon

@@ -98,3 +98,49 @@ TEST(ComputeGroups, FlagsThatDoNotFitAreOneLineErrors) {
 
 }  // namespace
 }  // namespace poseidon
+
+namespace poseidon {
+namespace {
+
+// The shards' state (parameters, momentum buffers, version clock) goes into the checkpoint: with one
+// group, 10 steps + resume + 10 steps give the uninterrupted run's parameters bit for bit, which
+// needs the momentum back exactly; with two groups, a resume without further steps serves exactly
+// the checkpoint's model.
+TEST(ComputeGroups, CheckpointsHoldTheShardsStateAndResumeExactly) {
+  TempDir dir;
+  auto straight = testing::runCli(job({"--max-steps", "20", "--groups", "1", "--save-params", dir.path + "/straight.bin"}),
+                                  dir.path + "/straight");
+  ASSERT_EQ(straight.exitCode(), 0) << straight.stderrText();
+  const std::string ck = dir.path + "/ck";
+  auto first = testing::runCli(job({"--max-steps", "10", "--groups", "1", "--checkpoint", ck, "--checkpoint-every", "5"}),
+                               dir.path + "/first");
+  ASSERT_EQ(first.exitCode(), 0) << first.stderrText();
+  std::ifstream meta(ck + "/step-000000010/meta.json");
+  auto m = nlohmann::json::parse(meta);
+  EXPECT_EQ(m["groups"], 1);
+  EXPECT_EQ(m["group_version"], 10);  // every pair had 10 updates
+  auto resumed = testing::runCli(job({"--max-steps", "20", "--groups", "1", "--checkpoint", ck, "--checkpoint-every",
+                                      "5", "--save-params", dir.path + "/resumed.bin"}),
+                                 dir.path + "/resumed");
+  ASSERT_EQ(resumed.exitCode(), 0) << resumed.stderrText();
+  EXPECT_THAT(resumed.stdoutText(), HasSubstr("resuming from " + ck + "/step-000000010"));
+  EXPECT_EQ(testing::readBytes(dir.path + "/straight.bin"), testing::readBytes(dir.path + "/resumed.bin"));
+
+  const std::string ck2 = dir.path + "/ck2";
+  auto two = testing::runCli(job({"--max-steps", "10", "--groups", "2", "--momentum", "0.3", "--checkpoint", ck2,
+                                  "--checkpoint-every", "10", "--save-params", dir.path + "/two.bin"}),
+                             dir.path + "/two");
+  ASSERT_EQ(two.exitCode(), 0) << two.stderrText();
+  auto again = testing::runCli(job({"--max-steps", "10", "--groups", "2", "--momentum", "0.3", "--checkpoint", ck2,
+                                    "--save-params", dir.path + "/again.bin"}),
+                               dir.path + "/again");
+  ASSERT_EQ(again.exitCode(), 0) << again.stderrText();
+  EXPECT_EQ(testing::readBytes(dir.path + "/two.bin"), testing::readBytes(dir.path + "/again.bin"));
+  // A checkpoint of one layout is not resumed with another.
+  auto other = testing::runCli(job({"--max-steps", "12", "--groups", "4", "--checkpoint", ck2}), dir.path + "/other");
+  EXPECT_EQ(other.exitCode(), 2);
+  EXPECT_THAT(other.stderrText(), HasSubstr("was written with --groups 2, this run has 4"));
+}
+
+}  // namespace
+}  // namespace poseidon

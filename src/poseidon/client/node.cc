@@ -225,9 +225,10 @@ void Node::route(Message& msg) {
     sendAll(out);
     return;
   }
-  if (h.type == MsgType::kPullReply) {
-    if (!puller_) throw ProtocolError("pull reply to a rank that does not pull (not a worker, or no compute groups)");
-    puller_->onReply(msg);
+  if (h.type == MsgType::kPullReply || h.type == MsgType::kStateReply) {
+    if (!puller_) throw ProtocolError(strCat(msgTypeName(h.type), " to a rank that does not pull"));
+    if (h.type == MsgType::kPullReply) puller_->onReply(msg);
+    else puller_->onStateReply(msg);
     return;
   }
   switch (h.type) {
@@ -437,6 +438,20 @@ void Node::waitPulled() {
         " s pulling layers ", layers, " from the shards (a slower group may hold them back: --staleness)"))));
   }
   throwIfFailed();
+}
+
+std::pair<int64_t, std::vector<int64_t>> Node::fetchModelState(std::vector<LayerBuffer> momentum) {
+  throwIfFailed();
+  if (!puller_ || rank() != book_.workerRanks().front()) {
+    throw InvalidArgument("fetchModelState: the first worker of a job with compute groups fetches the state");
+  }
+  puller_->startState(std::move(momentum));
+  if (!puller_->waitAll(waitTimeout())) {
+    fail(std::make_exception_ptr(TimeoutError(strCat("rank ", rank(), ": timed out after ", waitTimeout().count() / 1000.0,
+                                                     " s fetching the model's state from the shards"))));
+  }
+  throwIfFailed();
+  return {puller_->stateVersion(), puller_->stateClocks()};
 }
 
 std::vector<int64_t> Node::pulledVersions() const { return puller_ ? puller_->versions() : std::vector<int64_t>{}; }

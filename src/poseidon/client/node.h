@@ -164,6 +164,10 @@ class Node : private SyncHost {
   // The version (updates applied) each layer's first pair had when this round's pull was answered.
   std::vector<int64_t> pulledVersions() const;
   void submitGroupPush(int layer, LayerBuffer grad, float lr, std::shared_ptr<void> keepAlive = nullptr);
+  // The first worker, after every rank's barrier: the shards' whole state (the parameters into
+  // setModel's buffers, the momentum buffers into `momentum`), for a checkpoint. Returns the
+  // version clock and the group clocks.
+  std::pair<int64_t, std::vector<int64_t>> fetchModelState(std::vector<LayerBuffer> momentum);
   // This node's shard: how many other updates landed between each update's pull and its
   // application (count by staleness), and the largest lead of a group over the slowest one.
   std::map<int64_t, int64_t> stalenessHistogram() const;

@@ -1,5 +1,6 @@
 #include "poseidon/client/puller.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "poseidon/common/bytes.h"
@@ -35,6 +36,7 @@ void Puller::start(int64_t round) {
     if (open_ && layersLeft_ > 0) throw InvalidArgument(strCat("pull of round ", round, " before round ", round_, " arrived"));
     round_ = round;
     open_ = true;
+    stateMode_ = false;
     got_.assign(targets_.size(), {});
     left_.assign(targets_.size(), 0);
     for (int l = 0; l < layout.numLayers(); ++l) {
@@ -47,6 +49,87 @@ void Puller::start(int64_t round) {
   for (int l = 0; l < layout.numLayers(); ++l) {
     for (const KvPair& p : layout.pairsOf(l)) send_(book_.shardRank(p.shard), wire::pull(l, round, p.index), {});
   }
+}
+
+void Puller::startState(std::vector<LayerBuffer> momentum) {
+  const KvLayout& layout = book_.layout();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (targets_.empty()) throw InvalidArgument("state fetch before the model's parameters were registered");
+    if (open_ && layersLeft_ > 0) throw InvalidArgument("state fetch while a pull is still arriving");
+    if (momentum.size() != targets_.size()) throw InvalidArgument("state fetch: one momentum buffer per layer");
+    for (size_t l = 0; l < momentum.size(); ++l) {
+      if (momentum[l].size() != targets_[l].size()) {
+        throw InvalidArgument(strCat("state fetch: layer ", l, " momentum has ", momentum[l].size(), " floats"));
+      }
+    }
+    momentum_ = std::move(momentum);
+    stateMode_ = true;
+    open_ = true;
+    stateVersion_ = -1;
+    stateClocks_.clear();
+    got_.assign(targets_.size(), {});
+    left_.assign(targets_.size(), 0);
+    for (int l = 0; l < layout.numLayers(); ++l) {
+      got_[l].assign(layout.pairsOf(l).size(), false);
+      left_[l] = static_cast<int>(layout.pairsOf(l).size());
+    }
+    layersLeft_ = layout.numLayers();
+  }
+  for (int s : book_.serverRanks()) send_(s, wire::stateRequest(), {});
+}
+
+void Puller::onStateReply(Message& msg) {
+  const FrameHeader& h = msg.header;
+  const KvLayout& layout = book_.layout();
+  if (h.layer >= static_cast<uint32_t>(layout.numLayers()) || h.pair >= layout.pairsOf(h.layer).size()) {
+    throw ProtocolError(strCat("state reply for layer ", h.layer, " pair ", h.pair, ", which does not exist"));
+  }
+  const KvPair& p = layout.pairsOf(h.layer)[h.pair];
+  if (static_cast<int>(h.sender) != book_.shardRank(p.shard)) {
+    throw ProtocolError(strCat("state reply for layer ", h.layer, " pair ", h.pair, " from rank ", h.sender));
+  }
+  const size_t floatBytes = static_cast<size_t>(p.length) * kFloatBytes;
+  const size_t groups = static_cast<size_t>(std::max(1, book_.settings().groups));
+  if (msg.size() != 2 * floatBytes + groups * sizeof(int64_t)) {
+    throw ProtocolError(strCat("state reply for layer ", h.layer, " pair ", h.pair, " has ", msg.size(), " bytes"));
+  }
+  ByteReader r(msg.data() + 2 * floatBytes, groups * sizeof(int64_t));
+  std::vector<int64_t> clocks;
+  for (size_t g = 0; g < groups; ++g) clocks.push_back(r.i64());
+  bool done = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!open_ || !stateMode_) throw ProtocolError("state reply without a state request");
+    if (got_[h.layer][h.pair]) throw ProtocolError(strCat("duplicate state reply for layer ", h.layer, " pair ", h.pair));
+    got_[h.layer][h.pair] = true;
+    targets_[h.layer].forEach(p.offset, p.length, [&](float* dst, int64_t n, int64_t off) {
+      std::memcpy(dst, msg.data() + off * kFloatBytes, static_cast<size_t>(n) * kFloatBytes);
+    });
+    momentum_[h.layer].forEach(p.offset, p.length, [&](float* dst, int64_t n, int64_t off) {
+      std::memcpy(dst, msg.data() + floatBytes + off * kFloatBytes, static_cast<size_t>(n) * kFloatBytes);
+    });
+    // Every pair had as many updates when all groups stopped at the same round; keep the first.
+    if (stateVersion_ < 0) {
+      stateVersion_ = h.iteration;
+      stateClocks_ = clocks;
+    }
+    if (--left_[h.layer] == 0) {
+      --layersLeft_;
+      done = layersLeft_ == 0;
+    }
+  }
+  if (done) cv_.notify_all();
+}
+
+int64_t Puller::stateVersion() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stateVersion_;
+}
+
+std::vector<int64_t> Puller::stateClocks() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stateClocks_;
 }
 
 void Puller::onReply(Message& msg) {
@@ -69,7 +152,7 @@ void Puller::onReply(Message& msg) {
   bool layerDone = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!open_ || h.iteration != round_) {
+    if (!open_ || stateMode_ || h.iteration != round_) {
       throw ProtocolError(strCat("pull reply for round ", h.iteration, ", this worker pulls round ", round_));
     }
     if (got_[h.layer][h.pair]) throw ProtocolError(strCat("duplicate pull reply for layer ", h.layer, " pair ", h.pair));

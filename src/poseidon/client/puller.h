@@ -36,6 +36,13 @@ class Puller {
   void start(int64_t round);
   // Receive loop: a pull-reply. ProtocolError when it does not fit; nothing changes then.
   void onReply(Message& msg);
+  // Checkpoints (the first worker, every rank past a barrier): asks every shard for its pairs'
+  // whole state; the parameters go to the targets, the momentum buffers to `momentum` (same
+  // layout). Wait with waitAll(); then stateVersion()/stateClocks() hold what the shards had.
+  void startState(std::vector<LayerBuffer> momentum);
+  void onStateReply(Message& msg);
+  int64_t stateVersion() const;
+  std::vector<int64_t> stateClocks() const;
   // Wait until the layer (or every layer) is in; false on timeout. Rethrow the sticky error.
   bool waitLayer(int layer, std::chrono::milliseconds timeout);
   bool waitAll(std::chrono::milliseconds timeout);
@@ -57,6 +64,11 @@ class Puller {
   std::vector<int> left_;               // pairs missing, by layer
   int layersLeft_ = 0;
   std::vector<int64_t> versions_;
+  // State fetches (startState).
+  bool stateMode_ = false;
+  std::vector<LayerBuffer> momentum_;
+  int64_t stateVersion_ = -1;
+  std::vector<int64_t> stateClocks_;
 };
 
 }  // namespace poseidon

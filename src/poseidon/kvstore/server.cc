@@ -18,7 +18,8 @@ KvServer::KvServer(const InformationBook& book, int shard) : book_(book), shard_
 
 bool KvServer::handles(MsgType type) {
   return type == MsgType::kPsPush || type == MsgType::kAdamFactors || type == MsgType::kSfbNotice ||
-         type == MsgType::kGroupPush || type == MsgType::kPull || type == MsgType::kModelInit;
+         type == MsgType::kGroupPush || type == MsgType::kPull || type == MsgType::kModelInit ||
+         type == MsgType::kStateRequest;
 }
 
 std::vector<Van::Part> KvServer::Outgoing::parts() const {
@@ -70,6 +71,25 @@ std::vector<KvServer::Outgoing> KvServer::handle(Message& msg, Clock::time_point
   const FrameHeader& h = msg.header;
   const int sender = static_cast<int>(h.sender);
   std::vector<Outgoing> out;
+  if (h.type == MsgType::kStateRequest) {
+    if (!model_) throw ProtocolError("state request to a server of a job without compute groups");
+    if (sender != book_.workerRanks().front()) throw ProtocolError("state request from a worker other than the first");
+    for (auto& st : model_->snapshot()) {
+      Outgoing o;
+      o.to = {sender};
+      o.header = wire::stateReply(st.layer, st.pair, st.version);
+      const size_t n = st.w.size();
+      auto wv = std::make_shared<std::vector<float>>(std::move(st.w));
+      wv->insert(wv->end(), st.v.begin(), st.v.end());
+      o.floats = wv;
+      o.length = static_cast<int64_t>(2 * n);
+      ByteWriter w;
+      for (int64_t c : st.clocks) w.i64(c);
+      o.trailer = w.take();
+      out.push_back(std::move(o));
+    }
+    return out;
+  }
   if (h.type == MsgType::kGroupPush || h.type == MsgType::kPull || h.type == MsgType::kModelInit) {
     if (!model_) throw ProtocolError(strCat(msgTypeName(h.type), " to a server of a job without compute groups"));
     return handleGroup(msg);

@@ -200,6 +200,8 @@ CheckpointMeta parseMeta(const std::string& path, const nlohmann::json& j) {
     m.batch = j.at("batch").get<int64_t>();
     m.seed = j.at("seed").get<uint64_t>();
     m.trainLimit = j.value("train_limit", int64_t{-1});
+    m.groups = j.value("groups", 0);
+    m.groupVersion = j.value("group_version", int64_t{0});
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointDamaged("checkpoint " + path + " is unreadable (meta.json: " + e.what() + ")");
   }
@@ -218,6 +220,7 @@ void checkLayout(const std::string& path, const CheckpointMeta& m, const Checkpo
   if (m.trainLimit != expect.trainLimit) {
     mismatch("--train-limit", std::to_string(m.trainLimit), std::to_string(expect.trainLimit));
   }
+  if (m.groups != expect.groups) mismatch("--groups", std::to_string(m.groups), std::to_string(expect.groups));
 }
 
 // The bytes of one data file, checked against its entry in meta.json.
@@ -257,8 +260,13 @@ std::vector<std::pair<int64_t, fs::path>> listComplete(const std::string& dir) {
 }  // namespace
 
 nlohmann::json CheckpointMeta::toJson() const {
-  return {{"model", model}, {"iteration", iteration}, {"workers", workers},
-          {"batch", batch}, {"seed", seed},           {"train_limit", trainLimit}};
+  nlohmann::json j{{"model", model}, {"iteration", iteration}, {"workers", workers},
+                   {"batch", batch}, {"seed", seed},           {"train_limit", trainLimit}};
+  if (groups > 0) {
+    j["groups"] = groups;
+    j["group_version"] = groupVersion;
+  }
+  return j;
 }
 
 std::string newestCheckpoint(const std::string& dir) {

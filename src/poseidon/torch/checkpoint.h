@@ -36,6 +36,11 @@ struct CheckpointMeta {
   int64_t batch = 0;
   uint64_t seed = 0;
   int64_t trainLimit = -1;
+  // Compute-group mode: the number of groups (layout: a resume must use the same), and the
+  // shards' version clock when it was taken (their momentum is optimizer.pt's, their
+  // parameters model.pt's; every group's clock is `iteration`).
+  int groups = 0;
+  int64_t groupVersion = 0;
   // The job layout only (what resume compares); meta.json adds the checksums.
   nlohmann::json toJson() const;
 };

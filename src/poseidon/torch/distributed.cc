@@ -155,7 +155,24 @@ void DistributedModel::init(ModelParts parts) {
     node_->setModel(params);
     if (node_->rank() == node_->book().workerRanks().front()) {
       const int64_t start = node_->book().settings().startIteration;
-      node_->initModel({}, 0, std::vector<int64_t>(static_cast<size_t>(node_->book().settings().groups), start));
+      std::vector<LayerBuffer> momentum;
+      if (!options_.groupMomentum.empty()) {
+        size_t i = 0;
+        for (auto& l : layers_) {
+          std::vector<FloatSpan> spans;
+          for (auto& p : l.params) {
+            if (i >= options_.groupMomentum.size() || options_.groupMomentum[i].numel() != p.numel() ||
+                options_.groupMomentum[i].scalar_type() != torch::kFloat32 || !options_.groupMomentum[i].is_contiguous()) {
+              throw InvalidArgument(strCat("groupMomentum: parameter ", i, " has no matching float32 buffer"));
+            }
+            spans.push_back({options_.groupMomentum[i].data_ptr<float>(), p.numel()});
+            ++i;
+          }
+          momentum.emplace_back(spans);
+        }
+      }
+      node_->initModel(momentum, options_.groupVersion,
+                       std::vector<int64_t>(static_cast<size_t>(node_->book().settings().groups), start));
     }
   }
 
@@ -266,6 +283,24 @@ void DistributedModel::beginForward() {
     node_->waitPulled();
     pulledRound_ = iteration_;
   }
+}
+
+std::pair<std::vector<torch::Tensor>, int64_t> DistributedModel::groupState() {
+  if (!groupMode()) throw InvalidArgument("groupState: this job has no compute groups");
+  node_->barrier();
+  if (node_->rank() != node_->book().workerRanks().front()) return {};
+  std::vector<torch::Tensor> buffers;
+  std::vector<LayerBuffer> momentum;
+  for (auto& l : layers_) {
+    std::vector<FloatSpan> spans;
+    for (auto& p : l.params) {
+      buffers.push_back(torch::zeros_like(p));
+      spans.push_back({buffers.back().data_ptr<float>(), p.numel()});
+    }
+    momentum.emplace_back(spans);
+  }
+  auto [version, clocks] = node_->fetchModelState(momentum);
+  return {std::move(buffers), version};
 }
 
 void DistributedModel::pullLatest() {

@@ -68,6 +68,10 @@ struct DistributedOptions {
   // Compute-group mode (node.settings.groups > 0): the shards run SGD; this is its learning rate
   // until step(optimizer) reports the optimizer's (whose lr may follow a schedule).
   float learningRate = 0;
+  // Compute-group mode, resuming a checkpoint: the shards' momentum buffers (one per trainable
+  // parameter, in the model's order; empty: zeros) and version clock. The parameters are the model's.
+  std::vector<torch::Tensor> groupMomentum;
+  int64_t groupVersion = 0;
 
   // What the launcher said: rank and world size (poseidon launch, torchrun's variables, mpirun,
   // Slurm), MASTER_ADDR resolved, MASTER_PORT, this rank's data endpoint on the interface that
@@ -155,6 +159,11 @@ class DistributedModel {
   // Compute-group mode: pulls the model as it stands now (after every rank's barrier, the
   // final one), e.g. to evaluate it; the next step's forward uses it without pulling again.
   void pullLatest();
+  // Compute-group mode, for a checkpoint; every rank calls it at the same round. After a barrier
+  // (every shard then holds every update sent), the first worker fetches the shards' state: the
+  // parameters into the model, and returns the momentum buffers (one per trainable parameter) and
+  // the version clock; the other ranks get an empty list.
+  std::pair<std::vector<torch::Tensor>, int64_t> groupState();
 
   // Final barrier; servers stay until every rank is done.
   void finish();

@@ -166,6 +166,31 @@ struct EpochStats {
 };
 
 // One rank's run. trainRank() calls the pieces in order; each does one thing.
+// SGD's momentum buffers, which LibTorch keys by the parameter's TensorImpl (compute-group mode keeps
+// the shards' buffers there, so a checkpoint saves them in optimizer.pt and a resume reads them back).
+std::string sgdStateKey(const torch::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+
+void setMomentumBuffers(torch::optim::SGD& optimizer, const std::vector<torch::Tensor>& buffers) {
+  const auto& params = optimizer.param_groups().at(0).params();
+  POSEIDON_ENFORCE_EQ(params.size(), buffers.size(), "momentum buffers for the optimizer's parameters");
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto state = std::make_unique<torch::optim::SGDParamState>();
+    state->momentum_buffer(buffers[i].view(params[i].sizes()));
+    optimizer.state()[sgdStateKey(params[i])] = std::move(state);
+  }
+}
+
+std::vector<torch::Tensor> momentumBuffers(torch::optim::SGD& optimizer) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : optimizer.param_groups().at(0).params()) {
+    auto it = optimizer.state().find(sgdStateKey(p));
+    out.push_back(it == optimizer.state().end()
+                      ? torch::zeros_like(p)
+                      : static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer().contiguous());
+  }
+  return out;
+}
+
 class RankRun {
  public:
   // Checks the options and output paths, seeds LibTorch, loads the data and builds the model and optimizer.
@@ -226,6 +251,9 @@ class RankRun {
   // Results of reportTraffic().
   double psBytes_ = 0, sfbBytes_ = 0, predictedPs_ = 0, predictedSfb_ = 0;
   std::vector<double> dropped_, skipped_;
+  // Compute-group mode: the shards' momentum and version clock from the checkpoint resumed.
+  std::vector<torch::Tensor> groupMomentum_;
+  int64_t groupVersion_ = 0;
   // Results of reportGroups().
   nlohmann::json stalenessHistogram_ = nlohmann::json::object();
   int64_t maxGroupLead_ = 0;
@@ -263,6 +291,7 @@ void RankRun::resume() {
   meta_.batch = o_.batch;
   meta_.seed = o_.seed;
   meta_.trainLimit = o_.trainLimit;
+  meta_.groups = o_.groups;
   // A damaged checkpoint (a file that fails its checksum) is skipped for the
   // newest intact one; every rank decides alike from the same files.
   Resumed r = resumeFromNewest(o_.checkpointDir, meta_, *net_.module, *optimizer_);
@@ -272,6 +301,10 @@ void RankRun::resume() {
   if (!r.path.empty()) {
     startIteration_ = r.meta.iteration;
     checkpointIteration_ = startIteration_;
+    if (o_.groups > 0) {  // the shards start from this state: model.pt's parameters, optimizer.pt's momentum
+      groupMomentum_ = momentumBuffers(*optimizer_);
+      groupVersion_ = r.meta.groupVersion;
+    }
     if (lead_) {
       std::printf("resuming from %s (iteration %lld: epoch %lld, step %lld)\n", r.path.c_str(),
                   static_cast<long long>(startIteration_), static_cast<long long>(startIteration_ / stepsPerEpoch_ + 1),
@@ -285,6 +318,8 @@ void RankRun::connect() {
   if (!o_.tracePath.empty()) tracer_ = std::make_unique<Tracer>(rank_);
   if (o_.plain) return;
   DistributedOptions d = distributedOptions(o_, env_, startIteration_, tracer_.get());
+  d.groupMomentum = groupMomentum_;
+  d.groupVersion = groupVersion_;
   dist_ = std::make_unique<DistributedModel>(net_.module, net_.name, std::move(d), net_.forward);
 }
 
@@ -333,7 +368,17 @@ double RankRun::evaluate() {
 }
 
 void RankRun::checkpoint(int64_t iteration) {
-  if (!lead_ || o_.checkpointDir.empty()) return;
+  if (o_.checkpointDir.empty()) return;
+  if (dist_ && o_.groups > 0) {
+    // The shards hold the model and its momentum: every rank stops at this round (a barrier),
+    // then the first worker takes their state into the model and the optimizer's buffers.
+    auto [buffers, version] = dist_->groupState();
+    if (lead_) {
+      setMomentumBuffers(*optimizer_, buffers);
+      meta_.groupVersion = version;
+    }
+  }
+  if (!lead_) return;
   // Reported first, so that a restart after a failed save (a full disk) counts this iteration as lost.
   writeProgress(o_.progressPath, iteration, checkpointIteration_);
   meta_.iteration = iteration;

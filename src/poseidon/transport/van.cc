@@ -112,7 +112,9 @@ TrafficKind Van::kindOf(MsgType type) {
     case MsgType::kGroupPush:
     case MsgType::kPull:
     case MsgType::kPullReply:
-    case MsgType::kModelInit: return TrafficKind::kPS;
+    case MsgType::kModelInit:
+    case MsgType::kStateRequest:
+    case MsgType::kStateReply: return TrafficKind::kPS;
     case MsgType::kSfbFactors:
     case MsgType::kSfbNotice:
     case MsgType::kSfbDecision: return TrafficKind::kSFB;

@@ -21,6 +21,8 @@ const char* msgTypeName(MsgType t) {
     case MsgType::kPull: return "pull";
     case MsgType::kPullReply: return "pull-reply";
     case MsgType::kModelInit: return "model-init";
+    case MsgType::kStateRequest: return "state-request";
+    case MsgType::kStateReply: return "state-reply";
     case MsgType::kBroadcast: return "broadcast";
     case MsgType::kBarrier: return "barrier";
     case MsgType::kHeartbeat: return "heartbeat";
@@ -46,6 +48,8 @@ bool isKnownMsgType(uint16_t t) {
     case MsgType::kPull:
     case MsgType::kPullReply:
     case MsgType::kModelInit:
+    case MsgType::kStateRequest:
+    case MsgType::kStateReply:
     case MsgType::kBroadcast:
     case MsgType::kBarrier:
     case MsgType::kHeartbeat:

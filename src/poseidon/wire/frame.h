@@ -50,10 +50,12 @@ enum class MsgType : uint16_t {
   kSfbNotice = 23,    // worker -> the layer's keeper: my factors are out
   kSfbDecision = 24,  // keeper -> every worker: the contributor mask
   // compute-group mode: the shards hold the model (kvstore/model_shard.h)
-  kGroupPush = 25,  // worker -> shard: its gradient of one KV pair for its group's round
-  kPull = 26,       // worker -> shard: the pair's parameters, please, for its group's round
-  kPullReply = 27,  // shard -> worker: the pair's parameters and version
-  kModelInit = 28,  // first worker -> shard: a pair's starting state (parameters, momentum, clocks)
+  kGroupPush = 50,     // worker -> shard: its gradient of one KV pair for its group's round
+  kPull = 51,          // worker -> shard: the pair's parameters, please, for its group's round
+  kPullReply = 52,     // shard -> worker: the pair's parameters and version
+  kModelInit = 53,     // first worker -> shard: a pair's starting state (parameters, momentum, clocks)
+  kStateRequest = 54,  // first worker -> shard: every pair's state, please (checkpoints)
+  kStateReply = 55,    // shard -> first worker: one pair's state (laid out as model-init)
   // collectives and control (data endpoint)
   kBroadcast = 30,  // root -> all: chunk of a broadcast buffer
   kBarrier = 31,    // all -> all: reached a named barrier

@@ -61,6 +61,8 @@ FrameHeader groupPush(int layer, int64_t round, int pair) { return make(MsgType:
 FrameHeader pull(int layer, int64_t round, int pair) { return make(MsgType::kPull, layer, round, pair); }
 FrameHeader pullReply(int layer, int64_t round, int pair) { return make(MsgType::kPullReply, layer, round, pair); }
 FrameHeader modelInit(int layer, int pair, int64_t version) { return make(MsgType::kModelInit, layer, version, pair); }
+FrameHeader stateRequest() { return make(MsgType::kStateRequest); }
+FrameHeader stateReply(int layer, int pair, int64_t version) { return make(MsgType::kStateReply, layer, version, pair); }
 
 FrameHeader broadcastChunk(const BroadcastChunk& c) {
   FrameHeader h = make(MsgType::kBroadcast);
@@ -107,6 +109,7 @@ int trafficLayer(const FrameHeader& h) {
     case MsgType::kPull:
     case MsgType::kPullReply:
     case MsgType::kModelInit:
+    case MsgType::kStateReply:
       return static_cast<int>(h.layer);
     default:
       return -1;

@@ -17,6 +17,8 @@
 //   pull            layer             group's round       KV pair       -
 //   pull-reply      layer             group's round       KV pair       -      (floats, then the version as i64)
 //   model-init      layer             version             KV pair       -      (W, V, then a clock per group as i64)
+//   state-request   -                 -                   -             -
+//   state-reply     layer             version             KV pair       -      (as model-init)
 //   broadcast       sequence number   total floats        chunk index   chunk count
 //   barrier         sequence number   -                   -             -
 //   heartbeat/abort/bye -             sender's iteration  -             -
@@ -60,6 +62,8 @@ FrameHeader groupPush(int layer, int64_t round, int pair);
 FrameHeader pull(int layer, int64_t round, int pair);
 FrameHeader pullReply(int layer, int64_t round, int pair);
 FrameHeader modelInit(int layer, int pair, int64_t version);
+FrameHeader stateRequest();
+FrameHeader stateReply(int layer, int pair, int64_t version);
 
 // Collectives. `sequence` numbers the collective calls of a job (every rank
 // makes them in the same order), so chunks of different calls never mix.

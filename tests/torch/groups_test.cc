@@ -52,7 +52,10 @@ TEST(ComputeGroups, OneGroupGivesTheBspParametersBitForBit) {
 
 TEST(ComputeGroups, EveryWorkerItsOwnGroupRunsAsynchronouslyWithItsStalenessReported) {
   TempDir dir;
-  auto p = testing::runCli(job({"--max-steps", "40", "--groups", "4", "--momentum", "0.3", "--summary",
+  // Four asynchronous groups carry an implicit momentum of about 1 - 1/4 (Omnivore, Sec. 4); on top
+  // of an explicit 0.3 at lr 0.05 the total passes 1 and a loaded machine (more staleness) could make
+  // it diverge. Explicit momentum 0 at lr 0.03 is the setting Omnivore's optimizer would pick.
+  auto p = testing::runCli(job({"--max-steps", "40", "--groups", "4", "--momentum", "0", "--lr", "0.03", "--summary",
                                 dir.path + "/s.json"}),
                            dir.path + "/g4");
   ASSERT_EQ(p.exitCode(), 0) << p.stderrText();
@@ -65,7 +68,7 @@ TEST(ComputeGroups, EveryWorkerItsOwnGroupRunsAsynchronouslyWithItsStalenessRepo
   }
   EXPECT_EQ(updates, 640);  // 40 rounds x 4 groups x 4 layers
   EXPECT_GT(stale, 0) << s["staleness_histogram"].dump();  // asynchronous: updates land on a moved model
-  EXPECT_GT(s["test_accuracy"].get<double>(), 0.5) << "it learns";
+  EXPECT_GT(s["test_accuracy"].get<double>(), 0.5) << "it learns; staleness " << s["staleness_histogram"].dump();
 }
 
 // Rank 3 (its own group) takes 10x as long per step. With --staleness 1 no other group runs more

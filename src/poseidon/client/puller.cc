@@ -79,16 +79,23 @@ void Puller::startState(std::vector<LayerBuffer> momentum) {
   for (int s : book_.serverRanks()) send_(s, wire::stateRequest(), {});
 }
 
-void Puller::onStateReply(Message& msg) {
-  const FrameHeader& h = msg.header;
+// The pair a reply names; it must exist and come from the shard that owns it.
+const KvPair& Puller::pairOf(const FrameHeader& h, const char* what) const {
   const KvLayout& layout = book_.layout();
   if (h.layer >= static_cast<uint32_t>(layout.numLayers()) || h.pair >= layout.pairsOf(h.layer).size()) {
-    throw ProtocolError(strCat("state reply for layer ", h.layer, " pair ", h.pair, ", which does not exist"));
+    throw ProtocolError(strCat(what, " for layer ", h.layer, " pair ", h.pair, ", which does not exist"));
   }
   const KvPair& p = layout.pairsOf(h.layer)[h.pair];
   if (static_cast<int>(h.sender) != book_.shardRank(p.shard)) {
-    throw ProtocolError(strCat("state reply for layer ", h.layer, " pair ", h.pair, " from rank ", h.sender));
+    throw ProtocolError(strCat(what, " for layer ", h.layer, " pair ", h.pair, " from rank ", h.sender,
+                               ", which does not own it"));
   }
+  return p;
+}
+
+void Puller::onStateReply(Message& msg) {
+  const FrameHeader& h = msg.header;
+  const KvPair& p = pairOf(h, "state reply");
   const size_t floatBytes = static_cast<size_t>(p.length) * kFloatBytes;
   const size_t groups = static_cast<size_t>(std::max(1, book_.settings().groups));
   if (msg.size() != 2 * floatBytes + groups * sizeof(int64_t)) {
@@ -134,15 +141,7 @@ std::vector<int64_t> Puller::stateClocks() const {
 
 void Puller::onReply(Message& msg) {
   const FrameHeader& h = msg.header;
-  const KvLayout& layout = book_.layout();
-  if (h.layer >= static_cast<uint32_t>(layout.numLayers()) || h.pair >= layout.pairsOf(h.layer).size()) {
-    throw ProtocolError(strCat("pull reply for layer ", h.layer, " pair ", h.pair, ", which does not exist"));
-  }
-  const KvPair& p = layout.pairsOf(h.layer)[h.pair];
-  if (static_cast<int>(h.sender) != book_.shardRank(p.shard)) {
-    throw ProtocolError(strCat("pull reply for layer ", h.layer, " pair ", h.pair, " from rank ", h.sender,
-                               ", which does not own it"));
-  }
+  const KvPair& p = pairOf(h, "pull reply");
   const size_t floatBytes = static_cast<size_t>(p.length) * kFloatBytes;
   if (msg.size() != floatBytes + sizeof(int64_t)) {
     throw ProtocolError(strCat("pull reply for layer ", h.layer, " pair ", h.pair, " has ", msg.size(), " bytes"));

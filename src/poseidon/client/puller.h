@@ -52,6 +52,8 @@ class Puller {
   void wake();
 
  private:
+  const KvPair& pairOf(const FrameHeader& h, const char* what) const;
+
   const InformationBook& book_;
   Send send_;
   const StickyError& error_;

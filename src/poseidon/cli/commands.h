@@ -12,5 +12,6 @@ int launchCommand(const std::vector<std::string>& args);
 int trainCommand(const std::vector<std::string>& args);
 int benchCommand(const std::vector<std::string>& args);
 int benchWorkerCommand(const std::vector<std::string>& args);
+int experimentCommand(const std::vector<std::string>& args);
 
 }  // namespace poseidon::cli

@@ -470,6 +470,20 @@ std::map<int64_t, int64_t> Node::stalenessHistogram() const {
   return server_ && server_->model() ? server_->model()->stalenessHistogram() : std::map<int64_t, int64_t>{};
 }
 
+bool Node::recordModelUpdates(int layer, int pair) {
+  std::lock_guard<std::mutex> lock(serverMutex_);
+  if (!server_ || !server_->model()) return false;
+  const auto& pairs = book_.layout().pairsOf(layer);
+  if (pair < 0 || pair >= static_cast<int>(pairs.size()) || book_.shardRank(pairs[pair].shard) != rank()) return false;
+  server_->model()->recordPair(layer, pair);
+  return true;
+}
+
+std::vector<std::vector<float>> Node::recordedModel() const {
+  std::lock_guard<std::mutex> lock(serverMutex_);
+  return server_ && server_->model() ? server_->model()->recorded() : std::vector<std::vector<float>>{};
+}
+
 int64_t Node::maxGroupLead() const {
   std::lock_guard<std::mutex> lock(serverMutex_);
   return server_ && server_->model() ? server_->model()->maxLead() : 0;

@@ -172,6 +172,10 @@ class Node : private SyncHost {
   // application (count by staleness), and the largest lead of a group over the slowest one.
   std::map<int64_t, int64_t> stalenessHistogram() const;
   int64_t maxGroupLead() const;
+  // Experiments: when this node's shard holds the pair, keep its parameters after every update
+  // (true), so recordedModel() returns W(0), W(1), ... in the order they were applied.
+  bool recordModelUpdates(int layer, int pair);
+  std::vector<std::vector<float>> recordedModel() const;
 
   // ---- collectives (every node calls them in the same order) ------------------
   // Copies root's buffer into every other node's buffer (same size on all).

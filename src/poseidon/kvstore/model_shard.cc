@@ -60,6 +60,7 @@ std::vector<ModelShard::Reply> ModelShard::init(int senderRank, int layer, int p
   st.version = version;
   st.clock = clocks;
   st.initialized = true;
+  if (&st == recordedPair_) recorded_.push_back(st.w);
   std::vector<Reply> out;
   answer(st, &out);
   return out;
@@ -174,6 +175,13 @@ void ModelShard::apply(PairState_& st, int group, GroupRound& r, float lr) {
   }
   ++st.version;
   ++st.clock[static_cast<size_t>(group)];
+  if (&st == recordedPair_) recorded_.push_back(st.w);
+}
+
+void ModelShard::recordPair(int layer, int pair) {
+  recordedPair_ = &stateOf(layer, pair, "record");
+  recorded_.clear();
+  if (recordedPair_->initialized) recorded_.push_back(recordedPair_->w);
 }
 
 std::vector<ModelShard::PairState> ModelShard::snapshot() const {

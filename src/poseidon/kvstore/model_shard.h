@@ -82,6 +82,12 @@ class ModelShard {
     std::vector<int64_t> clocks;  // by group
   };
   std::vector<PairState> snapshot() const;
+
+  // Experiments (poseidon experiment implicit-momentum): keep the pair's parameters after its
+  // initialization and after every update, in order (W(0), W(1), ...). ProtocolError if the
+  // shard does not hold the pair.
+  void recordPair(int layer, int pair);
+  const std::vector<std::vector<float>>& recorded() const { return recorded_; }
   int64_t pairsOwned() const { return static_cast<int64_t>(pairs_.size()); }
 
  private:
@@ -118,6 +124,8 @@ class ModelShard {
   std::map<uint64_t, PairState_> pairs_;
   std::map<int64_t, int64_t> staleness_;
   int64_t maxLead_ = 0;
+  const PairState_* recordedPair_ = nullptr;
+  std::vector<std::vector<float>> recorded_;
 };
 
 }  // namespace poseidon

@@ -62,6 +62,7 @@ class KvServer {
 
   const KvShard& shard() const { return shard_; }
   const ModelShard* model() const { return model_.get(); }
+  ModelShard* model() { return model_.get(); }
 
  private:
   std::vector<Outgoing> handleGroup(Message& msg);

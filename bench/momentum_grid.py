@@ -86,7 +86,7 @@ def main():
                     r.update({"groups": g, "momentum": mu, "lr": lr})
                     results.append(r)
                     print(json.dumps(r), flush=True)
-    settings = {k: v for k, v in vars(a).items() if k not in ("binary", "out")}
+    settings = {k: v for k, v in vars(a).items() if k not in ("binary", "out", "from_json")}
     with open(a.out + ".json", "w") as f:
         json.dump({"settings": settings, "results": results}, f, indent=1)
 

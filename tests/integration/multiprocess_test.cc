@@ -231,8 +231,17 @@ std::pair<std::string, uint64_t> waitForEndpoint(const Job& job, int rank) {
 // headers, unknown types and versions, frames for another job, and a raw
 // non-ZeroMQ TCP connection. The job keeps training and its results are
 // exact; every bad frame is counted and logged with the peer's address.
+// Every rank waits for the gate file before it trains (test_node's POSEIDON_TEST_TRAIN_AFTER).
+std::map<int, std::map<std::string, std::string>> trainAfter(const std::string& gate, int ranks) {
+  std::map<int, std::map<std::string, std::string>> env;
+  for (int r = 0; r < ranks; ++r) env[r] = {{"POSEIDON_TEST_TRAIN_AFTER", gate}};
+  return env;
+}
+
 TEST(MultiProcess, BadFramesAreRejectedAndChangeNothing) {
-  Job job = startJob(4, 4, "slow-sync", "auto", 6, 20000);
+  // The workers train once the garbage is sent (the gate), so it meets a running job.
+  const std::string gate = testing::makeTempDir("gate") + "/go";
+  Job job = startJob(4, 4, "slow-sync", "auto", 6, 20000, trainAfter(gate, 4));
   auto ep = waitForEndpoint(job, 1);
   const std::string endpoint = ep.first;
   const uint64_t jobId = ep.second;
@@ -292,7 +301,9 @@ TEST(MultiProcess, BadFramesAreRejectedAndChangeNothing) {
                       hostPort.substr(hostPort.find(':') + 1) + " && head -c 4096 /dev/urandom >&3";
     EXPECT_EQ(std::system(("bash -c '" + cmd + "' 2>/dev/null").c_str()) == -1, false);
   }
+  std::ofstream(gate) << "go\n";
   testing::waitAll(job.procs, std::chrono::seconds(120));
+  std::filesystem::remove_all(std::filesystem::path(gate).parent_path());
   expectAllSucceeded(job);
   expectCorrect(job, {});
   auto rep = report(job, 1);
@@ -394,7 +405,8 @@ TEST(FaultInjection, CoordinatorStoppedDuringRendezvous) {
 // the handshake and logged; no frame of theirs reaches the job, whose results
 // stay exact.
 TEST(JobSecret, OutsidersAreRefusedAndChangeNothing) {
-  Job job = startJob(2, 2, "slow-sync", "ps", 6, 20000);
+  const std::string gate = testing::makeTempDir("gate") + "/go";
+  Job job = startJob(2, 2, "slow-sync", "ps", 6, 20000, trainAfter(gate, 2));
   auto ep = waitForEndpoint(job, 1);
   const std::string endpoint = ep.first;
   const uint64_t jobId = ep.second;
@@ -433,7 +445,9 @@ TEST(JobSecret, OutsidersAreRefusedAndChangeNothing) {
     std::string cmd = "exec 3<>/dev/tcp/" + host + "/" + port + " && sleep 0.3 && head -c 1000 /dev/urandom >&3";
     EXPECT_EQ(std::system(("bash -c '" + cmd + "' 2>/dev/null").c_str()) == -1, false);
   }
+  std::ofstream(gate) << "go\n";
   testing::waitAll(job.procs, std::chrono::seconds(120));
+  std::filesystem::remove_all(std::filesystem::path(gate).parent_path());
   expectAllSucceeded(job);
   expectCorrect(job, {});  // bit-exact: the poison never got in
   auto rep = report(job, 1);

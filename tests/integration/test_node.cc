@@ -5,7 +5,8 @@
 //
 //   poseidon_test_node SCENARIO POLICY ITERATIONS OUT_DIR [TIMEOUT_MS]
 //   scenarios: sync (the synthetic scenario), mismatch (rank 2 changes a layer),
-//              slow-sync (sync, with a pause before each iteration, for flood tests),
+//              slow-sync (sync, with a pause before each iteration, for flood tests; with
+//              POSEIDON_TEST_TRAIN_AFTER=FILE the workers start training once FILE exists),
 //              paced (sync with a 10 ms pause before each layer's submit: fault tests),
 //              straggler (20 ms per layer, worker 3 five times slower; drop 1, wait 100 ms)
 //   env: POSEIDON_ROLE=worker|server|both, POSEIDON_SECRET (job secret),
@@ -67,9 +68,13 @@ int main(int argc, char** argv) {
     report["rank"] = env.rank;
     if (node->isWorker()) {
       std::vector<testing::LayerCheck> checks;
-      if (scenario == "slow-sync") {
-        // Wait for the test to start flooding, then train slowly through it.
-        std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+      if (const char* gate = std::getenv("POSEIDON_TEST_TRAIN_AFTER")) {
+        // The test opens the gate once its garbage is sent: the job is still running to take it.
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeoutMs);
+        while (!std::ifstream(gate).good()) {
+          if (std::chrono::steady_clock::now() > deadline) throw TimeoutError("the test never opened the training gate");
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
       }
       if (scenario == "straggler") {
         auto rep = testing::runStragglerScenario(*node, iterations, 20, 3);

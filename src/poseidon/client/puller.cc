@@ -28,6 +28,18 @@ void Puller::setTargets(std::vector<LayerBuffer> params) {
   versions_.assign(targets_.size(), -1);
 }
 
+// Every pair of every layer is awaited again (a pull or a state fetch begins).
+void Puller::expectEveryPairLocked() {
+  const KvLayout& layout = book_.layout();
+  got_.assign(targets_.size(), {});
+  left_.assign(targets_.size(), 0);
+  for (int l = 0; l < layout.numLayers(); ++l) {
+    got_[l].assign(layout.pairsOf(l).size(), false);
+    left_[l] = static_cast<int>(layout.pairsOf(l).size());
+  }
+  layersLeft_ = layout.numLayers();
+}
+
 void Puller::start(int64_t round) {
   const KvLayout& layout = book_.layout();
   {
@@ -37,13 +49,7 @@ void Puller::start(int64_t round) {
     round_ = round;
     open_ = true;
     stateMode_ = false;
-    got_.assign(targets_.size(), {});
-    left_.assign(targets_.size(), 0);
-    for (int l = 0; l < layout.numLayers(); ++l) {
-      got_[l].assign(layout.pairsOf(l).size(), false);
-      left_[l] = static_cast<int>(layout.pairsOf(l).size());
-    }
-    layersLeft_ = layout.numLayers();
+    expectEveryPairLocked();
   }
   // Layer order, so the first layers' parameters come first.
   for (int l = 0; l < layout.numLayers(); ++l) {
@@ -52,7 +58,6 @@ void Puller::start(int64_t round) {
 }
 
 void Puller::startState(std::vector<LayerBuffer> momentum) {
-  const KvLayout& layout = book_.layout();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (targets_.empty()) throw InvalidArgument("state fetch before the model's parameters were registered");
@@ -68,13 +73,7 @@ void Puller::startState(std::vector<LayerBuffer> momentum) {
     open_ = true;
     stateVersion_ = -1;
     stateClocks_.clear();
-    got_.assign(targets_.size(), {});
-    left_.assign(targets_.size(), 0);
-    for (int l = 0; l < layout.numLayers(); ++l) {
-      got_[l].assign(layout.pairsOf(l).size(), false);
-      left_[l] = static_cast<int>(layout.pairsOf(l).size());
-    }
-    layersLeft_ = layout.numLayers();
+    expectEveryPairLocked();
   }
   for (int s : book_.serverRanks()) send_(s, wire::stateRequest(), {});
 }

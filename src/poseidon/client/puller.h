@@ -53,6 +53,7 @@ class Puller {
 
  private:
   const KvPair& pairOf(const FrameHeader& h, const char* what) const;
+  void expectEveryPairLocked();  // mutex_ held
 
   const InformationBook& book_;
   Send send_;

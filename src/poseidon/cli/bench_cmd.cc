@@ -21,7 +21,9 @@
 
 #include "poseidon/bench/cluster.h"
 #include "poseidon/bench/emulation.h"
+#include "poseidon/bench/ranks.h"
 #include "poseidon/bench/report.h"
+#include "poseidon/cli/bench_util.h"
 #include "poseidon/cli/commands.h"
 #include "poseidon/cli/flags.h"
 #include "poseidon/common/error.h"
@@ -36,15 +38,6 @@ using bench::EmulatedCluster;
 using bench::EmulatedModel;
 using bench::RunResult;
 
-namespace {
-
-std::atomic<int> gStop{0};
-void onStopSignal(int sig) { gStop = sig; }
-
-const std::vector<std::string> kPoseidonSystems{"poseidon", "ps-wfbp", "ps-naive", "adam"};
-const std::vector<std::string> kDdpSystems{"ddp", "ddp-fp16", "ddp-powersgd1", "ddp-powersgd4"};
-bool isDdp(const std::string& s) { return s.rfind("ddp", 0) == 0; }
-
 std::vector<std::string> splitList(const std::string& s) {
   std::vector<std::string> out;
   std::stringstream ss(s);
@@ -54,24 +47,37 @@ std::vector<std::string> splitList(const std::string& s) {
   return out;
 }
 
-std::string lastLine(const std::string& path) {
-  std::ifstream f(path);
-  std::string line, last;
-  while (std::getline(f, line))
-    if (!line.empty()) last = line;
-  return last;
-}
-
-std::string findDdpScript(const std::string& flag) {
+std::string findBenchScript(const std::string& flag, const std::string& name) {
   std::vector<fs::path> candidates;
   if (!flag.empty()) candidates.push_back(flag);
   fs::path exe = selfExecutable();
-  candidates.push_back(exe.parent_path() / "../../bench/ddp_worker.py");
-  candidates.push_back(fs::current_path() / "bench/ddp_worker.py");
+  candidates.push_back(exe.parent_path() / "../../bench" / name);
+  candidates.push_back(fs::current_path() / "bench" / name);
   for (const auto& c : candidates)
     if (fs::exists(c)) return fs::canonical(c).string();
-  throw InvalidArgument("bench/ddp_worker.py not found (run from the repository, or pass --ddp-script PATH)");
+  throw InvalidArgument("bench/" + name + " not found (run from the repository, or pass --ddp-script PATH)");
 }
+
+std::atomic<int> gStop{0};
+
+namespace {
+void onStopSignal(int sig) { gStop = sig; }
+}  // namespace
+
+void installStopHandlers() {
+  struct sigaction sa {};
+  sa.sa_handler = onStopSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGHUP, &sa, nullptr);
+}
+
+namespace {
+
+const std::vector<std::string> kPoseidonSystems{"poseidon", "ps-wfbp", "ps-naive", "adam"};
+const std::vector<std::string> kDdpSystems{"ddp", "ddp-fp16", "ddp-powersgd1", "ddp-powersgd4"};
+bool isDdp(const std::string& s) { return s.rfind("ddp", 0) == 0; }
 
 struct Harness {
   std::string exe, ddpScript, work;
@@ -122,8 +128,7 @@ struct Harness {
     r.idealSeconds = bench::idealSeconds(m, nodes, r.mbit);
     int p = port++;
     if (port > 29999) port = 29600;
-    std::vector<ChildProcess> children;
-    std::vector<std::string> logs;
+    std::vector<SpawnOptions> ranks;
     for (int i = 0; i < nodes; ++i) {
       std::string out = strCat(work, "/", modelName, "-", system, "-", nodes, "-", r.mbit, "-", i);
       SpawnOptions so;
@@ -151,32 +156,9 @@ struct Harness {
       so.stdoutTo = Output::kFile;
       so.stderrTo = Output::kLikeStdout;
       so.file = out + ".log";
-      // A failed or late run is killed as a process group, with whatever the rank started.
-      so.ownProcessGroup = true;
-      children.push_back(ChildProcess::spawn(so));
-      logs.push_back(so.file);
+      ranks.push_back(std::move(so));
     }
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeoutS);
-    size_t left = children.size();
-    std::string failure;
-    while (left > 0) {
-      for (size_t i = 0; i < children.size(); ++i) {
-        ChildProcess& c = children[i];
-        if (c.exited() || !c.poll()) continue;
-        --left;
-        if ((!WIFEXITED(c.status()) || WEXITSTATUS(c.status()) != 0) && failure.empty()) {
-          failure = strCat("rank ", i, " failed: ", withoutRankMarker(lastLine(logs[i]), static_cast<int>(i)));
-        }
-      }
-      bool stop = gStop.load() != 0, late = std::chrono::steady_clock::now() > deadline;
-      if (left > 0 && (stop || late || !failure.empty())) {
-        if (failure.empty()) failure = stop ? "interrupted" : strCat("timed out after ", timeoutS, " s");
-        for (auto& c : children) c.kill(SIGKILL);
-        for (auto& c : children) c.wait();
-        break;
-      }
-      usleep(50000);
-    }
+    std::string failure = bench::runRanks(std::move(ranks), timeoutS, gStop);
     if (gStop.load()) throw Error(strCat("interrupted by signal ", gStop.load()));
     if (!failure.empty()) {
       r.error = failure;
@@ -224,6 +206,13 @@ struct Harness {
 }  // namespace
 
 int benchCommand(const std::vector<std::string>& args) {
+  // The time-to-accuracy mode has flags of its own (bench_accuracy.cc).
+  if (std::find(args.begin(), args.end(), "--accuracy") != args.end()) {
+    std::vector<std::string> rest;
+    for (const auto& a : args)
+      if (a != "--accuracy") rest.push_back(a);
+    return benchAccuracyCommand(rest);
+  }
   std::string modelsFlag = "vgg19,vgg19-22k,googlenet,resnet-152,alexnet";
   std::string systemsFlag = "poseidon,ps-wfbp,ps-naive,adam,ddp,ddp-fp16,ddp-powersgd1,ddp-powersgd4";
   std::string nodesFlag = "1,2,4,8", ratesFlag = "1000,300,100,30";
@@ -239,6 +228,10 @@ int benchCommand(const std::vector<std::string>& args) {
                 "reports iteration time, speedup over one node, bytes per node, and measured / ideal time.\n"
                 "Systems: poseidon (WFBP + hybrid), ps-wfbp, ps-naive, adam, ddp, ddp-fp16, ddp-powersgd1,\n"
                 "ddp-powersgd4. Everything it creates is removed on exit, Ctrl-C and failure.");
+  bool accuracyMode = false;  // handled above; listed for --help
+  flags.addBool("accuracy", &accuracyMode,
+                "time-to-accuracy mode: real training (LeNet on Fashion-MNIST) on the emulated cluster, padded "
+                "compute, Poseidon BSP, compute groups and DDP (see poseidon bench --accuracy --help)");
   flags.addBool("quick", &quick, "vgg19, 1 and 8 nodes, 100 and 30 Mbit/s, poseidon vs ddp, 5 iterations (< 10 min)");
   flags.addString("models", &modelsFlag, "comma-separated emulated models", "LIST");
   flags.addString("systems", &systemsFlag, "comma-separated systems", "LIST");
@@ -305,7 +298,7 @@ int benchCommand(const std::vector<std::string>& args) {
   h.retries = retries;
   bool anyDdp = std::any_of(systems.begin(), systems.end(), isDdp);
   if (anyDdp) {
-    h.ddpScript = findDdpScript(ddpScript);
+    h.ddpScript = findBenchScript(ddpScript, "ddp_worker.py");
     try {
       bench::run({"/usr/bin/python3", "-c", "import torch, torch.distributed"});
     } catch (const Error&) {
@@ -316,12 +309,7 @@ int benchCommand(const std::vector<std::string>& args) {
   if (!mkdtemp(tmpl)) throw IoError("cannot create a work directory in /tmp");
   h.work = tmpl;
 
-  struct sigaction sa {};
-  sa.sa_handler = onStopSignal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGHUP, &sa, nullptr);
+  installStopHandlers();
 
   std::string command = "poseidon bench";
   for (const auto& a : args) command += " " + a;

@@ -107,6 +107,14 @@ int trainCommand(const std::vector<std::string>& args) {
                IntRange::closed(0, kMaxDropStragglers));
   flags.addInt64("straggler-timeout", &o.stragglerTimeoutMs,
                  "how long a round waits for its last D contributions, in milliseconds", "MS", IntRange::atLeast(0));
+  flags.addDouble("pad-ms", &o.padMs,
+                  "pad each step's compute (forward + backward, not network waits) to MS milliseconds, a modeled "
+                  "device; steps whose real compute took longer are counted and reported (0: off)",
+                  "MS", RealRange::atLeast(0));
+  flags.addInt64("curve-every", &o.curveEvery,
+                 "rank 0 keeps its model every N steps and, after the run, tests each copy on the whole test set: "
+                 "the accuracy curve against the training clock, in the summary (0: off)",
+                 "N", IntRange::atLeast(0));
   flags.addBool("quiet", &o.quiet, "no progress lines");
   flags.parse(args);
   if (flags.helpRequested()) {

@@ -77,6 +77,8 @@ void validateOptions(const TrainOptions& o, int world) {
   if (o.epochs < 1) throw InvalidArgument(strCat("--epochs must be at least 1, got ", o.epochs));
   if (!(o.lr > 0)) throw InvalidArgument(strCat("--lr must be positive, got ", o.lr));
   if (o.momentum < 0 || o.momentum >= 1) throw InvalidArgument(strCat("--momentum must be in [0, 1), got ", o.momentum));
+  if (o.padMs < 0) throw InvalidArgument(strCat("--pad-ms must be at least 0, got ", o.padMs));
+  if (o.curveEvery < 0) throw InvalidArgument(strCat("--curve-every must be at least 0, got ", o.curveEvery));
   if (o.plain && world != 1) throw InvalidArgument("--plain runs the plain LibTorch loop and needs --workers 1");
   if (o.groups > 0) {
     if (o.plain) throw InvalidArgument("--groups needs Poseidon; --plain is the loop without it");
@@ -207,6 +209,9 @@ class RankRun {
   void reportTraffic();
   // Rank 0: final accuracy, throughput and wall time.
   void printResult() const;
+  // --curve-every: evaluates rank 0's model copies on the whole test set (after finish(), so
+  // that no other rank waits on it).
+  void evaluateCurve();
   // --save-params, the trace of this rank, --summary.
   void writeOutputs() const;
   void finish() {
@@ -226,9 +231,14 @@ class RankRun {
   void checkpoint(int64_t iteration);
   void reportStragglers();
   void reportGroups();
+  // --pad-ms: every rank's overruns and largest real compute (a collective).
+  void reportPadding();
+  // --curve-every: rank 0 copies its model and the loss since the last copy.
+  void recordCurvePoint();
   double imagesPerSecond() const { return trainSeconds_ > 0 ? images_ / trainSeconds_ : 0; }
   void saveParams() const;
   nlohmann::json summaryJson() const;
+  nlohmann::json curveJson() const;
 
   const TrainOptions& o_;
   const RankEnv& env_;
@@ -257,6 +267,20 @@ class RankRun {
   // Results of reportGroups().
   nlohmann::json stalenessHistogram_ = nlohmann::json::object();
   int64_t maxGroupLead_ = 0;
+  // Time-to-accuracy: the training clock (seconds in training steps), compute padding, the curve.
+  double trainClock_ = 0;
+  int64_t padOverruns_ = 0;
+  double maxComputeMs_ = 0, computeMsSum_ = 0, lastBackwardMs_ = 0;
+  std::vector<double> overrunsPerRank_, maxComputeMsPerRank_;
+  double meanComputeMs_ = 0;
+  struct CurvePoint {
+    int64_t iteration;
+    double seconds, trainLoss, testAccuracy = -1;
+    std::vector<torch::Tensor> params;
+  };
+  std::vector<CurvePoint> curve_;
+  double curveLossSum_ = 0;
+  int64_t curveLossCount_ = 0;
 };
 
 RankRun::RankRun(const TrainOptions& o, const RankEnv& env)
@@ -417,9 +441,12 @@ bool RankRun::trainEpoch(int epoch, EpochStats& stats) {
   for (int64_t s = firstStep; s < stepsPerEpoch_; ++s) {
     injectFault();
     size_t b = static_cast<size_t>(s * o_.batch), e = std::min(idx.size(), b + static_cast<size_t>(o_.batch));
+    auto stepBegin = Clock::now();
     trainStep(idx, b, e, stats);
+    trainClock_ += secondsSince(stepBegin);
     ++steps_;
     ++iteration_;
+    if (o_.curveEvery > 0 && iteration_ % o_.curveEvery == 0) recordCurvePoint();
     if (o_.checkpointEvery > 0 && iteration_ % o_.checkpointEvery == 0) checkpoint(iteration_);
     if (lead_) writeProgress(o_.progressPath, iteration_, checkpointIteration_);
     if (o_.maxSteps > 0 && iteration_ >= o_.maxSteps) return true;
@@ -443,18 +470,51 @@ void RankRun::trainStep(const std::vector<int64_t>& idx, size_t b, size_t e, Epo
     stats.images += static_cast<int64_t>(e - b) * world_;
     return;
   }
-  auto stepStart = Clock::now();
   torch::Tensor x = batchImages(train_, idx, b, e), y = batchLabels(train_, idx, b, e);
-  torch::Tensor out = dist_ ? dist_->forward(x) : net_.forward(x);
+  torch::Tensor out;
+  Clock::time_point stepStart;
+  if (dist_ && o_.padMs > 0) {
+    // The compute clock starts once the step's model is here (in group mode beginForward waits
+    // for the pull): a wait for the network is not device time and must not hide in the pad.
+    dist_->beginForward();
+    stepStart = Clock::now();
+    out = net_.forward(x);
+    dist_->endForward(out);
+  } else {
+    stepStart = Clock::now();
+    out = dist_ ? dist_->forward(x) : net_.forward(x);
+  }
   torch::Tensor loss = torch::nll_loss(torch::log_softmax(out, 1), y);
+  double forwardMs = 1000 * secondsSince(stepStart);
+  if (o_.padMs > 0) {
+    // The modeled device: forward + backward take padMs. The pad goes between forward and
+    // backward (backward's length estimated by the previous step's), so that every sync, ours and
+    // DDP's alike (bench/ddp_train.py pads the same way), starts after the modeled compute: no
+    // system gets overlap from the pad itself, only from the real backward.
+    double rest = o_.padMs - forwardMs - lastBackwardMs_;
+    if (rest > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(rest));
+  }
+  auto backwardStart = Clock::now();
   loss.backward();
   if (rank_ == o_.slowRank && o_.slowFactor > 1) {
     std::this_thread::sleep_for(std::chrono::duration<double>(secondsSince(stepStart) * (o_.slowFactor - 1)));
   }
+  if (o_.padMs > 0) {
+    lastBackwardMs_ = 1000 * secondsSince(backwardStart);
+    double computeMs = forwardMs + lastBackwardMs_;
+    maxComputeMs_ = std::max(maxComputeMs_, computeMs);
+    computeMsSum_ += computeMs;
+    if (computeMs > o_.padMs) ++padOverruns_;
+  }
   if (dist_) dist_->step(*optimizer_);
   else optimizer_->step();
-  stats.lossSum += loss.item<double>();
+  double l = loss.item<double>();
+  stats.lossSum += l;
   ++stats.lossCount;
+  if (lead_ && o_.curveEvery > 0) {
+    curveLossSum_ += l;
+    ++curveLossCount_;
+  }
   stats.images += static_cast<int64_t>(e - b) * world_;
 }
 
@@ -519,9 +579,76 @@ void RankRun::reportGroups() {
   }
 }
 
+void RankRun::recordCurvePoint() {
+  if (lead_) {
+    CurvePoint p{iteration_, trainClock_, curveLossSum_ / std::max<int64_t>(curveLossCount_, 1), -1, {}};
+    torch::NoGradGuard guard;
+    for (const auto& t : net_.module->parameters()) p.params.push_back(t.detach().clone());
+    curve_.push_back(std::move(p));
+    curveLossSum_ = 0;
+    curveLossCount_ = 0;
+  }
+}
+
+void RankRun::evaluateCurve() {
+  if (!lead_ || curve_.empty()) return;
+  torch::NoGradGuard guard;
+  auto params = net_.module->parameters();
+  std::vector<torch::Tensor> final;
+  for (const auto& t : params) final.push_back(t.detach().clone());
+  net_.module->eval();
+  std::vector<int64_t> idx(static_cast<size_t>(test_.count));
+  for (int64_t i = 0; i < test_.count; ++i) idx[static_cast<size_t>(i)] = i;
+  for (auto& p : curve_) {
+    for (size_t i = 0; i < params.size(); ++i) params[i].copy_(p.params[i]);
+    int64_t correct = 0;
+    for (size_t b = 0; b < idx.size(); b += 1000) {
+      size_t e = std::min(idx.size(), b + 1000);
+      correct += net_.forward(batchImages(test_, idx, b, e)).argmax(1).eq(batchLabels(test_, idx, b, e)).sum().item<int64_t>();
+    }
+    p.testAccuracy = static_cast<double>(correct) / static_cast<double>(test_.count);
+    p.params.clear();
+  }
+  for (size_t i = 0; i < params.size(); ++i) params[i].copy_(final[i]);
+  net_.module->train();
+  if (!o_.quiet) {
+    std::printf("accuracy curve (%zu points, every %lld steps): ", curve_.size(), static_cast<long long>(o_.curveEvery));
+    for (size_t i = 0; i < curve_.size(); i += std::max<size_t>(1, curve_.size() / 8)) {
+      std::printf("%s%lld: %.1f s %.2f%%", i ? ", " : "", static_cast<long long>(curve_[i].iteration), curve_[i].seconds,
+                  100 * curve_[i].testAccuracy);
+    }
+    std::printf("\n");
+    std::fflush(stdout);
+  }
+}
+
+void RankRun::reportPadding() {
+  if (o_.padMs <= 0) return;
+  std::vector<double> mine(3 * world_ + 1, 0.0);
+  mine[rank_] = static_cast<double>(padOverruns_);
+  mine[world_ + rank_] = maxComputeMs_;
+  mine[2 * world_ + rank_] = computeMsSum_;
+  mine[3 * world_] = static_cast<double>(steps_);
+  std::vector<double> all = dist_ ? dist_->node().allSum(mine) : mine;
+  overrunsPerRank_.assign(all.begin(), all.begin() + world_);
+  maxComputeMsPerRank_.assign(all.begin() + world_, all.begin() + 2 * world_);
+  double sum = 0, overruns = 0, maxMs = 0;
+  for (int r = 0; r < world_; ++r) {
+    sum += all[2 * world_ + r];
+    overruns += overrunsPerRank_[r];
+    maxMs = std::max(maxMs, maxComputeMsPerRank_[r]);
+  }
+  meanComputeMs_ = all[3 * world_] > 0 ? sum / all[3 * world_] : 0;
+  if (lead_) {
+    std::printf("compute padded to %.1f ms per step: real compute mean %.1f ms, max %.1f ms; %.0f overruns over all ranks\n",
+                o_.padMs, meanComputeMs_, maxMs, overruns);
+  }
+}
+
 void RankRun::reportTraffic() {
   reportStragglers();
   reportGroups();
+  reportPadding();
   if (!dist_) return;
   // Traffic over all ranks, against Table 1's prediction.
   Node& node = dist_->node();
@@ -589,7 +716,21 @@ nlohmann::json RankRun::summaryJson() const {
           {"staleness_bound", o_.staleness},
           {"staleness_histogram", stalenessHistogram_},
           {"max_group_lead", maxGroupLead_},
+          {"pad_ms", o_.padMs},
+          {"pad_overruns_per_rank", overrunsPerRank_},
+          {"max_compute_ms_per_rank", maxComputeMsPerRank_},
+          {"mean_compute_ms", meanComputeMs_},
+          {"train_clock_seconds", trainClock_},
+          {"curve", curveJson()},
           {"layers", layers}};
+}
+
+nlohmann::json RankRun::curveJson() const {
+  nlohmann::json c = nlohmann::json::array();
+  for (const auto& p : curve_) {
+    c.push_back({{"step", p.iteration}, {"seconds", p.seconds}, {"train_loss", p.trainLoss}, {"test_accuracy", p.testAccuracy}});
+  }
+  return c;
 }
 
 void RankRun::writeOutputs() const {
@@ -608,8 +749,9 @@ int trainRank(const TrainOptions& o, const RankEnv& env) {
   run.train();
   run.reportTraffic();
   run.printResult();
-  run.writeOutputs();
   run.finish();
+  run.evaluateCurve();
+  run.writeOutputs();
   return 0;
 }
 

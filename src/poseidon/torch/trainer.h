@@ -53,6 +53,15 @@ struct TrainOptions {
   std::string bindHost;        // data endpoint interface (default: the route to MASTER_ADDR)
   std::string secret;          // job secret (POSEIDON_SECRET / POSEIDON_SECRET_FILE)
   bool quiet = false;          // no progress lines
+  // Time-to-accuracy runs (poseidon bench --accuracy; docs/time_to_accuracy.md).
+  // padMs: each step's compute (forward + backward, not the waits for the
+  // network) is padded to this modeled device time; steps whose real compute
+  // took longer are counted as overruns. curveEvery: rank 0 keeps a copy of
+  // its model every N steps and, after the run, evaluates each on the whole
+  // test set: the accuracy curve against the training clock (the time in
+  // training steps; the per-epoch evaluations are not on it).
+  double padMs = 0;
+  int64_t curveEvery = 0;
 };
 
 // Runs one rank. Returns the process exit code. Rank 0 prints the plan,

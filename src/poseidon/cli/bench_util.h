@@ -1,0 +1,23 @@
+// Pieces shared by the two modes of poseidon bench (throughput: bench_cmd.cc,
+// time to accuracy: bench_accuracy.cc).
+#pragma once
+
+#include <atomic>
+#include <string>
+#include <vector>
+
+namespace poseidon::cli {
+
+// The signal (SIGINT, SIGTERM, SIGHUP) that asked the harness to stop, 0 until one did; the
+// handlers are installed by installStopHandlers(). The harness then kills its runs and cleans up.
+extern std::atomic<int> gStop;
+void installStopHandlers();
+// "a,b,,c" -> {"a", "b", "c"}.
+std::vector<std::string> splitList(const std::string& s);
+// bench/<name> next to the binary's source tree or under the current directory, or `flag` when
+// given; throws InvalidArgument naming it when none exists.
+std::string findBenchScript(const std::string& flag, const std::string& name);
+// poseidon bench --accuracy.
+int benchAccuracyCommand(const std::vector<std::string>& args);
+
+}  // namespace poseidon::cli

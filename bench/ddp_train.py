@@ -13,7 +13,7 @@ way:
 - the modeled device: each step's forward + backward is padded to --pad-ms milliseconds by a wait
   between forward and backward (backward's length estimated by the previous step's), so that no
   system's communication overlaps the pad, and a step whose real compute took longer is counted as
-  an overrun;
+  an overrun; --pad-jitter-ms adds an exponential wait to each pad;
 - the training clock: seconds spent in training steps; every --curve-every steps rank 0 keeps a copy
   of the model and the mean loss of its batches since the last copy, and after the run tests each
   copy on the whole test set.
@@ -25,6 +25,7 @@ import datetime
 import importlib.util
 import json
 import os
+import random
 import sys
 import time
 
@@ -52,14 +53,18 @@ def main():
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--steps", type=int, required=True, help="training steps")
     p.add_argument("--pad-ms", type=float, default=0)
+    p.add_argument("--pad-jitter-ms", type=float, default=0,
+                   help="add to each pad an exponential wait of this mean (per rank, from --seed)")
     p.add_argument("--curve-every", type=int, default=10)
     p.add_argument("--bucket-mb", type=float, default=25, help="DDP's bucket_cap_mb")
     p.add_argument("--data", default=None, help="Fashion-MNIST directory")
     p.add_argument("--timeout", type=int, default=300, help="seconds for the process group's operations")
     p.add_argument("--out", required=True, help="rank 0's JSON result")
     a = p.parse_args()
-    if a.batch < 1 or a.steps < 1 or not a.lr > 0 or not 0 <= a.momentum < 1 or a.pad_ms < 0 or a.curve_every < 1:
-        p.error("--batch, --steps and --curve-every must be >= 1, --lr > 0, --momentum in [0, 1), --pad-ms >= 0")
+    if a.batch < 1 or a.steps < 1 or not a.lr > 0 or not 0 <= a.momentum < 1 or a.pad_ms < 0 or a.curve_every < 1 \
+            or a.pad_jitter_ms < 0:
+        p.error("--batch, --steps and --curve-every must be >= 1, --lr > 0, --momentum in [0, 1), "
+                "--pad-ms and --pad-jitter-ms >= 0")
 
     torch.set_num_threads(1)
     zoo = load_zoo()
@@ -81,6 +86,7 @@ def main():
     for t in net.parameters():
         t.register_hook(gradient_done)
 
+    jitter_random = random.Random(a.seed * 1000003 + rank)
     per_rank = (train_x.size(0) + world - 1) // world
     steps_per_epoch = (per_rank + a.batch - 1) // a.batch
     clock, overruns, max_ms, sum_ms, backward_ms = 0.0, 0, 0.0, 0.0, 0.0
@@ -95,8 +101,9 @@ def main():
             opt.zero_grad()
             loss = F.cross_entropy(model(train_x[b]), train_y[b])
             forward_ms = 1000 * (time.perf_counter() - begin)
-            if a.pad_ms > 0 and a.pad_ms - forward_ms - backward_ms > 0:
-                time.sleep((a.pad_ms - forward_ms - backward_ms) / 1000)  # as poseidon train pads
+            jitter = jitter_random.expovariate(1 / a.pad_jitter_ms) if a.pad_jitter_ms > 0 else 0
+            if a.pad_ms > 0 and a.pad_ms + jitter - forward_ms - backward_ms > 0:
+                time.sleep((a.pad_ms + jitter - forward_ms - backward_ms) / 1000)  # as poseidon train pads
             backward_begin = time.perf_counter()
             loss.backward()  # DDP's all-reduce starts here, bucket by bucket, and is awaited at its end
             # Backward's compute ends with the last parameter's gradient (not with the all-reduce's wait).
@@ -132,7 +139,7 @@ def main():
             point["test_accuracy"] = correct / test_x.size(0)
     s = stats.tolist()
     result = {"model": "lenet", "workers": world, "batch": a.batch, "steps": step, "lr": a.lr, "momentum": a.momentum,
-              "pad_ms": a.pad_ms, "pad_overruns_per_rank": s[:world], "max_compute_ms_per_rank": s[world:2 * world],
+              "pad_ms": a.pad_ms, "pad_jitter_ms": a.pad_jitter_ms, "pad_overruns_per_rank": s[:world], "max_compute_ms_per_rank": s[world:2 * world],
               "mean_compute_ms": sum(s[2 * world:3 * world]) / max(s[3 * world], 1), "train_clock_seconds": clock,
               "bucket_cap_mb": a.bucket_mb, "curve": curve}
     with open(a.out, "w") as f:

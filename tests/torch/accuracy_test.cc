@@ -63,6 +63,13 @@ TEST(TimeToAccuracy, PaddedStepsAndTheCurveOfModelCopies) {
   }
 }
 
+TEST(TimeToAccuracy, JitterWithoutAPadIsAnError) {
+  TempDir dir;
+  auto p = testing::runCli({"train", "--workers", "1", "--pad-jitter-ms", "10", "--max-steps", "1"}, dir.path + "/log");
+  EXPECT_NE(p.exitCode(), 0);
+  EXPECT_THAT(p.stderrText(), HasSubstr("--pad-jitter-ms needs --pad-ms"));
+}
+
 TEST(TimeToAccuracy, BenchRejectsASystemWhoseGroupsDoNotDivideTheNodes) {
   TempDir dir;
   auto p = testing::runCli({"bench", "--accuracy", "--nodes", "4", "--systems", "bsp,g3"}, dir.path + "/log");

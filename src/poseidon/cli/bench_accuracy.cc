@@ -98,9 +98,9 @@ struct AccuracyRun {
 struct AccuracyHarness {
   std::string exe, ddpScript, work, dataDir;
   EmulatedCluster* cluster = nullptr;
-  int nodes = 8, steps = 300, curveEvery = 10, timeoutS = 1800;
+  int nodes = 8, steps = 200, curveEvery = 10, timeoutS = 1800;
   int64_t batch = 32, pairBytes = 64 * 1024;
-  double padMs = 300, targetAccuracy = 0.8, targetLoss = 0.6;
+  double padMs = 300, padJitterMs = 0, targetAccuracy = 0.8, targetLoss = 0.6;
   uint64_t seed = 1;
   int port = 29600;
   std::string secret = randomSecret();
@@ -124,14 +124,14 @@ struct AccuracyHarness {
       if (sys.groups < 0) {
         so.argv = {"/usr/bin/python3", ddpScript, "--batch", std::to_string(batch), "--lr", strCat(sys.lr),
                    "--momentum", strCat(sys.momentum), "--seed", std::to_string(seed), "--steps",
-                   std::to_string(steps), "--pad-ms", strCat(padMs), "--curve-every", std::to_string(curveEvery),
-                   "--timeout", std::to_string(timeoutS), "--out", base + ".json"};
+                   std::to_string(steps), "--pad-ms", strCat(padMs), "--pad-jitter-ms", strCat(padJitterMs), "--curve-every",
+                   std::to_string(curveEvery), "--timeout", std::to_string(timeoutS), "--out", base + ".json"};
         if (!dataDir.empty()) so.argv.insert(so.argv.end(), {"--data", dataDir});
       } else {
         so.argv = {exe, "train", "--model", "lenet", "--batch", std::to_string(batch), "--lr", strCat(sys.lr),
                    "--momentum", strCat(sys.momentum), "--seed", std::to_string(seed), "--epochs",
                    std::to_string(epochsFor()), "--max-steps", std::to_string(steps), "--pad-ms", strCat(padMs),
-                   "--curve-every", std::to_string(curveEvery), "--pair-bytes", std::to_string(pairBytes),
+                   "--pad-jitter-ms", strCat(padJitterMs), "--curve-every", std::to_string(curveEvery), "--pair-bytes", std::to_string(pairBytes),
                    "--threads", "1", "--bind",
                    cluster->nodeAddress(i), "--timeout", std::to_string(timeoutS * 1000), "--quiet", "--summary",
                    base + ".json"};
@@ -224,7 +224,10 @@ void writeMarkdown(const std::string& path, const nlohmann::json& result) {
   md << "# Time to accuracy on the emulated cluster (real training)\n\n"
      << "`" << c["command"].get<std::string>() << "`\n\n"
      << "LeNet on Fashion-MNIST, " << c["nodes"] << " nodes, batch " << c["batch"] << " per worker, compute padded to "
-     << c["pad_ms"] << " ms per step, " << c["steps"] << " steps per run; targets: test accuracy "
+     << c["pad_ms"] << " ms per step"
+     << (c["pad_jitter_ms"].get<double>() > 0 ? strCat(" + an exponential wait of mean ", c["pad_jitter_ms"].get<double>(), " ms")
+                                               : std::string())
+     << ", " << c["steps"] << " steps per run; targets: test accuracy "
      << 100 * c["target_accuracy"].get<double>() << "%, training loss " << c["target_loss"]
      << " (rank 0's mean loss over the " << c["curve_every"]
      << " steps before a curve point). Times are the training clock of rank 0 (seconds in training steps).\n\n";
@@ -250,7 +253,8 @@ void writeMarkdown(const std::string& path, const nlohmann::json& result) {
          << cell(static_cast<double>(r["steps_to_accuracy"].get<int64_t>()), "%.0f") << " | "
          << cell(r["time_to_loss_s"].get<double>(), "%.1f s") << " | "
          << cell(static_cast<double>(r["steps_to_loss"].get<int64_t>()), "%.0f") << " | "
-         << cell(100 * r["final_test_accuracy"].get<double>(), "%.1f%%") << " | " << r["pad_overruns"] << " | "
+         << cell(100 * r["final_test_accuracy"].get<double>(), "%.1f%%") << " | "
+         << cell(r["pad_overruns"].get<double>(), "%.0f") << " | "
          << (t > 0 && ddp > 0 ? cell(ddp / t, "%.2fx") : "-") << " | " << (t > 0 && bsp > 0 ? cell(bsp / t, "%.2fx") : "-")
          << " |\n";
     }
@@ -267,7 +271,8 @@ void writePlots(const std::string& dir, const nlohmann::json& result) {
       gp << "set terminal pngcairo size 800,560\nset output '" << base << ".png'\n"
          << "set title '" << (what == "test_accuracy" ? "test accuracy" : "training loss")
          << " vs time: LeNet, " << result["config"]["nodes"] << " nodes, " << rate << " Mbit/s (emulated)'\n"
-         << "set xlabel 'seconds (training clock)'\nset ylabel '" << what << "'\nset grid\nset key "
+         << "set xlabel 'seconds (training clock)'\nset ylabel '"
+         << (what == "test_accuracy" ? "test accuracy" : "training loss") << "'\nset grid\nset key "
          << (what == "test_accuracy" ? "right bottom" : "right top") << "\nplot ";
       bool first = true;
       for (const auto& r : result["runs"]) {
@@ -293,7 +298,7 @@ void writePlots(const std::string& dir, const nlohmann::json& result) {
 }  // namespace
 
 int benchAccuracyCommand(const std::vector<std::string>& args) {
-  std::string systemsFlag = "bsp,g2,g4,g8,ddp", ratesFlag = "100,30", hyperFlag, jsonPath, mdPath, plotDir, ddpScript;
+  std::string systemsFlag = "bsp,g1,g2,g4,g8,ddp", ratesFlag = "100,30", hyperFlag, jsonPath, mdPath, plotDir, ddpScript;
   AccuracyHarness h;
   int64_t seed = 1;
   bool keep = false;
@@ -315,6 +320,10 @@ int benchAccuracyCommand(const std::vector<std::string>& args) {
                  "Poseidon's KV pair size: LeNet is 1.7 MB, and in 2 MB pairs its ip1 (1.6 MB) would be one pair on "
                  "one shard, which every worker of every group pushes to and pulls from",
                  "BYTES", IntRange::closed(kMinPairBytes, kMaxPairBytes));
+  flags.addDouble("pad-jitter-ms", &h.padJitterMs,
+                  "add to each step's pad an exponential wait of this mean (per rank): varying step times, "
+                  "stragglers, Theorem 1's assumption",
+                  "MS", RealRange::atLeast(0));
   flags.addInt("steps", &h.steps, "training steps per run", "N", IntRange::atLeast(1));
   flags.addInt("curve-every", &h.curveEvery, "steps between the model copies tested for the curve", "N",
                IntRange::atLeast(1));
@@ -376,6 +385,7 @@ int benchAccuracyCommand(const std::vector<std::string>& args) {
   nlohmann::json result;
   result["config"] = {{"command", command},         {"nodes", h.nodes},
                       {"batch", h.batch},           {"pad_ms", h.padMs},
+                      {"pad_jitter_ms", h.padJitterMs},
                       {"steps", h.steps},           {"curve_every", h.curveEvery},
                       {"pair_bytes", h.pairBytes},
                       {"target_accuracy", h.targetAccuracy}, {"target_loss", h.targetLoss},
@@ -387,8 +397,9 @@ int benchAccuracyCommand(const std::vector<std::string>& args) {
     EmulatedCluster cluster(h.nodes, bench::LinkSpec{rates.front(), 0});
     h.cluster = &cluster;
     std::printf("poseidon bench --accuracy: %d-node emulated cluster, LeNet on Fashion-MNIST, batch %lld per worker, "
-                "compute padded to %g ms, %d steps per run\n",
-                h.nodes, static_cast<long long>(h.batch), h.padMs, h.steps);
+                "compute padded to %g ms%s, %d steps per run\n",
+                h.nodes, static_cast<long long>(h.batch), h.padMs,
+                h.padJitterMs > 0 ? strCat(" + exponential jitter of mean ", h.padJitterMs, " ms").c_str() : "", h.steps);
     for (double rate : rates) {
       cluster.setLink({rate, 0});
       for (const auto& s : systems) {

@@ -111,6 +111,10 @@ int trainCommand(const std::vector<std::string>& args) {
                   "pad each step's compute (forward + backward, not network waits) to MS milliseconds, a modeled "
                   "device; steps whose real compute took longer are counted and reported (0: off)",
                   "MS", RealRange::atLeast(0));
+  flags.addDouble("pad-jitter-ms", &o.padJitterMs,
+                  "with --pad-ms: add to each step's pad a wait drawn from an exponential distribution of mean MS "
+                  "(per rank, from --seed): varying step times, as stragglers make them",
+                  "MS", RealRange::atLeast(0));
   flags.addInt64("curve-every", &o.curveEvery,
                  "rank 0 keeps its model every N steps and, after the run, tests each copy on the whole test set: "
                  "the accuracy curve against the training clock, in the summary (0: off)",

@@ -16,6 +16,7 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <thread>
 
 #include "poseidon/common/error.h"
@@ -78,6 +79,8 @@ void validateOptions(const TrainOptions& o, int world) {
   if (!(o.lr > 0)) throw InvalidArgument(strCat("--lr must be positive, got ", o.lr));
   if (o.momentum < 0 || o.momentum >= 1) throw InvalidArgument(strCat("--momentum must be in [0, 1), got ", o.momentum));
   if (o.padMs < 0) throw InvalidArgument(strCat("--pad-ms must be at least 0, got ", o.padMs));
+  if (o.padJitterMs < 0) throw InvalidArgument(strCat("--pad-jitter-ms must be at least 0, got ", o.padJitterMs));
+  if (o.padJitterMs > 0 && o.padMs <= 0) throw InvalidArgument("--pad-jitter-ms needs --pad-ms");
   if (o.curveEvery < 0) throw InvalidArgument(strCat("--curve-every must be at least 0, got ", o.curveEvery));
   if (o.plain && world != 1) throw InvalidArgument("--plain runs the plain LibTorch loop and needs --workers 1");
   if (o.groups > 0) {
@@ -271,6 +274,7 @@ class RankRun {
   double trainClock_ = 0;
   int64_t padOverruns_ = 0;
   double maxComputeMs_ = 0, computeMsSum_ = 0, lastBackwardMs_ = 0;
+  std::mt19937_64 padRandom_;  // --pad-jitter-ms, seeded per rank
   std::vector<double> overrunsPerRank_, maxComputeMsPerRank_;
   double meanComputeMs_ = 0;
   struct CurvePoint {
@@ -305,6 +309,7 @@ RankRun::RankRun(const TrainOptions& o, const RankEnv& env)
   stepsPerEpoch_ = (perRank + o_.batch - 1) / o_.batch;
   dropped_.assign(world_, 0.0);
   skipped_.assign(world_, 0.0);
+  padRandom_.seed(o_.seed * 1000003 + static_cast<uint64_t>(rank_));
 }
 
 void RankRun::resume() {
@@ -491,7 +496,8 @@ void RankRun::trainStep(const std::vector<int64_t>& idx, size_t b, size_t e, Epo
     // backward (backward's length estimated by the previous step's), so that every sync, ours and
     // DDP's alike (bench/ddp_train.py pads the same way), starts after the modeled compute: no
     // system gets overlap from the pad itself, only from the real backward.
-    double rest = o_.padMs - forwardMs - lastBackwardMs_;
+    double jitter = o_.padJitterMs > 0 ? std::exponential_distribution<double>(1.0 / o_.padJitterMs)(padRandom_) : 0;
+    double rest = o_.padMs + jitter - forwardMs - lastBackwardMs_;
     if (rest > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(rest));
   }
   auto backwardStart = Clock::now();
@@ -640,8 +646,9 @@ void RankRun::reportPadding() {
   }
   meanComputeMs_ = all[3 * world_] > 0 ? sum / all[3 * world_] : 0;
   if (lead_) {
-    std::printf("compute padded to %.1f ms per step: real compute mean %.1f ms, max %.1f ms; %.0f overruns over all ranks\n",
-                o_.padMs, meanComputeMs_, maxMs, overruns);
+    std::printf("compute padded to %.1f ms per step%s: real compute mean %.1f ms, max %.1f ms; %.0f overruns over all ranks\n",
+                o_.padMs, o_.padJitterMs > 0 ? strCat(" + exponential jitter of mean ", o_.padJitterMs, " ms").c_str() : "",
+                meanComputeMs_, maxMs, overruns);
   }
 }
 
@@ -717,6 +724,7 @@ nlohmann::json RankRun::summaryJson() const {
           {"staleness_histogram", stalenessHistogram_},
           {"max_group_lead", maxGroupLead_},
           {"pad_ms", o_.padMs},
+          {"pad_jitter_ms", o_.padJitterMs},
           {"pad_overruns_per_rank", overrunsPerRank_},
           {"max_compute_ms_per_rank", maxComputeMsPerRank_},
           {"mean_compute_ms", meanComputeMs_},

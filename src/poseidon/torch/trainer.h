@@ -60,7 +60,9 @@ struct TrainOptions {
   // its model every N steps and, after the run, evaluates each on the whole
   // test set: the accuracy curve against the training clock (the time in
   // training steps; the per-epoch evaluations are not on it).
-  double padMs = 0;
+  // padJitterMs: each step's pad gets an extra wait drawn from an exponential distribution of this
+  // mean (per rank, seeded): step times that vary, as Omnivore's Theorem 1 assumes and stragglers do.
+  double padMs = 0, padJitterMs = 0;
   int64_t curveEvery = 0;
 };
 

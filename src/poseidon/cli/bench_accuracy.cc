@@ -56,7 +56,9 @@ System defaultSystem(const std::string& name, int nodes) {
     throw InvalidArgument("unknown system '" + name + "' (expected bsp, ddp or gG, e.g. g4)");
   }
   s.groups = static_cast<int>(parseIntIn("the G of system " + name, name.substr(1), IntRange::closed(1, nodes)));
-  if (nodes % s.groups != 0) throw InvalidArgument(strCat("system ", name, ": ", s.groups, " groups must divide ", nodes, " nodes"));
+  if (nodes % s.groups != 0) {
+    throw InvalidArgument(strCat("system ", name, ": ", s.groups, " groups must divide ", nodes, " nodes"));
+  }
   s.momentum = s.groups == 1 ? 0.9 : s.groups == 2 ? 0.6 : s.groups == 4 ? 0.0 : 0.6;
   if (s.groups >= 8) s.lr = 0.005;
   return s;
@@ -124,16 +126,17 @@ struct AccuracyHarness {
       if (sys.groups < 0) {
         so.argv = {"/usr/bin/python3", ddpScript, "--batch", std::to_string(batch), "--lr", strCat(sys.lr),
                    "--momentum", strCat(sys.momentum), "--seed", std::to_string(seed), "--steps",
-                   std::to_string(steps), "--pad-ms", strCat(padMs), "--pad-jitter-ms", strCat(padJitterMs), "--curve-every",
-                   std::to_string(curveEvery), "--timeout", std::to_string(timeoutS), "--out", base + ".json"};
+                   std::to_string(steps), "--pad-ms", strCat(padMs), "--pad-jitter-ms", strCat(padJitterMs),
+                   "--curve-every", std::to_string(curveEvery), "--timeout", std::to_string(timeoutS), "--out",
+                   base + ".json"};
         if (!dataDir.empty()) so.argv.insert(so.argv.end(), {"--data", dataDir});
       } else {
         so.argv = {exe, "train", "--model", "lenet", "--batch", std::to_string(batch), "--lr", strCat(sys.lr),
                    "--momentum", strCat(sys.momentum), "--seed", std::to_string(seed), "--epochs",
                    std::to_string(epochsFor()), "--max-steps", std::to_string(steps), "--pad-ms", strCat(padMs),
-                   "--pad-jitter-ms", strCat(padJitterMs), "--curve-every", std::to_string(curveEvery), "--pair-bytes", std::to_string(pairBytes),
-                   "--threads", "1", "--bind",
-                   cluster->nodeAddress(i), "--timeout", std::to_string(timeoutS * 1000), "--quiet", "--summary",
+                   "--pad-jitter-ms", strCat(padJitterMs), "--curve-every", std::to_string(curveEvery),
+                   "--pair-bytes", std::to_string(pairBytes), "--threads", "1", "--bind", cluster->nodeAddress(i),
+                   "--timeout", std::to_string(timeoutS * 1000), "--quiet", "--summary",
                    base + ".json"};
         if (sys.groups > 0) so.argv.insert(so.argv.end(), {"--groups", std::to_string(sys.groups)});
         if (!dataDir.empty()) so.argv.insert(so.argv.end(), {"--data", dataDir});
@@ -177,7 +180,9 @@ struct AccuracyHarness {
     r.secondsPerStep = s.at("train_clock_seconds").get<double>() / curve.back().at("step").get<double>();
     r.finalAccuracy = curve.back().at("test_accuracy").get<double>();
     for (double o : s.at("pad_overruns_per_rank").get<std::vector<double>>()) r.overruns += o;
-    for (double m : s.at("max_compute_ms_per_rank").get<std::vector<double>>()) r.maxComputeMs = std::max(r.maxComputeMs, m);
+    for (double m : s.at("max_compute_ms_per_rank").get<std::vector<double>>()) {
+      r.maxComputeMs = std::max(r.maxComputeMs, m);
+    }
     for (const auto& p : curve) {
       if (r.accuracySteps < 0 && p.at("test_accuracy").get<double>() >= targetAccuracy) {
         r.accuracySteps = p.at("step").get<int64_t>();
@@ -194,7 +199,9 @@ struct AccuracyHarness {
     if (!r.ok) {
       std::printf("  %-5s @ %g Mbit/s: FAILED: %s\n", r.system.name.c_str(), r.mbit, r.error.c_str());
     } else {
-      auto at = [](double s, int64_t n) { return n < 0 ? std::string("not reached") : strCat(fmtSeconds(s), " (", n, " steps)"); };
+      auto at = [](double s, int64_t n) {
+        return n < 0 ? std::string("not reached") : strCat(fmtSeconds(s), " (", n, " steps)");
+      };
       std::printf("  %-5s @ %g Mbit/s: %.3f s/step, %.1f%% test accuracy at the end; to %.0f%%: %s; to loss %.2f: %s; "
                   "%.0f pad overruns (max compute %.0f ms)\n",
                   r.system.name.c_str(), r.mbit, r.secondsPerStep, 100 * r.finalAccuracy, 100 * targetAccuracy,
@@ -225,8 +232,9 @@ void writeMarkdown(const std::string& path, const nlohmann::json& result) {
      << "`" << c["command"].get<std::string>() << "`\n\n"
      << "LeNet on Fashion-MNIST, " << c["nodes"] << " nodes, batch " << c["batch"] << " per worker, compute padded to "
      << c["pad_ms"] << " ms per step"
-     << (c["pad_jitter_ms"].get<double>() > 0 ? strCat(" + an exponential wait of mean ", c["pad_jitter_ms"].get<double>(), " ms")
-                                               : std::string())
+     << (c["pad_jitter_ms"].get<double>() > 0
+             ? strCat(" + an exponential wait of mean ", c["pad_jitter_ms"].get<double>(), " ms")
+             : std::string())
      << ", " << c["steps"] << " steps per run; targets: test accuracy "
      << 100 * c["target_accuracy"].get<double>() << "%, training loss " << c["target_loss"]
      << " (rank 0's mean loss over the " << c["curve_every"]
@@ -255,7 +263,8 @@ void writeMarkdown(const std::string& path, const nlohmann::json& result) {
          << cell(static_cast<double>(r["steps_to_loss"].get<int64_t>()), "%.0f") << " | "
          << cell(100 * r["final_test_accuracy"].get<double>(), "%.1f%%") << " | "
          << cell(r["pad_overruns"].get<double>(), "%.0f") << " | "
-         << (t > 0 && ddp > 0 ? cell(ddp / t, "%.2fx") : "-") << " | " << (t > 0 && bsp > 0 ? cell(bsp / t, "%.2fx") : "-")
+         << (t > 0 && ddp > 0 ? cell(ddp / t, "%.2fx") : "-") << " | "
+         << (t > 0 && bsp > 0 ? cell(bsp / t, "%.2fx") : "-")
          << " |\n";
     }
     md << "\n";
@@ -298,7 +307,8 @@ void writePlots(const std::string& dir, const nlohmann::json& result) {
 }  // namespace
 
 int benchAccuracyCommand(const std::vector<std::string>& args) {
-  std::string systemsFlag = "bsp,g1,g2,g4,g8,ddp", ratesFlag = "100,30", hyperFlag, jsonPath, mdPath, plotDir, ddpScript;
+  std::string systemsFlag = "bsp,g1,g2,g4,g8,ddp", ratesFlag = "100,30";
+  std::string hyperFlag, jsonPath, mdPath, plotDir, ddpScript;
   AccuracyHarness h;
   int64_t seed = 1;
   bool keep = false;
@@ -317,8 +327,7 @@ int benchAccuracyCommand(const std::vector<std::string>& args) {
   flags.addInt64("batch", &h.batch, "per-worker batch", "K", IntRange::closed(1, 60000));
   flags.addDouble("pad-ms", &h.padMs, "modeled compute time per step, in milliseconds", "MS", RealRange::atLeast(0));
   flags.addInt64("pair-bytes", &h.pairBytes,
-                 "Poseidon's KV pair size: LeNet is 1.7 MB, and in 2 MB pairs its ip1 (1.6 MB) would be one pair on "
-                 "one shard, which every worker of every group pushes to and pulls from",
+                 "Poseidon's KV pair size (in one 2 MB pair LeNet's ip1, 1.6 MB, would sit on one shard)",
                  "BYTES", IntRange::closed(kMinPairBytes, kMaxPairBytes));
   flags.addDouble("pad-jitter-ms", &h.padJitterMs,
                   "add to each step's pad an exponential wait of this mean (per rank): varying step times, "
@@ -330,7 +339,8 @@ int benchAccuracyCommand(const std::vector<std::string>& args) {
   flags.addDouble("target-accuracy", &h.targetAccuracy, "target test accuracy", "A", RealRange::leftOpen(0, 1));
   flags.addDouble("target-loss", &h.targetLoss, "target training loss", "L", RealRange::above(0));
   flags.addString("hyper", &hyperFlag, "per-system lr and momentum, e.g. g4=0.05:0.3,ddp=0.05:0.9", "LIST");
-  flags.addInt64("seed", &seed, "seed of the data order (and of Poseidon's initial weights)", "S", IntRange::atLeast(0));
+  flags.addInt64("seed", &seed, "seed of the data order (and of Poseidon's initial weights)", "S",
+                 IntRange::atLeast(0));
   flags.addString("data", &h.dataDir, "Fashion-MNIST directory (default: Debian's)", "DIR");
   flags.addInt("run-timeout", &h.timeoutS, "seconds before a run is declared failed", "S", IntRange::closed(1, 86400));
   flags.addString("json", &jsonPath, "write all results as JSON to FILE", "FILE");
@@ -345,7 +355,8 @@ int benchAccuracyCommand(const std::vector<std::string>& args) {
   }
   h.seed = static_cast<uint64_t>(seed);
   if (h.steps < h.curveEvery) {
-    throw InvalidArgument(strCat("--steps ", h.steps, " is less than --curve-every ", h.curveEvery, ": no curve point"));
+    throw InvalidArgument(
+        strCat("--steps ", h.steps, " is less than --curve-every ", h.curveEvery, ": no curve point"));
   }
   std::vector<System> systems;
   for (const auto& s : splitList(systemsFlag)) systems.push_back(defaultSystem(s, h.nodes));
@@ -361,7 +372,9 @@ int benchAccuracyCommand(const std::vector<std::string>& args) {
     it->momentum = parseRealIn("--hyper's momentum of " + name, item.substr(colon + 1), RealRange::rightOpen(0, 1));
   }
   std::vector<double> rates;
-  for (const auto& r : splitList(ratesFlag)) rates.push_back(parseRealIn("each --rates entry (Mbit/s)", r, RealRange::above(0)));
+  for (const auto& r : splitList(ratesFlag)) {
+    rates.push_back(parseRealIn("each --rates entry (Mbit/s)", r, RealRange::above(0)));
+  }
   if (systems.empty() || rates.empty()) throw InvalidArgument("--systems and --rates must not be empty");
 
   std::string why;
@@ -399,7 +412,8 @@ int benchAccuracyCommand(const std::vector<std::string>& args) {
     std::printf("poseidon bench --accuracy: %d-node emulated cluster, LeNet on Fashion-MNIST, batch %lld per worker, "
                 "compute padded to %g ms%s, %d steps per run\n",
                 h.nodes, static_cast<long long>(h.batch), h.padMs,
-                h.padJitterMs > 0 ? strCat(" + exponential jitter of mean ", h.padJitterMs, " ms").c_str() : "", h.steps);
+                h.padJitterMs > 0 ? strCat(" + exponential jitter of mean ", h.padJitterMs, " ms").c_str() : "",
+                h.steps);
     for (double rate : rates) {
       cluster.setLink({rate, 0});
       for (const auto& s : systems) {

@@ -20,6 +20,24 @@ std::string lastLine(const std::string& path) {
   return last;
 }
 
+SpawnOptions rankSpawn(const EmulatedCluster& cluster, int rank, int nodes, int port, const std::string& secret,
+                       const std::string& logFile) {
+  SpawnOptions so;
+  so.netns = cluster.nodeNamespace(rank);
+  so.env = {{"RANK", std::to_string(rank)},
+            {"WORLD_SIZE", std::to_string(nodes)},
+            {"LOCAL_RANK", "0"},
+            {"MASTER_ADDR", cluster.nodeAddress(0)},
+            {"MASTER_PORT", std::to_string(port)},
+            {"GLOO_SOCKET_IFNAME", EmulatedCluster::nodeInterface()},
+            {"OMP_NUM_THREADS", "1"},
+            {"POSEIDON_SECRET", secret}};
+  so.stdoutTo = Output::kFile;
+  so.stderrTo = Output::kLikeStdout;
+  so.file = logFile;
+  return so;
+}
+
 std::string runRanks(std::vector<SpawnOptions> ranks, int timeoutS, const std::atomic<int>& stop) {
   std::vector<ChildProcess> children;
   for (auto& so : ranks) {

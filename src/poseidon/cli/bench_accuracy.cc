@@ -121,8 +121,7 @@ struct AccuracyHarness {
     std::string base = strCat(work, "/", sys.name, "-", r.mbit);
     std::vector<SpawnOptions> ranks;
     for (int i = 0; i < nodes; ++i) {
-      SpawnOptions so;
-      so.netns = cluster->nodeNamespace(i);
+      SpawnOptions so = bench::rankSpawn(*cluster, i, nodes, p, secret, strCat(base, "-", i, ".log"));
       if (sys.groups < 0) {
         so.argv = {"/usr/bin/python3", ddpScript, "--batch", std::to_string(batch), "--lr", strCat(sys.lr),
                    "--momentum", strCat(sys.momentum), "--seed", std::to_string(seed), "--steps",
@@ -141,17 +140,6 @@ struct AccuracyHarness {
         if (sys.groups > 0) so.argv.insert(so.argv.end(), {"--groups", std::to_string(sys.groups)});
         if (!dataDir.empty()) so.argv.insert(so.argv.end(), {"--data", dataDir});
       }
-      so.env = {{"RANK", std::to_string(i)},
-                {"WORLD_SIZE", std::to_string(nodes)},
-                {"LOCAL_RANK", "0"},
-                {"MASTER_ADDR", cluster->nodeAddress(0)},
-                {"MASTER_PORT", std::to_string(p)},
-                {"GLOO_SOCKET_IFNAME", EmulatedCluster::nodeInterface()},
-                {"OMP_NUM_THREADS", "1"},
-                {"POSEIDON_SECRET", secret}};
-      so.stdoutTo = Output::kFile;
-      so.stderrTo = Output::kLikeStdout;
-      so.file = strCat(base, "-", i, ".log");
       ranks.push_back(std::move(so));
     }
     std::printf("  %-5s (lr %g, momentum %g) @ %g Mbit/s: training %d steps ...\n", sys.name.c_str(), sys.lr,
@@ -381,16 +369,9 @@ int benchAccuracyCommand(const std::vector<std::string>& args) {
   if (!EmulatedCluster::available(&why)) throw Error(why);
   h.exe = selfExecutable();
   if (std::any_of(systems.begin(), systems.end(), [](const System& s) { return s.groups < 0; })) {
-    h.ddpScript = findBenchScript(ddpScript, "ddp_train.py");
-    try {
-      bench::run({"/usr/bin/python3", "-c", "import torch, torch.distributed"});
-    } catch (const Error&) {
-      throw Error("the DDP baseline needs Debian's python3-torch (apt-get install python3-torch)");
-    }
+    h.ddpScript = findDdpScript(ddpScript, "ddp_train.py");
   }
-  char tmpl[] = "/tmp/poseidon-accuracy-XXXXXX";
-  if (!mkdtemp(tmpl)) throw IoError("cannot create a work directory in /tmp");
-  h.work = tmpl;
+  h.work = makeWorkDir("poseidon-accuracy");
   installStopHandlers();
 
   std::string command = "poseidon bench --accuracy";

@@ -58,6 +58,22 @@ std::string findBenchScript(const std::string& flag, const std::string& name) {
   throw InvalidArgument("bench/" + name + " not found (run from the repository, or pass --ddp-script PATH)");
 }
 
+std::string findDdpScript(const std::string& flag, const std::string& name) {
+  std::string script = findBenchScript(flag, name);
+  try {
+    bench::run({"/usr/bin/python3", "-c", "import torch, torch.distributed"});
+  } catch (const Error&) {
+    throw Error("the DDP baselines need Debian's python3-torch (apt-get install python3-torch)");
+  }
+  return script;
+}
+
+std::string makeWorkDir(const std::string& prefix) {
+  std::string tmpl = "/tmp/" + prefix + "-XXXXXX";
+  if (!mkdtemp(tmpl.data())) throw IoError("cannot create a work directory in /tmp");
+  return tmpl;
+}
+
 std::atomic<int> gStop{0};
 
 namespace {
@@ -131,8 +147,7 @@ struct Harness {
     std::vector<SpawnOptions> ranks;
     for (int i = 0; i < nodes; ++i) {
       std::string out = strCat(work, "/", modelName, "-", system, "-", nodes, "-", r.mbit, "-", i);
-      SpawnOptions so;
-      so.netns = cluster->nodeNamespace(i);
+      SpawnOptions so = bench::rankSpawn(*cluster, i, nodes, p, secret, out + ".log");
       if (isDdp(system)) {
         so.argv = {"/usr/bin/python3", ddpScript, "--model-json", modelJson[modelName], "--variant", system,
                    "--iterations", std::to_string(iterations), "--warmup", std::to_string(warmup),
@@ -145,17 +160,6 @@ struct Harness {
                    EmulatedCluster::nodeInterface(), "--bind", cluster->nodeAddress(i), "--timeout",
                    std::to_string(timeoutS * 1000)};
       }
-      so.env = {{"RANK", std::to_string(i)},
-                {"WORLD_SIZE", std::to_string(nodes)},
-                {"LOCAL_RANK", "0"},
-                {"MASTER_ADDR", cluster->nodeAddress(0)},
-                {"MASTER_PORT", std::to_string(p)},
-                {"GLOO_SOCKET_IFNAME", EmulatedCluster::nodeInterface()},
-                {"OMP_NUM_THREADS", "1"},
-                {"POSEIDON_SECRET", secret}};
-      so.stdoutTo = Output::kFile;
-      so.stderrTo = Output::kLikeStdout;
-      so.file = out + ".log";
       ranks.push_back(std::move(so));
     }
     std::string failure = bench::runRanks(std::move(ranks), timeoutS, gStop);
@@ -298,16 +302,9 @@ int benchCommand(const std::vector<std::string>& args) {
   h.retries = retries;
   bool anyDdp = std::any_of(systems.begin(), systems.end(), isDdp);
   if (anyDdp) {
-    h.ddpScript = findBenchScript(ddpScript, "ddp_worker.py");
-    try {
-      bench::run({"/usr/bin/python3", "-c", "import torch, torch.distributed"});
-    } catch (const Error&) {
-      throw Error("the DDP baselines need Debian's python3-torch (apt-get install python3-torch)");
-    }
+    h.ddpScript = findDdpScript(ddpScript, "ddp_worker.py");
   }
-  char tmpl[] = "/tmp/poseidon-bench-XXXXXX";
-  if (!mkdtemp(tmpl)) throw IoError("cannot create a work directory in /tmp");
-  h.work = tmpl;
+  h.work = makeWorkDir("poseidon-bench");
 
   installStopHandlers();
 

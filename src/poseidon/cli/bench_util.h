@@ -17,6 +17,10 @@ std::vector<std::string> splitList(const std::string& s);
 // bench/<name> next to the binary's source tree or under the current directory, or `flag` when
 // given; throws InvalidArgument naming it when none exists.
 std::string findBenchScript(const std::string& flag, const std::string& name);
+// findBenchScript for a DDP baseline, after checking that /usr/bin/python3 has torch (Error if not).
+std::string findDdpScript(const std::string& flag, const std::string& name);
+// A fresh directory /tmp/<prefix>-XXXXXX for a run's logs and results (IoError if it cannot be made).
+std::string makeWorkDir(const std::string& prefix);
 // poseidon bench --accuracy.
 int benchAccuracyCommand(const std::vector<std::string>& args);
 

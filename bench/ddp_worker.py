@@ -94,6 +94,10 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--iface", default="")
     p.add_argument("--timeout", type=float, default=120.0)
+    # DDP's bucket caps (its defaults are 25 MB and a 1 MB first bucket); the bench scales them by s^2
+    # like Poseidon's KV pairs, so a scaled model is bucketed as the full-width one would be.
+    p.add_argument("--bucket-mb", type=float, default=25.0)
+    p.add_argument("--first-bucket-mb", type=float, default=1.0)
     a = p.parse_args()
 
     torch.set_num_threads(1)
@@ -102,7 +106,8 @@ def main():
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=a.timeout))
-    model = DDP(EmulatedModel(table, seed=rank + 1))
+    dist._DEFAULT_FIRST_BUCKET_BYTES = int(a.first_bucket_mb * 1024 * 1024)  # read by DDP's constructor
+    model = DDP(EmulatedModel(table, seed=rank + 1), bucket_cap_mb=a.bucket_mb)
     if a.variant == "ddp-fp16":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         model.register_comm_hook(None, default_hooks.fp16_compress_hook)
@@ -126,6 +131,7 @@ def main():
     result = {
         "rank": rank, "system": a.variant, "model": table["name"], "batch": table["batch"],
         "iteration_seconds": times, "warmup": a.warmup,
+        "bucket_mb": a.bucket_mb, "first_bucket_mb": a.first_bucket_mb,
         "tx_bytes": read_counter(a.iface, "tx_bytes") - tx0,
         "rx_bytes": read_counter(a.iface, "rx_bytes") - rx0,
     }

@@ -73,8 +73,50 @@ TEST(BenchReport, MarkdownTables) {
   std::remove(path.c_str());
   EXPECT_THAT(md.str(), HasSubstr("Command: `poseidon bench --quick`"));
   EXPECT_THAT(md.str(), HasSubstr("## vgg19 at 30 Mbit/s (3 Gbit/s at full width)"));
-  EXPECT_THAT(md.str(), HasSubstr("| poseidon | 1.00x | 6.40x | 1.250 | 1.25 |"));
+  EXPECT_THAT(md.str(), HasSubstr("| poseidon | 1.00x | 6.40x | 1.250 | 0.000 | 0.000 | 0.00 | 1.25 | - |"));
   EXPECT_THAT(md.str(), HasSubstr("- vgg19, 8 nodes, 30 Mbit/s: poseidon 6.40x speedup"));
+}
+
+TEST(BenchReport, OwnBoundIsTheBusiestNodesBytesOrCompute) {
+  RunResult r = run("ddp", 2, 30, 1.0);
+  r.txPerIter = {3e6, 1e6};
+  r.rxPerIter = {1e6, 3.75e6};  // node 1 receives the most: 3.75 MB x 8 / 30 Mbit/s = 1.0 s
+  EXPECT_DOUBLE_EQ(ownBoundSeconds(r, 0.5), 1.0);
+  EXPECT_DOUBLE_EQ(ownBoundSeconds(r, 1.5), 1.5);  // compute-bound
+}
+
+TEST(BenchReport, RepeatedRunsChargesAndTunedBucketsInTheTable) {
+  RunResult one = run("poseidon@cpu:1", 1, 30, 1.0);
+  RunResult big = run("poseidon@cpu:1", 8, 30, 1.25);
+  big.repeatSeconds = {1.3, 1.25, 1.2};
+  big.minSeconds = 1.2;
+  big.maxSeconds = 1.3;
+  big.slowestRankSeconds = 1.28;
+  big.ownBoundSeconds = ownBoundSeconds(big, 1.0);  // 2 MB sent per node: 0.533 s < compute
+  big.charged = {{"gemm", 0.2}, {"sum", 0.01}, {"crypto", 0.05}};
+  RunResult tunedOne = run("ddp-tuned", 1, 30, 1.0);
+  RunResult tuned = run("ddp-tuned", 8, 30, 2.0);
+  tuned.bucketMb = 0.05;  // 5 MB at full width (s = 0.1)
+  tuned.tuning = {{"1", 2.2}, {"5", 2.0}, {"25", 2.1}};
+  tuned.repeatSeconds = {2.0};
+  tuned.minSeconds = tuned.maxSeconds = tuned.slowestRankSeconds = 2.0;
+  tuned.ownBoundSeconds = 1.6;
+  std::vector<RunResult> runs{one, big, tunedOne, tuned};
+  computeSpeedups(runs);
+  nlohmann::json result;
+  result["config"] = {{"command", "poseidon bench"}, {"scale", 0.1}, {"iterations", 8}, {"warmup", 3}, {"repeat", 3}};
+  result["runs"] = nlohmann::json::array();
+  for (const auto& r : runs) result["runs"].push_back(r.toJson());
+  EXPECT_DOUBLE_EQ(result["runs"][1]["measured_over_own_bound"].get<double>(), 1.25);
+  std::string path = strCat("/tmp/poseidon-report-test-", getpid(), "-b.md");
+  writeMarkdown(path, result);
+  std::ifstream f(path);
+  std::stringstream md;
+  md << f.rdbuf();
+  std::remove(path.c_str());
+  EXPECT_THAT(md.str(), HasSubstr("the median of 3 runs per point"));
+  EXPECT_THAT(md.str(), HasSubstr("| poseidon@cpu:1 | 1.00x | 6.40x | 1.250 (1.200-1.300) | 1.280 | 1.000 | 1.25 | 1.25 | 0.260 |"));
+  EXPECT_THAT(md.str(), HasSubstr("| ddp-tuned | 1.00x | 4.00x | 2.000 (2.000-2.000), 5 MB buckets | 2.000 | 1.600 | 1.25 | 2.00 | - |"));
 }
 
 }  // namespace

@@ -46,22 +46,57 @@ TEST(BenchSmoke, TwoNodesOneIterationPoseidonAndDdp) {
   requireCluster();
   std::string dir = testing::makeTempDir("bench");
   std::vector<testing::Proc> procs{testing::spawn(
-      {POSEIDON_CLI, "bench", "--models", "vgg19", "--systems", "poseidon,ddp", "--nodes", "1,2", "--rates", "100",
-       "--iterations", "1", "--warmup", "0", "--json", dir + "/r.json", "--markdown", dir + "/r.md", "--plots",
-       dir + "/plots"},
+      {POSEIDON_CLI, "bench", "--models", "vgg19", "--systems", "poseidon,ddp,ddp-tuned", "--nodes", "1,2",
+       "--rates", "100", "--iterations", "1", "--warmup", "0", "--repeat", "2", "--device", "gpu,cpu:1", "--json",
+       dir + "/r.json", "--markdown", dir + "/r.md", "--plots", dir + "/plots"},
       {}, dir + "/log")};
-  testing::waitAll(procs, std::chrono::seconds(240));
+  testing::waitAll(procs, std::chrono::seconds(600));
   ASSERT_EQ(procs[0].exitCode(), 0) << procs[0].stdoutText() << procs[0].stderrText();
   std::ifstream f(dir + "/r.json");
   auto result = nlohmann::json::parse(f);
-  ASSERT_EQ(result["runs"].size(), 4u);
+  // poseidon, poseidon@cpu:1, ddp, ddp-tuned at 1 and 2 nodes.
+  ASSERT_EQ(result["runs"].size(), 8u);
   for (const auto& r : result["runs"]) {
     EXPECT_TRUE(r["ok"].get<bool>()) << r.dump();
     // The emulated compute alone is 0.9 s per iteration.
     EXPECT_GT(r["iteration_seconds"].get<double>(), 0.85) << r.dump();
+    ASSERT_EQ(r["repeat_seconds"].size(), 2u) << r.dump();
+    EXPECT_LE(r["min_seconds"].get<double>(), r["iteration_seconds"].get<double>());
+    EXPECT_GE(r["max_seconds"].get<double>(), r["iteration_seconds"].get<double>());
+    EXPECT_GE(r["slowest_rank_seconds"].get<double>(), r["min_seconds"].get<double>());
+    EXPECT_GE(r["own_bound_seconds"].get<double>(), 0.85) << r.dump();
+    const std::string system = r["system"];
     if (r["nodes"] == 2) {
       EXPECT_GT(r["speedup"].get<double>(), 1.0) << r.dump();
       EXPECT_GT(r["tx_bytes_per_iteration"][1].get<double>(), 1e5) << r.dump();  // real bytes crossed the link
+      if (system.rfind("poseidon", 0) == 0) {
+        // Every byte that crossed a link was charged its full-width encryption, by the ranks themselves.
+        EXPECT_GT(r["charged_seconds_per_iteration"]["crypto"].get<double>(), 0) << r.dump();
+        EXPECT_GT(r["charged_seconds_per_iteration"]["gemm"].get<double>(), 0) << r.dump();  // vgg19's fc layers by SFB
+      }
+    }
+    if (system.rfind("ddp", 0) == 0) {
+      EXPECT_TRUE(r["charged_seconds_per_iteration"].is_null()) << r.dump();
+      // DDP's caps scaled by s^2 like Poseidon's pairs: 25 MB and a 1 MB first bucket at full width.
+      EXPECT_NEAR(r["first_bucket_mb"].get<double>(), 0.01, 1e-12) << r.dump();
+      if (system == "ddp") {
+        EXPECT_NEAR(r["bucket_mb"].get<double>(), 0.25, 1e-12) << r.dump();
+      }
+    }
+    if (system == "ddp-tuned" && r["nodes"] == 2) {
+      ASSERT_EQ(r["tuning"].size(), 3u) << r.dump();  // the sweep: 1, 5 and 25 MB at full width
+      double best = 1e9, bestCap = 0;
+      for (const auto& [cap, secs] : r["tuning"].items())
+        if (secs.get<double>() < best) best = secs.get<double>(), bestCap = std::stod(cap);
+      EXPECT_NEAR(r["bucket_mb"].get<double>(), bestCap * 0.01, 1e-12) << r.dump();
+    }
+    if (system == "poseidon@cpu:1" && r["nodes"] == 2) {
+      // One core reconstructs slower than a Titan X: more GEMM seconds than under the gpu model.
+      for (const auto& g : result["runs"])
+        if (g["system"] == "poseidon" && g["nodes"] == 2) {
+          EXPECT_GT(r["charged_seconds_per_iteration"]["gemm"].get<double>(),
+                    g["charged_seconds_per_iteration"]["gemm"].get<double>());
+        }
     }
   }
   EXPECT_TRUE(fs::exists(dir + "/plots/speedup-vgg19-100mbit.png"));

@@ -33,7 +33,19 @@ nlohmann::json RunResult::toJson() const {
           {"ideal_seconds", idealSeconds},
           {"measured_over_ideal", idealSeconds > 0 ? iterSeconds / idealSeconds : 0.0},
           {"tx_bytes_per_iteration", txPerIter}, {"rx_bytes_per_iteration", rxPerIter},
-          {"attempts", attempts},     {"earlier_errors", earlierErrors}};
+          {"attempts", attempts},     {"earlier_errors", earlierErrors},
+          {"repeat_seconds", repeatSeconds}, {"min_seconds", minSeconds}, {"max_seconds", maxSeconds},
+          {"slowest_rank_seconds", slowestRankSeconds}, {"own_bound_seconds", ownBoundSeconds},
+          {"measured_over_own_bound", ownBoundSeconds > 0 ? iterSeconds / ownBoundSeconds : 0.0},
+          {"device", device},         {"charged_seconds_per_iteration", charged},
+          {"bucket_mb", bucketMb},    {"first_bucket_mb", firstBucketMb}, {"tuning", tuning}};
+}
+
+double ownBoundSeconds(const RunResult& r, double computeSeconds) {
+  double busiest = 0;
+  for (size_t i = 0; i < r.txPerIter.size(); ++i)
+    busiest = std::max({busiest, r.txPerIter[i], i < r.rxPerIter.size() ? r.rxPerIter[i] : 0.0});
+  return std::max(computeSeconds, busiest * 8 / (r.mbit * 1e6));
 }
 
 double idealSeconds(const EmulatedModel& m, int nodes, double mbit) {
@@ -106,7 +118,27 @@ void writeMarkdown(const std::string& path, const nlohmann::json& result) {
   md << "Emulated cluster: one network namespace per node, tc tbf links both ways; width scale s = "
      << cfg["scale"].get<double>() << " (link rates represent rate / s^2 at full width); "
      << cfg["iterations"].get<int>() << " measured iterations after " << cfg["warmup"].get<int>()
-     << " warm-up ones; iteration time is rank 0's median.\n\n";
+     << " warm-up ones; iteration time is rank 0's median";
+  const int repeat = cfg.value("repeat", 1);
+  if (repeat > 1) md << ", and the median of " << repeat << " runs per point (min and max beside it)";
+  md << ".\n\n";
+  md << "Columns: *slowest rank* is the slowest rank's median iteration; *own bound* is each system's own floor, "
+        "max(compute, its busiest node's bytes on the wire per iteration, headers included, / link rate), so "
+        "*/ own bound* says how close a system runs to what its own traffic allows; *poseidon's ideal* is the "
+        "same floor with the fewest bytes any scheme needs (Table 1's hybrid), the one yardstick for every "
+        "system; *charged* is the runtime's own work (SFB reconstruction, server sums, CURVE encryption) at "
+        "full width on the device model, per iteration on the busiest rank.\n\n";
+  if (cfg.contains("devices")) {
+    md << "Device models:";
+    for (const auto& d : cfg["devices"]) {
+      md << " " << d["name"].get<std::string>() << " (GEMM "
+         << fmt("%.0f GFLOP/s", d["gemm_flops"].get<double>() / 1e9) << ", sums "
+         << fmt("%.2f GB/s", d["sum_bytes_per_s"].get<double>() / 1e9) << ", encryption "
+         << fmt("%.2f GB/s", d["crypto_bytes_per_s"].get<double>() / 1e9) << ");";
+    }
+    md << " a rate of 0 charges nothing. Poseidon's systems under a device other than the first are named "
+          "SYSTEM@DEVICE. DDP's own work (Gloo's sums) is not charged.\n\n";
+  }
   std::map<std::pair<std::string, double>, std::vector<nlohmann::json>> groups;
   for (const auto& r : result["runs"])
     if (r["nodes"].get<int>() > 1) groups[{r["model"].get<std::string>(), r["link_mbit"].get<double>()}].push_back(r);
@@ -127,8 +159,9 @@ void writeMarkdown(const std::string& path, const nlohmann::json& result) {
     std::sort(nodes.begin(), nodes.end());
     md << "| system |";
     for (int n : nodes) md << " " << n << " node" << (n > 1 ? "s" : "") << " |";
-    md << " s/iter at " << nodes.back() << " | measured / ideal |\n|---|";
-    for (size_t i = 0; i < nodes.size() + 2; ++i) md << "---|";
+    md << " s/iter at " << nodes.back() << (repeat > 1 ? " (min-max)" : "")
+       << " | slowest rank | own bound | / own bound | / poseidon's ideal | charged s/iter |\n|---|";
+    for (size_t i = 0; i < nodes.size() + 6; ++i) md << "---|";
     md << "\n";
     for (const auto& s : systems) {
       md << "| " << s << " |";
@@ -148,10 +181,24 @@ void writeMarkdown(const std::string& path, const nlohmann::json& result) {
         if (n == nodes.back()) last = hit;
       }
       if (!last.is_null() && last["ok"].get<bool>()) {
-        md << " " << fmt("%.3f", last["iteration_seconds"].get<double>()) << " | "
-           << fmt("%.2f", last["measured_over_ideal"].get<double>()) << " |\n";
+        md << " " << fmt("%.3f", last["iteration_seconds"].get<double>());
+        if (repeat > 1) {
+          md << " (" << fmt("%.3f", last.value("min_seconds", 0.0)) << "-" << fmt("%.3f", last.value("max_seconds", 0.0))
+             << ")";
+        }
+        if (last.contains("tuning") && last["tuning"].is_object()) {
+          md << ", " << fmt("%g MB", last.value("bucket_mb", 0.0) / scale / scale) << " buckets";
+        }
+        double charged = 0;
+        if (last.contains("charged_seconds_per_iteration") && last["charged_seconds_per_iteration"].is_object())
+          for (const auto& [k, v] : last["charged_seconds_per_iteration"].items()) charged += v.get<double>();
+        md << " | " << fmt("%.3f", last.value("slowest_rank_seconds", 0.0)) << " | "
+           << fmt("%.3f", last.value("own_bound_seconds", 0.0)) << " | "
+           << fmt("%.2f", last.value("measured_over_own_bound", 0.0)) << " | "
+           << fmt("%.2f", last["measured_over_ideal"].get<double>()) << " | "
+           << (last["charged_seconds_per_iteration"].is_object() ? fmt("%.3f", charged) : std::string("-")) << " |\n";
       } else {
-        md << " - | - |\n";
+        md << " - | - | - | - | - | - |\n";
       }
     }
     md << "\n";

@@ -23,12 +23,25 @@ struct RunResult {
   double iterSeconds = 0;      // median of the steady iterations (rank 0)
   double imagesPerSec = 0;     // emulated images: nodes x K / iteration
   double speedup = 0;          // over the same system on one node
-  double idealSeconds = 0;
+  double idealSeconds = 0;     // Poseidon's bound (idealSeconds below), the same for every system
   std::vector<double> txPerIter, rxPerIter;  // bytes per node per iteration (interface counters)
+  // Repeated runs (--repeat): iterSeconds is the median of the repeats' rank-0 medians.
+  std::vector<double> repeatSeconds;
+  double minSeconds = 0, maxSeconds = 0;
+  double slowestRankSeconds = 0;  // median over the repeats of the slowest rank's median
+  // The system's own bound: max(compute, its busiest node's bytes on the wire, headers included, / link rate).
+  double ownBoundSeconds = 0;
+  std::string device;             // Poseidon's systems: the device model their own work is charged on
+  nlohmann::json charged;         // full-width seconds per iteration of that work, per kind (busiest rank)
+  double bucketMb = 0, firstBucketMb = 0;  // DDP's bucket caps (MB at width s)
+  nlohmann::json tuning;          // ddp-tuned: the sweep, bucket cap (MB at full width) -> s/iter
   int attempts = 1;
   std::vector<std::string> earlierErrors;     // failed attempts before this result
   nlohmann::json toJson() const;
 };
+
+// The own bound of a run from its byte counters (see RunResult::ownBoundSeconds).
+double ownBoundSeconds(const RunResult& r, double computeSeconds);
 
 // Ideal iteration time: max(compute, min-scheme bytes per node / link rate),
 // full duplex (half of Table 1's send + receive floats each way).

@@ -20,6 +20,7 @@
 #include <sstream>
 
 #include "poseidon/bench/cluster.h"
+#include "poseidon/bench/device.h"
 #include "poseidon/bench/emulation.h"
 #include "poseidon/bench/ranks.h"
 #include "poseidon/bench/report.h"
@@ -92,7 +93,9 @@ void installStopHandlers() {
 namespace {
 
 const std::vector<std::string> kPoseidonSystems{"poseidon", "ps-wfbp", "ps-naive", "adam"};
-const std::vector<std::string> kDdpSystems{"ddp", "ddp-fp16", "ddp-powersgd1", "ddp-powersgd4"};
+const std::vector<std::string> kDdpSystems{"ddp", "ddp-tuned", "ddp-fp16", "ddp-powersgd1", "ddp-powersgd4"};
+// ddp-tuned's sweep of the bucket cap, MB at full width (scaled by s^2 like the default 25 MB).
+const std::vector<double> kTunedBucketsMb{1, 5, 25};
 bool isDdp(const std::string& s) { return s.rfind("ddp", 0) == 0; }
 
 struct Harness {
@@ -116,49 +119,117 @@ struct Harness {
     return models.emplace(name, std::move(m)).first->second;
   }
 
-  // A run that fails (PyTorch's Gloo occasionally hangs) is tried again, up
-  // to `retries` times; the result records every earlier error.
-  RunResult run(const std::string& modelName, const std::string& system, int nodes) {
+  // Repeats (--repeat), devices (--device) and DDP's bucket caps.
+  int repeat = 1;
+  std::vector<std::string> devices{"none"};   // the first is the plain system name's
+  std::map<std::string, DeviceModel> deviceModels;
+
+  // A system label: a system name, or for Poseidon's systems under a device
+  // other than the first, name@device (e.g. poseidon@cpu:16).
+  static std::pair<std::string, std::string> splitLabel(const std::string& label) {
+    auto at = label.find('@');
+    if (at == std::string::npos) return {label, ""};
+    return {label.substr(0, at), label.substr(at + 1)};
+  }
+
+  // DDP's default caps (25 MB, first bucket 1 MB) scaled by s^2 like Poseidon's pairs.
+  double scaledMb(double fullWidthMb) const { return fullWidthMb * scale * scale; }
+
+  // One point: `repeat` runs (each tried again on failure, up to `retries`
+  // times); ddp-tuned first sweeps its bucket cap and repeats the best.
+  RunResult run(const std::string& modelName, const std::string& label, int nodes) {
+    auto [system, device] = splitLabel(label);
+    if (!isDdp(system) && device.empty()) device = devices.front();
+    double bucket = 25, first = 1;  // MB at full width
+    nlohmann::json tuning;
+    std::vector<RunResult> reps;
+    if (system == "ddp-tuned" && nodes > 1) {
+      double bestS = 0;
+      for (double cap : kTunedBucketsMb) {
+        RunResult r = runRetried(modelName, label, "ddp", device, nodes, cap, first);
+        tuning[strCat(cap)] = r.ok ? r.iterSeconds : 0.0;
+        if (r.ok && (bestS == 0 || r.iterSeconds < bestS)) {
+          bestS = r.iterSeconds;
+          bucket = cap;
+          reps = {r};
+        }
+      }
+      if (reps.empty()) return runRetried(modelName, label, "ddp", device, nodes, bucket, first);
+    }
+    const std::string runSystem = system == "ddp-tuned" ? "ddp" : system;
+    while (static_cast<int>(reps.size()) < repeat) {
+      RunResult r = runRetried(modelName, label, runSystem, device, nodes, bucket, first);
+      if (!r.ok) return r;
+      reps.push_back(std::move(r));
+    }
+    std::vector<double> secs, slow;
+    for (const auto& r : reps) secs.push_back(r.iterSeconds), slow.push_back(r.slowestRankSeconds);
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    // The repeat whose time is the median stands for the point (its bytes, charges and attempts).
+    double med = median(secs);
+    RunResult out = *std::find_if(reps.begin(), reps.end(), [&](const RunResult& r) { return r.iterSeconds == med; });
+    out.repeatSeconds = secs;
+    out.minSeconds = *std::min_element(secs.begin(), secs.end());
+    out.maxSeconds = *std::max_element(secs.begin(), secs.end());
+    out.slowestRankSeconds = median(slow);
+    out.tuning = tuning;
+    if (repeat > 1 || !tuning.is_null()) printPoint(out);
+    return out;
+  }
+
+  RunResult runRetried(const std::string& modelName, const std::string& label, const std::string& system,
+                       const std::string& device, int nodes, double bucketMb, double firstBucketMb) {
     std::vector<std::string> errors;
     for (int attempt = 1;; ++attempt) {
-      RunResult r = runOnce(modelName, system, nodes);
+      RunResult r = runOnce(modelName, label, system, device, nodes, bucketMb, firstBucketMb);
       r.attempts = attempt;
       r.earlierErrors = errors;
       if (r.ok || attempt > retries) return r;
       errors.push_back(r.error);
       if (verbose) {
-        std::printf("  retrying %s on %d nodes (attempt %d failed: %s)\n", system.c_str(), nodes, attempt,
+        std::printf("  retrying %s on %d nodes (attempt %d failed: %s)\n", label.c_str(), nodes, attempt,
                     r.error.c_str());
       }
     }
   }
 
-  RunResult runOnce(const std::string& modelName, const std::string& system, int nodes) {
+  RunResult runOnce(const std::string& modelName, const std::string& label, const std::string& system,
+                    const std::string& device, int nodes, double bucketMb, double firstBucketMb) {
     const EmulatedModel& m = model(modelName);
     RunResult r;
     r.model = modelName;
-    r.system = system;
+    r.system = label;
     r.nodes = nodes;
     r.mbit = cluster->link().mbit;
     r.latencyMs = cluster->link().latencyMs;
     r.idealSeconds = bench::idealSeconds(m, nodes, r.mbit);
+    r.device = device;
     int p = port++;
     if (port > 29999) port = 29600;
     std::vector<SpawnOptions> ranks;
+    auto outBase = [&](int i) { return strCat(work, "/", modelName, "-", p, "-", nodes, "-", i); };
     for (int i = 0; i < nodes; ++i) {
-      std::string out = strCat(work, "/", modelName, "-", system, "-", nodes, "-", r.mbit, "-", i);
+      std::string out = outBase(i);
       SpawnOptions so = bench::rankSpawn(*cluster, i, nodes, p, secret, out + ".log");
       if (isDdp(system)) {
+        r.bucketMb = scaledMb(bucketMb);
+        r.firstBucketMb = scaledMb(firstBucketMb);
         so.argv = {"/usr/bin/python3", ddpScript, "--model-json", modelJson[modelName], "--variant", system,
                    "--iterations", std::to_string(iterations), "--warmup", std::to_string(warmup),
                    "--out", out + ".json", "--iface", EmulatedCluster::nodeInterface(), "--timeout",
-                   std::to_string(timeoutS)};
+                   std::to_string(timeoutS), "--bucket-mb", strCat(r.bucketMb), "--first-bucket-mb",
+                   strCat(r.firstBucketMb)};
       } else {
+        const DeviceModel& dm = deviceModels.at(device);
         so.argv = {exe, "bench-worker", "--model", modelName, "--scale", strCat(scale), "--system",
                    system, "--iterations", std::to_string(iterations), "--warmup",
                    std::to_string(warmup), "--out", out + ".json", "--iface",
                    EmulatedCluster::nodeInterface(), "--bind", cluster->nodeAddress(i), "--timeout",
-                   std::to_string(timeoutS * 1000)};
+                   std::to_string(timeoutS * 1000), "--device", device, "--gemm-flops", strCat(dm.gemmFlops),
+                   "--sum-bytes", strCat(dm.sumBytes), "--crypto-bytes", strCat(dm.cryptoBytes)};
       }
       ranks.push_back(std::move(so));
     }
@@ -170,25 +241,43 @@ struct Harness {
       return r;
     }
     try {
+      nlohmann::json charged = {{"gemm", 0.0}, {"sum", 0.0}, {"crypto", 0.0}};
       for (int i = 0; i < nodes; ++i) {
-        std::ifstream f(strCat(work, "/", modelName, "-", system, "-", nodes, "-", r.mbit, "-", i, ".json"));
+        std::ifstream f(outBase(i) + ".json");
         nlohmann::json j = nlohmann::json::parse(f);
         std::vector<double> t = j["iteration_seconds"].get<std::vector<double>>();
         t.erase(t.begin(), t.begin() + std::min<size_t>(t.size(), static_cast<size_t>(j["warmup"].get<int>())));
-        if (i == 0) {
-          std::sort(t.begin(), t.end());
-          r.iterSeconds = t.empty() ? 0 : t[t.size() / 2];
-        }
+        std::sort(t.begin(), t.end());
+        double med = t.empty() ? 0 : t[t.size() / 2];
+        if (i == 0) r.iterSeconds = med;
+        r.slowestRankSeconds = std::max(r.slowestRankSeconds, med);
         r.txPerIter.push_back(j["tx_bytes"].get<double>() / std::max(1, iterations));
         r.rxPerIter.push_back(j["rx_bytes"].get<double>() / std::max(1, iterations));
+        if (j.contains("charged_seconds"))
+          for (auto& [kind, v] : charged.items())
+            v = std::max(v.get<double>(), j["charged_seconds"][kind].get<double>() / std::max(1, iterations));
       }
+      if (!isDdp(system)) r.charged = charged;
       r.imagesPerSec = r.iterSeconds > 0 ? nodes * m.batch / r.iterSeconds : 0;
+      r.ownBoundSeconds = bench::ownBoundSeconds(r, m.computeSeconds());
+      r.repeatSeconds = {r.iterSeconds};
+      r.minSeconds = r.maxSeconds = r.iterSeconds;
       r.ok = r.iterSeconds > 0;
     } catch (const std::exception& e) {
       r.error = strCat("unreadable result: ", e.what());
     }
     printRun(r);
     return r;
+  }
+
+  void printPoint(const RunResult& r) {
+    if (!verbose || !r.ok) return;
+    std::printf("  %-14s %2d nodes @ %6g Mbit/s: median %.3f s/iter of %zu (min %.3f, max %.3f), slowest rank %.3f",
+                r.system.c_str(), r.nodes, r.mbit, r.iterSeconds, r.repeatSeconds.size(), r.minSeconds, r.maxSeconds,
+                r.slowestRankSeconds);
+    if (!r.tuning.is_null()) std::printf(", bucket cap %g MB (sweep %s)", r.bucketMb, r.tuning.dump().c_str());
+    std::printf("\n");
+    std::fflush(stdout);
   }
 
   // One progress line per run.
@@ -199,9 +288,13 @@ struct Harness {
     } else {
       double tx = 0;
       for (double x : r.txPerIter) tx = std::max(tx, x);
-      std::printf("  %-14s %2d nodes @ %6g Mbit/s: %.3f s/iter (ideal %.3f, x%.2f), %.1f images/s, max node tx %.2f MB/iter\n",
-                  r.system.c_str(), r.nodes, r.mbit, r.iterSeconds, r.idealSeconds, r.iterSeconds / r.idealSeconds,
-                  r.imagesPerSec, tx / 1e6);
+      double charged = 0;
+      if (r.charged.is_object())
+        for (const auto& [kind, v] : r.charged.items()) charged += v.get<double>();
+      std::printf("  %-14s %2d nodes @ %6g Mbit/s: %.3f s/iter (own bound %.3f, x%.2f; poseidon's %.3f), "
+                  "%.1f images/s, max node tx %.2f MB/iter, charged %.3f s/iter\n",
+                  r.system.c_str(), r.nodes, r.mbit, r.iterSeconds, r.ownBoundSeconds,
+                  r.iterSeconds / r.ownBoundSeconds, r.idealSeconds, r.imagesPerSec, tx / 1e6, charged);
     }
     std::fflush(stdout);
   }
@@ -258,6 +351,16 @@ int benchCommand(const std::vector<std::string>& args) {
   flags.addString("json", &jsonPath, "write all results as JSON to FILE", "FILE");
   flags.addString("markdown", &mdPath, "write the result tables as Markdown to FILE", "FILE");
   flags.addString("plots", &plotDir, "write speedup and traffic plots (PNG, gnuplot) into DIR", "DIR");
+  int repeat = 1;
+  flags.addInt("repeat", &repeat, "runs per point: the tables give the median, min and max, and the slowest rank",
+               "N", IntRange::closed(1, 100));
+  std::string devicesFlag = "gpu";
+  flags.addString("device", &devicesFlag,
+                  "comma-separated device models on which the runtime's own work (SFB reconstruction, server sums, "
+                  "CURVE encryption) is charged at full width: gpu (Titan X GEMM; sums and encryption at this "
+                  "machine's one-core rates), cpu:C (C cores of this machine), none (real time at width s); "
+                  "Poseidon's systems run once per device, as SYSTEM@DEVICE after the first",
+                  "LIST");
   flags.addString("ddp-script", &ddpScript, "path to bench/ddp_worker.py", "FILE");
   flags.addBool("keep", &keep, "keep the per-rank logs and results (printed path)");
   flags.parse(args);
@@ -288,7 +391,24 @@ int benchCommand(const std::vector<std::string>& args) {
                  std::find(kDdpSystems.begin(), kDdpSystems.end(), s) != kDdpSystems.end();
     if (!known) throw InvalidArgument("unknown system '" + s + "'");
   }
-  if (models.empty() || systems.empty() || nodes.empty() || rates.empty()) throw InvalidArgument("empty list flag");
+  std::vector<std::string> devices = splitList(devicesFlag);
+  if (models.empty() || systems.empty() || nodes.empty() || rates.empty() || devices.empty())
+    throw InvalidArgument("empty list flag");
+  bench::MachineRates machine;
+  bool charging = std::any_of(devices.begin(), devices.end(), [](const std::string& d) { return d != "none"; });
+  std::map<std::string, DeviceModel> deviceModels;
+  for (const auto& d : devices) deviceModels[d] = bench::deviceFor(d, scale, machine);  // validates the names
+  if (charging) {
+    machine = bench::measureMachineRates();
+    for (const auto& d : devices) deviceModels[d] = bench::deviceFor(d, scale, machine);
+  }
+  // Poseidon's systems once per device: the first device's under the plain name.
+  std::vector<std::string> labels;
+  for (const auto& s : systems) {
+    labels.push_back(s);
+    if (!isDdp(s))
+      for (size_t i = 1; i < devices.size(); ++i) labels.push_back(s + "@" + devices[i]);
+  }
   for (const auto& m : models) bench::emulatedModel(m, scale);  // validate names early
 
   std::string why;
@@ -300,6 +420,9 @@ int benchCommand(const std::vector<std::string>& args) {
   h.warmup = warmup;
   h.timeoutS = timeoutS;
   h.retries = retries;
+  h.repeat = repeat;
+  h.devices = devices;
+  h.deviceModels = deviceModels;
   bool anyDdp = std::any_of(systems.begin(), systems.end(), isDdp);
   if (anyDdp) {
     h.ddpScript = findDdpScript(ddpScript, "ddp_worker.py");
@@ -313,14 +436,33 @@ int benchCommand(const std::vector<std::string>& args) {
   nlohmann::json result;
   result["config"] = {{"command", command},   {"scale", scale},     {"iterations", iterations},
                       {"warmup", warmup},     {"latency_ms", latencyMs}, {"models", models},
-                      {"systems", systems},   {"nodes", nodes},     {"rates_mbit", rates}};
+                      {"systems", labels},    {"nodes", nodes},     {"rates_mbit", rates},
+                      {"repeat", repeat}};
+  nlohmann::json devicesJson = nlohmann::json::array();
+  for (const auto& d : devices) {
+    const DeviceModel& dm = deviceModels[d];
+    devicesJson.push_back({{"name", d}, {"gemm_flops", dm.gemmFlops}, {"sum_bytes_per_s", dm.sumBytes},
+                           {"crypto_bytes_per_s", dm.cryptoBytes}});
+  }
+  result["config"]["devices"] = devicesJson;
+  result["config"]["machine_one_core"] = {{"gemm_flops", machine.gemmFlops}, {"sum_bytes_per_s", machine.sumBytes},
+                                          {"crypto_bytes_per_s", machine.cryptoBytes}};
   std::vector<RunResult> runs;
   auto t0 = std::chrono::steady_clock::now();
   {
     EmulatedCluster cluster(nodes.back(), bench::LinkSpec{rates.front(), latencyMs});
     h.cluster = &cluster;
-    std::printf("poseidon bench: %d-node emulated cluster, models %s, systems %s, s = %g\n", nodes.back(),
-                modelsFlag.c_str(), systemsFlag.c_str(), scale);
+    std::printf("poseidon bench: %d-node emulated cluster, models %s, systems %s, s = %g, %d run%s per point\n",
+                nodes.back(), modelsFlag.c_str(), systemsFlag.c_str(), scale, repeat, repeat > 1 ? "s" : "");
+    if (charging) {
+      std::printf("this machine, one core: GEMM %.1f GFLOP/s, server sums %.2f GB/s, CURVE encryption %.2f GB/s\n",
+                  machine.gemmFlops / 1e9, machine.sumBytes / 1e9, machine.cryptoBytes / 1e9);
+      for (const auto& d : devices) {
+        const DeviceModel& dm = deviceModels[d];
+        std::printf("device %s: the runtime's own work charged at full width (GEMM %.1f GFLOP/s%s)\n", d.c_str(),
+                    dm.gemmFlops / 1e9, dm.charges() ? "" : "; nothing charged");
+      }
+    }
     for (const auto& m : models) {
       const EmulatedModel& em = h.model(m);
       std::printf("%s: %lld params at s = %g, K = %lld per worker, %.3f s compute per iteration (%s)\n", m.c_str(),
@@ -328,10 +470,10 @@ int benchCommand(const std::vector<std::string>& args) {
                   em.computeSeconds(), em.timeSource.c_str());
       std::fflush(stdout);
       if (nodes.front() == 1)
-        for (const auto& s : systems) runs.push_back(h.run(m, s, 1));
+        for (const auto& s : labels) runs.push_back(h.run(m, s, 1));
       for (double rate : rates) {
         cluster.setLink({rate, latencyMs});
-        for (const auto& s : systems)
+        for (const auto& s : labels)
           for (int n : nodes)
             if (n > 1) runs.push_back(h.run(m, s, n));
       }

@@ -15,6 +15,7 @@
 #include "poseidon/cli/flags.h"
 #include "poseidon/cli/limits.h"
 #include "poseidon/client/node.h"
+#include "poseidon/common/device_model.h"
 #include "poseidon/common/error.h"
 #include "poseidon/common/log.h"
 #include "poseidon/launch/env.h"
@@ -37,6 +38,8 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
   double scale = 0.1;
   int iterations = 8, warmup = 3, timeoutMs = 120000;
   int64_t pairBytes = -1;
+  std::string device = "none";
+  double gemmFlops = 0, sumBytes = 0, cryptoBytes = 0;
   FlagSet flags("bench-worker", "poseidon bench-worker --model NAME --system SYS --out FILE [flags]",
                 "One rank of 'poseidon bench' (started by it; not meant to be run by hand).");
   flags.addString("model", &model, "emulated model", "NAME");
@@ -50,12 +53,28 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
   flags.addInt("timeout", &timeoutMs, "timeout of every wait (ms)", "MS", IntRange::atLeast(1));
   flags.addInt64("pair-bytes", &pairBytes, "KV pair size (default: 2 MB x s^2, the scaling rule)", "BYTES",
                  IntRange::closed(kMinPairBytes, kMaxPairBytes));
+  // The device model (common/device_model.h): the harness measures the rates once and passes them on.
+  flags.addString("device", &device, "name of the device model (for the result)", "NAME");
+  flags.addDouble("gemm-flops", &gemmFlops, "charge the reconstruction GEMM at full width at this FLOP/s (0: not)",
+                  "R", RealRange::atLeast(0));
+  flags.addDouble("sum-bytes", &sumBytes, "charge the servers' sums at full width at this byte/s (0: not)", "R",
+                  RealRange::atLeast(0));
+  flags.addDouble("crypto-bytes", &cryptoBytes, "charge CURVE encryption at full width at this byte/s (0: not)",
+                  "R", RealRange::atLeast(0));
   flags.parse(args);
   if (flags.helpRequested()) {
     std::cout << flags.helpText();
     return 0;
   }
   if (out.empty()) throw InvalidArgument("--out is required");
+  DeviceModel dm;
+  dm.name = device;
+  dm.flopScale = 1.0 / (scale * scale * scale);
+  dm.byteScale = 1.0 / (scale * scale);
+  dm.gemmFlops = gemmFlops;
+  dm.sumBytes = sumBytes;
+  dm.cryptoBytes = cryptoBytes;
+  setDeviceModel(dm);
   SchemePolicy policy;
   bool overlap = true;
   if (system == "poseidon") policy = SchemePolicy::kAuto;
@@ -116,6 +135,7 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
   std::vector<double> times;
   uint64_t tx0 = 0, rx0 = 0;
   TrafficTotals psStart, sfbStart, adamStart;
+  ChargedSeconds chargedStart;
   for (int it = 0; it < warmup + iterations; ++it) {
     if (it == warmup) {
       tx0 = readCounter(iface, "tx_bytes");
@@ -123,6 +143,7 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
       psStart = node->counters().total(TrafficKind::kPS);
       sfbStart = node->counters().total(TrafficKind::kSFB);
       adamStart = node->counters().total(TrafficKind::kAdam);
+      chargedStart = chargedSeconds();
     }
     auto t0 = Clock::now();
     node->beginIteration(it);
@@ -139,6 +160,7 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
     times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
   uint64_t tx = readCounter(iface, "tx_bytes") - tx0, rx = readCounter(iface, "rx_bytes") - rx0;
+  ChargedSeconds charged = chargedSeconds();
   auto delta = [](TrafficTotals a, TrafficTotals b) {
     return nlohmann::json{{"sent", a.bytesSent - b.bytesSent}, {"received", a.bytesReceived - b.bytesReceived}};
   };
@@ -150,6 +172,12 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
                         {"warmup", warmup},
                         {"tx_bytes", tx},
                         {"rx_bytes", rx},
+                        {"device", device},
+                        // full-width seconds of the runtime's own work over the measured iterations
+                        {"charged_seconds",
+                         {{"gemm", charged.gemm - chargedStart.gemm},
+                          {"sum", charged.sum - chargedStart.sum},
+                          {"crypto", charged.crypto - chargedStart.crypto}}},
                         {"payload", {{"ps", delta(node->counters().total(TrafficKind::kPS), psStart)},
                                      {"sfb", delta(node->counters().total(TrafficKind::kSFB), sfbStart)},
                                      {"adam", delta(node->counters().total(TrafficKind::kAdam), adamStart)}}}};

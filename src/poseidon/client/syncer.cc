@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "poseidon/common/device_model.h"
 #include "poseidon/common/error.h"
 #include "poseidon/common/log.h"
 #include "poseidon/kvstore/contributors.h"
@@ -550,6 +551,7 @@ void Syncer::reconstruct(int64_t iteration, Round round, std::vector<bool> set) 
     tracer->span(strCat("receive ", spec_.name, " (sfb)"), "receive", 2, round.sentAtUs ? round.sentAtUs : startUs,
                  startUs, iteration);
   }
+  const WorkClock::time_point workStart = WorkClock::now();
   try {
     const Factors& f = std::get<Factors>(round.kind);
     const int64_t m = spec_.m, n = spec_.n;
@@ -572,6 +574,9 @@ void Syncer::reconstruct(int64_t iteration, Round round, std::vector<bool> set) 
     }
     if (!w) copyOut(round.out, 0, m * n, tmpW.data());
     if (bias && !b) copyOut(round.out, m * n, m, tmpB.data());
+    int64_t rows = 0;
+    for (const auto& v : views) rows += v.rows;
+    chargeGemm(2.0 * static_cast<double>(rows) * static_cast<double>(m) * static_cast<double>(n), workStart);
   } catch (const std::exception& e) {
     host_.fail(std::make_exception_ptr(
         Error(strCat("layer '", spec_.name, "' iteration ", iteration, ": reconstructing the gradient failed: ", e.what()))));

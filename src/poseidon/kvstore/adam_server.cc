@@ -1,5 +1,6 @@
 #include "poseidon/kvstore/adam_server.h"
 
+#include "poseidon/common/device_model.h"
 #include "poseidon/common/error.h"
 
 namespace poseidon {
@@ -40,6 +41,7 @@ std::optional<AdamServer::Completed> AdamServer::push(int senderRank, int layer,
   r.factors[worker] = std::move(payload);
   if (++r.count < workers) return std::nullopt;
 
+  const WorkClock::time_point workStart = WorkClock::now();
   Completed c;
   c.layer = layer;
   c.iteration = iteration;
@@ -51,6 +53,9 @@ std::optional<AdamServer::Completed> AdamServer::push(int senderRank, int layer,
   }
   reconstructGradient(views, spec.m, spec.n, 1.0f, c.sum.data(), spec.params.size() > 1 ? c.sum.data() + spec.m * spec.n : nullptr,
                       &scratch_);
+  int64_t totalRows = 0;
+  for (const auto& v : views) totalRows += v.rows;
+  chargeGemm(2.0 * static_cast<double>(totalRows) * static_cast<double>(spec.m) * static_cast<double>(spec.n), workStart);
   rounds_.erase({layer, iteration});
   completed_[layer] = std::max(last, iteration);
   return c;

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "poseidon/common/device_model.h"
 #include "poseidon/common/error.h"
 
 namespace poseidon {
@@ -73,6 +74,8 @@ std::optional<KvShard::Completed> KvShard::push(int senderRank, int layer, int p
   round.got[worker] = true;
   ++round.count;
 
+  // One pass over the contribution: the copy and the add (charged together at full width).
+  const WorkClock::time_point workStart = WorkClock::now();
   std::vector<float> values(length);
   std::memcpy(values.data(), data, bytes);
   if (worker != round.next) {
@@ -87,6 +90,7 @@ std::optional<KvShard::Completed> KvShard::push(int senderRank, int layer, int p
       ++round.next;
     }
   }
+  chargeSum(static_cast<double>(bytes), workStart);
   if (round.count >= workers) return finish(st, iteration);
   if (settings.stragglerMode() && !round.deadline && round.count >= workers - settings.dropStragglers) {
     round.deadline = now + std::chrono::milliseconds(settings.stragglerTimeoutMs);

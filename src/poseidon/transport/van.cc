@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstring>
 
+#include "poseidon/common/device_model.h"
 #include "poseidon/common/error.h"
 #include "poseidon/common/log.h"
 #include "poseidon/transport/multipart.h"
@@ -151,6 +152,7 @@ void Van::send(int dest, FrameHeader header, const Part* partsBegin, size_t numP
       loopOut_.send(body, zmq::send_flags::none);
       return;
     }
+    chargeCrypto(static_cast<double>(kHeaderBytes + total));  // CURVE encrypts every byte that leaves the node
     Peer& peer = *peers_[dest];
     std::lock_guard<std::mutex> lock(peer.mutex);
     if (closed_) throw IoError("transport closed");
@@ -199,7 +201,10 @@ bool Van::receiveFrom(zmq::socket_t& socket, bool loopback, Message* out) {
   out->header = h;
   out->payload = std::move(parts[first + 1]);
   out->peer = std::move(peer);
-  if (!loopback) counters_.addReceived(wire::trafficLayer(h), kindOf(h.type), kHeaderBytes + h.payloadBytes);
+  if (!loopback) {
+    counters_.addReceived(wire::trafficLayer(h), kindOf(h.type), kHeaderBytes + h.payloadBytes);
+    chargeCrypto(static_cast<double>(kHeaderBytes + h.payloadBytes));  // and decrypts every byte that arrives
+  }
   return true;
 }
 

@@ -1,0 +1,90 @@
+#include "poseidon/bench/device.h"
+
+#include <sodium.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "poseidon/common/error.h"
+#include "poseidon/sfb/sufficient_factors.h"
+
+namespace poseidon::bench {
+namespace {
+
+template <typename F>
+double bestSeconds(int tries, F&& work) {
+  double best = 1e30;
+  for (int i = 0; i < tries; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    work();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return std::max(best, 1e-9);
+}
+
+}  // namespace
+
+MachineRates measureMachineRates() {
+  MachineRates r;
+  {
+    const int64_t m = 1024, n = 1024, k = 256;
+    std::vector<float> u(k * m, 1e-3f), v(k * n, 2e-3f), w(m * n), b(m);
+    FactorScratch scratch;
+    std::vector<FactorView> views{{u.data(), v.data(), k}};
+    double s = bestSeconds(3, [&] { reconstructGradient(views, m, n, 1.0f, w.data(), b.data(), &scratch); });
+    r.gemmFlops = 2.0 * k * m * n / s;
+  }
+  {
+    // As KvShard::push does it: a fresh vector, the copy of the payload, the add into the sum.
+    const size_t len = 2 * 1024 * 1024 / sizeof(float);
+    const int pushes = 16;
+    std::vector<float> payload(len, 1.0f), sum(len, 0.0f);
+    double s = bestSeconds(3, [&] {
+      for (int p = 0; p < pushes; ++p) {
+        std::vector<float> values(len);
+        std::memcpy(values.data(), payload.data(), len * sizeof(float));
+        for (size_t i = 0; i < len; ++i) sum[i] += values[i];
+      }
+    });
+    r.sumBytes = pushes * len * sizeof(float) / s;
+  }
+  {
+    if (sodium_init() < 0) throw Error("libsodium failed to initialize");
+    const size_t len = 2 * 1024 * 1024;
+    std::vector<unsigned char> msg(len, 7), box(len + crypto_secretbox_MACBYTES);
+    unsigned char key[crypto_secretbox_KEYBYTES], nonce[crypto_secretbox_NONCEBYTES];
+    randombytes_buf(key, sizeof key);
+    randombytes_buf(nonce, sizeof nonce);
+    double s = bestSeconds(3, [&] { crypto_secretbox_easy(box.data(), msg.data(), len, nonce, key); });
+    r.cryptoBytes = len / s;
+  }
+  return r;
+}
+
+DeviceModel deviceFor(const std::string& spec, double scale, const MachineRates& rates) {
+  DeviceModel d;
+  d.name = spec;
+  if (spec == "none") return d;
+  d.flopScale = 1.0 / (scale * scale * scale);
+  d.byteScale = 1.0 / (scale * scale);
+  d.sumBytes = rates.sumBytes;
+  d.cryptoBytes = rates.cryptoBytes;
+  if (spec == "gpu") {
+    d.gemmFlops = kTitanXGemmFlops;
+  } else if (spec.rfind("cpu:", 0) == 0) {
+    char* end = nullptr;
+    long cores = std::strtol(spec.c_str() + 4, &end, 10);
+    if (spec.size() == 4 || *end != '\0' || cores < 1 || cores > 256) {
+      throw InvalidArgument("--device cpu:C needs a core count C in [1, 256], got '" + spec + "'");
+    }
+    d.gemmFlops = rates.gemmFlops * static_cast<double>(cores);
+  } else {
+    throw InvalidArgument("unknown --device '" + spec + "' (none, gpu, cpu:C)");
+  }
+  return d;
+}
+
+}  // namespace poseidon::bench

@@ -1,0 +1,44 @@
+#include "poseidon/common/device_model.h"
+
+#include <atomic>
+#include <mutex>
+#include <thread>
+
+namespace poseidon {
+namespace {
+
+DeviceModel gModel;
+std::atomic<int64_t> gGemmNs{0}, gSumNs{0}, gCryptoNs{0};
+std::mutex gCryptoMutex;  // one ZeroMQ I/O thread encrypts and decrypts everything, one message at a time
+
+void hold(double seconds, WorkClock::time_point start, std::atomic<int64_t>& tally) {
+  if (seconds <= 0) return;
+  auto cost = std::chrono::duration_cast<WorkClock::duration>(std::chrono::duration<double>(seconds));
+  tally += std::chrono::duration_cast<std::chrono::nanoseconds>(cost).count();
+  std::this_thread::sleep_until(start + cost);
+}
+
+}  // namespace
+
+void setDeviceModel(const DeviceModel& model) { gModel = model; }
+const DeviceModel& deviceModel() { return gModel; }
+
+void chargeGemm(double scaledFlops, WorkClock::time_point start) {
+  if (gModel.gemmFlops > 0) hold(scaledFlops * gModel.flopScale / gModel.gemmFlops, start, gGemmNs);
+}
+
+void chargeSum(double scaledBytes, WorkClock::time_point start) {
+  if (gModel.sumBytes > 0) hold(scaledBytes * gModel.byteScale / gModel.sumBytes, start, gSumNs);
+}
+
+void chargeCrypto(double scaledBytes) {
+  if (gModel.cryptoBytes <= 0) return;
+  std::lock_guard<std::mutex> lock(gCryptoMutex);
+  hold(scaledBytes * gModel.byteScale / gModel.cryptoBytes, WorkClock::now(), gCryptoNs);
+}
+
+ChargedSeconds chargedSeconds() {
+  return {gGemmNs.load() * 1e-9, gSumNs.load() * 1e-9, gCryptoNs.load() * 1e-9};
+}
+
+}  // namespace poseidon

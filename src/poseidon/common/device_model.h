@@ -1,0 +1,56 @@
+// The runtime's own work, charged at full width on a modelled device.
+//
+// The emulated-cluster benchmark shrinks every width by s (DESIGN.md section
+// 4) while the emulated GPU time stays fixed. The runtime's own work shrinks
+// with the widths too: the SFB reconstruction GEMM (m x n x K) by s^3, the
+// servers' sums and the CURVE encryption of every byte by s^2. Measured at
+// scale, that work is nearly free; at full width it is not (vgg19's
+// reconstruction on one core of a CPU takes about a second per iteration).
+// A DeviceModel says how fast the node that does each kind of work is; the
+// runtime then holds the thread that did the work until the work's
+// full-width cost has passed, as the device would have been busy that long.
+//
+// Process-wide on purpose: the work happens on the syncers' pool threads,
+// the server's thread and the transport's callers, and a benchmark rank
+// sets the model once before it starts its Node. With the default model
+// (every rate 0) nothing is charged and nothing waits.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace poseidon {
+
+struct DeviceModel {
+  std::string name = "none";
+  double flopScale = 1;    // scaled GEMM FLOPs -> full width (1 / s^3)
+  double byteScale = 1;    // scaled bytes -> full width (1 / s^2)
+  double gemmFlops = 0;    // FLOP/s of the reconstruction GEMM (0: not charged)
+  double sumBytes = 0;     // bytes/s of the servers' element-wise sums (0: not charged)
+  double cryptoBytes = 0;  // bytes/s of CURVE's XSalsa20-Poly1305, each side of a link (0: not charged)
+  bool charges() const { return gemmFlops > 0 || sumBytes > 0 || cryptoBytes > 0; }
+};
+
+// Set once, before any Node starts in this process.
+void setDeviceModel(const DeviceModel& model);
+const DeviceModel& deviceModel();
+
+using WorkClock = std::chrono::steady_clock;
+
+// Hold the caller until the full-width cost of work that began at `start`
+// has passed (the real time already spent counts toward it).
+void chargeGemm(double scaledFlops, WorkClock::time_point start);
+void chargeSum(double scaledBytes, WorkClock::time_point start);
+// Encryption runs on ZeroMQ's I/O thread, out of our sight: its whole
+// full-width cost is charged to the thread that sends or receives, one
+// message at a time per process (libzmq's default of one I/O thread).
+void chargeCrypto(double scaledBytes);
+
+// Seconds charged so far in this process, real time included, per kind.
+struct ChargedSeconds {
+  double gemm = 0, sum = 0, crypto = 0;
+};
+ChargedSeconds chargedSeconds();
+
+}  // namespace poseidon

@@ -1,0 +1,105 @@
+// The device model: what `poseidon bench --device` charges for the runtime's
+// own work at full width, and how its names parse. The charging inside a
+// real multi-process run is covered by integration/bench_smoke_test.cc.
+#include "poseidon/common/device_model.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "poseidon/bench/device.h"
+#include "poseidon/common/error.h"
+
+namespace poseidon {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Restores the process-wide model (other tests in this binary run Nodes).
+struct ModelGuard {
+  DeviceModel saved = deviceModel();
+  ~ModelGuard() { setDeviceModel(saved); }
+};
+
+TEST(DeviceModel, ChargeHoldsTheCallerForTheFullWidthCost) {
+  ModelGuard guard;
+  DeviceModel m;
+  m.flopScale = 1000;  // s = 0.1
+  m.byteScale = 100;
+  m.gemmFlops = 1e12;
+  m.sumBytes = 1e9;
+  m.cryptoBytes = 1e9;
+  setDeviceModel(m);
+  ChargedSeconds before = chargedSeconds();
+  auto start = WorkClock::now();
+  chargeGemm(5e7, start);  // 5e10 FLOPs at full width / 1e12 FLOP/s = 50 ms
+  double held = std::chrono::duration<double>(WorkClock::now() - start).count();
+  EXPECT_GE(held, 0.05);
+  chargeSum(2e5, WorkClock::now());  // 2e7 bytes / 1e9 = 20 ms
+  chargeCrypto(1e5);                 // 1e7 bytes / 1e9 = 10 ms
+  ChargedSeconds after = chargedSeconds();
+  EXPECT_NEAR(after.gemm - before.gemm, 0.05, 1e-6);
+  EXPECT_NEAR(after.sum - before.sum, 0.02, 1e-6);
+  EXPECT_NEAR(after.crypto - before.crypto, 0.01, 1e-6);
+}
+
+TEST(DeviceModel, WorkThatAlreadyTookLongerIsChargedItsCostOnly) {
+  ModelGuard guard;
+  DeviceModel m;
+  m.gemmFlops = 1e9;
+  setDeviceModel(m);
+  ChargedSeconds before = chargedSeconds();
+  chargeGemm(1e6, WorkClock::now() - std::chrono::seconds(10));  // 1 ms of work that took 10 s: no wait
+  EXPECT_NEAR(chargedSeconds().gemm - before.gemm, 0.001, 1e-9);
+}
+
+TEST(DeviceModel, TheDefaultChargesNothing) {
+  ModelGuard guard;
+  setDeviceModel(DeviceModel{});
+  ChargedSeconds before = chargedSeconds();
+  chargeGemm(1e15, WorkClock::now());
+  chargeSum(1e15, WorkClock::now());
+  chargeCrypto(1e15);
+  ChargedSeconds after = chargedSeconds();
+  EXPECT_EQ(after.gemm, before.gemm);
+  EXPECT_EQ(after.sum, before.sum);
+  EXPECT_EQ(after.crypto, before.crypto);
+  EXPECT_FALSE(DeviceModel{}.charges());
+}
+
+TEST(DeviceModel, BenchDeviceNames) {
+  bench::MachineRates rates{50e9, 10e9, 1.5e9};
+  DeviceModel gpu = bench::deviceFor("gpu", 0.1, rates);
+  EXPECT_EQ(gpu.gemmFlops, bench::kTitanXGemmFlops);
+  EXPECT_EQ(gpu.sumBytes, 10e9);
+  EXPECT_EQ(gpu.cryptoBytes, 1.5e9);
+  EXPECT_NEAR(gpu.flopScale, 1000, 1e-9);
+  EXPECT_NEAR(gpu.byteScale, 100, 1e-9);
+  EXPECT_EQ(bench::deviceFor("cpu:16", 0.1, rates).gemmFlops, 16 * 50e9);
+  EXPECT_FALSE(bench::deviceFor("none", 0.1, rates).charges());
+  for (const char* bad : {"cpu:0", "cpu:", "cpu:2x", "cpu:999"}) {
+    try {
+      bench::deviceFor(bad, 0.1, rates);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_THAT(e.what(), HasSubstr("core count C in [1, 256]")) << bad;
+    }
+  }
+  try {
+    bench::deviceFor("tpu", 0.1, rates);
+    ADD_FAILURE() << "tpu was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("unknown --device 'tpu' (none, gpu, cpu:C)"));
+  }
+}
+
+TEST(DeviceModel, MachineRatesAreMeasured) {
+  bench::MachineRates r = bench::measureMachineRates();
+  // Positive and plausible even under ThreadSanitizer (a 2-core CPU measures ~78 GFLOP/s, 22 GB/s, 1.7 GB/s).
+  EXPECT_GT(r.gemmFlops, 1e8);
+  EXPECT_GT(r.sumBytes, 1e8);
+  EXPECT_GT(r.cryptoBytes, 1e7);
+  EXPECT_LT(r.gemmFlops, 1e13);
+}
+
+}  // namespace
+}  // namespace poseidon

@@ -38,7 +38,8 @@ nlohmann::json RunResult::toJson() const {
           {"slowest_rank_seconds", slowestRankSeconds}, {"own_bound_seconds", ownBoundSeconds},
           {"measured_over_own_bound", ownBoundSeconds > 0 ? iterSeconds / ownBoundSeconds : 0.0},
           {"device", device},         {"charged_seconds_per_iteration", charged},
-          {"bucket_mb", bucketMb},    {"first_bucket_mb", firstBucketMb}, {"tuning", tuning}};
+          {"bucket_mb", bucketMb},    {"first_bucket_mb", firstBucketMb}, {"tuning", tuning},
+          {"fc_schemes", fcSchemes}};
 }
 
 double ownBoundSeconds(const RunResult& r, double computeSeconds) {

@@ -35,6 +35,7 @@ struct RunResult {
   nlohmann::json charged;         // full-width seconds per iteration of that work, per kind (busiest rank)
   double bucketMb = 0, firstBucketMb = 0;  // DDP's bucket caps (MB at width s)
   nlohmann::json tuning;          // ddp-tuned: the sweep, bucket cap (MB at full width) -> s/iter
+  nlohmann::json fcSchemes;       // Poseidon's systems: BestScheme's choice per FC layer (rank 0)
   int attempts = 1;
   std::vector<std::string> earlierErrors;     // failed attempts before this result
   nlohmann::json toJson() const;

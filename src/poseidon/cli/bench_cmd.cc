@@ -229,7 +229,8 @@ struct Harness {
                    std::to_string(warmup), "--out", out + ".json", "--iface",
                    EmulatedCluster::nodeInterface(), "--bind", cluster->nodeAddress(i), "--timeout",
                    std::to_string(timeoutS * 1000), "--device", device, "--gemm-flops", strCat(dm.gemmFlops),
-                   "--sum-bytes", strCat(dm.sumBytes), "--crypto-bytes", strCat(dm.cryptoBytes)};
+                   "--sum-bytes", strCat(dm.sumBytes), "--crypto-bytes", strCat(dm.cryptoBytes),
+                   "--link-mbit", strCat(dm.charges() ? r.mbit : 0.0)};
       }
       ranks.push_back(std::move(so));
     }
@@ -250,6 +251,7 @@ struct Harness {
         std::sort(t.begin(), t.end());
         double med = t.empty() ? 0 : t[t.size() / 2];
         if (i == 0) r.iterSeconds = med;
+        if (i == 0 && j.contains("fc_schemes")) r.fcSchemes = j["fc_schemes"];
         r.slowestRankSeconds = std::max(r.slowestRankSeconds, med);
         r.txPerIter.push_back(j["tx_bytes"].get<double>() / std::max(1, iterations));
         r.rxPerIter.push_back(j["rx_bytes"].get<double>() / std::max(1, iterations));

@@ -39,7 +39,7 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
   int iterations = 8, warmup = 3, timeoutMs = 120000;
   int64_t pairBytes = -1;
   std::string device = "none";
-  double gemmFlops = 0, sumBytes = 0, cryptoBytes = 0;
+  double gemmFlops = 0, sumBytes = 0, cryptoBytes = 0, linkMbit = 0;
   FlagSet flags("bench-worker", "poseidon bench-worker --model NAME --system SYS --out FILE [flags]",
                 "One rank of 'poseidon bench' (started by it; not meant to be run by hand).");
   flags.addString("model", &model, "emulated model", "NAME");
@@ -61,6 +61,9 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
                   RealRange::atLeast(0));
   flags.addDouble("crypto-bytes", &cryptoBytes, "charge CURVE encryption at full width at this byte/s (0: not)",
                   "R", RealRange::atLeast(0));
+  flags.addDouble("link-mbit", &linkMbit,
+                  "the link rate, for BestScheme to weigh the GEMM against the bytes (0: bytes alone decide)",
+                  "MBIT", RealRange::atLeast(0));
   flags.parse(args);
   if (flags.helpRequested()) {
     std::cout << flags.helpText();
@@ -74,6 +77,7 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
   dm.gemmFlops = gemmFlops;
   dm.sumBytes = sumBytes;
   dm.cryptoBytes = cryptoBytes;
+  dm.linkBytes = linkMbit * 1e6 / 8;
   setDeviceModel(dm);
   SchemePolicy policy;
   bool overlap = true;
@@ -159,6 +163,9 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
     node->waitIteration();
     times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
+  nlohmann::json schemes = nlohmann::json::object();
+  for (int l = 0; l < L; ++l)
+    if (layers[l].type == LayerType::kFC) schemes[layers[l].name] = schemeName(node->schemeFor(l));
   uint64_t tx = readCounter(iface, "tx_bytes") - tx0, rx = readCounter(iface, "rx_bytes") - rx0;
   ChargedSeconds charged = chargedSeconds();
   auto delta = [](TrafficTotals a, TrafficTotals b) {
@@ -173,6 +180,7 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
                         {"tx_bytes", tx},
                         {"rx_bytes", rx},
                         {"device", device},
+                        {"fc_schemes", schemes},
                         // full-width seconds of the runtime's own work over the measured iterations
                         {"charged_seconds",
                          {{"gemm", charged.gemm - chargedStart.gemm},

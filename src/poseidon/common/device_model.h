@@ -29,6 +29,9 @@ struct DeviceModel {
   double gemmFlops = 0;    // FLOP/s of the reconstruction GEMM (0: not charged)
   double sumBytes = 0;     // bytes/s of the servers' element-wise sums (0: not charged)
   double cryptoBytes = 0;  // bytes/s of CURVE's XSalsa20-Poly1305, each side of a link (0: not charged)
+  // Bytes/s each way of a node's link (0: unknown). With it and a GEMM rate,
+  // BestScheme weighs the reconstruction against the bytes (core/best_scheme.h).
+  double linkBytes = 0;
   bool charges() const { return gemmFlops > 0 || sumBytes > 0 || cryptoBytes > 0; }
 };
 

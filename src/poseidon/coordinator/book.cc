@@ -1,5 +1,6 @@
 #include "poseidon/coordinator/book.h"
 
+#include "poseidon/common/device_model.h"
 #include "poseidon/common/error.h"
 
 namespace poseidon {
@@ -78,7 +79,9 @@ int InformationBook::shardIndex(int rank) const {
 }
 
 Scheme InformationBook::bestScheme(int layer, int64_t batch) const {
-  return poseidon::bestScheme(model_.layers.at(layer), batch, numWorkers(), numServers(), settings_.policy);
+  // The device model is the bench's (every rank gets the same); elsewhere it is empty and bytes decide.
+  return poseidon::bestScheme(model_.layers.at(layer), batch, numWorkers(), numServers(), settings_.policy,
+                              &deviceModel());
 }
 
 LayerQuery InformationBook::query(int layer) const {

@@ -32,13 +32,41 @@ SchemePolicy parseSchemePolicy(const std::string& text) {
   throw InvalidArgument("unknown scheme '" + text + "' (expected auto, ps, sfb or adam)");
 }
 
-Scheme bestScheme(const LayerSpec& layer, int64_t batch, int workers, int servers, SchemePolicy policy) {
+SchemeSeconds schemeSeconds(const LayerSpec& layer, int64_t batch, int workers, int servers,
+                            const DeviceModel& device) {
+  SchemeSeconds t;
+  if (device.linkBytes <= 0 || device.gemmFlops <= 0) return t;
+  CostInputs c = costInputs(layer, batch, workers, servers);
+  // Table 1's floats are sent + received; the link is full duplex.
+  auto wire = [&](double floats) {
+    double bytes = floats * sizeof(float) * device.byteScale;
+    double s = bytes / 2 / device.linkBytes;
+    if (device.cryptoBytes > 0) s += bytes / device.cryptoBytes;
+    return s;
+  };
+  t.sfb = wire(sfbCost(c)) + 2.0 * static_cast<double>(c.batch) * c.workers * static_cast<double>(c.m) *
+                                 static_cast<double>(c.n) * device.flopScale / device.gemmFlops;
+  t.ps = wire(psCostBoth(c));
+  if (device.sumBytes > 0) {
+    // A node's shard adds every worker's share of the layer: P1 M N / P2 floats.
+    t.ps += static_cast<double>(c.workers) * c.m * c.n / c.servers * sizeof(float) * device.byteScale /
+            device.sumBytes;
+  }
+  return t;
+}
+
+Scheme bestScheme(const LayerSpec& layer, int64_t batch, int workers, int servers, SchemePolicy policy,
+                  const DeviceModel* device) {
   if (layer.type != LayerType::kFC) return Scheme::kPS;
   switch (policy) {
     case SchemePolicy::kPS: return Scheme::kPS;
     case SchemePolicy::kSFB: return Scheme::kSFB;
     case SchemePolicy::kAdam: return Scheme::kAdam;
     case SchemePolicy::kAuto: break;
+  }
+  if (device && device->linkBytes > 0 && device->gemmFlops > 0) {
+    SchemeSeconds t = schemeSeconds(layer, batch, workers, servers, *device);
+    return t.sfb <= t.ps ? Scheme::kSFB : Scheme::kPS;
   }
   CostInputs c = costInputs(layer, batch, workers, servers);
   return sfbCost(c) <= psCostBoth(c) ? Scheme::kSFB : Scheme::kPS;

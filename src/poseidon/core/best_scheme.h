@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "poseidon/common/device_model.h"
 #include "poseidon/model/layer.h"
 
 namespace poseidon {
@@ -24,7 +25,23 @@ SchemePolicy parseSchemePolicy(const std::string& text);  // throws InvalidArgum
 
 // Algorithm 1: SFB if the layer is FC and 2K(P1-1)(M+N) <= 2MN(P1+P2-2)/P2,
 // else PS. `policy` can force a scheme; SFB is only ever used for FC layers.
+//
+// With a device model that knows the link rate and the GEMM rate
+// (`device->linkBytes > 0 && device->gemmFlops > 0`), bytes alone no longer
+// decide: where reconstruction is slow (a CPU node: Omnivore's setting) SFB's
+// K P1 M N multiply-adds can cost more than the bytes it saves. Each scheme
+// is then timed at full width: its bytes each way over the link, every byte
+// once through encryption, and SFB's GEMM or PS's server sums, and the faster
+// wins. Every node must pass the same model (the bench gives all ranks one).
 Scheme bestScheme(const LayerSpec& layer, int64_t batch, int workers, int servers,
-                  SchemePolicy policy = SchemePolicy::kAuto);
+                  SchemePolicy policy = SchemePolicy::kAuto, const DeviceModel* device = nullptr);
+
+// The seconds each scheme takes for one layer per iteration under `device`
+// (as above; both 0 without a link and GEMM rate).
+struct SchemeSeconds {
+  double ps = 0, sfb = 0;
+};
+SchemeSeconds schemeSeconds(const LayerSpec& layer, int64_t batch, int workers, int servers,
+                            const DeviceModel& device);
 
 }  // namespace poseidon

@@ -17,6 +17,7 @@ import argparse
 import datetime
 import json
 import os
+import resource
 import sys
 import time
 
@@ -84,6 +85,11 @@ def read_counter(iface, which):
         return int(f.read())
 
 
+def cpu_seconds():
+    u = resource.getrusage(resource.RUSAGE_SELF)  # every thread of this process
+    return u.ru_utime + u.ru_stime
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-json", required=True)
@@ -121,9 +127,11 @@ def main():
     x = torch.zeros(1)
     times = []
     tx0 = rx0 = 0
+    cpu0 = 0.0
     for it in range(a.warmup + a.iterations):
         if it == a.warmup:
             tx0, rx0 = read_counter(a.iface, "tx_bytes"), read_counter(a.iface, "rx_bytes")
+            cpu0 = cpu_seconds()
         t0 = time.perf_counter()
         Clock.deadline = t0
         model(x).sum().backward()  # DDP's reducer waits for every bucket before backward returns
@@ -131,6 +139,7 @@ def main():
     result = {
         "rank": rank, "system": a.variant, "model": table["name"], "batch": table["batch"],
         "iteration_seconds": times, "warmup": a.warmup,
+        "cpu_seconds": cpu_seconds() - cpu0,
         "bucket_mb": a.bucket_mb, "first_bucket_mb": a.first_bucket_mb,
         "tx_bytes": read_counter(a.iface, "tx_bytes") - tx0,
         "rx_bytes": read_counter(a.iface, "rx_bytes") - rx0,

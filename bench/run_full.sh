@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The full benchmark sweep behind bench/results/ (about 95 minutes here; run as root).
+# The full benchmark sweep behind bench/results/ (about 125 minutes here; run as root).
 #   stage A: vgg19, every system, 1/2/4/8 nodes, 1000/300/100/30 Mbit/s, and the bisection of the
 #            minimum link rate for 90% efficiency at 8 nodes for poseidon and ddp;
 #   stage B: the other zoo models against DDP at 1 and 8 nodes, 300/100/30 Mbit/s;
-#   stage C: what the lossy DDP variants do to real training (bench/powersgd_loss.py, ~12 min).
+#   stage C: what the lossy DDP variants do to real training (bench/powersgd_loss.py, ~12 min);
+#   stage D: the fair bench (issue 13 item 0): vgg19 and googlenet with the runtime's own work charged at
+#            full width on a Titan X and on one CPU core, scaled and tuned DDP buckets, 3 runs per point
+#            (~30 min).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=bench/results
@@ -15,15 +18,20 @@ a=(bench --models vgg19 --systems poseidon,ps-wfbp,ps-naive,adam,ddp,ddp-fp16,dd
 b=(bench --models vgg19-22k,googlenet,resnet-152,alexnet --systems poseidon,ps-wfbp,ddp,ddp-fp16
    --nodes 1,8 --rates 300,100,30
    --json "$out/models.json" --markdown "$out/models.md" --plots "$out/plots")
+d=(bench --models vgg19,googlenet --systems poseidon,ddp,ddp-tuned,ddp-fp16 --nodes 1,8 --rates 100,30
+   --repeat 3 --device gpu,cpu:1 --json "$out/fair.json" --markdown "$out/fair.md" --plots "$out/plots/fair")
 {
   echo "# made by bench/run_full.sh on $(date -u +%Y-%m-%d) ($(nproc) cores, $(uname -r))"
   echo "build/bin/poseidon ${a[*]}"
   echo "build/bin/poseidon ${b[*]}"
+  echo "build/bin/poseidon ${d[*]}"
   echo "/usr/bin/python3 bench/powersgd_loss.py"
   echo "/usr/bin/python3 bench/powersgd_loss.py --lr 0.01 --json $out/powersgd_loss_lr0.01.json --markdown $out/powersgd_loss_lr0.01.md"
 } > "$out/command.txt"
 "$bin" "${a[@]}" | tee "$out/vgg19.log"
 "$bin" "${b[@]}" | tee "$out/models.log"
-rm -f "$out"/plots/*.dat "$out"/plots/*.gp
+mkdir -p "$out/plots/fair"
+"$bin" "${d[@]}" | tee "$out/fair.log"
+rm -f "$out"/plots/*.dat "$out"/plots/*.gp "$out"/plots/fair/*.dat "$out"/plots/fair/*.gp
 /usr/bin/python3 bench/powersgd_loss.py
 /usr/bin/python3 bench/powersgd_loss.py --lr 0.01 --json "$out/powersgd_loss_lr0.01.json" --markdown "$out/powersgd_loss_lr0.01.md"

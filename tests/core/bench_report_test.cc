@@ -119,5 +119,28 @@ TEST(BenchReport, RepeatedRunsChargesAndTunedBucketsInTheTable) {
   EXPECT_THAT(md.str(), HasSubstr("| ddp-tuned | 1.00x | 4.00x | 2.000 (2.000-2.000), 5 MB buckets | 2.000 | 1.600 | 1.25 | 2.00 | - |"));
 }
 
+TEST(BenchReport, HostBoundRunsAreMarked) {
+  std::vector<RunResult> runs{run("poseidon", 1, 30, 1.0), run("poseidon", 8, 30, 1.25)};
+  runs[1].cpuPerIter.assign(8, 0.3);
+  runs[1].hostCpuShare = 0.9;  // 8 ranks x 0.3 s per 1.25 s iteration on 2 cores would be 0.96
+  EXPECT_TRUE(runs[1].hostBound());
+  runs[0].hostCpuShare = 0.8;
+  EXPECT_FALSE(runs[0].hostBound());
+  computeSpeedups(runs);
+  nlohmann::json result;
+  result["config"] = {{"command", "poseidon bench"}, {"scale", 0.1}, {"iterations", 8}, {"warmup", 3}};
+  result["runs"] = nlohmann::json::array();
+  for (const auto& r : runs) result["runs"].push_back(r.toJson());
+  EXPECT_TRUE(result["runs"][1]["host_bound"].get<bool>());
+  EXPECT_EQ(result["runs"][1]["cpu_seconds_per_iteration"].size(), 8u);
+  std::string path = strCat("/tmp/poseidon-report-test-", getpid(), "-c.md");
+  writeMarkdown(path, result);
+  std::ifstream f(path);
+  std::stringstream md;
+  md << f.rdbuf();
+  std::remove(path.c_str());
+  EXPECT_THAT(md.str(), HasSubstr("| poseidon | 1.00x | 6.40x | 1.250 HOST-BOUND (90% of the host's CPU) |"));
+}
+
 }  // namespace
 }  // namespace poseidon::bench

@@ -66,6 +66,10 @@ TEST(BenchSmoke, TwoNodesOneIterationPoseidonAndDdp) {
     EXPECT_GE(r["slowest_rank_seconds"].get<double>(), r["min_seconds"].get<double>());
     EXPECT_GE(r["own_bound_seconds"].get<double>(), 0.85) << r.dump();
     const std::string system = r["system"];
+    // Every rank reports its CPU time over the measured iterations.
+    ASSERT_EQ(r["cpu_seconds_per_iteration"].size(), r["nodes"].get<size_t>()) << r.dump();
+    EXPECT_GT(r["cpu_seconds_per_iteration"][0].get<double>(), 0) << r.dump();
+    EXPECT_GT(r["host_cpu_share"].get<double>(), 0) << r.dump();
     if (r["nodes"] == 2) {
       EXPECT_GT(r["speedup"].get<double>(), 1.0) << r.dump();
       EXPECT_GT(r["tx_bytes_per_iteration"][1].get<double>(), 1e5) << r.dump();  // real bytes crossed the link
@@ -73,6 +77,8 @@ TEST(BenchSmoke, TwoNodesOneIterationPoseidonAndDdp) {
         // Every byte that crossed a link was charged its full-width encryption, by the ranks themselves.
         EXPECT_GT(r["charged_seconds_per_iteration"]["crypto"].get<double>(), 0) << r.dump();
         EXPECT_GT(r["charged_seconds_per_iteration"]["gemm"].get<double>(), 0) << r.dump();  // vgg19's fc layers by SFB
+        // BestScheme times both schemes on the device (10 Gbit/s at full width): fc6 saves more than its GEMM costs.
+        EXPECT_EQ(r["fc_schemes"]["fc6"], "sfb") << r.dump();
       }
     }
     if (system.rfind("ddp", 0) == 0) {

@@ -39,7 +39,8 @@ nlohmann::json RunResult::toJson() const {
           {"measured_over_own_bound", ownBoundSeconds > 0 ? iterSeconds / ownBoundSeconds : 0.0},
           {"device", device},         {"charged_seconds_per_iteration", charged},
           {"bucket_mb", bucketMb},    {"first_bucket_mb", firstBucketMb}, {"tuning", tuning},
-          {"fc_schemes", fcSchemes}};
+          {"fc_schemes", fcSchemes},  {"cpu_seconds_per_iteration", cpuPerIter},
+          {"host_cpu_share", hostCpuShare}, {"host_bound", hostBound()}};
 }
 
 double ownBoundSeconds(const RunResult& r, double computeSeconds) {
@@ -128,7 +129,9 @@ void writeMarkdown(const std::string& path, const nlohmann::json& result) {
         "*/ own bound* says how close a system runs to what its own traffic allows; *poseidon's ideal* is the "
         "same floor with the fewest bytes any scheme needs (Table 1's hybrid), the one yardstick for every "
         "system; *charged* is the runtime's own work (SFB reconstruction, server sums, CURVE encryption) at "
-        "full width on the device model, per iteration on the busiest rank.\n\n";
+        "full width on the device model, per iteration on the busiest rank. A run whose ranks together used more "
+        "than 80% of this machine's CPU over the measured iterations is marked HOST-BOUND: the host, not the "
+        "emulated network or compute, may have set its pace, and it does not count.\n\n";
   if (cfg.contains("devices")) {
     md << "Device models:";
     for (const auto& d : cfg["devices"]) {
@@ -186,6 +189,9 @@ void writeMarkdown(const std::string& path, const nlohmann::json& result) {
         if (repeat > 1) {
           md << " (" << fmt("%.3f", last.value("min_seconds", 0.0)) << "-" << fmt("%.3f", last.value("max_seconds", 0.0))
              << ")";
+        }
+        if (last.value("host_bound", false)) {
+          md << " HOST-BOUND (" << fmt("%.0f%%", 100 * last.value("host_cpu_share", 0.0)) << " of the host's CPU)";
         }
         if (last.contains("tuning") && last["tuning"].is_object()) {
           md << ", " << fmt("%g MB", last.value("bucket_mb", 0.0) / scale / scale) << " buckets";

@@ -36,6 +36,13 @@ struct RunResult {
   double bucketMb = 0, firstBucketMb = 0;  // DDP's bucket caps (MB at width s)
   nlohmann::json tuning;          // ddp-tuned: the sweep, bucket cap (MB at full width) -> s/iter
   nlohmann::json fcSchemes;       // Poseidon's systems: BestScheme's choice per FC layer (rank 0)
+  // The host: every rank's CPU seconds per iteration, and their sum over the measured stretch as a
+  // share of this machine's cores. Above kHostBoundShare the host, not the emulated network or
+  // compute, may have set the pace: such a run is flagged and does not count.
+  std::vector<double> cpuPerIter;
+  double hostCpuShare = 0;
+  bool hostBound() const { return hostCpuShare > kHostBoundShare; }
+  static constexpr double kHostBoundShare = 0.8;
   int attempts = 1;
   std::vector<std::string> earlierErrors;     // failed attempts before this result
   nlohmann::json toJson() const;

@@ -18,6 +18,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "poseidon/bench/cluster.h"
 #include "poseidon/bench/device.h"
@@ -121,6 +122,7 @@ struct Harness {
 
   // Repeats (--repeat), devices (--device) and DDP's bucket caps.
   int repeat = 1;
+  unsigned hostCores = std::max(1u, std::thread::hardware_concurrency());
   std::vector<std::string> devices{"none"};   // the first is the plain system name's
   std::map<std::string, DeviceModel> deviceModels;
 
@@ -175,6 +177,7 @@ struct Harness {
     out.minSeconds = *std::min_element(secs.begin(), secs.end());
     out.maxSeconds = *std::max_element(secs.begin(), secs.end());
     out.slowestRankSeconds = median(slow);
+    for (const auto& r : reps) out.hostCpuShare = std::max(out.hostCpuShare, r.hostCpuShare);  // the worst repeat
     out.tuning = tuning;
     if (repeat > 1 || !tuning.is_null()) printPoint(out);
     return out;
@@ -243,13 +246,19 @@ struct Harness {
     }
     try {
       nlohmann::json charged = {{"gemm", 0.0}, {"sum", 0.0}, {"crypto", 0.0}};
+      double wall = 0, cpuTotal = 0;
       for (int i = 0; i < nodes; ++i) {
         std::ifstream f(outBase(i) + ".json");
         nlohmann::json j = nlohmann::json::parse(f);
         std::vector<double> t = j["iteration_seconds"].get<std::vector<double>>();
         t.erase(t.begin(), t.begin() + std::min<size_t>(t.size(), static_cast<size_t>(j["warmup"].get<int>())));
+        if (i == 0)
+          for (double x : t) wall += x;
         std::sort(t.begin(), t.end());
         double med = t.empty() ? 0 : t[t.size() / 2];
+        double cpu = j.value("cpu_seconds", 0.0);
+        cpuTotal += cpu;
+        r.cpuPerIter.push_back(cpu / std::max(1, iterations));
         if (i == 0) r.iterSeconds = med;
         if (i == 0 && j.contains("fc_schemes")) r.fcSchemes = j["fc_schemes"];
         r.slowestRankSeconds = std::max(r.slowestRankSeconds, med);
@@ -260,6 +269,7 @@ struct Harness {
             v = std::max(v.get<double>(), j["charged_seconds"][kind].get<double>() / std::max(1, iterations));
       }
       if (!isDdp(system)) r.charged = charged;
+      r.hostCpuShare = wall > 0 ? cpuTotal / (wall * hostCores) : 0;
       r.imagesPerSec = r.iterSeconds > 0 ? nodes * m.batch / r.iterSeconds : 0;
       r.ownBoundSeconds = bench::ownBoundSeconds(r, m.computeSeconds());
       r.repeatSeconds = {r.iterSeconds};
@@ -294,9 +304,10 @@ struct Harness {
       if (r.charged.is_object())
         for (const auto& [kind, v] : r.charged.items()) charged += v.get<double>();
       std::printf("  %-14s %2d nodes @ %6g Mbit/s: %.3f s/iter (own bound %.3f, x%.2f; poseidon's %.3f), "
-                  "%.1f images/s, max node tx %.2f MB/iter, charged %.3f s/iter\n",
+                  "%.1f images/s, max node tx %.2f MB/iter, charged %.3f s/iter, host CPU %.0f%%%s\n",
                   r.system.c_str(), r.nodes, r.mbit, r.iterSeconds, r.ownBoundSeconds,
-                  r.iterSeconds / r.ownBoundSeconds, r.idealSeconds, r.imagesPerSec, tx / 1e6, charged);
+                  r.iterSeconds / r.ownBoundSeconds, r.idealSeconds, r.imagesPerSec, tx / 1e6, charged,
+                  100 * r.hostCpuShare, r.hostBound() ? " HOST-BOUND: does not count" : "");
     }
     std::fflush(stdout);
   }

@@ -4,6 +4,8 @@
 // stretches the emulated GPU); gradients and factors have the real scaled
 // shapes. Started by `poseidon bench` inside a node's network namespace with
 // the torchrun environment; writes one JSON result file.
+#include <sys/resource.h>
+
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -22,6 +24,14 @@
 
 namespace poseidon::cli {
 namespace {
+
+// CPU seconds of this process so far, every thread (user + system).
+double cpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
 
 uint64_t readCounter(const std::string& iface, const char* which) {
   if (iface.empty()) return 0;
@@ -140,6 +150,7 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
   uint64_t tx0 = 0, rx0 = 0;
   TrafficTotals psStart, sfbStart, adamStart;
   ChargedSeconds chargedStart;
+  double cpu0 = 0;
   for (int it = 0; it < warmup + iterations; ++it) {
     if (it == warmup) {
       tx0 = readCounter(iface, "tx_bytes");
@@ -148,6 +159,7 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
       sfbStart = node->counters().total(TrafficKind::kSFB);
       adamStart = node->counters().total(TrafficKind::kAdam);
       chargedStart = chargedSeconds();
+      cpu0 = cpuSeconds();
     }
     auto t0 = Clock::now();
     node->beginIteration(it);
@@ -168,6 +180,7 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
     if (layers[l].type == LayerType::kFC) schemes[layers[l].name] = schemeName(node->schemeFor(l));
   uint64_t tx = readCounter(iface, "tx_bytes") - tx0, rx = readCounter(iface, "rx_bytes") - rx0;
   ChargedSeconds charged = chargedSeconds();
+  const double cpu = cpuSeconds() - cpu0;
   auto delta = [](TrafficTotals a, TrafficTotals b) {
     return nlohmann::json{{"sent", a.bytesSent - b.bytesSent}, {"received", a.bytesReceived - b.bytesReceived}};
   };
@@ -179,6 +192,7 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
                         {"warmup", warmup},
                         {"tx_bytes", tx},
                         {"rx_bytes", rx},
+                        {"cpu_seconds", cpu},  // over the measured iterations
                         {"device", device},
                         {"fc_schemes", schemes},
                         // full-width seconds of the runtime's own work over the measured iterations

@@ -47,7 +47,7 @@ TEST(BenchSmoke, TwoNodesOneIterationPoseidonAndDdp) {
   std::string dir = testing::makeTempDir("bench");
   std::vector<testing::Proc> procs{testing::spawn(
       {POSEIDON_CLI, "bench", "--models", "vgg19", "--systems", "poseidon,ddp,ddp-tuned", "--nodes", "1,2",
-       "--rates", "100", "--iterations", "1", "--warmup", "0", "--repeat", "2", "--device", "gpu,cpu:1", "--json",
+       "--rates", "100", "--iterations", "1", "--warmup", "0", "--repeat", "2", "--device", "gpu,cpu:1", "--trace", dir + "/traces", "--json",
        dir + "/r.json", "--markdown", dir + "/r.md", "--plots", dir + "/plots"},
       {}, dir + "/log")};
   testing::waitAll(procs, std::chrono::seconds(600));
@@ -79,6 +79,12 @@ TEST(BenchSmoke, TwoNodesOneIterationPoseidonAndDdp) {
         EXPECT_GT(r["charged_seconds_per_iteration"]["gemm"].get<double>(), 0) << r.dump();  // vgg19's fc layers by SFB
         // BestScheme times both schemes on the device (10 Gbit/s at full width): fc6 saves more than its GEMM costs.
         EXPECT_EQ(r["fc_schemes"]["fc6"], "sfb") << r.dump();
+        // The merged trace of both ranks: the emulated compute and fc6's factors leaving.
+        std::ifstream tf(r["trace"].get<std::string>());
+        std::string trace((std::istreambuf_iterator<char>(tf)), std::istreambuf_iterator<char>());
+        EXPECT_THAT(trace, HasSubstr("\"backward (emulated)\"")) << r["trace"];
+        EXPECT_THAT(trace, HasSubstr("\"send fc6 (sfb)\"")) << r["trace"];
+        EXPECT_TRUE(r.contains("tcp_retransmits")) << r.dump();
       }
     }
     if (system.rfind("ddp", 0) == 0) {

@@ -40,7 +40,7 @@ nlohmann::json RunResult::toJson() const {
           {"device", device},         {"charged_seconds_per_iteration", charged},
           {"bucket_mb", bucketMb},    {"first_bucket_mb", firstBucketMb}, {"tuning", tuning},
           {"fc_schemes", fcSchemes},  {"cpu_seconds_per_iteration", cpuPerIter},
-          {"host_cpu_share", hostCpuShare}, {"host_bound", hostBound()}};
+          {"host_cpu_share", hostCpuShare}, {"trace", tracePath}, {"tcp_retransmits", tcpRetransmits}, {"host_bound", hostBound()}};
 }
 
 double ownBoundSeconds(const RunResult& r, double computeSeconds) {

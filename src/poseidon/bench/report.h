@@ -39,6 +39,8 @@ struct RunResult {
   // The host: every rank's CPU seconds per iteration, and their sum over the measured stretch as a
   // share of this machine's cores. Above kHostBoundShare the host, not the emulated network or
   // compute, may have set the pace: such a run is flagged and does not count.
+  std::string tracePath;  // --trace: the merged trace of this run
+  double tcpRetransmits = 0;  // segments all Poseidon ranks retransmitted in the measured iterations (drops)
   std::vector<double> cpuPerIter;
   double hostCpuShare = 0;
   bool hostBound() const { return hostCpuShare > kHostBoundShare; }

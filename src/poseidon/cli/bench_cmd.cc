@@ -29,6 +29,7 @@
 #include "poseidon/cli/commands.h"
 #include "poseidon/cli/flags.h"
 #include "poseidon/common/error.h"
+#include "poseidon/common/trace.h"
 #include "poseidon/launch/env.h"
 #include "poseidon/launch/launcher.h"
 #include "poseidon/launch/process.h"
@@ -121,6 +122,7 @@ struct Harness {
   }
 
   // Repeats (--repeat), devices (--device) and DDP's bucket caps.
+  std::string traceDir;  // --trace: one merged Chrome trace per Poseidon run
   int repeat = 1;
   unsigned hostCores = std::max(1u, std::thread::hardware_concurrency());
   std::vector<std::string> devices{"none"};   // the first is the plain system name's
@@ -234,6 +236,7 @@ struct Harness {
                    std::to_string(timeoutS * 1000), "--device", device, "--gemm-flops", strCat(dm.gemmFlops),
                    "--sum-bytes", strCat(dm.sumBytes), "--crypto-bytes", strCat(dm.cryptoBytes),
                    "--link-mbit", strCat(dm.charges() ? r.mbit : 0.0)};
+        if (!traceDir.empty()) so.argv.insert(so.argv.end(), {"--trace", out + ".trace.json"});
       }
       ranks.push_back(std::move(so));
     }
@@ -259,6 +262,7 @@ struct Harness {
         double cpu = j.value("cpu_seconds", 0.0);
         cpuTotal += cpu;
         r.cpuPerIter.push_back(cpu / std::max(1, iterations));
+        r.tcpRetransmits += j.value("tcp_retransmits", 0.0);
         if (i == 0) r.iterSeconds = med;
         if (i == 0 && j.contains("fc_schemes")) r.fcSchemes = j["fc_schemes"];
         r.slowestRankSeconds = std::max(r.slowestRankSeconds, med);
@@ -269,6 +273,13 @@ struct Harness {
             v = std::max(v.get<double>(), j["charged_seconds"][kind].get<double>() / std::max(1, iterations));
       }
       if (!isDdp(system)) r.charged = charged;
+      if (!isDdp(system) && !traceDir.empty()) {
+        std::vector<std::string> parts;
+        for (int i = 0; i < nodes; ++i) parts.push_back(outBase(i) + ".trace.json");
+        std::string merged = strCat(traceDir, "/", modelName, "-", label, "-", nodes, "n-", r.mbit, "mbit-", p, ".json");
+        Tracer::merge(parts, merged);
+        r.tracePath = merged;
+      }
       r.hostCpuShare = wall > 0 ? cpuTotal / (wall * hostCores) : 0;
       r.imagesPerSec = r.iterSeconds > 0 ? nodes * m.batch / r.iterSeconds : 0;
       r.ownBoundSeconds = bench::ownBoundSeconds(r, m.computeSeconds());
@@ -304,10 +315,10 @@ struct Harness {
       if (r.charged.is_object())
         for (const auto& [kind, v] : r.charged.items()) charged += v.get<double>();
       std::printf("  %-14s %2d nodes @ %6g Mbit/s: %.3f s/iter (own bound %.3f, x%.2f; poseidon's %.3f), "
-                  "%.1f images/s, max node tx %.2f MB/iter, charged %.3f s/iter, host CPU %.0f%%%s\n",
+                  "%.1f images/s, max node tx %.2f MB/iter, charged %.3f s/iter, host CPU %.0f%%, %.0f TCP retransmits%s\n",
                   r.system.c_str(), r.nodes, r.mbit, r.iterSeconds, r.ownBoundSeconds,
                   r.iterSeconds / r.ownBoundSeconds, r.idealSeconds, r.imagesPerSec, tx / 1e6, charged,
-                  100 * r.hostCpuShare, r.hostBound() ? " HOST-BOUND: does not count" : "");
+                  100 * r.hostCpuShare, r.tcpRetransmits, r.hostBound() ? " HOST-BOUND: does not count" : "");
     }
     std::fflush(stdout);
   }
@@ -374,6 +385,10 @@ int benchCommand(const std::vector<std::string>& args) {
                   "machine's one-core rates), cpu:C (C cores of this machine), none (real time at width s); "
                   "Poseidon's systems run once per device, as SYSTEM@DEVICE after the first",
                   "LIST");
+  std::string traceDir;
+  flags.addString("trace", &traceDir,
+                  "write one Chrome trace per Poseidon run into DIR (every rank: emulated compute, each layer's "
+                  "send and receive, the wait for the sync; chrome://tracing or Perfetto)", "DIR");
   flags.addString("ddp-script", &ddpScript, "path to bench/ddp_worker.py", "FILE");
   flags.addBool("keep", &keep, "keep the per-rank logs and results (printed path)");
   flags.parse(args);
@@ -434,6 +449,10 @@ int benchCommand(const std::vector<std::string>& args) {
   h.timeoutS = timeoutS;
   h.retries = retries;
   h.repeat = repeat;
+  if (!traceDir.empty()) {
+    fs::create_directories(traceDir);
+    h.traceDir = fs::absolute(traceDir).string();
+  }
   h.devices = devices;
   h.deviceModels = deviceModels;
   bool anyDdp = std::any_of(systems.begin(), systems.end(), isDdp);

@@ -10,6 +10,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "poseidon/bench/emulation.h"
@@ -20,6 +21,7 @@
 #include "poseidon/common/device_model.h"
 #include "poseidon/common/error.h"
 #include "poseidon/common/log.h"
+#include "poseidon/common/trace.h"
 #include "poseidon/launch/env.h"
 
 namespace poseidon::cli {
@@ -31,6 +33,23 @@ double cpuSeconds() {
   getrusage(RUSAGE_SELF, &u);
   return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
          static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+
+// TCP segments this network namespace retransmitted so far (/proc/net/snmp is per namespace): the
+// sign of drops in the shaped links' queues (incast).
+uint64_t tcpRetransmits() {
+  std::ifstream f("/proc/net/snmp");
+  std::string header, values, line;
+  while (std::getline(f, line)) {
+    if (line.rfind("Tcp:", 0) != 0) continue;
+    if (header.empty()) header = line;
+    else values = line;
+  }
+  std::istringstream h(header), v(values);
+  std::string name, value;
+  while (h >> name && v >> value)
+    if (name == "RetransSegs") return std::stoull(value);
+  return 0;
 }
 
 uint64_t readCounter(const std::string& iface, const char* which) {
@@ -48,7 +67,7 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
   double scale = 0.1;
   int iterations = 8, warmup = 3, timeoutMs = 120000;
   int64_t pairBytes = -1;
-  std::string device = "none";
+  std::string device = "none", tracePath;
   double gemmFlops = 0, sumBytes = 0, cryptoBytes = 0, linkMbit = 0;
   FlagSet flags("bench-worker", "poseidon bench-worker --model NAME --system SYS --out FILE [flags]",
                 "One rank of 'poseidon bench' (started by it; not meant to be run by hand).");
@@ -71,6 +90,8 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
                   RealRange::atLeast(0));
   flags.addDouble("crypto-bytes", &cryptoBytes, "charge CURVE encryption at full width at this byte/s (0: not)",
                   "R", RealRange::atLeast(0));
+  flags.addString("trace", &tracePath, "write a Chrome trace of this rank (compute, sends, receives) to FILE",
+                  "FILE");
   flags.addDouble("link-mbit", &linkMbit,
                   "the link rate, for BestScheme to weigh the GEMM against the bytes (0: bytes alone decide)",
                   "MBIT", RealRange::atLeast(0));
@@ -115,6 +136,9 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
                              : std::max<int64_t>(4096, std::llround(2.0 * 1024 * 1024 * scale * scale));
   o.settings.policy = policy;
   o.secret = jobSecretFromEnvironment();
+  std::unique_ptr<Tracer> tracer;
+  if (!tracePath.empty()) tracer = std::make_unique<Tracer>(env.rank);
+  o.tracer = tracer.get();
   auto node = Node::start(o, em.desc);
 
   const auto& layers = em.desc.layers;
@@ -151,6 +175,7 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
   TrafficTotals psStart, sfbStart, adamStart;
   ChargedSeconds chargedStart;
   double cpu0 = 0;
+  uint64_t retrans0 = 0;
   for (int it = 0; it < warmup + iterations; ++it) {
     if (it == warmup) {
       tx0 = readCounter(iface, "tx_bytes");
@@ -160,19 +185,26 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
       adamStart = node->counters().total(TrafficKind::kAdam);
       chargedStart = chargedSeconds();
       cpu0 = cpuSeconds();
+      retrans0 = tcpRetransmits();
     }
     auto t0 = Clock::now();
     node->beginIteration(it);
+    const int64_t forwardUs = Tracer::nowMicros();
     auto deadline = t0 + toDuration(forwardTotal);
     std::this_thread::sleep_until(deadline);
+    const int64_t backwardUs = Tracer::nowMicros();
+    if (tracer) tracer->span("forward (emulated)", "compute", 0, forwardUs, backwardUs, it);
     for (int l = L - 1; l >= 0; --l) {
       deadline += toDuration(em.backwardSeconds[l]);
       std::this_thread::sleep_until(deadline);
       if (overlap) submit(l);
     }
+    const int64_t waitUs = Tracer::nowMicros();
+    if (tracer) tracer->span("backward (emulated)", "compute", 0, backwardUs, waitUs, it);
     if (!overlap)
       for (int l = L - 1; l >= 0; --l) submit(l);
     node->waitIteration();
+    if (tracer) tracer->span("wait for the sync", "wait", 0, waitUs, Tracer::nowMicros(), it);
     times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
   nlohmann::json schemes = nlohmann::json::object();
@@ -193,6 +225,7 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
                         {"tx_bytes", tx},
                         {"rx_bytes", rx},
                         {"cpu_seconds", cpu},  // over the measured iterations
+                        {"tcp_retransmits", tcpRetransmits() - retrans0},
                         {"device", device},
                         {"fc_schemes", schemes},
                         // full-width seconds of the runtime's own work over the measured iterations
@@ -204,6 +237,7 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
                                      {"sfb", delta(node->counters().total(TrafficKind::kSFB), sfbStart)},
                                      {"adam", delta(node->counters().total(TrafficKind::kAdam), adamStart)}}}};
   node->finish();
+  if (tracer) tracer->writeFile(tracePath);
   std::ofstream f(out);
   f << result.dump();
   if (!f) throw IoError("cannot write " + out);

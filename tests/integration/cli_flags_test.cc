@@ -52,6 +52,12 @@ TEST(CliFlags, BenchRejectsOutOfRangeValues) {
   expectRejected({{"bench", "--run-timeout", "3000000"}, "--run-timeout must be in [1, 2147483], got 3000000"});
   expectRejected({{"bench", "--nodes", "1,65"}, "each --nodes entry must be in [1, 64], got 65"});
   expectRejected({{"bench", "--rates", "100,0"}, "each --rates entry (Mbit/s) must be > 0, got 0"});
+  expectRejected({{"bench", "--repeat", "0"}, "--repeat must be in [1, 100], got 0"});
+  expectRejected({{"bench", "--device", "gpu,tpu"}, "unknown --device 'tpu' (none, gpu, cpu:C)"});
+  expectRejected({{"bench", "--device", "cpu:0"}, "--device cpu:C needs a core count C in [1, 256], got 'cpu:0'"});
+  expectRejected({{"bench", "--report-from", "/nonexistent/r.json", "--markdown", "/dev/null"},
+                  "--report-from: cannot read /nonexistent/r.json"});
+  expectRejected({{"bench", "--report-from", "/dev/null"}, "--report-from needs --markdown or --plots"});
 }
 
 TEST(CliFlags, BenchWorkerRejectsOutOfRangeValues) {

@@ -249,7 +249,7 @@ void writePlots(const std::string& dir, const nlohmann::json& result) {
       std::ofstream dat(base + "-" + sys + ".dat");
       dat << "1 1\n";
       for (auto& [n, s] : pts) dat << n << " " << s << "\n";
-      gp << ", '" << base << "-" << sys << ".dat' with linespoints lw 2 title '" << sys << "'";
+      gp << ", '" << base << "-" << sys << ".dat' with linespoints lw 2 title '" << sys << "' noenhanced";
     }
     gp << "\n";
     gp.close();

@@ -385,6 +385,9 @@ int benchCommand(const std::vector<std::string>& args) {
                   "machine's one-core rates), cpu:C (C cores of this machine), none (real time at width s); "
                   "Poseidon's systems run once per device, as SYSTEM@DEVICE after the first",
                   "LIST");
+  std::string reportFrom;
+  flags.addString("report-from", &reportFrom,
+                  "run nothing: write --markdown and --plots from the results JSON of an earlier run", "FILE");
   std::string traceDir;
   flags.addString("trace", &traceDir,
                   "write one Chrome trace per Poseidon run into DIR (every rank: emulated compute, each layer's "
@@ -394,6 +397,22 @@ int benchCommand(const std::vector<std::string>& args) {
   flags.parse(args);
   if (flags.helpRequested()) {
     std::cout << flags.helpText();
+    return 0;
+  }
+  if (!reportFrom.empty()) {
+    if (mdPath.empty() && plotDir.empty()) throw InvalidArgument("--report-from needs --markdown or --plots");
+    std::ifstream in(reportFrom);
+    if (!in) throw InvalidArgument("--report-from: cannot read " + reportFrom);
+    nlohmann::json result;
+    try {
+      result = nlohmann::json::parse(in);
+    } catch (const std::exception& e) {
+      throw InvalidArgument(strCat(reportFrom, " is not a results JSON of poseidon bench: ", e.what()));
+    }
+    if (!result.contains("config") || !result.contains("runs"))
+      throw InvalidArgument(reportFrom + " is not a results JSON of poseidon bench (no config or runs)");
+    if (!mdPath.empty()) bench::writeMarkdown(mdPath, result);
+    if (!plotDir.empty()) bench::writePlots(plotDir, result);
     return 0;
   }
   if (quick) {

@@ -115,8 +115,10 @@ TEST(BenchReport, RepeatedRunsChargesAndTunedBucketsInTheTable) {
   md << f.rdbuf();
   std::remove(path.c_str());
   EXPECT_THAT(md.str(), HasSubstr("the median of 3 runs per point"));
-  EXPECT_THAT(md.str(), HasSubstr("| poseidon@cpu:1 | 1.00x | 6.40x | 1.250 (1.200-1.300) | 1.280 | 1.000 | 1.25 | 1.25 | 0.260 |"));
-  EXPECT_THAT(md.str(), HasSubstr("| ddp-tuned | 1.00x | 4.00x | 2.000 (2.000-2.000), 5 MB buckets | 2.000 | 1.600 | 1.25 | 2.00 | - |"));
+  EXPECT_THAT(md.str(),
+              HasSubstr("| poseidon@cpu:1 | 1.00x | 6.40x | 1.250 (1.200-1.300) | 1.280 | 1.000 | 1.25 | 1.25 | 0.260 |"));
+  EXPECT_THAT(md.str(), HasSubstr("| ddp-tuned | 1.00x | 4.00x | 2.000 (2.000-2.000), 5 MB buckets | 2.000 | 1.600 | 1.25 "
+                                  "| 2.00 | - |"));
 }
 
 TEST(BenchReport, HostBoundRunsAreMarked) {

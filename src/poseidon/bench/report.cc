@@ -40,7 +40,8 @@ nlohmann::json RunResult::toJson() const {
           {"device", device},         {"charged_seconds_per_iteration", charged},
           {"bucket_mb", bucketMb},    {"first_bucket_mb", firstBucketMb}, {"tuning", tuning},
           {"fc_schemes", fcSchemes},  {"cpu_seconds_per_iteration", cpuPerIter},
-          {"host_cpu_share", hostCpuShare}, {"trace", tracePath}, {"tcp_retransmits", tcpRetransmits}, {"host_bound", hostBound()}};
+          {"host_cpu_share", hostCpuShare}, {"trace", tracePath},
+          {"tcp_retransmits", tcpRetransmits}, {"host_bound", hostBound()}};
 }
 
 double ownBoundSeconds(const RunResult& r, double computeSeconds) {
@@ -187,7 +188,8 @@ void writeMarkdown(const std::string& path, const nlohmann::json& result) {
       if (!last.is_null() && last["ok"].get<bool>()) {
         md << " " << fmt("%.3f", last["iteration_seconds"].get<double>());
         if (repeat > 1) {
-          md << " (" << fmt("%.3f", last.value("min_seconds", 0.0)) << "-" << fmt("%.3f", last.value("max_seconds", 0.0))
+          md << " (" << fmt("%.3f", last.value("min_seconds", 0.0)) << "-"
+             << fmt("%.3f", last.value("max_seconds", 0.0))
              << ")";
         }
         if (last.value("host_bound", false)) {

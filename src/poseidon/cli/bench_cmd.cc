@@ -276,7 +276,8 @@ struct Harness {
       if (!isDdp(system) && !traceDir.empty()) {
         std::vector<std::string> parts;
         for (int i = 0; i < nodes; ++i) parts.push_back(outBase(i) + ".trace.json");
-        std::string merged = strCat(traceDir, "/", modelName, "-", label, "-", nodes, "n-", r.mbit, "mbit-", p, ".json");
+        std::string merged =
+            strCat(traceDir, "/", modelName, "-", label, "-", nodes, "n-", r.mbit, "mbit-", p, ".json");
         Tracer::merge(parts, merged);
         r.tracePath = merged;
       }
@@ -315,7 +316,8 @@ struct Harness {
       if (r.charged.is_object())
         for (const auto& [kind, v] : r.charged.items()) charged += v.get<double>();
       std::printf("  %-14s %2d nodes @ %6g Mbit/s: %.3f s/iter (own bound %.3f, x%.2f; poseidon's %.3f), "
-                  "%.1f images/s, max node tx %.2f MB/iter, charged %.3f s/iter, host CPU %.0f%%, %.0f TCP retransmits%s\n",
+                  "%.1f images/s, max node tx %.2f MB/iter, charged %.3f s/iter, host CPU %.0f%%, "
+                  "%.0f TCP retransmits%s\n",
                   r.system.c_str(), r.nodes, r.mbit, r.iterSeconds, r.ownBoundSeconds,
                   r.iterSeconds / r.ownBoundSeconds, r.idealSeconds, r.imagesPerSec, tx / 1e6, charged,
                   100 * r.hostCpuShare, r.tcpRetransmits, r.hostBound() ? " HOST-BOUND: does not count" : "");

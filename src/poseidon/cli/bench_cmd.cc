@@ -349,8 +349,9 @@ int benchCommand(const std::vector<std::string>& args) {
                 "single-GPU iteration time), real parameter shapes at width scale s. Runs Poseidon's systems and\n"
                 "PyTorch DDP (Debian's python3-torch) on the identical model and network, in the same run, and\n"
                 "reports iteration time, speedup over one node, bytes per node, and measured / ideal time.\n"
-                "Systems: poseidon (WFBP + hybrid), ps-wfbp, ps-naive, adam, ddp, ddp-fp16, ddp-powersgd1,\n"
-                "ddp-powersgd4. Everything it creates is removed on exit, Ctrl-C and failure.");
+                "Systems: poseidon (WFBP + hybrid), ps-wfbp, ps-naive, adam, ddp, ddp-tuned (best bucket cap),\n"
+                "ddp-fp16, ddp-powersgd1, ddp-powersgd4. Poseidon's own work is charged at full width on --device.\n"
+                "Everything it creates is removed on exit, Ctrl-C and failure.");
   bool accuracyMode = false;  // handled above; listed for --help
   flags.addBool("accuracy", &accuracyMode,
                 "time-to-accuracy mode: real training (LeNet on Fashion-MNIST) on the emulated cluster, padded "

@@ -130,10 +130,11 @@ TEST(DeviceModel, BestSchemeWeighsTheReconstructionAgainstTheBytes) {
 
 TEST(DeviceModel, MachineRatesAreMeasured) {
   bench::MachineRates r = bench::measureMachineRates();
-  // Positive and plausible even under ThreadSanitizer (a 2-core CPU measures ~78 GFLOP/s, 22 GB/s, 1.7 GB/s).
-  EXPECT_GT(r.gemmFlops, 1e8);
-  EXPECT_GT(r.sumBytes, 1e8);
-  EXPECT_GT(r.cryptoBytes, 1e7);
+  // Positive and plausible, even under ThreadSanitizer, which instruments every add of the sums
+  // (this 2-core CPU: ~78 GFLOP/s, 22 GB/s, 1.7 GB/s; under TSAN the sums measure ~75 MB/s).
+  EXPECT_GT(r.gemmFlops, 1e6);
+  EXPECT_GT(r.sumBytes, 1e6);
+  EXPECT_GT(r.cryptoBytes, 1e6);
   EXPECT_LT(r.gemmFlops, 1e13);
 }
 

@@ -123,6 +123,7 @@ struct Harness {
 
   // Repeats (--repeat), devices (--device) and DDP's bucket caps.
   std::string traceDir;  // --trace: one merged Chrome trace per Poseidon run
+  int rcvbuf = 0;        // --tcp-rcvbuf, for Poseidon's ranks
   int repeat = 1;
   unsigned hostCores = std::max(1u, std::thread::hardware_concurrency());
   std::vector<std::string> devices{"none"};   // the first is the plain system name's
@@ -237,6 +238,7 @@ struct Harness {
                    "--sum-bytes", strCat(dm.sumBytes), "--crypto-bytes", strCat(dm.cryptoBytes),
                    "--link-mbit", strCat(dm.charges() ? r.mbit : 0.0)};
         if (!traceDir.empty()) so.argv.insert(so.argv.end(), {"--trace", out + ".trace.json"});
+        if (rcvbuf > 0) so.argv.insert(so.argv.end(), {"--tcp-rcvbuf", std::to_string(rcvbuf)});
       }
       ranks.push_back(std::move(so));
     }
@@ -388,6 +390,11 @@ int benchCommand(const std::vector<std::string>& args) {
                   "machine's one-core rates), cpu:C (C cores of this machine), none (real time at width s); "
                   "Poseidon's systems run once per device, as SYSTEM@DEVICE after the first",
                   "LIST");
+  int rcvbuf = 0;
+  flags.addInt("tcp-rcvbuf", &rcvbuf,
+               "TCP receive buffer per connection into each Poseidon rank, bytes at width s (0: the OS default); "
+               "bounds each sender's window against incast at 16-32 nodes (docs/bench.md)", "BYTES",
+               IntRange::closed(0, 1 << 30));
   std::string reportFrom;
   flags.addString("report-from", &reportFrom,
                   "run nothing: write --markdown and --plots from the results JSON of an earlier run", "FILE");
@@ -471,6 +478,7 @@ int benchCommand(const std::vector<std::string>& args) {
   h.timeoutS = timeoutS;
   h.retries = retries;
   h.repeat = repeat;
+  h.rcvbuf = rcvbuf;
   if (!traceDir.empty()) {
     fs::create_directories(traceDir);
     h.traceDir = fs::absolute(traceDir).string();
@@ -491,7 +499,7 @@ int benchCommand(const std::vector<std::string>& args) {
   result["config"] = {{"command", command},   {"scale", scale},     {"iterations", iterations},
                       {"warmup", warmup},     {"latency_ms", latencyMs}, {"models", models},
                       {"systems", labels},    {"nodes", nodes},     {"rates_mbit", rates},
-                      {"repeat", repeat}};
+                      {"repeat", repeat},     {"tcp_rcvbuf", rcvbuf}};
   nlohmann::json devicesJson = nlohmann::json::array();
   for (const auto& d : devices) {
     const DeviceModel& dm = deviceModels[d];

@@ -69,6 +69,7 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
   int64_t pairBytes = -1;
   std::string device = "none", tracePath;
   double gemmFlops = 0, sumBytes = 0, cryptoBytes = 0, linkMbit = 0;
+  int rcvbuf = 0;
   FlagSet flags("bench-worker", "poseidon bench-worker --model NAME --system SYS --out FILE [flags]",
                 "One rank of 'poseidon bench' (started by it; not meant to be run by hand).");
   flags.addString("model", &model, "emulated model", "NAME");
@@ -92,6 +93,8 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
                   "R", RealRange::atLeast(0));
   flags.addString("trace", &tracePath, "write a Chrome trace of this rank (compute, sends, receives) to FILE",
                   "FILE");
+  flags.addInt("tcp-rcvbuf", &rcvbuf, "TCP receive buffer per connection into this rank (0: OS default)", "BYTES",
+               IntRange::closed(0, 1 << 30));
   flags.addDouble("link-mbit", &linkMbit,
                   "the link rate, for BestScheme to weigh the GEMM against the bytes (0: bytes alone decide)",
                   "MBIT", RealRange::atLeast(0));
@@ -136,6 +139,7 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
                              : std::max<int64_t>(4096, std::llround(2.0 * 1024 * 1024 * scale * scale));
   o.settings.policy = policy;
   o.secret = jobSecretFromEnvironment();
+  o.receiveBufferBytes = rcvbuf;
   std::unique_ptr<Tracer> tracer;
   if (!tracePath.empty()) tracer = std::make_unique<Tracer>(env.rank);
   o.tracer = tracer.get();

@@ -41,6 +41,7 @@ std::unique_ptr<Node> Node::start(const NodeOptions& options, const ModelDesc& m
   vo.bindHost = options.bindHost;
   vo.port = options.dataPort;
   vo.maxPayloadBytes = options.maxPayloadBytes;
+  vo.receiveBufferBytes = options.receiveBufferBytes;
   node->van_ = std::make_unique<Van>(node->ctx_, vo);
 
   JoinRequest req;

@@ -95,6 +95,7 @@ struct NodeOptions {
   int threads = 2;                           // syncer thread pool
   JobSettings settings;                      // must agree across nodes
   uint64_t maxPayloadBytes = kDefaultMaxPayloadBytes;
+  int receiveBufferBytes = 0;  // per-connection TCP receive buffer (0: OS default); see VanOptions
   Tracer* tracer = nullptr;  // optional, not owned; must outlive the node
   // Job secret (see transport/security.h); every rank must have the same.
   // Empty: no authentication (a warning unless every address is loopback).

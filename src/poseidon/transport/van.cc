@@ -43,6 +43,12 @@ Van::Van(zmq::context_t& ctx, const VanOptions& options)
   router_.set(zmq::sockopt::rcvhwm, 0);
   router_.set(zmq::sockopt::linger, 0);
   router_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(options.maxPayloadBytes + kHeaderBytes));
+  if (options.receiveBufferBytes < 0) {
+    throw InvalidArgument(strCat("the receive buffer must be >= 0 bytes (0: the OS default), got ",
+                                 options.receiveBufferBytes));
+  }
+  // Before bind: accepted connections inherit it, so it bounds each peer's window from the start.
+  if (options.receiveBufferBytes > 0) router_.set(zmq::sockopt::rcvbuf, options.receiveBufferBytes);
   if (options.curve) makeCurveServer(router_, *options.curve);
   std::string want = "tcp://" + options.bindHost + ":" + (options.port ? std::to_string(options.port) : "*");
   try {

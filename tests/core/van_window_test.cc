@@ -1,0 +1,56 @@
+// The data endpoint's receive buffer (VanOptions::receiveBufferBytes): set
+// before bind so that every accepted connection inherits it, and a small one
+// still carries messages far larger than itself.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "poseidon/common/error.h"
+#include "poseidon/transport/van.h"
+#include "poseidon/wire/frame.h"
+
+namespace poseidon {
+namespace {
+
+TEST(VanWindow, TheReceiveBufferIsSetOnTheDataEndpoint) {
+  zmq::context_t ctx;
+  VanOptions o;
+  Van plain(ctx, o);
+  EXPECT_EQ(plain.receiveBufferBytes(), -1);  // libzmq's "OS default"
+  o.receiveBufferBytes = 16384;
+  Van small(ctx, o);
+  EXPECT_EQ(small.receiveBufferBytes(), 16384);
+  o.receiveBufferBytes = -5;
+  try {
+    Van bad(ctx, o);
+    ADD_FAILURE() << "a negative receive buffer was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("the receive buffer must be >= 0 bytes (0: the OS default), got -5"));
+  }
+}
+
+TEST(VanWindow, ASmallWindowStillCarriesALargeMessage) {
+  zmq::context_t ctx;
+  VanOptions o;
+  o.receiveBufferBytes = 4096;
+  Van a(ctx, o), b(ctx, o);
+  std::vector<std::string> endpoints{a.endpoint(), b.endpoint()};
+  a.connectPeers(0, endpoints, 7);
+  b.connectPeers(1, endpoints, 7);
+  std::vector<uint8_t> payload(4 << 20);  // 4 MB through a 4 KB window
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<uint8_t>(i * 31 + 7);
+  FrameHeader h;
+  h.type = MsgType::kHeartbeat;
+  a.send(1, h, payload.data(), payload.size());
+  Message m;
+  bool got = false;
+  for (int i = 0; i < 100 && !got; ++i) got = b.poll(&m, 1000);  // up to 100 s on a loaded machine
+  ASSERT_TRUE(got);
+  EXPECT_EQ(m.header.sender, 0u);
+  ASSERT_EQ(m.size(), payload.size());
+  EXPECT_EQ(std::vector<uint8_t>(m.data(), m.data() + m.size()), payload);
+}
+
+}  // namespace
+}  // namespace poseidon

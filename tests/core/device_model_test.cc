@@ -128,6 +128,30 @@ TEST(DeviceModel, BestSchemeWeighsTheReconstructionAgainstTheBytes) {
   EXPECT_EQ(schemeSeconds(*fc6, 32, 8, 8, d).ps, 0);
 }
 
+// The bench decides on a model scaled by s = 0.1 (K = 3 of 32), with full-width scales and the
+// full-width link rate (the emulated one is slowed by s^2): it must time fc6 as the full model does.
+TEST(DeviceModel, BestSchemeOnTheScaledModelTimesTheFullWidthOne) {
+  auto fc6Of = [](const ModelDesc& m) {
+    for (const auto& l : m.layers)
+      if (l.name == "fc6") return l;
+    throw Error("no fc6");
+  };
+  LayerSpec full = fc6Of(zooModel("vgg19")), scaled = fc6Of(zooModel("vgg19", 0.1));
+  DeviceModel d;
+  d.linkBytes = 10e9 / 8;
+  d.gemmFlops = 77.6e9;
+  d.sumBytes = 22e9;
+  SchemeSeconds f = schemeSeconds(full, 32, 8, 8, d);
+  DeviceModel ds = d;
+  ds.byteScale = static_cast<double>(full.m * full.n) / static_cast<double>(scaled.m * scaled.n);
+  ds.flopScale = 32.0 / 3.0 * ds.byteScale;
+  SchemeSeconds s = schemeSeconds(scaled, 3, 8, 8, ds);
+  EXPECT_NEAR(s.ps / f.ps, 1.0, 0.01);
+  EXPECT_NEAR(s.sfb / f.sfb, 1.0, 0.05);  // the factors' M + N scale a little differently from M N
+  EXPECT_EQ(bestScheme(scaled, 3, 8, 8, SchemePolicy::kAuto, &ds), bestScheme(full, 32, 8, 8, SchemePolicy::kAuto, &d));
+  EXPECT_EQ(bestScheme(scaled, 3, 8, 8, SchemePolicy::kAuto, &ds), Scheme::kPS);
+}
+
 TEST(DeviceModel, MachineRatesAreMeasured) {
   bench::MachineRates r = bench::measureMachineRates();
   // Positive and plausible, even under ThreadSanitizer, which instruments every add of the sums

@@ -63,6 +63,7 @@ EmulatedModel emulatedModel(const std::string& name, double scale) {
   m.scale = scale;
   m.desc = zooModel(name, scale);
   m.batch = std::max<int64_t>(1, std::llround(static_cast<double>(timing->batch) * scale));
+  m.fullBatch = timing->batch;
   m.iterationSeconds = timing->seconds;
   m.timeSource = timing->source;
   // Split by the full-width model's MACs: compute time does not scale.

@@ -21,6 +21,7 @@ struct EmulatedModel {
   double scale = 0.1;
   ModelDesc desc;                 // scaled parameter shapes
   int64_t batch = 0;              // round(published per-worker batch x s), at least 1
+  int64_t fullBatch = 0;          // the published per-worker batch
   double iterationSeconds = 0;    // single-GPU seconds per iteration
   std::string timeSource;         // where iterationSeconds comes from
   std::vector<double> forwardSeconds, backwardSeconds;  // per layer

@@ -130,7 +130,7 @@ void writeMarkdown(const std::string& path, const nlohmann::json& result) {
         "*/ own bound* says how close a system runs to what its own traffic allows; *poseidon's ideal* is the "
         "same floor with the fewest bytes any scheme needs (Table 1's hybrid), the one yardstick for every "
         "system; *charged* is the runtime's own work (SFB reconstruction, server sums, CURVE encryption) at "
-        "full width on the device model, per iteration on the busiest rank. A run whose ranks together used more "
+        "full width on the device model, per iteration: the sum over kinds of each kind's busiest rank. A run whose ranks together used more "
         "than 80% of this machine's CPU over the measured iterations is marked HOST-BOUND: the host, not the "
         "emulated network or compute, may have set its pace, and it does not count.\n\n";
   if (cfg.contains("devices")) {

@@ -158,7 +158,7 @@ void Van::send(int dest, FrameHeader header, const Part* partsBegin, size_t numP
       loopOut_.send(body, zmq::send_flags::none);
       return;
     }
-    chargeCrypto(static_cast<double>(kHeaderBytes + total));  // CURVE encrypts every byte that leaves the node
+    if (options_.curve) chargeCrypto(static_cast<double>(kHeaderBytes + total));  // CURVE encrypts what leaves
     Peer& peer = *peers_[dest];
     std::lock_guard<std::mutex> lock(peer.mutex);
     if (closed_) throw IoError("transport closed");
@@ -209,7 +209,7 @@ bool Van::receiveFrom(zmq::socket_t& socket, bool loopback, Message* out) {
   out->peer = std::move(peer);
   if (!loopback) {
     counters_.addReceived(wire::trafficLayer(h), kindOf(h.type), kHeaderBytes + h.payloadBytes);
-    chargeCrypto(static_cast<double>(kHeaderBytes + h.payloadBytes));  // and decrypts every byte that arrives
+    if (options_.curve) chargeCrypto(static_cast<double>(kHeaderBytes + h.payloadBytes));  // and decrypts it
   }
   return true;
 }

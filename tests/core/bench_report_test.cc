@@ -32,6 +32,26 @@ RunResult run(const std::string& system, int nodes, double mbit, double seconds)
   return r;
 }
 
+// The results JSON that the harness writes, from these runs.
+nlohmann::json resultOf(const std::vector<RunResult>& runs, nlohmann::json config) {
+  nlohmann::json result;
+  result["config"] = std::move(config);
+  result["runs"] = nlohmann::json::array();
+  for (const auto& r : runs) result["runs"].push_back(r.toJson());
+  return result;
+}
+
+// writeMarkdown's file, read back.
+std::string markdownOf(const nlohmann::json& result) {
+  std::string path = strCat("/tmp/poseidon-report-test-", getpid(), ".md");
+  writeMarkdown(path, result);
+  std::ifstream f(path);
+  std::stringstream md;
+  md << f.rdbuf();
+  std::remove(path.c_str());
+  return md.str();
+}
+
 TEST(BenchReport, SpeedupsHeadlineAndHistogram) {
   std::vector<RunResult> runs{run("poseidon", 1, 100, 1.0), run("ddp", 1, 100, 1.0), run("poseidon", 8, 30, 1.25),
                               run("ddp", 8, 30, 2.5)};
@@ -60,21 +80,14 @@ TEST(BenchReport, SpeedupsHeadlineAndHistogram) {
 TEST(BenchReport, MarkdownTables) {
   std::vector<RunResult> runs{run("poseidon", 1, 30, 1.0), run("poseidon", 8, 30, 1.25)};
   computeSpeedups(runs);
-  nlohmann::json result;
-  result["config"] = {{"command", "poseidon bench --quick"}, {"scale", 0.1}, {"iterations", 5}, {"warmup", 2}};
-  result["runs"] = nlohmann::json::array();
-  for (const auto& r : runs) result["runs"].push_back(r.toJson());
+  nlohmann::json result =
+      resultOf(runs, {{"command", "poseidon bench --quick"}, {"scale", 0.1}, {"iterations", 5}, {"warmup", 2}});
   result["headline"] = headlineRatios(runs, {"vgg19"}, {30}, 8);
-  std::string path = strCat("/tmp/poseidon-report-test-", getpid(), ".md");
-  writeMarkdown(path, result);
-  std::ifstream f(path);
-  std::stringstream md;
-  md << f.rdbuf();
-  std::remove(path.c_str());
-  EXPECT_THAT(md.str(), HasSubstr("Command: `poseidon bench --quick`"));
-  EXPECT_THAT(md.str(), HasSubstr("## vgg19 at 30 Mbit/s (3 Gbit/s at full width)"));
-  EXPECT_THAT(md.str(), HasSubstr("| poseidon | 1.00x | 6.40x | 1.250 | 0.000 | 0.000 | 0.00 | 1.25 | - |"));
-  EXPECT_THAT(md.str(), HasSubstr("- vgg19, 8 nodes, 30 Mbit/s: poseidon 6.40x speedup"));
+  const std::string md = markdownOf(result);
+  EXPECT_THAT(md, HasSubstr("Command: `poseidon bench --quick`"));
+  EXPECT_THAT(md, HasSubstr("## vgg19 at 30 Mbit/s (3 Gbit/s at full width)"));
+  EXPECT_THAT(md, HasSubstr("| poseidon | 1.00x | 6.40x | 1.250 | 0.000 | 0.000 | 0.00 | 1.25 | - |"));
+  EXPECT_THAT(md, HasSubstr("- vgg19, 8 nodes, 30 Mbit/s: poseidon 6.40x speedup"));
 }
 
 TEST(BenchReport, OwnBoundIsTheBusiestNodesBytesOrCompute) {
@@ -103,21 +116,14 @@ TEST(BenchReport, RepeatedRunsChargesAndTunedBucketsInTheTable) {
   tuned.ownBoundSeconds = 1.6;
   std::vector<RunResult> runs{one, big, tunedOne, tuned};
   computeSpeedups(runs);
-  nlohmann::json result;
-  result["config"] = {{"command", "poseidon bench"}, {"scale", 0.1}, {"iterations", 8}, {"warmup", 3}, {"repeat", 3}};
-  result["runs"] = nlohmann::json::array();
-  for (const auto& r : runs) result["runs"].push_back(r.toJson());
+  nlohmann::json result =
+      resultOf(runs, {{"command", "poseidon bench"}, {"scale", 0.1}, {"iterations", 8}, {"warmup", 3}, {"repeat", 3}});
   EXPECT_DOUBLE_EQ(result["runs"][1]["measured_over_own_bound"].get<double>(), 1.25);
-  std::string path = strCat("/tmp/poseidon-report-test-", getpid(), "-b.md");
-  writeMarkdown(path, result);
-  std::ifstream f(path);
-  std::stringstream md;
-  md << f.rdbuf();
-  std::remove(path.c_str());
-  EXPECT_THAT(md.str(), HasSubstr("the median of 3 runs per point"));
-  EXPECT_THAT(md.str(),
+  const std::string md = markdownOf(result);
+  EXPECT_THAT(md, HasSubstr("the median of 3 runs per point"));
+  EXPECT_THAT(md,
               HasSubstr("| poseidon@cpu:1 | 1.00x | 6.40x | 1.250 (1.200-1.300) | 1.280 | 1.000 | 1.25 | 1.25 | 0.260 |"));
-  EXPECT_THAT(md.str(), HasSubstr("| ddp-tuned | 1.00x | 4.00x | 2.000 (2.000-2.000), 5 MB buckets | 2.000 | 1.600 | 1.25 "
+  EXPECT_THAT(md, HasSubstr("| ddp-tuned | 1.00x | 4.00x | 2.000 (2.000-2.000), 5 MB buckets | 2.000 | 1.600 | 1.25 "
                                   "| 2.00 | - |"));
 }
 
@@ -129,19 +135,12 @@ TEST(BenchReport, HostBoundRunsAreMarked) {
   runs[0].hostCpuShare = 0.8;
   EXPECT_FALSE(runs[0].hostBound());
   computeSpeedups(runs);
-  nlohmann::json result;
-  result["config"] = {{"command", "poseidon bench"}, {"scale", 0.1}, {"iterations", 8}, {"warmup", 3}};
-  result["runs"] = nlohmann::json::array();
-  for (const auto& r : runs) result["runs"].push_back(r.toJson());
+  nlohmann::json result =
+      resultOf(runs, {{"command", "poseidon bench"}, {"scale", 0.1}, {"iterations", 8}, {"warmup", 3}});
   EXPECT_TRUE(result["runs"][1]["host_bound"].get<bool>());
   EXPECT_EQ(result["runs"][1]["cpu_seconds_per_iteration"].size(), 8u);
-  std::string path = strCat("/tmp/poseidon-report-test-", getpid(), "-c.md");
-  writeMarkdown(path, result);
-  std::ifstream f(path);
-  std::stringstream md;
-  md << f.rdbuf();
-  std::remove(path.c_str());
-  EXPECT_THAT(md.str(), HasSubstr("| poseidon | 1.00x | 6.40x | 1.250 HOST-BOUND (90% of the host's CPU) |"));
+  const std::string md = markdownOf(result);
+  EXPECT_THAT(md, HasSubstr("| poseidon | 1.00x | 6.40x | 1.250 HOST-BOUND (90% of the host's CPU) |"));
 }
 
 }  // namespace

@@ -75,6 +75,30 @@ TEST(IterationBarrier, OpensWhenEveryLayerIsDone) {
   b.begin(8);
 }
 
+// waitLayer: one layer at a time, in any order, while the others are still pending.
+TEST(IterationBarrier, WaitLayerReturnsOnceThatLayerIsDone) {
+  StickyError error;
+  IterationBarrier b(3, error);
+  b.begin(4);
+  EXPECT_FALSE(b.waitLayer(0, milliseconds(1)));  // pending: the timeout passes
+  EXPECT_FALSE(b.isDone(0));
+  auto waiter = std::async(std::launch::async, [&] { return b.waitLayer(0, milliseconds(600000)); });
+  EXPECT_TRUE(b.layerDone(2, 4));  // another layer does not wake it for good
+  EXPECT_TRUE(b.layerDone(0, 4));
+  EXPECT_TRUE(waiter.get());
+  EXPECT_TRUE(b.isDone(0));
+  EXPECT_TRUE(b.waitLayer(2, milliseconds(1)));
+  EXPECT_FALSE(b.waitLayer(1, milliseconds(1)));
+  EXPECT_ERROR_CONTAINS(b.waitLayer(3, milliseconds(1)), InvalidArgument, "waitLayer: layer 3 outside 0..2");
+  EXPECT_ERROR_CONTAINS(b.begin(5), InvalidArgument, "before waitIteration() finished iteration 4");
+  EXPECT_TRUE(b.layerDone(1, 4));
+  b.begin(5);  // every layer in: the next iteration may start
+  EXPECT_FALSE(b.isDone(0));
+  EXPECT_TRUE(error.set(std::make_exception_ptr(AbortedError("peer 2 failed"))));
+  b.wake();
+  EXPECT_ERROR_CONTAINS(b.waitLayer(1, milliseconds(600000)), AbortedError, "peer 2 failed");
+}
+
 TEST(IterationBarrier, AFailureWakesTheWaiterWithItsType) {
   StickyError error;
   IterationBarrier b(1, error);

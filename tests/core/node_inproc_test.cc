@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "../integration/scenario.h"
+#include "expect_error.h"
 #include "poseidon/client/node.h"
 #include "poseidon/launch/env.h"
 
@@ -16,7 +17,8 @@ namespace {
 using testing::runScenario;
 using testing::scenarioModel;
 
-std::vector<std::unique_ptr<Node>> startNodes(int n, SchemePolicy policy, std::vector<Role> roles = {}) {
+std::vector<std::unique_ptr<Node>> startNodes(int n, SchemePolicy policy, std::vector<Role> roles = {},
+                                              int sendWindowBytes = 0) {
   int port = freePort("127.0.0.1");
   std::vector<std::future<std::unique_ptr<Node>>> futures;
   for (int r = 0; r < n; ++r) {
@@ -29,6 +31,7 @@ std::vector<std::unique_ptr<Node>> startNodes(int n, SchemePolicy policy, std::v
     o.settings.batch = testing::kScenarioBatch;
     o.settings.pairBytes = testing::kScenarioPairBytes;
     o.settings.policy = policy;
+    o.sendWindowBytes = sendWindowBytes;
     futures.push_back(std::async(std::launch::async, [o] { return Node::start(o, scenarioModel()); }));
   }
   std::vector<std::unique_ptr<Node>> nodes;
@@ -36,13 +39,13 @@ std::vector<std::unique_ptr<Node>> startNodes(int n, SchemePolicy policy, std::v
   return nodes;
 }
 
-void runAll(std::vector<std::unique_ptr<Node>>& nodes, int iterations, SchemePolicy policy) {
+void runAll(std::vector<std::unique_ptr<Node>>& nodes, int iterations, SchemePolicy policy, bool byLayer = false) {
   std::vector<std::future<std::vector<testing::LayerCheck>>> futures;
   for (auto& n : nodes) {
     Node* node = n.get();
-    futures.push_back(std::async(std::launch::async, [node, iterations] {
+    futures.push_back(std::async(std::launch::async, [node, iterations, byLayer] {
       std::vector<testing::LayerCheck> checks;
-      if (node->isWorker()) checks = runScenario(*node, iterations);
+      if (node->isWorker()) checks = runScenario(*node, iterations, 0, byLayer);
       node->finish();
       return checks;
     }));
@@ -116,6 +119,22 @@ TEST(NodeInProcess, BroadcastAndBarrier) {
     EXPECT_EQ(w[40000], 1.5f);
     EXPECT_EQ(w[40002], 3.5f);
   }
+}
+
+// Priority-scheduled links (a 4 KB window: every 64 KB pair in fragments), the barrier waited for
+// layer by layer: the same exact results (multiprocess_test.cc compares them with FIFO's bit for bit).
+TEST(NodeInProcess, PriorityLinksLayerByLayer) {
+  auto nodes = startNodes(3, SchemePolicy::kAuto, {}, 4096);
+  EXPECT_ERROR_CONTAINS(nodes[0]->waitLayer(9), InvalidArgument, "waitLayer: layer index 9 out of range");
+  runAll(nodes, 3, SchemePolicy::kAuto, true);
+}
+
+TEST(NodeInProcess, PriorityLinksAreForBspJobsOnly) {
+  NodeOptions o;
+  o.settings.groups = 2;
+  o.sendWindowBytes = 4096;
+  EXPECT_ERROR_CONTAINS(Node::start(o, scenarioModel()), InvalidArgument,
+                        "priority scheduling (a send window) is for BSP jobs");
 }
 
 TEST(NodeInProcess, TimeoutNamesMissingLayerAndRank) {

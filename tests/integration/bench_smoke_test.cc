@@ -17,6 +17,7 @@ namespace poseidon {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 namespace fs = std::filesystem;
 
 std::vector<std::string> namespacesOf(pid_t pid) {
@@ -115,6 +116,34 @@ TEST(BenchSmoke, TwoNodesOneIterationPoseidonAndDdp) {
   std::ifstream md(dir + "/r.md");
   std::string table((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
   EXPECT_THAT(table, HasSubstr("| poseidon |"));
+  EXPECT_TRUE(namespacesOf(procs[0].pid).empty());
+  fs::remove_all(dir);
+}
+
+// poseidon-overlap (docs/scheduling.md): priority-scheduled links and the forward waiting layer by
+// layer; from the second iteration on the trace shows the gated forward.
+TEST(BenchSmoke, OverlapTwoNodes) {
+  requireCluster();
+  std::string dir = testing::makeTempDir("bench");
+  std::vector<testing::Proc> procs{testing::spawn(
+      {POSEIDON_CLI, "bench", "--models", "vgg19", "--systems", "poseidon-overlap", "--nodes", "2", "--rates", "100",
+       "--iterations", "2", "--warmup", "1", "--trace", dir + "/traces", "--json", dir + "/r.json"},
+      {}, dir + "/log")};
+  testing::waitAll(procs, std::chrono::seconds(600));
+  ASSERT_EQ(procs[0].exitCode(), 0) << procs[0].stdoutText() << procs[0].stderrText();
+  std::ifstream f(dir + "/r.json");
+  auto result = nlohmann::json::parse(f);
+  ASSERT_EQ(result["runs"].size(), 1u);
+  const auto& r = result["runs"][0];
+  EXPECT_TRUE(r["ok"].get<bool>()) << r.dump();
+  EXPECT_EQ(r["system"], "poseidon-overlap");
+  EXPECT_GT(r["iteration_seconds"].get<double>(), 0.85) << r.dump();  // the emulated compute alone
+  EXPECT_GT(r["tx_bytes_per_iteration"][1].get<double>(), 1e5) << r.dump();
+  EXPECT_EQ(r["fc_schemes"]["fc6"], "sfb") << r.dump();
+  std::ifstream tf(r["trace"].get<std::string>());
+  std::string trace((std::istreambuf_iterator<char>(tf)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(trace, HasSubstr("\"forward (emulated, layer by layer as the sync lands)\"")) << r["trace"];
+  EXPECT_THAT(trace, Not(HasSubstr("\"wait for the sync\""))) << r["trace"];  // no barrier in the loop
   EXPECT_TRUE(namespacesOf(procs[0].pid).empty());
   fs::remove_all(dir);
 }

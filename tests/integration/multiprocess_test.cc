@@ -104,6 +104,28 @@ TEST(MultiProcess, FourRanksAutoSchemeSynchronizesExactly) {
   expectCorrect(job, {{"tiny", "ps"}, {"conv", "ps"}, {"odd", "ps"}, {"even", "sfb"}, {"huge", "sfb"}});
 }
 
+// Priority-scheduled links (4 KB window: fragments) and the barrier waited for layer by layer give
+// the same results: PS bit-exact, SFB within float error.
+// The same seeds over FIFO links give bit-identical results: every layer's error is the same double.
+TEST(MultiProcess, FourRanksPriorityLinksSynchronizeExactlyLayerByLayer) {
+  Job job = startJob(4, 4, "priority", "auto", 3);
+  testing::waitAll(job.procs, std::chrono::seconds(120));
+  expectAllSucceeded(job);
+  expectCorrect(job, {{"tiny", "ps"}, {"conv", "ps"}, {"odd", "ps"}, {"even", "sfb"}, {"huge", "sfb"}});
+  Job fifo = startJob(4, 4, "sync", "auto", 3);
+  testing::waitAll(fifo.procs, std::chrono::seconds(120));
+  expectAllSucceeded(fifo);
+  for (int r = 0; r < 4; ++r) {
+    auto a = report(job, r)["layers"], b = report(fifo, r)["layers"];
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t l = 0; l < a.size(); ++l) {
+      EXPECT_EQ(a[l]["max_rel_error"].get<double>(), b[l]["max_rel_error"].get<double>())
+          << "rank " << r << " layer " << l;
+      EXPECT_EQ(a[l]["bit_exact"], b[l]["bit_exact"]);
+    }
+  }
+}
+
 // Bytes on the wire per layer and scheme against paper Table 1.
 TEST(MultiProcess, FourRanksPsBytesMatchTable1) {
   const int iterations = 3, P = 4;

@@ -88,7 +88,9 @@ inline std::vector<double> referenceMean(const LayerSpec& l, Scheme scheme, int 
 // Runs `iterations` iterations on a worker node, submitting layers in
 // backward order, and checks every result. Returns per-layer checks of the
 // last iteration (max error over all iterations).
-inline std::vector<LayerCheck> runScenario(Node& node, int64_t iterations, int layerPauseMs = 0) {
+// byLayer: instead of the barrier, wait layer by layer in forward order (Node::waitLayer, as an
+// overlapped forward pass does) and check each layer as it was the moment its wait returned.
+inline std::vector<LayerCheck> runScenario(Node& node, int64_t iterations, int layerPauseMs = 0, bool byLayer = false) {
   const InformationBook& book = node.book();
   const ModelDesc& model = book.model();
   const int workers = book.numWorkers();
@@ -118,7 +120,17 @@ inline std::vector<LayerCheck> runScenario(Node& node, int64_t iterations, int l
         node.submitDense(l, LayerBuffer(segs));
       }
     }
-    node.waitIteration();
+    if (byLayer) {
+      std::vector<std::vector<float>> seen(model.layers.size());
+      for (size_t l = 0; l < model.layers.size(); ++l) {
+        node.waitLayer(static_cast<int>(l));
+        seen[l] = grads[l];
+      }
+      node.waitIteration();  // returns at once: every layer is in
+      grads = std::move(seen);
+    } else {
+      node.waitIteration();
+    }
     for (size_t l = 0; l < model.layers.size(); ++l) {
       const LayerSpec& spec = model.layers[l];
       LayerCheck& c = checks[l];

@@ -94,7 +94,7 @@ void installStopHandlers() {
 
 namespace {
 
-const std::vector<std::string> kPoseidonSystems{"poseidon", "ps-wfbp", "ps-naive", "adam"};
+const std::vector<std::string> kPoseidonSystems{"poseidon", "poseidon-overlap", "ps-wfbp", "ps-naive", "adam"};
 const std::vector<std::string> kDdpSystems{"ddp", "ddp-tuned", "ddp-fp16", "ddp-powersgd1", "ddp-powersgd4"};
 // ddp-tuned's sweep of the bucket cap, MB at full width (scaled by s^2 like the default 25 MB).
 const std::vector<double> kTunedBucketsMb{1, 5, 25};
@@ -355,7 +355,8 @@ int benchCommand(const std::vector<std::string>& args) {
                 "single-GPU iteration time), real parameter shapes at width scale s. Runs Poseidon's systems and\n"
                 "PyTorch DDP (Debian's python3-torch) on the identical model and network, in the same run, and\n"
                 "reports iteration time, speedup over one node, bytes per node, and measured / ideal time.\n"
-                "Systems: poseidon (WFBP + hybrid), ps-wfbp, ps-naive, adam, ddp, ddp-tuned (best bucket cap),\n"
+                "Systems: poseidon (WFBP + hybrid), poseidon-overlap (+ priority-scheduled links, next forward\n"
+                "overlapping the sync), ps-wfbp, ps-naive, adam, ddp, ddp-tuned (best bucket cap),\n"
                 "ddp-fp16, ddp-powersgd1, ddp-powersgd4. Poseidon's own work is charged at full width on --device.\n"
                 "Everything it creates is removed on exit, Ctrl-C and failure.");
   bool accuracyMode = false;  // handled above; listed for --help

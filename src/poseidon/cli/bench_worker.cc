@@ -6,6 +6,7 @@
 // the torchrun environment; writes one JSON result file.
 #include <sys/resource.h>
 
+#include <cmath>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -69,12 +70,13 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
   int64_t pairBytes = -1;
   std::string device = "none", tracePath;
   double gemmFlops = 0, sumBytes = 0, cryptoBytes = 0, linkMbit = 0;
-  int rcvbuf = 0;
+  int rcvbuf = 0, sendWindow = 0;
+  bool overlapForward = false;
   FlagSet flags("bench-worker", "poseidon bench-worker --model NAME --system SYS --out FILE [flags]",
                 "One rank of 'poseidon bench' (started by it; not meant to be run by hand).");
   flags.addString("model", &model, "emulated model", "NAME");
   flags.addDouble("scale", &scale, "width scale s", "S", RealRange::leftOpen(0, 1));
-  flags.addString("system", &system, "poseidon | ps-wfbp | ps-naive | adam | sfb", "SYS");
+  flags.addString("system", &system, "poseidon | poseidon-overlap | ps-wfbp | ps-naive | adam | sfb", "SYS");
   flags.addInt("iterations", &iterations, "measured iterations", "N", IntRange::atLeast(1));
   flags.addInt("warmup", &warmup, "unmeasured iterations first", "N", IntRange::atLeast(0));
   flags.addString("out", &out, "result JSON file", "FILE");
@@ -95,6 +97,11 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
                   "FILE");
   flags.addInt("tcp-rcvbuf", &rcvbuf, "TCP receive buffer per connection into this rank (0: OS default)", "BYTES",
                IntRange::closed(0, 1 << 30));
+  flags.addInt("send-window", &sendWindow,
+               "priority scheduling of the links with this kernel send window per connection (0: FIFO)", "BYTES",
+               IntRange::closed(0, 1 << 30));
+  flags.addBool("overlap-forward", &overlapForward,
+                "run each layer's next forward as soon as its sync is in, not after the whole barrier");
   flags.addDouble("link-mbit", &linkMbit,
                   "the link rate, for BestScheme to weigh the GEMM against the bytes (0: bytes alone decide)",
                   "MBIT", RealRange::atLeast(0));
@@ -118,12 +125,29 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
   setDeviceModel(dm);
   SchemePolicy policy;
   bool overlap = true;
-  if (system == "poseidon") policy = SchemePolicy::kAuto;
-  else if (system == "ps-wfbp") policy = SchemePolicy::kPS;
-  else if (system == "ps-naive") policy = SchemePolicy::kPS, overlap = false;
-  else if (system == "adam") policy = SchemePolicy::kAdam;
-  else if (system == "sfb") policy = SchemePolicy::kSFB;
-  else throw InvalidArgument("unknown system '" + system + "' (poseidon, ps-wfbp, ps-naive, adam, sfb)");
+  if (system == "poseidon" || system == "poseidon-overlap") {
+    policy = SchemePolicy::kAuto;
+  } else if (system == "ps-wfbp") {
+    policy = SchemePolicy::kPS;
+  } else if (system == "ps-naive") {
+    policy = SchemePolicy::kPS;
+    overlap = false;
+  } else if (system == "adam") {
+    policy = SchemePolicy::kAdam;
+  } else if (system == "sfb") {
+    policy = SchemePolicy::kSFB;
+  } else {
+    throw InvalidArgument("unknown system '" + system +
+                          "' (poseidon, poseidon-overlap, ps-wfbp, ps-naive, adam, sfb)");
+  }
+  if (system == "poseidon-overlap") {
+    // docs/scheduling.md: priority-scheduled links, each layer's next forward as soon as its sync
+    // lands. The window: 1 MB at full width (half a KV pair), scaled by s^2 like the pairs.
+    overlapForward = true;
+    if (!flags.wasSet("send-window")) {
+      sendWindow = static_cast<int>(std::max(4096.0, std::round(1048576 * scale * scale)));
+    }
+  }
 
   RankEnv env = rankFromEnvironment();
   setLogPrefix("rank " + std::to_string(env.rank));  // like every rank's: the harness drops it from its report
@@ -142,6 +166,7 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
   o.settings.policy = policy;
   o.secret = jobSecretFromEnvironment();
   o.receiveBufferBytes = rcvbuf;
+  o.sendWindowBytes = sendWindow;
   std::unique_ptr<Tracer> tracer;
   if (!tracePath.empty()) tracer = std::make_unique<Tracer>(env.rank);
   o.tracer = tracer.get();
@@ -182,8 +207,12 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
   ChargedSeconds chargedStart;
   double cpu0 = 0;
   uint64_t retrans0 = 0;
+  // An iteration runs from the start of its forward pass to the end of its backward and, with the
+  // barrier, its sync. With --overlap-forward its forward waits layer by layer for the previous
+  // iteration's sync (so it carries that iteration's tail, as every iteration in a steady state
+  // does), and the last one's tail is drained unmeasured.
   for (int it = 0; it < warmup + iterations; ++it) {
-    if (it == warmup) {
+    if (it == warmup) {  // with --overlap-forward, the warm-up's tail is in flight: counted, as a steady state's
       tx0 = readCounter(iface, "tx_bytes");
       rx0 = readCounter(iface, "rx_bytes");
       psStart = node->counters().total(TrafficKind::kPS);
@@ -194,12 +223,30 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
       retrans0 = tcpRetransmits();
     }
     auto t0 = Clock::now();
-    node->beginIteration(it);
     const int64_t forwardUs = Tracer::nowMicros();
-    auto deadline = t0 + toDuration(forwardTotal);
-    std::this_thread::sleep_until(deadline);
+    auto deadline = t0;
+    if (overlapForward && it > 0) {
+      for (int l = 0; l < L; ++l) {
+        // Layer l's update of iteration it - 1. Only a real wait moves the emulated GPU's clock (an
+        // oversleep of the previous layer must not add up over a few hundred layers).
+        if (!node->layerReady(l)) {
+          node->waitLayer(l);
+          deadline = std::max(deadline, Clock::now());
+        }
+        deadline += toDuration(em.forwardSeconds[l]);
+        std::this_thread::sleep_until(deadline);
+      }
+    } else {
+      deadline += toDuration(forwardTotal);
+      std::this_thread::sleep_until(deadline);
+    }
+    node->beginIteration(it);
     const int64_t backwardUs = Tracer::nowMicros();
-    if (tracer) tracer->span("forward (emulated)", "compute", 0, forwardUs, backwardUs, it);
+    if (tracer) {
+      tracer->span(overlapForward && it > 0 ? "forward (emulated, layer by layer as the sync lands)"
+                                            : "forward (emulated)",
+                   "compute", 0, forwardUs, backwardUs, it);
+    }
     for (int l = L - 1; l >= 0; --l) {
       deadline += toDuration(em.backwardSeconds[l]);
       std::this_thread::sleep_until(deadline);
@@ -209,8 +256,10 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
     if (tracer) tracer->span("backward (emulated)", "compute", 0, backwardUs, waitUs, it);
     if (!overlap)
       for (int l = L - 1; l >= 0; --l) submit(l);
-    node->waitIteration();
-    if (tracer) tracer->span("wait for the sync", "wait", 0, waitUs, Tracer::nowMicros(), it);
+    if (!overlapForward) {
+      node->waitIteration();
+      if (tracer) tracer->span("wait for the sync", "wait", 0, waitUs, Tracer::nowMicros(), it);
+    }
     times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
   nlohmann::json schemes = nlohmann::json::object();
@@ -242,6 +291,9 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
                         {"payload", {{"ps", delta(node->counters().total(TrafficKind::kPS), psStart)},
                                      {"sfb", delta(node->counters().total(TrafficKind::kSFB), sfbStart)},
                                      {"adam", delta(node->counters().total(TrafficKind::kAdam), adamStart)}}}};
+  // The last tail, unmeasured (its bytes and CPU are not counted either, as the warm-up's tail is
+  // partly counted at the start: a steady state's share).
+  if (overlapForward) node->waitIteration();
   node->finish();
   if (tracer) tracer->writeFile(tracePath);
   std::ofstream f(out);

@@ -42,6 +42,24 @@ std::vector<int> IterationBarrier::wait(std::chrono::milliseconds timeout) {
   return pending;
 }
 
+bool IterationBarrier::waitLayer(int layer, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (layer < 0 || layer >= static_cast<int>(done_.size())) {
+    throw InvalidArgument(strCat("waitLayer: layer ", layer, " outside 0..", done_.size() - 1));
+  }
+  const bool done = cv_.wait_for(lock, timeout, [&] { return error_.failed() || done_[layer]; });
+  if (error_.failed()) {
+    lock.unlock();
+    error_.check();
+  }
+  return done && done_[layer];
+}
+
+bool IterationBarrier::isDone(int layer) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return layer >= 0 && layer < static_cast<int>(done_.size()) && done_[layer];
+}
+
 void IterationBarrier::wake() {
   // Taking the mutex orders this after a waiter's predicate check, so the
   // notification cannot be lost between its check and its sleep.

@@ -32,6 +32,10 @@ class IterationBarrier {
   // passes (returns the pending layers). Rethrows the job's sticky error as
   // soon as there is one.
   std::vector<int> wait(std::chrono::milliseconds timeout);
+  // Waits for one layer: true once it is done, false when the timeout passes.
+  // Rethrows the job's sticky error as soon as there is one.
+  bool waitLayer(int layer, std::chrono::milliseconds timeout);
+  bool isDone(int layer);
   // Wakes wait() to look at the sticky error again.
   void wake();
 

@@ -21,6 +21,10 @@ std::unique_ptr<Node> Node::start(const NodeOptions& options, const ModelDesc& m
     throw InvalidArgument(strCat("the syncer thread pool needs at least 1 thread, got ", options.threads));
   }
   if (options.timeout.count() <= 0) throw InvalidArgument("the timeout must be positive");
+  if (options.sendWindowBytes > 0 && options.settings.groupMode()) {
+    throw InvalidArgument("priority scheduling (a send window) is for BSP jobs; compute groups order their pulls and "
+                          "pushes across layers, so they keep FIFO links");
+  }
   std::unique_ptr<Node> node(new Node(options));
   const CurveKeys* curve = nullptr;
   if (!options.secret.empty()) {
@@ -42,6 +46,7 @@ std::unique_ptr<Node> Node::start(const NodeOptions& options, const ModelDesc& m
   vo.port = options.dataPort;
   vo.maxPayloadBytes = options.maxPayloadBytes;
   vo.receiveBufferBytes = options.receiveBufferBytes;
+  vo.sendWindowBytes = options.sendWindowBytes;
   node->van_ = std::make_unique<Van>(node->ctx_, vo);
 
   JoinRequest req;
@@ -357,6 +362,31 @@ void Node::layerDone(int layer, int64_t iteration) {
 // The barrier allows two heartbeat periods more than the liveness timeout: when
 // a peer dies, the liveness check names it before the barrier times out.
 void Node::waitIteration() { waitIteration(waitTimeout()); }
+
+bool Node::layerReady(int layer) const {
+  return barrier_ && layer >= 0 && layer < static_cast<int>(syncers_.size()) && barrier_->isDone(layer);
+}
+
+void Node::waitLayer(int layer) {
+  if (!barrier_) throw InvalidArgument(strCat("rank ", rank(), " is not a worker; it has no iterations"));
+  if (layer < 0 || layer >= static_cast<int>(syncers_.size())) {
+    throw InvalidArgument(strCat("waitLayer: layer index ", layer, " out of range (rank ", rank(), " has ",
+                                 syncers_.size(), " worker layers)"));
+  }
+  bool done = false;
+  try {
+    done = barrier_->waitLayer(layer, waitTimeout());
+  } catch (...) {
+    quiesce();
+    throw;
+  }
+  if (done) return;
+  const int64_t it = iteration_.load();
+  fail(std::make_exception_ptr(TimeoutError(strCat("rank ", rank(), " iteration ", it, ": timed out after ",
+                                                   waitTimeout().count() / 1000.0, " s waiting for ",
+                                                   syncers_[layer]->pending(it)))));
+  throwIfFailed();
+}
 
 void Node::waitIteration(std::chrono::milliseconds timeout) {
   if (!barrier_) throw InvalidArgument(strCat("rank ", rank(), " is not a worker; it has no iterations"));

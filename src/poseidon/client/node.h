@@ -20,6 +20,9 @@
 //     node.submitFactors(l, U, V, K, out) // SFB (or Adam), when schemeFor(l) says so
 //   node.waitIteration();   // BSP barrier: every layer's sync is done
 //   the optimizer applies the synchronized mean gradients.
+// or, overlapping the sync's tail with the next forward pass:
+//   for l = 1..L: node.waitLayer(l); update layer l; its forward of t + 1
+//   node.beginIteration(t + 1); backward as above
 // submit*() only queue the layer's sync on the thread pool and return at once
 // (wait-free backpropagation); sends of upper layers overlap the backward
 // of lower ones.
@@ -96,6 +99,9 @@ struct NodeOptions {
   JobSettings settings;                      // must agree across nodes
   uint64_t maxPayloadBytes = kDefaultMaxPayloadBytes;
   int receiveBufferBytes = 0;  // per-connection TCP receive buffer (0: OS default); see VanOptions
+  // > 0: priority scheduling of the links with this kernel send window per connection (lower
+  // layers' data first; VanOptions::sendWindowBytes, docs/scheduling.md). BSP jobs only.
+  int sendWindowBytes = 0;
   Tracer* tracer = nullptr;  // optional, not owned; must outlive the node
   // Job secret (see transport/security.h); every rank must have the same.
   // Empty: no authentication (a warning unless every address is loopback).
@@ -145,6 +151,14 @@ class Node : private SyncHost {
   // layer still waiting and on whom, or the job's sticky error.
   void waitIteration();
   void waitIteration(std::chrono::milliseconds timeout);
+  // One layer of the barrier: returns once that layer's synchronized result of
+  // the current iteration is in (same errors as waitIteration). With priority
+  // scheduling, the next forward pass can run layer l as soon as waitLayer(l)
+  // returns, overlapping the rest of the sync (docs/scheduling.md); call
+  // beginIteration(t + 1) once every layer is in.
+  void waitLayer(int layer);
+  // Whether waitLayer(layer) would return at once.
+  bool layerReady(int layer) const;
 
   // ---- compute-group mode (JobSettings::groups > 0; docs/omnivore.md) ----------
   // The shards hold the model; a worker pulls it at the start of each of its

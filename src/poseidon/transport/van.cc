@@ -1,6 +1,8 @@
 #include "poseidon/transport/van.h"
 
+#include <algorithm>
 #include <atomic>
+#include <limits>
 #include <cstring>
 
 #include "poseidon/common/device_model.h"
@@ -25,6 +27,12 @@
 namespace poseidon {
 namespace {
 std::atomic<uint64_t> gLoopbackId{0};
+
+// Whether two fragments' headers describe the same message.
+bool sameMessage(const FrameHeader& a, const FrameHeader& b) {
+  return a.type == b.type && a.layer == b.layer && a.iteration == b.iteration && a.pair == b.pair && a.aux == b.aux &&
+         a.payloadBytes == b.payloadBytes;
+}
 }  // namespace
 
 void Van::rejected(const std::string& peer, const std::string& why) {
@@ -46,6 +54,10 @@ Van::Van(zmq::context_t& ctx, const VanOptions& options)
   if (options.receiveBufferBytes < 0) {
     throw InvalidArgument(strCat("the receive buffer must be >= 0 bytes (0: the OS default), got ",
                                  options.receiveBufferBytes));
+  }
+  if (options.sendWindowBytes < 0) {
+    throw InvalidArgument(strCat("the send window must be >= 0 bytes (0: FIFO, no priority scheduling), got ",
+                                 options.sendWindowBytes));
   }
   // Before bind: accepted connections inherit it, so it bounds each peer's window from the start.
   if (options.receiveBufferBytes > 0) router_.set(zmq::sockopt::rcvbuf, options.receiveBufferBytes);
@@ -72,6 +84,17 @@ Van::~Van() { close(); }
 
 void Van::close() {
   if (closed_.exchange(true)) return;
+  if (sender_.joinable()) {
+    // The sender hands over what is queued (for up to lingerMs), then the sockets linger as before.
+    {
+      std::lock_guard<std::mutex> lock(sendMutex_);
+      stopSender_ = true;
+      wakeOut_.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::dontwait);
+    }
+    sender_.join();
+    wakeOut_.close();
+    wakeIn_.close();
+  }
   for (auto& p : peers_) {
     if (!p || !p->socket) continue;
     std::lock_guard<std::mutex> lock(p->mutex);
@@ -97,7 +120,10 @@ void Van::connectPeers(int selfRank, const std::vector<std::string>& endpoints, 
     auto peer = std::make_unique<Peer>();
     if (static_cast<int>(r) != selfRank) {
       peer->socket = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::dealer);
-      peer->socket->set(zmq::sockopt::sndhwm, 0);
+      // FIFO: unlimited. Priority: one message in the pipe and the window in the kernel, so the
+      // queue above (which reorders) keeps the rest.
+      peer->socket->set(zmq::sockopt::sndhwm, options_.sendWindowBytes > 0 ? 1 : 0);
+      if (options_.sendWindowBytes > 0) peer->socket->set(zmq::sockopt::sndbuf, options_.sendWindowBytes);
       peer->socket->set(zmq::sockopt::linger, options_.lingerMs);
       // Messages queue until the TCP connection is up instead of being refused.
       peer->socket->set(zmq::sockopt::immediate, 0);
@@ -109,6 +135,135 @@ void Van::connectPeers(int selfRank, const std::vector<std::string>& endpoints, 
       }
     }
     peers_.push_back(std::move(peer));
+  }
+  if (options_.sendWindowBytes > 0) {
+    queues_.clear();
+    queues_.resize(endpoints.size());
+    blocked_.assign(endpoints.size(), false);
+    wakeIn_ = zmq::socket_t(ctx_, zmq::socket_type::pair);
+    wakeOut_ = zmq::socket_t(ctx_, zmq::socket_type::pair);
+    const std::string wake = "inproc://poseidon-wake-" + std::to_string(gLoopbackId.fetch_add(1));
+    wakeIn_.set(zmq::sockopt::linger, 0);
+    wakeOut_.set(zmq::sockopt::linger, 0);
+    wakeIn_.bind(wake);
+    wakeOut_.connect(wake);
+    sender_ = std::thread([this] { senderLoop(); });
+  }
+}
+
+int64_t Van::priorityOf(const FrameHeader& header) {
+  switch (header.type) {
+    case MsgType::kPsPush:
+    case MsgType::kPsAggregate:
+    case MsgType::kSfbFactors:
+    case MsgType::kAdamFactors:
+    case MsgType::kAdamAggregate:
+    case MsgType::kSfbNotice:
+    case MsgType::kSfbDecision: return static_cast<int64_t>(header.layer);
+    // Compute-group messages keep one class (FIFO among themselves); Node does not schedule those jobs.
+    case MsgType::kGroupPush:
+    case MsgType::kPull:
+    case MsgType::kPullReply:
+    case MsgType::kModelInit:
+    case MsgType::kStateRequest:
+    case MsgType::kStateReply: return std::numeric_limits<int64_t>::max();
+    default: return -1;
+  }
+}
+
+size_t Van::queuedMessages() {
+  std::lock_guard<std::mutex> lock(sendMutex_);
+  return queued_;
+}
+
+void Van::holdSends(bool hold) {
+  std::lock_guard<std::mutex> lock(sendMutex_);
+  held_ = hold;
+  if (sender_.joinable()) wakeOut_.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::dontwait);
+}
+
+void Van::pumpLocked() {
+  const Later later;
+  if (held_ && !stopSender_) return;
+  for (;;) {
+    int best = -1;
+    for (size_t d = 0; d < queues_.size(); ++d) {
+      if (blocked_[d] || queues_[d].empty()) continue;
+      if (best < 0 || later(queues_[best].front(), queues_[d].front())) best = static_cast<int>(d);
+    }
+    if (best < 0) return;
+    auto& q = queues_[static_cast<size_t>(best)];
+    Queued& m = *q.front();
+    zmq::socket_t& socket = *peers_[static_cast<size_t>(best)]->socket;
+    try {
+      if (!socket.send(m.head, zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
+        blocked_[static_cast<size_t>(best)] = true;  // its pipe is full: wait for POLLOUT
+        continue;
+      }
+      // The high-water mark counts whole messages: a started one's other parts are always taken.
+      if (m.fragment.size() != 0) {
+        socket.send(m.body, zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+        socket.send(m.fragment, zmq::send_flags::dontwait);
+      } else {
+        socket.send(m.body, zmq::send_flags::dontwait);
+      }
+    } catch (const zmq::error_t& e) {
+      if (sendError_.empty()) {
+        sendError_ = strCat("send of ", msgTypeName(m.header.type), " to rank ", best, " failed: ", e.what());
+      }
+      POSEIDON_LOG(kError) << sendError_;
+    }
+    std::pop_heap(q.begin(), q.end(), later);
+    q.pop_back();
+    --queued_;
+  }
+}
+
+void Van::senderLoop() {
+  std::vector<zmq::pollitem_t> items;
+  std::vector<size_t> waiting;
+  std::chrono::steady_clock::time_point stopBy{};
+  for (;;) {
+    items.assign(1, zmq::pollitem_t{wakeIn_.handle(), 0, ZMQ_POLLIN, 0});
+    waiting.clear();
+    std::chrono::milliseconds timeout{-1};
+    {
+      std::lock_guard<std::mutex> lock(sendMutex_);
+      pumpLocked();
+      if (stopSender_) {
+        const auto now = std::chrono::steady_clock::now();
+        if (stopBy == std::chrono::steady_clock::time_point{}) {
+          stopBy = now + std::chrono::milliseconds(options_.lingerMs);
+        }
+        if (queued_ == 0 || now >= stopBy) {
+          if (queued_ != 0) {
+            POSEIDON_LOG(kWarning) << queued_ << " queued messages not sent before the transport closed";
+          }
+          return;
+        }
+        timeout = std::chrono::duration_cast<std::chrono::milliseconds>(stopBy - now) + std::chrono::milliseconds(1);
+      }
+      for (size_t d = 0; d < queues_.size(); ++d) {
+        if (!blocked_[d] || queues_[d].empty()) continue;
+        items.push_back(zmq::pollitem_t{peers_[d]->socket->handle(), 0, ZMQ_POLLOUT, 0});
+        waiting.push_back(d);
+      }
+    }
+    try {
+      zmq::poll(items.data(), items.size(), timeout);
+    } catch (const zmq::error_t& e) {
+      if (e.num() == EINTR) continue;
+      POSEIDON_LOG(kError) << "send scheduler: poll failed: " << e.what();
+      return;
+    }
+    if (items[0].revents & ZMQ_POLLIN) {
+      zmq::message_t drop;
+      while (wakeIn_.recv(drop, zmq::recv_flags::dontwait)) {
+      }
+    }
+    std::lock_guard<std::mutex> lock(sendMutex_);
+    for (size_t i = 1; i < items.size(); ++i)
+      if (items[i].revents & ZMQ_POLLOUT) blocked_[waiting[i - 1]] = false;
   }
 }
 
@@ -159,6 +314,46 @@ void Van::send(int dest, FrameHeader header, const Part* partsBegin, size_t numP
       return;
     }
     if (options_.curve) chargeCrypto(static_cast<double>(kHeaderBytes + total));  // CURVE encrypts what leaves
+    if (sender_.joinable()) {
+      // Whole, or in fragments of the window's size (each: the header, its slice, and where it goes).
+      const size_t chunk = static_cast<size_t>(options_.sendWindowBytes);
+      const size_t pieces = total <= chunk ? 1 : (total + chunk - 1) / chunk;
+      std::vector<std::unique_ptr<Queued>> qs;
+      for (size_t i = 0; i < pieces; ++i) {
+        auto q = std::make_unique<Queued>();
+        q->priority = priorityOf(header);
+        q->header = header;
+        if (pieces == 1) {
+          q->head = std::move(head);
+          q->body = std::move(body);
+        } else {
+          const size_t off = i * chunk, len = std::min(chunk, total - off);
+          q->head = zmq::message_t(head.data(), head.size());
+          q->body = zmq::message_t(static_cast<const uint8_t*>(body.data()) + off, len);
+          q->fragment = zmq::message_t(kFragmentBytes);
+          auto* f = static_cast<uint8_t*>(q->fragment.data());
+          const uint64_t where = off;  // the message id is written under the lock below
+          std::memcpy(f + 8, &where, 8);
+        }
+        qs.push_back(std::move(q));
+      }
+      std::lock_guard<std::mutex> lock(sendMutex_);
+      if (closed_) throw IoError("transport closed");
+      if (!sendError_.empty()) throw IoError(sendError_);
+      const uint64_t id = nextFragmentId_++;
+      auto& heap = queues_[static_cast<size_t>(dest)];
+      for (auto& q : qs) {
+        if (pieces > 1) std::memcpy(q->fragment.data(), &id, 8);
+        q->seq = nextSeq_++;
+        heap.push_back(std::move(q));
+        std::push_heap(heap.begin(), heap.end(), Later());
+        ++queued_;
+      }
+      // Wake the sender's poll (a full wake pipe means it is awake already).
+      wakeOut_.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::dontwait);
+      counters_.addSent(wire::trafficLayer(header), kindOf(header.type), kHeaderBytes + total);
+      return;
+    }
     Peer& peer = *peers_[dest];
     std::lock_guard<std::mutex> lock(peer.mutex);
     if (closed_) throw IoError("transport closed");
@@ -184,15 +379,16 @@ bool Van::receiveFrom(zmq::socket_t& socket, bool loopback, Message* out) {
     } catch (const zmq::error_t&) {
     }
   }
-  // ROUTER prepends the sender's identity frame.
+  // ROUTER prepends the sender's identity frame. Two frames: a whole message; three: a fragment.
   size_t first = loopback ? 0 : 1;
   std::string why;
   FrameHeader h;
-  if (parts.size() != first + 2) {
-    why = strCat("message with ", parts.size() - first, " frames (expected header + payload)");
+  const bool fragment = !loopback && parts.size() == first + 3;
+  if (parts.size() != first + 2 && !fragment) {
+    why = strCat("message with ", parts.size() - first, " frames (expected header + payload [+ fragment])");
   } else {
     why = decodeHeader(parts[first].data(), parts[first].size(), options_.maxPayloadBytes, &h);
-    if (why.empty() && h.payloadBytes != parts[first + 1].size()) {
+    if (why.empty() && !fragment && h.payloadBytes != parts[first + 1].size()) {
       why = strCat("header says ", h.payloadBytes, " payload bytes but the payload frame has ", parts[first + 1].size());
     }
     if (why.empty() && h.job != job_) why = strCat("frame for job ", std::hex, h.job, ", this job is ", job_);
@@ -204,6 +400,7 @@ bool Van::receiveFrom(zmq::socket_t& socket, bool loopback, Message* out) {
     rejected(peer, why);
     return false;
   }
+  if (fragment) return addFragment(h, parts[first + 1], parts[first + 2], peer, out);
   out->header = h;
   out->payload = std::move(parts[first + 1]);
   out->peer = std::move(peer);
@@ -211,6 +408,51 @@ bool Van::receiveFrom(zmq::socket_t& socket, bool loopback, Message* out) {
     counters_.addReceived(wire::trafficLayer(h), kindOf(h.type), kHeaderBytes + h.payloadBytes);
     if (options_.curve) chargeCrypto(static_cast<double>(kHeaderBytes + h.payloadBytes));  // and decrypts it
   }
+  return true;
+}
+
+bool Van::addFragment(const FrameHeader& h, zmq::message_t& chunk, const zmq::message_t& where,
+                      const std::string& peer, Message* out) {
+  if (where.size() != kFragmentBytes) {
+    rejected(peer, strCat("fragment frame of ", where.size(), " bytes (expected ", kFragmentBytes, ")"));
+    return false;
+  }
+  uint64_t id = 0, offset = 0;
+  std::memcpy(&id, where.data(), 8);
+  std::memcpy(&offset, static_cast<const uint8_t*>(where.data()) + 8, 8);
+  const auto key = std::make_pair(h.sender, id);
+  auto it = partials_.find(key);
+  // A connection is FIFO: a message's fragments arrive in order, the first at offset 0.
+  const uint64_t expected = it == partials_.end() ? 0 : it->second.received;
+  std::string why;
+  if (offset != expected) why = strCat("fragment of message ", id, " at offset ", offset, ", expected ", expected);
+  else if (chunk.size() == 0 || offset + chunk.size() > h.payloadBytes) {
+    why = strCat("fragment of ", chunk.size(), " bytes at offset ", offset, " of a ", h.payloadBytes, "-byte message");
+  } else if (it == partials_.end() && partials_.size() >= kMaxPartials) {
+    why = strCat("more than ", kMaxPartials, " fragmented messages open at once");
+  } else if (it != partials_.end() && !sameMessage(it->second.header, h)) {
+    why = strCat("fragment of message ", id, " with another header than its first");
+  }
+  if (!why.empty()) {
+    if (it != partials_.end()) partials_.erase(it);
+    rejected(peer, why);
+    return false;
+  }
+  if (it == partials_.end()) {
+    it = partials_.emplace(key, Partial{}).first;
+    it->second.header = h;
+    it->second.payload = zmq::message_t(h.payloadBytes);
+  }
+  Partial& p = it->second;
+  std::memcpy(static_cast<uint8_t*>(p.payload.data()) + offset, chunk.data(), chunk.size());
+  p.received += chunk.size();
+  if (p.received < h.payloadBytes) return false;
+  out->header = h;
+  out->payload = std::move(p.payload);
+  out->peer = peer;
+  partials_.erase(it);
+  counters_.addReceived(wire::trafficLayer(h), kindOf(h.type), kHeaderBytes + h.payloadBytes);
+  if (options_.curve) chargeCrypto(static_cast<double>(kHeaderBytes + h.payloadBytes));
   return true;
 }
 

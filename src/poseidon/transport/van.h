@@ -15,15 +15,31 @@
 // thread only, the owner's receive loop. High-water marks are unlimited, so
 // send() never blocks and never drops. A peer's mutex is the innermost lock
 // of the runtime: nothing is locked while one is held.
+//
+// Priority scheduling (VanOptions::sendWindowBytes > 0; docs/scheduling.md):
+// send() queues the message instead, and one sender thread, the only user of
+// the DEALERs then, hands ZeroMQ the most urgent queued message whose peer
+// can take one: data of a lower layer before a higher one's (the next forward
+// pass needs layer 0 first), control before data, FIFO within a layer. Each
+// connection holds at most one message in ZeroMQ's pipe and sendWindowBytes in
+// the kernel, so a late, urgent pair waits behind little; a message larger
+// than the window goes as fragments of the window's size (a third frame
+// says which message and where; the receiver reassembles them), so an urgent
+// one can pass between them (P3's slicing). Only messages of
+// different layers (or control) are reordered; the BSP protocol never orders
+// them across layers. Not for compute-group jobs (their pulls and pushes
+// are ordered across layers): Node refuses the combination.
 #pragma once
 
 #include <zmq.hpp>
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "poseidon/transport/counters.h"
@@ -45,6 +61,9 @@ struct VanOptions {
   // 16 KB at 32 emulated nodes cut TCP retransmits from ~46,000 to ~3,000 and
   // the iteration from 2.3-2.9 s to 1.65-1.75 s).
   int receiveBufferBytes = 0;
+  // > 0: priority scheduling (above) with this kernel send buffer per
+  // connection (SO_SNDBUF). 0: FIFO, the OS's autotuned buffers.
+  int sendWindowBytes = 0;
 };
 
 struct Message {
@@ -113,12 +132,45 @@ class Van {
   // Closes all sockets (flushing for up to lingerMs). Idempotent.
   void close();
 
+  // The scheduling rank of a message (smaller goes first): -1 for control and
+  // collectives, the layer for a BSP round's data. Public for the tests.
+  static int64_t priorityOf(const FrameHeader& header);
+  // Priority scheduling: messages (fragments) queued, not yet handed to ZeroMQ.
+  size_t queuedMessages();
+  // Tests: while held, the sender hands nothing over (messages queue up).
+  void holdSends(bool hold);
+
  private:
   struct Peer {
     std::mutex mutex;
     std::unique_ptr<zmq::socket_t> socket;
   };
+  struct Queued {
+    int64_t priority = 0;
+    uint64_t seq = 0;
+    FrameHeader header;
+    zmq::message_t head, body, fragment;  // fragment: empty for a whole message
+  };
+  // A fragmented message being reassembled (receive thread only).
+  struct Partial {
+    FrameHeader header;
+    zmq::message_t payload;
+    uint64_t received = 0;
+  };
+  static constexpr size_t kFragmentBytes = 16;  // message id, offset (u64 each, host order = little-endian)
+  static constexpr size_t kMaxPartials = 4096;   // open fragmented messages, over every sender
+  struct Later {  // the min-heap order: lower priority first, then FIFO
+    bool operator()(const std::unique_ptr<Queued>& a, const std::unique_ptr<Queued>& b) const {
+      return a->priority != b->priority ? a->priority > b->priority : a->seq > b->seq;
+    }
+  };
   bool receiveFrom(zmq::socket_t& socket, bool loopback, Message* out);
+  // A fragment's checks and bookkeeping: true with *out filled when it completed a message.
+  bool addFragment(const FrameHeader& h, zmq::message_t& chunk, const zmq::message_t& where, const std::string& peer,
+                   Message* out);
+  void senderLoop();
+  // Hands ZeroMQ what it takes, most urgent first; marks peers that took none.
+  void pumpLocked();
 
   static TrafficKind kindOf(MsgType type);
 
@@ -134,10 +186,26 @@ class Van {
   std::vector<std::unique_ptr<Peer>> peers_;
   TrafficCounters counters_;
   std::atomic<uint64_t> rejected_{0};
+  std::map<std::pair<uint32_t, uint64_t>, Partial> partials_;  // (sender, message id); receive thread only
   std::unique_ptr<HandshakeMonitor> monitor_;  // handshake failures (CURVE only)
   // Written by close() (any thread), read by send() under a peer's or the
   // loopback's mutex and by close() itself: atomic, so no reader needs them all.
   std::atomic<bool> closed_{false};
+
+  // Priority scheduling (sendWindowBytes > 0). sendMutex_ guards the queues,
+  // the wake socket's sending end, blocked_ and stopSender_; the sender thread
+  // alone touches the DEALERs then.
+  std::mutex sendMutex_;
+  std::vector<std::vector<std::unique_ptr<Queued>>> queues_;  // per peer, a heap by Later
+  std::vector<bool> blocked_;  // the peer's pipe was full; wait for POLLOUT
+  size_t queued_ = 0;
+  uint64_t nextSeq_ = 0;
+  uint64_t nextFragmentId_ = 0;
+  bool stopSender_ = false;
+  std::string sendError_;  // the sender's first failure; later send()s throw it
+  bool held_ = false;
+  zmq::socket_t wakeIn_, wakeOut_;  // inproc PAIR: a send() wakes the sender's poll
+  std::thread sender_;
 };
 
 }  // namespace poseidon

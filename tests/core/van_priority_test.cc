@@ -1,0 +1,170 @@
+// Priority scheduling of the links (VanOptions::sendWindowBytes; docs/scheduling.md): the most
+// urgent queued message goes first (control, then lower layers, FIFO within a layer), a message
+// larger than the window goes in fragments that the receiver reassembles, and malformed fragments
+// are rejected without losing the good ones.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "expect_error.h"
+#include "poseidon/common/error.h"
+#include "poseidon/transport/van.h"
+#include "poseidon/wire/frame.h"
+
+namespace poseidon {
+namespace {
+
+constexpr uint64_t kJob = 7;
+
+std::vector<uint8_t> pattern(size_t n, int salt) {
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(i * 31 + static_cast<size_t>(salt) * 7 + 1);
+  return v;
+}
+
+FrameHeader header(MsgType type, uint32_t layer) {
+  FrameHeader h;
+  h.type = type;
+  h.layer = layer;
+  return h;
+}
+
+// Polls until a message comes (each wait bounded, up to 100 s in all on a loaded machine).
+Message next(Van& van) {
+  Message m;
+  for (int i = 0; i < 100; ++i)
+    if (van.poll(&m, 1000)) return m;
+  ADD_FAILURE() << "no message came";
+  return m;
+}
+
+TEST(VanPriority, ControlFirstThenLowerLayersThenFifoWithinALayer) {
+  EXPECT_EQ(Van::priorityOf(header(MsgType::kHeartbeat, 0)), -1);
+  EXPECT_EQ(Van::priorityOf(header(MsgType::kBarrier, 3)), -1);
+  EXPECT_EQ(Van::priorityOf(header(MsgType::kAbort, 0)), -1);
+  EXPECT_EQ(Van::priorityOf(header(MsgType::kPsPush, 7)), 7);
+  EXPECT_EQ(Van::priorityOf(header(MsgType::kPsAggregate, 2)), 2);
+  EXPECT_EQ(Van::priorityOf(header(MsgType::kSfbFactors, 5)), 5);
+  EXPECT_EQ(Van::priorityOf(header(MsgType::kPull, 1)), std::numeric_limits<int64_t>::max());
+}
+
+TEST(VanPriority, QueuedMessagesGoMostUrgentFirstAndFragmentsArriveWhole) {
+  zmq::context_t ctx;
+  VanOptions o;
+  Van b(ctx, o);  // the receiver needs no scheduling of its own
+  o.sendWindowBytes = 4096;
+  Van a(ctx, o);
+  std::vector<std::string> endpoints{a.endpoint(), b.endpoint()};
+  a.connectPeers(0, endpoints, kJob);
+  b.connectPeers(1, endpoints, kJob);
+  a.holdSends(true);
+  struct Sent {
+    MsgType type;
+    uint32_t layer;
+    size_t bytes;
+  };
+  // In the order sent; 40000 and 10000 bytes go as 10 and 3 fragments.
+  const std::vector<Sent> sent{{MsgType::kPsPush, 9, 40000},    {MsgType::kPsPush, 3, 10000},
+                               {MsgType::kSfbFactors, 1, 5000}, {MsgType::kPsAggregate, 2, 100},
+                               {MsgType::kPsPush, 1, 200},      {MsgType::kHeartbeat, 0, 0}};
+  for (size_t i = 0; i < sent.size(); ++i) {
+    auto p = pattern(sent[i].bytes, static_cast<int>(i));
+    a.send(1, header(sent[i].type, sent[i].layer), p.data(), p.size());
+  }
+  EXPECT_EQ(a.queuedMessages(), 10u + 3 + 2 + 1 + 1 + 1);
+  a.holdSends(false);
+  // Control, then layer 1 (its two messages in the order sent), 2, 3, 9.
+  for (size_t i : {5, 2, 4, 3, 1, 0}) {
+    Message m = next(b);
+    EXPECT_EQ(m.header.type, sent[i].type) << "message " << i;
+    EXPECT_EQ(m.header.layer, sent[i].layer) << "message " << i;
+    EXPECT_EQ(m.header.sender, 0u);
+    EXPECT_EQ(std::vector<uint8_t>(m.data(), m.data() + m.size()), pattern(sent[i].bytes, static_cast<int>(i)))
+        << "message " << i;
+  }
+  EXPECT_EQ(a.queuedMessages(), 0u);
+  EXPECT_EQ(b.rejectedFrames(), 0u);
+  // The counters see whole messages on both ends.
+  EXPECT_EQ(a.counters().total(TrafficKind::kPS).bytesSent, 40000u + 10000 + 100 + 200 + 4 * kHeaderBytes);
+  EXPECT_EQ(b.counters().total(TrafficKind::kPS).bytesReceived, 40000u + 10000 + 100 + 200 + 4 * kHeaderBytes);
+  a.close();
+  EXPECT_ERROR_CONTAINS(a.send(1, header(MsgType::kPsPush, 0), static_cast<const void*>(nullptr), size_t{0}), IoError,
+                        "transport closed");
+}
+
+TEST(VanPriority, CloseSendsWhatIsQueued) {
+  zmq::context_t ctx;
+  VanOptions o;
+  Van b(ctx, o);
+  o.sendWindowBytes = 4096;
+  Van a(ctx, o);
+  std::vector<std::string> endpoints{a.endpoint(), b.endpoint()};
+  a.connectPeers(0, endpoints, kJob);
+  b.connectPeers(1, endpoints, kJob);
+  a.holdSends(true);
+  auto p = pattern(100000, 3);
+  a.send(1, header(MsgType::kPsAggregate, 4), p.data(), p.size());
+  a.close();  // lingers: the 25 fragments still go
+  Message m = next(b);
+  EXPECT_EQ(std::vector<uint8_t>(m.data(), m.data() + m.size()), p);
+}
+
+TEST(VanPriority, ANegativeWindowIsRefused) {
+  zmq::context_t ctx;
+  VanOptions o;
+  o.sendWindowBytes = -1;
+  EXPECT_ERROR_CONTAINS(Van(ctx, o), InvalidArgument,
+                        "the send window must be >= 0 bytes (0: FIFO, no priority scheduling), got -1");
+}
+
+// Raw three-frame messages from a DEALER that is not a Van: each bad fragment is counted and
+// dropped, and a good fragmented message after them still arrives whole.
+TEST(VanPriority, MalformedFragmentsAreRejectedAndTheGoodOnesStillArrive) {
+  zmq::context_t ctx;
+  VanOptions o;
+  Van b(ctx, o);
+  b.connectPeers(1, {"tcp://127.0.0.1:1", b.endpoint()}, kJob);
+  zmq::socket_t raw(ctx, zmq::socket_type::dealer);
+  raw.set(zmq::sockopt::linger, 0);
+  raw.connect(b.endpoint());
+  auto sendFragment = [&](FrameHeader h, uint64_t payloadBytes, const std::vector<uint8_t>& chunk, uint64_t id,
+                          uint64_t offset, size_t whereBytes = 16) {
+    h.job = kJob;
+    h.sender = 0;
+    h.payloadBytes = payloadBytes;
+    uint8_t head[kHeaderBytes];
+    encodeHeader(h, head);
+    std::vector<uint8_t> where(whereBytes, 0);
+    if (whereBytes >= 16) {
+      std::memcpy(where.data(), &id, 8);
+      std::memcpy(where.data() + 8, &offset, 8);
+    }
+    raw.send(zmq::buffer(head, kHeaderBytes), zmq::send_flags::sndmore);
+    raw.send(zmq::buffer(chunk), zmq::send_flags::sndmore);
+    raw.send(zmq::buffer(where), zmq::send_flags::none);
+  };
+  const auto h = header(MsgType::kPsPush, 2);
+  const auto good = pattern(12, 1);
+  std::vector<uint8_t> first(good.begin(), good.begin() + 8), second(good.begin() + 8, good.end());
+  sendFragment(h, 12, first, 1, 0, 8);   // a fragment frame of 8 bytes
+  sendFragment(h, 12, second, 2, 8);     // message 2 does not start at 0
+  sendFragment(h, 4, first, 3, 0);       // 8 bytes of a 4-byte message
+  sendFragment(h, 12, first, 4, 0);      // message 4 starts well ...
+  auto other = h;
+  other.layer = 3;
+  sendFragment(other, 12, second, 4, 8);  // ... and goes on with another header: dropped whole
+  sendFragment(h, 12, second, 4, 8);      // so its late rest is out of place too
+  sendFragment(h, 12, first, 5, 0);       // message 5 arrives whole
+  sendFragment(h, 12, second, 5, 8);
+  Message m = next(b);
+  EXPECT_EQ(m.header.type, MsgType::kPsPush);
+  EXPECT_EQ(m.header.layer, 2u);
+  EXPECT_EQ(std::vector<uint8_t>(m.data(), m.data() + m.size()), good);
+  EXPECT_EQ(b.rejectedFrames(), 5u);
+}
+
+}  // namespace
+}  // namespace poseidon

@@ -37,11 +37,27 @@ TEST(DeviceModel, ChargeHoldsTheCallerForTheFullWidthCost) {
   double held = std::chrono::duration<double>(WorkClock::now() - start).count();
   EXPECT_GE(held, 0.05);
   chargeSum(2e5, WorkClock::now());  // 2e7 bytes / 1e9 = 20 ms
-  chargeCrypto(1e5);                 // 1e7 bytes / 1e9 = 10 ms
+  chargeCrypto(1e5, 3);              // 1e7 bytes / 1e9 = 10 ms
   ChargedSeconds after = chargedSeconds();
   EXPECT_NEAR(after.gemm - before.gemm, 0.05, 1e-6);
   EXPECT_NEAR(after.sum - before.sum, 0.02, 1e-6);
   EXPECT_NEAR(after.crypto - before.crypto, 0.01, 1e-6);
+}
+
+// Each connection's encryption queues on one of the I/O threads' timelines.
+TEST(DeviceModel, CryptoLanesQueuePerIoThread) {
+  using std::chrono::milliseconds;
+  const WorkClock::time_point t0{};
+  CryptoLanes one(1);
+  EXPECT_EQ(one.admit(t0, milliseconds(50), 0), t0 + milliseconds(50));
+  EXPECT_EQ(one.admit(t0, milliseconds(50), 1), t0 + milliseconds(100));  // one I/O thread: behind the first
+  EXPECT_EQ(one.admit(t0 + milliseconds(300), milliseconds(10), 7), t0 + milliseconds(310));  // idle by then
+  CryptoLanes two(2);
+  EXPECT_EQ(two.lanes(), 2);
+  EXPECT_EQ(two.admit(t0, milliseconds(50), 0), t0 + milliseconds(50));
+  EXPECT_EQ(two.admit(t0, milliseconds(50), 1), t0 + milliseconds(50));   // the other thread: at once
+  EXPECT_EQ(two.admit(t0, milliseconds(50), 2), t0 + milliseconds(100));  // connection 2 shares lane 0
+  EXPECT_EQ(CryptoLanes(0).lanes(), 1);
 }
 
 TEST(DeviceModel, WorkThatAlreadyTookLongerIsChargedItsCostOnly) {
@@ -60,7 +76,7 @@ TEST(DeviceModel, TheDefaultChargesNothing) {
   ChargedSeconds before = chargedSeconds();
   chargeGemm(1e15, WorkClock::now());
   chargeSum(1e15, WorkClock::now());
-  chargeCrypto(1e15);
+  chargeCrypto(1e15, 0);
   ChargedSeconds after = chargedSeconds();
   EXPECT_EQ(after.gemm, before.gemm);
   EXPECT_EQ(after.sum, before.sum);

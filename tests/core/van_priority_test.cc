@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <limits>
+#include <thread>
 #include <vector>
 
 #include "expect_error.h"
@@ -25,10 +26,11 @@ std::vector<uint8_t> pattern(size_t n, int salt) {
   return v;
 }
 
-FrameHeader header(MsgType type, uint32_t layer) {
+FrameHeader header(MsgType type, uint32_t layer, int64_t iteration = 0) {
   FrameHeader h;
   h.type = type;
   h.layer = layer;
+  h.iteration = iteration;
   return h;
 }
 
@@ -42,13 +44,16 @@ Message next(Van& van) {
 }
 
 TEST(VanPriority, ControlFirstThenLowerLayersThenFifoWithinALayer) {
-  EXPECT_EQ(Van::priorityOf(header(MsgType::kHeartbeat, 0)), -1);
-  EXPECT_EQ(Van::priorityOf(header(MsgType::kBarrier, 3)), -1);
-  EXPECT_EQ(Van::priorityOf(header(MsgType::kAbort, 0)), -1);
-  EXPECT_EQ(Van::priorityOf(header(MsgType::kPsPush, 7)), 7);
-  EXPECT_EQ(Van::priorityOf(header(MsgType::kPsAggregate, 2)), 2);
-  EXPECT_EQ(Van::priorityOf(header(MsgType::kSfbFactors, 5)), 5);
-  EXPECT_EQ(Van::priorityOf(header(MsgType::kPull, 1)), std::numeric_limits<int64_t>::max());
+  constexpr int64_t kMin = std::numeric_limits<int64_t>::min(), kMax = std::numeric_limits<int64_t>::max();
+  using P = Van::Priority;
+  EXPECT_EQ(Van::priorityOf(header(MsgType::kHeartbeat, 0, 9)), P(kMin, 0));
+  EXPECT_EQ(Van::priorityOf(header(MsgType::kBarrier, 3)), P(kMin, 0));
+  EXPECT_EQ(Van::priorityOf(header(MsgType::kAbort, 0)), P(kMin, 0));
+  EXPECT_EQ(Van::priorityOf(header(MsgType::kPsPush, 7, 4)), P(4, 7));
+  EXPECT_EQ(Van::priorityOf(header(MsgType::kPsAggregate, 2, 4)), P(4, 2));
+  EXPECT_EQ(Van::priorityOf(header(MsgType::kSfbFactors, 5, 3)), P(3, 5));  // an earlier iteration goes first
+  EXPECT_LT(Van::priorityOf(header(MsgType::kSfbFactors, 5, 3)), Van::priorityOf(header(MsgType::kPsPush, 0, 4)));
+  EXPECT_EQ(Van::priorityOf(header(MsgType::kPull, 1)), P(kMax, kMax));
 }
 
 TEST(VanPriority, QueuedMessagesGoMostUrgentFirstAndFragmentsArriveWhole) {
@@ -95,6 +100,31 @@ TEST(VanPriority, QueuedMessagesGoMostUrgentFirstAndFragmentsArriveWhole) {
                         "transport closed");
 }
 
+// An urgent message enqueued while a large one is half handed over passes between its fragments.
+TEST(VanPriority, AnUrgentMessagePassesBetweenTheFragmentsOfALargeOne) {
+  zmq::context_t ctx;
+  VanOptions o;
+  Van b(ctx, o);
+  o.sendWindowBytes = 4096;
+  Van a(ctx, o);
+  std::vector<std::string> endpoints{a.endpoint(), b.endpoint()};
+  a.connectPeers(0, endpoints, kJob);
+  b.connectPeers(1, endpoints, kJob);
+  a.holdSends(true, 3);  // three fragments go, then the sender holds
+  auto big = pattern(40000, 1), urgent = pattern(300, 2);
+  a.send(1, header(MsgType::kPsPush, 9, 5), big.data(), big.size());
+  // Wait for the sender to hand over the three (each wait bounded; up to 100 s on a loaded machine).
+  for (int i = 0; i < 100000 && a.queuedMessages() != 7; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(a.queuedMessages(), 7u);
+  a.send(1, header(MsgType::kPsPush, 0, 5), urgent.data(), urgent.size());
+  a.holdSends(false);
+  Message first = next(b), second = next(b);
+  EXPECT_EQ(first.header.layer, 0u);  // whole before the large one's last seven fragments
+  EXPECT_EQ(std::vector<uint8_t>(first.data(), first.data() + first.size()), urgent);
+  EXPECT_EQ(second.header.layer, 9u);
+  EXPECT_EQ(std::vector<uint8_t>(second.data(), second.data() + second.size()), big);
+}
+
 TEST(VanPriority, CloseSendsWhatIsQueued) {
   zmq::context_t ctx;
   VanOptions o;
@@ -117,7 +147,10 @@ TEST(VanPriority, ANegativeWindowIsRefused) {
   VanOptions o;
   o.sendWindowBytes = -1;
   EXPECT_ERROR_CONTAINS(Van(ctx, o), InvalidArgument,
-                        "the send window must be >= 0 bytes (0: FIFO, no priority scheduling), got -1");
+                        "the send window must be 0 (FIFO links) or at least 4096 bytes (smaller ones cut messages "
+                        "into too many fragments), got -1");
+  o.sendWindowBytes = 100;
+  EXPECT_ERROR_CONTAINS(Van(ctx, o), InvalidArgument, "or at least 4096 bytes");
 }
 
 // Raw three-frame messages from a DEALER that is not a Van: each bad fragment is counted and

@@ -58,6 +58,9 @@ TEST(CliFlags, BenchRejectsOutOfRangeValues) {
   expectRejected({{"bench", "--report-from", "/nonexistent/r.json", "--markdown", "/dev/null"},
                   "--report-from: cannot read /nonexistent/r.json"});
   expectRejected({{"bench", "--report-from", "/dev/null"}, "--report-from needs --markdown or --plots"});
+  expectRejected({{"bench", "--io-threads", "0"}, "--io-threads must be in [1, 64], got 0"});
+  expectRejected({{"bench", "--systems", "poseidon,poseidon-overlap", "--warmup", "0"},
+                  "poseidon-overlap needs --warmup 1 or more (each iteration carries the one before's tail)"});
 }
 
 TEST(CliFlags, BenchWorkerRejectsOutOfRangeValues) {
@@ -65,6 +68,10 @@ TEST(CliFlags, BenchWorkerRejectsOutOfRangeValues) {
                   "--pair-bytes must be in [4, 1073741824], got 2"});
   expectRejected({{"bench-worker", "--out", "/dev/null", "--timeout", "0"}, "--timeout must be >= 1, got 0"});
   expectRejected({{"bench-worker", "--out", "/dev/null", "--warmup", "-1"}, "--warmup must be >= 0, got -1"});
+  expectRejected({{"bench-worker", "--out", "/dev/null", "--system", "poseidon-overlap", "--warmup", "0"},
+                  "--overlap-forward needs --warmup 1 or more (each iteration carries the one before's tail)"});
+  expectRejected({{"bench-worker", "--out", "/dev/null", "--io-threads", "65"},
+                  "--io-threads must be in [1, 64], got 65"});
 }
 
 TEST(CliFlags, HelpShowsTheRanges) {

@@ -28,6 +28,7 @@
 #include "poseidon/cli/bench_util.h"
 #include "poseidon/cli/commands.h"
 #include "poseidon/cli/flags.h"
+#include "poseidon/client/node.h"
 #include "poseidon/common/error.h"
 #include "poseidon/common/trace.h"
 #include "poseidon/launch/env.h"
@@ -124,6 +125,7 @@ struct Harness {
   // Repeats (--repeat), devices (--device) and DDP's bucket caps.
   std::string traceDir;  // --trace: one merged Chrome trace per Poseidon run
   int rcvbuf = 0;        // --tcp-rcvbuf, for Poseidon's ranks
+  int ioThreads = NodeOptions{}.ioThreads;  // --io-threads, for Poseidon's ranks
   int repeat = 1;
   unsigned hostCores = std::max(1u, std::thread::hardware_concurrency());
   std::vector<std::string> devices{"none"};   // the first is the plain system name's
@@ -240,6 +242,7 @@ struct Harness {
                    "--link-mbit", strCat(dm.charges() ? r.mbit : 0.0)};
         if (!traceDir.empty()) so.argv.insert(so.argv.end(), {"--trace", out + ".trace.json"});
         if (rcvbuf > 0) so.argv.insert(so.argv.end(), {"--tcp-rcvbuf", std::to_string(rcvbuf)});
+        so.argv.insert(so.argv.end(), {"--io-threads", std::to_string(ioThreads)});
       }
       ranks.push_back(std::move(so));
     }
@@ -402,6 +405,10 @@ int benchCommand(const std::vector<std::string>& args) {
                "TCP receive buffer per connection into each Poseidon rank, bytes at width s (0: the OS default); "
                "bounds each sender's window against incast at 16-32 nodes (docs/bench.md)", "BYTES",
                IntRange::closed(0, 1 << 30));
+  int ioThreads = NodeOptions{}.ioThreads;
+  flags.addInt("io-threads", &ioThreads,
+               "ZeroMQ I/O threads per Poseidon rank (the runtime's default); CURVE's encryption is charged on "
+               "them, each connection on one", "N", IntRange::closed(1, 64));
   std::string reportFrom;
   flags.addString("report-from", &reportFrom,
                   "run nothing: write --markdown and --plots from the results JSON of an earlier run", "FILE");
@@ -454,6 +461,10 @@ int benchCommand(const std::vector<std::string>& args) {
     bool known = std::find(kPoseidonSystems.begin(), kPoseidonSystems.end(), s) != kPoseidonSystems.end() ||
                  std::find(kDdpSystems.begin(), kDdpSystems.end(), s) != kDdpSystems.end();
     if (!known) throw InvalidArgument("unknown system '" + s + "'");
+    // Its iterations carry the previous one's tail: the first measured one needs one before it.
+    if (s == "poseidon-overlap" && warmup < 1) {
+      throw InvalidArgument("poseidon-overlap needs --warmup 1 or more (each iteration carries the one before's tail)");
+    }
   }
   std::vector<std::string> devices = splitList(devicesFlag);
   if (models.empty() || systems.empty() || nodes.empty() || rates.empty() || devices.empty())
@@ -486,6 +497,7 @@ int benchCommand(const std::vector<std::string>& args) {
   h.retries = retries;
   h.repeat = repeat;
   h.rcvbuf = rcvbuf;
+  h.ioThreads = ioThreads;
   if (!traceDir.empty()) {
     fs::create_directories(traceDir);
     h.traceDir = fs::absolute(traceDir).string();
@@ -506,7 +518,7 @@ int benchCommand(const std::vector<std::string>& args) {
   result["config"] = {{"command", command},   {"scale", scale},     {"iterations", iterations},
                       {"warmup", warmup},     {"latency_ms", latencyMs}, {"models", models},
                       {"systems", labels},    {"nodes", nodes},     {"rates_mbit", rates},
-                      {"repeat", repeat},     {"tcp_rcvbuf", rcvbuf}};
+                      {"repeat", repeat},     {"tcp_rcvbuf", rcvbuf}, {"io_threads", ioThreads}};
   nlohmann::json devicesJson = nlohmann::json::array();
   for (const auto& d : devices) {
     const DeviceModel& dm = deviceModels[d];

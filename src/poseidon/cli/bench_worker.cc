@@ -70,7 +70,7 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
   int64_t pairBytes = -1;
   std::string device = "none", tracePath;
   double gemmFlops = 0, sumBytes = 0, cryptoBytes = 0, linkMbit = 0;
-  int rcvbuf = 0, sendWindow = 0;
+  int rcvbuf = 0, sendWindow = 0, ioThreads = NodeOptions{}.ioThreads;
   bool overlapForward = false;
   FlagSet flags("bench-worker", "poseidon bench-worker --model NAME --system SYS --out FILE [flags]",
                 "One rank of 'poseidon bench' (started by it; not meant to be run by hand).");
@@ -97,6 +97,8 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
                   "FILE");
   flags.addInt("tcp-rcvbuf", &rcvbuf, "TCP receive buffer per connection into this rank (0: OS default)", "BYTES",
                IntRange::closed(0, 1 << 30));
+  flags.addInt("io-threads", &ioThreads, "ZeroMQ I/O threads (encryption is charged on them)", "N",
+               IntRange::closed(1, 64));
   flags.addInt("send-window", &sendWindow,
                "priority scheduling of the links with this kernel send window per connection (0: FIFO)", "BYTES",
                IntRange::closed(0, 1 << 30));
@@ -111,6 +113,9 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
     return 0;
   }
   if (out.empty()) throw InvalidArgument("--out is required");
+  if ((overlapForward || system == "poseidon-overlap") && warmup < 1) {
+    throw InvalidArgument("--overlap-forward needs --warmup 1 or more (each iteration carries the one before's tail)");
+  }
   bench::EmulatedModel em = bench::emulatedModel(model, scale);
   DeviceModel dm;
   dm.name = device;
@@ -122,6 +127,7 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
   dm.cryptoBytes = cryptoBytes;
   // The emulated link is the full-width one slowed by s^2: BestScheme compares full-width bytes.
   dm.linkBytes = linkMbit * 1e6 / 8 * dm.byteScale;
+  dm.cryptoLanes = ioThreads;
   setDeviceModel(dm);
   SchemePolicy policy;
   bool overlap = true;
@@ -166,6 +172,7 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
   o.settings.policy = policy;
   o.secret = jobSecretFromEnvironment();
   o.receiveBufferBytes = rcvbuf;
+  o.ioThreads = ioThreads;
   o.sendWindowBytes = sendWindow;
   std::unique_ptr<Tracer> tracer;
   if (!tracePath.empty()) tracer = std::make_unique<Tracer>(env.rank);

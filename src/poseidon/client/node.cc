@@ -10,7 +10,7 @@
 
 namespace poseidon {
 
-Node::Node(const NodeOptions& options) : options_(options), ctx_(1) {}
+Node::Node(const NodeOptions& options) : options_(options), ctx_(options.ioThreads) {}
 
 std::unique_ptr<Node> Node::start(const NodeOptions& options, const ModelDesc& model) {
   if (options.worldSize < 1) throw InvalidArgument(strCat("world size must be at least 1, got ", options.worldSize));
@@ -21,6 +21,9 @@ std::unique_ptr<Node> Node::start(const NodeOptions& options, const ModelDesc& m
     throw InvalidArgument(strCat("the syncer thread pool needs at least 1 thread, got ", options.threads));
   }
   if (options.timeout.count() <= 0) throw InvalidArgument("the timeout must be positive");
+  if (options.ioThreads < 1 || options.ioThreads > 64) {
+    throw InvalidArgument(strCat("ZeroMQ I/O threads must be in [1, 64], got ", options.ioThreads));
+  }
   if (options.sendWindowBytes > 0 && options.settings.groupMode()) {
     throw InvalidArgument("priority scheduling (a send window) is for BSP jobs; compute groups order their pulls and "
                           "pushes across layers, so they keep FIFO links");

@@ -21,7 +21,7 @@
 //   node.waitIteration();   // BSP barrier: every layer's sync is done
 //   the optimizer applies the synchronized mean gradients.
 // or, overlapping the sync's tail with the next forward pass:
-//   for l = 1..L: node.waitLayer(l); update layer l; its forward of t + 1
+//   for l = 0..L-1: node.waitLayer(l); update layer l; its forward of t + 1
 //   node.beginIteration(t + 1); backward as above
 // submit*() only queue the layer's sync on the thread pool and return at once
 // (wait-free backpropagation); sends of upper layers overlap the backward
@@ -96,6 +96,10 @@ struct NodeOptions {
   // Heartbeat period; 0 picks min(1 s, timeout / 6).
   std::chrono::milliseconds heartbeat{0};
   int threads = 2;                           // syncer thread pool
+  // ZeroMQ I/O threads: they move (and with a secret, encrypt) every byte, each connection on one
+  // of them. libzmq's rule of thumb is one per GB/s in or out; CURVE at ~1.5 GB/s per core needs
+  // two for a 10 GbE link's two directions.
+  int ioThreads = 2;
   JobSettings settings;                      // must agree across nodes
   uint64_t maxPayloadBytes = kDefaultMaxPayloadBytes;
   int receiveBufferBytes = 0;  // per-connection TCP receive buffer (0: OS default); see VanOptions

@@ -1,15 +1,18 @@
 #include "poseidon/common/device_model.h"
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 namespace poseidon {
 namespace {
 
 DeviceModel gModel;
 std::atomic<int64_t> gGemmNs{0}, gSumNs{0}, gCryptoNs{0};
-std::mutex gCryptoMutex;  // one ZeroMQ I/O thread encrypts and decrypts everything, one message at a time
+std::mutex gCryptoMutex;  // guards gLanes
+CryptoLanes gLanes(1);
 
 void hold(double seconds, WorkClock::time_point start, std::atomic<int64_t>& tally) {
   if (seconds <= 0) return;
@@ -31,10 +34,18 @@ void chargeSum(double scaledBytes, WorkClock::time_point start) {
   if (gModel.sumBytes > 0) hold(scaledBytes * gModel.byteScale / gModel.sumBytes, start, gSumNs);
 }
 
-void chargeCrypto(double scaledBytes) {
+void chargeCrypto(double scaledBytes, int connection) {
   if (gModel.cryptoBytes <= 0) return;
-  std::lock_guard<std::mutex> lock(gCryptoMutex);
-  hold(scaledBytes * gModel.byteScale / gModel.cryptoBytes, WorkClock::now(), gCryptoNs);
+  const auto cost = std::chrono::duration_cast<WorkClock::duration>(
+      std::chrono::duration<double>(scaledBytes * gModel.byteScale / gModel.cryptoBytes));
+  WorkClock::time_point done;
+  {
+    std::lock_guard<std::mutex> lock(gCryptoMutex);
+    if (gLanes.lanes() != std::max(1, gModel.cryptoLanes)) gLanes = CryptoLanes(gModel.cryptoLanes);
+    done = gLanes.admit(WorkClock::now(), cost, connection);  // after the lane's earlier messages
+  }
+  gCryptoNs += std::chrono::duration_cast<std::chrono::nanoseconds>(cost).count();
+  std::this_thread::sleep_until(done);
 }
 
 ChargedSeconds chargedSeconds() {

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace poseidon {
 
@@ -32,6 +33,9 @@ struct DeviceModel {
   // Bytes/s each way of a node's link (0: unknown). With it and a GEMM rate,
   // BestScheme weighs the reconstruction against the bytes (core/best_scheme.h).
   double linkBytes = 0;
+  // ZeroMQ I/O threads per process (NodeOptions::ioThreads): encryption runs on them, each
+  // connection on one, so up to this many connections are encrypted at once.
+  int cryptoLanes = 1;
   bool charges() const { return gemmFlops > 0 || sumBytes > 0 || cryptoBytes > 0; }
 };
 
@@ -45,10 +49,27 @@ using WorkClock = std::chrono::steady_clock;
 // has passed (the real time already spent counts toward it).
 void chargeGemm(double scaledFlops, WorkClock::time_point start);
 void chargeSum(double scaledBytes, WorkClock::time_point start);
-// Encryption runs on ZeroMQ's I/O thread, out of our sight: its whole
-// full-width cost is charged to the thread that sends or receives, one
-// message at a time per process (libzmq's default of one I/O thread).
-void chargeCrypto(double scaledBytes);
+// Encryption runs on ZeroMQ's I/O threads, out of our sight: its whole
+// full-width cost is charged to the thread that sends or receives. Each
+// connection is encrypted by one I/O thread (connection % cryptoLanes), one
+// message after another: a message waits for the earlier ones on its lane.
+void chargeCrypto(double scaledBytes, int connection);
+
+// The I/O threads' timelines behind chargeCrypto: a message on `connection`
+// starts when its lane is free (or now) and ends `cost` later.
+class CryptoLanes {
+ public:
+  explicit CryptoLanes(int lanes) : busy_(static_cast<size_t>(lanes < 1 ? 1 : lanes)) {}
+  int lanes() const { return static_cast<int>(busy_.size()); }
+  WorkClock::time_point admit(WorkClock::time_point now, WorkClock::duration cost, int connection) {
+    auto& busy = busy_[static_cast<size_t>(connection < 0 ? 0 : connection) % busy_.size()];
+    busy = (busy > now ? busy : now) + cost;
+    return busy;
+  }
+
+ private:
+  std::vector<WorkClock::time_point> busy_;
+};
 
 // Seconds charged so far in this process, real time included, per kind.
 struct ChargedSeconds {

@@ -28,6 +28,11 @@ namespace poseidon {
 namespace {
 std::atomic<uint64_t> gLoopbackId{0};
 
+// The device model's connection numbers (common/device_model.h): a node's DEALER to each peer and
+// the ROUTER's connection from it, interleaved, as libzmq spreads connections over its I/O threads.
+int outboundConnection(int peer) { return 2 * peer; }
+int inboundConnection(uint32_t peer) { return 2 * static_cast<int>(peer) + 1; }
+
 // Whether two fragments' headers describe the same message.
 bool sameMessage(const FrameHeader& a, const FrameHeader& b) {
   return a.type == b.type && a.layer == b.layer && a.iteration == b.iteration && a.pair == b.pair && a.aux == b.aux &&
@@ -55,8 +60,9 @@ Van::Van(zmq::context_t& ctx, const VanOptions& options)
     throw InvalidArgument(strCat("the receive buffer must be >= 0 bytes (0: the OS default), got ",
                                  options.receiveBufferBytes));
   }
-  if (options.sendWindowBytes < 0) {
-    throw InvalidArgument(strCat("the send window must be >= 0 bytes (0: FIFO, no priority scheduling), got ",
+  if (options.sendWindowBytes < 0 || (options.sendWindowBytes > 0 && options.sendWindowBytes < kMinSendWindow)) {
+    throw InvalidArgument(strCat("the send window must be 0 (FIFO links) or at least ", kMinSendWindow,
+                                 " bytes (smaller ones cut messages into too many fragments), got ",
                                  options.sendWindowBytes));
   }
   // Before bind: accepted connections inherit it, so it bounds each peer's window from the start.
@@ -84,21 +90,27 @@ Van::~Van() { close(); }
 
 void Van::close() {
   if (closed_.exchange(true)) return;
+  int linger = options_.lingerMs;
   if (sender_.joinable()) {
-    // The sender hands over what is queued (for up to lingerMs), then the sockets linger as before.
+    // The sender hands over what is queued, then the sockets linger for what is left of lingerMs
+    // (a queue to a dead peer never empties: lingerMs in all, as with FIFO links).
+    const auto stopBy = std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max(0, linger));
     {
       std::lock_guard<std::mutex> lock(sendMutex_);
       stopSender_ = true;
+      stopBy_ = stopBy;
       wakeOut_.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::dontwait);
     }
     sender_.join();
     wakeOut_.close();
     wakeIn_.close();
+    linger = static_cast<int>(std::max<int64_t>(
+        0, std::chrono::duration_cast<std::chrono::milliseconds>(stopBy - std::chrono::steady_clock::now()).count()));
   }
   for (auto& p : peers_) {
     if (!p || !p->socket) continue;
     std::lock_guard<std::mutex> lock(p->mutex);
-    p->socket->set(zmq::sockopt::linger, options_.lingerMs);
+    p->socket->set(zmq::sockopt::linger, linger);
     p->socket->close();
   }
   std::lock_guard<std::mutex> lock(loopOutMutex_);
@@ -147,11 +159,13 @@ void Van::connectPeers(int selfRank, const std::vector<std::string>& endpoints, 
     wakeOut_.set(zmq::sockopt::linger, 0);
     wakeIn_.bind(wake);
     wakeOut_.connect(wake);
+    scheduled_ = true;
     sender_ = std::thread([this] { senderLoop(); });
   }
 }
 
-int64_t Van::priorityOf(const FrameHeader& header) {
+Van::Priority Van::priorityOf(const FrameHeader& header) {
+  constexpr int64_t kMin = std::numeric_limits<int64_t>::min(), kMax = std::numeric_limits<int64_t>::max();
   switch (header.type) {
     case MsgType::kPsPush:
     case MsgType::kPsAggregate:
@@ -159,15 +173,15 @@ int64_t Van::priorityOf(const FrameHeader& header) {
     case MsgType::kAdamFactors:
     case MsgType::kAdamAggregate:
     case MsgType::kSfbNotice:
-    case MsgType::kSfbDecision: return static_cast<int64_t>(header.layer);
+    case MsgType::kSfbDecision: return {header.iteration, static_cast<int64_t>(header.layer)};
     // Compute-group messages keep one class (FIFO among themselves); Node does not schedule those jobs.
     case MsgType::kGroupPush:
     case MsgType::kPull:
     case MsgType::kPullReply:
     case MsgType::kModelInit:
     case MsgType::kStateRequest:
-    case MsgType::kStateReply: return std::numeric_limits<int64_t>::max();
-    default: return -1;
+    case MsgType::kStateReply: return {kMax, kMax};
+    default: return {kMin, 0};
   }
 }
 
@@ -176,16 +190,17 @@ size_t Van::queuedMessages() {
   return queued_;
 }
 
-void Van::holdSends(bool hold) {
+void Van::holdSends(bool hold, size_t letThrough) {
   std::lock_guard<std::mutex> lock(sendMutex_);
   held_ = hold;
-  if (sender_.joinable()) wakeOut_.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::dontwait);
+  letThrough_ = letThrough;
+  if (scheduled_) wakeOut_.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::dontwait);
 }
 
 void Van::pumpLocked() {
   const Later later;
-  if (held_ && !stopSender_) return;
   for (;;) {
+    if (held_ && !stopSender_ && letThrough_ == 0) return;
     int best = -1;
     for (size_t d = 0; d < queues_.size(); ++d) {
       if (blocked_[d] || queues_[d].empty()) continue;
@@ -216,13 +231,27 @@ void Van::pumpLocked() {
     std::pop_heap(q.begin(), q.end(), later);
     q.pop_back();
     --queued_;
+    if (held_ && letThrough_ > 0) --letThrough_;
   }
 }
 
 void Van::senderLoop() {
+  try {
+    senderLoopBody();
+  } catch (const std::exception& e) {
+    // Nothing may escape the thread: record the failure (every later send() throws it) and drop
+    // what is queued, so that no caller waits on it.
+    std::lock_guard<std::mutex> lock(sendMutex_);
+    if (sendError_.empty()) sendError_ = strCat("send scheduler failed: ", e.what());
+    POSEIDON_LOG(kError) << sendError_;
+    for (auto& q : queues_) q.clear();
+    queued_ = 0;
+  }
+}
+
+void Van::senderLoopBody() {
   std::vector<zmq::pollitem_t> items;
   std::vector<size_t> waiting;
-  std::chrono::steady_clock::time_point stopBy{};
   for (;;) {
     items.assign(1, zmq::pollitem_t{wakeIn_.handle(), 0, ZMQ_POLLIN, 0});
     waiting.clear();
@@ -232,16 +261,13 @@ void Van::senderLoop() {
       pumpLocked();
       if (stopSender_) {
         const auto now = std::chrono::steady_clock::now();
-        if (stopBy == std::chrono::steady_clock::time_point{}) {
-          stopBy = now + std::chrono::milliseconds(options_.lingerMs);
-        }
-        if (queued_ == 0 || now >= stopBy) {
+        if (queued_ == 0 || now >= stopBy_) {
           if (queued_ != 0) {
             POSEIDON_LOG(kWarning) << queued_ << " queued messages not sent before the transport closed";
           }
           return;
         }
-        timeout = std::chrono::duration_cast<std::chrono::milliseconds>(stopBy - now) + std::chrono::milliseconds(1);
+        timeout = std::chrono::duration_cast<std::chrono::milliseconds>(stopBy_ - now) + std::chrono::milliseconds(1);
       }
       for (size_t d = 0; d < queues_.size(); ++d) {
         if (!blocked_[d] || queues_[d].empty()) continue;
@@ -253,8 +279,7 @@ void Van::senderLoop() {
       zmq::poll(items.data(), items.size(), timeout);
     } catch (const zmq::error_t& e) {
       if (e.num() == EINTR) continue;
-      POSEIDON_LOG(kError) << "send scheduler: poll failed: " << e.what();
-      return;
+      throw IoError(strCat("poll failed: ", e.what()));
     }
     if (items[0].revents & ZMQ_POLLIN) {
       zmq::message_t drop;
@@ -313,8 +338,9 @@ void Van::send(int dest, FrameHeader header, const Part* partsBegin, size_t numP
       loopOut_.send(body, zmq::send_flags::none);
       return;
     }
-    if (options_.curve) chargeCrypto(static_cast<double>(kHeaderBytes + total));  // CURVE encrypts what leaves
-    if (sender_.joinable()) {
+    // CURVE encrypts what leaves, on the I/O thread of this outbound connection.
+    if (options_.curve) chargeCrypto(static_cast<double>(kHeaderBytes + total), outboundConnection(dest));
+    if (scheduled_) {
       // Whole, or in fragments of the window's size (each: the header, its slice, and where it goes).
       const size_t chunk = static_cast<size_t>(options_.sendWindowBytes);
       const size_t pieces = total <= chunk ? 1 : (total + chunk - 1) / chunk;
@@ -406,7 +432,8 @@ bool Van::receiveFrom(zmq::socket_t& socket, bool loopback, Message* out) {
   out->peer = std::move(peer);
   if (!loopback) {
     counters_.addReceived(wire::trafficLayer(h), kindOf(h.type), kHeaderBytes + h.payloadBytes);
-    if (options_.curve) chargeCrypto(static_cast<double>(kHeaderBytes + h.payloadBytes));  // and decrypts it
+    // ... and decrypts it, on the I/O thread of this inbound connection.
+    if (options_.curve) chargeCrypto(static_cast<double>(kHeaderBytes + h.payloadBytes), inboundConnection(h.sender));
   }
   return true;
 }
@@ -439,9 +466,15 @@ bool Van::addFragment(const FrameHeader& h, zmq::message_t& chunk, const zmq::me
     return false;
   }
   if (it == partials_.end()) {
-    it = partials_.emplace(key, Partial{}).first;
-    it->second.header = h;
-    it->second.payload = zmq::message_t(h.payloadBytes);
+    Partial p;
+    p.header = h;
+    try {
+      p.payload = zmq::message_t(h.payloadBytes);  // bounded by maxPayloadBytes (decodeHeader)
+    } catch (const std::exception& e) {
+      rejected(peer, strCat("no memory for a ", h.payloadBytes, "-byte fragmented message: ", e.what()));
+      return false;
+    }
+    it = partials_.emplace(key, std::move(p)).first;
   }
   Partial& p = it->second;
   std::memcpy(static_cast<uint8_t*>(p.payload.data()) + offset, chunk.data(), chunk.size());
@@ -452,7 +485,7 @@ bool Van::addFragment(const FrameHeader& h, zmq::message_t& chunk, const zmq::me
   out->peer = peer;
   partials_.erase(it);
   counters_.addReceived(wire::trafficLayer(h), kindOf(h.type), kHeaderBytes + h.payloadBytes);
-  if (options_.curve) chargeCrypto(static_cast<double>(kHeaderBytes + h.payloadBytes));
+  if (options_.curve) chargeCrypto(static_cast<double>(kHeaderBytes + h.payloadBytes), inboundConnection(h.sender));
   return true;
 }
 

@@ -19,21 +19,23 @@
 // Priority scheduling (VanOptions::sendWindowBytes > 0; docs/scheduling.md):
 // send() queues the message instead, and one sender thread, the only user of
 // the DEALERs then, hands ZeroMQ the most urgent queued message whose peer
-// can take one: data of a lower layer before a higher one's (the next forward
-// pass needs layer 0 first), control before data, FIFO within a layer. Each
-// connection holds at most one message in ZeroMQ's pipe and sendWindowBytes in
-// the kernel, so a late, urgent pair waits behind little; a message larger
-// than the window goes as fragments of the window's size (a third frame
-// says which message and where; the receiver reassembles them), so an urgent
-// one can pass between them (P3's slicing). Only messages of
-// different layers (or control) are reordered; the BSP protocol never orders
-// them across layers. Not for compute-group jobs (their pulls and pushes
-// are ordered across layers): Node refuses the combination.
+// can take one: control first, then data of an earlier iteration, then of a
+// lower layer (the next forward pass needs layer 0 first), FIFO within a
+// layer. Each connection holds one message in ZeroMQ's pipe (its encoder may
+// hold one more) and sendWindowBytes in the kernel (Linux doubles it), so a
+// late, urgent pair waits behind little; a message larger than the window
+// goes as fragments of the window's size (a third frame says which message
+// and where; the receiver reassembles them), so an urgent one can pass
+// between them (P3's slicing). Only messages of different layers or
+// iterations (or control) are reordered; the BSP protocol never orders them
+// across layers. Not for compute-group jobs (their pulls and pushes are
+// ordered across layers): Node refuses the combination.
 #pragma once
 
 #include <zmq.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -132,13 +134,17 @@ class Van {
   // Closes all sockets (flushing for up to lingerMs). Idempotent.
   void close();
 
-  // The scheduling rank of a message (smaller goes first): -1 for control and
-  // collectives, the layer for a BSP round's data. Public for the tests.
-  static int64_t priorityOf(const FrameHeader& header);
+  // The scheduling rank of a message (smaller goes first): control and
+  // collectives before everything, then a BSP round's data by (iteration,
+  // layer): a node that is ahead must not delay the slower nodes' current
+  // iteration with its next one. Public for the tests.
+  using Priority = std::pair<int64_t, int64_t>;
+  static Priority priorityOf(const FrameHeader& header);
   // Priority scheduling: messages (fragments) queued, not yet handed to ZeroMQ.
   size_t queuedMessages();
-  // Tests: while held, the sender hands nothing over (messages queue up).
-  void holdSends(bool hold);
+  // Tests: while held, the sender hands nothing over (messages queue up) but
+  // the first `letThrough` queued entries (messages or fragments).
+  void holdSends(bool hold, size_t letThrough = 0);
 
  private:
   struct Peer {
@@ -146,7 +152,7 @@ class Van {
     std::unique_ptr<zmq::socket_t> socket;
   };
   struct Queued {
-    int64_t priority = 0;
+    Priority priority;
     uint64_t seq = 0;
     FrameHeader header;
     zmq::message_t head, body, fragment;  // fragment: empty for a whole message
@@ -157,6 +163,7 @@ class Van {
     zmq::message_t payload;
     uint64_t received = 0;
   };
+  static constexpr int kMinSendWindow = 4096;
   static constexpr size_t kFragmentBytes = 16;  // message id, offset (u64 each, host order = little-endian)
   static constexpr size_t kMaxPartials = 4096;   // open fragmented messages, over every sender
   struct Later {  // the min-heap order: lower priority first, then FIFO
@@ -169,6 +176,7 @@ class Van {
   bool addFragment(const FrameHeader& h, zmq::message_t& chunk, const zmq::message_t& where, const std::string& peer,
                    Message* out);
   void senderLoop();
+  void senderLoopBody();
   // Hands ZeroMQ what it takes, most urgent first; marks peers that took none.
   void pumpLocked();
 
@@ -202,8 +210,11 @@ class Van {
   uint64_t nextSeq_ = 0;
   uint64_t nextFragmentId_ = 0;
   bool stopSender_ = false;
+  std::chrono::steady_clock::time_point stopBy_{};  // with stopSender_: give up on the queues then
   std::string sendError_;  // the sender's first failure; later send()s throw it
   bool held_ = false;
+  size_t letThrough_ = 0;
+  bool scheduled_ = false;  // a sender thread runs (set in connectPeers, before any send)
   zmq::socket_t wakeIn_, wakeOut_;  // inproc PAIR: a send() wakes the sender's poll
   std::thread sender_;
 };

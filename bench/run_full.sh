@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The full benchmark sweep behind bench/results/ (about 125 minutes here; run as root).
+# The full benchmark sweep behind bench/results/ (about 165 minutes here; run as root).
 #   stage A: vgg19, every system, 1/2/4/8 nodes, 1000/300/100/30 Mbit/s, and the bisection of the
 #            minimum link rate for 90% efficiency at 8 nodes for poseidon and ddp;
 #   stage B: the other zoo models against DDP at 1 and 8 nodes, 300/100/30 Mbit/s;
 #   stage C: what the lossy DDP variants do to real training (bench/powersgd_loss.py, ~12 min);
 #   stage D: the fair bench (issue 13 item 0): vgg19 and googlenet with the runtime's own work charged at
 #            full width on a Titan X and on one CPU core, scaled and tuned DDP buckets, 3 runs per point
-#            (~30 min).
+#            (~30 min);
+#   stage E: priority-scheduled links and the overlapped forward (issue 14, docs/scheduling.md):
+#            resnet-152 and alexnet, 3 runs per point (~40 min).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=bench/results
@@ -20,11 +22,15 @@ b=(bench --models vgg19-22k,googlenet,resnet-152,alexnet --systems poseidon,ps-w
    --json "$out/models.json" --markdown "$out/models.md" --plots "$out/plots")
 d=(bench --models vgg19,googlenet --systems poseidon,ddp,ddp-tuned,ddp-fp16 --nodes 1,8 --rates 100,30
    --repeat 3 --device gpu,cpu:1 --json "$out/fair.json" --markdown "$out/fair.md" --plots "$out/plots/fair")
+e=(bench --models resnet-152,alexnet --systems poseidon,poseidon-overlap,ddp,ddp-fp16 --nodes 1,8 --rates 30,100
+   --repeat 3 --trace "$out/traces" --json "$out/overlap.json" --markdown "$out/overlap.md"
+   --plots "$out/plots/overlap")
 {
   echo "# made by bench/run_full.sh on $(date -u +%Y-%m-%d) ($(nproc) cores, $(uname -r))"
   echo "build/bin/poseidon ${a[*]}"
   echo "build/bin/poseidon ${b[*]}"
   echo "build/bin/poseidon ${d[*]}"
+  echo "build/bin/poseidon ${e[*]}"
   echo "/usr/bin/python3 bench/powersgd_loss.py"
   echo "/usr/bin/python3 bench/powersgd_loss.py --lr 0.01 --json $out/powersgd_loss_lr0.01.json --markdown $out/powersgd_loss_lr0.01.md"
 } > "$out/command.txt"
@@ -32,6 +38,16 @@ d=(bench --models vgg19,googlenet --systems poseidon,ddp,ddp-tuned,ddp-fp16 --no
 "$bin" "${b[@]}" | tee "$out/models.log"
 mkdir -p "$out/plots/fair"
 "$bin" "${d[@]}" | tee "$out/fair.log"
-rm -f "$out"/plots/*.dat "$out"/plots/*.gp "$out"/plots/fair/*.dat "$out"/plots/fair/*.gp
+mkdir -p "$out/plots/overlap" "$out/plots/scheduling"
+"$bin" "${e[@]}" | tee "$out/overlap.log"
+for m in resnet-152 alexnet; do  # one iteration before and after (docs/scheduling.md)
+  /usr/bin/python3 bench/trace_timeline.py "$(ls "$out"/traces/$m-poseidon-8n-30mbit-*.json | head -1)" --iteration 6 \
+    --out "$out/plots/scheduling/$m-30mbit-barrier.png"
+  /usr/bin/python3 bench/trace_timeline.py "$(ls "$out"/traces/$m-poseidon-overlap-8n-30mbit-*.json | head -1)" \
+    --iteration 6 --out "$out/plots/scheduling/$m-30mbit-overlap.png"
+done
+rm -rf "$out/traces"
+rm -f "$out"/plots/*.dat "$out"/plots/*.gp "$out"/plots/fair/*.dat "$out"/plots/fair/*.gp "$out"/plots/overlap/*.dat \
+  "$out"/plots/overlap/*.gp
 /usr/bin/python3 bench/powersgd_loss.py
 /usr/bin/python3 bench/powersgd_loss.py --lr 0.01 --json "$out/powersgd_loss_lr0.01.json" --markdown "$out/powersgd_loss_lr0.01.md"

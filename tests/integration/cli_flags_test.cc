@@ -63,6 +63,11 @@ TEST(CliFlags, BenchRejectsOutOfRangeValues) {
                   "poseidon-overlap needs --warmup 1 or more (each iteration carries the one before's tail)"});
 }
 
+TEST(CliFlags, TrainRejectsOutOfRangeNetworkKnobs) {
+  expectRejected({{"train", "--io-threads", "0"}, "--io-threads must be in [1, 64], got 0"});
+  expectRejected({{"train", "--tcp-rcvbuf", "-1"}, "--tcp-rcvbuf must be in [0, 1073741824], got -1"});
+}
+
 TEST(CliFlags, BenchWorkerRejectsOutOfRangeValues) {
   expectRejected({{"bench-worker", "--out", "/dev/null", "--pair-bytes", "2"},
                   "--pair-bytes must be in [4, 1073741824], got 2"});

@@ -63,6 +63,26 @@ class Lifecycle(TempDirTest):
         self.assertIn("trained without finish", run.out)
         self.assertClean(run)
 
+    def test_network_knobs_are_checked_and_taken(self):
+        script = self.path("knobs.py")
+        with open(script, "w") as f:
+            f.write("import torch, poseidon\n"
+                    "for bad in ({'io_threads': 0}, {'tcp_rcvbuf': -1}):\n"
+                    "    try:\n"
+                    "        poseidon.DistributedModel(torch.nn.Linear(4, 2), batch=3, **bad)\n"
+                    "    except Exception as e:\n"
+                    "        print('refused:', type(e).__name__, e)\n"
+                    "m = poseidon.DistributedModel(torch.nn.Linear(4, 2), batch=3, io_threads=1, tcp_rcvbuf=65536)\n"
+                    "m(torch.randn(3, 4)).sum().backward()\n"
+                    "m.synchronize()\n"
+                    "print('trained with one I/O thread')\n")
+        run = alone(script)
+        self.assertEqual(run.code, 0, str(run))
+        self.assertIn("refused: InvalidArgument io_threads must be in [1, 64], got 0", run.out)
+        self.assertIn("refused: InvalidArgument tcp_rcvbuf must be >= 0 bytes (0: the OS default), got -1", run.out)
+        self.assertIn("trained with one I/O thread", run.out)
+        self.assertClean(run)
+
     def test_checkpoint_resume_equals_an_uninterrupted_run(self):
         straight = launch(2, JOB, "lenet", self.path("straight.pt"), "--steps", "10")
         self.assertEqual(straight.code, 0, str(straight))

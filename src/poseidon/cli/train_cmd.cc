@@ -99,6 +99,12 @@ int trainCommand(const std::vector<std::string>& args) {
   flags.addInt("sync-threads", &o.syncThreads, "Poseidon syncer threads per worker", "N", IntRange::atLeast(1));
   flags.addInt("timeout", &o.timeoutMs, "timeout of every distributed wait, in milliseconds", "MS",
                IntRange::atLeast(1));
+  flags.addInt("tcp-rcvbuf", &o.tcpRcvbuf,
+               "TCP receive buffer per connection into each rank (0: the OS default); a small one keeps many "
+               "senders from overflowing a switch port (incast, docs/bench.md)", "BYTES", IntRange::closed(0, 1 << 30));
+  flags.addInt("io-threads", &o.ioThreads,
+               "ZeroMQ I/O threads per rank (one per GB/s in or out; with the job secret they also encrypt)", "N",
+               IntRange::closed(1, 64));
   flags.addInt64("pair-bytes", &pairBytes, "KV pair size of the parameter server", "BYTES",
                  IntRange::closed(kMinPairBytes, kMaxPairBytes));
   flags.addString("bind", &o.bindHost, "interface address for this rank's data endpoint (default: the route to MASTER_ADDR)", "ADDR");

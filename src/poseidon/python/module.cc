@@ -41,6 +41,8 @@ py::dict optionsToDict(const pt::DistributedOptions& o) {
   d["secret"] = o.node.secret;
   d["timeout_ms"] = static_cast<int64_t>(o.node.timeout.count());
   d["sync_threads"] = o.node.threads;
+  d["tcp_rcvbuf"] = o.node.receiveBufferBytes;
+  d["io_threads"] = o.node.ioThreads;
   d["batch"] = o.node.settings.batch;
   d["pair_bytes"] = o.node.settings.pairBytes;
   d["scheme"] = std::string(schemePolicyName(o.node.settings.policy));
@@ -67,6 +69,8 @@ pt::DistributedOptions optionsFromDict(const py::dict& d) {
   o.node.secret = get("secret").cast<std::string>();
   o.node.timeout = std::chrono::milliseconds(get("timeout_ms").cast<int64_t>());
   o.node.threads = get("sync_threads").cast<int>();
+  o.node.receiveBufferBytes = get("tcp_rcvbuf").cast<int>();
+  o.node.ioThreads = get("io_threads").cast<int>();
   o.node.settings.batch = get("batch").cast<int64_t>();
   o.node.settings.pairBytes = get("pair_bytes").cast<int64_t>();
   o.node.settings.policy = parseSchemePolicy(get("scheme").cast<std::string>());
@@ -77,6 +81,12 @@ pt::DistributedOptions optionsFromDict(const py::dict& d) {
   o.broadcastBuffers = get("broadcast_buffers").cast<bool>();
   if (o.node.settings.batch < 1) throw InvalidArgument(strCat("batch must be at least 1, got ", o.node.settings.batch));
   if (o.node.timeout.count() < 1) throw InvalidArgument("timeout must be positive");
+  if (o.node.ioThreads < 1 || o.node.ioThreads > 64) {
+    throw InvalidArgument(strCat("io_threads must be in [1, 64], got ", o.node.ioThreads));
+  }
+  if (o.node.receiveBufferBytes < 0) {
+    throw InvalidArgument(strCat("tcp_rcvbuf must be >= 0 bytes (0: the OS default), got ", o.node.receiveBufferBytes));
+  }
   return o;
 }
 

@@ -145,6 +145,8 @@ DistributedOptions distributedOptions(const TrainOptions& o, const RankEnv& env,
   if (!o.bindHost.empty()) d.node.bindHost = o.bindHost;
   d.node.timeout = std::chrono::milliseconds(o.timeoutMs);
   d.node.threads = o.syncThreads;
+  d.node.receiveBufferBytes = o.tcpRcvbuf;
+  d.node.ioThreads = o.ioThreads;
   d.node.settings.batch = o.batch;
   d.node.settings.pairBytes = o.pairBytes;
   d.node.settings.policy = o.scheme;

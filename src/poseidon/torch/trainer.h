@@ -49,6 +49,8 @@ struct TrainOptions {
   int threads = 0;             // LibTorch intra-op threads per worker (0: cores / local workers)
   int syncThreads = 2;         // Poseidon thread pool per worker
   int timeoutMs = 30000;
+  int tcpRcvbuf = 0;           // TCP receive buffer per connection into a rank (0: OS default)
+  int ioThreads = 2;           // ZeroMQ I/O threads per rank (NodeOptions::ioThreads)
   int64_t pairBytes = 2 * 1024 * 1024;
   std::string bindHost;        // data endpoint interface (default: the route to MASTER_ADDR)
   std::string secret;          // job secret (POSEIDON_SECRET / POSEIDON_SECRET_FILE)

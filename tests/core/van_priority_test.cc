@@ -7,7 +7,6 @@
 
 #include <cstring>
 #include <limits>
-#include <thread>
 #include <vector>
 
 #include "expect_error.h"
@@ -34,6 +33,23 @@ FrameHeader header(MsgType type, uint32_t layer, int64_t iteration = 0) {
   return h;
 }
 
+// Rank 0 (a) sends over priority-scheduled links with a 4 KB window to rank 1 (b), which needs no
+// scheduling of its own to receive.
+struct Link {
+  static VanOptions scheduled() {
+    VanOptions o;
+    o.sendWindowBytes = 4096;
+    return o;
+  }
+  Link() : b(ctx, VanOptions{}), a(ctx, scheduled()) {
+    std::vector<std::string> endpoints{a.endpoint(), b.endpoint()};
+    a.connectPeers(0, endpoints, kJob);
+    b.connectPeers(1, endpoints, kJob);
+  }
+  zmq::context_t ctx;
+  Van b, a;
+};
+
 // Polls until a message comes (each wait bounded, up to 100 s in all on a loaded machine).
 Message next(Van& van) {
   Message m;
@@ -57,14 +73,8 @@ TEST(VanPriority, ControlFirstThenLowerLayersThenFifoWithinALayer) {
 }
 
 TEST(VanPriority, QueuedMessagesGoMostUrgentFirstAndFragmentsArriveWhole) {
-  zmq::context_t ctx;
-  VanOptions o;
-  Van b(ctx, o);  // the receiver needs no scheduling of its own
-  o.sendWindowBytes = 4096;
-  Van a(ctx, o);
-  std::vector<std::string> endpoints{a.endpoint(), b.endpoint()};
-  a.connectPeers(0, endpoints, kJob);
-  b.connectPeers(1, endpoints, kJob);
+  Link link;
+  Van &a = link.a, &b = link.b;
   a.holdSends(true);
   struct Sent {
     MsgType type;
@@ -102,19 +112,12 @@ TEST(VanPriority, QueuedMessagesGoMostUrgentFirstAndFragmentsArriveWhole) {
 
 // An urgent message enqueued while a large one is half handed over passes between its fragments.
 TEST(VanPriority, AnUrgentMessagePassesBetweenTheFragmentsOfALargeOne) {
-  zmq::context_t ctx;
-  VanOptions o;
-  Van b(ctx, o);
-  o.sendWindowBytes = 4096;
-  Van a(ctx, o);
-  std::vector<std::string> endpoints{a.endpoint(), b.endpoint()};
-  a.connectPeers(0, endpoints, kJob);
-  b.connectPeers(1, endpoints, kJob);
+  Link link;
+  Van &a = link.a, &b = link.b;
   a.holdSends(true, 3);  // three fragments go, then the sender holds
   auto big = pattern(40000, 1), urgent = pattern(300, 2);
   a.send(1, header(MsgType::kPsPush, 9, 5), big.data(), big.size());
-  // Wait for the sender to hand over the three (each wait bounded; up to 100 s on a loaded machine).
-  for (int i = 0; i < 100000 && a.queuedMessages() != 7; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(a.waitQueuedAtMost(7, std::chrono::seconds(100)));  // the sender handed over three
   ASSERT_EQ(a.queuedMessages(), 7u);
   a.send(1, header(MsgType::kPsPush, 0, 5), urgent.data(), urgent.size());
   a.holdSends(false);
@@ -126,14 +129,8 @@ TEST(VanPriority, AnUrgentMessagePassesBetweenTheFragmentsOfALargeOne) {
 }
 
 TEST(VanPriority, CloseSendsWhatIsQueued) {
-  zmq::context_t ctx;
-  VanOptions o;
-  Van b(ctx, o);
-  o.sendWindowBytes = 4096;
-  Van a(ctx, o);
-  std::vector<std::string> endpoints{a.endpoint(), b.endpoint()};
-  a.connectPeers(0, endpoints, kJob);
-  b.connectPeers(1, endpoints, kJob);
+  Link link;
+  Van &a = link.a, &b = link.b;
   a.holdSends(true);
   auto p = pattern(100000, 3);
   a.send(1, header(MsgType::kPsAggregate, 4), p.data(), p.size());

@@ -166,14 +166,8 @@ void Van::connectPeers(int selfRank, const std::vector<std::string>& endpoints, 
 
 Van::Priority Van::priorityOf(const FrameHeader& header) {
   constexpr int64_t kMin = std::numeric_limits<int64_t>::min(), kMax = std::numeric_limits<int64_t>::max();
+  if (wire::isRoundData(header.type)) return {header.iteration, static_cast<int64_t>(header.layer)};
   switch (header.type) {
-    case MsgType::kPsPush:
-    case MsgType::kPsAggregate:
-    case MsgType::kSfbFactors:
-    case MsgType::kAdamFactors:
-    case MsgType::kAdamAggregate:
-    case MsgType::kSfbNotice:
-    case MsgType::kSfbDecision: return {header.iteration, static_cast<int64_t>(header.layer)};
     // Compute-group messages keep one class (FIFO among themselves); Node does not schedule those jobs.
     case MsgType::kGroupPush:
     case MsgType::kPull:
@@ -190,6 +184,11 @@ size_t Van::queuedMessages() {
   return queued_;
 }
 
+bool Van::waitQueuedAtMost(size_t n, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(sendMutex_);
+  return handedOver_.wait_for(lock, timeout, [&] { return queued_ <= n; });
+}
+
 void Van::holdSends(bool hold, size_t letThrough) {
   std::lock_guard<std::mutex> lock(sendMutex_);
   held_ = hold;
@@ -200,13 +199,19 @@ void Van::holdSends(bool hold, size_t letThrough) {
 void Van::pumpLocked() {
   const Later later;
   for (;;) {
-    if (held_ && !stopSender_ && letThrough_ == 0) return;
+    if (held_ && !stopSender_ && letThrough_ == 0) {
+      handedOver_.notify_all();  // waitQueuedAtMost
+      return;
+    }
     int best = -1;
     for (size_t d = 0; d < queues_.size(); ++d) {
       if (blocked_[d] || queues_[d].empty()) continue;
       if (best < 0 || later(queues_[best].front(), queues_[d].front())) best = static_cast<int>(d);
     }
-    if (best < 0) return;
+    if (best < 0) {
+      handedOver_.notify_all();  // waitQueuedAtMost
+      return;
+    }
     auto& q = queues_[static_cast<size_t>(best)];
     Queued& m = *q.front();
     zmq::socket_t& socket = *peers_[static_cast<size_t>(best)]->socket;
@@ -344,10 +349,12 @@ void Van::send(int dest, FrameHeader header, const Part* partsBegin, size_t numP
       // Whole, or in fragments of the window's size (each: the header, its slice, and where it goes).
       const size_t chunk = static_cast<size_t>(options_.sendWindowBytes);
       const size_t pieces = total <= chunk ? 1 : (total + chunk - 1) / chunk;
+      const Priority priority = priorityOf(header);
+      const uint64_t id = pieces > 1 ? nextFragmentId_.fetch_add(1) : 0;
       std::vector<std::unique_ptr<Queued>> qs;
       for (size_t i = 0; i < pieces; ++i) {
         auto q = std::make_unique<Queued>();
-        q->priority = priorityOf(header);
+        q->priority = priority;
         q->header = header;
         if (pieces == 1) {
           q->head = std::move(head);
@@ -358,7 +365,8 @@ void Van::send(int dest, FrameHeader header, const Part* partsBegin, size_t numP
           q->body = zmq::message_t(static_cast<const uint8_t*>(body.data()) + off, len);
           q->fragment = zmq::message_t(kFragmentBytes);
           auto* f = static_cast<uint8_t*>(q->fragment.data());
-          const uint64_t where = off;  // the message id is written under the lock below
+          const uint64_t where = off;
+          std::memcpy(f, &id, 8);
           std::memcpy(f + 8, &where, 8);
         }
         qs.push_back(std::move(q));
@@ -366,10 +374,8 @@ void Van::send(int dest, FrameHeader header, const Part* partsBegin, size_t numP
       std::lock_guard<std::mutex> lock(sendMutex_);
       if (closed_) throw IoError("transport closed");
       if (!sendError_.empty()) throw IoError(sendError_);
-      const uint64_t id = nextFragmentId_++;
       auto& heap = queues_[static_cast<size_t>(dest)];
       for (auto& q : qs) {
-        if (pieces > 1) std::memcpy(q->fragment.data(), &id, 8);
         q->seq = nextSeq_++;
         heap.push_back(std::move(q));
         std::push_heap(heap.begin(), heap.end(), Later());

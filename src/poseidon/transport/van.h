@@ -36,6 +36,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -140,8 +141,10 @@ class Van {
   // iteration with its next one. Public for the tests.
   using Priority = std::pair<int64_t, int64_t>;
   static Priority priorityOf(const FrameHeader& header);
-  // Priority scheduling: messages (fragments) queued, not yet handed to ZeroMQ.
+  // Priority scheduling: messages (fragments) queued, not yet handed to ZeroMQ;
+  // waitQueuedAtMost waits until at most n are (false: the timeout passed).
   size_t queuedMessages();
+  bool waitQueuedAtMost(size_t n, std::chrono::milliseconds timeout);
   // Tests: while held, the sender hands nothing over (messages queue up) but
   // the first `letThrough` queued entries (messages or fragments).
   void holdSends(bool hold, size_t letThrough = 0);
@@ -204,11 +207,12 @@ class Van {
   // the wake socket's sending end, blocked_ and stopSender_; the sender thread
   // alone touches the DEALERs then.
   std::mutex sendMutex_;
+  std::condition_variable handedOver_;  // the sender handed something to ZeroMQ
   std::vector<std::vector<std::unique_ptr<Queued>>> queues_;  // per peer, a heap by Later
   std::vector<bool> blocked_;  // the peer's pipe was full; wait for POLLOUT
   size_t queued_ = 0;
   uint64_t nextSeq_ = 0;
-  uint64_t nextFragmentId_ = 0;
+  std::atomic<uint64_t> nextFragmentId_{0};
   bool stopSender_ = false;
   std::chrono::steady_clock::time_point stopBy_{};  // with stopSender_: give up on the queues then
   std::string sendError_;  // the sender's first failure; later send()s throw it

@@ -96,15 +96,22 @@ FrameHeader bye(int64_t iteration) { return make(MsgType::kBye, 0, iteration); }
 
 int64_t factorRows(const FrameHeader& h) { return h.aux; }
 
-int trafficLayer(const FrameHeader& h) {
-  switch (h.type) {
+bool isRoundData(MsgType type) {
+  switch (type) {
     case MsgType::kPsPush:
     case MsgType::kPsAggregate:
     case MsgType::kSfbFactors:
     case MsgType::kAdamFactors:
     case MsgType::kAdamAggregate:
     case MsgType::kSfbNotice:
-    case MsgType::kSfbDecision:
+    case MsgType::kSfbDecision: return true;
+    default: return false;
+  }
+}
+
+int trafficLayer(const FrameHeader& h) {
+  if (isRoundData(h.type)) return static_cast<int>(h.layer);
+  switch (h.type) {
     case MsgType::kGroupPush:
     case MsgType::kPull:
     case MsgType::kPullReply:

@@ -85,6 +85,10 @@ FrameHeader bye(int64_t iteration);
 
 // Readers of type-specific fields.
 int64_t factorRows(const FrameHeader& h);  // sfb-factors, adam-factors
+// Whether the message carries a BSP round's data (PS, SFB, Adam, straggler
+// notices): those have a layer and an iteration, and only their order within
+// one layer matters (the Van's priority scheduling relies on it).
+bool isRoundData(MsgType type);
 // The layer whose traffic counters a message counts under, or -1 for
 // messages that belong to no layer (rendezvous, collectives, control).
 int trafficLayer(const FrameHeader& h);

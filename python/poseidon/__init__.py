@@ -82,11 +82,14 @@ class DistributedModel(torch.nn.Module):
     io_threads: ZeroMQ I/O threads of this rank (one per GB/s in or out; with a job secret they also
         encrypt). tcp_rcvbuf: TCP receive buffer per connection into this rank in bytes (0: the OS
         default; a small one keeps many senders from overflowing a switch port).
+    wire: what gradients travel as: "fp32" (exact), or "bf16" / "fp16" (half the bytes, summed in fp32;
+        lossy, like DDP's fp16 compression hook). Every rank must pass the same.
     The rank, world size, coordinator and job secret come from the launcher's environment.
     """
 
     def __init__(self, module, batch=None, *, name=None, scheme="auto", overlap=True, broadcast_buffers=True,
-                 timeout=30.0, sync_threads=2, pair_bytes=2 * 1024 * 1024, io_threads=2, tcp_rcvbuf=0):
+                 timeout=30.0, sync_threads=2, pair_bytes=2 * 1024 * 1024, io_threads=2, tcp_rcvbuf=0,
+                 wire="fp32"):
         super().__init__()
         if not isinstance(module, torch.nn.Module):
             raise TypeError("DistributedModel wraps a torch.nn.Module, got %s" % type(module).__name__)
@@ -95,7 +98,8 @@ class DistributedModel(torch.nn.Module):
         options = _poseidon.options_from_environment()
         options.update(scheme=scheme, overlap=bool(overlap), broadcast_buffers=bool(broadcast_buffers),
                        timeout_ms=int(round(timeout * 1000)), sync_threads=int(sync_threads),
-                       pair_bytes=int(pair_bytes), io_threads=int(io_threads), tcp_rcvbuf=int(tcp_rcvbuf))
+                       pair_bytes=int(pair_bytes), io_threads=int(io_threads), tcp_rcvbuf=int(tcp_rcvbuf),
+                       wire=str(wire))
         self._options = options
         self._impl = None
         self._batch = None

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "expect_error.h"
 #include "poseidon/coordinator/rendezvous.h"
 #include "poseidon/model/zoo.h"
 
@@ -48,6 +49,36 @@ TEST(Book, SerializationRoundTrip) {
     ByteReader t(bytes.data(), cut);
     EXPECT_THROW(InformationBook::read(t), ProtocolError) << cut;
   }
+}
+
+TEST(Book, WirePrecisionTravelsAndIsCheckedAgainstTheJob) {
+  ModelDesc m = zooModel("lenet");
+  std::vector<NodeInfo> nodes{{0, Role::kBoth, "tcp://a:1"}, {1, Role::kBoth, "tcp://b:1"}};
+  JobSettings s;
+  s.wire = WirePrecision::kBf16;
+  InformationBook b(7, nodes, m, s);
+  ByteWriter w;
+  b.write(w);
+  auto bytes = w.take();
+  ByteReader r(bytes.data(), bytes.size());
+  EXPECT_EQ(InformationBook::read(r).settings().wire, WirePrecision::kBf16);
+  // The wire byte is the settings' last: an unknown format is a clean error.
+  bytes.back() = 3;
+  ByteReader bad(bytes.data(), bytes.size());
+  EXPECT_ERROR_CONTAINS(InformationBook::read(bad), ProtocolError, "wire precision out of range");
+  JobSettings fp32 = s;
+  fp32.wire = WirePrecision::kFp32;
+  EXPECT_FALSE(fp32 == s);  // ranks that disagree are refused at rendezvous
+  EXPECT_NE(s.describe().find("wire=bf16"), std::string::npos);
+  JobSettings adam = s;
+  adam.policy = SchemePolicy::kAdam;
+  EXPECT_ERROR_CONTAINS(InformationBook(7, nodes, m, adam), InvalidArgument,
+                        "--wire bf16 does not apply to the adam baseline");
+  JobSettings groups = s;
+  groups.wire = WirePrecision::kFp16;
+  groups.groups = 2;
+  EXPECT_ERROR_CONTAINS(InformationBook(7, nodes, m, groups), InvalidArgument,
+                        "--wire fp16 and --groups cannot be combined");
 }
 
 TEST(Book, NoWorkersOrNoServersIsAnError) {

@@ -64,6 +64,46 @@ TEST(KvServer, ReturnsTheAggregateForEveryWorkerOnceP1PushesArrived) {
   EXPECT_EQ(o.parts()[0].bytes, 16u);
 }
 
+// A 16-bit wire: pushes are widened and summed in fp32 in worker order; the sum goes back rounded
+// once; a push of the wrong size for the wire is refused. Straggler mode's mask still follows.
+TEST(KvServer, SixteenBitWireSumsInFp32AndRoundsTheResultOnce) {
+  InformationBook book = testing::smallJob(SchemePolicy::kAuto, 1, WirePrecision::kBf16);
+  const KvPair& p = book.layout().pairsOf(0)[0];
+  KvServer server(book, p.shard);
+  auto narrow = [](std::vector<float> v) {
+    std::vector<uint8_t> b(v.size() * 2);
+    encodeFloats(v.data(), static_cast<int64_t>(v.size()), WirePrecision::kBf16, b.data());
+    return b;
+  };
+  // 256 + 1 + 1 is 258 in fp32; rounding after each add (bf16 sums) would give 256 (ties to even twice).
+  const std::vector<float> a{256, 1.0f, 3.0f, 0.1f}, b{1, 1.0f / 3, 5.0f, 0.2f}, c{1, 0, 7.0f, 0.3f};
+  auto wrong = message(wire::psPush(0, 0, 0), 0, a.data(), a.size() * 4);  // fp32-sized
+  EXPECT_ERROR_CONTAINS(server.handle(wrong), ProtocolError, "has 16 bytes, expected 8 (4 floats as bf16)");
+  std::vector<std::vector<uint8_t>> wireBytes{narrow(a), narrow(b), narrow(c)};
+  auto m2 = message(wire::psPush(0, 0, 0), 2, wireBytes[2].data(), 8);
+  auto m0 = message(wire::psPush(0, 0, 0), 0, wireBytes[0].data(), 8);
+  auto m1 = message(wire::psPush(0, 0, 0), 1, wireBytes[1].data(), 8);
+  EXPECT_TRUE(server.handle(m2).empty());
+  EXPECT_TRUE(server.handle(m0).empty());
+  auto out = server.handle(m1);
+  ASSERT_EQ(out.size(), 1u);
+  const KvServer::Outgoing& o = out[0];
+  EXPECT_EQ(o.floats, nullptr);
+  std::vector<float> sum(4);
+  for (int i = 0; i < 4; ++i) {
+    sum[i] = bf16ToFloat(floatToBf16(a[i]));
+    sum[i] += bf16ToFloat(floatToBf16(b[i]));
+    sum[i] += bf16ToFloat(floatToBf16(c[i]));
+  }
+  EXPECT_EQ(sum[0], 258.0f);
+  ASSERT_EQ(o.parts().size(), 2u);  // the rounded sum, then the contributor mask
+  ASSERT_EQ(o.parts()[0].bytes, 8u);
+  EXPECT_EQ(std::vector<uint8_t>(static_cast<const uint8_t*>(o.parts()[0].data),
+                                 static_cast<const uint8_t*>(o.parts()[0].data) + 8),
+            narrow(sum));
+  EXPECT_EQ(decodeMask(o.trailer.data(), o.trailer.size(), 3), (std::vector<bool>{true, true, true}));
+}
+
 TEST(KvServer, RejectsWhatDoesNotFitAndChangesNothing) {
   InformationBook book = makeBook(SchemePolicy::kAuto);
   const KvPair& p = book.layout().pairsOf(0)[0];

@@ -9,7 +9,8 @@ namespace poseidon::testing {
 constexpr int kSmallConv = 0;
 constexpr int kSmallFc = 1;
 
-inline InformationBook smallJob(SchemePolicy policy = SchemePolicy::kAuto, int dropStragglers = 0) {
+inline InformationBook smallJob(SchemePolicy policy = SchemePolicy::kAuto, int dropStragglers = 0,
+                                WirePrecision wire = WirePrecision::kFp32) {
   ModelDesc m;
   m.name = "small-job";
   m.layers.push_back(LayerSpec::other("conv", {{"w", {6}}}));
@@ -22,6 +23,7 @@ inline InformationBook smallJob(SchemePolicy policy = SchemePolicy::kAuto, int d
   s.policy = policy;
   s.dropStragglers = dropStragglers;
   s.stragglerTimeoutMs = dropStragglers ? 100 : 0;
+  s.wire = wire;
   return InformationBook(42, nodes, m, s);
 }
 

@@ -61,11 +61,20 @@ TEST(CliFlags, BenchRejectsOutOfRangeValues) {
   expectRejected({{"bench", "--io-threads", "0"}, "--io-threads must be in [1, 64], got 0"});
   expectRejected({{"bench", "--systems", "poseidon,poseidon-overlap", "--warmup", "0"},
                   "poseidon-overlap needs --warmup 1 or more (each iteration carries the one before's tail)"});
+  expectRejected({{"bench", "--systems", "poseidon-overlap-bf16", "--warmup", "0"},
+                  "poseidon-overlap needs --warmup 1 or more (each iteration carries the one before's tail)"});
+  expectRejected({{"bench", "--systems", "poseidon-fp8"}, "unknown system 'poseidon-fp8'"});
+  expectRejected({{"bench", "--systems", "ddp-bf16"}, "unknown system 'ddp-bf16'"});
+  expectRejected({{"bench", "--systems", "adam-bf16"},
+                  "unknown system 'adam-bf16' (the adam baseline has no 16-bit wire)"});
 }
 
 TEST(CliFlags, TrainRejectsOutOfRangeNetworkKnobs) {
   expectRejected({{"train", "--io-threads", "0"}, "--io-threads must be in [1, 64], got 0"});
   expectRejected({{"train", "--tcp-rcvbuf", "-1"}, "--tcp-rcvbuf must be in [0, 1073741824], got -1"});
+  expectRejected({{"train", "--wire", "fp8"}, "unknown wire precision 'fp8' (expected fp32, bf16 or fp16)"});
+  expectRejected({{"train", "--wire", "bf16", "--groups", "2"},
+                  "--wire bf16 and --groups cannot be combined (the groups' pulls carry the model itself)"});
 }
 
 TEST(CliFlags, BenchWorkerRejectsOutOfRangeValues) {
@@ -77,6 +86,10 @@ TEST(CliFlags, BenchWorkerRejectsOutOfRangeValues) {
                   "--overlap-forward needs --warmup 1 or more (each iteration carries the one before's tail)"});
   expectRejected({{"bench-worker", "--out", "/dev/null", "--io-threads", "65"},
                   "--io-threads must be in [1, 64], got 65"});
+  expectRejected({{"bench-worker", "--out", "/dev/null", "--system", "poseidon-bf16", "--wire", "fp16"},
+                  "--wire and a system with a wire suffix ('poseidon-bf16') cannot be combined"});
+  expectRejected({{"bench-worker", "--out", "/dev/null", "--wire", "fp64"},
+                  "unknown wire precision 'fp64' (expected fp32, bf16 or fp16)"});
 }
 
 TEST(CliFlags, HelpShowsTheRanges) {

@@ -15,6 +15,7 @@
 
 #include "poseidon/client/node.h"
 #include "poseidon/model/layer.h"
+#include "poseidon/wire/precision.h"
 
 namespace poseidon::testing {
 
@@ -56,23 +57,37 @@ inline std::vector<float> factorV(int worker, int layer, int64_t iteration, int6
   return randomVector(seedFor(worker, layer, iteration, 3), rows * n);
 }
 
+// What a value looks like after a trip over the job's wire (wire/precision.h): rounded to 16 bits
+// and widened again, or unchanged with fp32.
+inline std::vector<float> overWire(std::vector<float> v, WirePrecision wire) {
+  if (wire == WirePrecision::kFp32) return v;
+  std::vector<uint8_t> narrow(v.size() * wireElementBytes(wire));
+  encodeFloats(v.data(), static_cast<int64_t>(v.size()), wire, narrow.data());
+  decodeFloats(narrow.data(), static_cast<int64_t>(v.size()), wire, v.data());
+  return v;
+}
+
 struct LayerCheck {
   Scheme scheme = Scheme::kPS;
-  bool bitExact = true;  // PS: equal to the float sum in worker order / P1
-  double maxRelError = 0;  // max |x - ref| / max |ref| against the double-precision reference
+  // PS: equal to the float sum in worker order / P1 (with a 16-bit wire: each gradient rounded,
+  // the fp32 sum rounded once, then divided)
+  bool bitExact = true;
+  // max |x - ref| / max |ref| against the double-precision reference (computed from the values as
+  // they travel: with a 16-bit wire, each worker's rounded gradient or factors)
+  double maxRelError = 0;
 };
 
-// The reference for one layer and iteration, computed in double.
+// The reference for one layer and iteration, computed in double from what each worker put on the wire.
 inline std::vector<double> referenceMean(const LayerSpec& l, Scheme scheme, int workers, int64_t iteration,
-                                         int layerIndex, int64_t rows) {
+                                         int layerIndex, int64_t rows, WirePrecision wire = WirePrecision::kFp32) {
   std::vector<double> ref(static_cast<size_t>(l.numel()), 0.0);
   for (int w = 0; w < workers; ++w) {
     if (scheme == Scheme::kPS) {
-      auto g = denseGradient(w, layerIndex, iteration, l.numel());
+      auto g = overWire(denseGradient(w, layerIndex, iteration, l.numel()), wire);
       for (size_t i = 0; i < g.size(); ++i) ref[i] += g[i];
     } else {
-      auto u = factorU(w, layerIndex, iteration, rows, l.m);
-      auto v = factorV(w, layerIndex, iteration, rows, l.n);
+      auto u = overWire(factorU(w, layerIndex, iteration, rows, l.m), wire);
+      auto v = overWire(factorV(w, layerIndex, iteration, rows, l.n), wire);
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t i = 0; i < l.m; ++i) {
           double ui = u[r * l.m + i];
@@ -95,6 +110,7 @@ inline std::vector<LayerCheck> runScenario(Node& node, int64_t iterations, int l
   const ModelDesc& model = book.model();
   const int workers = book.numWorkers();
   const int me = book.workerIndex(node.rank());
+  const WirePrecision wire = book.settings().wire;
   std::vector<LayerCheck> checks(model.layers.size());
   for (int64_t t = book.settings().startIteration; t < book.settings().startIteration + iterations; ++t) {
     node.beginIteration(t);
@@ -135,13 +151,14 @@ inline std::vector<LayerCheck> runScenario(Node& node, int64_t iterations, int l
       const LayerSpec& spec = model.layers[l];
       LayerCheck& c = checks[l];
       c.scheme = schemes[l];
-      auto ref = referenceMean(spec, schemes[l], workers, t, static_cast<int>(l), kScenarioBatch);
+      auto ref = referenceMean(spec, schemes[l], workers, t, static_cast<int>(l), kScenarioBatch, wire);
       if (schemes[l] == Scheme::kPS) {
-        std::vector<float> sum = denseGradient(0, static_cast<int>(l), t, spec.numel());
+        std::vector<float> sum = overWire(denseGradient(0, static_cast<int>(l), t, spec.numel()), wire);
         for (int w = 1; w < workers; ++w) {
-          auto g = denseGradient(w, static_cast<int>(l), t, spec.numel());
+          auto g = overWire(denseGradient(w, static_cast<int>(l), t, spec.numel()), wire);
           for (size_t i = 0; i < g.size(); ++i) sum[i] += g[i];
         }
+        sum = overWire(std::move(sum), wire);  // the shard's fp32 sum, rounded once for the way back
         for (size_t i = 0; i < sum.size(); ++i)
           if (sum[i] / static_cast<float>(workers) != grads[l][i]) c.bitExact = false;
       } else {

@@ -5,7 +5,7 @@
 //
 //   poseidon_test_node SCENARIO POLICY ITERATIONS OUT_DIR [TIMEOUT_MS]
 //   scenarios: sync (the synthetic scenario), priority (sync over priority-scheduled links, waited
-//   for layer by layer), mismatch (rank 2 changes a layer),
+//   for layer by layer), bf16 (priority with a bf16 wire), mismatch (rank 2 changes a layer),
 //              slow-sync (sync, with a pause before each iteration, for flood tests; with
 //              POSEIDON_TEST_TRAIN_AFTER=FILE the workers start training once FILE exists),
 //              paced (sync with a 10 ms pause before each layer's submit: fault tests),
@@ -55,7 +55,8 @@ int main(int argc, char** argv) {
     if (const char* role = std::getenv("POSEIDON_ROLE")) o.role = parseRole(role);
     o.secret = jobSecretFromEnvironment();
     // Priority-scheduled links with a 4 KB window: every 64 KB pair goes in 16 fragments.
-    if (scenario == "priority") o.sendWindowBytes = 4096;
+    if (scenario == "priority" || scenario == "bf16") o.sendWindowBytes = 4096;
+    if (scenario == "bf16") o.settings.wire = WirePrecision::kBf16;
     if (scenario == "straggler") {
       o.settings.dropStragglers = 1;
       o.settings.stragglerTimeoutMs = 100;
@@ -90,7 +91,8 @@ int main(int argc, char** argv) {
         report["dropped"] = rep.dropped;
         report["skipped"] = rep.skipped;
       } else {
-        checks = testing::runScenario(*node, iterations, scenario == "paced" ? 10 : 0, scenario == "priority");
+        checks = testing::runScenario(*node, iterations, scenario == "paced" ? 10 : 0,
+                                          scenario == "priority" || scenario == "bf16");
       }
       for (size_t l = 0; l < checks.size(); ++l) {
         report["layers"].push_back({{"scheme", schemeName(checks[l].scheme)},

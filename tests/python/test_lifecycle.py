@@ -83,6 +83,35 @@ class Lifecycle(TempDirTest):
         self.assertIn("trained with one I/O thread", run.out)
         self.assertClean(run)
 
+    def test_sixteen_bit_wire_rounds_each_gradient_and_the_sum_once(self):
+        script = self.path("wire.py")
+        with open(script, "w") as f:
+            f.write("import os, torch, poseidon\n"
+                    "try:\n"
+                    "    poseidon.DistributedModel(torch.nn.Linear(3, 1), batch=1, wire='fp8')\n"
+                    "except Exception as e:\n"
+                    "    print('refused:', type(e).__name__, e)\n"
+                    "rank = int(os.environ['RANK'])\n"
+                    "lin = torch.nn.Linear(3, 1, bias=False)\n"
+                    "m = poseidon.DistributedModel(lin, batch=1, scheme='ps', wire='bf16')\n"
+                    "x = torch.tensor([[0.1, 1.0 / 3, 1e-3 * (rank + 1)]])\n"
+                    "m(x).sum().backward()\n"  # the weight's gradient is x
+                    "m.synchronize()\n"
+                    "print('grad', ' '.join(repr(v) for v in lin.weight.grad.flatten().tolist()))\n"
+                    "m.finish()\n")
+        run = launch(2, script)
+        self.assertEqual(run.code, 0, str(run))
+        self.assertIn("refused: InvalidArgument unknown wire precision 'fp8' (expected fp32, bf16 or fp16)", run.out)
+        # Each rank's x rounded to bf16, summed in fp32, the sum rounded once, then halved (torch's bf16 cast
+        # rounds to nearest even, as the wire does).
+        bf = lambda t: t.to(torch.bfloat16).to(torch.float32)
+        xs = [torch.tensor([0.1, 1.0 / 3, 1e-3 * (r + 1)]) for r in (0, 1)]
+        expect = bf(bf(xs[0]) + bf(xs[1])) / 2
+        self.assertNotEqual(expect.tolist(), ((xs[0] + xs[1]) / 2).tolist())  # the wire shows in the result
+        for rank in (0, 1):
+            self.assertIn("[rank %d] grad %s" % (rank, " ".join(repr(v) for v in expect.tolist())), run.out)
+        self.assertClean(run)
+
     def test_checkpoint_resume_equals_an_uninterrupted_run(self):
         straight = launch(2, JOB, "lenet", self.path("straight.pt"), "--steps", "10")
         self.assertEqual(straight.code, 0, str(straight))

@@ -95,7 +95,6 @@ void installStopHandlers() {
 
 namespace {
 
-const std::vector<std::string> kPoseidonSystems{"poseidon", "poseidon-overlap", "ps-wfbp", "ps-naive", "adam"};
 const std::vector<std::string> kDdpSystems{"ddp", "ddp-tuned", "ddp-fp16", "ddp-powersgd1", "ddp-powersgd4"};
 // ddp-tuned's sweep of the bucket cap, MB at full width (scaled by s^2 like the default 25 MB).
 const std::vector<double> kTunedBucketsMb{1, 5, 25};
@@ -360,7 +359,9 @@ int benchCommand(const std::vector<std::string>& args) {
                 "reports iteration time, speedup over one node, bytes per node, and measured / ideal time.\n"
                 "Systems: poseidon (WFBP + hybrid), poseidon-overlap (+ priority-scheduled links, next forward\n"
                 "overlapping the sync), ps-wfbp, ps-naive, adam, ddp, ddp-tuned (best bucket cap),\n"
-                "ddp-fp16, ddp-powersgd1, ddp-powersgd4. Poseidon's own work is charged at full width on --device.\n"
+                "ddp-fp16, ddp-powersgd1, ddp-powersgd4. A -bf16 or -fp16 suffix on a Poseidon system (not adam)\n"
+                "sends its gradients in 16 bits (--wire; lossy, like ddp-fp16), e.g. poseidon-overlap-bf16.\n"
+                "Poseidon's own work is charged at full width on --device.\n"
                 "Everything it creates is removed on exit, Ctrl-C and failure.");
   bool accuracyMode = false;  // handled above; listed for --help
   flags.addBool("accuracy", &accuracyMode,
@@ -458,11 +459,11 @@ int benchCommand(const std::vector<std::string>& args) {
     rates.push_back(parseRealIn("each --rates entry (Mbit/s)", r, RealRange::above(0)));
   }
   for (const auto& s : systems) {
-    bool known = std::find(kPoseidonSystems.begin(), kPoseidonSystems.end(), s) != kPoseidonSystems.end() ||
-                 std::find(kDdpSystems.begin(), kDdpSystems.end(), s) != kDdpSystems.end();
-    if (!known) throw InvalidArgument("unknown system '" + s + "'");
+    const bool ddp = std::find(kDdpSystems.begin(), kDdpSystems.end(), s) != kDdpSystems.end();
+    if (!ddp && isDdp(s)) throw InvalidArgument("unknown system '" + s + "'");
+    const std::string base = ddp ? s : bench::parsePoseidonSystem(s).base;  // throws for unknown names
     // Its iterations carry the previous one's tail: the first measured one needs one before it.
-    if (s == "poseidon-overlap" && warmup < 1) {
+    if (base == "poseidon-overlap" && warmup < 1) {
       throw InvalidArgument("poseidon-overlap needs --warmup 1 or more (each iteration carries the one before's tail)");
     }
   }

@@ -64,7 +64,7 @@ uint64_t readCounter(const std::string& iface, const char* which) {
 }  // namespace
 
 int benchWorkerCommand(const std::vector<std::string>& args) {
-  std::string model = "vgg19", system = "poseidon", out, iface, bind;
+  std::string model = "vgg19", system = "poseidon", out, iface, bind, wireFlag = "fp32";
   double scale = 0.1;
   int iterations = 8, warmup = 3, timeoutMs = 120000;
   int64_t pairBytes = -1;
@@ -76,7 +76,10 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
                 "One rank of 'poseidon bench' (started by it; not meant to be run by hand).");
   flags.addString("model", &model, "emulated model", "NAME");
   flags.addDouble("scale", &scale, "width scale s", "S", RealRange::leftOpen(0, 1));
-  flags.addString("system", &system, "poseidon | poseidon-overlap | ps-wfbp | ps-naive | adam | sfb", "SYS");
+  flags.addString("system", &system,
+                  "poseidon | poseidon-overlap | ps-wfbp | ps-naive | adam | sfb, optionally with -bf16 or -fp16", "SYS");
+  flags.addString("wire", &wireFlag, "what gradients travel as: fp32 | bf16 | fp16 (default: the system's suffix, "
+                  "else fp32)", "P");
   flags.addInt("iterations", &iterations, "measured iterations", "N", IntRange::atLeast(1));
   flags.addInt("warmup", &warmup, "unmeasured iterations first", "N", IntRange::atLeast(0));
   flags.addString("out", &out, "result JSON file", "FILE");
@@ -113,7 +116,7 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
     return 0;
   }
   if (out.empty()) throw InvalidArgument("--out is required");
-  if ((overlapForward || system == "poseidon-overlap") && warmup < 1) {
+  if ((overlapForward || system.rfind("poseidon-overlap", 0) == 0) && warmup < 1) {
     throw InvalidArgument("--overlap-forward needs --warmup 1 or more (each iteration carries the one before's tail)");
   }
   bench::EmulatedModel em = bench::emulatedModel(model, scale);
@@ -129,6 +132,14 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
   dm.linkBytes = linkMbit * 1e6 / 8 * dm.byteScale;
   dm.cryptoLanes = ioThreads;
   setDeviceModel(dm);
+  // A wire suffix (poseidon-bf16) picks the wire; the rest picks the scheme and the overlap.
+  const bench::PoseidonSystem parsed = bench::parsePoseidonSystem(system);
+  if (flags.wasSet("wire") && parsed.wire != WirePrecision::kFp32) {
+    throw InvalidArgument("--wire and a system with a wire suffix ('" + system + "') cannot be combined");
+  }
+  const WirePrecision wirePrecision = flags.wasSet("wire") ? parseWirePrecision(wireFlag) : parsed.wire;
+  const std::string systemName = system;  // as asked, for the result
+  system = parsed.base;
   SchemePolicy policy;
   bool overlap = true;
   if (system == "poseidon" || system == "poseidon-overlap") {
@@ -170,6 +181,7 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
                              ? pairBytes
                              : std::max<int64_t>(4096, std::llround(2.0 * 1024 * 1024 * scale * scale));
   o.settings.policy = policy;
+  o.settings.wire = wirePrecision;
   o.secret = jobSecretFromEnvironment();
   o.receiveBufferBytes = rcvbuf;
   o.ioThreads = ioThreads;
@@ -279,7 +291,8 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
     return nlohmann::json{{"sent", a.bytesSent - b.bytesSent}, {"received", a.bytesReceived - b.bytesReceived}};
   };
   nlohmann::json result{{"rank", env.rank},
-                        {"system", system},
+                        {"system", systemName},
+                        {"wire", wirePrecisionName(wirePrecision)},
                         {"model", model},
                         {"batch", em.batch},
                         {"iteration_seconds", times},

@@ -49,7 +49,7 @@ void readReliabilityEnvironment(pt::TrainOptions& o) {
 
 int trainCommand(const std::vector<std::string>& args) {
   pt::TrainOptions o;
-  std::string scheme = "auto";
+  std::string scheme = "auto", wire = "fp32";
   bool noOverlap = false;
   int64_t pairBytes = o.pairBytes;
   FlagSet flags("train", "poseidon train [flags]",
@@ -77,6 +77,9 @@ int trainCommand(const std::vector<std::string>& args) {
   int64_t seed = static_cast<int64_t>(o.seed);
   flags.addInt64("seed", &seed, "seed of the initial weights and the per-epoch data order", "S", IntRange::atLeast(0));
   flags.addString("scheme", &scheme, "auto (BestScheme per layer), or force ps / sfb for FC layers", "auto|ps|sfb");
+  flags.addString("wire", &wire,
+                  "what gradients travel as: fp32 (exact), or bf16 / fp16 for PS pairs and SFB factors, summed in "
+                  "fp32 (half the bytes; lossy, like DDP's fp16 hook; not with --groups)", "fp32|bf16|fp16");
   flags.addBool("no-overlap", &noOverlap, "sync every layer after the whole backward (the naive baseline)");
   flags.addBool("plain", &o.plain, "run the plain LibTorch loop without Poseidon (overhead baseline; 1 worker)");
   flags.addString("summary", &o.summaryPath, "write a JSON summary of the run to FILE", "FILE");
@@ -132,6 +135,11 @@ int trainCommand(const std::vector<std::string>& args) {
     return 0;
   }
   o.scheme = parseSchemePolicy(scheme);
+  o.wire = parseWirePrecision(wire);
+  if (o.wire != WirePrecision::kFp32 && o.groups > 0) {
+    throw InvalidArgument(strCat("--wire ", wire, " and --groups cannot be combined (the groups' pulls carry the "
+                                 "model itself)"));
+  }
   o.overlap = !noOverlap;
   o.seed = static_cast<uint64_t>(seed);
   o.pairBytes = pairBytes;

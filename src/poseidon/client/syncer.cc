@@ -14,10 +14,12 @@ namespace poseidon {
 namespace {
 constexpr size_t kFinishedHistory = 256;
 
-// `src` holds floats at any alignment (a received payload).
-void copyScaled(const LayerBuffer& out, int64_t offset, int64_t length, const uint8_t* src, float divisor) {
+// `src` holds wire floats at any alignment (a received payload).
+void copyScaled(const LayerBuffer& out, int64_t offset, int64_t length, const uint8_t* src, WirePrecision wire,
+                float divisor) {
+  const int64_t eb = static_cast<int64_t>(wireElementBytes(wire));
   out.forEach(offset, length, [&](float* dst, int64_t n, int64_t done) {
-    std::memcpy(dst, src + done * kFloatBytes, static_cast<size_t>(n) * kFloatBytes);
+    decodeFloats(src + done * eb, n, wire, dst);
     for (int64_t i = 0; i < n; ++i) dst[i] /= divisor;
   });
 }
@@ -35,6 +37,8 @@ Syncer::Syncer(SyncHost& host, int layer)
       spec_(host.book().model().layers.at(layer)),
       pairs_(host.book().layout().pairsOf(layer)),
       straggler_(host.book().settings().stragglerMode()),
+      wire_(host.book().settings().wire),
+      elementBytes_(wireElementBytes(wire_)),
       lastPsRound_(host.book().settings().startIteration - 1) {}
 
 std::exception_ptr Syncer::mismatch(int64_t iteration, const std::string& what) const {
@@ -223,6 +227,7 @@ void Syncer::sendDense(int64_t iteration, int64_t gap, const LayerBuffer& grad, 
   const int64_t startUs = host_.tracer() ? Tracer::nowMicros() : 0;
   std::exception_ptr failure;
   std::vector<Van::Part> parts;
+  std::vector<uint8_t> narrow;  // a 16-bit wire: the pair rounded, the one copy before the van's
   for (int i : pairIndices) {
     const KvPair& p = pairs_[i];
     bool skip = failure != nullptr;
@@ -236,9 +241,17 @@ void Syncer::sendDense(int64_t iteration, int64_t gap, const LayerBuffer& grad, 
       // No lock here: while `sending` is set, a result for this pair is held
       // instead of being written into the memory we read.
       parts.clear();
-      grad.forEach(p.offset, p.length, [&](float* ptr, int64_t n, int64_t) {
-        parts.push_back({ptr, static_cast<size_t>(n) * kFloatBytes});
-      });
+      if (wire_ == WirePrecision::kFp32) {
+        grad.forEach(p.offset, p.length, [&](float* ptr, int64_t n, int64_t) {
+          parts.push_back({ptr, static_cast<size_t>(n) * kFloatBytes});
+        });
+      } else {
+        narrow.resize(static_cast<size_t>(p.length) * elementBytes_);
+        grad.forEach(p.offset, p.length, [&](float* ptr, int64_t n, int64_t done) {
+          encodeFloats(ptr, n, wire_, narrow.data() + static_cast<size_t>(done) * elementBytes_);
+        });
+        parts.push_back({narrow.data(), narrow.size()});
+      }
       try {
         host_.send(book.shardRank(p.shard), wire::psPush(layer_, iteration, p.index, gap), parts);
       } catch (const Error& e) {
@@ -352,11 +365,19 @@ void Syncer::submitFactors(int64_t iteration, Scheme scheme, const float* u, con
 void Syncer::sendFactors(int64_t iteration, Scheme scheme, const float* u, const float* v, int64_t rows) {
   const InformationBook& book = host_.book();
   const int64_t startUs = host_.tracer() ? Tracer::nowMicros() : 0;
-  const std::vector<Van::Part> parts{{u, static_cast<size_t>(rows * spec_.m) * kFloatBytes},
-                                     {v, static_cast<size_t>(rows * spec_.n) * kFloatBytes}};
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (closed_) return;  // the job failed: the caller's factors may be gone
+  }
+  const int64_t uFloats = rows * spec_.m, vFloats = rows * spec_.n;
+  std::vector<Van::Part> parts{{u, static_cast<size_t>(uFloats) * kFloatBytes},
+                               {v, static_cast<size_t>(vFloats) * kFloatBytes}};
+  std::vector<uint8_t> narrow;  // a 16-bit wire: U and V rounded once, the same bytes to every peer
+  if (wire_ != WirePrecision::kFp32) {
+    narrow.resize(static_cast<size_t>(uFloats + vFloats) * elementBytes_);
+    encodeFloats(u, uFloats, wire_, narrow.data());
+    encodeFloats(v, vFloats, wire_, narrow.data() + static_cast<size_t>(uFloats) * elementBytes_);
+    parts.assign(1, {narrow.data(), narrow.size()});
   }
   try {
     if (scheme == Scheme::kAdam) {  // factors up to the layer's one server
@@ -432,7 +453,7 @@ void Syncer::onAggregate(Message& msg) {
     throw ProtocolError(strCat("aggregate for layer ", layer_, " pair ", h.pair, " from rank ", h.sender,
                                ", which does not own that pair"));
   }
-  const size_t floatBytes = static_cast<size_t>(p.length) * kFloatBytes;
+  const size_t floatBytes = static_cast<size_t>(p.length) * elementBytes_;
   const size_t mask = straggler_ && !adam ? maskBytes(book.numWorkers()) : 0;
   if (msg.size() != floatBytes + mask) {
     throw ProtocolError(strCat("aggregate for layer ", layer_, " pair ", h.pair, " has ", msg.size(), " bytes"));
@@ -463,10 +484,10 @@ void Syncer::onAggregate(Message& msg) {
       // Before this worker's submit (straggler mode), or while our push still
       // reads this pair's memory: hold it until it can be written.
       slot.held.resize(static_cast<size_t>(p.length));
-      std::memcpy(slot.held.data(), sum, floatBytes);
+      decodeFloats(sum, p.length, wire_, slot.held.data());
       for (float& x : slot.held) x /= divisor;
     } else {
-      copyScaled(r->out, p.offset, p.length, sum, divisor);
+      copyScaled(r->out, p.offset, p.length, sum, wire_, divisor);
     }
     advanceLocked(h.iteration, *r, fx);
   }
@@ -481,7 +502,7 @@ void Syncer::onFactors(Message& msg) {
   if (worker < 0) throw ProtocolError(strCat("sfb factors from rank ", h.sender, ", which is not a worker"));
   const int64_t rows = wire::factorRows(h);
   if (rows < 1 || rows > kMaxFactorRows) throw ProtocolError(strCat("sfb factors with ", rows, " rows"));
-  const size_t expected = static_cast<size_t>(rows * (spec_.m + spec_.n)) * kFloatBytes;
+  const size_t expected = static_cast<size_t>(rows * (spec_.m + spec_.n)) * elementBytes_;
   if (msg.size() != expected) {
     throw ProtocolError(strCat("sfb factors for layer ", layer_, " with ", rows, " rows have ", msg.size(),
                                " bytes, expected ", expected));
@@ -556,9 +577,16 @@ void Syncer::reconstruct(int64_t iteration, Round round, std::vector<bool> set) 
     const Factors& f = std::get<Factors>(round.kind);
     const int64_t m = spec_.m, n = spec_.n;
     std::vector<FactorView> views;
+    std::vector<std::vector<float>> wide;  // a 16-bit wire: each worker's factors widened to fp32
+    wide.reserve(f.payload.size());
     for (size_t w = 0; w < f.payload.size(); ++w) {
       if (!set[w]) continue;
-      const auto* base = static_cast<const float*>(f.payload[w].data());
+      const float* base = static_cast<const float*>(f.payload[w].data());
+      if (wire_ != WirePrecision::kFp32) {
+        wide.emplace_back(static_cast<size_t>(f.rows[w] * (m + n)));
+        decodeFloats(static_cast<const uint8_t*>(f.payload[w].data()), f.rows[w] * (m + n), wire_, wide.back().data());
+        base = wide.back().data();
+      }
       views.push_back({base, base + f.rows[w] * m, f.rows[w]});
     }
     const float scale = 1.0f / static_cast<float>(views.size());

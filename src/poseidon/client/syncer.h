@@ -11,7 +11,8 @@
 //   Adam: the benchmark's baseline: factors up to the layer's keeper server,
 //         the full matrix back as KV pairs.
 // Move is fused into Send: the van copies straight from the framework's
-// memory into the outgoing message, so there is no staging copy.
+// memory into the outgoing message, so there is no staging copy (with a
+// 16-bit wire, JobSettings::wire, the rounding to 16 bits is the one copy).
 //
 // A round's life, written down (advanceLocked() is the one place that moves a
 // round on once this worker has submitted):
@@ -73,6 +74,7 @@
 #include "poseidon/coordinator/book.h"
 #include "poseidon/sfb/sufficient_factors.h"
 #include "poseidon/transport/van.h"
+#include "poseidon/wire/precision.h"
 
 namespace poseidon {
 
@@ -213,6 +215,8 @@ class Syncer {
   const LayerSpec& spec_;
   const std::vector<KvPair>& pairs_;
   const bool straggler_;
+  const WirePrecision wire_;    // what PS pairs and SFB factors travel as (wire/precision.h)
+  const size_t elementBytes_;  // bytes per float on the wire
   mutable std::mutex mutex_;
   std::map<int64_t, Round> rounds_;  // guarded by mutex_
   // The last kFinishedHistory finished rounds: who contributed to each pair. Its keys are the

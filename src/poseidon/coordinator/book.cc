@@ -25,7 +25,7 @@ std::string JobSettings::describe() const {
   return strCat("batch=", batch, " pair-bytes=", pairBytes, " start-iteration=", startIteration,
                 " scheme=", schemePolicyName(policy), " drop-stragglers=", dropStragglers,
                 " straggler-timeout=", stragglerTimeoutMs, "ms groups=", groups, " staleness=", staleness,
-                " momentum=", momentum, " weight-decay=", weightDecay);
+                " momentum=", momentum, " weight-decay=", weightDecay, " wire=", wirePrecisionName(wire));
 }
 
 InformationBook::InformationBook(uint64_t jobId, std::vector<NodeInfo> nodes, ModelDesc model, JobSettings settings)
@@ -67,6 +67,15 @@ void InformationBook::derive() {
     if (settings_.stragglerMode()) throw InvalidArgument("--groups and --drop-stragglers cannot be combined");
     if (settings_.policy == SchemePolicy::kAdam) throw InvalidArgument("--groups does not apply to the adam baseline");
   }
+  if (settings_.wire != WirePrecision::kFp32) {
+    // The 16-bit wire covers BSP's PS pairs and SFB factors; the baseline and the groups' model
+    // traffic (pulls carry the model itself) stay exact.
+    const char* wire = wirePrecisionName(settings_.wire);
+    if (settings_.policy == SchemePolicy::kAdam) {
+      throw InvalidArgument(strCat("--wire ", wire, " does not apply to the adam baseline (use --wire fp32)"));
+    }
+    if (settings_.groupMode()) throw InvalidArgument(strCat("--wire ", wire, " and --groups cannot be combined"));
+  }
   layout_ = KvLayout(model_, static_cast<int>(servers_.size()), settings_.pairBytes);
 }
 
@@ -81,7 +90,7 @@ int InformationBook::shardIndex(int rank) const {
 Scheme InformationBook::bestScheme(int layer, int64_t batch) const {
   // The device model is the bench's (every rank gets the same); elsewhere it is empty and bytes decide.
   return poseidon::bestScheme(model_.layers.at(layer), batch, numWorkers(), numServers(), settings_.policy,
-                              &deviceModel());
+                              &deviceModel(), wireElementBytes(settings_.wire));
 }
 
 LayerQuery InformationBook::query(int layer) const {
@@ -171,6 +180,7 @@ void writeSettings(ByteWriter& w, const JobSettings& s) {
   w.i64(s.staleness);
   w.f32(s.momentum);
   w.f32(s.weightDecay);
+  w.u8(static_cast<uint8_t>(s.wire));
 }
 
 JobSettings readSettings(ByteReader& r) {
@@ -194,6 +204,9 @@ JobSettings readSettings(ByteReader& r) {
       !(s.weightDecay >= 0 && s.weightDecay < 1)) {
     throw ProtocolError("group settings out of range");
   }
+  const uint8_t wire = r.u8();
+  if (wire > static_cast<uint8_t>(WirePrecision::kFp16)) throw ProtocolError("wire precision out of range");
+  s.wire = static_cast<WirePrecision>(wire);
   return s;
 }
 

@@ -15,6 +15,7 @@
 #include "poseidon/core/cost_model.h"
 #include "poseidon/core/kv_layout.h"
 #include "poseidon/model/layer.h"
+#include "poseidon/wire/precision.h"
 
 namespace poseidon {
 
@@ -54,10 +55,13 @@ struct JobSettings {
   float momentum = 0;
   float weightDecay = 0;
   bool groupMode() const { return groups > 0; }
+  // What gradients travel as (wire/precision.h): fp32 (exact, the default) or
+  // a lossy 16-bit format for PS pairs and SFB factors, summed in fp32.
+  WirePrecision wire = WirePrecision::kFp32;
   bool operator==(const JobSettings& o) const {
     return batch == o.batch && pairBytes == o.pairBytes && startIteration == o.startIteration && policy == o.policy &&
            dropStragglers == o.dropStragglers && stragglerTimeoutMs == o.stragglerTimeoutMs && groups == o.groups &&
-           staleness == o.staleness && momentum == o.momentum && weightDecay == o.weightDecay;
+           staleness == o.staleness && momentum == o.momentum && weightDecay == o.weightDecay && wire == o.wire;
   }
   std::string describe() const;
 };

@@ -33,13 +33,13 @@ SchemePolicy parseSchemePolicy(const std::string& text) {
 }
 
 SchemeSeconds schemeSeconds(const LayerSpec& layer, int64_t batch, int workers, int servers,
-                            const DeviceModel& device) {
+                            const DeviceModel& device, size_t elementBytes) {
   SchemeSeconds t;
   if (device.linkBytes <= 0 || device.gemmFlops <= 0) return t;
   CostInputs c = costInputs(layer, batch, workers, servers);
   // Table 1's floats are sent + received; the link is full duplex.
   auto wire = [&](double floats) {
-    double bytes = floats * sizeof(float) * device.byteScale;
+    double bytes = floats * static_cast<double>(elementBytes) * device.byteScale;
     double s = bytes / 2 / device.linkBytes;
     if (device.cryptoBytes > 0) s += bytes / device.cryptoBytes;
     return s;
@@ -48,7 +48,8 @@ SchemeSeconds schemeSeconds(const LayerSpec& layer, int64_t batch, int workers, 
                                  static_cast<double>(c.n) * device.flopScale / device.gemmFlops;
   t.ps = wire(psCostBoth(c));
   if (device.sumBytes > 0) {
-    // A node's shard adds every worker's share of the layer: P1 M N / P2 floats.
+    // A node's shard adds every worker's share of the layer: P1 M N / P2 floats (in fp32, whatever
+    // the wire: a 16-bit push is widened in the same pass).
     t.ps += static_cast<double>(c.workers) * c.m * c.n / c.servers * sizeof(float) * device.byteScale /
             device.sumBytes;
   }
@@ -56,7 +57,7 @@ SchemeSeconds schemeSeconds(const LayerSpec& layer, int64_t batch, int workers, 
 }
 
 Scheme bestScheme(const LayerSpec& layer, int64_t batch, int workers, int servers, SchemePolicy policy,
-                  const DeviceModel* device) {
+                  const DeviceModel* device, size_t elementBytes) {
   if (layer.type != LayerType::kFC) return Scheme::kPS;
   switch (policy) {
     case SchemePolicy::kPS: return Scheme::kPS;
@@ -65,7 +66,7 @@ Scheme bestScheme(const LayerSpec& layer, int64_t batch, int workers, int server
     case SchemePolicy::kAuto: break;
   }
   if (device && device->linkBytes > 0 && device->gemmFlops > 0) {
-    SchemeSeconds t = schemeSeconds(layer, batch, workers, servers, *device);
+    SchemeSeconds t = schemeSeconds(layer, batch, workers, servers, *device, elementBytes);
     return t.sfb <= t.ps ? Scheme::kSFB : Scheme::kPS;
   }
   CostInputs c = costInputs(layer, batch, workers, servers);

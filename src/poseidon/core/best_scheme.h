@@ -3,6 +3,7 @@
 // by the Table 1 costs of core/cost_model.h.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -33,8 +34,12 @@ SchemePolicy parseSchemePolicy(const std::string& text);  // throws InvalidArgum
 // is then timed at full width: its bytes each way over the link, every byte
 // once through encryption, and SFB's GEMM or PS's server sums, and the faster
 // wins. Every node must pass the same model (the bench gives all ranks one).
+// `elementBytes`: what one float takes on the wire (4; 2 with a 16-bit wire,
+// wire/precision.h). Both schemes' bytes scale alike, so it only matters
+// where the GEMM and the sums are weighed against the bytes.
 Scheme bestScheme(const LayerSpec& layer, int64_t batch, int workers, int servers,
-                  SchemePolicy policy = SchemePolicy::kAuto, const DeviceModel* device = nullptr);
+                  SchemePolicy policy = SchemePolicy::kAuto, const DeviceModel* device = nullptr,
+                  size_t elementBytes = sizeof(float));
 
 // The seconds each scheme takes for one layer per iteration under `device`
 // (as above; both 0 without a link and GEMM rate).
@@ -42,6 +47,6 @@ struct SchemeSeconds {
   double ps = 0, sfb = 0;
 };
 SchemeSeconds schemeSeconds(const LayerSpec& layer, int64_t batch, int workers, int servers,
-                            const DeviceModel& device);
+                            const DeviceModel& device, size_t elementBytes = sizeof(float));
 
 }  // namespace poseidon

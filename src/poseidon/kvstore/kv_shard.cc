@@ -48,9 +48,11 @@ std::optional<KvShard::Completed> KvShard::push(int senderRank, int layer, int p
   }
   PairState& st = it->second;
   const int64_t length = st.pair->length;
-  if (bytes != static_cast<size_t>(length) * sizeof(float)) {
-    throw ProtocolError(strCat("push for layer ", layer, " pair ", pair, " has ", bytes, " bytes, expected ",
-                               length * sizeof(float)));
+  const WirePrecision wire = book_.settings().wire;
+  const size_t expected = static_cast<size_t>(length) * wireElementBytes(wire);
+  if (bytes != expected) {
+    throw ProtocolError(strCat("push for layer ", layer, " pair ", pair, " has ", bytes, " bytes, expected ", expected,
+                               " (", length, " floats as ", wirePrecisionName(wire), ")"));
   }
   const JobSettings& settings = book_.settings();
   if (iteration <= st.completed && settings.stragglerMode() && iteration >= settings.startIteration) {
@@ -74,10 +76,11 @@ std::optional<KvShard::Completed> KvShard::push(int senderRank, int layer, int p
   round.got[worker] = true;
   ++round.count;
 
-  // One pass over the contribution: the copy and the add (charged together at full width).
+  // One pass over the contribution: the copy (widened to fp32 from a 16-bit wire) and the add,
+  // charged together at full width on the fp32 values.
   const WorkClock::time_point workStart = WorkClock::now();
   std::vector<float> values(length);
-  std::memcpy(values.data(), data, bytes);
+  decodeFloats(data, length, wire, values.data());
   if (worker != round.next) {
     round.early.emplace(worker, std::move(values));
   } else {
@@ -90,7 +93,7 @@ std::optional<KvShard::Completed> KvShard::push(int senderRank, int layer, int p
       ++round.next;
     }
   }
-  chargeSum(static_cast<double>(bytes), workStart);
+  chargeSum(static_cast<double>(length) * sizeof(float), workStart);
   if (round.count >= workers) return finish(st, iteration);
   if (settings.stragglerMode() && !round.deadline && round.count >= workers - settings.dropStragglers) {
     round.deadline = now + std::chrono::milliseconds(settings.stragglerTimeoutMs);

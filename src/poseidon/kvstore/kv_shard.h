@@ -53,7 +53,8 @@ class KvShard {
     std::vector<bool> contributors;  // by worker index
   };
 
-  // Accepts one push (payload: the pair's floats, little-endian IEEE).
+  // Accepts one push (payload: the pair's floats in the job's wire precision,
+  // JobSettings::wire; summed in fp32 whatever the wire).
   // Returns the aggregate when this push completes the round. `gap` is the
   // sender's count of iterations since this layer's previous PS round
   // (wire::psPush): a push whose iteration minus gap is the pair's last

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "poseidon/common/bytes.h"
+#include "poseidon/common/device_model.h"
 #include "poseidon/common/error.h"
 #include "poseidon/kvstore/contributors.h"
 #include "poseidon/wire/messages.h"
@@ -24,6 +25,7 @@ bool KvServer::handles(MsgType type) {
 
 std::vector<Van::Part> KvServer::Outgoing::parts() const {
   std::vector<Van::Part> out;
+  if (!narrow.empty()) out.push_back({narrow.data(), narrow.size()});
   if (floats && length > 0) out.push_back({floats->data() + offset, static_cast<size_t>(length) * kFloatBytes});
   if (!trailer.empty()) out.push_back({trailer.data(), trailer.size()});
   return out;
@@ -34,7 +36,16 @@ KvServer::Outgoing KvServer::aggregate(KvShard::Completed&& done) const {
   o.to = book_.workerRanks();
   o.header = wire::psAggregate(done.layer, done.iteration, done.pair);
   o.length = static_cast<int64_t>(done.sum.size());
-  o.floats = std::make_shared<const std::vector<float>>(std::move(done.sum));
+  const WirePrecision wire = book_.settings().wire;
+  if (wire != WirePrecision::kFp32) {
+    // Summed in fp32 (KvShard), rounded once for the way back; charged like a sum's pass.
+    const WorkClock::time_point workStart = WorkClock::now();
+    o.narrow.resize(done.sum.size() * wireElementBytes(wire));
+    encodeFloats(done.sum.data(), o.length, wire, o.narrow.data());
+    chargeSum(static_cast<double>(done.sum.size()) * sizeof(float), workStart);
+  } else {
+    o.floats = std::make_shared<const std::vector<float>>(std::move(done.sum));
+  }
   // Straggler mode: the contributor mask follows the floats, so workers divide
   // by the number of contributions and know whether theirs was among them.
   if (book_.settings().stragglerMode()) o.trailer = encodeMask(done.contributors);

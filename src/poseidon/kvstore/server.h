@@ -9,7 +9,8 @@
 // sockets.
 //
 //   ps-push       -> KvShard::push      -> ps-aggregate to every worker once
-//                                          the pair's round is complete
+//                                          the pair's round is complete (the
+//                                          fp32 sum, rounded once for a 16-bit wire)
 //   adam-factors  -> AdamServer::push   -> adam-aggregate, one per KV pair of
 //                                          the layer, to every worker
 //   sfb-notice    -> SfbKeeper::notice  -> sfb-decision to every worker
@@ -48,6 +49,8 @@ class KvServer {
     FrameHeader header;
     std::shared_ptr<const std::vector<float>> floats;
     int64_t offset = 0, length = 0;
+    // A 16-bit wire (JobSettings::wire): the aggregate already rounded, sent in place of `floats`.
+    std::vector<uint8_t> narrow;
     std::vector<uint8_t> trailer;  // straggler mode: the contributor mask
     std::vector<Van::Part> parts() const;
   };

@@ -46,6 +46,7 @@ py::dict optionsToDict(const pt::DistributedOptions& o) {
   d["batch"] = o.node.settings.batch;
   d["pair_bytes"] = o.node.settings.pairBytes;
   d["scheme"] = std::string(schemePolicyName(o.node.settings.policy));
+  d["wire"] = std::string(wirePrecisionName(o.node.settings.wire));
   d["start_iteration"] = o.node.settings.startIteration;
   d["drop_stragglers"] = o.node.settings.dropStragglers;
   d["straggler_timeout_ms"] = o.node.settings.stragglerTimeoutMs;
@@ -74,6 +75,7 @@ pt::DistributedOptions optionsFromDict(const py::dict& d) {
   o.node.settings.batch = get("batch").cast<int64_t>();
   o.node.settings.pairBytes = get("pair_bytes").cast<int64_t>();
   o.node.settings.policy = parseSchemePolicy(get("scheme").cast<std::string>());
+  o.node.settings.wire = parseWirePrecision(get("wire").cast<std::string>());
   o.node.settings.startIteration = get("start_iteration").cast<int64_t>();
   o.node.settings.dropStragglers = get("drop_stragglers").cast<int>();
   o.node.settings.stragglerTimeoutMs = get("straggler_timeout_ms").cast<int64_t>();

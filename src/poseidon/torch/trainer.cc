@@ -150,6 +150,7 @@ DistributedOptions distributedOptions(const TrainOptions& o, const RankEnv& env,
   d.node.settings.batch = o.batch;
   d.node.settings.pairBytes = o.pairBytes;
   d.node.settings.policy = o.scheme;
+  d.node.settings.wire = o.wire;
   d.node.settings.startIteration = startIteration;
   d.node.tracer = tracer;
   d.node.settings.dropStragglers = o.dropStragglers;
@@ -358,10 +359,11 @@ void RankRun::printPlan() const {
   if (!lead_) return;
   ModelDesc desc = describeModule(*net_.module, net_.name);
   std::printf("poseidon train: %s (%lld params) on Fashion-MNIST, %d worker%s x batch %lld, %d epochs, lr %g, "
-              "momentum %g, scheme %s%s\n",
+              "momentum %g, scheme %s%s%s\n",
               net_.name.c_str(), static_cast<long long>(desc.numel()), world_, world_ > 1 ? "s" : "",
               static_cast<long long>(o_.batch), o_.epochs, o_.lr, o_.momentum, schemePolicyName(o_.scheme),
-              o_.plain ? ", plain LibTorch (no Poseidon)" : (o_.overlap ? ", wait-free backprop" : ", no overlap"));
+              o_.plain ? ", plain LibTorch (no Poseidon)" : (o_.overlap ? ", wait-free backprop" : ", no overlap"),
+              o_.wire == WirePrecision::kFp32 ? "" : strCat(", ", wirePrecisionName(o_.wire), " wire (lossy)").c_str());
   if (dist_) {
     std::printf("\n%-8s %-5s %-12s %-6s %16s\n", "layer", "type", "shape", "scheme", "floats/iter/node");
     for (const auto& p : dist_->plan(o_.batch)) {
@@ -663,8 +665,9 @@ void RankRun::reportTraffic() {
   Node& node = dist_->node();
   TrafficTotals ps = node.counters().total(TrafficKind::kPS), sfb = node.counters().total(TrafficKind::kSFB);
   auto pred = dist_->predictedFloats();
+  const double eb = static_cast<double>(wireElementBytes(o_.wire));  // Table 1's floats, as the wire sends them
   auto total = node.allSum({double(ps.bytesSent), double(sfb.bytesSent), double(ps.bytesSent + ps.bytesReceived),
-                             double(sfb.bytesSent + sfb.bytesReceived), pred.first * 4, pred.second * 4});
+                             double(sfb.bytesSent + sfb.bytesReceived), pred.first * eb, pred.second * eb});
   psBytes_ = total[0];
   sfbBytes_ = total[1];
   predictedPs_ = total[4];
@@ -714,6 +717,7 @@ nlohmann::json RankRun::summaryJson() const {
           {"train_seconds", trainSeconds_},
           {"wall_seconds", secondsSince(wallStart_)},
           {"scheme_policy", schemePolicyName(o_.scheme)},
+          {"wire", wirePrecisionName(o_.wire)},
           {"overlap", o_.overlap},
           {"plain", o_.plain},
           {"bytes_sent_by_scheme", {{"ps", psBytes_}, {"sfb", sfbBytes_}}},

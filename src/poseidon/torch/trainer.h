@@ -9,6 +9,7 @@
 
 #include "poseidon/core/best_scheme.h"
 #include "poseidon/launch/env.h"
+#include "poseidon/wire/precision.h"
 
 namespace poseidon::pt {
 
@@ -25,6 +26,7 @@ struct TrainOptions {
   int64_t staleness = -1;
   uint64_t seed = 1;
   SchemePolicy scheme = SchemePolicy::kAuto;
+  WirePrecision wire = WirePrecision::kFp32;  // what gradients travel as (--wire; 16 bits are lossy)
   bool overlap = true;   // false: sync after the whole backward (naive baseline)
   bool plain = false;    // no Poseidon at all: the plain LibTorch loop (overhead baseline, 1 worker)
   std::string dataDir;   // default: the Debian package's directory

@@ -95,7 +95,7 @@ TEST(KvServer, SixteenBitWireSumsInFp32AndRoundsTheResultOnce) {
     sum[i] += bf16ToFloat(floatToBf16(b[i]));
     sum[i] += bf16ToFloat(floatToBf16(c[i]));
   }
-  EXPECT_EQ(sum[0], 258.0f);
+  ASSERT_EQ(sum[0], 258.0f) << "precondition: the fp32 sum differs from a bf16 one (256)";
   ASSERT_EQ(o.parts().size(), 2u);  // the rounded sum, then the contributor mask
   ASSERT_EQ(o.parts()[0].bytes, 8u);
   EXPECT_EQ(std::vector<uint8_t>(static_cast<const uint8_t*>(o.parts()[0].data),

@@ -38,7 +38,7 @@ ModelDesc smallModel() {
   return m;
 }
 
-InformationBook makeBook(int dropStragglers, int groups = 0) {
+InformationBook makeBook(int dropStragglers, int groups = 0, WirePrecision wire = WirePrecision::kFp32) {
   std::vector<NodeInfo> nodes;
   for (int r = 0; r < 3; ++r) nodes.push_back({r, Role::kBoth, "tcp://127.0.0.1:1"});
   JobSettings s;
@@ -48,6 +48,7 @@ InformationBook makeBook(int dropStragglers, int groups = 0) {
   s.stragglerTimeoutMs = dropStragglers ? 10 : 0;
   s.groups = groups;
   s.momentum = groups ? 0.5f : 0.0f;
+  s.wire = wire;
   return InformationBook(7, nodes, smallModel(), s);
 }
 
@@ -65,6 +66,16 @@ const InformationBook& book() {
 // The same cluster with straggler dropping: the server role then also keeps SFB rounds.
 const InformationBook& stragglerBook() {
   static const InformationBook b = makeBook(1);
+  return b;
+}
+
+// With a 16-bit wire (payloads of 2 bytes per float), plain and with straggler dropping.
+const InformationBook& bf16Book() {
+  static const InformationBook b = makeBook(0, 0, WirePrecision::kBf16);
+  return b;
+}
+const InformationBook& bf16StragglerBook() {
+  static const InformationBook b = makeBook(1, 0, WirePrecision::kBf16);
   return b;
 }
 
@@ -122,8 +133,12 @@ Fields readFields(const uint8_t*& data, size_t& size) {
 
 }  // namespace
 
-// Case 6 runs in either mode: the first byte after the selector picks it.
-const InformationBook& f6book(uint8_t pick) { return pick % 2 ? stragglerBook() : book(); }
+// Case 6 runs in any of four modes: the first byte after the selector picks it (bit 0: straggler
+// dropping, bit 1: a bf16 wire).
+const InformationBook& f6book(uint8_t pick) {
+  if (pick & 2) return pick % 2 ? bf16StragglerBook() : bf16Book();
+  return pick % 2 ? stragglerBook() : book();
+}
 
 #ifndef POSEIDON_FUZZ_SEEDS
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -148,8 +163,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       }
       case 3: {
-        // A fresh shard per input: pushes of one input build on each other.
-        KvShard shard(book(), 0);
+        // A fresh shard per input: pushes of one input build on each other (inputs of odd length
+        // against a bf16 wire's 2-byte floats).
+        KvShard shard(size % 2 ? bf16Book() : book(), 0);
         while (size > 0) {
           Fields f = readFields(data, size);
           size_t n = std::min<size_t>(size, f.rows * 16);

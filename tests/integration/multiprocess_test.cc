@@ -543,5 +543,20 @@ TEST(Stragglers, DroppedWorkerDoesNotSetThePace) {
   EXPECT_GT(excluded, 0);
 }
 
+// The same with a bf16 wire: the contributor mask follows 16-bit floats; PS stays bit-exact against
+// the rounded gradients of exactly the reported contributors, summed in fp32 and rounded once.
+TEST(Stragglers, DroppingWorksOverABf16Wire) {
+  Job job = startJob(4, 4, "straggler-bf16", "auto", 24, 20000);
+  testing::waitAll(job.procs, std::chrono::seconds(120));
+  expectAllSucceeded(job);
+  for (int r = 0; r < 4; ++r) {
+    auto rep = report(job, r);
+    EXPECT_TRUE(rep["ps_exact"].get<bool>()) << "rank " << r;
+    EXPECT_LT(rep["sfb_max_rel_error"].get<double>(), 1e-5) << "rank " << r;
+  }
+  auto slow = report(job, 3);
+  EXPECT_GT(slow["dropped"].get<int>() + slow["skipped"].get<int>(), 0) << slow.dump();
+}
+
 }  // namespace
 }  // namespace poseidon

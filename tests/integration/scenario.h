@@ -181,7 +181,8 @@ inline std::vector<LayerCheck> runScenario(Node& node, int64_t iterations, int l
 // whose next iteration already completed without it skips computing it.
 // Every result is checked against the contributors the round reports:
 // PS bit-exact (the float sum in worker order over the contributors, divided
-// by their number), SFB within the returned error.
+// by their number; with a 16-bit wire of the rounded gradients, the sum
+// rounded once), SFB within the returned error.
 struct StragglerReport {
   std::vector<double> iterationSeconds;
   bool psExact = true;
@@ -195,6 +196,7 @@ inline StragglerReport runStragglerScenario(Node& node, int64_t iterations, int 
   const ModelDesc& model = book.model();
   const int me = book.workerIndex(node.rank());
   const int L = static_cast<int>(model.layers.size());
+  const WirePrecision wire = book.settings().wire;
   StragglerReport rep;
   for (int64_t t = 0; t < iterations; ++t) {
     auto t0 = std::chrono::steady_clock::now();
@@ -241,12 +243,13 @@ inline StragglerReport runStragglerScenario(Node& node, int64_t iterations, int 
           int count = 0;
           for (int w = 0; w < static_cast<int>(c.size()); ++w) {
             if (!c[w]) continue;
-            auto g = denseGradient(w, l, t, spec.numel());
+            auto g = overWire(denseGradient(w, l, t, spec.numel()), wire);
             if (sum.empty()) sum.assign(g.begin() + pairs[p].offset, g.begin() + pairs[p].offset + pairs[p].length);
             else for (int64_t i = 0; i < pairs[p].length; ++i) sum[i] += g[pairs[p].offset + i];
             ++count;
           }
           if (count < static_cast<int>(c.size())) ++rep.excludedRounds;
+          sum = overWire(std::move(sum), wire);  // the shard's fp32 sum, rounded once for the way back
           for (int64_t i = 0; i < pairs[p].length; ++i)
             if (sum[i] / static_cast<float>(count) != out[l][pairs[p].offset + i]) rep.psExact = false;
         }
@@ -257,8 +260,8 @@ inline StragglerReport runStragglerScenario(Node& node, int64_t iterations, int 
         for (int w = 0; w < static_cast<int>(c.size()); ++w) {
           if (!c[w]) continue;
           ++count;
-          auto u = factorU(w, l, t, kScenarioBatch, spec.m);
-          auto v = factorV(w, l, t, kScenarioBatch, spec.n);
+          auto u = overWire(factorU(w, l, t, kScenarioBatch, spec.m), wire);
+          auto v = overWire(factorV(w, l, t, kScenarioBatch, spec.n), wire);
           for (int64_t r = 0; r < kScenarioBatch; ++r)
             for (int64_t i = 0; i < spec.m; ++i) {
               for (int64_t j = 0; j < spec.n; ++j) ref[i * spec.n + j] += double(u[r * spec.m + i]) * v[r * spec.n + j];

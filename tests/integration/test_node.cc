@@ -9,7 +9,8 @@
 //              slow-sync (sync, with a pause before each iteration, for flood tests; with
 //              POSEIDON_TEST_TRAIN_AFTER=FILE the workers start training once FILE exists),
 //              paced (sync with a 10 ms pause before each layer's submit: fault tests),
-//              straggler (20 ms per layer, worker 3 five times slower; drop 1, wait 100 ms)
+//              straggler (20 ms per layer, worker 3 five times slower; drop 1, wait 100 ms),
+//              straggler-bf16 (straggler with a bf16 wire)
 //   env: POSEIDON_ROLE=worker|server|both, POSEIDON_SECRET (job secret),
 //        POSEIDON_TEST_START_AFTER=FILE (start only once FILE exists: a test holds a rank back)
 #include <algorithm>
@@ -57,10 +58,11 @@ int main(int argc, char** argv) {
     // Priority-scheduled links with a 4 KB window: every 64 KB pair goes in 16 fragments.
     if (scenario == "priority" || scenario == "bf16") o.sendWindowBytes = 4096;
     if (scenario == "bf16") o.settings.wire = WirePrecision::kBf16;
-    if (scenario == "straggler") {
+    if (scenario == "straggler" || scenario == "straggler-bf16") {
       o.settings.dropStragglers = 1;
       o.settings.stragglerTimeoutMs = 100;
     }
+    if (scenario == "straggler-bf16") o.settings.wire = WirePrecision::kBf16;
     ModelDesc model = testing::scenarioModel();
     if (scenario == "mismatch" && env.rank == 2) model.layers[3] = LayerSpec::fc("even", 256, 254);
     auto node = Node::start(o, model);
@@ -80,7 +82,7 @@ int main(int argc, char** argv) {
           std::this_thread::sleep_for(std::chrono::milliseconds(20));
         }
       }
-      if (scenario == "straggler") {
+      if (scenario == "straggler" || scenario == "straggler-bf16") {
         auto rep = testing::runStragglerScenario(*node, iterations, 20, 3);
         std::vector<double> t = rep.iterationSeconds;
         std::sort(t.begin(), t.end());

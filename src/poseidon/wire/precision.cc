@@ -1,6 +1,5 @@
 #include "poseidon/wire/precision.h"
 
-#include <cmath>
 #include <cstring>
 
 #include "poseidon/common/error.h"
@@ -54,10 +53,17 @@ uint16_t floatToFp16(float x) {
   // neighbour, infinity, as does everything above (and fp32's infinity itself).
   if (a >= 0x477ff000u) return sign | 0x7c00u;
   if (a < 0x38800000u) {
-    // Below half's smallest normal (2^-14): a subnormal m x 2^-24. Scaling by 2^24 is exact
-    // and nearbyint rounds ties to even (the default rounding mode); 1024 is the smallest normal.
-    const float m = std::nearbyint(floatOf(a) * 16777216.0f);
-    return sign | static_cast<uint16_t>(m);
+    // Below half's smallest normal (2^-14): a subnormal q x 2^-24. x = mant x 2^(e - 150) with the
+    // implicit bit in mant, so q = mant >> (126 - e), rounded to even by hand (not by the thread's
+    // rounding mode); a carry to 1024 is the smallest normal, which is right.
+    const uint32_t e = a >> 23;
+    const uint32_t shift = 126 - e;      // >= 14
+    if (e == 0 || shift > 24) return sign;  // below 2^-25: rounds to zero
+    const uint32_t mant = (a & 0x7fffffu) | 0x800000u;
+    uint32_t q = mant >> shift;
+    const uint32_t rest = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rest > half || (rest == half && (q & 1u))) ++q;
+    return sign | static_cast<uint16_t>(q);
   }
   // Normal: rebias the exponent (127 -> 15) and round the 13 dropped mantissa bits to even.
   uint32_t h = (a >> 13) - (112u << 10);

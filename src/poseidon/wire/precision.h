@@ -14,7 +14,7 @@
 //     replica still gets the same gradient, bit for bit.
 // bf16 keeps fp32's exponent range (8 bits) with 8 significant bits; fp16 has
 // 11 significant bits but overflows above 65504 and loses gradients below
-// 6e-8 (subnormals flush to 0 below 2^-25). bf16 is the safe choice for raw
+// 6e-8 (values at or below 2^-25 round to 0). bf16 is the safe choice for raw
 // gradient sums; fp16 is what DDP's hook sends.
 #pragma once
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The full benchmark sweep behind bench/results/ (about 165 minutes here; run as root).
+# The full benchmark sweep behind bench/results/ (about 220 minutes here; run as root).
 #   stage A: vgg19, every system, 1/2/4/8 nodes, 1000/300/100/30 Mbit/s, and the bisection of the
 #            minimum link rate for 90% efficiency at 8 nodes for poseidon and ddp;
 #   stage B: the other zoo models against DDP at 1 and 8 nodes, 300/100/30 Mbit/s;
@@ -8,7 +8,10 @@
 #            full width on a Titan X and on one CPU core, scaled and tuned DDP buckets, 3 runs per point
 #            (~30 min);
 #   stage E: priority-scheduled links and the overlapped forward (issue 14, docs/scheduling.md):
-#            resnet-152 and alexnet, 3 runs per point (~40 min).
+#            resnet-152 and alexnet, 3 runs per point (~40 min);
+#   stage F: the 16-bit wire against DDP's fp16 hook (issue 14 item 2, docs/wire.md): every zoo model
+#            once (~17 min), the three where the link matters 3 runs per point (~20 min), and the main
+#            job's accuracy with each wire (~9 min).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=bench/results
@@ -25,12 +28,20 @@ d=(bench --models vgg19,googlenet --systems poseidon,ddp,ddp-tuned,ddp-fp16 --no
 e=(bench --models resnet-152,alexnet --systems poseidon,poseidon-overlap,ddp,ddp-fp16 --nodes 1,8 --rates 30,100
    --repeat 3 --trace "$out/traces" --json "$out/overlap.json" --markdown "$out/overlap.md"
    --plots "$out/plots/overlap")
+f1=(bench --models vgg19,vgg19-22k,googlenet,inception-v3,resnet-152,alexnet
+    --systems poseidon-overlap,poseidon-bf16,poseidon-overlap-bf16,ddp-fp16 --nodes 8 --rates 30,100
+    --json "$out/wire-zoo.json" --markdown "$out/wire-zoo.md")
+f2=(bench --models resnet-152,alexnet,googlenet --systems poseidon-bf16,poseidon-overlap-bf16,ddp-fp16
+    --nodes 8 --rates 30,100 --repeat 3 --json "$out/wire.json" --markdown "$out/wire.md")
 {
   echo "# made by bench/run_full.sh on $(date -u +%Y-%m-%d) ($(nproc) cores, $(uname -r))"
   echo "build/bin/poseidon ${a[*]}"
   echo "build/bin/poseidon ${b[*]}"
   echo "build/bin/poseidon ${d[*]}"
   echo "build/bin/poseidon ${e[*]}"
+  echo "build/bin/poseidon ${f1[*]}"
+  echo "build/bin/poseidon ${f2[*]}"
+  echo "build/bin/poseidon train --wire fp32|bf16|fp16 --summary $out/wire-accuracy-WIRE.json"
   echo "/usr/bin/python3 bench/powersgd_loss.py"
   echo "/usr/bin/python3 bench/powersgd_loss.py --lr 0.01 --json $out/powersgd_loss_lr0.01.json --markdown $out/powersgd_loss_lr0.01.md"
 } > "$out/command.txt"
@@ -47,6 +58,11 @@ for m in resnet-152 alexnet; do  # one iteration before and after (docs/scheduli
     --iteration 6 --out "$out/plots/scheduling/$m-30mbit-overlap.png"
 done
 rm -rf "$out/traces"
+"$bin" "${f1[@]}" | tee "$out/wire-zoo.log"
+"$bin" "${f2[@]}" | tee "$out/wire.log"
+for w in fp32 bf16 fp16; do
+  "$bin" train --wire "$w" --summary "$out/wire-accuracy-$w.json" --quiet
+done
 rm -f "$out"/plots/*.dat "$out"/plots/*.gp "$out"/plots/fair/*.dat "$out"/plots/fair/*.gp "$out"/plots/overlap/*.dat \
   "$out"/plots/overlap/*.gp
 /usr/bin/python3 bench/powersgd_loss.py

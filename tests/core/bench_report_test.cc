@@ -90,6 +90,15 @@ TEST(BenchReport, MarkdownTables) {
   EXPECT_THAT(md, HasSubstr("- vgg19, 8 nodes, 30 Mbit/s: poseidon 6.40x speedup"));
 }
 
+// A sweep without one-node runs has no speedup to show: "-", not 0.00x.
+TEST(BenchReport, NoOneNodeRunNoSpeedup) {
+  std::vector<RunResult> runs{run("poseidon-bf16", 8, 30, 1.25)};
+  computeSpeedups(runs);
+  const std::string md = markdownOf(
+      resultOf(runs, {{"command", "poseidon bench --nodes 8"}, {"scale", 0.1}, {"iterations", 5}, {"warmup", 2}}));
+  EXPECT_THAT(md, HasSubstr("| poseidon-bf16 | - | - | 1.250 |"));
+}
+
 TEST(BenchReport, OwnBoundIsTheBusiestNodesBytesOrCompute) {
   RunResult r = run("ddp", 2, 30, 1.0);
   r.txPerIter = {3e6, 1e6};

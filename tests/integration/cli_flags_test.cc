@@ -64,6 +64,7 @@ TEST(CliFlags, BenchRejectsOutOfRangeValues) {
   expectRejected({{"bench", "--systems", "poseidon-overlap-bf16", "--warmup", "0"},
                   "poseidon-overlap needs --warmup 1 or more (each iteration carries the one before's tail)"});
   expectRejected({{"bench", "--systems", "poseidon-fp8"}, "unknown system 'poseidon-fp8'"});
+  expectRejected({{"bench", "--send-window", "100"}, "--send-window must be 0 or [4096, 1073741824], got 100"});
   expectRejected({{"bench", "--systems", "ddp-bf16"}, "unknown system 'ddp-bf16'"});
   expectRejected({{"bench", "--systems", "adam-bf16"},
                   "unknown system 'adam-bf16' (the adam baseline has no 16-bit wire)"});

@@ -182,6 +182,7 @@ void writeMarkdown(const std::string& path, const nlohmann::json& result) {
         }
         if (hit.is_null()) md << " - |";
         else if (!hit["ok"].get<bool>()) md << " failed |";
+        else if (n > 1 && hit["speedup"].get<double>() <= 0) md << " - |";  // no one-node run to compare with
         else md << " " << fmt("%.2fx", n == 1 ? 1.0 : hit["speedup"].get<double>()) << " |";
         if (n == nodes.back()) last = hit;
       }

@@ -124,6 +124,7 @@ struct Harness {
   // Repeats (--repeat), devices (--device) and DDP's bucket caps.
   std::string traceDir;  // --trace: one merged Chrome trace per Poseidon run
   int rcvbuf = 0;        // --tcp-rcvbuf, for Poseidon's ranks
+  int sendWindow = 0;    // --send-window, for the poseidon-overlap systems (0: their default)
   int ioThreads = NodeOptions{}.ioThreads;  // --io-threads, for Poseidon's ranks
   int repeat = 1;
   unsigned hostCores = std::max(1u, std::thread::hardware_concurrency());
@@ -241,6 +242,9 @@ struct Harness {
                    "--link-mbit", strCat(dm.charges() ? r.mbit : 0.0)};
         if (!traceDir.empty()) so.argv.insert(so.argv.end(), {"--trace", out + ".trace.json"});
         if (rcvbuf > 0) so.argv.insert(so.argv.end(), {"--tcp-rcvbuf", std::to_string(rcvbuf)});
+        if (sendWindow > 0 && system.rfind("poseidon-overlap", 0) == 0) {
+          so.argv.insert(so.argv.end(), {"--send-window", std::to_string(sendWindow)});
+        }
         so.argv.insert(so.argv.end(), {"--io-threads", std::to_string(ioThreads)});
       }
       ranks.push_back(std::move(so));
@@ -407,6 +411,10 @@ int benchCommand(const std::vector<std::string>& args) {
                "TCP receive buffer per connection into each Poseidon rank, bytes at width s (0: the OS default); "
                "bounds each sender's window against incast at 16-32 nodes (docs/bench.md)", "BYTES",
                IntRange::closed(0, 1 << 30));
+  int sendWindow = 0;
+  flags.addInt("send-window", &sendWindow,
+               "the poseidon-overlap systems' kernel send window per connection, bytes at width s (0: their "
+               "default, 1 MB x s^2; docs/scheduling.md)", "BYTES", IntRange::closed(4096, 1 << 30).orOff(0));
   int ioThreads = NodeOptions{}.ioThreads;
   flags.addInt("io-threads", &ioThreads,
                "ZeroMQ I/O threads per Poseidon rank (the runtime's default); CURVE's encryption is charged on "
@@ -499,6 +507,7 @@ int benchCommand(const std::vector<std::string>& args) {
   h.retries = retries;
   h.repeat = repeat;
   h.rcvbuf = rcvbuf;
+  h.sendWindow = sendWindow;
   h.ioThreads = ioThreads;
   if (!traceDir.empty()) {
     fs::create_directories(traceDir);
@@ -520,7 +529,7 @@ int benchCommand(const std::vector<std::string>& args) {
   result["config"] = {{"command", command},   {"scale", scale},     {"iterations", iterations},
                       {"warmup", warmup},     {"latency_ms", latencyMs}, {"models", models},
                       {"systems", labels},    {"nodes", nodes},     {"rates_mbit", rates},
-                      {"repeat", repeat},     {"tcp_rcvbuf", rcvbuf}, {"io_threads", ioThreads}};
+                      {"repeat", repeat},     {"tcp_rcvbuf", rcvbuf}, {"io_threads", ioThreads}, {"send_window", sendWindow}};
   nlohmann::json devicesJson = nlohmann::json::array();
   for (const auto& d : devices) {
     const DeviceModel& dm = deviceModels[d];

@@ -126,14 +126,23 @@ TEST(BenchSmoke, OverlapTwoNodes) {
   requireCluster();
   std::string dir = testing::makeTempDir("bench");
   std::vector<testing::Proc> procs{testing::spawn(
-      {POSEIDON_CLI, "bench", "--models", "vgg19", "--systems", "poseidon-overlap", "--nodes", "2", "--rates", "100",
-       "--iterations", "2", "--warmup", "1", "--trace", dir + "/traces", "--json", dir + "/r.json"},
+      {POSEIDON_CLI, "bench", "--models", "vgg19", "--systems", "poseidon-overlap,poseidon-overlap-bf16", "--nodes",
+       "2", "--rates", "100", "--iterations", "2", "--warmup", "1", "--trace", dir + "/traces", "--json",
+       dir + "/r.json"},
       {}, dir + "/log")};
   testing::waitAll(procs, std::chrono::seconds(600));
   ASSERT_EQ(procs[0].exitCode(), 0) << procs[0].stdoutText() << procs[0].stderrText();
   std::ifstream f(dir + "/r.json");
   auto result = nlohmann::json::parse(f);
-  ASSERT_EQ(result["runs"].size(), 1u);
+  ASSERT_EQ(result["runs"].size(), 2u);
+  // The same run with a bf16 wire (the -bf16 suffix): half the bytes on the interface.
+  const auto& narrow = result["runs"][1];
+  EXPECT_TRUE(narrow["ok"].get<bool>()) << narrow.dump();
+  EXPECT_EQ(narrow["system"], "poseidon-overlap-bf16");
+  const double half = narrow["tx_bytes_per_iteration"][1].get<double>() /
+                      result["runs"][0]["tx_bytes_per_iteration"][1].get<double>();
+  EXPECT_GT(half, 0.45) << narrow.dump();
+  EXPECT_LT(half, 0.6) << narrow.dump();
   const auto& r = result["runs"][0];
   EXPECT_TRUE(r["ok"].get<bool>()) << r.dump();
   EXPECT_EQ(r["system"], "poseidon-overlap");

@@ -11,7 +11,7 @@
 #            resnet-152 and alexnet, 3 runs per point (~40 min);
 #   stage F: the 16-bit wire against DDP's fp16 hook (issue 14 item 2, docs/wire.md): every zoo model
 #            once (~17 min), the three where the link matters 3 runs per point (~20 min), and the main
-#            job's accuracy with each wire (~9 min).
+#            job's accuracy with each wire (~15 min).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=bench/results
@@ -42,6 +42,7 @@ f2=(bench --models resnet-152,alexnet,googlenet --systems poseidon-bf16,poseidon
   echo "build/bin/poseidon ${f1[*]}"
   echo "build/bin/poseidon ${f2[*]}"
   echo "build/bin/poseidon train --wire fp32|bf16|fp16 --summary $out/wire-accuracy-WIRE.json"
+  echo "build/bin/poseidon train --seed 2 --wire fp32|bf16 --summary $out/wire-accuracy-WIRE-s2.json"
   echo "/usr/bin/python3 bench/powersgd_loss.py"
   echo "/usr/bin/python3 bench/powersgd_loss.py --lr 0.01 --json $out/powersgd_loss_lr0.01.json --markdown $out/powersgd_loss_lr0.01.md"
 } > "$out/command.txt"
@@ -62,6 +63,9 @@ rm -rf "$out/traces"
 "$bin" "${f2[@]}" | tee "$out/wire.log"
 for w in fp32 bf16 fp16; do
   "$bin" train --wire "$w" --summary "$out/wire-accuracy-$w.json" --quiet
+done
+for w in fp32 bf16; do
+  "$bin" train --seed 2 --wire "$w" --summary "$out/wire-accuracy-$w-s2.json" --quiet
 done
 rm -f "$out"/plots/*.dat "$out"/plots/*.gp "$out"/plots/fair/*.dat "$out"/plots/fair/*.gp "$out"/plots/overlap/*.dat \
   "$out"/plots/overlap/*.gp

@@ -155,7 +155,8 @@ TEST(NodeInProcess, SixteenBitWireRoundsOnceAndSumsInFp32) {
       fp32[l] += nodes[1]->counters().layer(l, TrafficKind::kSFB);
     }
   }
-  for (auto [wire, tolerance] : {std::pair{WirePrecision::kBf16, 1.0 / 256}, std::pair{WirePrecision::kFp16, 1.0 / 2048}}) {
+  for (auto [wire, tolerance] :
+       {std::pair{WirePrecision::kBf16, 1.0 / 256}, std::pair{WirePrecision::kFp16, 1.0 / 2048}}) {
     SCOPED_TRACE(wirePrecisionName(wire));
     auto nodes = startNodes(3, SchemePolicy::kAuto, {}, 0, wire);
     EXPECT_EQ(nodes[0]->schemeFor(4), Scheme::kSFB);
@@ -165,7 +166,8 @@ TEST(NodeInProcess, SixteenBitWireRoundsOnceAndSumsInFp32) {
       t += nodes[1]->counters().layer(l, TrafficKind::kSFB);
       ASSERT_EQ(t.messagesSent, fp32[l].messagesSent) << "layer " << l;
       ASSERT_EQ(t.messagesReceived, fp32[l].messagesReceived) << "layer " << l;
-      EXPECT_EQ(2 * (t.bytesSent - t.messagesSent * kHeaderBytes), fp32[l].bytesSent - fp32[l].messagesSent * kHeaderBytes)
+      EXPECT_EQ(2 * (t.bytesSent - t.messagesSent * kHeaderBytes),
+                fp32[l].bytesSent - fp32[l].messagesSent * kHeaderBytes)
           << "layer " << l;
       EXPECT_EQ(2 * (t.bytesReceived - t.messagesReceived * kHeaderBytes),
                 fp32[l].bytesReceived - fp32[l].messagesReceived * kHeaderBytes)

@@ -76,7 +76,8 @@ TEST(KvServer, SixteenBitWireSumsInFp32AndRoundsTheResultOnce) {
     return b;
   };
   // 256 + 1 + 1 is 258 in fp32; rounding after each add (bf16 sums) would give 256 (ties to even twice).
-  const std::vector<float> a{256, 1.0f, 3.0f, 0.1f}, b{1, 1.0f / 3, 5.0f, 0.2f}, c{1, 0, 7.0f, 0.3f};
+  // 2^30 - 2^30 + 1 is 1 in worker order; in arrival order (1 + 2^30) - 2^30 it would be 0.
+  const std::vector<float> a{256, 1.0f, 3.0f, 0x1p30f}, b{1, 1.0f / 3, 5.0f, -0x1p30f}, c{1, 0, 7.0f, 1};
   auto wrong = message(wire::psPush(0, 0, 0), 0, a.data(), a.size() * 4);  // fp32-sized
   EXPECT_ERROR_CONTAINS(server.handle(wrong), ProtocolError, "has 16 bytes, expected 8 (4 floats as bf16)");
   std::vector<std::vector<uint8_t>> wireBytes{narrow(a), narrow(b), narrow(c)};
@@ -96,6 +97,7 @@ TEST(KvServer, SixteenBitWireSumsInFp32AndRoundsTheResultOnce) {
     sum[i] += bf16ToFloat(floatToBf16(c[i]));
   }
   ASSERT_EQ(sum[0], 258.0f) << "precondition: the fp32 sum differs from a bf16 one (256)";
+  ASSERT_EQ(sum[3], 1.0f) << "precondition: the sum in worker order differs from arrival order's (0)";
   ASSERT_EQ(o.parts().size(), 2u);  // the rounded sum, then the contributor mask
   ASSERT_EQ(o.parts()[0].bytes, 8u);
   EXPECT_EQ(std::vector<uint8_t>(static_cast<const uint8_t*>(o.parts()[0].data),

@@ -74,6 +74,8 @@ TEST(CliFlags, TrainRejectsOutOfRangeNetworkKnobs) {
   expectRejected({{"train", "--io-threads", "0"}, "--io-threads must be in [1, 64], got 0"});
   expectRejected({{"train", "--tcp-rcvbuf", "-1"}, "--tcp-rcvbuf must be in [0, 1073741824], got -1"});
   expectRejected({{"train", "--wire", "fp8"}, "unknown wire precision 'fp8' (expected fp32, bf16 or fp16)"});
+  expectRejected({{"train", "--wire", "fp16", "--plain"},
+                  "--wire fp16 and --plain cannot be combined (--plain sends nothing)"});
   expectRejected({{"train", "--wire", "bf16", "--groups", "2"},
                   "--wire bf16 and --groups cannot be combined (the groups' pulls carry the model itself)"});
 }

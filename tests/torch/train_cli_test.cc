@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <regex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -133,6 +134,26 @@ TEST(TrainCli, SummaryTraceAndOverlap) {
   EXPECT_GT(iterations, 100);
   // Wait-free backprop: in most iterations a send of ip1/ip2 starts before conv1/conv2's backward ends.
   EXPECT_GT(overlapping, iterations / 2) << overlapping << " of " << iterations;
+}
+
+// --wire bf16: the plan says so, the summary records it, and the bytes the counters saw match Table 1's
+// floats at 2 bytes each (a wire left at fp32 would read 2x, a prediction left at 4 bytes 0.5x).
+TEST(TrainCli, SixteenBitWireHalvesTheBytesTable1Predicts) {
+  TempDir dir;
+  auto p = run({"train", "--workers", "2", "--batch", "32", "--epochs", "1", "--train-limit", "2048", "--wire", "bf16",
+                "--summary", dir.path + "/s.json"},
+               dir.path + "/run");
+  ASSERT_EQ(p.exitCode(), 0) << p.stderrText();
+  const std::string out = p.stdoutText();
+  EXPECT_THAT(out, HasSubstr(", bf16 wire (lossy)"));
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex(R"(vs Table 1 prediction: .* \(([0-9.]+)x\))"))) << out;
+  EXPECT_GE(std::stod(m[1]), 1.0) << out;
+  EXPECT_LT(std::stod(m[1]), 1.05) << out;  // headers
+  std::ifstream sf(dir.path + "/s.json");
+  auto s = nlohmann::json::parse(sf);
+  EXPECT_EQ(s["wire"], "bf16");
+  EXPECT_GT(s["test_accuracy"].get<double>(), 0.5);
 }
 
 TEST(TrainCli, CheckpointResumeEqualsUninterruptedRun) {

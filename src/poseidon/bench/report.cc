@@ -213,7 +213,7 @@ void writeMarkdown(const std::string& path, const nlohmann::json& result) {
     }
     md << "\n";
   }
-  if (result.contains("headline")) {
+  if (result.contains("headline") && !result["headline"].empty()) {
     md << "## Headline ratios (measured side by side in this run)\n\n";
     for (const auto& h : result["headline"]) md << "- " << h.get<std::string>() << "\n";
     md << "\n";

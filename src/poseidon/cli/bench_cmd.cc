@@ -362,10 +362,10 @@ int benchCommand(const std::vector<std::string>& args) {
                 "PyTorch DDP (Debian's python3-torch) on the identical model and network, in the same run, and\n"
                 "reports iteration time, speedup over one node, bytes per node, and measured / ideal time.\n"
                 "Systems: poseidon (WFBP + hybrid), poseidon-overlap (+ priority-scheduled links, next forward\n"
-                "overlapping the sync), ps-wfbp, ps-naive, adam, sfb (SFB forced on FC layers), ddp,\n"
-                "ddp-tuned (best bucket cap),\n"
-                "ddp-fp16, ddp-powersgd1, ddp-powersgd4. A -bf16 or -fp16 suffix on a Poseidon system (not adam)\n"
-                "sends its gradients in 16 bits (--wire; lossy, like ddp-fp16), e.g. poseidon-overlap-bf16.\n"
+                "overlapping the sync), ps-wfbp, ps-naive, adam, sfb (SFB forced on FC layers), ddp, ddp-tuned\n"
+                "(best bucket cap), ddp-fp16, ddp-powersgd1, ddp-powersgd4. A -bf16 or -fp16 suffix on a Poseidon\n"
+                "system (not adam) sends its gradients in 16 bits (like train's --wire; lossy, like ddp-fp16),\n"
+                "e.g. poseidon-overlap-bf16.\n"
                 "Poseidon's own work is charged at full width on --device.\n"
                 "Everything it creates is removed on exit, Ctrl-C and failure.");
   bool accuracyMode = false;  // handled above; listed for --help
@@ -529,7 +529,8 @@ int benchCommand(const std::vector<std::string>& args) {
   result["config"] = {{"command", command},   {"scale", scale},     {"iterations", iterations},
                       {"warmup", warmup},     {"latency_ms", latencyMs}, {"models", models},
                       {"systems", labels},    {"nodes", nodes},     {"rates_mbit", rates},
-                      {"repeat", repeat},     {"tcp_rcvbuf", rcvbuf}, {"io_threads", ioThreads}, {"send_window", sendWindow}};
+                      {"repeat", repeat},     {"tcp_rcvbuf", rcvbuf}, {"io_threads", ioThreads},
+                      {"send_window", sendWindow}};
   nlohmann::json devicesJson = nlohmann::json::array();
   for (const auto& d : devices) {
     const DeviceModel& dm = deviceModels[d];

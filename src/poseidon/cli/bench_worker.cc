@@ -77,7 +77,8 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
   flags.addString("model", &model, "emulated model", "NAME");
   flags.addDouble("scale", &scale, "width scale s", "S", RealRange::leftOpen(0, 1));
   flags.addString("system", &system,
-                  "poseidon | poseidon-overlap | ps-wfbp | ps-naive | adam | sfb, optionally with -bf16 or -fp16", "SYS");
+                  "poseidon | poseidon-overlap | ps-wfbp | ps-naive | adam | sfb; all but adam optionally with "
+                  "-bf16 or -fp16", "SYS");
   flags.addString("wire", &wireFlag, "what gradients travel as: fp32 | bf16 | fp16 (default: the system's suffix, "
                   "else fp32)", "P");
   flags.addInt("iterations", &iterations, "measured iterations", "N", IntRange::atLeast(1));

@@ -79,7 +79,8 @@ int trainCommand(const std::vector<std::string>& args) {
   flags.addString("scheme", &scheme, "auto (BestScheme per layer), or force ps / sfb for FC layers", "auto|ps|sfb");
   flags.addString("wire", &wire,
                   "what gradients travel as: fp32 (exact), or bf16 / fp16 for PS pairs and SFB factors, summed in "
-                  "fp32 (half the bytes; lossy, like DDP's fp16 hook; not with --groups)", "fp32|bf16|fp16");
+                  "fp32 (half the bytes; lossy, like DDP's fp16 hook; not with --groups or --plain)",
+                  "fp32|bf16|fp16");
   flags.addBool("no-overlap", &noOverlap, "sync every layer after the whole backward (the naive baseline)");
   flags.addBool("plain", &o.plain, "run the plain LibTorch loop without Poseidon (overhead baseline; 1 worker)");
   flags.addString("summary", &o.summaryPath, "write a JSON summary of the run to FILE", "FILE");
@@ -136,6 +137,9 @@ int trainCommand(const std::vector<std::string>& args) {
   }
   o.scheme = parseSchemePolicy(scheme);
   o.wire = parseWirePrecision(wire);
+  if (o.wire != WirePrecision::kFp32 && o.plain) {
+    throw InvalidArgument(strCat("--wire ", wire, " and --plain cannot be combined (--plain sends nothing)"));
+  }
   if (o.wire != WirePrecision::kFp32 && o.groups > 0) {
     throw InvalidArgument(strCat("--wire ", wire, " and --groups cannot be combined (the groups' pulls carry the "
                                  "model itself)"));

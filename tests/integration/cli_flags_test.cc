@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
 
 #include "process.h"
 
@@ -37,6 +39,27 @@ TEST(CliFlags, PlanRejectsOutOfRangeValues) {
   expectRejected({{"plan", "--batch", "0"}, "--batch must be in [1, 16777216], got 0"});
   expectRejected({{"plan", "--pair-bytes", "0"}, "--pair-bytes must be in [4, 1073741824], got 0"});
   expectRejected({{"plan", "--width-scale", "1.5"}, "--width-scale must be in (0, 1], got 1.5"});
+}
+
+// --wire changes the byte totals only: the same floats and schemes at 2 bytes each.
+TEST(CliFlags, PlanCountsTheWiresBytes) {
+  std::map<std::string, nlohmann::json> plans;
+  for (const std::string wire : {"fp32", "bf16"}) {
+    std::string dir = testing::makeTempDir("plan");
+    std::vector<testing::Proc> procs{
+        testing::spawn({POSEIDON_CLI, "plan", "--model", "vgg19", "--json", "--wire", wire}, {}, dir + "/cli")};
+    testing::waitAll(procs, std::chrono::seconds(30));
+    ASSERT_EQ(procs[0].exitCode(), 0) << procs[0].stderrText();
+    plans[wire] = nlohmann::json::parse(procs[0].stdoutText());
+    std::filesystem::remove_all(dir);
+  }
+  const auto &a = plans["fp32"]["totals"], &b = plans["bf16"]["totals"];
+  EXPECT_EQ(plans["bf16"]["wire"], "bf16");
+  EXPECT_EQ(a["hybrid_cost"], b["hybrid_cost"]);
+  EXPECT_EQ(a["hybrid_bytes"].get<double>(), 4 * a["hybrid_cost"].get<double>());
+  EXPECT_EQ(b["hybrid_bytes"].get<double>(), 2 * b["hybrid_cost"].get<double>());
+  EXPECT_EQ(b["ps_bytes"].get<double>(), 2 * b["ps_cost"].get<double>());
+  expectRejected({{"plan", "--wire", "fp8"}, "unknown wire precision 'fp8' (expected fp32, bf16 or fp16)"});
 }
 
 TEST(CliFlags, LaunchRejectsOutOfRangeValues) {

@@ -12,6 +12,7 @@
 #include "poseidon/cli/limits.h"
 #include "poseidon/common/error.h"
 #include "poseidon/core/best_scheme.h"
+#include "poseidon/wire/precision.h"
 #include "poseidon/core/cost_model.h"
 #include "poseidon/core/kv_layout.h"
 #include "poseidon/model/zoo.h"
@@ -47,7 +48,7 @@ int planCommand(const std::vector<std::string>& args) {
   int64_t batch = -1, pairBytes = kDefaultPairBytes;
   double scale = 1.0;
   bool json = false;
-  std::string scheme = "auto";
+  std::string scheme = "auto", wire = "fp32";
   FlagSet flags("plan", "poseidon plan [--model NAME|FILE.json] [--workers P1] [--servers P2] [--batch K] [--json]",
                 "Prints, per layer, the floats one node moves per iteration under each scheme (paper Table 1)\n"
                 "and the scheme BestScheme (Algorithm 1) picks, with totals. Runs nothing.\n"
@@ -63,6 +64,8 @@ int planCommand(const std::vector<std::string>& args) {
   flags.addDouble("width-scale", &scale, "build the zoo model with widths x S (the bench's scaling rule)", "S",
                   RealRange::leftOpen(0, 1));
   flags.addString("scheme", &scheme, "auto (BestScheme), or force ps / sfb for FC layers", "auto|ps|sfb");
+  flags.addString("wire", &wire, "what gradients travel as, for the byte totals (bf16 / fp16: 2 bytes a float)",
+                  "fp32|bf16|fp16");
   flags.addBool("json", &json, "print JSON instead of a table");
   flags.parse(args);
   if (flags.helpRequested()) {
@@ -71,6 +74,8 @@ int planCommand(const std::vector<std::string>& args) {
   }
   if (!flags.wasSet("servers")) servers = workers;
   SchemePolicy policy = parseSchemePolicy(scheme);
+  const WirePrecision precision = parseWirePrecision(wire);
+  const double elementBytes = static_cast<double>(wireElementBytes(precision));
   ModelDesc desc = resolveModel(model, scale);
   if (!flags.wasSet("batch")) {
     batch = 32;
@@ -134,7 +139,9 @@ int planCommand(const std::vector<std::string>& args) {
   out["layers"] = layers;
   out["totals"] = {{"params", totParams},         {"ps_cost", totPs},      {"ps_worker_cost", totPsWorker},
                    {"hybrid_cost", totHybrid},    {"adam_cost", totAdam},  {"sfb_layers", sfbLayers},
-                   {"kv_pairs", layout.totalPairs()}, {"max_shard_bytes", maxB}, {"min_shard_bytes", minB}};
+                   {"kv_pairs", layout.totalPairs()}, {"max_shard_bytes", maxB}, {"min_shard_bytes", minB},
+                   {"hybrid_bytes", totHybrid * elementBytes}, {"ps_bytes", totPs * elementBytes}};
+  out["wire"] = wirePrecisionName(precision);
   if (json) {
     std::cout << out.dump(2) << "\n";
     return 0;
@@ -152,6 +159,9 @@ int planCommand(const std::vector<std::string>& args) {
     std::snprintf(line, sizeof line, " (%.2fx less with hybrid)", totPs / totHybrid);
     std::cout << line;
   }
+  std::snprintf(line, sizeof line, "\non a %s wire: %.2f MB per node per iteration (hybrid), %.2f MB all-PS",
+                wirePrecisionName(precision), totHybrid * elementBytes / 1e6, totPs * elementBytes / 1e6);
+  std::cout << line;
   std::cout << "\n" << sfbLayers << " layer(s) by SFB, " << desc.layers.size() - sfbLayers << " by PS\n";
   std::snprintf(line, sizeof line, "KV store: %lld pairs of at most %lld bytes over %d shards; shard load %.2f-%.2f MB (max/min %.3f)\n",
                 static_cast<long long>(layout.totalPairs()), static_cast<long long>(pairBytes), servers, minB / 1e6,

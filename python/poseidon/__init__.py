@@ -84,12 +84,17 @@ class DistributedModel(torch.nn.Module):
         default; a small one keeps many senders from overflowing a switch port).
     wire: what gradients travel as: "fp32" (exact), or "bf16" / "fp16" (half the bytes, summed in fp32;
         lossy, like DDP's fp16 compression hook). Every rank must pass the same.
+    overlap_forward: step(optimizer) returns at once and the next forward applies each layer's update
+        just before that layer runs, as its synchronized gradient lands (docs/scheduling.md); exact for
+        optimizers that update each parameter from its own gradient and state (SGD, Adam, ...). The
+        wrapper then owns the gradients: do not call optimizer.zero_grad() (each layer's .grad is
+        cleared after its update); no_sync() is not available; finish() applies the last step.
     The rank, world size, coordinator and job secret come from the launcher's environment.
     """
 
     def __init__(self, module, batch=None, *, name=None, scheme="auto", overlap=True, broadcast_buffers=True,
                  timeout=30.0, sync_threads=2, pair_bytes=2 * 1024 * 1024, io_threads=2, tcp_rcvbuf=0,
-                 wire="fp32"):
+                 wire="fp32", overlap_forward=False):
         super().__init__()
         if not isinstance(module, torch.nn.Module):
             raise TypeError("DistributedModel wraps a torch.nn.Module, got %s" % type(module).__name__)
@@ -101,6 +106,9 @@ class DistributedModel(torch.nn.Module):
                        pair_bytes=int(pair_bytes), io_threads=int(io_threads), tcp_rcvbuf=int(tcp_rcvbuf),
                        wire=str(wire))
         self._options = options
+        self._overlap_forward = bool(overlap_forward)
+        self._pending = None  # overlap_forward: the optimizer whose step the next forward applies
+        self.updates_in_forward = 0  # overlap_forward: layer updates applied by a forward's gates (not flushed)
         self._impl = None
         self._batch = None
         if batch is not None:
@@ -114,6 +122,53 @@ class DistributedModel(torch.nn.Module):
         layers, buffers, frozen = _describe(self.module, self._name)
         self._impl = _poseidon.Model(self._name, layers, buffers, frozen, self._options)
         self._batch = batch
+        if self._overlap_forward:
+            # One gate per layer module (the modules that own trainable parameters, in _describe's order).
+            self._layer_params = [params for (_, _, _, params) in layers]
+            owners = [m for _, m in self.module.named_modules()
+                      if any(p.requires_grad for p in m.parameters(recurse=False))]
+            self._done = [True] * len(owners)
+            for index, owner in enumerate(owners):
+                owner.register_forward_pre_hook(self._gate(index))
+
+    # ---- the overlapped step (overlap_forward) ------------------------------------------------------
+
+    def _gate(self, index):
+        def gate(module, inputs):
+            if self._pending is not None and not self._done[index]:
+                self._finish_layer(index)
+                self.updates_in_forward += 1
+        return gate
+
+    def _finish_layer(self, index):
+        """Waits for the layer's mean gradient, then runs the optimizer on that layer's parameters only
+        (the others' .grad are hidden from it for the call) and clears the layer's .grad."""
+        self._impl.finish_layer(index)
+        mine = {id(p) for p in self._layer_params[index]}
+        hidden = []
+        for params in self._layer_params:
+            for p in params:
+                if id(p) not in mine and p.grad is not None:
+                    hidden.append((p, p.grad))
+                    p.grad = None
+        try:
+            self._pending.step()
+        finally:
+            for p, g in hidden:
+                p.grad = g
+        for p in self._layer_params[index]:
+            p.grad = None
+        self._done[index] = True
+
+    def _flush(self):
+        """Applies what is left of a pending overlapped step (every layer's update is then in)."""
+        if self._pending is None:
+            return
+        for index in range(len(self._done)):
+            if not self._done[index]:
+                self._finish_layer(index)
+        self._impl.finish_step()
+        self._pending = None
 
     def _runtime(self):
         if self._impl is None:
@@ -132,6 +187,7 @@ class DistributedModel(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         if not (self.training and torch.is_grad_enabled()):
+            self._flush()  # an evaluation sees every update
             return self.module(*args, **kwargs)
         if self._impl is None:
             first = next((a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)), None)
@@ -139,6 +195,14 @@ class DistributedModel(torch.nn.Module):
                 raise InvalidArgument("cannot tell the batch size from this forward's arguments: "
                                       "give DistributedModel(..., batch=K)")
             self._join(int(first.shape[0]))
+        if self._pending is not None:
+            # Overlapped: the gates apply the last step layer by layer as this forward reaches them; the
+            # step ends (and the next one begins) once the forward is through.
+            out = self.module(*args, **kwargs)
+            self._flush()
+            self._impl.begin_forward()
+            self._impl.end_forward(_tensors(out))
+            return out
         self._impl.begin_forward()
         out = self.module(*args, **kwargs)
         self._impl.end_forward(_tensors(out))
@@ -146,18 +210,31 @@ class DistributedModel(torch.nn.Module):
 
     def synchronize(self):
         """After loss.backward(): waits until every .grad holds the mean gradient over all ranks."""
+        if self._pending is not None:
+            raise InvalidArgument("synchronize() with overlap_forward: step(optimizer) synchronizes, and the "
+                                  "next forward (or finish()) applies the update")
         self._runtime().synchronize()
 
     def step(self, optimizer):
-        """synchronize(), then optimizer.step()."""
-        self.synchronize()
-        optimizer.step()
+        """synchronize(), then optimizer.step(). With overlap_forward: returns at once; the next forward
+        applies the update layer by layer as the synchronized gradients land."""
+        if not self._overlap_forward:
+            self.synchronize()
+            optimizer.step()
+            return
+        if self._pending is not None:
+            raise InvalidArgument("step() twice without a forward between them")
+        self._runtime().submit_step()
+        self._pending = optimizer
+        self._done = [False] * len(self._done)
 
     @contextlib.contextmanager
     def no_sync(self):
         """Gradient accumulation: forward/backward passes inside accumulate locally; the next pass outside
         synchronizes the accumulated gradients once (DDP's no_sync)."""
         impl = self._runtime()
+        if self._overlap_forward:
+            raise InvalidArgument("no_sync() is not available with overlap_forward")
         impl.set_sync_enabled(False)
         try:
             yield
@@ -168,6 +245,7 @@ class DistributedModel(torch.nn.Module):
         """Final barrier: every rank calls it when done; then the runtime's threads stop."""
         if self._impl is not None and not self._impl.closed:
             try:
+                self._flush()
                 self._impl.finish()
             finally:
                 self._impl.close()

@@ -35,6 +35,22 @@ class Exactness(TempDirTest):
     def test_linear_on_3d_input_is_folded_and_goes_by_sfb(self):
         self.assertEqual(self.run_model("sequence"), {"proj": "sfb", "out": "ps"})
 
+    def test_overlapped_forward_equals_the_barrier_path_bit_for_bit(self):
+        # step() returns at once and each layer's update lands just before its next forward (ip1 by SFB,
+        # the convs by PS; 'tied' calls one Linear twice, so its gate fires twice and applies once).
+        for model, layers in (("lenet", 4), ("tied", 3)):
+            barrier = launch(2, JOB, model, self.path(model + "-barrier.pt"))
+            self.assertEqual(barrier.code, 0, str(barrier))
+            overlap = launch(2, JOB, model, self.path(model + "-overlap.pt"), "--overlap-forward")
+            self.assertEqual(overlap.code, 0, str(overlap))
+            self.assertClean(overlap)
+            # Steps 1-9 each had the previous update applied layer by layer by their forward.
+            self.assertIn("[rank 0] updates applied in the forward: %d" % (9 * layers), overlap.out)
+            a, b = torch.load(self.path(model + "-barrier.pt")), torch.load(self.path(model + "-overlap.pt"))
+            for p, q in zip(a["params"], b["params"]):
+                self.assertTrue(torch.equal(p, q), model)
+            self.assertEqual([l["last_scheme"] for l in a["plan"]], [l["last_scheme"] for l in b["plan"]])
+
     def test_linear_used_twice_goes_by_ps(self):
         # BestScheme picks SFB for 'twice' (256x256 at 4 x 16), but its factors cannot be captured.
         self.assertEqual(self.run_model("tied"), {"inp": "sfb", "twice": "ps", "out": "ps"})

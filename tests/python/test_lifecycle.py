@@ -112,6 +112,38 @@ class Lifecycle(TempDirTest):
             self.assertIn("[rank %d] grad %s" % (rank, " ".join(repr(v) for v in expect.tolist())), run.out)
         self.assertClean(run)
 
+    def test_overlapped_step_misuse_is_refused_and_evaluation_sees_the_update(self):
+        script = self.path("overlap.py")
+        with open(script, "w") as f:
+            f.write("import torch, poseidon\n"
+                    "lin = torch.nn.Linear(4, 2)\n"
+                    "m = poseidon.DistributedModel(lin, batch=3, overlap_forward=True)\n"
+                    "opt = torch.optim.SGD(m.parameters(), lr=0.5)\n"
+                    "x = torch.ones(3, 4)\n"
+                    "m(x).sum().backward()\n"
+                    "before = lin.weight.detach().clone()\n"
+                    "m.step(opt)\n"
+                    "print('pending, weight unchanged:', torch.equal(lin.weight, before))\n"
+                    "for call in (lambda: m.step(opt), m.synchronize, lambda: m.no_sync().__enter__()):\n"
+                    "    try:\n"
+                    "        call()\n"
+                    "    except Exception as e:\n"
+                    "        print('refused:', e)\n"
+                    "m.eval()\n"
+                    "with torch.no_grad():\n"
+                    "    m(x)\n"
+                    "print('evaluated, weight moved by', round((before - lin.weight).mean().item(), 4))\n"
+                    "m.finish()\n")
+        run = alone(script)
+        self.assertEqual(run.code, 0, str(run))
+        self.assertIn("pending, weight unchanged: True", run.out)
+        self.assertIn("refused: step() twice without a forward between them", run.out)
+        self.assertIn("refused: synchronize() with overlap_forward: step(optimizer) synchronizes", run.out)
+        self.assertIn("refused: no_sync() is not available with overlap_forward", run.out)
+        # d(sum of outputs)/dW = 3 (rows) x 1 (input) per entry; lr 0.5: every weight moves by 1.5.
+        self.assertIn("evaluated, weight moved by 1.5", run.out)
+        self.assertClean(run)
+
     def test_checkpoint_resume_equals_an_uninterrupted_run(self):
         straight = launch(2, JOB, "lenet", self.path("straight.pt"), "--steps", "10")
         self.assertEqual(straight.code, 0, str(straight))

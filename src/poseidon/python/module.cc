@@ -176,6 +176,11 @@ PYBIND11_MODULE(_poseidon, m) {
       .def("end_forward", [](Model& s, const std::vector<torch::Tensor>& outputs) { s.model().endForward(outputs); },
            py::call_guard<py::gil_scoped_release>())
       .def("synchronize", [](Model& s) { s.model().synchronize(); }, py::call_guard<py::gil_scoped_release>())
+      .def("submit_step", [](Model& s) { s.model().submitStep(); }, py::call_guard<py::gil_scoped_release>())
+      .def("finish_layer", [](Model& s, int layer) { s.model().finishLayer(layer); },
+           py::call_guard<py::gil_scoped_release>())
+      .def("finish_step", [](Model& s) { s.model().finishStep(); }, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("step_pending", [](Model& s) { return s.model().stepPending(); })
       .def("skip_if_behind", [](Model& s) { return s.model().skipIfBehind(); },
            py::call_guard<py::gil_scoped_release>())
       .def("set_sync_enabled", [](Model& s, bool on) { s.model().setSyncEnabled(on); })

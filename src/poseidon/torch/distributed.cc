@@ -506,7 +506,7 @@ void DistributedModel::submitDense(int layer) {
   }
 }
 
-void DistributedModel::synchronize() {
+void DistributedModel::checkStep() {
   if (!inIteration_ || !forwarded_) {
     misuse(accumulating_ ? "synchronize()/step() after forward passes that all ran under noSync(): run the last "
                            "forward/backward of the step outside noSync()"
@@ -517,6 +517,14 @@ void DistributedModel::synchronize() {
   if (!anyGradient) {
     misuse("step() after forward() without loss.backward(): no parameter received a gradient this step");
   }
+}
+
+void DistributedModel::synchronize() {
+  if (stepPending_) {
+    finishStep();
+    return;
+  }
+  checkStep();
   if (groupMode()) {
     for (int l = static_cast<int>(layers_.size()) - 1; l >= 0; --l) {
       Layer& layer = layers_[l];
@@ -532,58 +540,101 @@ void DistributedModel::synchronize() {
     inIteration_ = false;
     return;
   }
-  if (!solo_) {
-    // Layers not yet submitted: no-overlap mode, gradients that never came (unused
-    // parameters), or accumulated ones. Backward order, as WFBP would have sent them.
-    for (int l = static_cast<int>(layers_.size()) - 1; l >= 0; --l) {
-      Layer& layer = layers_[l];
-      if (layer.submitted) continue;
-      const bool sfbLayer = layer.spec->type == LayerType::kFC && node_->schemeFor(l) != Scheme::kPS;
-      if (!layer.captured && layer.readyCount == 0 && layer.stashComplete() && sfbLayer) {
-        // Used only in accumulation passes: their stacked factors carry the sum.
-        layer.u = torch::cat(layer.stashU, 0);
-        layer.v = torch::cat(layer.stashV, 0);
-        layer.captured = true;
-        layer.scheme = node_->schemeFor(l);
-      } else if (!layer.used() && sfbLayer && !layer.uncapturable) {
-        // Unused: contribute zero by the layer's scheme, as every other rank expects.
-        layer.u = torch::zeros({1, layer.spec->m});
-        layer.v = torch::zeros({1, layer.spec->n});
-        layer.captured = true;
-        layer.scheme = node_->schemeFor(l);
-      } else if (!layer.used()) {
-        torch::NoGradGuard guard;
-        for (auto& p : layer.params)
-          if (p.grad().defined()) p.mutable_grad().zero_();  // contribute zero, not a stale gradient
-      }
-      if (layer.captured && layer.scheme != Scheme::kPS) submitFactors(l);
-      else submitDense(l);
-    }
-    node_->waitIteration();
-  }
+  submitRemaining();
+  if (!solo_) node_->waitIteration();
   int64_t t0 = tracer_ ? Tracer::nowMicros() : 0;
-  {
-    torch::NoGradGuard guard;
-    for (auto& layer : layers_) {
-      if (layer.spec->type == LayerType::kFC && layer.used()) layer.uncapturable = !layer.captured;
-      layer.accumulatedPasses = 0;
-      layer.stashU.clear();
-      layer.stashV.clear();
-      if (layer.scheme == Scheme::kPS) continue;
-      int64_t off = 0;
-      for (auto& p : layer.params) {
-        torch::Tensor src = layer.staging.narrow(0, off, p.numel()).view(p.sizes());
-        if (p.grad().defined()) p.mutable_grad().copy_(src);
-        else p.mutable_grad() = src.clone();
-        off += p.numel();
-      }
-      layer.scheme = Scheme::kPS;  // the default for the next iteration
+  for (auto& layer : layers_) applyLayer(layer);
+  endStep(t0, true);
+}
+
+void DistributedModel::submitRemaining() {
+  if (solo_) return;
+  // Layers not yet submitted: no-overlap mode, gradients that never came (unused
+  // parameters), or accumulated ones. Backward order, as WFBP would have sent them.
+  for (int l = static_cast<int>(layers_.size()) - 1; l >= 0; --l) {
+    Layer& layer = layers_[l];
+    if (layer.submitted) continue;
+    const bool sfbLayer = layer.spec->type == LayerType::kFC && node_->schemeFor(l) != Scheme::kPS;
+    if (!layer.captured && layer.readyCount == 0 && layer.stashComplete() && sfbLayer) {
+      // Used only in accumulation passes: their stacked factors carry the sum.
+      layer.u = torch::cat(layer.stashU, 0);
+      layer.v = torch::cat(layer.stashV, 0);
+      layer.captured = true;
+      layer.scheme = node_->schemeFor(l);
+    } else if (!layer.used() && sfbLayer && !layer.uncapturable) {
+      // Unused: contribute zero by the layer's scheme, as every other rank expects.
+      layer.u = torch::zeros({1, layer.spec->m});
+      layer.v = torch::zeros({1, layer.spec->n});
+      layer.captured = true;
+      layer.scheme = node_->schemeFor(l);
+    } else if (!layer.used()) {
+      torch::NoGradGuard guard;
+      for (auto& p : layer.params)
+        if (p.grad().defined()) p.mutable_grad().zero_();  // contribute zero, not a stale gradient
     }
+    if (layer.captured && layer.scheme != Scheme::kPS) submitFactors(l);
+    else submitDense(l);
   }
+}
+
+void DistributedModel::applyLayer(Layer& layer) {
+  torch::NoGradGuard guard;
+  if (layer.spec->type == LayerType::kFC && layer.used()) layer.uncapturable = !layer.captured;
+  layer.accumulatedPasses = 0;
+  layer.stashU.clear();
+  layer.stashV.clear();
+  if (layer.scheme == Scheme::kPS) return;
+  int64_t off = 0;
+  for (auto& p : layer.params) {
+    torch::Tensor src = layer.staging.narrow(0, off, p.numel()).view(p.sizes());
+    if (p.grad().defined()) p.mutable_grad().copy_(src);
+    else p.mutable_grad() = src.clone();
+    off += p.numel();
+  }
+  layer.scheme = Scheme::kPS;  // the default for the next iteration
+}
+
+void DistributedModel::endStep(int64_t traceStartUs, bool broadcast) {
   inIteration_ = false;
   accumulating_ = false;
+  if (broadcast) broadcastBuffers();
+  if (tracer_) {
+    tracer_->span("apply (sfb results into .grad)", "compute", 0, traceStartUs, Tracer::nowMicros(), iteration_);
+  }
+}
+
+void DistributedModel::submitStep() {
+  if (stepPending_) misuse("step() twice without a forward between them");
+  if (groupMode() || node_->book().settings().stragglerMode()) {
+    throw InvalidArgument("the overlapped step is for BSP jobs (not with compute groups or straggler dropping)");
+  }
+  checkStep();
+  submitRemaining();
+  // Rank 0's buffers as the barrier path sends them: nothing between here and its broadcast changes them.
   broadcastBuffers();
-  if (tracer_) tracer_->span("apply (sfb results into .grad)", "compute", 0, t0, Tracer::nowMicros(), iteration_);
+  finishedLayers_.assign(layers_.size(), false);
+  stepPending_ = true;
+}
+
+void DistributedModel::finishLayer(int layer) {
+  if (!stepPending_) throw InvalidArgument("finishLayer: no overlapped step is pending");
+  if (layer < 0 || layer >= static_cast<int>(layers_.size())) {
+    throw InvalidArgument(strCat("finishLayer: layer index ", layer, " out of range"));
+  }
+  if (finishedLayers_[layer]) return;
+  if (!solo_) node_->waitLayer(layer);
+  applyLayer(layers_[layer]);
+  finishedLayers_[layer] = true;
+}
+
+void DistributedModel::finishStep() {
+  if (!stepPending_) throw InvalidArgument("finishStep: no overlapped step is pending");
+  if (!solo_) node_->waitIteration();
+  int64_t t0 = tracer_ ? Tracer::nowMicros() : 0;
+  for (size_t l = 0; l < layers_.size(); ++l)
+    if (!finishedLayers_[l]) applyLayer(layers_[l]);
+  stepPending_ = false;
+  endStep(t0, false);
 }
 
 void DistributedModel::broadcastBuffers() {

@@ -126,6 +126,16 @@ class DistributedModel {
   void synchronize();
   void step(torch::optim::Optimizer& optimizer);
 
+  // The overlapped step (docs/scheduling.md; the Python package's overlap_forward): synchronize()
+  // split so that the next forward runs layer by layer as the results land. submitStep() sends what
+  // backward did not, broadcasts rank 0's buffers and returns at once; finishLayer(l) waits for layer
+  // l's mean gradient and puts it into its .grad() (once per step); finishStep() finishes every layer
+  // not yet finished and ends the step. BSP jobs only (no compute groups, no straggler dropping).
+  void submitStep();
+  void finishLayer(int layer);
+  void finishStep();
+  bool stepPending() const { return stepPending_; }
+
   // Gradient accumulation (DDP's no_sync): while the guard lives, forward and
   // backward accumulate gradients locally; the next forward/backward outside it
   // synchronizes the accumulated gradients once, at the following step().
@@ -189,6 +199,10 @@ class DistributedModel {
   void submitDense(int layer);
   void submitFactors(int layer);
   void instrument(const std::vector<torch::Tensor>& outputs, bool accumulating);
+  void checkStep();                 // misuse checks before a step's synchronization
+  void submitRemaining();           // layers backward did not send (unused, no-overlap, accumulated)
+  void applyLayer(Layer& layer);    // the layer's result into .grad() (SFB from staging); step bookkeeping
+  void endStep(int64_t traceStartUs, bool broadcast);
   void beginIteration();
   void broadcastBuffers();
   bool groupMode() const { return node_->book().settings().groupMode(); }
@@ -214,6 +228,8 @@ class DistributedModel {
   bool inIteration_ = false;
   bool forwarded_ = false;     // the current iteration's synchronized forward has run
   bool accumulating_ = false;  // noSync passes ran since the last step
+  bool stepPending_ = false;   // submitStep() ran; finishStep() has not
+  std::vector<bool> finishedLayers_;  // this pending step's layers already in .grad()
   int64_t iteration_ = -1;
   int64_t pulledRound_ = -1;  // compute-group mode: the round whose model the parameters hold
   float groupLr_ = 0;

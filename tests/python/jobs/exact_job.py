@@ -65,12 +65,15 @@ def main():
     p.add_argument("--checkpoint")
     p.add_argument("--every", type=int, default=5)
     p.add_argument("--fail-at")
+    p.add_argument("--overlap-forward", action="store_true",
+                   help="step(opt) returns at once; the next forward applies the update layer by layer")
     a = p.parse_args()
     make, shape = MODELS[a.model]
     torch.manual_seed(1)
     net = make()
     # The sequence models join at their first forward, taking K from the input (the lazy form).
-    model = poseidon.DistributedModel(net, batch=None if a.model.startswith("sequence") else GLOBAL // 4)
+    model = poseidon.DistributedModel(net, batch=None if a.model.startswith("sequence") else GLOBAL // 4,
+                                      overlap_forward=a.overlap_forward)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     start = 0
     if a.checkpoint:
@@ -85,16 +88,23 @@ def main():
         mine = slice(model.rank * rows, (model.rank + 1) * rows)
         if model.rank == fail_rank and step == fail_step:
             raise RuntimeError("rank %d fails at step %d on purpose" % (fail_rank, fail_step))
-        opt.zero_grad()
-        F.cross_entropy(model(x[mine]), y[mine]).backward()
-        model.synchronize()
-        opt.step()
+        if a.overlap_forward:  # the wrapper owns the gradients: no zero_grad
+            F.cross_entropy(model(x[mine]), y[mine]).backward()
+            model.step(opt)
+        else:
+            opt.zero_grad()
+            F.cross_entropy(model(x[mine]), y[mine]).backward()
+            model.synchronize()
+            opt.step()
         if a.checkpoint and (step + 1) % a.every == 0:
             poseidon.save_checkpoint(a.checkpoint, model, opt, step + 1)
+    plan = model.plan()
+    if a.overlap_forward:
+        print("updates applied in the forward: %d" % model.updates_in_forward)
+    model.finish()  # with overlap_forward, this applies the last step
     if model.rank == 0:
-        torch.save({"params": [t.detach().clone() for t in net.parameters()], "plan": model.plan(),
+        torch.save({"params": [t.detach().clone() for t in net.parameters()], "plan": plan,
                     "workers": model.world_size}, a.out)
-    model.finish()
 
 
 if __name__ == "__main__":

@@ -145,6 +145,12 @@ class DistributedModel(torch.nn.Module):
         (the others' .grad are hidden from it for the call) and clears the layer's .grad."""
         self._impl.finish_layer(index)
         mine = {id(p) for p in self._layer_params[index]}
+        opt = self._pending
+        # The hyperparameters as they were at step(): a scheduler that stepped since must not reach
+        # this step's update (the barrier path ran it before the scheduler).
+        now = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+        for g, then in zip(opt.param_groups, self._hyper):
+            g.update(then)
         hidden = []
         for params in self._layer_params:
             for p in params:
@@ -152,10 +158,12 @@ class DistributedModel(torch.nn.Module):
                     hidden.append((p, p.grad))
                     p.grad = None
         try:
-            self._pending.step()
+            opt.step()
         finally:
             for p, g in hidden:
                 p.grad = g
+            for g, current in zip(opt.param_groups, now):
+                g.update(current)
         for p in self._layer_params[index]:
             p.grad = None
         self._done[index] = True
@@ -226,6 +234,7 @@ class DistributedModel(torch.nn.Module):
             raise InvalidArgument("step() twice without a forward between them")
         self._runtime().submit_step()
         self._pending = optimizer
+        self._hyper = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
         self._done = [False] * len(self._done)
 
     @contextlib.contextmanager

@@ -37,11 +37,12 @@ class Exactness(TempDirTest):
 
     def test_overlapped_forward_equals_the_barrier_path_bit_for_bit(self):
         # step() returns at once and each layer's update lands just before its next forward (ip1 by SFB,
-        # the convs by PS; 'tied' calls one Linear twice, so its gate fires twice and applies once).
+        # the convs by PS; 'tied' calls one Linear twice, so its gate fires twice and applies once), with
+        # the learning rate halved every 3 steps by a scheduler stepped right after step().
         for model, layers in (("lenet", 4), ("tied", 3)):
-            barrier = launch(2, JOB, model, self.path(model + "-barrier.pt"))
+            barrier = launch(2, JOB, model, self.path(model + "-barrier.pt"), "--schedule")
             self.assertEqual(barrier.code, 0, str(barrier))
-            overlap = launch(2, JOB, model, self.path(model + "-overlap.pt"), "--overlap-forward")
+            overlap = launch(2, JOB, model, self.path(model + "-overlap.pt"), "--schedule", "--overlap-forward")
             self.assertEqual(overlap.code, 0, str(overlap))
             self.assertClean(overlap)
             # Steps 1-9 each had the previous update applied layer by layer by their forward.

@@ -65,6 +65,7 @@ def main():
     p.add_argument("--checkpoint")
     p.add_argument("--every", type=int, default=5)
     p.add_argument("--fail-at")
+    p.add_argument("--schedule", action="store_true", help="halve the learning rate every 3 steps")
     p.add_argument("--overlap-forward", action="store_true",
                    help="step(opt) returns at once; the next forward applies the update layer by layer")
     a = p.parse_args()
@@ -75,6 +76,8 @@ def main():
     model = poseidon.DistributedModel(net, batch=None if a.model.startswith("sequence") else GLOBAL // 4,
                                       overlap_forward=a.overlap_forward)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    # A learning-rate schedule stepped after every step: the overlapped step must use the rate it had.
+    schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5) if a.schedule else None
     start = 0
     if a.checkpoint:
         meta = poseidon.load_checkpoint(a.checkpoint, model, opt)
@@ -96,6 +99,8 @@ def main():
             F.cross_entropy(model(x[mine]), y[mine]).backward()
             model.synchronize()
             opt.step()
+        if schedule:
+            schedule.step()
         if a.checkpoint and (step + 1) % a.every == 0:
             poseidon.save_checkpoint(a.checkpoint, model, opt, step + 1)
     plan = model.plan()

@@ -87,8 +87,9 @@ class DistributedModel(torch.nn.Module):
     overlap_forward: step(optimizer) returns at once and the next forward applies each layer's update
         just before that layer runs, as its synchronized gradient lands (docs/scheduling.md); exact for
         optimizers that update each parameter from its own gradient and state (SGD, Adam, ...). The
-        wrapper then owns the gradients: do not call optimizer.zero_grad() (each layer's .grad is
-        cleared after its update); no_sync() is not available; finish() applies the last step.
+        wrapper then owns the gradients: optimizer.zero_grad() is not needed and harmless (between step()
+        and each layer's update the gradients are held by the wrapper and .grad is None; after the update
+        it is cleared); no_sync() is not available; finish() and apply_pending() apply the last step.
     The rank, world size, coordinator and job secret come from the launcher's environment.
     """
 
@@ -124,59 +125,89 @@ class DistributedModel(torch.nn.Module):
         self._batch = batch
         if self._overlap_forward:
             # One gate per layer module (the modules that own trainable parameters, in _describe's order).
+            # A gate also finishes the layers below its module (a module may use a child's parameters
+            # without calling it: nn.MultiheadAttention's out_proj), and runs before the module's other
+            # pre-hooks (old-style weight_norm computes the weight from its parameters in one).
             self._layer_params = [params for (_, _, _, params) in layers]
-            owners = [m for _, m in self.module.named_modules()
+            owners = [(path, m) for path, m in self.module.named_modules()
                       if any(p.requires_grad for p in m.parameters(recurse=False))]
             self._done = [True] * len(owners)
-            for index, owner in enumerate(owners):
-                owner.register_forward_pre_hook(self._gate(index))
+            for index, (path, owner) in enumerate(owners):
+                below = [j for j, (other, _) in enumerate(owners)
+                         if j == index or path == "" or other.startswith(path + ".")]
+                handle = owner.register_forward_pre_hook(self._gate(below))
+                owner._forward_pre_hooks.move_to_end(handle.id, last=False)
 
     # ---- the overlapped step (overlap_forward) ------------------------------------------------------
 
-    def _gate(self, index):
+    def _gate(self, indices):
         def gate(module, inputs):
-            if self._pending is not None and not self._done[index]:
-                self._finish_layer(index)
-                self.updates_in_forward += 1
+            if self._pending is None:
+                return
+            for index in indices:
+                if not self._done[index]:
+                    self._finish_layer(index)
+                    self.updates_in_forward += 1
         return gate
 
-    def _finish_layer(self, index):
-        """Waits for the layer's mean gradient, then runs the optimizer on that layer's parameters only
-        (the others' .grad are hidden from it for the call) and clears the layer's .grad."""
-        self._impl.finish_layer(index)
-        mine = {id(p) for p in self._layer_params[index]}
+    def _step_only(self, visible):
+        """Runs the pending optimizer over the parameters whose ids are in `visible` (every other
+        parameter it holds has its .grad hidden for the call), with the hyperparameters it had at step()."""
         opt = self._pending
-        # The hyperparameters as they were at step(): a scheduler that stepped since must not reach
-        # this step's update (the barrier path ran it before the scheduler).
         now = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
         for g, then in zip(opt.param_groups, self._hyper):
             g.update(then)
         hidden = []
-        for params in self._layer_params:
-            for p in params:
-                if id(p) not in mine and p.grad is not None:
-                    hidden.append((p, p.grad))
-                    p.grad = None
         try:
+            for g in opt.param_groups:
+                for p in g["params"]:
+                    if id(p) not in visible and p.grad is not None:
+                        hidden.append((p, p.grad))
+                        p.grad = None
             opt.step()
         finally:
-            for p, g in hidden:
-                p.grad = g
+            for p, grad in hidden:
+                p.grad = grad
             for g, current in zip(opt.param_groups, now):
                 g.update(current)
-        for p in self._layer_params[index]:
+
+    def _finish_layer(self, index):
+        """Waits for the layer's mean gradient, runs the optimizer on that layer's parameters only, and
+        clears the layer's .grad."""
+        self._impl.finish_layer(index)
+        params = self._layer_params[index]
+        for p, grad in zip(params, self._grads[index]):
+            # PS results are in the held tensor; an SFB result has just been put into a fresh .grad.
+            if p.grad is None:
+                p.grad = grad
+        self._step_only({id(p) for p in params})
+        for p in params:
             p.grad = None
+        self._grads[index] = ()
         self._done[index] = True
 
     def _flush(self):
         """Applies what is left of a pending overlapped step (every layer's update is then in)."""
         if self._pending is None:
             return
+        if self._impl is None or self._impl.closed:
+            self._pending = None  # the job ended (an error): nothing more lands
+            return
         for index in range(len(self._done)):
             if not self._done[index]:
                 self._finish_layer(index)
+        # Parameters the optimizer holds outside the wrapped module (a learnable loss): once, now.
+        ours = {id(p) for params in self._layer_params for p in params}
+        others = {id(p) for g in self._pending.param_groups for p in g["params"]} - ours
+        if others:
+            self._step_only(others)
         self._impl.finish_step()
         self._pending = None
+
+    def apply_pending(self):
+        """overlap_forward: applies a pending step now (before reading or saving the parameters or the
+        optimizer's state between step() and the next forward). Does nothing otherwise."""
+        self._flush()
 
     def _runtime(self):
         if self._impl is None:
@@ -234,7 +265,16 @@ class DistributedModel(torch.nn.Module):
             raise InvalidArgument("step() twice without a forward between them")
         self._runtime().submit_step()
         self._pending = optimizer
-        self._hyper = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+        # The hyperparameters as they are now (tensors copied: a scheduler may fill them in place), for
+        # the deferred update: the barrier path would have run the optimizer before any scheduler step.
+        self._hyper = [{k: (v.clone() if torch.is_tensor(v) else v) for k, v in g.items() if k != "params"}
+                       for g in optimizer.param_groups]
+        # The .grad tensors the runtime writes the mean gradients into, held here (not in .grad) until each
+        # layer's update, so that a zero_grad() before the next forward (either kind) cannot touch them.
+        self._grads = [tuple(p.grad for p in params) for params in self._layer_params]
+        for params in self._layer_params:
+            for p in params:
+                p.grad = None
         self._done = [False] * len(self._done)
 
     @contextlib.contextmanager

@@ -67,8 +67,10 @@ def _complete(directory):
 def save_checkpoint(directory, model, optimizer, iteration, keep=2, **extra):
     """Saves model and optimizer state after `iteration` steps (rank 0 only; other ranks return None).
 
-    `model` may be the DistributedModel or the module it wraps. Returns the checkpoint's path.
+    `model` may be the DistributedModel or the module it wraps. Returns the checkpoint's path. With
+    overlap_forward, a pending step is applied first (give the DistributedModel, not the module).
     """
+    _apply_pending(model)
     rank = getattr(model, "rank", 0)
     if rank != 0:
         return None
@@ -103,6 +105,12 @@ def save_checkpoint(directory, model, optimizer, iteration, keep=2, **extra):
 
 def _module(model):
     return getattr(model, "module", model)
+
+
+def _apply_pending(model):
+    # overlap_forward: the update of the last step() lands at the next forward; a checkpoint holds it.
+    if hasattr(model, "apply_pending"):
+        model.apply_pending()
 
 
 def _verified(path):
@@ -144,6 +152,7 @@ def load_checkpoint(directory, model, optimizer):
             refused.append(str(e))
             print("poseidon: warning: %s; trying an older one" % e, file=sys.stderr, flush=True)
             continue
+        _apply_pending(model)  # a pending update must not land on the loaded parameters
         _module(model).load_state_dict(torch.load(io.BytesIO(blobs["model.pt"])))
         optimizer.load_state_dict(torch.load(io.BytesIO(blobs["optimizer.pt"])))
         return meta

@@ -264,6 +264,10 @@ torch::Tensor DistributedModel::forwardWith(const std::function<torch::Tensor()>
 
 void DistributedModel::beginForward() {
   node_->checkError();
+  if (stepPending_) {
+    throw InvalidArgument("forward while an overlapped step is pending: run the model (finishLayer(l) and the "
+                          "optimizer before each layer l), then finishStep(), then beginForward()/endForward()");
+  }
   if (inIteration_ && forwarded_) {
     misuse(syncEnabled_ ? "forward() twice before step(): Poseidon synchronizes one forward/backward per step "
                           "(accumulate micro-batches under noSync())"
@@ -647,6 +651,7 @@ void DistributedModel::broadcastBuffers() {
 }
 
 void DistributedModel::step(torch::optim::Optimizer& optimizer) {
+  if (stepPending_) throw InvalidArgument("step() while an overlapped step is pending: finishStep() ends it");
   synchronize();
   if (groupMode()) {  // the shards applied it; the optimizer only tells the learning rate
     takeGroupOptimizer(optimizer);

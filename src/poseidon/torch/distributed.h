@@ -131,6 +131,9 @@ class DistributedModel {
   // backward did not, broadcasts rank 0's buffers and returns at once; finishLayer(l) waits for layer
   // l's mean gradient and puts it into its .grad() (once per step); finishStep() finishes every layer
   // not yet finished and ends the step. BSP jobs only (no compute groups, no straggler dropping).
+  // A loop: forward, backward, submitStep(); then run the model with finishLayer(l) and the optimizer
+  // on layer l's parameters before each layer l, finishStep(), beginForward(), endForward(output).
+  // forward()/beginForward() and step() refuse while a step is pending; synchronize() finishes it.
   void submitStep();
   void finishLayer(int layer);
   void finishStep();

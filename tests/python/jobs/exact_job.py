@@ -53,7 +53,23 @@ class Tied(torch.nn.Module):
         return self.out(F.relu(self.twice(F.relu(self.twice(h)))))
 
 
-MODELS = {"mlp": (Mlp, (1, 28, 28)), "lenet": (LeNet, (1, 28, 28)), "sequence": (Sequence, (7 * 256,)),
+class Attention(torch.nn.Module):
+    """nn.MultiheadAttention uses its out_proj's parameters without calling out_proj: an overlapped step
+    must update out_proj before the attention runs, not after the forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.attn = torch.nn.MultiheadAttention(16, 2)
+        self.out = torch.nn.Linear(16, 10)
+
+    def forward(self, x):
+        h = x.view(x.size(0), 7, 16).transpose(0, 1)
+        a, _ = self.attn(h, h, h)
+        return self.out(a.mean(0))
+
+
+MODELS = {"mlp": (Mlp, (1, 28, 28)), "attention": (Attention, (7 * 16,)), "lenet": (LeNet, (1, 28, 28)),
+          "sequence": (Sequence, (7 * 256,)),
           "tied": (Tied, (1, 28, 28))}
 
 
@@ -66,6 +82,8 @@ def main():
     p.add_argument("--every", type=int, default=5)
     p.add_argument("--fail-at")
     p.add_argument("--schedule", action="store_true", help="halve the learning rate every 3 steps")
+    p.add_argument("--zero-grad", action="store_true",
+                   help="with --overlap-forward: zero_grad() before each forward, as the usual loop does")
     p.add_argument("--overlap-forward", action="store_true",
                    help="step(opt) returns at once; the next forward applies the update layer by layer")
     a = p.parse_args()
@@ -91,7 +109,9 @@ def main():
         mine = slice(model.rank * rows, (model.rank + 1) * rows)
         if model.rank == fail_rank and step == fail_step:
             raise RuntimeError("rank %d fails at step %d on purpose" % (fail_rank, fail_step))
-        if a.overlap_forward:  # the wrapper owns the gradients: no zero_grad
+        if a.overlap_forward:  # the wrapper owns the gradients; a zero_grad() (to None) is undone
+            if a.zero_grad:
+                opt.zero_grad()
             F.cross_entropy(model(x[mine]), y[mine]).backward()
             model.step(opt)
         else:

@@ -116,8 +116,9 @@ std::optional<std::vector<bool>> Syncer::factorSetLocked(const Factors& f) const
 void Syncer::advanceLocked(int64_t iteration, Round& r, Effects& fx) {
   Aggregates* a = std::get_if<Aggregates>(&r.kind);
   Factors* f = std::get_if<Factors>(&r.kind);
-  const bool allPairsIn = a && a->left == 0 && a->sending == 0;
-  std::optional<std::vector<bool>> set = f && r.phase == Phase::kAwaiting ? factorSetLocked(*f) : std::nullopt;
+  const bool allPairsIn = a && a->left == 0 && a->sending == 0 && !r.factorsSending;
+  std::optional<std::vector<bool>> set =
+      f && r.phase == Phase::kAwaiting && !r.factorsSending ? factorSetLocked(*f) : std::nullopt;
   // Each action erases the round from rounds_: nothing may touch r after it.
   if (attemptTransition(r, Phase::kAwaiting, Phase::kFinished, allPairsIn,
                         [&] { finishAggregatesLocked(iteration, r, *a, fx); })) {
@@ -353,6 +354,7 @@ void Syncer::submitFactors(int64_t iteration, Scheme scheme, const float* u, con
       r.out = out;
       // Decided without us (straggler mode): our factors would be ignored.
       send = !(f && f->decision && !(*f->decision)[me()]);
+      r.factorsSending = send;
       advanceLocked(iteration, r, fx);
     }
   }
@@ -363,6 +365,21 @@ void Syncer::submitFactors(int64_t iteration, Scheme scheme, const float* u, con
 }
 
 void Syncer::sendFactors(int64_t iteration, Scheme scheme, const float* u, const float* v, int64_t rows) {
+  sendFactorsOnce(iteration, scheme, u, v, rows);
+  // Done with the caller's U and V: the round may finish now.
+  Effects fx;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (closed_) return;
+    auto it = rounds_.find(iteration);
+    if (it == rounds_.end()) return;
+    it->second.factorsSending = false;
+    advanceLocked(iteration, it->second, fx);
+  }
+  apply(iteration, fx);
+}
+
+void Syncer::sendFactorsOnce(int64_t iteration, Scheme scheme, const float* u, const float* v, int64_t rows) {
   const InformationBook& book = host_.book();
   const int64_t startUs = host_.tracer() ? Tracer::nowMicros() : 0;
   {

@@ -166,6 +166,10 @@ class Syncer {
   struct Round {
     Phase phase = Phase::kOpen;
     bool contributed = false;  // this worker's data is in the round (false when it skipped)
+    // SFB, Adam: our factors are being sent (the pool reads the caller's U and V). The round does not
+    // finish before the send is done, so the caller may free them once the layer is done; the mutex
+    // also shows that order to ThreadSanitizer, which cannot see it through the network.
+    bool factorsSending = false;
     std::variant<std::monostate, Aggregates, Factors> kind;
     LayerBuffer out;
     std::shared_ptr<void> keepAlive;
@@ -204,6 +208,7 @@ class Syncer {
 
   void sendDense(int64_t iteration, int64_t gap, const LayerBuffer& grad, const std::vector<int>& pairs);
   void sendFactors(int64_t iteration, Scheme scheme, const float* u, const float* v, int64_t rows);
+  void sendFactorsOnce(int64_t iteration, Scheme scheme, const float* u, const float* v, int64_t rows);
   void sendGroupPush(int64_t round, const LayerBuffer& grad, float lr);
   void reconstruct(int64_t iteration, Round round, std::vector<bool> set);
   void traceSent(int64_t iteration, int64_t startUs, const char* scheme);

@@ -83,45 +83,39 @@ float fp16ToFloat(uint16_t h) {
   return floatOf(sign | ((exp + 112u) << 23) | (man << 13));
 }
 
+namespace {
+// The 16-bit formats' loops, one per direction: `convert` is the scalar conversion.
+template <typename Narrow>
+void narrowEach(const float* src, int64_t n, uint8_t* dst, Narrow convert) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t h = convert(src[i]);
+    std::memcpy(dst + 2 * i, &h, 2);
+  }
+}
+
+template <typename Widen>
+void widenEach(const uint8_t* src, int64_t n, float* dst, Widen convert) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, src + 2 * i, 2);
+    dst[i] = convert(h);
+  }
+}
+}  // namespace
+
 void encodeFloats(const float* src, int64_t n, WirePrecision p, uint8_t* dst) {
   switch (p) {
-    case WirePrecision::kFp32:
-      std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
-      return;
-    case WirePrecision::kBf16:
-      for (int64_t i = 0; i < n; ++i) {
-        const uint16_t h = floatToBf16(src[i]);
-        std::memcpy(dst + 2 * i, &h, 2);
-      }
-      return;
-    case WirePrecision::kFp16:
-      for (int64_t i = 0; i < n; ++i) {
-        const uint16_t h = floatToFp16(src[i]);
-        std::memcpy(dst + 2 * i, &h, 2);
-      }
-      return;
+    case WirePrecision::kFp32: std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float)); return;
+    case WirePrecision::kBf16: narrowEach(src, n, dst, floatToBf16); return;
+    case WirePrecision::kFp16: narrowEach(src, n, dst, floatToFp16); return;
   }
 }
 
 void decodeFloats(const uint8_t* src, int64_t n, WirePrecision p, float* dst) {
   switch (p) {
-    case WirePrecision::kFp32:
-      std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
-      return;
-    case WirePrecision::kBf16:
-      for (int64_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, src + 2 * i, 2);
-        dst[i] = bf16ToFloat(h);
-      }
-      return;
-    case WirePrecision::kFp16:
-      for (int64_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, src + 2 * i, 2);
-        dst[i] = fp16ToFloat(h);
-      }
-      return;
+    case WirePrecision::kFp32: std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float)); return;
+    case WirePrecision::kBf16: widenEach(src, n, dst, bf16ToFloat); return;
+    case WirePrecision::kFp16: widenEach(src, n, dst, fp16ToFloat); return;
   }
 }
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -60,6 +61,94 @@ TEST(CliFlags, PlanCountsTheWiresBytes) {
   EXPECT_EQ(b["hybrid_bytes"].get<double>(), 2 * b["hybrid_cost"].get<double>());
   EXPECT_EQ(b["ps_bytes"].get<double>(), 2 * b["ps_cost"].get<double>());
   expectRejected({{"plan", "--wire", "fp8"}, "unknown wire precision 'fp8' (expected fp32, bf16 or fp16)"});
+}
+
+// `poseidon plan` with these arguments: its JSON output (the test fails on another exit code).
+nlohmann::json planJson(const std::vector<std::string>& args) {
+  std::string dir = testing::makeTempDir("plan");
+  std::vector<std::string> argv{POSEIDON_CLI, "plan", "--json"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<testing::Proc> procs{testing::spawn(argv, {}, dir + "/cli")};
+  testing::waitAll(procs, std::chrono::seconds(120));
+  EXPECT_EQ(procs[0].exitCode(), 0) << procs[0].stderrText();
+  nlohmann::json j = procs[0].exitCode() == 0 ? nlohmann::json::parse(procs[0].stdoutText()) : nlohmann::json{};
+  std::filesystem::remove_all(dir);
+  return j;
+}
+
+// The planner (docs/planner.md) from the CLI: predictions, a sweep, the lowest link rate for an
+// efficiency (and that rate reaching it), and --check against a results file.
+TEST(CliFlags, PlanPredictsSweepsAndChecksAResultsFile) {
+  const nlohmann::json one =
+      planJson({"--predict", "--model", "googlenet", "--workers", "8", "--rate", "3", "--systems", "poseidon,ddp"});
+  ASSERT_EQ(one["predictions"].size(), 2u);
+  for (const auto& p : one["predictions"]) {
+    const double iteration = p["iteration_seconds"], compute = p["compute_seconds"];
+    EXPECT_GE(iteration, compute);
+    EXPECT_DOUBLE_EQ(p["speedup"].get<double>(), 8 * compute / iteration);
+    EXPECT_DOUBLE_EQ(p["efficiency"].get<double>(), p["speedup"].get<double>() / 8);
+    EXPECT_GT(p["max_node_tx_bytes"].get<double>(), 0);
+    // At the lowest rate it reports for 90%, the system reaches 90%.
+    const double minGbit = p["min_link_gbit"];
+    const nlohmann::json at = planJson({"--predict", "--model", "googlenet", "--workers", "8", "--rate",
+                                        std::to_string(minGbit * 1.0001), "--systems", p["system"]});
+    EXPECT_GE(at["predictions"][0]["efficiency"].get<double>(), 0.9) << p["system"];
+  }
+  EXPECT_EQ(one["predictions"][0]["system"], "poseidon");
+  EXPECT_NEAR(one["compute_seconds"].get<double>(), 128 / 257.0, 1e-9);  // ATC'17's Caffe googlenet
+  // A model without a timing: the user's seconds per iteration.
+  const nlohmann::json lenet = planJson({"--predict", "--model", "lenet", "--compute-seconds", "0.05", "--workers",
+                                         "2", "--systems", "poseidon"});
+  EXPECT_DOUBLE_EQ(lenet["compute_seconds"].get<double>(), 0.05);
+
+  const nlohmann::json sweep =
+      planJson({"--sweep", "1,4", "--model", "alexnet", "--rate", "1", "--systems", "ps-naive,poseidon"});
+  ASSERT_EQ(sweep["predictions"].size(), 4u);
+  EXPECT_EQ(sweep["predictions"][0]["workers"], 1);
+  EXPECT_DOUBLE_EQ(sweep["predictions"][0]["speedup"].get<double>(), 1.0);  // one worker: its compute
+  EXPECT_EQ(sweep["predictions"][3]["system"], "poseidon");
+  EXPECT_EQ(sweep["predictions"][3]["workers"], 4);
+  // WFBP and the hybrid beat naive PS on alexnet over 1 Gbit/s.
+  EXPECT_LT(sweep["predictions"][3]["iteration_seconds"].get<double>(),
+            sweep["predictions"][2]["iteration_seconds"].get<double>());
+
+  // --check: a results file with one point it models, one HOST-BOUND and one it does not model.
+  std::string dir = testing::makeTempDir("plancheck");
+  const nlohmann::json run{{"model", "vgg19"}, {"system", "poseidon"}, {"nodes", 4}, {"link_mbit", 30.0},
+                           {"iteration_seconds", 9.0}, {"ok", true}, {"host_bound", false}, {"device", "gpu"}};
+  nlohmann::json hostBound = run, other = run;
+  hostBound["host_bound"] = true;
+  other["system"] = "ddp-fp16";
+  const nlohmann::json results{
+      {"config", {{"scale", 0.1}, {"devices", {{{"name", "gpu"}, {"crypto_bytes_per_s", 1.75e9},
+                                                {"gemm_flops", 5e12}, {"sum_bytes_per_s", 22.5e9}}}}}},
+      {"runs", {run, hostBound, other}}};
+  std::ofstream(dir + "/results.json") << results.dump();
+  const nlohmann::json check = planJson({"--check", dir + "/results.json"});
+  EXPECT_EQ(check["points"], 1);
+  EXPECT_EQ(check["skipped"], 2);
+  ASSERT_EQ(check["rows"].size(), 1u);
+  const double predicted = check["rows"][0]["predicted_seconds"];
+  EXPECT_GT(predicted, 0.9);  // vgg19's compute, at least
+  EXPECT_DOUBLE_EQ(check["rows"][0]["error"].get<double>(), predicted / 9.0 - 1);
+  EXPECT_EQ(check["beyond"], 1);  // 9 s measured is far from it
+  std::ofstream(dir + "/bad.json") << R"({"runs": []})";
+  expectRejected({{"plan", "--check", dir + "/bad.json"},
+                  "--check: '" + dir + "/bad.json' is not a poseidon bench results file (no config and runs)"});
+  expectRejected({{"plan", "--check", dir + "/none.json"}, "--check: cannot open '" + dir + "/none.json'"});
+  std::filesystem::remove_all(dir);
+
+  expectRejected({{"plan", "--predict", "--systems", "adam"},
+                  "unknown system 'adam' (the planner models poseidon, poseidon-overlap, ps-wfbp, ps-naive, ddp)"});
+  expectRejected({{"plan", "--sweep", "4,0"}, "each --sweep entry must be in [1, 4096], got 0"});
+  expectRejected({{"plan", "--predict", "--rate", "0"}, "--rate must be > 0, got 0"});
+  expectRejected({{"plan", "--predict", "--servers", "2"},
+                  "--servers is for the cost table; the planner models every node as a worker and a server shard, "
+                  "BestScheme's choice, at full width"});
+  expectRejected({{"plan", "--predict", "--model", "lenet"},
+                  "--predict needs the model's compute time: 'lenet' has no single-GPU timing (those with one: "
+                  "vgg19, vgg19-22k, googlenet, inception-v3, resnet-152, alexnet); give --compute-seconds T, one "
+                  "worker's seconds per iteration"});
 }
 
 TEST(CliFlags, LaunchRejectsOutOfRangeValues) {

@@ -6,16 +6,19 @@
 #include <cstdio>
 #include <iostream>
 #include <sstream>
+#include <thread>
 
+#include "poseidon/cli/bench_util.h"
 #include "poseidon/cli/commands.h"
 #include "poseidon/cli/flags.h"
 #include "poseidon/cli/limits.h"
+#include "poseidon/cli/plan_predict.h"
 #include "poseidon/common/error.h"
 #include "poseidon/core/best_scheme.h"
-#include "poseidon/wire/precision.h"
 #include "poseidon/core/cost_model.h"
 #include "poseidon/core/kv_layout.h"
 #include "poseidon/model/zoo.h"
+#include "poseidon/wire/precision.h"
 
 namespace poseidon::cli {
 namespace {
@@ -47,11 +50,22 @@ int planCommand(const std::vector<std::string>& args) {
   int workers = 8, servers = -1;
   int64_t batch = -1, pairBytes = kDefaultPairBytes;
   double scale = 1.0;
-  bool json = false;
-  std::string scheme = "auto", wire = "fp32";
-  FlagSet flags("plan", "poseidon plan [--model NAME|FILE.json] [--workers P1] [--servers P2] [--batch K] [--json]",
+  bool json = false, predict = false;
+  std::string scheme = "auto", wire = "fp32", sweep, systems = "poseidon,poseidon-overlap,ps-wfbp,ps-naive,ddp", check;
+  double rateGbit = 10, cryptoGBps = 1.75, gemmTflops = 5, efficiency = 0.9, computeSeconds = 0, tolerance = 0.15;
+  planner::Cluster calibration;
+  double ddpStepMs = calibration.ddpStepSeconds * 1e3, messageUs = calibration.messageSeconds * 1e6;
+  int hostCores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  FlagSet flags("plan",
+                "poseidon plan [--model NAME|FILE.json] [--workers P1] [--servers P2] [--batch K] [--json]\n"
+                "       poseidon plan --predict [--model NAME] [--workers P | --sweep P1,P2,...] [--rate GBIT]\n"
+                "       poseidon plan --check RESULTS.json",
                 "Prints, per layer, the floats one node moves per iteration under each scheme (paper Table 1)\n"
                 "and the scheme BestScheme (Algorithm 1) picks, with totals. Runs nothing.\n"
+                "With --predict or --sweep: the planner's discrete-event model of an iteration (docs/planner.md)\n"
+                "predicts iteration time, speedup, efficiency and the busiest node's bytes for Poseidon's systems\n"
+                "and DDP at any scale, and the lowest link rate for --efficiency. With --check: the planner's\n"
+                "prediction of every run in a `poseidon bench --json` file, against what was measured.\n"
                 "Zoo models: " + knownModels() + ".");
   flags.addString("model", &model, "zoo model name or path to a JSON layer table", "NAME|FILE");
   flags.addInt("workers", &workers, "P1, the number of workers", "P1", IntRange::closed(1, kMaxRanks));
@@ -67,10 +81,73 @@ int planCommand(const std::vector<std::string>& args) {
   flags.addString("wire", &wire, "what gradients travel as, for the byte totals (bf16 / fp16: 2 bytes a float)",
                   "fp32|bf16|fp16");
   flags.addBool("json", &json, "print JSON instead of a table");
+  flags.addBool("predict", &predict, "predict iteration time, speedup and efficiency at --workers (the planner)");
+  flags.addString("sweep", &sweep, "predict at each of these worker counts (implies --predict)", "P1,P2,...");
+  flags.addDouble("rate", &rateGbit, "--predict: each node's link, Gbit/s each way", "GBIT", RealRange::above(0));
+  flags.addString("systems", &systems,
+                  "--predict: systems to model (poseidon, poseidon-overlap, ps-wfbp, ps-naive, ddp)", "LIST");
+  flags.addDouble("efficiency", &efficiency, "--predict: the efficiency whose lowest link rate is reported", "E",
+                  RealRange::leftOpen(0, 1));
+  flags.addDouble("compute-seconds", &computeSeconds,
+                  "--predict: one worker's seconds per iteration (needed for a model without a zoo timing)", "T",
+                  RealRange::atLeast(0));
+  flags.addDouble("crypto", &cryptoGBps,
+                  "--predict: CURVE encryption, GB/s per I/O thread (0: links without it; jobs use it by default)",
+                  "GBPS", RealRange::atLeast(0));
+  flags.addDouble("gemm-tflops", &gemmTflops, "--predict: the SFB reconstruction GEMM's rate (a Titan X: 5)",
+                  "TFLOPS", RealRange::above(0));
+  flags.addDouble("link-overhead", &calibration.linkOverhead,
+                  "bytes on the link per payload byte (TCP/IP headers and ACKs; calibrated on the bench)", "X",
+                  RealRange::atLeast(1));
+  flags.addDouble("ddp-step-ms", &ddpStepMs, "milliseconds each DDP ring step costs besides its bytes (calibrated)",
+                  "MS", RealRange::atLeast(0));
+  flags.addDouble("message-us", &messageUs, "microseconds a node's receive loop spends per message, decryption aside",
+                  "US", RealRange::atLeast(0));
+  flags.addString("check", &check, "predict every run of a poseidon bench results file and compare", "RESULTS.json");
+  flags.addInt("host-cores", &hostCores,
+               "--check: cores of the host that ran the emulated cluster (default: this one's)", "N",
+               IntRange::closed(1, 4096));
+  flags.addDouble("tolerance", &tolerance, "--check: the error beyond which a point is flagged", "F",
+                  RealRange::above(0));
   flags.parse(args);
   if (flags.helpRequested()) {
     std::cout << flags.helpText();
     return 0;
+  }
+  calibration.ddpStepSeconds = ddpStepMs / 1e3;
+  calibration.messageSeconds = messageUs * 1e-6;
+  if (!check.empty() || predict || flags.wasSet("sweep")) {
+    for (const char* table : {"servers", "scheme", "width-scale"}) {
+      if (flags.wasSet(table)) {
+        throw InvalidArgument(strCat("--", table, " is for the cost table; the planner models every node as a worker "
+                                     "and a server shard, BestScheme's choice, at full width"));
+      }
+    }
+  }
+  if (!check.empty()) return planCheck(check, calibration, hostCores, tolerance, json);
+  if (predict || flags.wasSet("sweep")) {
+    PredictRequest r;
+    r.model = model;
+    r.computeSeconds = computeSeconds;
+    r.batch = flags.wasSet("batch") ? batch : -1;
+    r.efficiency = efficiency;
+    r.json = json;
+    if (flags.wasSet("sweep")) {
+      for (const auto& item : splitList(sweep))
+        r.workers.push_back(static_cast<int>(parseIntIn("each --sweep entry", item, IntRange::closed(1, 4096))));
+      if (r.workers.empty()) throw InvalidArgument("--sweep needs at least one worker count");
+    } else {
+      r.workers.push_back(workers);
+    }
+    for (const auto& item : splitList(systems)) r.systems.push_back(planner::parseSystem(item));
+    if (r.systems.empty()) throw InvalidArgument("--systems needs at least one system");
+    r.cluster = calibration;
+    r.cluster.linkBytes = rateGbit * 1e9 / 8;
+    r.cluster.cryptoBytes = cryptoGBps * 1e9;
+    r.cluster.gemmFlops = gemmTflops * 1e12;
+    r.cluster.pairBytes = pairBytes;
+    r.cluster.wire = parseWirePrecision(wire);
+    return planPredict(r);
   }
   if (!flags.wasSet("servers")) servers = workers;
   SchemePolicy policy = parseSchemePolicy(scheme);

@@ -1,0 +1,248 @@
+#include "poseidon/cli/plan_predict.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "poseidon/bench/emulation.h"
+#include "poseidon/common/error.h"
+#include "poseidon/model/zoo.h"
+
+namespace poseidon::cli {
+namespace {
+
+using planner::Cluster;
+using planner::Prediction;
+using planner::System;
+
+planner::Workload workloadOf(const PredictRequest& r) {
+  if (r.computeSeconds > 0) {
+    ModelDesc desc = resolveModel(r.model);
+    int64_t batch = r.batch > 0 ? r.batch : 32;
+    for (const auto& e : zooEntries())
+      if (e.name == r.model && r.batch <= 0) batch = e.defaultBatch;
+    return planner::workloadFor(std::move(desc), batch, r.computeSeconds);
+  }
+  const auto& known = bench::emulatedModelNames();
+  if (std::find(known.begin(), known.end(), r.model) == known.end()) {
+    std::string names;
+    for (const auto& n : known) names += (names.empty() ? "" : ", ") + n;
+    throw InvalidArgument("--predict needs the model's compute time: '" + r.model +
+                          "' has no single-GPU timing (those with one: " + names +
+                          "); give --compute-seconds T, one worker's seconds per iteration");
+  }
+  planner::Workload w = planner::zooWorkload(r.model, 1.0);
+  if (r.batch > 0 && r.batch != w.batch) {
+    // The compute tables are per published batch: scale the time with the batch.
+    const double k = static_cast<double>(r.batch) / static_cast<double>(w.batch);
+    for (auto& f : w.forwardSeconds) f *= k;
+    for (auto& b : w.backwardSeconds) b *= k;
+    w.batch = r.batch;
+  }
+  return w;
+}
+
+nlohmann::json toJson(const Prediction& p, double linkBytes, double minLink) {
+  nlohmann::json j{{"system", planner::systemName(p.system)},
+                   {"workers", p.workers},
+                   {"iteration_seconds", p.iterationSeconds},
+                   {"compute_seconds", p.computeSeconds},
+                   {"speedup", p.speedup},
+                   {"efficiency", p.efficiency},
+                   {"max_node_tx_bytes", p.maxNodeTxBytes},
+                   {"own_bound_seconds", p.boundSeconds},
+                   {"sfb_layers", p.sfbLayers},
+                   {"link_gbit", linkBytes * 8 / 1e9}};
+  if (minLink >= 0)
+    j["min_link_gbit"] = std::isinf(minLink) ? nlohmann::json(nullptr) : nlohmann::json(minLink * 8 / 1e9);
+  return j;
+}
+
+std::string gbit(double bytesPerSecond) {
+  if (std::isinf(bytesPerSecond)) return "never";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", bytesPerSecond * 8 / 1e9);
+  return buf;
+}
+
+}  // namespace
+
+int planPredict(const PredictRequest& r) {
+  const planner::Workload w = workloadOf(r);
+  const bool sweep = r.workers.size() > 1;
+  nlohmann::json out{{"model", w.model.name},
+                     {"batch", w.batch},
+                     {"compute_seconds", w.computeSeconds()},
+                     {"link_gbit", r.cluster.linkBytes * 8 / 1e9},
+                     {"wire", wirePrecisionName(r.cluster.wire)},
+                     {"crypto_gbytes_per_s", r.cluster.cryptoBytes / 1e9},
+                     {"gemm_tflops", r.cluster.gemmFlops / 1e12},
+                     {"efficiency_target", r.efficiency}};
+  nlohmann::json rows = nlohmann::json::array();
+  char line[256];
+  if (!r.json) {
+    char cryptoText[64] = "off";
+    if (r.cluster.cryptoBytes > 0)
+      std::snprintf(cryptoText, sizeof cryptoText, "at %.3g GB/s per I/O thread", r.cluster.cryptoBytes / 1e9);
+    const std::string crypto = cryptoText;
+    std::printf("model %s, K=%lld per worker, %.3f s of compute per iteration on one worker\n", w.model.name.c_str(),
+                static_cast<long long>(w.batch), w.computeSeconds());
+    std::printf("links %s Gbit/s each way per node; %s wire; CURVE %s; SFB GEMM at %.3g TFLOP/s\n",
+                gbit(r.cluster.linkBytes).c_str(), wirePrecisionName(r.cluster.wire), crypto.c_str(),
+                r.cluster.gemmFlops / 1e12);
+    if (sweep) {
+      std::printf("\n%-8s", "workers");
+      for (System s : r.systems) std::printf(" %26s", planner::systemName(s));
+      std::printf("\n%-8s", "");
+      for (size_t i = 0; i < r.systems.size(); ++i) std::printf(" %26s", "s/iter  speedup  eff");
+      std::printf("\n");
+    } else {
+      const std::string minCol = "Gbit/s @" + std::to_string(std::lround(r.efficiency * 100)) + "%";
+      std::printf("\n%-17s %8s %8s %6s %12s %10s %14s\n", "system", "s/iter", "speedup", "eff", "tx MB/iter",
+                  "own bound", minCol.c_str());
+    }
+  }
+  for (int P : r.workers) {
+    Cluster c = r.cluster;
+    c.workers = P;
+    if (sweep && !r.json) std::printf("%-8d", P);
+    for (System s : r.systems) {
+      const Prediction p = planner::predict(w, c, s);
+      const double minLink = sweep ? -1 : planner::minLinkBytesFor(w, c, s, r.efficiency);
+      rows.push_back(toJson(p, c.linkBytes, minLink));
+      if (r.json) continue;
+      if (sweep) {
+        std::snprintf(line, sizeof line, "%9.3f %7.2fx %4.0f%%", p.iterationSeconds, p.speedup, p.efficiency * 100);
+        std::printf(" %26s", line);
+      } else {
+        std::printf("%-17s %8.3f %7.2fx %5.1f%% %12.1f %10.3f %14s\n", planner::systemName(s), p.iterationSeconds,
+                    p.speedup, p.efficiency * 100, p.maxNodeTxBytes / 1e6, p.boundSeconds, gbit(minLink).c_str());
+      }
+    }
+    if (sweep && !r.json) std::printf("\n");
+  }
+  out["predictions"] = rows;
+  if (r.json) {
+    std::cout << out.dump(2) << "\n";
+  } else {
+    std::printf(
+        "\nspeedup: P x (one worker's compute) / iteration; own bound: max(compute, busiest node's bytes / "
+        "link rate)\n");
+  }
+  return 0;
+}
+
+int planCheck(const std::string& path, const Cluster& calibration, int hostCores, double tolerance, bool json) {
+  std::ifstream in(path);
+  if (!in) throw InvalidArgument("--check: cannot open '" + path + "'");
+  nlohmann::json results;
+  try {
+    results = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw InvalidArgument("--check: '" + path + "' is not JSON: " + e.what());
+  }
+  if (!results.is_object() || !results.contains("config") || !results.contains("runs") || !results["runs"].is_array())
+    throw InvalidArgument("--check: '" + path + "' is not a poseidon bench results file (no config and runs)");
+  const auto& config = results["config"];
+  const double scale = config.value("scale", 0.1);
+  if (config.value("latency_ms", 0.0) > 0)
+    throw InvalidArgument("--check: the planner models no added link latency (the file's latency_ms > 0)");
+  nlohmann::json rows = nlohmann::json::array();
+  int points = 0, beyond = 0, skipped = 0;
+  double worst = 0;
+  if (!json) {
+    std::printf("%-12s %-17s %5s %8s %9s %10s %7s\n", "model", "system", "nodes", "Mbit/s", "measured", "predicted",
+                "error");
+  }
+  for (const auto& run : results["runs"]) {
+    const std::string system = run.value("system", ""), model = run.value("model", "");
+    const int nodes = run.value("nodes", 0);
+    const double mbit = run.value("link_mbit", 0.0), measured = run.value("iteration_seconds", 0.0);
+    std::string why;
+    System sys{};
+    WirePrecision wire = WirePrecision::kFp32;
+    try {
+      if (system == "ddp") {
+        sys = System::kDdp;
+      } else {
+        const bench::PoseidonSystem ps = bench::parsePoseidonSystem(system.substr(0, system.find('@')));
+        sys = planner::parseSystem(ps.base);
+        wire = ps.wire;
+      }
+    } catch (const InvalidArgument&) {
+      why = "not modelled";
+    }
+    if (why.empty() && !run.value("ok", false)) why = "failed run";
+    if (why.empty() && run.value("host_bound", false)) why = "HOST-BOUND";
+    if (!why.empty()) {
+      ++skipped;
+      if (!json)
+        std::printf("%-12s %-17s %5d %8.0f %9s %10s  (%s)\n", model.c_str(), system.c_str(), nodes, mbit, "-", "-",
+                    why.c_str());
+      continue;
+    }
+    Cluster c = calibration;
+    c.workers = nodes;
+    c.scale = scale;
+    c.linkBytes = mbit * 1e6 / 8 * planner::kEmulatedLinkEfficiency;
+    c.wire = wire;
+    const double window = config.value("send_window", 0.0);
+    if (window > 0) c.sendWindowBytes = window / (scale * scale);
+    c.cryptoLanes = config.value("io_threads", 2);
+    // The bench runs every node on this host: a message's loop time stretches as they share its cores.
+    c.messageSeconds = calibration.messageSeconds * std::max(1.0, static_cast<double>(nodes) / hostCores);
+    const std::string device = run.value("device", "gpu");
+    c.cryptoBytes = c.gemmFlops = c.sumBytes = 0;
+    c.timedSchemes = false;
+    if (sys != System::kDdp && device != "none") {
+      for (const auto& d : config.value("devices", nlohmann::json::array())) {
+        if (d.value("name", "") != device) continue;
+        c.cryptoBytes = d.value("crypto_bytes_per_s", 0.0);
+        c.gemmFlops = d.value("gemm_flops", 0.0);
+        c.sumBytes = d.value("sum_bytes_per_s", 0.0);
+        c.timedSchemes = true;
+      }
+    }
+    const planner::Workload w = planner::zooWorkload(model, scale);
+    const Prediction p = planner::predict(w, c, sys);
+    const double error = p.iterationSeconds / measured - 1;
+    ++points;
+    beyond += std::fabs(error) > tolerance;
+    worst = std::max(worst, std::fabs(error));
+    rows.push_back({{"model", model},
+                    {"system", system},
+                    {"nodes", nodes},
+                    {"link_mbit", mbit},
+                    {"measured_seconds", measured},
+                    {"predicted_seconds", p.iterationSeconds},
+                    {"error", error},
+                    {"measured_max_node_tx_bytes",
+                     run.contains("tx_bytes_per_iteration")
+                         ? *std::max_element(run["tx_bytes_per_iteration"].begin(), run["tx_bytes_per_iteration"].end())
+                         : nlohmann::json(nullptr)},
+                    {"predicted_max_node_tx_bytes", p.maxNodeTxBytes}});
+    if (!json) {
+      std::printf("%-12s %-17s %5d %8.0f %9.3f %10.3f %+6.1f%%%s\n", model.c_str(), system.c_str(), nodes, mbit,
+                  measured, p.iterationSeconds, error * 100, std::fabs(error) > tolerance ? "  BEYOND" : "");
+    }
+  }
+  if (json) {
+    std::cout << nlohmann::json{{"file", path},     {"points", points},       {"skipped", skipped},
+                                {"beyond", beyond}, {"tolerance", tolerance}, {"worst_error", worst},
+                                {"rows", rows}}
+                     .dump(2)
+              << "\n";
+  } else {
+    std::printf(
+        "\n%d points predicted (%d skipped: not modelled, failed or HOST-BOUND); worst error %.1f%%; %d beyond "
+        "%.0f%%\n",
+        points, skipped, worst * 100, beyond, tolerance * 100);
+  }
+  return 0;
+}
+
+}  // namespace poseidon::cli

@@ -1,0 +1,30 @@
+// poseidon plan --predict / --sweep / --check: the planner (planner/planner.h) behind the CLI.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "poseidon/planner/planner.h"
+
+namespace poseidon::cli {
+
+struct PredictRequest {
+  std::string model;          // zoo name or JSON layer table
+  double computeSeconds = 0;  // a JSON table's single-worker iteration (0: zoo timing)
+  int64_t batch = -1;         // -1: the model's
+  std::vector<int> workers;   // one entry (--predict) or the sweep
+  std::vector<planner::System> systems;
+  planner::Cluster cluster;  // link rate at full width, scale 1
+  double efficiency = 0.9;   // for the minimum link rate
+  bool json = false;
+};
+int planPredict(const PredictRequest& request);
+
+// Predicts every run of a bench results JSON (poseidon bench --json) the planner models and
+// prints predicted against measured. `calibration` gives the overheads (link, per message, DDP's
+// step); each run's rates, scale and device come from the file; the emulated cluster's nodes
+// shared `hostCores` cores.
+int planCheck(const std::string& resultsPath, const planner::Cluster& calibration, int hostCores, double tolerance,
+              bool json);
+
+}  // namespace poseidon::cli

@@ -1,0 +1,124 @@
+// The planner: a discrete-event model of training iterations on a cluster of
+// any size, for Poseidon's systems and for an allreduce model of PyTorch DDP
+// (docs/planner.md). It answers what a user with P machines and a given link
+// would see, without running anything, and it is checked against the
+// emulated cluster's measurements (`poseidon plan --check RESULTS.json`).
+//
+// What one iteration is made of, per node (every node is a worker and a
+// server shard, as in the bench and `poseidon train`):
+//   compute   the forward layer by layer, then the backward from the top;
+//             each layer's time is its share of the model's single-GPU
+//             iteration (bench/emulation.h's split, or a user's total);
+//   WFBP      layer l's sync is issued the moment its backward is done
+//             (ps-naive: all of them after the whole backward);
+//   PS        each 2 MB pair of the layer is pushed to the shard that holds
+//             it (core/kv_layout.h), summed there when every worker's push is
+//             in, and the sum sent back to every worker;
+//   SFB       each worker sends its factors (K x (M + N) floats) to every
+//             peer, and rebuilds the gradient (a K P x M x N GEMM) once all
+//             are in;
+//   links     each node has one egress and one ingress of the same rate; a
+//             message is encrypted (CURVE, on the sender's I/O thread), takes
+//             its turn on the sender's egress, streams into the receiver's
+//             ingress (cut-through: both ends serve it at once when both are
+//             free) and is decrypted on the receiver's I/O thread (with two,
+//             as by default, one encrypts every send and one every receive);
+//             egress is FIFO, or by layer priority in fragments of the send
+//             window for poseidon-overlap;
+//   BSP       a worker starts its next forward when all its layers are
+//             synchronized (poseidon-overlap: layer l's forward starts when
+//             layer l is);
+//   DDP       gradients go in buckets (1 MB first, then 25 MB, in backward
+//             order); each bucket is ring-allreduced (2 (P-1)/P of its bytes
+//             over each link, 2 (P-1) steps) once its last gradient is ready,
+//             one bucket at a time.
+// Several iterations are simulated and the steady state's period reported.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "poseidon/core/kv_layout.h"
+#include "poseidon/model/layer.h"
+#include "poseidon/wire/precision.h"
+
+namespace poseidon::planner {
+
+enum class System : uint8_t { kPoseidon = 0, kPoseidonOverlap, kPsWfbp, kPsNaive, kDdp };
+const char* systemName(System s);             // "poseidon", "poseidon-overlap", "ps-wfbp", "ps-naive", "ddp"
+System parseSystem(const std::string& text);  // throws InvalidArgument naming the known ones
+const std::vector<System>& allSystems();
+
+// A model and one worker's compute per layer.
+struct Workload {
+  ModelDesc model;
+  int64_t batch = 0;                                    // per worker, K
+  std::vector<double> forwardSeconds, backwardSeconds;  // per layer, in forward order
+  double computeSeconds() const;
+};
+
+// The bench's emulated models (bench/emulation.h: vgg19, vgg19-22k, googlenet, inception-v3,
+// resnet-152, alexnet) at width scale s: the same shapes, batch and per-layer times the bench uses.
+Workload zooWorkload(const std::string& name, double scale = 1.0);
+// Any layer table with a single-worker iteration time: split 1/3 forward, 2/3 backward and over
+// the layers by their MACs per sample (evenly where the table gives none), as the bench does.
+Workload workloadFor(ModelDesc model, int64_t batch, double iterationSeconds);
+
+// Calibrated on the emulated cluster (docs/planner.md):
+//  - what TCP/IP and the ACKs add to each payload byte on a link (the bench's interface counters
+//    read 1.02-1.06x the payload: 66 bytes of headers per 1448-byte segment);
+//  - the receive loop's own time per message besides decryption (ZeroMQ, the copies, the
+//    dispatch), fitted on resnet-152's many small pairs;
+//  - what one step of DDP's ring costs besides its bytes (none needed so far);
+//  - the servers' sums: one core of this machine (bench/device.h measures it).
+constexpr double kLinkOverhead = 1.045;
+constexpr double kMessageSeconds = 60e-6;
+constexpr double kDdpStepSeconds = 0;
+constexpr double kSumBytesPerSecond = 22.5e9;
+// The emulated cluster itself, as `poseidon plan --check` models it: its tbf links give TCP 92% of
+// their nominal rate (fitted on DDP's ring at 2-16 nodes and 30-100 Mbit/s), and its P nodes share
+// the host's cores, so a message's loop time stretches by P / cores.
+constexpr double kEmulatedLinkEfficiency = 0.92;
+
+struct Cluster {
+  int workers = 8;                      // P
+  double scale = 1.0;                   // the workload's width scale: the device rates below are full width
+  double linkBytes = 0;                 // each node's link, each way, bytes/s, at the workload's scale
+  double linkOverhead = kLinkOverhead;  // bytes on the link per payload byte (TCP/IP headers, ACKs)
+  double messageBytes = 48;             // bytes on the link per message besides its payload (frame header)
+  // The runtime's own work at full width (common/device_model.h); 0: free.
+  double cryptoBytes = 1.75e9;           // CURVE, bytes/s per I/O thread (0: links without encryption)
+  int cryptoLanes = 2;                   // I/O threads per process (NodeOptions::ioThreads)
+  double gemmFlops = 5e12;               // SFB reconstruction; a Titan X by default
+  double sumBytes = kSumBytesPerSecond;  // a shard's copy-and-add of each push
+  bool timedSchemes = true;              // BestScheme weighs GEMM against bytes (it does where the rates are known)
+  WirePrecision wire = WirePrecision::kFp32;
+  int64_t pairBytes = kDefaultPairBytes;    // at full width; scaled by s^2 as the bench does
+  double sendWindowBytes = 1048576;         // poseidon-overlap's fragments, full width
+  double ddpBucketBytes = 25 * 1048576.0;   // full width
+  double ddpFirstBucketBytes = 1048576.0;   // full width
+  double ddpStepSeconds = kDdpStepSeconds;  // per ring step: latency and Gloo's bookkeeping
+  double messageSeconds = kMessageSeconds;  // the receive loop's own time per message, decryption aside
+};
+
+struct Prediction {
+  System system = System::kPoseidon;
+  int workers = 0;
+  double iterationSeconds = 0;  // the steady state's period
+  double computeSeconds = 0;    // one worker's forward + backward
+  double speedup = 0;           // P x compute / iteration (the bench's: throughput over one node's)
+  double efficiency = 0;        // speedup / P
+  double maxNodeTxBytes = 0;    // the busiest node's bytes on its egress per iteration, overhead included
+  double boundSeconds = 0;      // max(compute, maxNodeTxBytes / linkBytes): the system's own bound
+  int sfbLayers = 0;
+};
+
+// Throws InvalidArgument for a cluster it cannot model (no workers, no link rate with P > 1).
+Prediction predict(const Workload& workload, const Cluster& cluster, System system);
+
+// The lowest link rate (bytes/s at the workload's scale) at which `system` reaches `efficiency`
+// (bisection on predict(), to 0.5%); 0 when it does at any rate (P = 1), infinity when at none.
+double minLinkBytesFor(const Workload& workload, Cluster cluster, System system, double efficiency);
+
+}  // namespace poseidon::planner

@@ -1,0 +1,189 @@
+// The planner's discrete-event model against iterations worked out by hand: one PS pair, one SFB
+// layer with its GEMM and encryption, DDP's buckets, and the orderings WFBP and the overlap give.
+#include "poseidon/planner/planner.h"
+
+#include <gtest/gtest.h>
+
+#include "expect_error.h"
+#include "poseidon/core/cost_model.h"
+#include "poseidon/model/zoo.h"
+
+namespace poseidon::planner {
+namespace {
+
+// A model of given layers, with forward and backward seconds per layer.
+Workload workload(std::vector<LayerSpec> layers, std::vector<double> forward, std::vector<double> backward,
+                  int64_t batch = 4) {
+  Workload w;
+  w.model.name = "hand";
+  w.model.layers = std::move(layers);
+  w.batch = batch;
+  w.forwardSeconds = std::move(forward);
+  w.backwardSeconds = std::move(backward);
+  return w;
+}
+
+// Links only: no encryption, free sums, GEMM and message handling, no headers, the byte rule.
+Cluster plain(int workers, double linkBytes) {
+  Cluster c;
+  c.workers = workers;
+  c.linkBytes = linkBytes;
+  c.linkOverhead = 1.0;
+  c.messageBytes = 0;
+  c.cryptoBytes = 0;
+  c.gemmFlops = 0;
+  c.sumBytes = 0;
+  c.messageSeconds = 0;
+  c.timedSchemes = false;
+  return c;
+}
+
+// Two workers, one conv layer in one pair on shard 0: worker 1 pushes it (4N bytes), shard 0 sends
+// the sum back (4N bytes); worker 0's own push and pull are local. Every iteration is then
+// forward + backward + 8N / R, for both workers (worker 0 waits for worker 1's push).
+TEST(Planner, OnePairOverTwoWorkersIsAPushAndAPull) {
+  const LayerSpec conv = LayerSpec::conv("c", 100, 10, 5, 5, /*bias=*/false);  // 25,000 floats
+  const Workload w = workload({conv}, {0.1}, {0.2});
+  const double R = 1e6;
+  const Prediction p = predict(w, plain(2, R), System::kPsWfbp);
+  EXPECT_NEAR(p.iterationSeconds, 0.3 + 8 * 25000 / R, 1e-9);
+  EXPECT_NEAR(p.computeSeconds, 0.3, 1e-12);
+  EXPECT_NEAR(p.maxNodeTxBytes, 4 * 25000, 1e-6);  // each node sends one copy of the layer
+  EXPECT_NEAR(p.speedup, 2 * 0.3 / p.iterationSeconds, 1e-12);
+  EXPECT_NEAR(p.efficiency, p.speedup / 2, 1e-12);
+  EXPECT_NEAR(p.boundSeconds, 0.3, 1e-12);  // 0.1 s of bytes on the link, under 0.3 s of compute
+  EXPECT_EQ(p.sfbLayers, 0);
+
+  // Headers and TCP's overhead are paid per message and per byte.
+  Cluster c = plain(2, R);
+  c.linkOverhead = 1.05;
+  c.messageBytes = 48;
+  const Prediction q = predict(w, c, System::kPsWfbp);
+  EXPECT_NEAR(q.iterationSeconds, 0.3 + 2 * (4 * 25000 * 1.05 + 48) / R, 1e-9);
+  EXPECT_NEAR(q.maxNodeTxBytes, 4 * 25000 * 1.05 + 48, 1e-6);
+}
+
+// Two workers, one FC layer by SFB: each sends its K (M + N) floats to the other (both links at
+// once), decrypts them, and rebuilds the gradient with a 2 K P M N-flop GEMM.
+TEST(Planner, SfbLayerIsFactorsEncryptedSentDecryptedAndAGemm) {
+  const LayerSpec fc = LayerSpec::fc("fc", 100, 100, /*bias=*/true);
+  ASSERT_LE(sfbCost(costInputs(fc, 4, 2, 2)), psCostBoth(costInputs(fc, 4, 2, 2)));  // the byte rule picks SFB
+  const Workload w = workload({fc}, {0.1}, {0.2}, /*batch=*/4);
+  const double R = 1e5, F = 4.0 * 4 * (100 + 100);  // 3,200 bytes of factors
+  Cluster c = plain(2, R);
+  c.gemmFlops = 1.6e6;  // 2 K P M N = 160,000 flops: 0.1 s
+  Prediction p = predict(w, c, System::kPoseidon);
+  EXPECT_EQ(p.sfbLayers, 1);
+  EXPECT_NEAR(p.iterationSeconds, 0.3 + F / R + 0.1, 1e-9);
+  EXPECT_NEAR(p.maxNodeTxBytes, F, 1e-9);
+
+  c.cryptoBytes = 64000;  // each side: F / C = 0.05 s
+  c.messageBytes = 48;    // the header is encrypted and sent too
+  p = predict(w, c, System::kPoseidon);
+  EXPECT_NEAR(p.iterationSeconds, 0.3 + 2 * (F + 48) / 64000 + (F + 48) / R + 0.1, 1e-9);
+
+  // The byte rule's other side: ps-wfbp sends the layer through the shards.
+  EXPECT_EQ(predict(w, c, System::kPsWfbp).sfbLayers, 0);
+}
+
+// A shard's sums are its one thread's work: each push (fp32, whatever the wire) in turn. In the
+// steady state worker 0 runs ahead, its own push summed before worker 1's arrives: an iteration is
+// compute + push + one sum + pull.
+TEST(Planner, ShardSumsEveryPushOnItsThread) {
+  const LayerSpec conv = LayerSpec::conv("c", 100, 10, 5, 5, false);
+  const Workload w = workload({conv}, {0.1}, {0.2});
+  Cluster c = plain(2, 1e6);
+  c.sumBytes = 1e6;  // 0.1 s per push; two pushes on shard 0
+  EXPECT_NEAR(predict(w, c, System::kPsWfbp).iterationSeconds, 0.3 + 4 * 25000 / 1e6 + 0.1 + 4 * 25000 / 1e6, 1e-9);
+  // A 16-bit wire halves the bytes on the link, not the sums.
+  c.wire = WirePrecision::kBf16;
+  EXPECT_NEAR(predict(w, c, System::kPsWfbp).iterationSeconds, 0.3 + 2 * 25000 / 1e6 + 0.1 + 2 * 25000 / 1e6, 1e-9);
+}
+
+// DDP: a bucket per cap in backward order, each allreduced (2 (P-1)/P of its bytes, 2 (P-1) steps)
+// from when its last gradient is ready, one after another.
+TEST(Planner, DdpRingAllreducesItsBucketsInTurn) {
+  const LayerSpec low = LayerSpec::conv("low", 100, 10, 5, 5, false);   // 100,000 bytes
+  const LayerSpec high = LayerSpec::conv("high", 50, 10, 5, 5, false);  // 50,000 bytes
+  const Workload w = workload({low, high}, {0.1, 0.1}, {0.05, 0.05});
+  Cluster c = plain(4, 1e5);
+  c.ddpFirstBucketBytes = 50000;  // "high" fills the first bucket, "low" goes in the next
+  c.ddpStepSeconds = 0.01;
+  const double d1 = 1.5 * 50000 / 1e5 + 6 * 0.01, d2 = 1.5 * 100000 / 1e5 + 6 * 0.01;
+  // "high" is ready at 0.2 + 0.05; its allreduce outlasts the backward of "low".
+  const Prediction p = predict(w, c, System::kDdp);
+  EXPECT_NEAR(p.iterationSeconds, 0.25 + d1 + d2, 1e-9);
+  EXPECT_NEAR(p.maxNodeTxBytes, 1.5 * 150000, 1e-6);
+  // One bucket for both: it waits for the whole backward.
+  c.ddpFirstBucketBytes = 1e9;
+  EXPECT_NEAR(predict(w, c, System::kDdp).iterationSeconds, 0.3 + 1.5 * 150000 / 1e5 + 6 * 0.01, 1e-9);
+  // One worker: compute only.
+  EXPECT_NEAR(predict(w, plain(1, 1e5), System::kDdp).iterationSeconds, 0.3, 1e-12);
+}
+
+// WFBP overlaps the upper layers' syncs with the lower layers' backward; ps-naive cannot. Where the
+// link is slower than the backward, syncs queue up: the priority links send the lowest layer's
+// (issued last) before the queued upper ones, and the next forward starts as soon as it is in.
+TEST(Planner, WfbpAndTheOverlapOrderAsThePapersSay) {
+  std::vector<LayerSpec> layers;
+  for (int i = 0; i < 4; ++i) layers.push_back(LayerSpec::conv("c" + std::to_string(i), 100, 10, 5, 5, false));
+  const Workload w = workload(layers, {0.05, 0.05, 0.05, 0.05}, {0.1, 0.1, 0.1, 0.1});
+  Cluster c = plain(4, 1e6);  // a layer's 100 KB take 0.1 s per hop: as long as its backward
+  c.pairBytes = 25000;        // each layer in 4 pairs, one on each shard
+  const double naive = predict(w, c, System::kPsNaive).iterationSeconds;
+  const double wfbp = predict(w, c, System::kPsWfbp).iterationSeconds;
+  EXPECT_LT(wfbp, naive - 0.2);
+  EXPECT_GE(wfbp, w.computeSeconds());
+  // One pair a layer: the last layer's sync ends with one shard sending alone, the tail the next
+  // forward waits for; priority links and the overlapped forward shorten it.
+  c.pairBytes = kDefaultPairBytes;
+  const double tail = predict(w, c, System::kPsWfbp).iterationSeconds;
+  const double overlap = predict(w, c, System::kPoseidonOverlap).iterationSeconds;
+  EXPECT_LT(overlap, tail - 0.1);
+  EXPECT_GE(overlap, w.computeSeconds());
+  // With infinitely fast links every system is its compute.
+  for (System s : allSystems()) EXPECT_NEAR(predict(w, plain(4, 1e15), s).iterationSeconds, 0.6, 1e-6) << systemName(s);
+}
+
+TEST(Planner, MinimumLinkRateReachesTheEfficiencyAndNoLess) {
+  const Workload w = zooWorkload("googlenet", 1.0);
+  Cluster c;
+  c.workers = 8;
+  c.linkBytes = 1e9;
+  const double rate = minLinkBytesFor(w, c, System::kPoseidon, 0.9);
+  c.linkBytes = rate;
+  EXPECT_GE(predict(w, c, System::kPoseidon).efficiency, 0.9);
+  c.linkBytes = rate / 1.01;
+  EXPECT_LT(predict(w, c, System::kPoseidon).efficiency, 0.9);
+  c.workers = 1;
+  EXPECT_EQ(minLinkBytesFor(w, c, System::kPoseidon, 0.9), 0.0);
+}
+
+// The zoo's workloads are the bench's: the same layers, batch and per-layer times at a scale.
+TEST(Planner, ZooWorkloadIsTheBenchsEmulatedModel) {
+  const Workload w = zooWorkload("vgg19", 0.1);
+  EXPECT_EQ(w.batch, 3);
+  EXPECT_NEAR(w.computeSeconds(), 32 / 35.5, 1e-9);
+  EXPECT_EQ(w.model.layers.size(), w.forwardSeconds.size());
+  const Workload u = workloadFor(zooModel("vgg19", 1.0), 32, 0.9);
+  EXPECT_NEAR(u.computeSeconds(), 0.9, 1e-9);
+  EXPECT_NEAR(u.backwardSeconds[0], 2 * u.forwardSeconds[0], 1e-12);
+}
+
+TEST(Planner, RefusesWhatItCannotModel) {
+  const Workload w = zooWorkload("alexnet", 0.1);
+  Cluster c;
+  c.workers = 0;
+  EXPECT_THAT(errorMessage<InvalidArgument>([&] { predict(w, c, System::kPoseidon); }),
+              testing::HasSubstr("at least one worker"));
+  c.workers = 2;
+  c.linkBytes = 0;
+  EXPECT_THAT(errorMessage<InvalidArgument>([&] { predict(w, c, System::kPoseidon); }),
+              testing::HasSubstr("link rate"));
+  EXPECT_THAT(errorMessage<InvalidArgument>([] { parseSystem("adam"); }),
+              testing::HasSubstr("poseidon, poseidon-overlap, ps-wfbp, ps-naive, ddp"));
+  EXPECT_THAT(errorMessage<InvalidArgument>([] { workloadFor(ModelDesc{}, 1, 1.0); }), testing::HasSubstr("no layers"));
+}
+
+}  // namespace
+}  // namespace poseidon::planner

@@ -101,6 +101,9 @@ int planCommand(const std::vector<std::string>& args) {
                   RealRange::atLeast(1));
   flags.addDouble("ddp-step-ms", &ddpStepMs, "milliseconds each DDP ring step costs besides its bytes (calibrated)",
                   "MS", RealRange::atLeast(0));
+  flags.addDouble("send-window", &calibration.sendWindowBytes,
+                  "--predict: poseidon-overlap's fragment (the kernel send window per connection), bytes", "BYTES",
+                  RealRange::atLeast(4096));
   flags.addDouble("message-us", &messageUs, "microseconds a node's receive loop spends per message, decryption aside",
                   "US", RealRange::atLeast(0));
   flags.addString("check", &check, "predict every run of a poseidon bench results file and compare", "RESULTS.json");

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The full benchmark sweep behind bench/results/ (about 220 minutes here; run as root).
+# The full benchmark sweep behind bench/results/ (about 250 minutes here; run as root).
 #   stage A: vgg19, every system, 1/2/4/8 nodes, 1000/300/100/30 Mbit/s, and the bisection of the
 #            minimum link rate for 90% efficiency at 8 nodes for poseidon and ddp;
 #   stage B: the other zoo models against DDP at 1 and 8 nodes, 300/100/30 Mbit/s;
@@ -11,7 +11,10 @@
 #            resnet-152 and alexnet, 3 runs per point (~40 min);
 #   stage F: the 16-bit wire against DDP's fp16 hook (issue 14 item 2, docs/wire.md): every zoo model
 #            once (~17 min), the three where the link matters 3 runs per point (~20 min), and the main
-#            job's accuracy with each wire (~15 min).
+#            job's accuracy with each wire (~15 min);
+#   stage G: scale (issue 13): vgg19, vgg19-22k, googlenet, resnet-152 at 1-32 nodes, 100 and 30 Mbit/s,
+#            poseidon and ddp (and poseidon-overlap for vgg19), one run each, 4 iterations (~30 min), then
+#            bench/scale_report.py: the planner's prediction of every point, to 256 nodes, and the plots.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=bench/results
@@ -33,6 +36,7 @@ f1=(bench --models vgg19,vgg19-22k,googlenet,inception-v3,resnet-152,alexnet
     --json "$out/wire-zoo.json" --markdown "$out/wire-zoo.md")
 f2=(bench --models resnet-152,alexnet,googlenet --systems poseidon-bf16,poseidon-overlap-bf16,ddp-fp16
     --nodes 8 --rates 30,100 --repeat 3 --json "$out/wire.json" --markdown "$out/wire.md")
+g=(--nodes 1,2,4,8,16,32 --rates 100,30 --iterations 4 --warmup 2 --run-timeout 400 --tcp-rcvbuf 16384)
 {
   echo "# made by bench/run_full.sh on $(date -u +%Y-%m-%d) ($(nproc) cores, $(uname -r))"
   echo "build/bin/poseidon ${a[*]}"
@@ -42,6 +46,9 @@ f2=(bench --models resnet-152,alexnet,googlenet --systems poseidon-bf16,poseidon
   echo "build/bin/poseidon ${f1[*]}"
   echo "build/bin/poseidon ${f2[*]}"
   echo "for w in fp32 bf16 fp16; do build/bin/poseidon train --wire \$w --summary $out/wire-accuracy-\$w.json; done"
+  echo "build/bin/poseidon bench --models vgg19 --systems poseidon,poseidon-overlap,ddp ${g[*]} --json $out/scale/vgg19.json"
+  echo "build/bin/poseidon bench --models M --systems poseidon,ddp ${g[*]} --json $out/scale/M.json  (M: resnet-152, googlenet, vgg19-22k)"
+  echo "/usr/bin/python3 bench/scale_report.py $out/scale/{vgg19,vgg19-22k,googlenet,resnet-152}.json --markdown $out/scale.md --plots $out/plots/scale"
   echo "for w in fp32 bf16; do build/bin/poseidon train --seed 2 --wire \$w --summary $out/wire-accuracy-\$w-s2.json; done"
   echo "/usr/bin/python3 bench/powersgd_loss.py"
   echo "/usr/bin/python3 bench/powersgd_loss.py --lr 0.01 --json $out/powersgd_loss_lr0.01.json --markdown $out/powersgd_loss_lr0.01.md"
@@ -71,3 +78,12 @@ rm -f "$out"/plots/*.dat "$out"/plots/*.gp "$out"/plots/fair/*.dat "$out"/plots/
   "$out"/plots/overlap/*.gp
 /usr/bin/python3 bench/powersgd_loss.py
 /usr/bin/python3 bench/powersgd_loss.py --lr 0.01 --json "$out/powersgd_loss_lr0.01.json" --markdown "$out/powersgd_loss_lr0.01.md"
+mkdir -p "$out/scale" "$out/plots/scale"
+"$bin" bench --models vgg19 --systems poseidon,poseidon-overlap,ddp "${g[@]}" --json "$out/scale/vgg19.json" \
+  --markdown "$out/scale/vgg19.md" | tee "$out/scale/vgg19.log"
+for m in resnet-152 googlenet vgg19-22k; do
+  "$bin" bench --models "$m" --systems poseidon,ddp "${g[@]}" --json "$out/scale/$m.json" --markdown "$out/scale/$m.md" |
+    tee "$out/scale/$m.log"
+done
+/usr/bin/python3 bench/scale_report.py "$out"/scale/{vgg19,vgg19-22k,googlenet,resnet-152}.json --cli "$bin" \
+  --markdown "$out/scale.md" --plots "$out/plots/scale"

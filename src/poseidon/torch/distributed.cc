@@ -641,6 +641,81 @@ void DistributedModel::finishStep() {
   endStep(t0, false);
 }
 
+void DistributedModel::stepOverlapped(torch::optim::Optimizer& optimizer) {
+  submitStep();
+  pendingOptimizer_ = &optimizer;
+}
+
+void DistributedModel::stepOnly(const std::vector<torch::Tensor>& params) {
+  std::unordered_set<const void*> visible;
+  for (const auto& p : params) visible.insert(p.unsafeGetTensorImpl());
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> hidden;
+  for (auto& group : pendingOptimizer_->param_groups()) {
+    for (auto& p : group.params()) {
+      if (!visible.count(p.unsafeGetTensorImpl()) && p.grad().defined()) {
+        hidden.emplace_back(p, p.grad());
+        p.mutable_grad() = torch::Tensor();
+      }
+    }
+  }
+  auto restore = [&] {
+    for (auto& [p, grad] : hidden) p.mutable_grad() = grad;
+  };
+  try {
+    pendingOptimizer_->step();
+  } catch (...) {
+    restore();
+    throw;
+  }
+  restore();
+}
+
+void DistributedModel::applyPendingLayer(int layer) {
+  finishLayer(layer);
+  stepOnly(layers_[layer].params);
+  for (auto& p : layers_[layer].params) p.mutable_grad() = torch::Tensor();  // applied: the next backward starts anew
+}
+
+void DistributedModel::applyPending() {
+  if (!pendingOptimizer_) return;
+  for (size_t l = 0; l < layers_.size(); ++l)
+    if (!finishedLayers_[l]) applyPendingLayer(static_cast<int>(l));
+  // Parameters the optimizer holds outside the model (a learnable loss): once, now.
+  std::unordered_set<const void*> ours;
+  for (const auto& layer : layers_)
+    for (const auto& p : layer.params) ours.insert(p.unsafeGetTensorImpl());
+  std::vector<torch::Tensor> others;
+  for (auto& group : pendingOptimizer_->param_groups())
+    for (auto& p : group.params())
+      if (!ours.count(p.unsafeGetTensorImpl())) others.push_back(p);
+  if (!others.empty()) stepOnly(others);
+  pendingOptimizer_ = nullptr;
+  finishStep();
+}
+
+torch::Tensor DistributedModel::forwardOverlapped(torch::nn::Sequential& sequence, torch::Tensor x) {
+  if (!pendingOptimizer_) return forwardWith([&] { return sequence->forward(x); });
+  // A layer belongs to the child that holds its first parameter (however deep).
+  std::unordered_map<const void*, int> layerOf;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    if (!layers_[l].params.empty()) layerOf[layers_[l].params[0].unsafeGetTensorImpl()] = static_cast<int>(l);
+  }
+  for (auto& child : *sequence) {
+    for (const auto& p : child.ptr()->parameters()) {
+      auto it = layerOf.find(p.unsafeGetTensorImpl());
+      if (it != layerOf.end() && !finishedLayers_[it->second]) {
+        applyPendingLayer(it->second);
+        ++updatesInForward_;
+      }
+    }
+    x = child.forward(x);
+  }
+  applyPending();
+  beginForward();
+  endForward(x);
+  return x;
+}
+
 void DistributedModel::broadcastBuffers() {
   // Straggler mode: a per-step broadcast would make rank 0 everyone's pace-setter again, so
   // buffers are left to each rank there (docs/torch.md).
@@ -662,7 +737,10 @@ void DistributedModel::step(torch::optim::Optimizer& optimizer) {
   if (tracer_) tracer_->span("apply (optimizer step)", "compute", 0, t0, Tracer::nowMicros(), iteration_);
 }
 
-void DistributedModel::finish() { node_->finish(); }
+void DistributedModel::finish() {
+  applyPending();
+  node_->finish();
+}
 
 std::vector<LayerPlan> DistributedModel::plan(int64_t batch) const {
   std::vector<LayerPlan> out;

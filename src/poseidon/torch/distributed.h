@@ -139,6 +139,23 @@ class DistributedModel {
   void finishStep();
   bool stepPending() const { return stepPending_; }
 
+  // The overlapped step for a torch::nn::Sequential, whose children run in the order of its layers
+  // (issue 14; the same as the Python package's overlap_forward). stepOverlapped(optimizer) after
+  // backward submits the step and returns at once. forwardOverlapped(sequence, x) then runs the
+  // children in turn; before each, it waits for the mean gradient of the layers the child holds and
+  // steps `optimizer` on their parameters alone (every other gradient hidden for the call: SGD, Adam
+  // and the like skip a parameter without one), then clears their gradients. The optimizer's
+  // parameters outside the model are stepped once the children are through, the step ends and this
+  // forward begins. Bit-identical to forward/backward/step (tests/torch/distributed_test.cc).
+  // Between stepOverlapped() and the next forward, do not zero the gradients or change the
+  // optimizer's options: the pending step still uses both. applyPending() (and finish()) applies a
+  // pending step at once, e.g. before evaluating or saving the model.
+  void stepOverlapped(torch::optim::Optimizer& optimizer);
+  torch::Tensor forwardOverlapped(torch::nn::Sequential& sequence, torch::Tensor x);
+  void applyPending();
+  // Layer updates forwardOverlapped() applied just before the child that needed them.
+  int64_t updatesInForward() const { return updatesInForward_; }
+
   // Gradient accumulation (DDP's no_sync): while the guard lives, forward and
   // backward accumulate gradients locally; the next forward/backward outside it
   // synchronizes the accumulated gradients once, at the following step().
@@ -206,6 +223,8 @@ class DistributedModel {
   void submitRemaining();           // layers backward did not send (unused, no-overlap, accumulated)
   void applyLayer(Layer& layer);    // the layer's result into .grad() (SFB from staging); step bookkeeping
   void endStep(int64_t traceStartUs, bool broadcast);
+  void applyPendingLayer(int layer);                        // finishLayer, its optimizer step, clear
+  void stepOnly(const std::vector<torch::Tensor>& params);  // the pending optimizer on these alone
   void beginIteration();
   void broadcastBuffers();
   bool groupMode() const { return node_->book().settings().groupMode(); }
@@ -233,6 +252,8 @@ class DistributedModel {
   bool accumulating_ = false;  // noSync passes ran since the last step
   bool stepPending_ = false;   // submitStep() ran; finishStep() has not
   std::vector<bool> finishedLayers_;  // this pending step's layers already in .grad()
+  torch::optim::Optimizer* pendingOptimizer_ = nullptr;  // stepOverlapped(): applies the pending step
+  int64_t updatesInForward_ = 0;
   int64_t iteration_ = -1;
   int64_t pulledRound_ = -1;  // compute-group mode: the round whose model the parameters hold
   float groupLr_ = 0;

@@ -90,12 +90,16 @@ class DistributedModel(torch.nn.Module):
         wrapper then owns the gradients: optimizer.zero_grad() is not needed and harmless (between step()
         and each layer's update the gradients are held by the wrapper and .grad is None; after the update
         it is cleared); no_sync() is not available; finish() and apply_pending() apply the last step.
+    send_window: priority-scheduled links (docs/scheduling.md), for overlap_forward: each connection
+        holds this many bytes in the kernel and larger messages go as fragments of it, so a lower
+        layer's result passes the upper ones queued before it (the next forward needs it first).
+        0 (the default): FIFO links. Not with compute groups.
     The rank, world size, coordinator and job secret come from the launcher's environment.
     """
 
     def __init__(self, module, batch=None, *, name=None, scheme="auto", overlap=True, broadcast_buffers=True,
                  timeout=30.0, sync_threads=2, pair_bytes=2 * 1024 * 1024, io_threads=2, tcp_rcvbuf=0,
-                 wire="fp32", overlap_forward=False):
+                 wire="fp32", overlap_forward=False, send_window=0):
         super().__init__()
         if not isinstance(module, torch.nn.Module):
             raise TypeError("DistributedModel wraps a torch.nn.Module, got %s" % type(module).__name__)
@@ -105,7 +109,7 @@ class DistributedModel(torch.nn.Module):
         options.update(scheme=scheme, overlap=bool(overlap), broadcast_buffers=bool(broadcast_buffers),
                        timeout_ms=int(round(timeout * 1000)), sync_threads=int(sync_threads),
                        pair_bytes=int(pair_bytes), io_threads=int(io_threads), tcp_rcvbuf=int(tcp_rcvbuf),
-                       wire=str(wire))
+                       wire=str(wire), send_window=int(send_window))
         self._options = options
         self._overlap_forward = bool(overlap_forward)
         self._pending = None  # overlap_forward: the optimizer whose step the next forward applies

@@ -43,6 +43,7 @@ py::dict optionsToDict(const pt::DistributedOptions& o) {
   d["sync_threads"] = o.node.threads;
   d["tcp_rcvbuf"] = o.node.receiveBufferBytes;
   d["io_threads"] = o.node.ioThreads;
+  d["send_window"] = o.node.sendWindowBytes;
   d["batch"] = o.node.settings.batch;
   d["pair_bytes"] = o.node.settings.pairBytes;
   d["scheme"] = std::string(schemePolicyName(o.node.settings.policy));
@@ -72,6 +73,7 @@ pt::DistributedOptions optionsFromDict(const py::dict& d) {
   o.node.threads = get("sync_threads").cast<int>();
   o.node.receiveBufferBytes = get("tcp_rcvbuf").cast<int>();
   o.node.ioThreads = get("io_threads").cast<int>();
+  o.node.sendWindowBytes = get("send_window").cast<int>();
   o.node.settings.batch = get("batch").cast<int64_t>();
   o.node.settings.pairBytes = get("pair_bytes").cast<int64_t>();
   o.node.settings.policy = parseSchemePolicy(get("scheme").cast<std::string>());
@@ -85,6 +87,10 @@ pt::DistributedOptions optionsFromDict(const py::dict& d) {
   if (o.node.timeout.count() < 1) throw InvalidArgument("timeout must be positive");
   if (o.node.ioThreads < 1 || o.node.ioThreads > 64) {
     throw InvalidArgument(strCat("io_threads must be in [1, 64], got ", o.node.ioThreads));
+  }
+  if (o.node.sendWindowBytes != 0 && (o.node.sendWindowBytes < 4096 || o.node.sendWindowBytes > (1 << 30))) {
+    throw InvalidArgument(strCat("send_window must be 0 (FIFO links) or in [4096, 1073741824] bytes, got ",
+                                 o.node.sendWindowBytes));
   }
   if (o.node.receiveBufferBytes < 0) {
     throw InvalidArgument(strCat("tcp_rcvbuf must be >= 0 bytes (0: the OS default), got ", o.node.receiveBufferBytes));

@@ -83,16 +83,17 @@ TEST(CliFlags, PlanPredictsSweepsAndChecksAResultsFile) {
       planJson({"--predict", "--model", "googlenet", "--workers", "8", "--rate", "3", "--systems", "poseidon,ddp"});
   ASSERT_EQ(one["predictions"].size(), 2u);
   for (const auto& p : one["predictions"]) {
-    const double iteration = p["iteration_seconds"], compute = p["compute_seconds"];
-    EXPECT_GE(iteration, compute);
-    EXPECT_DOUBLE_EQ(p["speedup"].get<double>(), 8 * compute / iteration);
-    EXPECT_DOUBLE_EQ(p["efficiency"].get<double>(), p["speedup"].get<double>() / 8);
     EXPECT_GT(p["max_node_tx_bytes"].get<double>(), 0);
-    // At the lowest rate it reports for 90%, the system reaches 90%.
+    // The lowest rate it reports for 90%: 5% below it the system falls short of 90%.
     const double minGbit = p["min_link_gbit"];
-    const nlohmann::json at = planJson({"--predict", "--model", "googlenet", "--workers", "8", "--rate",
-                                        std::to_string(minGbit * 1.0001), "--systems", p["system"]});
-    EXPECT_GE(at["predictions"][0]["efficiency"].get<double>(), 0.9) << p["system"];
+    const nlohmann::json below = planJson({"--predict", "--model", "googlenet", "--workers", "8", "--rate",
+                                           std::to_string(minGbit * 0.95), "--systems", p["system"]});
+    EXPECT_LT(below["predictions"][0]["efficiency"].get<double>(), 0.9) << p["system"];
+    // A one-entry sweep predicts the same as --predict (without the lowest rate).
+    const nlohmann::json sweep1 =
+        planJson({"--sweep", "8", "--model", "googlenet", "--rate", "3", "--systems", p["system"]});
+    EXPECT_EQ(sweep1["predictions"][0]["iteration_seconds"], p["iteration_seconds"]);
+    EXPECT_FALSE(sweep1["predictions"][0].contains("min_link_gbit"));
   }
   EXPECT_EQ(one["predictions"][0]["system"], "poseidon");
   EXPECT_NEAR(one["compute_seconds"].get<double>(), 128 / 257.0, 1e-9);  // ATC'17's Caffe googlenet
@@ -142,6 +143,12 @@ TEST(CliFlags, PlanPredictsSweepsAndChecksAResultsFile) {
                   "unknown system 'adam' (the planner models poseidon, poseidon-overlap, ps-wfbp, ps-naive, ddp)"});
   expectRejected({{"plan", "--sweep", "4,0"}, "each --sweep entry must be in [1, 4096], got 0"});
   expectRejected({{"plan", "--predict", "--rate", "0"}, "--rate must be > 0, got 0"});
+  expectRejected({{"plan", "--check", "r.json", "--model", "vgg19"},
+                  "--model does not apply to --check: each run's model, cluster and rates come from the results file"});
+  expectRejected({{"plan", "--rate", "3"}, "--rate is for the planner (--predict, --sweep or --check)"});
+  expectRejected({{"plan", "--sweep", "2,4", "--workers", "8"},
+                  "--workers does not apply to --sweep (it gives the worker counts)"});
+  expectRejected({{"plan", "--predict", "--workers", "5000"}, "--predict models at most 4096 workers, got 5000"});
   expectRejected({{"plan", "--predict", "--servers", "2"},
                   "--servers is for the cost table; the planner models every node as a worker and a server shard, "
                   "BestScheme's choice, at full width"});

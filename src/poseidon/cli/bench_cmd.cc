@@ -530,7 +530,9 @@ int benchCommand(const std::vector<std::string>& args) {
                       {"warmup", warmup},     {"latency_ms", latencyMs}, {"models", models},
                       {"systems", labels},    {"nodes", nodes},     {"rates_mbit", rates},
                       {"repeat", repeat},     {"tcp_rcvbuf", rcvbuf}, {"io_threads", ioThreads},
-                      {"send_window", sendWindow}};
+                      {"send_window", sendWindow},
+                      // every emulated node ran here: what the planner's --check needs to know
+                      {"host_cores", std::max(1u, std::thread::hardware_concurrency())}};
   nlohmann::json devicesJson = nlohmann::json::array();
   for (const auto& d : devices) {
     const DeviceModel& dm = deviceModels[d];

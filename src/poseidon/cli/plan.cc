@@ -23,6 +23,8 @@
 namespace poseidon::cli {
 namespace {
 
+constexpr int kMaxPlannedWorkers = 4096;
+
 std::string grouped(double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.0f", v);
@@ -102,14 +104,15 @@ int planCommand(const std::vector<std::string>& args) {
   flags.addDouble("ddp-step-ms", &ddpStepMs, "milliseconds each DDP ring step costs besides its bytes (calibrated)",
                   "MS", RealRange::atLeast(0));
   flags.addDouble("send-window", &calibration.sendWindowBytes,
-                  "--predict: poseidon-overlap's fragment (the kernel send window per connection), bytes", "BYTES",
+                  "--predict: poseidon-overlap's fragment (the kernel send window per connection), bytes (--check: "
+                  "the results file's)", "BYTES",
                   RealRange::atLeast(4096));
   flags.addDouble("message-us", &messageUs, "microseconds a node's receive loop spends per message, decryption aside",
                   "US", RealRange::atLeast(0));
   flags.addString("check", &check, "predict every run of a poseidon bench results file and compare", "RESULTS.json");
   flags.addInt("host-cores", &hostCores,
-               "--check: cores of the host that ran the emulated cluster (default: this one's)", "N",
-               IntRange::closed(1, 4096));
+               "--check: cores of the host that ran the emulated cluster (default: the results file's, or "
+               "this machine's for a file that does not say)", "N", IntRange::closed(1, 4096));
   flags.addDouble("tolerance", &tolerance, "--check: the error beyond which a point is flagged", "F",
                   RealRange::above(0));
   flags.parse(args);
@@ -119,25 +122,44 @@ int planCommand(const std::vector<std::string>& args) {
   }
   calibration.ddpStepSeconds = ddpStepMs / 1e3;
   calibration.messageSeconds = messageUs * 1e-6;
-  if (!check.empty() || predict || flags.wasSet("sweep")) {
-    for (const char* table : {"servers", "scheme", "width-scale"}) {
-      if (flags.wasSet(table)) {
-        throw InvalidArgument(strCat("--", table, " is for the cost table; the planner models every node as a worker "
-                                     "and a server shard, BestScheme's choice, at full width"));
-      }
+  // Each mode takes its own flags; one that another mode would silently ignore is refused.
+  const bool sweeping = flags.wasSet("sweep"), predicting = predict || sweeping, checking = !check.empty();
+  auto refuse = [&](std::initializer_list<const char*> names, const std::string& why) {
+    for (const char* name : names)
+      if (flags.wasSet(name)) throw InvalidArgument(strCat("--", name, " ", why));
+  };
+  if (checking) {
+    refuse({"predict", "sweep", "model", "workers", "servers", "batch", "pair-bytes", "width-scale", "scheme", "wire",
+            "rate", "systems", "efficiency", "compute-seconds", "crypto", "gemm-tflops", "send-window"},
+           "does not apply to --check: each run's model, cluster and rates come from the results file");
+  } else if (predicting) {
+    refuse({"servers", "scheme", "width-scale"},
+           "is for the cost table; the planner models every node as a worker and a server shard, BestScheme's "
+           "choice, at full width");
+    refuse({"host-cores", "tolerance"}, "is for --check");
+    if (sweeping) refuse({"workers", "efficiency"}, "does not apply to --sweep (it gives the worker counts)");
+    if (!sweeping && workers > kMaxPlannedWorkers) {
+      throw InvalidArgument(strCat("--predict models at most ", kMaxPlannedWorkers, " workers, got ", workers));
     }
+  } else {
+    refuse({"rate", "systems", "efficiency", "compute-seconds", "crypto", "gemm-tflops", "link-overhead",
+            "ddp-step-ms", "send-window", "message-us", "host-cores", "tolerance"},
+           "is for the planner (--predict, --sweep or --check)");
   }
-  if (!check.empty()) return planCheck(check, calibration, hostCores, tolerance, json);
-  if (predict || flags.wasSet("sweep")) {
+  if (checking) return planCheck(check, calibration, flags.wasSet("host-cores") ? hostCores : 0, tolerance, json);
+  if (predicting) {
     PredictRequest r;
     r.model = model;
     r.computeSeconds = computeSeconds;
     r.batch = flags.wasSet("batch") ? batch : -1;
     r.efficiency = efficiency;
     r.json = json;
-    if (flags.wasSet("sweep")) {
-      for (const auto& item : splitList(sweep))
-        r.workers.push_back(static_cast<int>(parseIntIn("each --sweep entry", item, IntRange::closed(1, 4096))));
+    r.sweep = sweeping;
+    if (sweeping) {
+      for (const auto& item : splitList(sweep)) {
+        r.workers.push_back(
+            static_cast<int>(parseIntIn("each --sweep entry", item, IntRange::closed(1, kMaxPlannedWorkers))));
+      }
       if (r.workers.empty()) throw InvalidArgument("--sweep needs at least one worker count");
     } else {
       r.workers.push_back(workers);

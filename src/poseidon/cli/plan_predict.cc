@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iostream>
 #include <limits>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "poseidon/bench/emulation.h"
@@ -73,7 +74,7 @@ std::string gbit(double bytesPerSecond) {
 
 int planPredict(const PredictRequest& r) {
   const planner::Workload w = workloadOf(r);
-  const bool sweep = r.workers.size() > 1;
+  const bool sweep = r.sweep;
   nlohmann::json out{{"model", w.model.name},
                      {"batch", w.batch},
                      {"compute_seconds", w.computeSeconds()},
@@ -151,6 +152,11 @@ int planCheck(const std::string& path, const Cluster& calibration, int hostCores
   const double scale = config.value("scale", 0.1);
   if (config.value("latency_ms", 0.0) > 0)
     throw InvalidArgument("--check: the planner models no added link latency (the file's latency_ms > 0)");
+  // Cores of the host that ran the emulated cluster: the file's (bench records it), else this machine's.
+  const int cores = hostCores > 0 ? hostCores
+                                  : config.value("host_cores",
+                                                 static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  const nlohmann::json devices = config.value("devices", nlohmann::json::array());  // each device's measured rates
   nlohmann::json rows = nlohmann::json::array();
   int points = 0, beyond = 0, skipped = 0;
   double worst = 0;
@@ -178,6 +184,22 @@ int planCheck(const std::string& path, const Cluster& calibration, int hostCores
     }
     if (why.empty() && !run.value("ok", false)) why = "failed run";
     if (why.empty() && run.value("host_bound", false)) why = "HOST-BOUND";
+    if (why.empty() && !(measured > 0)) why = "no iteration time";
+    if (why.empty() && nodes < 1) why = "no node count";
+    const std::string device = run.value("device", "gpu");
+    const nlohmann::json* rates = nullptr;
+    for (const auto& d : devices)
+      if (d.is_object() && d.value("name", "") == device) rates = &d;
+    // Poseidon's runtime charged its own work on the run's device: the file must say how fast.
+    if (why.empty() && sys != System::kDdp && device != "none" && !rates) why = "device '" + device + "' not in the file";
+    planner::Workload w;
+    if (why.empty()) {
+      try {
+        w = planner::zooWorkload(model, scale);
+      } catch (const InvalidArgument&) {
+        why = "no timing for model '" + model + "'";
+      }
+    }
     if (!why.empty()) {
       ++skipped;
       if (!json)
@@ -193,21 +215,16 @@ int planCheck(const std::string& path, const Cluster& calibration, int hostCores
     const double window = config.value("send_window", 0.0);
     if (window > 0) c.sendWindowBytes = window / (scale * scale);
     c.cryptoLanes = config.value("io_threads", 2);
-    // The bench runs every node on this host: a message's loop time stretches as they share its cores.
-    c.messageSeconds = calibration.messageSeconds * std::max(1.0, static_cast<double>(nodes) / hostCores);
-    const std::string device = run.value("device", "gpu");
+    // The bench runs every node on one host: a message's loop time stretches as they share its cores.
+    c.messageSeconds = calibration.messageSeconds * std::max(1.0, static_cast<double>(nodes) / cores);
     c.cryptoBytes = c.gemmFlops = c.sumBytes = 0;
     c.timedSchemes = false;
-    if (sys != System::kDdp && device != "none") {
-      for (const auto& d : config.value("devices", nlohmann::json::array())) {
-        if (d.value("name", "") != device) continue;
-        c.cryptoBytes = d.value("crypto_bytes_per_s", 0.0);
-        c.gemmFlops = d.value("gemm_flops", 0.0);
-        c.sumBytes = d.value("sum_bytes_per_s", 0.0);
-        c.timedSchemes = true;
-      }
+    if (sys != System::kDdp && rates) {
+      c.cryptoBytes = rates->value("crypto_bytes_per_s", 0.0);
+      c.gemmFlops = rates->value("gemm_flops", 0.0);
+      c.sumBytes = rates->value("sum_bytes_per_s", 0.0);
+      c.timedSchemes = true;
     }
-    const planner::Workload w = planner::zooWorkload(model, scale);
     const Prediction p = planner::predict(w, c, sys);
     const double error = p.iterationSeconds / measured - 1;
     ++points;
@@ -233,14 +250,14 @@ int planCheck(const std::string& path, const Cluster& calibration, int hostCores
   if (json) {
     std::cout << nlohmann::json{{"file", path},     {"points", points},       {"skipped", skipped},
                                 {"beyond", beyond}, {"tolerance", tolerance}, {"worst_error", worst},
-                                {"rows", rows}}
+                                {"host_cores", cores}, {"rows", rows}}
                      .dump(2)
               << "\n";
   } else {
     std::printf(
-        "\n%d points predicted (%d skipped: not modelled, failed or HOST-BOUND); worst error %.1f%%; %d beyond "
-        "%.0f%%\n",
-        points, skipped, worst * 100, beyond, tolerance * 100);
+        "\n%d points predicted (%d skipped: not modelled, failed, HOST-BOUND or incomplete); worst error %.1f%%; %d "
+        "beyond %.0f%%; host of %d cores\n",
+        points, skipped, worst * 100, beyond, tolerance * 100, cores);
   }
   return 0;
 }

@@ -13,6 +13,7 @@ struct PredictRequest {
   double computeSeconds = 0;  // a JSON table's single-worker iteration (0: zoo timing)
   int64_t batch = -1;         // -1: the model's
   std::vector<int> workers;   // one entry (--predict) or the sweep
+  bool sweep = false;         // a table over `workers`, without the lowest link rates
   std::vector<planner::System> systems;
   planner::Cluster cluster;  // link rate at full width, scale 1
   double efficiency = 0.9;   // for the minimum link rate
@@ -23,7 +24,7 @@ int planPredict(const PredictRequest& request);
 // Predicts every run of a bench results JSON (poseidon bench --json) the planner models and
 // prints predicted against measured. `calibration` gives the overheads (link, per message, DDP's
 // step); each run's rates, scale and device come from the file; the emulated cluster's nodes
-// shared `hostCores` cores.
+// shared `hostCores` cores (0: the file's host_cores, or this machine's for a file without one).
 int planCheck(const std::string& resultsPath, const planner::Cluster& calibration, int hostCores, double tolerance,
               bool json);
 

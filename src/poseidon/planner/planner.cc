@@ -229,7 +229,8 @@ class Network {
         tx_(static_cast<size_t>(c.workers), 0.0),
         laneFree_(static_cast<size_t>(c.workers),
                   std::vector<double>(static_cast<size_t>(std::max(1, c.cryptoLanes)), 0.0)) {
-    fragmentBytes_ = prioritized ? std::max(1.0, c.sendWindowBytes * c.scale * c.scale) : kInf;
+    // The runtime's smallest window is 4096 bytes (the bench's floor at width s).
+    fragmentBytes_ = prioritized ? std::max(4096.0, c.sendWindowBytes * c.scale * c.scale) : kInf;
     const double chunk = prioritized ? fragmentBytes_ : std::max(1.0, kTcpQuantumBytes * c.scale * c.scale);
     for (int n = 0; n < c.workers; ++n) {
       egress_.emplace_back(sim, c.linkBytes, chunk, prioritized ? kConnectionDepth : 0);
@@ -241,8 +242,8 @@ class Network {
   // caller has spent the encryption already (the receive loop's sends).
   void send(int iteration, int src, int dst, double payload, int64_t priority, Sim::Fn deliver,
             bool encrypted = false) {
-    if (src == dst) {  // our own copy costs no network time (the loop still handles it: the caller's part)
-      sim_->at(sim_->now(), std::move(deliver));
+    if (src == dst) {  // our own copy costs no network time, but the receive loop handles it like any other
+      loop_[static_cast<size_t>(dst)].submitTimed([this] { return c_.messageSeconds; }, 0, std::move(deliver));
       return;
     }
     const double headered = payload + c_.messageBytes;
@@ -321,7 +322,7 @@ class PoseidonModel {
         net_(&sim_, c, overlap_, warm_, iterations_),
         elementBytes_(static_cast<double>(wireElementBytes(c.wire))) {
     DeviceModel device;
-    device.flopScale = 1.0 / (c.scale * c.scale * c.scale);
+    device.flopScale = w.flopScale;
     device.byteScale = 1.0 / (c.scale * c.scale);
     device.gemmFlops = c.gemmFlops;
     device.sumBytes = c.sumBytes;
@@ -335,7 +336,7 @@ class PoseidonModel {
           bestScheme(l, w.batch, P_, P_, policy, c.timedSchemes ? &device : nullptr, wireElementBytes(c.wire)));
       sfbLayers_ += schemes_.back() == Scheme::kSFB;
     }
-    for (int n = 0; n < P_; ++n) gemm_.emplace_back(&sim_, c.gemmFlops * c.scale * c.scale * c.scale);
+    for (int n = 0; n < P_; ++n) gemm_.emplace_back(&sim_, c.gemmFlops / w.flopScale);
     sumRate_ = c.sumBytes * c.scale * c.scale;
     int64_t pairs = 0;
     for (int l = 0; l < L_; ++l) {
@@ -417,7 +418,7 @@ class PoseidonModel {
       for (int v = 0; v < P_; ++v) {
         if (v != n) net_.send(it, n, v, bytes, priority(it, l), [this, v, it, l] { factorsIn(v, it, l); });
       }
-      factorsIn(n, it, l);
+      net_.send(it, n, n, bytes, priority(it, l), [this, n, it, l] { factorsIn(n, it, l); });  // peers first
       return;
     }
     const auto& pairs = layout_.pairsOf(l);
@@ -575,6 +576,7 @@ Workload zooWorkload(const std::string& name, double scale) {
   w.batch = m.batch;
   w.forwardSeconds = std::move(m.forwardSeconds);
   w.backwardSeconds = std::move(m.backwardSeconds);
+  w.flopScale = static_cast<double>(m.fullBatch) / static_cast<double>(m.batch) / (scale * scale);
   return w;
 }
 
@@ -633,8 +635,12 @@ double minLinkBytesFor(const Workload& workload, Cluster cluster, System system,
     if (hi > 1e15) return kInf;
   }
   double lo = hi / 4;
-  while (lo > 1 && reaches(lo)) lo /= 4;
-  if (reaches(lo)) return lo;
+  bool loReaches = reaches(lo);
+  while (lo > 1 && loReaches) {
+    lo /= 4;
+    loReaches = reaches(lo);
+  }
+  if (loReaches) return lo;
   while (hi / lo > 1.005) {
     const double mid = std::sqrt(lo * hi);
     (reaches(mid) ? hi : lo) = mid;

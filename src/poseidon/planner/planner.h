@@ -32,7 +32,8 @@
 //             order); each bucket is ring-allreduced (2 (P-1)/P of its bytes
 //             over each link, 2 (P-1) steps) once its last gradient is ready,
 //             one bucket at a time.
-// Several iterations are simulated and the steady state's period reported.
+// Several iterations are simulated (four, the overlap six) and the steady state's period reported:
+// the mean of the last two (three).
 #pragma once
 
 #include <cstdint>
@@ -55,6 +56,9 @@ struct Workload {
   ModelDesc model;
   int64_t batch = 0;                                    // per worker, K
   std::vector<double> forwardSeconds, backwardSeconds;  // per layer, in forward order
+  // The SFB GEMM's FLOPs at full width per FLOP of this workload: 1 / s^3 at width scale s, times the
+  // published batch over the rounded one (the bench charges that, bench-worker's device model).
+  double flopScale = 1.0;
   double computeSeconds() const;
 };
 

@@ -695,6 +695,10 @@ void DistributedModel::applyPending() {
 
 torch::Tensor DistributedModel::forwardOverlapped(torch::nn::Sequential& sequence, torch::Tensor x) {
   if (!pendingOptimizer_) return forwardWith([&] { return sequence->forward(x); });
+  if (!sequence->is_training() || !torch::GradMode::is_enabled()) {  // an evaluation sees every update
+    applyPending();
+    return sequence->forward(x);
+  }
   // A layer belongs to the child that holds its first parameter (however deep).
   std::unordered_map<const void*, int> layerOf;
   for (size_t l = 0; l < layers_.size(); ++l) {

@@ -148,8 +148,8 @@ class DistributedModel {
   // parameters outside the model are stepped once the children are through, the step ends and this
   // forward begins. Bit-identical to forward/backward/step (tests/torch/distributed_test.cc).
   // Between stepOverlapped() and the next forward, do not zero the gradients or change the
-  // optimizer's options: the pending step still uses both. applyPending() (and finish()) applies a
-  // pending step at once, e.g. before evaluating or saving the model.
+  // optimizer's options: the pending step still uses both. applyPending() (and finish(), and an
+  // evaluation forwardOverlapped) applies a pending step at once, e.g. before saving the model.
   void stepOverlapped(torch::optim::Optimizer& optimizer);
   torch::Tensor forwardOverlapped(torch::nn::Sequential& sequence, torch::Tensor x);
   void applyPending();

@@ -33,7 +33,7 @@
 //             over each link, 2 (P-1) steps) once its last gradient is ready,
 //             one bucket at a time.
 // Several iterations are simulated (four, the overlap six) and the steady state's period reported:
-// the mean of the last two (three).
+// the mean of the last two (four).
 #pragma once
 
 #include <cstdint>

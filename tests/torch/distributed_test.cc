@@ -54,6 +54,17 @@ std::vector<torch::Tensor> referenceGrads(std::shared_ptr<TwoBranch> ref, int ra
   return sum;
 }
 
+// One of `ranks` ranks of a job on this machine, as threads of this process.
+DistributedOptions rankOptions(int rank, int ranks, int port, int64_t batch) {
+  DistributedOptions o;
+  o.node.rank = rank;
+  o.node.worldSize = ranks;
+  o.node.masterPort = port;
+  o.node.timeout = std::chrono::milliseconds(20000);
+  o.node.settings.batch = batch;
+  return o;
+}
+
 void runRanks(int ranks, SchemePolicy policy, bool overlap) {
   const int64_t rows = 4;
   int port = freePort("127.0.0.1");
@@ -72,12 +83,7 @@ void runRanks(int ranks, SchemePolicy policy, bool overlap) {
   for (int r = 0; r < ranks; ++r) {
     futures.push_back(std::async(std::launch::async, [=] {
       auto net = nets[r];
-      DistributedOptions o;
-      o.node.rank = r;
-      o.node.worldSize = ranks;
-      o.node.masterPort = port;
-      o.node.timeout = std::chrono::milliseconds(20000);
-      o.node.settings.batch = rows;
+      DistributedOptions o = rankOptions(r, ranks, port, rows);
       o.node.settings.policy = policy;
       o.overlap = overlap;
       DistributedModel dist(net, "twobranch", o, [net](torch::Tensor x) { return net->forward(x); });
@@ -153,13 +159,7 @@ TEST(DistributedModel, OverlappedSequentialStepEqualsTheBarrierPathBitForBit) {
     for (int r = 0; r < ranks; ++r) {
       futures.push_back(std::async(std::launch::async, [&, r] {
         torch::nn::Sequential net = nets[r];
-        DistributedOptions o;
-        o.node.rank = r;
-        o.node.worldSize = ranks;
-        o.node.masterPort = port;
-        o.node.timeout = std::chrono::milliseconds(20000);
-        o.node.settings.batch = rows;
-        DistributedModel dist(net.ptr(), "seq", o, [net](torch::Tensor x) mutable { return net->forward(x); });
+        DistributedModel dist(net.ptr(), "seq", rankOptions(r, ranks, port, rows), [net](torch::Tensor x) mutable { return net->forward(x); });
         torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
         for (int s = 0; s < steps; ++s) {
           if (overlapped) {

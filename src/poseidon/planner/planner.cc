@@ -66,6 +66,13 @@ class Sim {
   uint64_t seq_ = 0;
 };
 
+// Queued work goes by (priority, arrival): a lower priority value first, FIFO among equals.
+struct Order {
+  int64_t priority;
+  uint64_t seq;
+  bool operator>(const Order& o) const { return priority != o.priority ? priority > o.priority : seq > o.seq; }
+};
+
 // One thing that serves one job at a time at `rate` units per second (a link direction, a thread):
 // the job with the lowest (priority, arrival) goes next, served in chunks of at most `chunk` units
 // so that a more urgent job waits for one chunk at most (the priority links' fragments). A job
@@ -76,25 +83,24 @@ class Server {
   using ChunkFn = std::function<void(double start, double end, double units, bool last)>;
   Server(Sim* sim, double rate, double chunk = kInf) : sim_(sim), rate_(rate), chunk_(chunk) {}
   void submit(double units, int64_t priority, ChunkFn fn) {
-    queue_.push(Job{priority, seq_++, units, nullptr, std::move(fn)});
+    queue_.push(Job{{priority, seq_++}, units, nullptr, std::move(fn)});
     if (!busy_) startNext();
   }
   // A job of `seconds()` (asked when it starts), then `then` when it ends.
   void submitTimed(std::function<double()> seconds, int64_t priority, Sim::Fn then) {
     queue_.push(Job{
-        priority, seq_++, 0, std::move(seconds),
+        {priority, seq_++},
+        0,
+        std::move(seconds),
         [this, then = std::move(then)](double, double end, double, bool) mutable { sim_->at(end, std::move(then)); }});
     if (!busy_) startNext();
   }
 
  private:
-  struct Job {
-    int64_t priority;
-    uint64_t seq;
+  struct Job : Order {
     double left;
     std::function<double()> seconds;
     ChunkFn fn;
-    bool operator>(const Job& o) const { return priority != o.priority ? priority > o.priority : seq > o.seq; }
   };
   void startNext() {
     if (queue_.empty()) {
@@ -140,18 +146,15 @@ class Egress {
   Egress(Sim* sim, double rate, double chunk, size_t depth) : sim_(sim), rate_(rate), chunk_(chunk), depth_(depth) {}
   void submit(int peer, double units, int64_t priority, Server::ChunkFn fn) {
     Flow& f = flows_[peer];
-    f.pending.push(Job{priority, seq_++, units, std::make_shared<Server::ChunkFn>(std::move(fn))});
+    f.pending.push(Job{{priority, seq_++}, units, std::make_shared<Server::ChunkFn>(std::move(fn))});
     commit(peer, f);
     if (!busy_) startNext();
   }
 
  private:
-  struct Job {
-    int64_t priority;
-    uint64_t seq;
+  struct Job : Order {
     double left;
     std::shared_ptr<Server::ChunkFn> fn;
-    bool operator>(const Job& o) const { return priority != o.priority ? priority > o.priority : seq > o.seq; }
   };
   struct Chunk {
     double units;
@@ -246,7 +249,7 @@ class Network {
       loop_[static_cast<size_t>(dst)].submitTimed([this] { return c_.messageSeconds; }, 0, std::move(deliver));
       return;
     }
-    const double headered = payload + c_.messageBytes;
+    const double headered = this->headered(payload);
     const double fragments = std::isinf(fragmentBytes_) ? 1.0 : std::ceil(headered / fragmentBytes_);
     const double onLink = payload * c_.linkOverhead + c_.messageBytes * fragments;
     if (iteration >= first_ && iteration < end_) tx_[static_cast<size_t>(src)] += onLink;

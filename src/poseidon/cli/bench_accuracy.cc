@@ -18,6 +18,7 @@
 
 #include "poseidon/bench/cluster.h"
 #include "poseidon/bench/ranks.h"
+#include "poseidon/cli/accuracy_harness.h"
 #include "poseidon/cli/bench_util.h"
 #include "poseidon/cli/commands.h"
 #include "poseidon/cli/flags.h"
@@ -33,19 +34,16 @@ using bench::EmulatedCluster;
 
 namespace {
 
-// A system of the comparison: Poseidon BSP ("bsp"), compute groups ("gG"), or PyTorch DDP ("ddp"),
-// with its learning rate and explicit momentum.
-struct System {
-  std::string name;
-  int groups = 0;  // 0: BSP (no groups); -1: DDP
-  double lr = 0.05, momentum = 0.9;
-};
+std::string fmtSeconds(double s) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f s", s);
+  return b;
+}
 
-// The defaults are Table III's best settings measured on this model and batch
-// (bench/results/momentum_grid.md): explicit momentum falls as g grows; at g = 8 every momentum
-// diverged at lr 0.05, and lr 0.005 with momentum 0.6 was best.
-System defaultSystem(const std::string& name, int nodes) {
-  System s;
+}  // namespace
+
+AccuracySystem defaultAccuracySystem(const std::string& name, int nodes) {
+  AccuracySystem s;
   s.name = name;
   if (name == "bsp") return s;
   if (name == "ddp") {
@@ -64,147 +62,177 @@ System defaultSystem(const std::string& name, int nodes) {
   return s;
 }
 
-struct AccuracyRun {
-  System system;
-  double mbit = 0;
-  bool ok = false;
-  std::string error;
-  nlohmann::json summary;  // rank 0's
-  double secondsPerStep = 0, finalAccuracy = 0, overruns = 0, maxComputeMs = 0;
-  // Time (training clock) and steps at the first curve point that reached the target; -1: never.
-  double accuracySeconds = -1, lossSeconds = -1;
-  int64_t accuracySteps = -1, lossSteps = -1;
-
-  nlohmann::json toJson() const {
-    nlohmann::json j = {{"system", system.name}, {"groups", system.groups}, {"lr", system.lr},
-                        {"momentum", system.momentum}, {"mbit", mbit}, {"ok", ok}};
-    if (!ok) {
-      j["error"] = error;
-      return j;
-    }
-    j["seconds_per_step"] = secondsPerStep;
-    j["final_test_accuracy"] = finalAccuracy;
-    j["pad_overruns"] = overruns;
-    j["max_compute_ms"] = maxComputeMs;
-    j["time_to_accuracy_s"] = accuracySeconds;
-    j["steps_to_accuracy"] = accuracySteps;
-    j["time_to_loss_s"] = lossSeconds;
-    j["steps_to_loss"] = lossSteps;
-    j["curve"] = summary["curve"];
-    if (summary.contains("staleness_histogram")) j["staleness_histogram"] = summary["staleness_histogram"];
-    if (summary.contains("max_group_lead")) j["max_group_lead"] = summary["max_group_lead"];
+nlohmann::json AccuracyRun::toJson() const {
+  nlohmann::json j = {{"system", system.name}, {"groups", system.groups},
+                      {"lr", system.lr},       {"momentum", system.momentum},
+                      {"mbit", mbit},          {"ok", ok}};
+  if (!ok) {
+    j["error"] = error;
     return j;
   }
-};
+  j["seconds_per_step"] = secondsPerStep;
+  j["final_test_accuracy"] = finalAccuracy;
+  j["pad_overruns"] = overruns;
+  j["max_compute_ms"] = maxComputeMs;
+  j["time_to_accuracy_s"] = accuracySeconds;
+  j["steps_to_accuracy"] = accuracySteps;
+  j["time_to_loss_s"] = lossSeconds;
+  j["steps_to_loss"] = lossSteps;
+  j["curve"] = summary["curve"];
+  if (summary.contains("staleness_histogram")) j["staleness_histogram"] = summary["staleness_histogram"];
+  if (summary.contains("max_group_lead")) j["max_group_lead"] = summary["max_group_lead"];
+  return j;
+}
 
-struct AccuracyHarness {
-  std::string exe, ddpScript, work, dataDir;
-  EmulatedCluster* cluster = nullptr;
-  int nodes = 8, steps = 200, curveEvery = 10, timeoutS = 1800;
-  int64_t batch = 32, pairBytes = 64 * 1024;
-  double padMs = 300, padJitterMs = 0, targetAccuracy = 0.8, targetLoss = 0.6;
-  uint64_t seed = 1;
-  int port = 29600;
-  std::string secret = randomSecret();
+AccuracyHarness::AccuracyHarness() : secret(randomSecret()) {}
 
-  int epochsFor() const {
-    int64_t perRank = (60000 + nodes - 1) / nodes, perEpoch = (perRank + batch - 1) / batch;
-    return static_cast<int>((steps + perEpoch - 1) / perEpoch);
-  }
+int AccuracyHarness::epochsFor(int n) const {
+  int64_t perRank = (60000 + nodes - 1) / nodes, perEpoch = (perRank + batch - 1) / batch;
+  return static_cast<int>((n + perEpoch - 1) / perEpoch);
+}
 
-  AccuracyRun run(const System& sys) {
-    AccuracyRun r;
-    r.system = sys;
-    r.mbit = cluster->link().mbit;
-    int p = port++;
-    if (port > 29999) port = 29600;
-    std::string base = strCat(work, "/", sys.name, "-", r.mbit);
-    std::vector<SpawnOptions> ranks;
-    for (int i = 0; i < nodes; ++i) {
-      SpawnOptions so = bench::rankSpawn(*cluster, i, nodes, p, secret, strCat(base, "-", i, ".log"));
-      if (sys.groups < 0) {
-        so.argv = {"/usr/bin/python3", ddpScript, "--batch", std::to_string(batch), "--lr", strCat(sys.lr),
-                   "--momentum", strCat(sys.momentum), "--seed", std::to_string(seed), "--steps",
-                   std::to_string(steps), "--pad-ms", strCat(padMs), "--pad-jitter-ms", strCat(padJitterMs),
-                   "--curve-every", std::to_string(curveEvery), "--timeout", std::to_string(timeoutS), "--out",
-                   base + ".json"};
-        if (!dataDir.empty()) so.argv.insert(so.argv.end(), {"--data", dataDir});
-      } else {
-        so.argv = {exe, "train", "--model", "lenet", "--batch", std::to_string(batch), "--lr", strCat(sys.lr),
-                   "--momentum", strCat(sys.momentum), "--seed", std::to_string(seed), "--epochs",
-                   std::to_string(epochsFor()), "--max-steps", std::to_string(steps), "--pad-ms", strCat(padMs),
-                   "--pad-jitter-ms", strCat(padJitterMs), "--curve-every", std::to_string(curveEvery),
-                   "--pair-bytes", std::to_string(pairBytes), "--threads", "1", "--bind", cluster->nodeAddress(i),
-                   "--timeout", std::to_string(timeoutS * 1000), "--quiet", "--summary",
-                   base + ".json"};
-        if (sys.groups > 0) so.argv.insert(so.argv.end(), {"--groups", std::to_string(sys.groups)});
-        if (!dataDir.empty()) so.argv.insert(so.argv.end(), {"--data", dataDir});
-      }
-      ranks.push_back(std::move(so));
-    }
-    std::printf("  %-5s (lr %g, momentum %g) @ %g Mbit/s: training %d steps ...\n", sys.name.c_str(), sys.lr,
-                sys.momentum, r.mbit, steps);
-    std::fflush(stdout);
-    r.error = bench::runRanks(std::move(ranks), timeoutS, gStop);
-    if (gStop.load()) throw Error(strCat("interrupted by signal ", gStop.load()));
-    if (r.error.empty()) {
-      try {
-        std::ifstream f(base + ".json");
-        r.summary = nlohmann::json::parse(f);
-        read(r);
-        r.ok = true;
-      } catch (const std::exception& e) {
-        r.error = strCat("unreadable result ", base, ".json: ", e.what());
-      }
-    }
-    print(r);
-    return r;
-  }
-
-  void read(AccuracyRun& r) const {
-    const nlohmann::json& s = r.summary;
-    const auto& curve = s.at("curve");
-    if (curve.empty()) throw Error("no curve points");
-    r.secondsPerStep = s.at("train_clock_seconds").get<double>() / curve.back().at("step").get<double>();
-    r.finalAccuracy = curve.back().at("test_accuracy").get<double>();
-    for (double o : s.at("pad_overruns_per_rank").get<std::vector<double>>()) r.overruns += o;
-    for (double m : s.at("max_compute_ms_per_rank").get<std::vector<double>>()) {
-      r.maxComputeMs = std::max(r.maxComputeMs, m);
-    }
-    for (const auto& p : curve) {
-      if (r.accuracySteps < 0 && p.at("test_accuracy").get<double>() >= targetAccuracy) {
-        r.accuracySteps = p.at("step").get<int64_t>();
-        r.accuracySeconds = p.at("seconds").get<double>();
-      }
-      if (r.lossSteps < 0 && p.at("train_loss").get<double>() <= targetLoss) {
-        r.lossSteps = p.at("step").get<int64_t>();
-        r.lossSeconds = p.at("seconds").get<double>();
-      }
-    }
-  }
-
-  void print(const AccuracyRun& r) const {
-    if (!r.ok) {
-      std::printf("  %-5s @ %g Mbit/s: FAILED: %s\n", r.system.name.c_str(), r.mbit, r.error.c_str());
+AccuracyRun AccuracyHarness::run(const AccuracySystem& sys, const RunExtras& extra) {
+  const int maxSteps = extra.maxSteps > 0 ? extra.maxSteps : steps;
+  const int every = extra.curveEvery > 0 ? extra.curveEvery : curveEvery;
+  AccuracyRun r;
+  r.system = sys;
+  r.mbit = cluster->link().mbit;
+  int p = port++;
+  if (port > 29999) port = 29600;
+  std::string base = strCat(work, "/", extra.tag.empty() ? sys.name : extra.tag, "-", r.mbit);
+  std::vector<SpawnOptions> ranks;
+  for (int i = 0; i < nodes; ++i) {
+    SpawnOptions so = bench::rankSpawn(*cluster, i, nodes, p, secret, strCat(base, "-", i, ".log"));
+    if (sys.groups < 0) {
+      so.argv = {"/usr/bin/python3",
+                 ddpScript,
+                 "--batch",
+                 std::to_string(batch),
+                 "--lr",
+                 strCat(sys.lr),
+                 "--momentum",
+                 strCat(sys.momentum),
+                 "--seed",
+                 std::to_string(seed),
+                 "--steps",
+                 std::to_string(maxSteps),
+                 "--pad-ms",
+                 strCat(padMs),
+                 "--pad-jitter-ms",
+                 strCat(padJitterMs),
+                 "--curve-every",
+                 std::to_string(every),
+                 "--timeout",
+                 std::to_string(timeoutS),
+                 "--out",
+                 base + ".json"};
+      if (!dataDir.empty()) so.argv.insert(so.argv.end(), {"--data", dataDir});
     } else {
-      auto at = [](double s, int64_t n) {
-        return n < 0 ? std::string("not reached") : strCat(fmtSeconds(s), " (", n, " steps)");
-      };
-      std::printf("  %-5s @ %g Mbit/s: %.3f s/step, %.1f%% test accuracy at the end; to %.0f%%: %s; to loss %.2f: %s; "
-                  "%.0f pad overruns (max compute %.0f ms)\n",
-                  r.system.name.c_str(), r.mbit, r.secondsPerStep, 100 * r.finalAccuracy, 100 * targetAccuracy,
-                  at(r.accuracySeconds, r.accuracySteps).c_str(), targetLoss, at(r.lossSeconds, r.lossSteps).c_str(),
-                  r.overruns, r.maxComputeMs);
+      so.argv = {exe,
+                 "train",
+                 "--model",
+                 "lenet",
+                 "--batch",
+                 std::to_string(batch),
+                 "--lr",
+                 strCat(sys.lr),
+                 "--momentum",
+                 strCat(sys.momentum),
+                 "--seed",
+                 std::to_string(seed),
+                 "--epochs",
+                 std::to_string(epochsFor(maxSteps)),
+                 "--max-steps",
+                 std::to_string(maxSteps),
+                 "--pad-ms",
+                 strCat(padMs),
+                 "--pad-jitter-ms",
+                 strCat(padJitterMs),
+                 "--curve-every",
+                 std::to_string(every),
+                 "--pair-bytes",
+                 std::to_string(pairBytes),
+                 "--threads",
+                 "1",
+                 "--bind",
+                 cluster->nodeAddress(i),
+                 "--timeout",
+                 std::to_string(timeoutS * 1000),
+                 "--quiet",
+                 "--summary",
+                 base + ".json"};
+      if (sys.groups > 0) so.argv.insert(so.argv.end(), {"--groups", std::to_string(sys.groups)});
+      if (!dataDir.empty()) so.argv.insert(so.argv.end(), {"--data", dataDir});
+      so.argv.insert(so.argv.end(), extra.trainArgs.begin(), extra.trainArgs.end());
     }
+    ranks.push_back(std::move(so));
+  }
+  if (!extra.quiet) {
+    std::printf("  %-5s (lr %g, momentum %g) @ %g Mbit/s: training %d steps ...\n", sys.name.c_str(), sys.lr,
+                sys.momentum, r.mbit, maxSteps);
     std::fflush(stdout);
   }
-
-  static std::string fmtSeconds(double s) {
-    char b[32];
-    std::snprintf(b, sizeof b, "%.1f s", s);
-    return b;
+  r.error = bench::runRanks(std::move(ranks), timeoutS, gStop);
+  if (gStop.load()) throw Error(strCat("interrupted by signal ", gStop.load()));
+  if (r.error.empty()) {
+    try {
+      std::ifstream f(base + ".json");
+      r.summary = nlohmann::json::parse(f);
+      read(r);
+      r.ok = true;
+    } catch (const std::exception& e) {
+      r.error = strCat("unreadable result ", base, ".json: ", e.what());
+    }
   }
-};
+  if (!extra.quiet) print(r);
+  return r;
+}
+
+void AccuracyHarness::read(AccuracyRun& r) const {
+  // A diverged run's losses and accuracies are NaN, which JSON writes as null.
+  auto number = [](const nlohmann::json& p, const char* key) {
+    const auto& v = p.at(key);
+    return v.is_null() ? std::nan("") : v.get<double>();
+  };
+  const nlohmann::json& s = r.summary;
+  const auto& curve = s.at("curve");
+  if (curve.empty()) throw Error("no curve points");
+  r.secondsPerStep = s.at("train_clock_seconds").get<double>() / curve.back().at("step").get<double>();
+  r.finalAccuracy = number(curve.back(), "test_accuracy");
+  for (double o : s.at("pad_overruns_per_rank").get<std::vector<double>>()) r.overruns += o;
+  for (double m : s.at("max_compute_ms_per_rank").get<std::vector<double>>()) {
+    r.maxComputeMs = std::max(r.maxComputeMs, m);
+  }
+  for (const auto& p : curve) {
+    if (r.accuracySteps < 0 && number(p, "test_accuracy") >= targetAccuracy) {
+      r.accuracySteps = p.at("step").get<int64_t>();
+      r.accuracySeconds = p.at("seconds").get<double>();
+    }
+    if (r.lossSteps < 0 && number(p, "train_loss") <= targetLoss) {
+      r.lossSteps = p.at("step").get<int64_t>();
+      r.lossSeconds = p.at("seconds").get<double>();
+    }
+  }
+}
+
+void AccuracyHarness::print(const AccuracyRun& r) const {
+  if (!r.ok) {
+    std::printf("  %-5s @ %g Mbit/s: FAILED: %s\n", r.system.name.c_str(), r.mbit, r.error.c_str());
+  } else {
+    auto at = [](double s, int64_t n) {
+      return n < 0 ? std::string("not reached") : strCat(fmtSeconds(s), " (", n, " steps)");
+    };
+    std::printf(
+        "  %-5s @ %g Mbit/s: %.3f s/step, %.1f%% test accuracy at the end; to %.0f%%: %s; to loss %.2f: %s; "
+        "%.0f pad overruns (max compute %.0f ms)\n",
+        r.system.name.c_str(), r.mbit, r.secondsPerStep, 100 * r.finalAccuracy, 100 * targetAccuracy,
+        at(r.accuracySeconds, r.accuracySteps).c_str(), targetLoss, at(r.lossSeconds, r.lossSteps).c_str(), r.overruns,
+        r.maxComputeMs);
+  }
+  std::fflush(stdout);
+}
+
+namespace {
 
 std::string cell(double v, const char* f) {
   if (v < 0) return "-";
@@ -223,9 +251,8 @@ void writeMarkdown(const std::string& path, const nlohmann::json& result) {
      << (c["pad_jitter_ms"].get<double>() > 0
              ? strCat(" + an exponential wait of mean ", c["pad_jitter_ms"].get<double>(), " ms")
              : std::string())
-     << ", " << c["steps"] << " steps per run; targets: test accuracy "
-     << 100 * c["target_accuracy"].get<double>() << "%, training loss " << c["target_loss"]
-     << " (rank 0's mean loss over the " << c["curve_every"]
+     << ", " << c["steps"] << " steps per run; targets: test accuracy " << 100 * c["target_accuracy"].get<double>()
+     << "%, training loss " << c["target_loss"] << " (rank 0's mean loss over the " << c["curve_every"]
      << " steps before a curve point). Times are the training clock of rank 0 (seconds in training steps).\n\n";
   for (double rate : c["rates_mbit"].get<std::vector<double>>()) {
     md << "## " << rate << " Mbit/s\n\n"
@@ -249,11 +276,10 @@ void writeMarkdown(const std::string& path, const nlohmann::json& result) {
          << cell(static_cast<double>(r["steps_to_accuracy"].get<int64_t>()), "%.0f") << " | "
          << cell(r["time_to_loss_s"].get<double>(), "%.1f s") << " | "
          << cell(static_cast<double>(r["steps_to_loss"].get<int64_t>()), "%.0f") << " | "
-         << cell(100 * r["final_test_accuracy"].get<double>(), "%.1f%%") << " | "
-         << cell(r["pad_overruns"].get<double>(), "%.0f") << " | "
+         << cell(r["final_test_accuracy"].is_number() ? 100 * r["final_test_accuracy"].get<double>() : -1, "%.1f%%")
+         << " | " << cell(r["pad_overruns"].get<double>(), "%.0f") << " | "
          << (t > 0 && ddp > 0 ? cell(ddp / t, "%.2fx") : "-") << " | "
-         << (t > 0 && bsp > 0 ? cell(bsp / t, "%.2fx") : "-")
-         << " |\n";
+         << (t > 0 && bsp > 0 ? cell(bsp / t, "%.2fx") : "-") << " |\n";
     }
     md << "\n";
   }
@@ -266,8 +292,8 @@ void writePlots(const std::string& dir, const nlohmann::json& result) {
       std::string base = strCat(dir, "/", what == "test_accuracy" ? "accuracy" : "loss", "-", rate, "mbit");
       std::ofstream gp(base + ".gp");
       gp << "set terminal pngcairo size 800,560\nset output '" << base << ".png'\n"
-         << "set title '" << (what == "test_accuracy" ? "test accuracy" : "training loss")
-         << " vs time: LeNet, " << result["config"]["nodes"] << " nodes, " << rate << " Mbit/s (emulated)'\n"
+         << "set title '" << (what == "test_accuracy" ? "test accuracy" : "training loss") << " vs time: LeNet, "
+         << result["config"]["nodes"] << " nodes, " << rate << " Mbit/s (emulated)'\n"
          << "set xlabel 'seconds (training clock)'\nset ylabel '"
          << (what == "test_accuracy" ? "test accuracy" : "training loss") << "'\nset grid\nset key "
          << (what == "test_accuracy" ? "right bottom" : "right top") << "\nplot ";
@@ -315,8 +341,8 @@ int benchAccuracyCommand(const std::vector<std::string>& args) {
   flags.addInt64("batch", &h.batch, "per-worker batch", "K", IntRange::closed(1, 60000));
   flags.addDouble("pad-ms", &h.padMs, "modeled compute time per step, in milliseconds", "MS", RealRange::atLeast(0));
   flags.addInt64("pair-bytes", &h.pairBytes,
-                 "Poseidon's KV pair size (in one 2 MB pair LeNet's ip1, 1.6 MB, would sit on one shard)",
-                 "BYTES", IntRange::closed(kMinPairBytes, kMaxPairBytes));
+                 "Poseidon's KV pair size (in one 2 MB pair LeNet's ip1, 1.6 MB, would sit on one shard)", "BYTES",
+                 IntRange::closed(kMinPairBytes, kMaxPairBytes));
   flags.addDouble("pad-jitter-ms", &h.padJitterMs,
                   "add to each step's pad an exponential wait of this mean (per rank): varying step times, "
                   "stragglers, Theorem 1's assumption",
@@ -346,15 +372,15 @@ int benchAccuracyCommand(const std::vector<std::string>& args) {
     throw InvalidArgument(
         strCat("--steps ", h.steps, " is less than --curve-every ", h.curveEvery, ": no curve point"));
   }
-  std::vector<System> systems;
-  for (const auto& s : splitList(systemsFlag)) systems.push_back(defaultSystem(s, h.nodes));
+  std::vector<AccuracySystem> systems;
+  for (const auto& s : splitList(systemsFlag)) systems.push_back(defaultAccuracySystem(s, h.nodes));
   for (const auto& item : splitList(hyperFlag)) {
     size_t eq = item.find('='), colon = item.find(':');
     if (eq == std::string::npos || colon == std::string::npos || colon < eq) {
       throw InvalidArgument("each --hyper entry is SYSTEM=LR:MOMENTUM, got '" + item + "'");
     }
     std::string name = item.substr(0, eq);
-    auto it = std::find_if(systems.begin(), systems.end(), [&](const System& s) { return s.name == name; });
+    auto it = std::find_if(systems.begin(), systems.end(), [&](const AccuracySystem& s) { return s.name == name; });
     if (it == systems.end()) throw InvalidArgument("--hyper names '" + name + "', which is not in --systems");
     it->lr = parseRealIn("--hyper's lr of " + name, item.substr(eq + 1, colon - eq - 1), RealRange::above(0));
     it->momentum = parseRealIn("--hyper's momentum of " + name, item.substr(colon + 1), RealRange::rightOpen(0, 1));
@@ -368,7 +394,7 @@ int benchAccuracyCommand(const std::vector<std::string>& args) {
   std::string why;
   if (!EmulatedCluster::available(&why)) throw Error(why);
   h.exe = selfExecutable();
-  if (std::any_of(systems.begin(), systems.end(), [](const System& s) { return s.groups < 0; })) {
+  if (std::any_of(systems.begin(), systems.end(), [](const AccuracySystem& s) { return s.groups < 0; })) {
     h.ddpScript = findDdpScript(ddpScript, "ddp_train.py");
   }
   h.work = makeWorkDir("poseidon-accuracy");
@@ -377,24 +403,29 @@ int benchAccuracyCommand(const std::vector<std::string>& args) {
   std::string command = "poseidon bench --accuracy";
   for (const auto& a : args) command += " " + a;
   nlohmann::json result;
-  result["config"] = {{"command", command},         {"nodes", h.nodes},
-                      {"batch", h.batch},           {"pad_ms", h.padMs},
+  result["config"] = {{"command", command},
+                      {"nodes", h.nodes},
+                      {"batch", h.batch},
+                      {"pad_ms", h.padMs},
                       {"pad_jitter_ms", h.padJitterMs},
-                      {"steps", h.steps},           {"curve_every", h.curveEvery},
+                      {"steps", h.steps},
+                      {"curve_every", h.curveEvery},
                       {"pair_bytes", h.pairBytes},
-                      {"target_accuracy", h.targetAccuracy}, {"target_loss", h.targetLoss},
-                      {"rates_mbit", rates},        {"seed", seed}};
+                      {"target_accuracy", h.targetAccuracy},
+                      {"target_loss", h.targetLoss},
+                      {"rates_mbit", rates},
+                      {"seed", seed}};
   nlohmann::json runs = nlohmann::json::array();
   bool allOk = true;
   auto t0 = std::chrono::steady_clock::now();
   {
     EmulatedCluster cluster(h.nodes, bench::LinkSpec{rates.front(), 0});
     h.cluster = &cluster;
-    std::printf("poseidon bench --accuracy: %d-node emulated cluster, LeNet on Fashion-MNIST, batch %lld per worker, "
-                "compute padded to %g ms%s, %d steps per run\n",
-                h.nodes, static_cast<long long>(h.batch), h.padMs,
-                h.padJitterMs > 0 ? strCat(" + exponential jitter of mean ", h.padJitterMs, " ms").c_str() : "",
-                h.steps);
+    std::printf(
+        "poseidon bench --accuracy: %d-node emulated cluster, LeNet on Fashion-MNIST, batch %lld per worker, "
+        "compute padded to %g ms%s, %d steps per run\n",
+        h.nodes, static_cast<long long>(h.batch), h.padMs,
+        h.padJitterMs > 0 ? strCat(" + exponential jitter of mean ", h.padJitterMs, " ms").c_str() : "", h.steps);
     for (double rate : rates) {
       cluster.setLink({rate, 0});
       for (const auto& s : systems) {
@@ -419,8 +450,10 @@ int benchAccuracyCommand(const std::vector<std::string>& args) {
     writePlots(plotDir, result);
     std::printf("plots: %s\n", plotDir.c_str());
   }
-  if (keep) std::printf("logs: %s\n", h.work.c_str());
-  else fs::remove_all(h.work);
+  if (keep)
+    std::printf("logs: %s\n", h.work.c_str());
+  else
+    fs::remove_all(h.work);
   return allOk ? 0 : 1;
 }
 

@@ -1,0 +1,71 @@
+// The time-to-accuracy harness (poseidon bench --accuracy, docs/time_to_accuracy.md), shared by
+// the bench and by Omnivore's optimizer (poseidon tune, docs/omnivore.md): real training of LeNet on
+// Fashion-MNIST on the emulated cluster, one `poseidon train` (or bench/ddp_train.py) process per
+// node, every step's compute padded to a modeled device time; rank 0's curve is read back.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "poseidon/bench/cluster.h"
+
+namespace poseidon::cli {
+
+// A system of the comparison: Poseidon BSP ("bsp"), compute groups ("gG"), or PyTorch DDP ("ddp"),
+// with its learning rate and explicit momentum.
+struct AccuracySystem {
+  std::string name;
+  int groups = 0;  // 0: BSP (no groups); -1: DDP
+  double lr = 0.05, momentum = 0.9;
+};
+
+// The defaults are Table III's best settings measured on this model and batch
+// (bench/results/momentum_grid.md): explicit momentum falls as g grows; at g = 8 every momentum
+// diverged at lr 0.05, and lr 0.005 with momentum 0.6 was best.
+AccuracySystem defaultAccuracySystem(const std::string& name, int nodes);
+
+struct AccuracyRun {
+  AccuracySystem system;
+  double mbit = 0;
+  bool ok = false;
+  std::string error;
+  nlohmann::json summary;  // rank 0's
+  double secondsPerStep = 0, finalAccuracy = 0, overruns = 0, maxComputeMs = 0;
+  // Time (training clock) and steps at the first curve point that reached the target; -1: never.
+  double accuracySeconds = -1, lossSeconds = -1;
+  int64_t accuracySteps = -1, lossSteps = -1;
+
+  nlohmann::json toJson() const;
+};
+
+// What one run adds to the harness's defaults (poseidon tune's probes and epochs).
+struct RunExtras {
+  std::string tag;                     // part of the run's file names (default: the system's name)
+  int maxSteps = 0;                    // stop after this many steps in total (0: the harness's steps)
+  int curveEvery = 0;                  // 0: the harness's
+  std::vector<std::string> trainArgs;  // more flags for poseidon train (e.g. --checkpoint DIR)
+  bool quiet = false;                  // no line per run on the terminal
+};
+
+struct AccuracyHarness {
+  std::string exe, ddpScript, work, dataDir;
+  bench::EmulatedCluster* cluster = nullptr;
+  int nodes = 8, steps = 200, curveEvery = 10, timeoutS = 1800;
+  int64_t batch = 32, pairBytes = 64 * 1024;
+  double padMs = 300, padJitterMs = 0, targetAccuracy = 0.8, targetLoss = 0.6;
+  uint64_t seed = 1;
+  int port = 29600;
+  std::string secret;
+
+  AccuracyHarness();
+  // Epochs of the data that `steps` steps need (poseidon train's --epochs).
+  int epochsFor(int steps) const;
+  AccuracyRun run(const AccuracySystem& sys, const RunExtras& extra = {});
+  // Reads rank 0's summary into the run's numbers (throws Error when it has no curve).
+  void read(AccuracyRun& r) const;
+  void print(const AccuracyRun& r) const;
+};
+
+}  // namespace poseidon::cli

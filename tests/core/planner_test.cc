@@ -49,7 +49,7 @@ TEST(Planner, OnePairOverTwoWorkersIsAPushAndAPull) {
   EXPECT_NEAR(p.iterationSeconds, 0.3 + 8 * 25000 / R, 1e-9);
   EXPECT_NEAR(p.computeSeconds, 0.3, 1e-12);
   EXPECT_NEAR(p.maxNodeTxBytes, 4 * 25000, 1e-6);  // each node sends one copy of the layer
-  EXPECT_NEAR(p.boundSeconds, 0.3, 1e-12);  // 0.1 s of bytes on the link, under 0.3 s of compute
+  EXPECT_NEAR(p.boundSeconds, 0.3, 1e-12);         // 0.1 s of bytes on the link, under 0.3 s of compute
   EXPECT_EQ(p.sfbLayers, 0);
 
   // Headers and TCP's overhead are paid per message and per byte.
@@ -59,6 +59,36 @@ TEST(Planner, OnePairOverTwoWorkersIsAPushAndAPull) {
   const Prediction q = predict(w, c, System::kPsWfbp);
   EXPECT_NEAR(q.iterationSeconds, 0.3 + 2 * (4 * 25000 * 1.05 + 48) / R, 1e-9);
   EXPECT_NEAR(q.maxNodeTxBytes, 4 * 25000 * 1.05 + 48, 1e-6);
+}
+
+// Compute groups over two workers, one conv layer in one pair on shard 0 (B = 4N bytes). One group
+// of two: worker 1 pulls the pair (B / R), computes, pushes (B / R), and the next round's pull is
+// answered once that push is in (worker 0's pull and push are local): both step every C + 2B / R.
+// Two groups of one: worker 0 never waits for the link (C per step), worker 1 still does
+// (C + 2B / R), and nothing holds either back for the other: a mean step of C + B / R.
+TEST(Planner, ComputeGroupsStepAsynchronously) {
+  const LayerSpec conv = LayerSpec::conv("c", 100, 10, 5, 5, /*bias=*/false);  // 25,000 floats
+  const Workload w = workload({conv}, {0.1}, {0.2});
+  const double R = 1e6, B = 4 * 25000, C = 0.3;
+  const GroupPrediction one = predictGroups(w, plain(2, R), 1);
+  EXPECT_EQ(one.groups, 1);
+  EXPECT_EQ(one.groupSize, 2);
+  EXPECT_NEAR(one.stepSeconds, C + 2 * B / R, 1e-9);
+  EXPECT_NEAR(one.updateSeconds, one.stepSeconds, 1e-12);
+  EXPECT_NEAR(one.maxNodeTxBytes, B, 1e-6);  // worker 1's push, shard 0's reply
+  const GroupPrediction two = predictGroups(w, plain(2, R), 2);
+  EXPECT_EQ(two.groupSize, 1);
+  EXPECT_NEAR(two.stepSeconds, C + B / R, 1e-9);
+  EXPECT_NEAR(two.updateSeconds, (C + B / R) / 2, 1e-9);
+  EXPECT_NEAR(two.computeSeconds, C, 1e-12);
+
+  // The shard's SGD is three sums' work per update, after the k-th push's own sum: with sums at
+  // S bytes/s, a group of two waits 4 B / S more per round on shard 0's loop.
+  Cluster c = plain(2, R);
+  c.sumBytes = 1e7;
+  EXPECT_NEAR(predictGroups(w, c, 1).stepSeconds, C + 2 * B / R + 4 * B / 1e7, 1e-9);
+
+  EXPECT_ERROR_CONTAINS(predictGroups(w, plain(4, R), 3), InvalidArgument, "3 compute groups do not divide 4 workers");
 }
 
 // Two workers, one FC layer by SFB: each sends its K (M + N) floats to the other (both links at

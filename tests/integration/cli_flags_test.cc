@@ -98,8 +98,8 @@ TEST(CliFlags, PlanPredictsSweepsAndChecksAResultsFile) {
   EXPECT_EQ(one["predictions"][0]["system"], "poseidon");
   EXPECT_NEAR(one["compute_seconds"].get<double>(), 128 / 257.0, 1e-9);  // ATC'17's Caffe googlenet
   // A model without a timing: the user's seconds per iteration.
-  const nlohmann::json lenet = planJson({"--predict", "--model", "lenet", "--compute-seconds", "0.05", "--workers",
-                                         "2", "--systems", "poseidon"});
+  const nlohmann::json lenet = planJson(
+      {"--predict", "--model", "lenet", "--compute-seconds", "0.05", "--workers", "2", "--systems", "poseidon"});
   EXPECT_DOUBLE_EQ(lenet["compute_seconds"].get<double>(), 0.05);
 
   const nlohmann::json sweep =
@@ -115,14 +115,17 @@ TEST(CliFlags, PlanPredictsSweepsAndChecksAResultsFile) {
 
   // --check: a results file with one point it models, one HOST-BOUND and one it does not model.
   std::string dir = testing::makeTempDir("plancheck");
-  const nlohmann::json run{{"model", "vgg19"}, {"system", "poseidon"}, {"nodes", 4}, {"link_mbit", 30.0},
-                           {"iteration_seconds", 9.0}, {"ok", true}, {"host_bound", false}, {"device", "gpu"}};
+  const nlohmann::json run{{"model", "vgg19"},    {"system", "poseidon"},     {"nodes", 4},
+                           {"link_mbit", 30.0},   {"iteration_seconds", 9.0}, {"ok", true},
+                           {"host_bound", false}, {"device", "gpu"}};
   nlohmann::json hostBound = run, other = run;
   hostBound["host_bound"] = true;
   other["system"] = "ddp-fp16";
   const nlohmann::json results{
-      {"config", {{"scale", 0.1}, {"devices", {{{"name", "gpu"}, {"crypto_bytes_per_s", 1.75e9},
-                                                {"gemm_flops", 5e12}, {"sum_bytes_per_s", 22.5e9}}}}}},
+      {"config",
+       {{"scale", 0.1},
+        {"devices",
+         {{{"name", "gpu"}, {"crypto_bytes_per_s", 1.75e9}, {"gemm_flops", 5e12}, {"sum_bytes_per_s", 22.5e9}}}}}},
       {"runs", {run, hostBound, other}}};
   std::ofstream(dir + "/results.json") << results.dump();
   const nlohmann::json check = planJson({"--check", dir + "/results.json"});
@@ -158,8 +161,66 @@ TEST(CliFlags, PlanPredictsSweepsAndChecksAResultsFile) {
                   "worker's seconds per iteration"});
 }
 
+// Compute groups (Omnivore's HE model): each g's step and update time, HE(g) / HE(1) against the
+// g = 1 row, and --check on a time-to-accuracy file.
+TEST(CliFlags, PlanModelsComputeGroupsAndChecksTimeToAccuracyFiles) {
+  const nlohmann::json groups =
+      planJson({"--predict", "--model", "lenet", "--compute-seconds", "0.3", "--batch", "32", "--workers", "8",
+                "--rate", "0.03", "--pair-bytes", "65536", "--groups", "1,2,8"});
+  ASSERT_EQ(groups["groups"].size(), 3u);
+  EXPECT_EQ(groups["workers"], 8);
+  const auto& g1 = groups["groups"][0];
+  EXPECT_EQ(g1["groups"], 1);
+  EXPECT_EQ(g1["group_size"], 8);
+  EXPECT_DOUBLE_EQ(g1["he_ratio"].get<double>(), 1.0);
+  for (const auto& row : groups["groups"]) {
+    const double step = row["step_seconds"], g = row["groups"].get<double>();
+    EXPECT_GT(step, 0.3) << row;  // compute, and a link of 30 Mbit/s on top
+    EXPECT_DOUBLE_EQ(row["update_seconds"].get<double>(), step / g);
+    EXPECT_DOUBLE_EQ(row["he_ratio"].get<double>(), step / g1["step_seconds"].get<double>());
+    EXPECT_DOUBLE_EQ(row["samples_per_second"].get<double>(), 8 * 32 / step);
+  }
+  EXPECT_EQ(groups["groups"][2]["group_size"], 1);
+
+  // --check on a `bench --accuracy` file: bsp, ddp and gG are modelled; jittered pads are not.
+  std::string dir = testing::makeTempDir("plancheck-acc");
+  const nlohmann::json g2{{"system", "g2"}, {"groups", 2}, {"mbit", 30.0}, {"seconds_per_step", 1.5}, {"ok", true}};
+  nlohmann::json bsp = g2, failed = g2;
+  bsp["system"] = "bsp";
+  bsp["groups"] = 0;
+  failed["ok"] = false;
+  const nlohmann::json config{{"nodes", 8}, {"pad_ms", 300.0}, {"batch", 32}, {"pair_bytes", 65536}};
+  std::ofstream(dir + "/acc.json") << nlohmann::json{{"config", config}, {"runs", {g2, bsp, failed}}}.dump();
+  const nlohmann::json check = planJson({"--check", dir + "/acc.json", "--host-cores", "2"});
+  EXPECT_EQ(check["points"], 2);
+  EXPECT_EQ(check["skipped"], 1);
+  ASSERT_EQ(check["rows"].size(), 2u);
+  for (const auto& row : check["rows"]) {
+    const double predicted = row["predicted_seconds"];
+    EXPECT_GT(predicted, 0.3) << row;  // the pad, at least
+    EXPECT_DOUBLE_EQ(row["error"].get<double>(), predicted / 1.5 - 1);
+  }
+  EXPECT_EQ(check["rows"][0]["groups"], 2);
+  nlohmann::json jittered = config;
+  jittered["pad_jitter_ms"] = 300.0;
+  std::ofstream(dir + "/jitter.json") << nlohmann::json{{"config", jittered}, {"runs", {g2}}}.dump();
+  const nlohmann::json none = planJson({"--check", dir + "/jitter.json"});
+  EXPECT_EQ(none["points"], 0);
+  EXPECT_EQ(none["skipped"], 1);
+  std::filesystem::remove_all(dir);
+
+  expectRejected({{"plan", "--predict", "--workers", "8", "--groups", "3"}, "--groups 3 does not divide --workers 8"});
+  expectRejected(
+      {{"plan", "--predict", "--workers", "8", "--groups", "16"}, "each --groups entry must be in [1, 8], got 16"});
+  expectRejected({{"plan", "--predict", "--groups", "2", "--systems", "ddp"},
+                  "--systems does not apply to --groups (group mode sends dense fp32 gradients and pulls through the "
+                  "shards)"});
+  expectRejected({{"plan", "--groups", "2"}, "--groups is for the planner (--predict, --sweep or --check)"});
+}
+
 TEST(CliFlags, LaunchRejectsOutOfRangeValues) {
-  expectRejected({{"launch", "--master-port", "70000", "--", "true"}, "--master-port must be in [0, 65535], got 70000"});
+  expectRejected(
+      {{"launch", "--master-port", "70000", "--", "true"}, "--master-port must be in [0, 65535], got 70000"});
   expectRejected({{"launch", "-n", "0", "--", "true"}, "--n must be in [1, 65536], got 0"});
   expectRejected({{"launch", "--max-restarts", "-1", "--", "true"}, "--max-restarts must be >= 0, got -1"});
 }
@@ -185,29 +246,29 @@ TEST(CliFlags, BenchRejectsOutOfRangeValues) {
   expectRejected({{"bench", "--systems", "poseidon-fp8"}, "unknown system 'poseidon-fp8'"});
   expectRejected({{"bench", "--send-window", "100"}, "--send-window must be 0 or [4096, 1073741824], got 100"});
   expectRejected({{"bench", "--systems", "ddp-bf16"}, "unknown system 'ddp-bf16'"});
-  expectRejected({{"bench", "--systems", "adam-bf16"},
-                  "unknown system 'adam-bf16' (the adam baseline has no 16-bit wire)"});
+  expectRejected(
+      {{"bench", "--systems", "adam-bf16"}, "unknown system 'adam-bf16' (the adam baseline has no 16-bit wire)"});
 }
 
 TEST(CliFlags, TrainRejectsOutOfRangeNetworkKnobs) {
   expectRejected({{"train", "--io-threads", "0"}, "--io-threads must be in [1, 64], got 0"});
   expectRejected({{"train", "--tcp-rcvbuf", "-1"}, "--tcp-rcvbuf must be in [0, 1073741824], got -1"});
   expectRejected({{"train", "--wire", "fp8"}, "unknown wire precision 'fp8' (expected fp32, bf16 or fp16)"});
-  expectRejected({{"train", "--wire", "fp16", "--plain"},
-                  "--wire fp16 and --plain cannot be combined (--plain sends nothing)"});
+  expectRejected(
+      {{"train", "--wire", "fp16", "--plain"}, "--wire fp16 and --plain cannot be combined (--plain sends nothing)"});
   expectRejected({{"train", "--wire", "bf16", "--groups", "2"},
                   "--wire bf16 and --groups cannot be combined (the groups' pulls carry the model itself)"});
 }
 
 TEST(CliFlags, BenchWorkerRejectsOutOfRangeValues) {
-  expectRejected({{"bench-worker", "--out", "/dev/null", "--pair-bytes", "2"},
-                  "--pair-bytes must be in [4, 1073741824], got 2"});
+  expectRejected(
+      {{"bench-worker", "--out", "/dev/null", "--pair-bytes", "2"}, "--pair-bytes must be in [4, 1073741824], got 2"});
   expectRejected({{"bench-worker", "--out", "/dev/null", "--timeout", "0"}, "--timeout must be >= 1, got 0"});
   expectRejected({{"bench-worker", "--out", "/dev/null", "--warmup", "-1"}, "--warmup must be >= 0, got -1"});
   expectRejected({{"bench-worker", "--out", "/dev/null", "--system", "poseidon-overlap", "--warmup", "0"},
                   "--overlap-forward needs --warmup 1 or more (each iteration carries the one before's tail)"});
-  expectRejected({{"bench-worker", "--out", "/dev/null", "--io-threads", "65"},
-                  "--io-threads must be in [1, 64], got 65"});
+  expectRejected(
+      {{"bench-worker", "--out", "/dev/null", "--io-threads", "65"}, "--io-threads must be in [1, 64], got 65"});
   expectRejected({{"bench-worker", "--out", "/dev/null", "--system", "poseidon-bf16", "--wire", "fp16"},
                   "--wire and a system with a wire suffix ('poseidon-bf16') cannot be combined"});
   expectRejected({{"bench-worker", "--out", "/dev/null", "--wire", "fp64"},

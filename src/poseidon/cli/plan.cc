@@ -1,10 +1,9 @@
 // poseidon plan: per-layer costs (paper Table 1) and BestScheme choices for a
 // model on a cluster shape, without running anything.
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
@@ -53,7 +52,8 @@ int planCommand(const std::vector<std::string>& args) {
   int64_t batch = -1, pairBytes = kDefaultPairBytes;
   double scale = 1.0;
   bool json = false, predict = false;
-  std::string scheme = "auto", wire = "fp32", sweep, systems = "poseidon,poseidon-overlap,ps-wfbp,ps-naive,ddp", check;
+  std::string scheme = "auto", wire = "fp32", sweep, groups, systems = "poseidon,poseidon-overlap,ps-wfbp,ps-naive,ddp",
+              check;
   double rateGbit = 10, cryptoGBps = 1.75, gemmTflops = 5, efficiency = 0.9, computeSeconds = 0, tolerance = 0.15;
   planner::Cluster calibration;
   double ddpStepMs = calibration.ddpStepSeconds * 1e3, messageUs = calibration.messageSeconds * 1e6;
@@ -61,14 +61,18 @@ int planCommand(const std::vector<std::string>& args) {
   FlagSet flags("plan",
                 "poseidon plan [--model NAME|FILE.json] [--workers P1] [--servers P2] [--batch K] [--json]\n"
                 "       poseidon plan --predict [--model NAME] [--workers P | --sweep P1,P2,...] [--rate GBIT]\n"
+                "       poseidon plan --predict --groups G1,G2,... [--model NAME] [--workers P] [--rate GBIT]\n"
                 "       poseidon plan --check RESULTS.json",
                 "Prints, per layer, the floats one node moves per iteration under each scheme (paper Table 1)\n"
                 "and the scheme BestScheme (Algorithm 1) picks, with totals. Runs nothing.\n"
                 "With --predict or --sweep: the planner's discrete-event model of an iteration (docs/planner.md)\n"
                 "predicts iteration time, speedup, efficiency and the busiest node's bytes for Poseidon's systems\n"
-                "and DDP at any scale, and the lowest link rate for --efficiency. With --check: the planner's\n"
-                "prediction of every run in a `poseidon bench --json` file, against what was measured.\n"
-                "Zoo models: " + knownModels() + ".");
+                "and DDP at any scale, and the lowest link rate for --efficiency. With --groups: Omnivore's compute\n"
+                "groups (`poseidon train --groups`), the time per step and per update and HE(g) / HE(1) for each g.\n"
+                "With --check: the planner's prediction of every run in a `poseidon bench --json` (or\n"
+                "`poseidon bench --accuracy --json`) file, against what was measured.\n"
+                "Zoo models: " +
+                    knownModels() + ".");
   flags.addString("model", &model, "zoo model name or path to a JSON layer table", "NAME|FILE");
   flags.addInt("workers", &workers, "P1, the number of workers", "P1", IntRange::closed(1, kMaxRanks));
   flags.addInt("servers", &servers, "P2, the number of server shards (default: P1, every node is both)", "P2",
@@ -86,6 +90,9 @@ int planCommand(const std::vector<std::string>& args) {
   flags.addBool("predict", &predict, "predict iteration time, speedup and efficiency at --workers (the planner)");
   flags.addString("sweep", &sweep, "predict at each of these worker counts (implies --predict)", "P1,P2,...");
   flags.addDouble("rate", &rateGbit, "--predict: each node's link, Gbit/s each way", "GBIT", RealRange::above(0));
+  flags.addString("groups", &groups,
+                  "--predict: compute-group counts to model instead of --systems (each must divide --workers)",
+                  "G1,G2,...");
   flags.addString("systems", &systems,
                   "--predict: systems to model (poseidon, poseidon-overlap, ps-wfbp, ps-naive, ddp)", "LIST");
   flags.addDouble("efficiency", &efficiency, "--predict: the efficiency whose lowest link rate is reported", "E",
@@ -96,8 +103,8 @@ int planCommand(const std::vector<std::string>& args) {
   flags.addDouble("crypto", &cryptoGBps,
                   "--predict: CURVE encryption, GB/s per I/O thread (0: links without it; jobs use it by default)",
                   "GBPS", RealRange::atLeast(0));
-  flags.addDouble("gemm-tflops", &gemmTflops, "--predict: the SFB reconstruction GEMM's rate (a Titan X: 5)",
-                  "TFLOPS", RealRange::above(0));
+  flags.addDouble("gemm-tflops", &gemmTflops, "--predict: the SFB reconstruction GEMM's rate (a Titan X: 5)", "TFLOPS",
+                  RealRange::above(0));
   flags.addDouble("link-overhead", &calibration.linkOverhead,
                   "bytes on the link per payload byte (TCP/IP headers and ACKs; calibrated on the bench)", "X",
                   RealRange::atLeast(1));
@@ -105,14 +112,15 @@ int planCommand(const std::vector<std::string>& args) {
                   "MS", RealRange::atLeast(0));
   flags.addDouble("send-window", &calibration.sendWindowBytes,
                   "--predict: poseidon-overlap's fragment (the kernel send window per connection), bytes (--check: "
-                  "the results file's)", "BYTES",
-                  RealRange::atLeast(4096));
+                  "the results file's)",
+                  "BYTES", RealRange::atLeast(4096));
   flags.addDouble("message-us", &messageUs, "microseconds a node's receive loop spends per message, decryption aside",
                   "US", RealRange::atLeast(0));
   flags.addString("check", &check, "predict every run of a poseidon bench results file and compare", "RESULTS.json");
   flags.addInt("host-cores", &hostCores,
                "--check: cores of the host that ran the emulated cluster (default: the results file's, or "
-               "this machine's for a file that does not say)", "N", IntRange::closed(1, 4096));
+               "this machine's for a file that does not say)",
+               "N", IntRange::closed(1, 4096));
   flags.addDouble("tolerance", &tolerance, "--check: the error beyond which a point is flagged", "F",
                   RealRange::above(0));
   flags.parse(args);
@@ -129,8 +137,8 @@ int planCommand(const std::vector<std::string>& args) {
       if (flags.wasSet(name)) throw InvalidArgument(strCat("--", name, " ", why));
   };
   if (checking) {
-    refuse({"predict", "sweep", "model", "workers", "servers", "batch", "pair-bytes", "width-scale", "scheme", "wire",
-            "rate", "systems", "efficiency", "compute-seconds", "crypto", "gemm-tflops", "send-window"},
+    refuse({"predict", "sweep", "groups", "model", "workers", "servers", "batch", "pair-bytes", "width-scale", "scheme",
+            "wire", "rate", "systems", "efficiency", "compute-seconds", "crypto", "gemm-tflops", "send-window"},
            "does not apply to --check: each run's model, cluster and rates come from the results file");
   } else if (predicting) {
     refuse({"servers", "scheme", "width-scale"},
@@ -138,11 +146,15 @@ int planCommand(const std::vector<std::string>& args) {
            "choice, at full width");
     refuse({"host-cores", "tolerance"}, "is for --check");
     if (sweeping) refuse({"workers", "efficiency"}, "does not apply to --sweep (it gives the worker counts)");
+    if (flags.wasSet("groups")) {
+      refuse({"sweep", "systems", "efficiency", "send-window", "wire"},
+             "does not apply to --groups (group mode sends dense fp32 gradients and pulls through the shards)");
+    }
     if (!sweeping && workers > kMaxPlannedWorkers) {
       throw InvalidArgument(strCat("--predict models at most ", kMaxPlannedWorkers, " workers, got ", workers));
     }
   } else {
-    refuse({"rate", "systems", "efficiency", "compute-seconds", "crypto", "gemm-tflops", "link-overhead",
+    refuse({"rate", "groups", "systems", "efficiency", "compute-seconds", "crypto", "gemm-tflops", "link-overhead",
             "ddp-step-ms", "send-window", "message-us", "host-cores", "tolerance"},
            "is for the planner (--predict, --sweep or --check)");
   }
@@ -164,8 +176,17 @@ int planCommand(const std::vector<std::string>& args) {
     } else {
       r.workers.push_back(workers);
     }
-    for (const auto& item : splitList(systems)) r.systems.push_back(planner::parseSystem(item));
-    if (r.systems.empty()) throw InvalidArgument("--systems needs at least one system");
+    if (flags.wasSet("groups")) {
+      for (const auto& item : splitList(groups)) {
+        const int g = static_cast<int>(parseIntIn("each --groups entry", item, IntRange::closed(1, workers)));
+        if (workers % g != 0) throw InvalidArgument(strCat("--groups ", g, " does not divide --workers ", workers));
+        r.groups.push_back(g);
+      }
+      if (r.groups.empty()) throw InvalidArgument("--groups needs at least one group count");
+    } else {
+      for (const auto& item : splitList(systems)) r.systems.push_back(planner::parseSystem(item));
+      if (r.systems.empty()) throw InvalidArgument("--systems needs at least one system");
+    }
     r.cluster = calibration;
     r.cluster.linkBytes = rateGbit * 1e9 / 8;
     r.cluster.cryptoBytes = cryptoGBps * 1e9;
@@ -198,8 +219,8 @@ int planCommand(const std::vector<std::string>& args) {
   nlohmann::json layers = nlohmann::json::array();
   std::ostringstream table;
   char line[512];
-  std::snprintf(line, sizeof line, "%-22s %-5s %-14s %13s %15s %15s %15s %15s  %s\n", "layer", "type", "shape", "params",
-                "ps(both)", "ps(worker)", "sfb", "adam(both)", "scheme");
+  std::snprintf(line, sizeof line, "%-22s %-5s %-14s %13s %15s %15s %15s %15s  %s\n", "layer", "type", "shape",
+                "params", "ps(both)", "ps(worker)", "sfb", "adam(both)", "scheme");
   table << line;
   for (const auto& l : desc.layers) {
     CostInputs c = costInputs(l, batch, workers, servers);
@@ -239,10 +260,17 @@ int planCommand(const std::vector<std::string>& args) {
   const auto& sb = layout.shardBytes();
   int64_t maxB = *std::max_element(sb.begin(), sb.end()), minB = *std::min_element(sb.begin(), sb.end());
   out["layers"] = layers;
-  out["totals"] = {{"params", totParams},         {"ps_cost", totPs},      {"ps_worker_cost", totPsWorker},
-                   {"hybrid_cost", totHybrid},    {"adam_cost", totAdam},  {"sfb_layers", sfbLayers},
-                   {"kv_pairs", layout.totalPairs()}, {"max_shard_bytes", maxB}, {"min_shard_bytes", minB},
-                   {"hybrid_bytes", totHybrid * elementBytes}, {"ps_bytes", totPs * elementBytes}};
+  out["totals"] = {{"params", totParams},
+                   {"ps_cost", totPs},
+                   {"ps_worker_cost", totPsWorker},
+                   {"hybrid_cost", totHybrid},
+                   {"adam_cost", totAdam},
+                   {"sfb_layers", sfbLayers},
+                   {"kv_pairs", layout.totalPairs()},
+                   {"max_shard_bytes", maxB},
+                   {"min_shard_bytes", minB},
+                   {"hybrid_bytes", totHybrid * elementBytes},
+                   {"ps_bytes", totPs * elementBytes}};
   out["wire"] = wirePrecisionName(precision);
   if (json) {
     std::cout << out.dump(2) << "\n";
@@ -253,10 +281,11 @@ int planCommand(const std::vector<std::string>& args) {
             << "\ncosts: floats moved per iteration by one node (sent + received)\n\n"
             << table.str();
   std::snprintf(line, sizeof line, "%-22s %-5s %-14s %13s %15s %15s %15s %15s\n", "total", "", "",
-                grouped(double(totParams)).c_str(), grouped(totPs).c_str(), grouped(totPsWorker).c_str(), "", grouped(totAdam).c_str());
+                grouped(double(totParams)).c_str(), grouped(totPs).c_str(), grouped(totPsWorker).c_str(), "",
+                grouped(totAdam).c_str());
   std::cout << line;
-  std::cout << "\nhybrid (chosen schemes): " << grouped(totHybrid) << " floats per node per iteration; all-PS: "
-            << grouped(totPs);
+  std::cout << "\nhybrid (chosen schemes): " << grouped(totHybrid)
+            << " floats per node per iteration; all-PS: " << grouped(totPs);
   if (totHybrid > 0) {
     std::snprintf(line, sizeof line, " (%.2fx less with hybrid)", totPs / totHybrid);
     std::cout << line;
@@ -265,7 +294,8 @@ int planCommand(const std::vector<std::string>& args) {
                 wirePrecisionName(precision), totHybrid * elementBytes / 1e6, totPs * elementBytes / 1e6);
   std::cout << line;
   std::cout << "\n" << sfbLayers << " layer(s) by SFB, " << desc.layers.size() - sfbLayers << " by PS\n";
-  std::snprintf(line, sizeof line, "KV store: %lld pairs of at most %lld bytes over %d shards; shard load %.2f-%.2f MB (max/min %.3f)\n",
+  std::snprintf(line, sizeof line,
+                "KV store: %lld pairs of at most %lld bytes over %d shards; shard load %.2f-%.2f MB (max/min %.3f)\n",
                 static_cast<long long>(layout.totalPairs()), static_cast<long long>(pairBytes), servers, minB / 1e6,
                 maxB / 1e6, minB ? double(maxB) / double(minB) : 0.0);
   std::cout << line;

@@ -6,8 +6,8 @@
 #include <fstream>
 #include <iostream>
 #include <limits>
-#include <thread>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "poseidon/bench/emulation.h"
 #include "poseidon/common/error.h"
@@ -70,10 +70,137 @@ std::string gbit(double bytesPerSecond) {
   return buf;
 }
 
+// --groups: HE(g) for each g, next to each other.
+int planGroups(const PredictRequest& r, const planner::Workload& w) {
+  const int P = r.workers.front();
+  Cluster c = r.cluster;
+  c.workers = P;
+  std::vector<planner::GroupPrediction> ps;
+  for (int g : r.groups) ps.push_back(planner::predictGroups(w, c, g));
+  // HE(1) per sample: g = 1 is always the reference, modelled if the list does not have it.
+  const double step1 = planner::predictGroups(w, c, 1).stepSeconds;
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& p : ps) {
+    rows.push_back({{"groups", p.groups},
+                    {"group_size", p.groupSize},
+                    {"step_seconds", p.stepSeconds},
+                    {"update_seconds", p.updateSeconds},
+                    {"samples_per_second", P * static_cast<double>(w.batch) / p.stepSeconds},
+                    {"he_ratio", p.stepSeconds / step1},
+                    {"max_node_tx_bytes", p.maxNodeTxBytes}});
+  }
+  if (r.json) {
+    std::cout << nlohmann::json{{"model", w.model.name},
+                                {"batch", w.batch},
+                                {"workers", P},
+                                {"compute_seconds", w.computeSeconds()},
+                                {"link_gbit", c.linkBytes * 8 / 1e9},
+                                {"crypto_gbytes_per_s", c.cryptoBytes / 1e9},
+                                {"groups", rows}}
+                     .dump(2)
+              << "\n";
+    return 0;
+  }
+  std::printf("model %s, K=%lld per worker, %.3f s of compute per step; %d workers, links %s Gbit/s each way\n",
+              w.model.name.c_str(), static_cast<long long>(w.batch), w.computeSeconds(), P, gbit(c.linkBytes).c_str());
+  std::printf("compute groups (Omnivore): groups synchronous inside, asynchronous across, the model on the shards\n\n");
+  std::printf("%6s %6s %9s %10s %10s %12s %12s\n", "groups", "size", "s/step", "s/update", "samples/s", "HE(g)/HE(1)",
+              "tx MB/step");
+  for (const auto& p : ps) {
+    std::printf("%6d %6d %9.3f %10.4f %10.1f %12.3f %12.2f\n", p.groups, p.groupSize, p.stepSeconds, p.updateSeconds,
+                P * static_cast<double>(w.batch) / p.stepSeconds, p.stepSeconds / step1, p.maxNodeTxBytes / 1e6);
+  }
+  std::printf(
+      "\ns/step: one worker's round (pull the model, compute, push); s/update: between updates of the shared model\n"
+      "(Omnivore's time per iteration, s/step / g); HE(g)/HE(1): time per sample against one group (below 1: "
+      "faster)\n");
+  return 0;
+}
+
+// One core of this machine multiplies at about this rate (bench/device.h measures it): the SFB
+// GEMM of the time-to-accuracy runs, which train on the host's CPUs.
+constexpr double kHostGemmFlops = 77e9;
+
+// A `poseidon bench --accuracy` file: real training of LeNet with each step's compute padded to
+// pad_ms. bsp, ddp and the compute groups are modelled; the pad sits between the forward and the
+// backward, so the syncs start after it (the real backward's few ms of WFBP overlap are left out).
+int planCheckAccuracy(const std::string& path, const nlohmann::json& results, const Cluster& calibration, int hostCores,
+                      double tolerance, bool json) {
+  const auto& config = results["config"];
+  const int cores =
+      hostCores > 0 ? hostCores
+                    : config.value("host_cores", static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  const int nodes = config.value("nodes", 0);
+  const double padSeconds = config.value("pad_ms", 0.0) / 1e3, jitterMs = config.value("pad_jitter_ms", 0.0);
+  const planner::Workload w =
+      planner::paddedWorkload(resolveModel("lenet"), config.value("batch", 32), std::max(padSeconds, 1e-9));
+  nlohmann::json rows = nlohmann::json::array();
+  int points = 0, beyond = 0, skipped = 0;
+  double worst = 0;
+  if (!json) std::printf("%-8s %5s %8s %10s %10s %7s\n", "system", "nodes", "Mbit/s", "measured", "predicted", "error");
+  for (const auto& run : results["runs"]) {
+    const std::string system = run.value("system", "");
+    const int groups = run.value("groups", 0);
+    const double mbit = run.value("mbit", 0.0), measured = run.value("seconds_per_step", 0.0);
+    std::string why;
+    if (jitterMs > 0) why = "jittered pads: not modelled";
+    if (why.empty() && !(padSeconds > 0)) why = "no pad: the host's own compute is not modelled";
+    if (why.empty() && !run.value("ok", false)) why = "failed run";
+    if (why.empty() && !(measured > 0 && mbit > 0 && nodes > 1)) why = "incomplete run";
+    if (why.empty() && system != "bsp" && system != "ddp" && groups < 1) why = "not modelled";
+    if (!why.empty()) {
+      ++skipped;
+      if (!json) std::printf("%-8s %5d %8.0f %10s %10s  (%s)\n", system.c_str(), nodes, mbit, "-", "-", why.c_str());
+      continue;
+    }
+    Cluster c = calibration;
+    c.workers = nodes;
+    c.linkBytes = mbit * 1e6 / 8 * planner::kEmulatedLinkEfficiency;
+    c.pairBytes = config.value("pair_bytes", c.pairBytes);
+    c.messageSeconds = calibration.messageSeconds * std::max(1.0, static_cast<double>(nodes) / cores);
+    c.gemmFlops = kHostGemmFlops;
+    c.timedSchemes = false;  // poseidon train picks schemes by bytes
+    double predicted = 0;
+    if (system == "bsp" || system == "ddp") {
+      predicted = planner::predict(w, c, system == "bsp" ? System::kPoseidon : System::kDdp).iterationSeconds;
+    } else {
+      predicted = planner::predictGroups(w, c, groups).stepSeconds;
+    }
+    const double error = predicted / measured - 1;
+    ++points;
+    beyond += std::fabs(error) > tolerance;
+    worst = std::max(worst, std::fabs(error));
+    rows.push_back({{"system", system},
+                    {"groups", groups},
+                    {"nodes", nodes},
+                    {"link_mbit", mbit},
+                    {"measured_seconds", measured},
+                    {"predicted_seconds", predicted},
+                    {"error", error}});
+    if (!json) {
+      std::printf("%-8s %5d %8.0f %10.3f %10.3f %+6.1f%%%s\n", system.c_str(), nodes, mbit, measured, predicted,
+                  error * 100, std::fabs(error) > tolerance ? "  BEYOND" : "");
+    }
+  }
+  if (json) {
+    std::cout << nlohmann::json{{"file", path},           {"points", points},
+                                {"skipped", skipped},     {"beyond", beyond},
+                                {"tolerance", tolerance}, {"worst_error", worst},
+                                {"host_cores", cores},    {"rows", rows}}
+                     .dump(2)
+              << "\n";
+  } else {
+    std::printf("\n%d points predicted (%d skipped); worst error %.1f%%; %d beyond %.0f%%; host of %d cores\n", points,
+                skipped, worst * 100, beyond, tolerance * 100, cores);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int planPredict(const PredictRequest& r) {
   const planner::Workload w = workloadOf(r);
+  if (!r.groups.empty()) return planGroups(r, w);
   const bool sweep = r.sweep;
   nlohmann::json out{{"model", w.model.name},
                      {"batch", w.batch},
@@ -149,13 +276,14 @@ int planCheck(const std::string& path, const Cluster& calibration, int hostCores
   if (!results.is_object() || !results.contains("config") || !results.contains("runs") || !results["runs"].is_array())
     throw InvalidArgument("--check: '" + path + "' is not a poseidon bench results file (no config and runs)");
   const auto& config = results["config"];
+  if (config.contains("pad_ms")) return planCheckAccuracy(path, results, calibration, hostCores, tolerance, json);
   const double scale = config.value("scale", 0.1);
   if (config.value("latency_ms", 0.0) > 0)
     throw InvalidArgument("--check: the planner models no added link latency (the file's latency_ms > 0)");
   // Cores of the host that ran the emulated cluster: the file's (bench records it), else this machine's.
-  const int cores = hostCores > 0 ? hostCores
-                                  : config.value("host_cores",
-                                                 static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  const int cores =
+      hostCores > 0 ? hostCores
+                    : config.value("host_cores", static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   const nlohmann::json devices = config.value("devices", nlohmann::json::array());  // each device's measured rates
   nlohmann::json rows = nlohmann::json::array();
   int points = 0, beyond = 0, skipped = 0;
@@ -191,7 +319,8 @@ int planCheck(const std::string& path, const Cluster& calibration, int hostCores
     for (const auto& d : devices)
       if (d.is_object() && d.value("name", "") == device) rates = &d;
     // Poseidon's runtime charged its own work on the run's device: the file must say how fast.
-    if (why.empty() && sys != System::kDdp && device != "none" && !rates) why = "device '" + device + "' not in the file";
+    if (why.empty() && sys != System::kDdp && device != "none" && !rates)
+      why = "device '" + device + "' not in the file";
     planner::Workload w;
     if (why.empty()) {
       try {
@@ -248,9 +377,10 @@ int planCheck(const std::string& path, const Cluster& calibration, int hostCores
     }
   }
   if (json) {
-    std::cout << nlohmann::json{{"file", path},     {"points", points},       {"skipped", skipped},
-                                {"beyond", beyond}, {"tolerance", tolerance}, {"worst_error", worst},
-                                {"host_cores", cores}, {"rows", rows}}
+    std::cout << nlohmann::json{{"file", path},           {"points", points},
+                                {"skipped", skipped},     {"beyond", beyond},
+                                {"tolerance", tolerance}, {"worst_error", worst},
+                                {"host_cores", cores},    {"rows", rows}}
                      .dump(2)
               << "\n";
   } else {

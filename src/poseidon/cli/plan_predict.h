@@ -15,6 +15,7 @@ struct PredictRequest {
   std::vector<int> workers;   // one entry (--predict) or the sweep
   bool sweep = false;         // a table over `workers`, without the lowest link rates
   std::vector<planner::System> systems;
+  std::vector<int> groups;   // --groups: compute-group counts (then `systems` is empty)
   planner::Cluster cluster;  // link rate at full width, scale 1
   double efficiency = 0.9;   // for the minimum link rate
   bool json = false;

@@ -68,6 +68,9 @@ Workload zooWorkload(const std::string& name, double scale = 1.0);
 // Any layer table with a single-worker iteration time: split 1/3 forward, 2/3 backward and over
 // the layers by their MACs per sample (evenly where the table gives none), as the bench does.
 Workload workloadFor(ModelDesc model, int64_t batch, double iterationSeconds);
+// A step whose compute is padded to `seconds` before the backward, so that every sync starts after
+// it (`poseidon train --pad-ms`, the time-to-accuracy mode): all of it in the forward.
+Workload paddedWorkload(ModelDesc model, int64_t batch, double seconds);
 
 // Calibrated on the emulated cluster (docs/planner.md):
 //  - what TCP/IP and the ACKs add to each payload byte on a link (the bench's interface counters
@@ -120,6 +123,20 @@ struct Prediction {
 
 // Throws InvalidArgument for a cluster it cannot model (no workers, no link rate with P > 1).
 Prediction predict(const Workload& workload, const Cluster& cluster, System system);
+
+// Omnivore's compute groups (`poseidon train --groups g`): the planner's hardware-efficiency
+// model HE(g). A step is one worker's round (pull the model, compute, push its gradient); each
+// group's k = P / g members make one update of the shared model per round, and the g groups run
+// asynchronously, so the model is updated every stepSeconds / g (Omnivore's time per iteration).
+struct GroupPrediction {
+  int groups = 0, groupSize = 0;  // g, k
+  double stepSeconds = 0;         // one worker's round in the steady state (mean over workers)
+  double updateSeconds = 0;       // between updates of the shared model: stepSeconds / g
+  double computeSeconds = 0;      // one worker's forward + backward
+  double maxNodeTxBytes = 0;      // the busiest node's bytes on its egress per round, overhead included
+};
+// Throws InvalidArgument when g does not divide the workers (or predict()'s reasons).
+GroupPrediction predictGroups(const Workload& workload, const Cluster& cluster, int groups);
 
 // The lowest link rate (bytes/s at the workload's scale) at which `system` reaches `efficiency`
 // (bisection on predict(), to 0.5%); 0 when it does at any rate (P = 1), infinity when at none.

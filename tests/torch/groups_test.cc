@@ -55,9 +55,9 @@ TEST(ComputeGroups, EveryWorkerItsOwnGroupRunsAsynchronouslyWithItsStalenessRepo
   // Four asynchronous groups carry an implicit momentum of about 1 - 1/4 (Omnivore, Sec. 4); on top
   // of an explicit 0.3 at lr 0.05 the total passes 1 and a loaded machine (more staleness) could make
   // it diverge. Explicit momentum 0 at lr 0.03 is the setting Omnivore's optimizer would pick.
-  auto p = testing::runCli(job({"--max-steps", "40", "--groups", "4", "--momentum", "0", "--lr", "0.03", "--summary",
-                                dir.path + "/s.json"}),
-                           dir.path + "/g4");
+  auto p = testing::runCli(
+      job({"--max-steps", "40", "--groups", "4", "--momentum", "0", "--lr", "0.03", "--summary", dir.path + "/s.json"}),
+      dir.path + "/g4");
   ASSERT_EQ(p.exitCode(), 0) << p.stderrText();
   EXPECT_THAT(p.stdoutText(), HasSubstr("compute groups: 4 groups of 1 workers; staleness of 640 pair updates"));
   auto s = summaryOf(dir.path + "/s.json");
@@ -66,7 +66,7 @@ TEST(ComputeGroups, EveryWorkerItsOwnGroupRunsAsynchronouslyWithItsStalenessRepo
     updates += it.value().get<double>();
     if (it.key() != "0") stale += it.value().get<double>();
   }
-  EXPECT_EQ(updates, 640);  // 40 rounds x 4 groups x 4 layers
+  EXPECT_EQ(updates, 640);                                 // 40 rounds x 4 groups x 4 layers
   EXPECT_GT(stale, 0) << s["staleness_histogram"].dump();  // asynchronous: updates land on a moved model
   EXPECT_GT(s["test_accuracy"].get<double>(), 0.5) << "it learns; staleness " << s["staleness_histogram"].dump();
 }
@@ -82,9 +82,9 @@ TEST(ComputeGroups, SspKeepsEveryGroupWithinTheBoundOfASlowOne) {
   ASSERT_EQ(bounded.exitCode(), 0) << bounded.stderrText();
   auto b = summaryOf(dir.path + "/bounded.json");
   EXPECT_LE(b["max_group_lead"].get<int>(), 1);
-  auto free = testing::runCli(job({"--max-steps", "24", "--groups", "4", "--momentum", "0.3", "--summary",
-                                   dir.path + "/free.json"}),
-                              dir.path + "/free", slow);
+  auto free = testing::runCli(
+      job({"--max-steps", "24", "--groups", "4", "--momentum", "0.3", "--summary", dir.path + "/free.json"}),
+      dir.path + "/free", slow);
   ASSERT_EQ(free.exitCode(), 0) << free.stderrText();
   EXPECT_GT(summaryOf(dir.path + "/free.json")["max_group_lead"].get<int>(), 1);
 }
@@ -111,12 +111,12 @@ namespace {
 // the checkpoint's model.
 TEST(ComputeGroups, CheckpointsHoldTheShardsStateAndResumeExactly) {
   TempDir dir;
-  auto straight = testing::runCli(job({"--max-steps", "20", "--groups", "1", "--save-params", dir.path + "/straight.bin"}),
-                                  dir.path + "/straight");
+  auto straight = testing::runCli(
+      job({"--max-steps", "20", "--groups", "1", "--save-params", dir.path + "/straight.bin"}), dir.path + "/straight");
   ASSERT_EQ(straight.exitCode(), 0) << straight.stderrText();
   const std::string ck = dir.path + "/ck";
-  auto first = testing::runCli(job({"--max-steps", "10", "--groups", "1", "--checkpoint", ck, "--checkpoint-every", "5"}),
-                               dir.path + "/first");
+  auto first = testing::runCli(
+      job({"--max-steps", "10", "--groups", "1", "--checkpoint", ck, "--checkpoint-every", "5"}), dir.path + "/first");
   ASSERT_EQ(first.exitCode(), 0) << first.stderrText();
   std::ifstream meta(ck + "/step-000000010/meta.json");
   auto m = nlohmann::json::parse(meta);
@@ -142,7 +142,23 @@ TEST(ComputeGroups, CheckpointsHoldTheShardsStateAndResumeExactly) {
   // A checkpoint of one layout is not resumed with another.
   auto other = testing::runCli(job({"--max-steps", "12", "--groups", "4", "--checkpoint", ck2}), dir.path + "/other");
   EXPECT_EQ(other.exitCode(), 2);
-  EXPECT_THAT(other.stderrText(), HasSubstr("was written with --groups 2, this run has 4"));
+  EXPECT_THAT(other.stderrText(), HasSubstr("was written with --groups 2, this run has 4 (--regroup allows it)"));
+  // Unless asked for (poseidon tune changes g between its epochs): the shards then serve exactly
+  // the checkpoint's model to four groups, and go on from it.
+  auto regrouped = testing::runCli(job({"--max-steps", "10", "--groups", "4", "--regroup", "--checkpoint", ck2,
+                                        "--save-params", dir.path + "/regrouped.bin"}),
+                                   dir.path + "/regrouped");
+  ASSERT_EQ(regrouped.exitCode(), 0) << regrouped.stderrText();
+  EXPECT_EQ(testing::readBytes(dir.path + "/two.bin"), testing::readBytes(dir.path + "/regrouped.bin"));
+  auto onward = testing::runCli(job({"--max-steps", "12", "--groups", "4", "--momentum", "0", "--regroup",
+                                     "--checkpoint", ck2, "--summary", dir.path + "/onward.json"}),
+                                dir.path + "/onward");
+  ASSERT_EQ(onward.exitCode(), 0) << onward.stderrText();
+  EXPECT_EQ(summaryOf(dir.path + "/onward.json")["groups"], 4);
+  auto noGroups = testing::runCli(job({"--max-steps", "12", "--regroup", "--checkpoint", ck2}), dir.path + "/nogroups");
+  EXPECT_EQ(noGroups.exitCode(), 2);
+  EXPECT_THAT(noGroups.stderrText(), HasSubstr("--regroup resumes a compute-group checkpoint with another number of "
+                                               "groups: it needs --groups"));
 }
 
 }  // namespace

@@ -71,6 +71,10 @@ int trainCommand(const std::vector<std::string>& args) {
                "shards hold the model and run SGD (momentum, weight decay, lr); G must divide --workers (0: off, "
                "plain BSP; docs/omnivore.md)",
                "G", IntRange::closed(0, kMaxRanks));
+  flags.addBool("regroup", &o.regroup,
+                "with --groups and --checkpoint: resume a checkpoint written with another --groups (the shards' "
+                "parameters and momentum carry over; every group starts at its iteration; Omnivore's optimizer, "
+                "poseidon tune, changes g so between its epochs)");
   flags.addInt64("staleness", &o.staleness,
                  "with --groups: no group runs more than S updates ahead of the slowest (SSP; -1: unbounded)", "S",
                  IntRange::atLeast(-1));

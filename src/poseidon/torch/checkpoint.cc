@@ -220,7 +220,13 @@ void checkLayout(const std::string& path, const CheckpointMeta& m, const Checkpo
   if (m.trainLimit != expect.trainLimit) {
     mismatch("--train-limit", std::to_string(m.trainLimit), std::to_string(expect.trainLimit));
   }
-  if (m.groups != expect.groups) mismatch("--groups", std::to_string(m.groups), std::to_string(expect.groups));
+  // Every group's clock restarts at the checkpoint's iteration, so a group-mode checkpoint is valid for
+  // any number of groups; changing it is asked for explicitly (a typo should not regroup a job).
+  const bool regrouped = expect.regroup && m.groups > 0 && expect.groups > 0;
+  if (m.groups != expect.groups && !regrouped) {
+    mismatch("--groups", std::to_string(m.groups),
+             std::to_string(expect.groups) + (m.groups > 0 && expect.groups > 0 ? " (--regroup allows it)" : ""));
+  }
 }
 
 // The bytes of one data file, checked against its entry in meta.json.

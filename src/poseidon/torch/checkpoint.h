@@ -41,6 +41,9 @@ struct CheckpointMeta {
   // parameters model.pt's; every group's clock is `iteration`).
   int groups = 0;
   int64_t groupVersion = 0;
+  // This run only (not saved): a group-mode checkpoint may be resumed with another number of
+  // groups (`poseidon train --regroup`: Omnivore's optimizer changes g between its epochs).
+  bool regroup = false;
   // The job layout only (what resume compares); meta.json adds the checksums.
   nlohmann::json toJson() const;
 };

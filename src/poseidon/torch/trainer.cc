@@ -89,8 +89,13 @@ void validateOptions(const TrainOptions& o, int world) {
       throw InvalidArgument(strCat("--groups ", o.groups, " must divide the ", world, " workers"));
     }
     if (o.dropStragglers > 0) throw InvalidArgument("--groups and --drop-stragglers cannot be combined");
+    if (o.regroup && o.checkpointDir.empty()) {
+      throw InvalidArgument("--regroup resumes a checkpoint with another number of groups: it needs --checkpoint");
+    }
   } else if (o.staleness >= 0) {
     throw InvalidArgument("--staleness bounds the lead of compute groups: it needs --groups");
+  } else if (o.regroup) {
+    throw InvalidArgument("--regroup resumes a compute-group checkpoint with another number of groups: it needs --groups");
   }
 }
 
@@ -324,6 +329,7 @@ void RankRun::resume() {
   meta_.seed = o_.seed;
   meta_.trainLimit = o_.trainLimit;
   meta_.groups = o_.groups;
+  meta_.regroup = o_.regroup;
   // A damaged checkpoint (a file that fails its checksum) is skipped for the
   // newest intact one; every rank decides alike from the same files.
   Resumed r = resumeFromNewest(o_.checkpointDir, meta_, *net_.module, *optimizer_);

@@ -24,6 +24,7 @@ struct TrainOptions {
   // Omnivore's compute groups (0: off): the shards hold the model and run SGD; staleness -1: unbounded.
   int groups = 0;
   int64_t staleness = -1;
+  bool regroup = false;  // resume a group-mode checkpoint written with another number of groups
   uint64_t seed = 1;
   SchemePolicy scheme = SchemePolicy::kAuto;
   WirePrecision wire = WirePrecision::kFp32;  // what gradients travel as (--wire; 16 bits are lossy)

@@ -218,6 +218,18 @@ TEST(CliFlags, PlanModelsComputeGroupsAndChecksTimeToAccuracyFiles) {
   expectRejected({{"plan", "--groups", "2"}, "--groups is for the planner (--predict, --sweep or --check)"});
 }
 
+TEST(CliFlags, TuneRejectsInconsistentBudgets) {
+  expectRejected(
+      {{"tune", "--epoch-steps", "100", "--probe-steps", "30"}, "--probe-steps 30 must divide --epoch-steps 100"});
+  expectRejected({{"tune", "--steps", "255", "--epoch-steps", "100"}, "--probe-steps 10 must divide --steps 255"});
+  expectRejected({{"tune", "--steps", "100", "--epoch-steps", "200"}, "--epoch-steps 200 exceeds --steps 100"});
+  expectRejected({{"tune", "--groups-list", "2,4"}, "--groups-list must include 1 (the cold start is synchronous)"});
+  expectRejected({{"tune", "--groups-list", "1,3"}, "--groups-list: 3 does not divide --nodes 8"});
+  expectRejected({{"tune", "--momenta", "0.3,0.9"}, "--momenta must include 0 (it decides when to halve g)"});
+  expectRejected({{"tune", "--momenta", "0,1"}, "each --momenta entry must be in [0, 1), got 1"});
+  expectRejected({{"tune", "--lrs", "0.1,0"}, "each --lrs entry must be > 0, got 0"});
+}
+
 TEST(CliFlags, LaunchRejectsOutOfRangeValues) {
   expectRejected(
       {{"launch", "--master-port", "70000", "--", "true"}, "--master-port must be in [0, 65535], got 70000"});

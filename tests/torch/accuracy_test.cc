@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "cli_helpers.h"
@@ -26,10 +27,10 @@ nlohmann::json readJson(const std::string& path) {
 TEST(TimeToAccuracy, PaddedStepsAndTheCurveOfModelCopies) {
   TempDir dir;
   const double padMs = 40;
-  auto p = testing::runCli({"train", "--workers", "4", "--train-limit", "2048", "--epochs", "2", "--max-steps", "12",
-                            "--pad-ms", "40", "--curve-every", "4", "--quiet", "--timeout", "60000", "--summary",
-                            dir.path + "/s.json"},
-                           dir.path + "/log");
+  auto p = testing::runCli(
+      {"train", "--workers", "4", "--train-limit", "2048", "--epochs", "2", "--max-steps", "12", "--pad-ms", "40",
+       "--curve-every", "4", "--quiet", "--timeout", "60000", "--summary", dir.path + "/s.json"},
+      dir.path + "/log");
   ASSERT_EQ(p.exitCode(), 0) << p.stderrText();
   EXPECT_THAT(p.stdoutText(), HasSubstr("compute padded to 40.0 ms per step"));
   auto s = readJson(dir.path + "/s.json");
@@ -51,7 +52,8 @@ TEST(TimeToAccuracy, PaddedStepsAndTheCurveOfModelCopies) {
   // Every rank reports its overruns, and a rank whose compute never exceeded the pad has none.
   ASSERT_EQ(s["pad_overruns_per_rank"].size(), 4u);
   for (size_t r = 0; r < 4; ++r) {
-    double overruns = s["pad_overruns_per_rank"][r].get<double>(), maxMs = s["max_compute_ms_per_rank"][r].get<double>();
+    double overruns = s["pad_overruns_per_rank"][r].get<double>(),
+           maxMs = s["max_compute_ms_per_rank"][r].get<double>();
     EXPECT_GT(maxMs, 0);
     EXPECT_LE(overruns, 12);
     if (maxMs <= padMs) {
@@ -84,10 +86,30 @@ TEST(TimeToAccuracy, BenchTrainsPoseidonGroupsAndDdpOnTheEmulatedCluster) {
   std::string why;
   if (!bench::EmulatedCluster::available(&why)) GTEST_SKIP() << "no emulated cluster here: " << why;
   TempDir dir;
-  auto p = testing::runCli({"bench", "--accuracy", "--nodes", "2", "--systems", "bsp,g2,ddp", "--rates", "100",
-                            "--steps", "8", "--curve-every", "4", "--pad-ms", "30", "--hyper", "g2=0.02:0.3",
-                            "--target-accuracy", "0.2", "--json", dir.path + "/r.json", "--markdown",
-                            dir.path + "/r.md", "--plots", dir.path + "/plots"},
+  auto p = testing::runCli({"bench",
+                            "--accuracy",
+                            "--nodes",
+                            "2",
+                            "--systems",
+                            "bsp,g2,ddp",
+                            "--rates",
+                            "100",
+                            "--steps",
+                            "8",
+                            "--curve-every",
+                            "4",
+                            "--pad-ms",
+                            "30",
+                            "--hyper",
+                            "g2=0.02:0.3",
+                            "--target-accuracy",
+                            "0.2",
+                            "--json",
+                            dir.path + "/r.json",
+                            "--markdown",
+                            dir.path + "/r.md",
+                            "--plots",
+                            dir.path + "/plots"},
                            dir.path + "/log", {}, 600);
   ASSERT_EQ(p.exitCode(), 0) << p.stdoutText() << p.stderrText();
   auto r = readJson(dir.path + "/r.json");
@@ -113,6 +135,92 @@ TEST(TimeToAccuracy, BenchTrainsPoseidonGroupsAndDdpOnTheEmulatedCluster) {
   std::string table((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
   EXPECT_THAT(table, HasSubstr("| g2 | 0.02 | 0.3 |"));
   EXPECT_TRUE(fs::exists(dir.path + "/plots/accuracy-100mbit.png"));
+}
+
+// Omnivore's optimizer end to end, scaled down: a cold start over three learning rates, then epochs
+// of grids, every probe a real two-node training run from the epoch's checkpoint. What must hold
+// whatever the probes' losses: the cold start's stopping rule, the accounting (every run's clock
+// is the trained model's or tuning's), the trained model's path through the steps, the HE table.
+TEST(TimeToAccuracy, TuneProbesAndTrainsEpochsOnTheEmulatedCluster) {
+  std::string why;
+  if (!bench::EmulatedCluster::available(&why)) GTEST_SKIP() << "no emulated cluster here: " << why;
+  TempDir dir;
+  auto p = testing::runCli({"tune",
+                            "--nodes",
+                            "2",
+                            "--rates",
+                            "100",
+                            "--steps",
+                            "8",
+                            "--epoch-steps",
+                            "4",
+                            "--probe-steps",
+                            "2",
+                            "--pad-ms",
+                            "30",
+                            "--lrs",
+                            "0.001,0.01,0.1",
+                            "--momenta",
+                            "0,0.9",
+                            "--json",
+                            dir.path + "/t.json",
+                            "--markdown",
+                            dir.path + "/t.md"},
+                           dir.path + "/log", {}, 900);
+  ASSERT_EQ(p.exitCode(), 0) << p.stdoutText() << p.stderrText();
+  auto r = readJson(dir.path + "/t.json");
+  ASSERT_EQ(r["runs"].size(), 1u);
+  const auto& run = r["runs"][0];
+  ASSERT_EQ(run["he_model"].size(), 2u);  // g = 1, 2
+  EXPECT_DOUBLE_EQ(run["he_model"][0]["he_ratio"].get<double>(), 1.0);
+  auto lossOf = [](const nlohmann::json& s) {
+    return s["loss"].is_number() ? s["loss"].get<double>() : std::numeric_limits<double>::infinity();
+  };
+  // Cold start: g = 1, momentum 0.9, learning rates from the lowest up while the loss does not get worse.
+  std::vector<nlohmann::json> cold;
+  for (const auto& s : run["stages"])
+    if (s["kind"] == "cold-start probe") cold.push_back(s);
+  ASSERT_GE(cold.size(), 1u);
+  const std::vector<double> lrs{0.001, 0.01, 0.1};
+  for (size_t i = 0; i < cold.size(); ++i) {
+    EXPECT_EQ(cold[i]["groups"], 1);
+    EXPECT_EQ(cold[i]["momentum"], 0.9);
+    EXPECT_EQ(cold[i]["lr"], lrs[i]);
+    EXPECT_EQ(cold[i]["from_step"], 0);
+    EXPECT_EQ(cold[i]["to_step"], 2);
+    if (i > 0 && i + 1 < cold.size()) EXPECT_LE(lossOf(cold[i]), lossOf(cold[i - 1]));
+  }
+  if (cold.size() < lrs.size()) EXPECT_GT(lossOf(cold.back()), lossOf(cold[cold.size() - 2]));
+  // Accounting: every run is the trained model's (kept) or tuning's.
+  double clock = 0, tuning = 0;
+  for (const auto& s : run["stages"]) {
+    clock += s["clock_seconds"].get<double>();
+    if (!s["won"].get<bool>()) tuning += s["clock_seconds"].get<double>();
+    EXPECT_EQ(s["from_step"].get<int>() % 2, 0);
+    EXPECT_EQ(s["to_step"].get<int>() % 2, 0);
+    if (s["kind"] == "epoch") {
+      EXPECT_TRUE(s["won"].get<bool>());
+      EXPECT_EQ(s["to_step"].get<int>() % 4, 0);  // epochs end on the epoch's boundary
+    }
+  }
+  EXPECT_NEAR(run["clock_seconds"].get<double>(), clock, 1e-6);
+  EXPECT_NEAR(run["tuning_seconds"].get<double>(), tuning, 1e-6);
+  EXPECT_NEAR(run["tuning_share"].get<double>(), tuning / clock, 1e-9);
+  // The trained model's path: its curve points go through the steps to the budget, in time order.
+  const auto& path = run["path"];
+  ASSERT_GE(path.size(), 2u);
+  for (size_t i = 1; i < path.size(); ++i) {
+    EXPECT_GT(path[i]["step"].get<int>(), path[i - 1]["step"].get<int>()) << path.dump();
+    EXPECT_GE(path[i]["seconds"].get<double>(), path[i - 1]["seconds"].get<double>()) << path.dump();
+  }
+  EXPECT_EQ(path.back()["step"], 8);
+  EXPECT_EQ(run["steps"], 8);
+  EXPECT_NEAR(path.back()["path_seconds"].get<double>(), clock - tuning, 1e-6);
+  const int g = run["chosen"]["groups"];
+  EXPECT_TRUE(g == 1 || g == 2) << g;
+  std::ifstream md(dir.path + "/t.md");
+  std::string table((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(table, HasSubstr("| cold-start probe | 1 | 0.001 | 0.9 | 0-2 |"));
 }
 
 }  // namespace

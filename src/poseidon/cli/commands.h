@@ -13,5 +13,6 @@ int trainCommand(const std::vector<std::string>& args);
 int benchCommand(const std::vector<std::string>& args);
 int benchWorkerCommand(const std::vector<std::string>& args);
 int experimentCommand(const std::vector<std::string>& args);
+int tuneCommand(const std::vector<std::string>& args);
 
 }  // namespace poseidon::cli

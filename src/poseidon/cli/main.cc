@@ -25,6 +25,7 @@ const char* kUsage =
     "  launch   start N ranks of a command on this machine (torchrun-style environment)\n"
     "  bench    emulated-cluster benchmark: Poseidon against PyTorch DDP (needs root)\n"
     "  experiment  measurements of the algorithms (implicit-momentum: Omnivore's Fig. 6 fit)\n"
+    "  tune     Omnivore's optimizer: picks compute groups, momentum and learning rate by probes (needs root)\n"
     "  version  print the version\n"
     "\n"
     "Run 'poseidon <command> --help' for a command's flags.\n"
@@ -64,6 +65,7 @@ int main(int argc, char** argv) {
     if (cmd == "train") return cli::trainCommand(args);
     if (cmd == "bench") return cli::benchCommand(args);
     if (cmd == "experiment") return cli::experimentCommand(args);
+    if (cmd == "tune") return cli::tuneCommand(args);
     if (cmd == "bench-worker") return cli::benchWorkerCommand(args);
     if (cmd == "version" || cmd == "--version") {
       std::cout << "poseidon 0.1.0\n";

@@ -1,0 +1,561 @@
+// poseidon tune: Omnivore's automatic optimizer (Algorithm 1; appendix E-C and E-D of
+// omnivore-2016-arxiv.txt) on the time-to-accuracy mode (docs/omnivore.md): it picks the number of
+// compute groups g, the explicit momentum mu and the learning rate eta by short probes of real
+// training on the emulated cluster, trains with the winner for an epoch, and repeats.
+//
+//   cold start   g = 1 (synchronous), mu = 0.9; eta over --lrs from the lowest up, each a probe from
+//                the initial model; stop at the first that is worse than the one before or
+//                diverges; then train the cold-start epoch with the best.
+//   first g      the smallest g whose predicted time per sample (the planner's HE model,
+//                planner::predictGroups) is within 5% of the best over --groups-list: where more
+//                asynchrony stops buying hardware efficiency (the paper: the smallest g that
+//                saturates the FC server; without a merged FC this is its analogue).
+//   each epoch   at the current g, probe mu in --momenta up to the last epoch's mu, and eta in
+//                {eta*, eta* / 10}, every probe from the epoch's starting model; the lowest loss
+//                wins, and configurations within 5% of it are probed further (up to twice);
+//                if mu = 0 wins, also mu = 0.1 and 0.2; if 0 still wins and g > 1, halve g and
+//                search again. Then train the rest of the epoch from the winner's end state.
+//
+// A probe is a tenth of an epoch (the paper's ratio is 1 minute per hour; the issue keeps 1:10);
+// its loss is rank 0's mean training loss over the probe's second half. The winner's steps are
+// kept (the epoch continues from its state), so what tuning costs is the losers' time. Every
+// decision is printed and written to the summary JSON. Time is the training clock: seconds in
+// training steps, summed over every run (probes and epochs), as `bench --accuracy` counts it.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "poseidon/bench/cluster.h"
+#include "poseidon/cli/accuracy_harness.h"
+#include "poseidon/cli/bench_util.h"
+#include "poseidon/cli/commands.h"
+#include "poseidon/cli/flags.h"
+#include "poseidon/common/error.h"
+#include "poseidon/launch/env.h"
+#include "poseidon/model/zoo.h"
+#include "poseidon/planner/planner.h"
+
+namespace poseidon::cli {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kTie = 0.05;           // losses within 5% of the best are a tie (the paper's threshold)
+constexpr int kMaxExtensions = 2;       // a tie is probed further at most this often
+constexpr int kEpochRetries = 2;        // a diverged epoch is run again at lr / 10 at most this often
+constexpr double kHeSaturation = 0.05;  // the first g: within 5% of the best predicted time per sample
+
+struct TuneConfig {
+  int steps = 300;          // the trained model's steps (cold start included), the budget
+  int epochSteps = 100;     // an optimizer epoch
+  int probeSteps = 10;      // a probe
+  std::vector<int> groups;  // CG, ascending
+  std::vector<double> lrs{1e-5, 1e-4, 1e-3, 1e-2, 1e-1};
+  std::vector<double> momenta{0, 0.3, 0.6, 0.9};
+};
+
+// One run of the tuner: a probe or the rest of an epoch, from a saved state to a saved state.
+struct Stage {
+  std::string kind;  // "cold-start probe", "probe", "extension", "epoch"
+  int groups = 0;
+  double lr = 0, momentum = 0;
+  int fromStep = 0, toStep = 0;
+  double loss = kInf;  // rank 0's mean training loss over the run's second half (inf: diverged)
+  double clock = 0;    // training-clock seconds it took
+  std::string state;   // checkpoint directory holding its end state
+  nlohmann::json curve;
+  std::vector<size_t> runs;  // the tuner's runs this stage is made of (a probe and its extensions)
+  bool won = false;          // part of the trained model's path
+  nlohmann::json toJson() const {
+    return {{"kind", kind},
+            {"groups", groups},
+            {"lr", lr},
+            {"momentum", momentum},
+            {"from_step", fromStep},
+            {"to_step", toStep},
+            {"loss", std::isinf(loss) ? nlohmann::json("diverged") : nlohmann::json(loss)},
+            {"clock_seconds", clock},
+            {"won", won}};
+  }
+};
+
+// A curve point's number; NaN where a diverged run wrote null.
+double number(const nlohmann::json& p, const char* key) {
+  return p.contains(key) && p[key].is_number() ? p[key].get<double>() : std::nan("");
+}
+
+std::string fmtLoss(double l) {
+  if (std::isinf(l)) return "diverged";
+  char b[32];
+  std::snprintf(b, sizeof b, "%.4f", l);
+  return b;
+}
+
+class Tuner {
+ public:
+  Tuner(AccuracyHarness* h, const TuneConfig& cfg, double mbit) : h_(h), cfg_(cfg), mbit_(mbit) {}
+
+  nlohmann::json run() {
+    const int first = firstGroups();
+    // Cold start: synchronous, mu = 0.9, eta from the lowest up (appendix E-D).
+    std::vector<Stage> cold;
+    std::printf("  cold start: g = 1, momentum 0.9, learning rates from %g up\n", cfg_.lrs.front());
+    for (double lr : cfg_.lrs) {
+      cold.push_back(probe("cold-start probe", "", 0, 1, lr, 0.9));
+      const Stage& s = cold.back();
+      if (std::isinf(s.loss) || (cold.size() > 1 && s.loss > cold[cold.size() - 2].loss)) break;
+    }
+    Stage best = settle(cold);
+    if (std::isinf(best.loss)) throw Error("every cold-start learning rate diverged: try lower --lrs");
+    keep(best);
+    Stage at = finishEpoch(best);  // the cold-start epoch, with the winner
+    double mu = 0.9, eta = at.lr;
+    int g = first;
+    while (at.toStep < cfg_.steps) {
+      std::printf("  epoch from step %d: g = %d, momentum up to %g, learning rate %g or %g\n", at.toStep, g, mu, eta,
+                  eta / 10);
+      Stage won = search(at, &g, mu, eta);
+      at = finishEpoch(won);
+      mu = at.momentum;
+      eta = at.lr;
+    }
+    std::printf("  chose g = %d, momentum %g, learning rate %g\n", g, mu, eta);
+    return summary(g, mu, eta);
+  }
+
+ private:
+  // HE(g) for each g of CG: the smallest g within 5% of the best time per sample starts the search.
+  int firstGroups() {
+    // As `poseidon plan --check` models a time-to-accuracy run on the emulated cluster.
+    const planner::Workload w = planner::paddedWorkload(resolveModel("lenet"), h_->batch, h_->padMs / 1e3);
+    planner::Cluster c;
+    c.workers = h_->nodes;
+    c.linkBytes = mbit_ * 1e6 / 8 * planner::kEmulatedLinkEfficiency;
+    c.pairBytes = h_->pairBytes;
+    const double cores = std::max(1u, std::thread::hardware_concurrency());
+    c.messageSeconds = planner::kMessageSeconds * std::max(1.0, h_->nodes / cores);
+    double bestStep = kInf;
+    std::vector<double> steps;
+    for (int g : cfg_.groups) {
+      steps.push_back(planner::predictGroups(w, c, g).stepSeconds);
+      bestStep = std::min(bestStep, steps.back());
+    }
+    int first = cfg_.groups.back();
+    std::printf("  HE model (planner): predicted s/step");
+    for (size_t i = 0; i < cfg_.groups.size(); ++i) {
+      std::printf("%s g%d %.3f", i ? "," : "", cfg_.groups[i], steps[i]);
+      he_.push_back(
+          {{"groups", cfg_.groups[i]}, {"predicted_step_seconds", steps[i]}, {"he_ratio", steps[i] / steps.front()}});
+    }
+    for (size_t i = 0; i < cfg_.groups.size(); ++i) {
+      if (steps[i] <= bestStep * (1 + kHeSaturation)) {
+        first = cfg_.groups[i];
+        break;
+      }
+    }
+    std::printf("; first g = %d\n", first);
+    return first;
+  }
+
+  // The grid at g (and smaller g while mu = 0 wins), every probe from `at`'s state.
+  Stage search(const Stage& at, int* g, double muLast, double eta) {
+    for (;;) {
+      std::vector<Stage> grid;
+      for (double lr : {eta, eta / 10}) {
+        for (double mu : cfg_.momenta) {
+          if (mu <= muLast + 1e-12) grid.push_back(probe("probe", at.state, at.toStep, *g, lr, mu));
+        }
+      }
+      Stage best = settle(grid);
+      if (best.momentum == 0 && !std::isinf(best.loss)) {
+        for (double mu : {0.1, 0.2}) grid.push_back(probe("probe", at.state, at.toStep, *g, best.lr, mu));
+        best = settle(grid);
+      }
+      if (std::isinf(best.loss)) {
+        if (*g == 1) throw Error("every probe diverged at g = 1: try lower --lrs");
+      } else if (best.momentum > 0 || *g == 1) {
+        keep(best);
+        return best;
+      }
+      *g /= 2;  // momentum 0 won (or all diverged): the implicit momentum is too high
+      std::printf("  momentum 0 %s: halving the groups to %d\n", std::isinf(best.loss) ? "diverged too" : "won", *g);
+    }
+  }
+
+  // The lowest loss wins; those within 5% of it are probed further (each from its own state). The
+  // caller keeps the final choice.
+  Stage settle(std::vector<Stage>& grid) {
+    for (int round = 0;; ++round) {
+      size_t best = 0;
+      for (size_t i = 1; i < grid.size(); ++i)
+        if (grid[i].loss < grid[best].loss) best = i;
+      std::vector<size_t> tied;
+      for (size_t i = 0; i < grid.size(); ++i)
+        if (i != best && !std::isinf(grid[i].loss) && grid[i].loss <= grid[best].loss * (1 + kTie)) tied.push_back(i);
+      if (tied.empty() || round == kMaxExtensions) return grid[best];
+      tied.push_back(best);
+      std::printf("  %zu within %.0f%% of the best: probing them further\n", tied.size(), kTie * 100);
+      for (size_t i : tied) {
+        const Stage& s = grid[i];
+        grid[i] = probe("extension", s.state, s.toStep, s.groups, s.lr, s.momentum, &s);
+      }
+    }
+  }
+
+  // A probe of (g, lr, mu) for probeSteps from `from` (a state directory; "" for the initial model).
+  // `extends`: the probe it continues (its steps and clock are counted with it).
+  Stage probe(const std::string& kind, const std::string& from, int fromStep, int g, double lr, double mu,
+              const Stage* extends = nullptr) {
+    Stage s = train(kind, from, fromStep, fromStep + cfg_.probeSteps, g, lr, mu);
+    std::printf("    %-16s g=%d lr=%-7g momentum=%-4g steps %d-%d: loss %s (%.1f s)\n", kind.c_str(), g, lr, mu,
+                fromStep, s.toStep, fmtLoss(s.loss).c_str(), s.clock);
+    std::fflush(stdout);
+    if (extends) {  // one stage: the extension's clock runs on from the probe's
+      s.fromStep = extends->fromStep;
+      nlohmann::json curve = extends->curve;
+      for (auto p : s.curve) {
+        p["seconds"] = p["seconds"].get<double>() + extends->clock;
+        curve.push_back(p);
+      }
+      s.curve = curve;
+      s.clock += extends->clock;
+      s.runs.insert(s.runs.begin(), extends->runs.begin(), extends->runs.end());
+    }
+    return s;
+  }
+
+  // Trains from the winner's end state to the end of its epoch.
+  Stage finishEpoch(const Stage& winner) {
+    const int end = std::min(cfg_.steps, (winner.fromStep / cfg_.epochSteps + 1) * cfg_.epochSteps);
+    if (winner.toStep >= end) return winner;
+    // A probe is short: a learning rate that won it may still diverge over an epoch. Then the epoch
+    // is run again from the winner's state at a tenth of it (the diverged run was tuning's cost).
+    double lr = winner.lr;
+    for (int tries = 0;; ++tries) {
+      Stage s = train("epoch", winner.state, winner.toStep, end, winner.groups, lr, winner.momentum);
+      std::printf("    %-16s g=%d lr=%-7g momentum=%-4g steps %d-%d: loss %s (%.1f s)\n", "epoch", s.groups, s.lr,
+                  s.momentum, s.fromStep, s.toStep, fmtLoss(s.loss).c_str(), s.clock);
+      std::fflush(stdout);
+      if (!std::isinf(s.loss)) {
+        keep(s);
+        return s;
+      }
+      if (tries == kEpochRetries) {
+        throw Error(strCat("the epoch from step ", winner.toStep, " diverged down to learning rate ", lr));
+      }
+      lr /= 10;
+      std::printf("  the epoch diverged: again from step %d at learning rate %g\n", winner.toStep, lr);
+    }
+  }
+
+  Stage train(const std::string& kind, const std::string& from, int fromStep, int toStep, int g, double lr, double mu) {
+    Stage s;
+    s.kind = kind;
+    s.groups = g;
+    s.lr = lr;
+    s.momentum = mu;
+    s.fromStep = fromStep;
+    s.toStep = toStep;
+    s.state = strCat(h_->work, "/state-", mbit_, "-", ++runs_);
+    fs::create_directories(s.state);
+    if (!from.empty()) {
+      // Resume from the newest checkpoint of `from`: a copy, so that other probes start from it too.
+      std::string newest;
+      for (const auto& e : fs::directory_iterator(from))
+        if (e.is_directory() && e.path().filename().string() > newest) newest = e.path().filename().string();
+      if (newest.empty()) throw Error("no checkpoint in " + from);
+      fs::copy(fs::path(from) / newest, fs::path(s.state) / newest, fs::copy_options::recursive);
+    }
+    AccuracySystem sys;
+    sys.name = strCat("g", g);
+    sys.groups = g;
+    sys.lr = lr;
+    sys.momentum = mu;
+    RunExtras extra;
+    extra.tag = strCat("run", runs_);
+    extra.maxSteps = toStep;
+    // Every run starts and ends on a multiple of the probe length: a probe's last curve point is the mean
+    // loss over its second half (over the last probe length for an epoch), and its one checkpoint is at
+    // its end (toStep is the only multiple of itself in (fromStep, toStep]).
+    const int p = cfg_.probeSteps;
+    extra.curveEvery = kind == "epoch" || p % 2 != 0 ? p : p / 2;
+    extra.quiet = true;
+    extra.trainArgs = {"--checkpoint", s.state, "--checkpoint-every", std::to_string(toStep), "--regroup"};
+    const double wall0 = wallSeconds();
+    AccuracyRun r = h_->run(sys, extra);
+    wall_ += wallSeconds() - wall0;
+    if (!r.ok) throw Error(strCat(kind, " g=", g, " lr=", lr, " momentum=", mu, " failed: ", r.error));
+    s.clock = r.summary.value("train_clock_seconds", 0.0);
+    s.curve = r.summary["curve"];
+    const double loss = number(s.curve.back(), "train_loss");
+    s.loss = std::isfinite(loss) && loss < 1e3 ? loss : kInf;
+    s.runs = {stages_.size()};
+    stages_.push_back(s);
+    clock_ += s.clock;
+    return s;
+  }
+
+  // A stage the trained model goes through (a grid's winner, an epoch): its runs are kept, every
+  // other run was the tuning's cost. Its curve joins the model's path at the path's own clock plus
+  // the tuning spent so far (as if each winner had run last in its grid).
+  void keep(const Stage& s) {
+    for (size_t i : s.runs) stages_[i].won = true;
+    const double start = pathClock_;
+    pathClock_ += s.clock;
+    const double tuning = clock_ - pathClock_;
+    for (const auto& p : s.curve) {
+      nlohmann::json q = p;
+      q["path_seconds"] = start + p["seconds"].get<double>();
+      q["seconds"] = q["path_seconds"].get<double>() + tuning;
+      path_.push_back(q);
+    }
+  }
+
+  nlohmann::json summary(int g, double mu, double eta) const {
+    double accSeconds = -1, lossSeconds = -1;
+    int64_t accSteps = -1, lossSteps = -1;
+    for (const auto& p : path_) {
+      if (accSteps < 0 && number(p, "test_accuracy") >= h_->targetAccuracy) {
+        accSteps = p["step"].get<int64_t>();
+        accSeconds = p["seconds"].get<double>();
+      }
+      if (lossSteps < 0 && number(p, "train_loss") <= h_->targetLoss) {
+        lossSteps = p["step"].get<int64_t>();
+        lossSeconds = p["seconds"].get<double>();
+      }
+    }
+    nlohmann::json stages = nlohmann::json::array();
+    for (const auto& s : stages_) stages.push_back(s.toJson());
+    return {{"mbit", mbit_},
+            {"chosen", {{"groups", g}, {"momentum", mu}, {"lr", eta}}},
+            {"he_model", he_},
+            {"stages", stages},
+            {"path", path_},
+            {"steps", path_.empty() ? 0 : path_.back()["step"].get<int64_t>()},
+            {"clock_seconds", clock_},
+            {"path_clock_seconds", pathClock_},
+            {"tuning_seconds", clock_ - pathClock_},
+            {"tuning_share", clock_ > 0 ? (clock_ - pathClock_) / clock_ : 0.0},
+            {"wall_seconds", wall_},
+            {"final_test_accuracy", path_.empty() ? 0.0 : number(path_.back(), "test_accuracy")},
+            {"time_to_accuracy_s", accSeconds},
+            {"steps_to_accuracy", accSteps},
+            {"time_to_loss_s", lossSeconds},
+            {"steps_to_loss", lossSteps}};
+  }
+
+  static double wallSeconds() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
+
+  AccuracyHarness* h_;
+  TuneConfig cfg_;
+  double mbit_;
+  int runs_ = 0;
+  std::vector<Stage> stages_;
+  nlohmann::json he_ = nlohmann::json::array(), path_ = nlohmann::json::array();
+  double clock_ = 0, pathClock_ = 0, wall_ = 0;
+};
+
+std::string fmt(double v, const char* f) {
+  if (v < 0) return "-";
+  char b[64];
+  std::snprintf(b, sizeof b, f, v);
+  return b;
+}
+
+void writeMarkdown(const std::string& path, const nlohmann::json& result) {
+  std::ofstream md(path);
+  const auto& c = result["config"];
+  md << "# Omnivore's optimizer on the emulated cluster (`poseidon tune`)\n\n`" << c["command"].get<std::string>()
+     << "`\n\nLeNet on Fashion-MNIST, " << c["nodes"] << " nodes, batch " << c["batch"]
+     << " per worker, compute padded to " << c["pad_ms"] << " ms per step; " << c["steps"]
+     << " steps of the trained model, epochs of " << c["epoch_steps"] << ", probes of " << c["probe_steps"]
+     << ". Times are training-clock seconds summed over every run (probes "
+     << "included); a point of the trained model is at its own clock plus the tuning spent before it.\n\n";
+  for (const auto& r : result["runs"]) {
+    md << "## " << r["mbit"].get<double>() << " Mbit/s\n\n";
+    md << "Chosen: g = " << r["chosen"]["groups"] << ", momentum " << r["chosen"]["momentum"] << ", lr "
+       << r["chosen"]["lr"] << ". Time to " << 100 * c["target_accuracy"].get<double>()
+       << "% test accuracy: " << fmt(r["time_to_accuracy_s"].get<double>(), "%.1f s") << " (" << r["steps_to_accuracy"]
+       << " steps); to loss " << c["target_loss"] << ": " << fmt(r["time_to_loss_s"].get<double>(), "%.1f s")
+       << "; final accuracy "
+       << fmt(r["final_test_accuracy"].is_number() ? 100 * r["final_test_accuracy"].get<double>() : -1, "%.1f%%")
+       << ". Training clock " << fmt(r["clock_seconds"].get<double>(), "%.1f s")
+       << ", of which tuning (the probes that lost) " << fmt(r["tuning_seconds"].get<double>(), "%.1f s") << " ("
+       << fmt(100 * r["tuning_share"].get<double>(), "%.0f%%") << ").\n\n";
+    md << "| stage | g | lr | momentum | steps | loss | seconds | kept |\n|---|---|---|---|---|---|---|---|\n";
+    for (const auto& s : r["stages"]) {
+      md << "| " << s["kind"].get<std::string>() << " | " << s["groups"] << " | " << s["lr"] << " | " << s["momentum"]
+         << " | " << s["from_step"] << "-" << s["to_step"] << " | "
+         << (s["loss"].is_number() ? fmt(s["loss"].get<double>(), "%.4f") : std::string("diverged")) << " | "
+         << fmt(s["clock_seconds"].get<double>(), "%.1f") << " | " << (s["won"].get<bool>() ? "yes" : "") << " |\n";
+    }
+    md << "\n";
+  }
+}
+
+}  // namespace
+
+int tuneCommand(const std::vector<std::string>& args) {
+  std::string ratesFlag = "100,30", groupsFlag, lrsFlag, momentaFlag, jsonPath, mdPath;
+  AccuracyHarness h;
+  TuneConfig cfg;
+  int64_t seed = 1;
+  int probeSteps = 0;
+  bool keep = false;
+  FlagSet flags("tune", "poseidon tune [--rates LIST] [--steps N] [--epoch-steps N] [flags]",
+                "Omnivore's automatic optimizer (Algorithm 1; docs/omnivore.md) on the time-to-accuracy mode:\n"
+                "real training of LeNet on Fashion-MNIST on the emulated cluster (needs root), compute padded to\n"
+                "--pad-ms per step. It picks the number of compute groups, the explicit momentum and the learning\n"
+                "rate by short probes of real training (a tenth of an epoch each), trains an epoch with the\n"
+                "winner, and repeats: a synchronous cold start over the learning rates; then the first g from the\n"
+                "planner's hardware-efficiency model; each epoch a grid over momentum and learning rate, halving\n"
+                "g while momentum 0 wins. Prints every probe and decision; --json writes them all.");
+  flags.addString("rates", &ratesFlag, "comma-separated link rates in Mbit/s: one tuned run each", "LIST");
+  flags.addInt("nodes", &h.nodes, "nodes (workers), one process each", "N", IntRange::closed(2, 64));
+  flags.addInt64("batch", &h.batch, "per-worker batch", "K", IntRange::closed(1, 60000));
+  flags.addDouble("pad-ms", &h.padMs, "modeled compute time per step, in milliseconds", "MS", RealRange::above(0));
+  flags.addInt64("pair-bytes", &h.pairBytes, "Poseidon's KV pair size", "BYTES", IntRange::closed(4, 1 << 30));
+  flags.addInt("steps", &cfg.steps, "steps of the trained model (cold start included): the budget", "N",
+               IntRange::atLeast(2));
+  flags.addInt("epoch-steps", &cfg.epochSteps, "steps of an optimizer epoch (the paper: an hour)", "N",
+               IntRange::atLeast(2));
+  flags.addInt("probe-steps", &probeSteps, "steps of a probe (default: a tenth of an epoch; the paper: a minute)", "N",
+               IntRange::atLeast(2));
+  flags.addString("groups-list", &groupsFlag,
+                  "the numbers of groups to choose from (default: 1, 2, 4, ... up to --nodes)", "LIST");
+  flags.addString("lrs", &lrsFlag, "the cold start's learning rates (default: 1e-5,1e-4,1e-3,1e-2,1e-1)", "LIST");
+  flags.addString("momenta", &momentaFlag, "the momenta each epoch probes (default: 0,0.3,0.6,0.9)", "LIST");
+  flags.addDouble("target-accuracy", &h.targetAccuracy, "target test accuracy", "A", RealRange::leftOpen(0, 1));
+  flags.addDouble("target-loss", &h.targetLoss, "target training loss", "L", RealRange::above(0));
+  flags.addInt64("seed", &seed, "seed of the data order and the initial weights", "S", IntRange::atLeast(0));
+  flags.addString("data", &h.dataDir, "Fashion-MNIST directory (default: Debian's)", "DIR");
+  flags.addInt("run-timeout", &h.timeoutS, "seconds before a run is declared failed", "S", IntRange::closed(1, 86400));
+  flags.addString("json", &jsonPath, "write every probe, decision and the trained model's curve as JSON to FILE",
+                  "FILE");
+  flags.addString("markdown", &mdPath, "write the tables as Markdown to FILE", "FILE");
+  flags.addBool("keep", &keep, "keep the per-rank logs and checkpoints (printed path)");
+  flags.parse(args);
+  if (flags.helpRequested()) {
+    std::cout << flags.helpText();
+    return 0;
+  }
+  h.seed = static_cast<uint64_t>(seed);
+  cfg.probeSteps = probeSteps > 0 ? probeSteps : std::max(2, cfg.epochSteps / 10);
+  if (cfg.epochSteps % cfg.probeSteps != 0) {
+    throw InvalidArgument(strCat("--probe-steps ", cfg.probeSteps, " must divide --epoch-steps ", cfg.epochSteps));
+  }
+  if (cfg.steps % cfg.probeSteps != 0) {
+    throw InvalidArgument(strCat("--probe-steps ", cfg.probeSteps, " must divide --steps ", cfg.steps));
+  }
+  if (cfg.epochSteps > cfg.steps) {
+    throw InvalidArgument(strCat("--epoch-steps ", cfg.epochSteps, " exceeds --steps ", cfg.steps));
+  }
+  if (groupsFlag.empty()) {
+    for (int g = 1; g <= h.nodes; g *= 2)
+      if (h.nodes % g == 0) cfg.groups.push_back(g);
+  } else {
+    for (const auto& item : splitList(groupsFlag)) {
+      const int g = static_cast<int>(parseIntIn("each --groups-list entry", item, IntRange::closed(1, h.nodes)));
+      if (h.nodes % g != 0) throw InvalidArgument(strCat("--groups-list: ", g, " does not divide --nodes ", h.nodes));
+      cfg.groups.push_back(g);
+    }
+    std::sort(cfg.groups.begin(), cfg.groups.end());
+    cfg.groups.erase(std::unique(cfg.groups.begin(), cfg.groups.end()), cfg.groups.end());
+    if (cfg.groups.front() != 1) throw InvalidArgument("--groups-list must include 1 (the cold start is synchronous)");
+  }
+  if (!lrsFlag.empty()) {
+    cfg.lrs.clear();
+    for (const auto& item : splitList(lrsFlag))
+      cfg.lrs.push_back(parseRealIn("each --lrs entry", item, RealRange::above(0)));
+    std::sort(cfg.lrs.begin(), cfg.lrs.end());
+  }
+  if (!momentaFlag.empty()) {
+    cfg.momenta.clear();
+    for (const auto& item : splitList(momentaFlag))
+      cfg.momenta.push_back(parseRealIn("each --momenta entry", item, RealRange::rightOpen(0, 1)));
+    std::sort(cfg.momenta.begin(), cfg.momenta.end());
+  }
+  if (cfg.lrs.empty() || cfg.momenta.empty()) throw InvalidArgument("--lrs and --momenta must not be empty");
+  if (cfg.momenta.front() != 0) throw InvalidArgument("--momenta must include 0 (it decides when to halve g)");
+  std::vector<double> rates;
+  for (const auto& r : splitList(ratesFlag))
+    rates.push_back(parseRealIn("each --rates entry (Mbit/s)", r, RealRange::above(0)));
+  if (rates.empty()) throw InvalidArgument("--rates must not be empty");
+
+  std::string why;
+  if (!bench::EmulatedCluster::available(&why)) throw Error(why);
+  h.exe = selfExecutable();
+  h.work = makeWorkDir("poseidon-tune");
+  installStopHandlers();
+
+  std::string command = "poseidon tune";
+  for (const auto& a : args) command += " " + a;
+  nlohmann::json result;
+  result["config"] = {{"command", command},
+                      {"nodes", h.nodes},
+                      {"batch", h.batch},
+                      {"pad_ms", h.padMs},
+                      {"pair_bytes", h.pairBytes},
+                      {"steps", cfg.steps},
+                      {"epoch_steps", cfg.epochSteps},
+                      {"probe_steps", cfg.probeSteps},
+                      {"groups_list", cfg.groups},
+                      {"lrs", cfg.lrs},
+                      {"momenta", cfg.momenta},
+                      {"target_accuracy", h.targetAccuracy},
+                      {"target_loss", h.targetLoss},
+                      {"rates_mbit", rates},
+                      {"seed", seed}};
+  nlohmann::json runs = nlohmann::json::array();
+  {
+    bench::EmulatedCluster cluster(h.nodes, bench::LinkSpec{rates.front(), 0});
+    h.cluster = &cluster;
+    std::printf(
+        "poseidon tune: %d-node emulated cluster, LeNet on Fashion-MNIST, batch %lld per worker, compute padded "
+        "to %g ms; %d steps, epochs of %d, probes of %d\n",
+        h.nodes, static_cast<long long>(h.batch), h.padMs, cfg.steps, cfg.epochSteps, cfg.probeSteps);
+    for (double rate : rates) {
+      cluster.setLink({rate, 0});
+      std::printf("%g Mbit/s:\n", rate);
+      nlohmann::json r = Tuner(&h, cfg, rate).run();
+      std::printf(
+          "  %g Mbit/s: to %.0f%% test accuracy %s (%lld steps), final %.1f%%; training clock %.1f s, tuning "
+          "%.1f s (%.0f%%)\n",
+          rate, 100 * h.targetAccuracy,
+          r["time_to_accuracy_s"].get<double>() < 0
+              ? "not reached"
+              : strCat(fmt(r["time_to_accuracy_s"].get<double>(), "%.1f s")).c_str(),
+          static_cast<long long>(r["steps_to_accuracy"].get<int64_t>()),
+          r["final_test_accuracy"].is_number() ? 100 * r["final_test_accuracy"].get<double>() : 0.0,
+          r["clock_seconds"].get<double>(), r["tuning_seconds"].get<double>(), 100 * r["tuning_share"].get<double>());
+      std::fflush(stdout);
+      runs.push_back(std::move(r));
+    }
+    h.cluster = nullptr;
+  }
+  result["runs"] = runs;
+  if (!jsonPath.empty()) {
+    std::ofstream(jsonPath) << result.dump(2) << "\n";
+    std::printf("results: %s\n", jsonPath.c_str());
+  }
+  if (!mdPath.empty()) {
+    writeMarkdown(mdPath, result);
+    std::printf("table: %s\n", mdPath.c_str());
+  }
+  if (keep)
+    std::printf("logs and checkpoints: %s\n", h.work.c_str());
+  else
+    fs::remove_all(h.work);
+  return 0;
+}
+
+}  // namespace poseidon::cli

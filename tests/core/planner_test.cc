@@ -79,7 +79,10 @@ TEST(Planner, ComputeGroupsStepAsynchronously) {
   const GroupPrediction two = predictGroups(w, plain(2, R), 2);
   EXPECT_EQ(two.groupSize, 1);
   EXPECT_NEAR(two.stepSeconds, C + B / R, 1e-9);
-  EXPECT_NEAR(two.updateSeconds, (C + B / R) / 2, 1e-9);
+  // Updates come at the sum of the two groups' rates, samples at the sum of the workers'.
+  EXPECT_NEAR(two.updateSeconds, 1 / (1 / C + 1 / (C + 2 * B / R)), 1e-9);
+  EXPECT_NEAR(two.samplesPerSecond, 4 / C + 4 / (C + 2 * B / R), 1e-6);  // batch 4
+  EXPECT_NEAR(one.samplesPerSecond, 2 * 4 / (C + 2 * B / R), 1e-6);
   EXPECT_NEAR(two.computeSeconds, C, 1e-12);
 
   // The shard's SGD is three sums' work per update, after the k-th push's own sum: with sums at

@@ -216,6 +216,31 @@ TEST(TimeToAccuracy, TuneProbesAndTrainsEpochsOnTheEmulatedCluster) {
   EXPECT_EQ(path.back()["step"], 8);
   EXPECT_EQ(run["steps"], 8);
   EXPECT_NEAR(path.back()["path_seconds"].get<double>(), clock - tuning, 1e-6);
+  // After the cold start's epoch, the first grid runs at the HE model's first g (the smallest within
+  // 5% of the best time per sample), every probe from the epoch's end state, with momenta up to the
+  // cold start's 0.9 and learning rates eta* and eta* / 10.
+  double bestRatio = 1e9;
+  for (const auto& h : run["he_model"]) bestRatio = std::min(bestRatio, h["he_ratio"].get<double>());
+  int firstG = 0;
+  for (const auto& h : run["he_model"])
+    if (firstG == 0 && h["he_ratio"].get<double>() <= bestRatio * 1.05) firstG = h["groups"];
+  int coldEnd = -1;  // where the first grid starts: the cold start's epoch's end
+  for (const auto& s : run["stages"])
+    if (s["kind"] == "probe" && coldEnd < 0) coldEnd = s["from_step"];
+  ASSERT_EQ(coldEnd, 4);
+  double coldLr = 0;  // the learning rate the cold start's epoch ended with (a kept run ending there)
+  for (const auto& s : run["stages"])
+    if (s["won"].get<bool>() && s["to_step"] == coldEnd) coldLr = s["lr"];
+  ASSERT_GT(coldLr, 0);
+  int probes = 0;
+  for (const auto& s : run["stages"]) {
+    if (s["kind"] != "probe" || s["from_step"] != coldEnd) continue;
+    ++probes;
+    if (probes <= 4) EXPECT_EQ(s["groups"], firstG) << s.dump();  // the first grid: 2 momenta x 2 lrs
+    const double lr = s["lr"];
+    EXPECT_TRUE(std::fabs(lr - coldLr) < 1e-12 || std::fabs(lr - coldLr / 10) < 1e-12) << s.dump();
+  }
+  EXPECT_GE(probes, 4);
   const int g = run["chosen"]["groups"];
   EXPECT_TRUE(g == 1 || g == 2) << g;
   std::ifstream md(dir.path + "/t.md");

@@ -154,6 +154,7 @@ TEST(ComputeGroups, CheckpointsHoldTheShardsStateAndResumeExactly) {
                                      "--checkpoint", ck2, "--summary", dir.path + "/onward.json"}),
                                 dir.path + "/onward");
   ASSERT_EQ(onward.exitCode(), 0) << onward.stderrText();
+  EXPECT_THAT(onward.stdoutText(), HasSubstr("resuming from " + ck2 + "/step-000000010"));
   EXPECT_EQ(summaryOf(dir.path + "/onward.json")["groups"], 4);
   auto noGroups = testing::runCli(job({"--max-steps", "12", "--regroup", "--checkpoint", ck2}), dir.path + "/nogroups");
   EXPECT_EQ(noGroups.exitCode(), 2);

@@ -44,6 +44,7 @@ struct AccuracyRun {
 struct RunExtras {
   std::string tag;                     // part of the run's file names (default: the system's name)
   int maxSteps = 0;                    // stop after this many steps in total (0: the harness's steps)
+  int startStep = 0;                   // the step a resumed run starts from (its checkpoint's)
   int curveEvery = 0;                  // 0: the harness's
   std::vector<std::string> trainArgs;  // more flags for poseidon train (e.g. --checkpoint DIR)
   bool quiet = false;                  // no line per run on the terminal
@@ -63,8 +64,9 @@ struct AccuracyHarness {
   // Epochs of the data that `steps` steps need (poseidon train's --epochs).
   int epochsFor(int steps) const;
   AccuracyRun run(const AccuracySystem& sys, const RunExtras& extra = {});
-  // Reads rank 0's summary into the run's numbers (throws Error when it has no curve).
-  void read(AccuracyRun& r) const;
+  // Reads rank 0's summary into the run's numbers (throws Error when it has no curve); the run
+  // started at `startStep`.
+  void read(AccuracyRun& r, int startStep = 0) const;
   void print(const AccuracyRun& r) const;
 };
 

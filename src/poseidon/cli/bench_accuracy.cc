@@ -15,6 +15,7 @@
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "poseidon/bench/cluster.h"
 #include "poseidon/bench/ranks.h"
@@ -33,6 +34,12 @@ namespace fs = std::filesystem;
 using bench::EmulatedCluster;
 
 namespace {
+
+// A number of a run's JSON, or `otherwise` where it is not a finite one (a diverged run's NaN is
+// NaN in memory and null once written).
+double finiteOr(const nlohmann::json& v, double otherwise) {
+  return v.is_number() && std::isfinite(v.get<double>()) ? v.get<double>() : otherwise;
+}
 
 std::string fmtSeconds(double s) {
   char b[32];
@@ -178,7 +185,7 @@ AccuracyRun AccuracyHarness::run(const AccuracySystem& sys, const RunExtras& ext
     try {
       std::ifstream f(base + ".json");
       r.summary = nlohmann::json::parse(f);
-      read(r);
+      read(r, extra.startStep);
       r.ok = true;
     } catch (const std::exception& e) {
       r.error = strCat("unreadable result ", base, ".json: ", e.what());
@@ -188,7 +195,7 @@ AccuracyRun AccuracyHarness::run(const AccuracySystem& sys, const RunExtras& ext
   return r;
 }
 
-void AccuracyHarness::read(AccuracyRun& r) const {
+void AccuracyHarness::read(AccuracyRun& r, int startStep) const {
   // A diverged run's losses and accuracies are NaN, which JSON writes as null.
   auto number = [](const nlohmann::json& p, const char* key) {
     const auto& v = p.at(key);
@@ -197,7 +204,7 @@ void AccuracyHarness::read(AccuracyRun& r) const {
   const nlohmann::json& s = r.summary;
   const auto& curve = s.at("curve");
   if (curve.empty()) throw Error("no curve points");
-  r.secondsPerStep = s.at("train_clock_seconds").get<double>() / curve.back().at("step").get<double>();
+  r.secondsPerStep = s.at("train_clock_seconds").get<double>() / (curve.back().at("step").get<double>() - startStep);
   r.finalAccuracy = number(curve.back(), "test_accuracy");
   for (double o : s.at("pad_overruns_per_rank").get<std::vector<double>>()) r.overruns += o;
   for (double m : s.at("max_compute_ms_per_rank").get<std::vector<double>>()) {
@@ -276,10 +283,9 @@ void writeMarkdown(const std::string& path, const nlohmann::json& result) {
          << cell(static_cast<double>(r["steps_to_accuracy"].get<int64_t>()), "%.0f") << " | "
          << cell(r["time_to_loss_s"].get<double>(), "%.1f s") << " | "
          << cell(static_cast<double>(r["steps_to_loss"].get<int64_t>()), "%.0f") << " | "
-         << cell(r["final_test_accuracy"].is_number() ? 100 * r["final_test_accuracy"].get<double>() : -1, "%.1f%%")
-         << " | " << cell(r["pad_overruns"].get<double>(), "%.0f") << " | "
-         << (t > 0 && ddp > 0 ? cell(ddp / t, "%.2fx") : "-") << " | "
-         << (t > 0 && bsp > 0 ? cell(bsp / t, "%.2fx") : "-") << " |\n";
+         << cell(finiteOr(r["final_test_accuracy"], -0.01) * 100, "%.1f%%") << " | "
+         << cell(r["pad_overruns"].get<double>(), "%.0f") << " | " << (t > 0 && ddp > 0 ? cell(ddp / t, "%.2fx") : "-")
+         << " | " << (t > 0 && bsp > 0 ? cell(bsp / t, "%.2fx") : "-") << " |\n";
     }
     md << "\n";
   }
@@ -302,7 +308,10 @@ void writePlots(const std::string& dir, const nlohmann::json& result) {
         if (r["mbit"].get<double>() != rate || !r["ok"].get<bool>()) continue;
         std::string name = r["system"].get<std::string>();
         std::ofstream dat(base + "-" + name + ".dat");
-        for (const auto& p : r["curve"]) dat << p["seconds"].get<double>() << " " << p[what].get<double>() << "\n";
+        for (const auto& p : r["curve"]) {
+          const double v = finiteOr(p[what], std::nan(""));
+          if (std::isfinite(v)) dat << p["seconds"].get<double>() << " " << v << "\n";  // a diverged run's NaN: a gap
+        }
         gp << (first ? "" : ", ") << "'" << base << "-" << name << ".dat' with lines lw 2 title '" << name << "'";
         first = false;
       }
@@ -411,6 +420,7 @@ int benchAccuracyCommand(const std::vector<std::string>& args) {
                       {"steps", h.steps},
                       {"curve_every", h.curveEvery},
                       {"pair_bytes", h.pairBytes},
+                      {"host_cores", static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))},
                       {"target_accuracy", h.targetAccuracy},
                       {"target_loss", h.targetLoss},
                       {"rates_mbit", rates},

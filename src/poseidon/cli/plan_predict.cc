@@ -78,15 +78,15 @@ int planGroups(const PredictRequest& r, const planner::Workload& w) {
   std::vector<planner::GroupPrediction> ps;
   for (int g : r.groups) ps.push_back(planner::predictGroups(w, c, g));
   // HE(1) per sample: g = 1 is always the reference, modelled if the list does not have it.
-  const double step1 = planner::predictGroups(w, c, 1).stepSeconds;
+  const double samples1 = planner::predictGroups(w, c, 1).samplesPerSecond;
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& p : ps) {
     rows.push_back({{"groups", p.groups},
                     {"group_size", p.groupSize},
                     {"step_seconds", p.stepSeconds},
                     {"update_seconds", p.updateSeconds},
-                    {"samples_per_second", P * static_cast<double>(w.batch) / p.stepSeconds},
-                    {"he_ratio", p.stepSeconds / step1},
+                    {"samples_per_second", p.samplesPerSecond},
+                    {"he_ratio", samples1 / p.samplesPerSecond},
                     {"max_node_tx_bytes", p.maxNodeTxBytes}});
   }
   if (r.json) {
@@ -108,11 +108,12 @@ int planGroups(const PredictRequest& r, const planner::Workload& w) {
               "tx MB/step");
   for (const auto& p : ps) {
     std::printf("%6d %6d %9.3f %10.4f %10.1f %12.3f %12.2f\n", p.groups, p.groupSize, p.stepSeconds, p.updateSeconds,
-                P * static_cast<double>(w.batch) / p.stepSeconds, p.stepSeconds / step1, p.maxNodeTxBytes / 1e6);
+                p.samplesPerSecond, samples1 / p.samplesPerSecond, p.maxNodeTxBytes / 1e6);
   }
   std::printf(
       "\ns/step: one worker's round (pull the model, compute, push); s/update: between updates of the shared model\n"
-      "(Omnivore's time per iteration, s/step / g); HE(g)/HE(1): time per sample against one group (below 1: "
+      "(Omnivore's time per iteration; s/step / g when the groups step alike); HE(g)/HE(1): time per sample against "
+      "one group (below 1: "
       "faster)\n");
   return 0;
 }

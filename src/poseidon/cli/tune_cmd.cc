@@ -11,16 +11,24 @@
 //                asynchrony stops buying hardware efficiency (the paper: the smallest g that
 //                saturates the FC server; without a merged FC this is its analogue).
 //   each epoch   at the current g, probe mu in --momenta up to the last epoch's mu, and eta in
-//                {eta*, eta* / 10}, every probe from the epoch's starting model; the lowest loss
-//                wins, and configurations within 5% of it are probed further (up to twice);
-//                if mu = 0 wins, also mu = 0.1 and 0.2; if 0 still wins and g > 1, halve g and
-//                search again. Then train the rest of the epoch from the winner's end state.
+//                {eta*, eta* / 10}, every probe from the epoch's starting model; if mu = 0 has the
+//                lowest loss, also probe mu = 0.1 and 0.2 (at its eta); then the lowest loss wins,
+//                and configurations within 5% of it are probed further (up to twice, never past
+//                the epoch's end); if mu = 0 still wins and g > 1, move to the largest listed g of
+//                at most g / 2 and search again. Then train the rest of the epoch from the
+//                winner's end state.
 //
 // A probe is a tenth of an epoch (the paper's ratio is 1 minute per hour; the issue keeps 1:10);
-// its loss is rank 0's mean training loss over the probe's second half. The winner's steps are
-// kept (the epoch continues from its state), so what tuning costs is the losers' time. Every
-// decision is printed and written to the summary JSON. Time is the training clock: seconds in
-// training steps, summed over every run (probes and epochs), as `bench --accuracy` counts it.
+// its loss is rank 0's mean training loss over the probe's second half (over all of it when the
+// probe has an odd number of steps). The winner's steps are kept (the epoch continues from its
+// state), so what tuning costs is the losers' time. Every decision is printed and written to the
+// summary JSON. Time is the training clock: seconds in training steps, summed over every run
+// (probes and epochs), as `bench --accuracy` counts it.
+//
+// Beyond the paper, for a tuner that must not stop half-way: a probe that diverges loses; when
+// every probe of a grid diverges, g is lowered as when mu = 0 wins (at g = 1 it is an error); an
+// epoch that diverges is run again from the winner's state at a tenth of its learning rate (at
+// most twice). The cold start probes g = 1 only (appendix E-D also searches every g there).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -88,7 +96,8 @@ struct Stage {
 
 // A curve point's number; NaN where a diverged run wrote null.
 double number(const nlohmann::json& p, const char* key) {
-  return p.contains(key) && p[key].is_number() ? p[key].get<double>() : std::nan("");
+  return p.contains(key) && p[key].is_number() && std::isfinite(p[key].get<double>()) ? p[key].get<double>()
+                                                                                      : std::nan("");
 }
 
 std::string fmtLoss(double l) {
@@ -112,7 +121,7 @@ class Tuner {
       const Stage& s = cold.back();
       if (std::isinf(s.loss) || (cold.size() > 1 && s.loss > cold[cold.size() - 2].loss)) break;
     }
-    Stage best = settle(cold);
+    Stage best = settle(cold, epochEnd(0));
     if (std::isinf(best.loss)) throw Error("every cold-start learning rate diverged: try lower --lrs");
     keep(best);
     Stage at = finishEpoch(best);  // the cold-start epoch, with the winner
@@ -141,21 +150,22 @@ class Tuner {
     c.pairBytes = h_->pairBytes;
     const double cores = std::max(1u, std::thread::hardware_concurrency());
     c.messageSeconds = planner::kMessageSeconds * std::max(1.0, h_->nodes / cores);
-    double bestStep = kInf;
-    std::vector<double> steps;
+    double best = kInf;
+    std::vector<double> perSample;  // seconds per sample through the whole cluster
     for (int g : cfg_.groups) {
-      steps.push_back(planner::predictGroups(w, c, g).stepSeconds);
-      bestStep = std::min(bestStep, steps.back());
+      const planner::GroupPrediction p = planner::predictGroups(w, c, g);
+      perSample.push_back(1 / p.samplesPerSecond);
+      best = std::min(best, perSample.back());
+      he_.push_back({{"groups", g}, {"predicted_step_seconds", p.stepSeconds}});
     }
     int first = cfg_.groups.back();
-    std::printf("  HE model (planner): predicted s/step");
+    std::printf("  HE model (planner): HE(g)/HE(1)");
     for (size_t i = 0; i < cfg_.groups.size(); ++i) {
-      std::printf("%s g%d %.3f", i ? "," : "", cfg_.groups[i], steps[i]);
-      he_.push_back(
-          {{"groups", cfg_.groups[i]}, {"predicted_step_seconds", steps[i]}, {"he_ratio", steps[i] / steps.front()}});
+      he_[i]["he_ratio"] = perSample[i] / perSample.front();
+      std::printf("%s g%d %.3f", i ? "," : "", cfg_.groups[i], perSample[i] / perSample.front());
     }
     for (size_t i = 0; i < cfg_.groups.size(); ++i) {
-      if (steps[i] <= bestStep * (1 + kHeSaturation)) {
+      if (perSample[i] <= best * (1 + kHeSaturation)) {
         first = cfg_.groups[i];
         break;
       }
@@ -166,6 +176,7 @@ class Tuner {
 
   // The grid at g (and smaller g while mu = 0 wins), every probe from `at`'s state.
   Stage search(const Stage& at, int* g, double muLast, double eta) {
+    const int end = epochEnd(at.toStep);
     for (;;) {
       std::vector<Stage> grid;
       for (double lr : {eta, eta / 10}) {
@@ -173,25 +184,34 @@ class Tuner {
           if (mu <= muLast + 1e-12) grid.push_back(probe("probe", at.state, at.toStep, *g, lr, mu));
         }
       }
-      Stage best = settle(grid);
-      if (best.momentum == 0 && !std::isinf(best.loss)) {
-        for (double mu : {0.1, 0.2}) grid.push_back(probe("probe", at.state, at.toStep, *g, best.lr, mu));
-        best = settle(grid);
+      const Stage& lowest =
+          *std::min_element(grid.begin(), grid.end(), [](const Stage& a, const Stage& b) { return a.loss < b.loss; });
+      if (lowest.momentum == 0 && !std::isinf(lowest.loss)) {
+        const double lr = lowest.lr;
+        for (double mu : {0.1, 0.2}) grid.push_back(probe("probe", at.state, at.toStep, *g, lr, mu));
       }
+      Stage best = settle(grid, end);
       if (std::isinf(best.loss)) {
         if (*g == 1) throw Error("every probe diverged at g = 1: try lower --lrs");
       } else if (best.momentum > 0 || *g == 1) {
         keep(best);
         return best;
       }
-      *g /= 2;  // momentum 0 won (or all diverged): the implicit momentum is too high
-      std::printf("  momentum 0 %s: halving the groups to %d\n", std::isinf(best.loss) ? "diverged too" : "won", *g);
+      // Momentum 0 won (or every probe diverged): the implicit momentum is too high.
+      int lower = 1;
+      for (int c : cfg_.groups)
+        if (c <= *g / 2) lower = c;
+      *g = lower;
+      std::printf("  momentum 0 %s: %d groups now\n", std::isinf(best.loss) ? "diverged too" : "won", *g);
     }
   }
 
-  // The lowest loss wins; those within 5% of it are probed further (each from its own state). The
-  // caller keeps the final choice.
-  Stage settle(std::vector<Stage>& grid) {
+  // The end of the epoch that step `from` is in (or the budget).
+  int epochEnd(int from) const { return std::min(cfg_.steps, (from / cfg_.epochSteps + 1) * cfg_.epochSteps); }
+
+  // The lowest loss wins; those within 5% of it are probed further (each from its own state) while
+  // that stays within `end`. The caller keeps the final choice.
+  Stage settle(std::vector<Stage>& grid, int end) {
     for (int round = 0;; ++round) {
       size_t best = 0;
       for (size_t i = 1; i < grid.size(); ++i)
@@ -199,7 +219,7 @@ class Tuner {
       std::vector<size_t> tied;
       for (size_t i = 0; i < grid.size(); ++i)
         if (i != best && !std::isinf(grid[i].loss) && grid[i].loss <= grid[best].loss * (1 + kTie)) tied.push_back(i);
-      if (tied.empty() || round == kMaxExtensions) return grid[best];
+      if (tied.empty() || round == kMaxExtensions || grid[best].toStep + cfg_.probeSteps > end) return grid[best];
       tied.push_back(best);
       std::printf("  %zu within %.0f%% of the best: probing them further\n", tied.size(), kTie * 100);
       for (size_t i : tied) {
@@ -233,7 +253,7 @@ class Tuner {
 
   // Trains from the winner's end state to the end of its epoch.
   Stage finishEpoch(const Stage& winner) {
-    const int end = std::min(cfg_.steps, (winner.fromStep / cfg_.epochSteps + 1) * cfg_.epochSteps);
+    const int end = epochEnd(winner.fromStep);
     if (winner.toStep >= end) return winner;
     // A probe is short: a learning rate that won it may still diverge over an epoch. Then the epoch
     // is run again from the winner's state at a tenth of it (the diverged run was tuning's cost).
@@ -266,12 +286,13 @@ class Tuner {
     s.state = strCat(h_->work, "/state-", mbit_, "-", ++runs_);
     fs::create_directories(s.state);
     if (!from.empty()) {
-      // Resume from the newest checkpoint of `from`: a copy, so that other probes start from it too.
-      std::string newest;
-      for (const auto& e : fs::directory_iterator(from))
-        if (e.is_directory() && e.path().filename().string() > newest) newest = e.path().filename().string();
-      if (newest.empty()) throw Error("no checkpoint in " + from);
-      fs::copy(fs::path(from) / newest, fs::path(s.state) / newest, fs::copy_options::recursive);
+      // Resume from `from`'s checkpoint at fromStep (poseidon train's step-NNNNNNNNN): a copy, so that
+      // other probes start from it too.
+      char name[32];
+      std::snprintf(name, sizeof name, "step-%09d", fromStep);
+      const fs::path src = fs::path(from) / name;
+      if (!fs::exists(src / "meta.json")) throw Error(strCat("no complete checkpoint ", src.string()));
+      fs::copy(src, fs::path(s.state) / name, fs::copy_options::recursive);
     }
     AccuracySystem sys;
     sys.name = strCat("g", g);
@@ -281,6 +302,7 @@ class Tuner {
     RunExtras extra;
     extra.tag = strCat("run", runs_);
     extra.maxSteps = toStep;
+    extra.startStep = fromStep;
     // Every run starts and ends on a multiple of the probe length: a probe's last curve point is the mean
     // loss over its second half (over the last probe length for an epoch), and its one checkpoint is at
     // its end (toStep is the only multiple of itself in (fromStep, toStep]).
@@ -365,7 +387,7 @@ class Tuner {
 };
 
 std::string fmt(double v, const char* f) {
-  if (v < 0) return "-";
+  if (!(v >= 0)) return "-";  // not reached, or NaN
   char b[64];
   std::snprintf(b, sizeof b, f, v);
   return b;
@@ -386,10 +408,9 @@ void writeMarkdown(const std::string& path, const nlohmann::json& result) {
        << r["chosen"]["lr"] << ". Time to " << 100 * c["target_accuracy"].get<double>()
        << "% test accuracy: " << fmt(r["time_to_accuracy_s"].get<double>(), "%.1f s") << " (" << r["steps_to_accuracy"]
        << " steps); to loss " << c["target_loss"] << ": " << fmt(r["time_to_loss_s"].get<double>(), "%.1f s")
-       << "; final accuracy "
-       << fmt(r["final_test_accuracy"].is_number() ? 100 * r["final_test_accuracy"].get<double>() : -1, "%.1f%%")
-       << ". Training clock " << fmt(r["clock_seconds"].get<double>(), "%.1f s")
-       << ", of which tuning (the probes that lost) " << fmt(r["tuning_seconds"].get<double>(), "%.1f s") << " ("
+       << "; final accuracy " << fmt(100 * number(r, "final_test_accuracy"), "%.1f%%") << ". Training clock "
+       << fmt(r["clock_seconds"].get<double>(), "%.1f s") << ", of which tuning (the probes that lost) "
+       << fmt(r["tuning_seconds"].get<double>(), "%.1f s") << " ("
        << fmt(100 * r["tuning_share"].get<double>(), "%.0f%%") << ").\n\n";
     md << "| stage | g | lr | momentum | steps | loss | seconds | kept |\n|---|---|---|---|---|---|---|---|\n";
     for (const auto& s : r["stages"]) {
@@ -451,10 +472,12 @@ int tuneCommand(const std::vector<std::string>& args) {
   h.seed = static_cast<uint64_t>(seed);
   cfg.probeSteps = probeSteps > 0 ? probeSteps : std::max(2, cfg.epochSteps / 10);
   if (cfg.epochSteps % cfg.probeSteps != 0) {
-    throw InvalidArgument(strCat("--probe-steps ", cfg.probeSteps, " must divide --epoch-steps ", cfg.epochSteps));
+    throw InvalidArgument(strCat("--probe-steps ", cfg.probeSteps, probeSteps > 0 ? "" : " (a tenth of --epoch-steps)",
+                                 " must divide --epoch-steps ", cfg.epochSteps));
   }
   if (cfg.steps % cfg.probeSteps != 0) {
-    throw InvalidArgument(strCat("--probe-steps ", cfg.probeSteps, " must divide --steps ", cfg.steps));
+    throw InvalidArgument(strCat("--probe-steps ", cfg.probeSteps, probeSteps > 0 ? "" : " (a tenth of --epoch-steps)",
+                                 " must divide --steps ", cfg.steps));
   }
   if (cfg.epochSteps > cfg.steps) {
     throw InvalidArgument(strCat("--epoch-steps ", cfg.epochSteps, " exceeds --steps ", cfg.steps));
@@ -505,6 +528,7 @@ int tuneCommand(const std::vector<std::string>& args) {
                       {"batch", h.batch},
                       {"pad_ms", h.padMs},
                       {"pair_bytes", h.pairBytes},
+                      {"host_cores", static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))},
                       {"steps", cfg.steps},
                       {"epoch_steps", cfg.epochSteps},
                       {"probe_steps", cfg.probeSteps},
@@ -534,8 +558,7 @@ int tuneCommand(const std::vector<std::string>& args) {
           r["time_to_accuracy_s"].get<double>() < 0
               ? "not reached"
               : strCat(fmt(r["time_to_accuracy_s"].get<double>(), "%.1f s")).c_str(),
-          static_cast<long long>(r["steps_to_accuracy"].get<int64_t>()),
-          r["final_test_accuracy"].is_number() ? 100 * r["final_test_accuracy"].get<double>() : 0.0,
+          static_cast<long long>(r["steps_to_accuracy"].get<int64_t>()), 100 * number(r, "final_test_accuracy"),
           r["clock_seconds"].get<double>(), r["tuning_seconds"].get<double>(), 100 * r["tuning_share"].get<double>());
       std::fflush(stdout);
       runs.push_back(std::move(r));

@@ -512,7 +512,6 @@ class GroupModel {
  public:
   GroupModel(const Workload& w, const Cluster& c, int groups)
       : w_(w),
-        c_(c),
         P_(c.workers),
         g_(groups),
         k_(c.workers / groups),
@@ -544,11 +543,17 @@ class GroupModel {
     GroupPrediction p;
     p.groups = g_;
     p.groupSize = k_;
+    // Groups may step at different rates (one may never wait for the link): the model is updated at
+    // the sum of their rates, and samples go through at the sum of the workers'.
+    double updatesPerSecond = 0;
     for (int n = 0; n < P_; ++n) {
       const auto& rs = roundStart_[static_cast<size_t>(n)];
-      p.stepSeconds += (rs[kRounds] - rs[kWarmRounds]) / (kRounds - kWarmRounds) / P_;
+      const double step = (rs[kRounds] - rs[kWarmRounds]) / (kRounds - kWarmRounds);
+      p.stepSeconds += step / P_;
+      p.samplesPerSecond += static_cast<double>(w_.batch) / step;
+      updatesPerSecond += 1.0 / step / k_;
     }
-    p.updateSeconds = p.stepSeconds / g_;
+    p.updateSeconds = 1.0 / updatesPerSecond;
     for (double b : net_.txBytes()) p.maxNodeTxBytes = std::max(p.maxNodeTxBytes, b / (kRounds - kWarmRounds));
     return p;
   }
@@ -629,7 +634,6 @@ class GroupModel {
   }
 
   const Workload& w_;
-  const Cluster& c_;
   int P_, g_, k_, L_;
   Sim sim_;
   KvLayout layout_;
@@ -792,6 +796,7 @@ GroupPrediction predictGroups(const Workload& workload, const Cluster& cluster, 
   if (cluster.workers == 1) {
     p.groups = p.groupSize = 1;
     p.stepSeconds = p.updateSeconds = workload.computeSeconds();
+    p.samplesPerSecond = static_cast<double>(workload.batch) / p.stepSeconds;
   } else {
     p = GroupModel(workload, cluster, groups).run();
   }

@@ -131,7 +131,8 @@ Prediction predict(const Workload& workload, const Cluster& cluster, System syst
 struct GroupPrediction {
   int groups = 0, groupSize = 0;  // g, k
   double stepSeconds = 0;         // one worker's round in the steady state (mean over workers)
-  double updateSeconds = 0;       // between updates of the shared model: stepSeconds / g
+  double updateSeconds = 0;       // between updates of the shared model (stepSeconds / g when groups step alike)
+  double samplesPerSecond = 0;    // through all workers: the sum of batch / step
   double computeSeconds = 0;      // one worker's forward + backward
   double maxNodeTxBytes = 0;      // the busiest node's bytes on its egress per round, overhead included
 };

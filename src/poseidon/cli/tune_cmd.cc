@@ -212,12 +212,15 @@ class Tuner {
   // The lowest loss wins; those within 5% of it are probed further (each from its own state) while
   // that stays within `end`. The caller keeps the final choice.
   Stage settle(std::vector<Stage>& grid, int end) {
+    // Only the configurations still tied go on, so the ones compared have always run equally long.
+    std::vector<size_t> candidates(grid.size());
+    for (size_t i = 0; i < grid.size(); ++i) candidates[i] = i;
     for (int round = 0;; ++round) {
-      size_t best = 0;
-      for (size_t i = 1; i < grid.size(); ++i)
+      size_t best = candidates.front();
+      for (size_t i : candidates)
         if (grid[i].loss < grid[best].loss) best = i;
       std::vector<size_t> tied;
-      for (size_t i = 0; i < grid.size(); ++i)
+      for (size_t i : candidates)
         if (i != best && !std::isinf(grid[i].loss) && grid[i].loss <= grid[best].loss * (1 + kTie)) tied.push_back(i);
       if (tied.empty() || round == kMaxExtensions || grid[best].toStep + cfg_.probeSteps > end) return grid[best];
       tied.push_back(best);
@@ -226,6 +229,7 @@ class Tuner {
         const Stage& s = grid[i];
         grid[i] = probe("extension", s.state, s.toStep, s.groups, s.lr, s.momentum, &s);
       }
+      candidates = tied;
     }
   }
 
@@ -562,18 +566,15 @@ int tuneCommand(const std::vector<std::string>& args) {
           r["clock_seconds"].get<double>(), r["tuning_seconds"].get<double>(), 100 * r["tuning_share"].get<double>());
       std::fflush(stdout);
       runs.push_back(std::move(r));
+      // Written after each rate: a long tune stopped later keeps what it finished.
+      result["runs"] = runs;
+      if (!jsonPath.empty()) std::ofstream(jsonPath) << result.dump(2) << "\n";
+      if (!mdPath.empty()) writeMarkdown(mdPath, result);
     }
     h.cluster = nullptr;
   }
-  result["runs"] = runs;
-  if (!jsonPath.empty()) {
-    std::ofstream(jsonPath) << result.dump(2) << "\n";
-    std::printf("results: %s\n", jsonPath.c_str());
-  }
-  if (!mdPath.empty()) {
-    writeMarkdown(mdPath, result);
-    std::printf("table: %s\n", mdPath.c_str());
-  }
+  if (!jsonPath.empty()) std::printf("results: %s\n", jsonPath.c_str());
+  if (!mdPath.empty()) std::printf("table: %s\n", mdPath.c_str());
   if (keep)
     std::printf("logs and checkpoints: %s\n", h.work.c_str());
   else

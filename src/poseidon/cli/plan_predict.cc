@@ -154,11 +154,8 @@ int planCheckAccuracy(const std::string& path, const nlohmann::json& results, co
       if (!json) std::printf("%-8s %5d %8.0f %10s %10s  (%s)\n", system.c_str(), nodes, mbit, "-", "-", why.c_str());
       continue;
     }
-    Cluster c = calibration;
-    c.workers = nodes;
-    c.linkBytes = mbit * 1e6 / 8 * planner::kEmulatedLinkEfficiency;
+    Cluster c = planner::emulatedCluster(calibration, nodes, mbit, cores);
     c.pairBytes = config.value("pair_bytes", c.pairBytes);
-    c.messageSeconds = calibration.messageSeconds * std::max(1.0, static_cast<double>(nodes) / cores);
     c.gemmFlops = kHostGemmFlops;
     c.timedSchemes = false;  // poseidon train picks schemes by bytes
     double predicted = 0;
@@ -337,16 +334,13 @@ int planCheck(const std::string& path, const Cluster& calibration, int hostCores
                     why.c_str());
       continue;
     }
-    Cluster c = calibration;
-    c.workers = nodes;
+    // The bench runs every node on one host: a message's loop time stretches as they share its cores.
+    Cluster c = planner::emulatedCluster(calibration, nodes, mbit, cores);
     c.scale = scale;
-    c.linkBytes = mbit * 1e6 / 8 * planner::kEmulatedLinkEfficiency;
     c.wire = wire;
     const double window = config.value("send_window", 0.0);
     if (window > 0) c.sendWindowBytes = window / (scale * scale);
     c.cryptoLanes = config.value("io_threads", 2);
-    // The bench runs every node on one host: a message's loop time stretches as they share its cores.
-    c.messageSeconds = calibration.messageSeconds * std::max(1.0, static_cast<double>(nodes) / cores);
     c.cryptoBytes = c.gemmFlops = c.sumBytes = 0;
     c.timedSchemes = false;
     if (sys != System::kDdp && rates) {

@@ -144,12 +144,9 @@ class Tuner {
   int firstGroups() {
     // As `poseidon plan --check` models a time-to-accuracy run on the emulated cluster.
     const planner::Workload w = planner::paddedWorkload(resolveModel("lenet"), h_->batch, h_->padMs / 1e3);
-    planner::Cluster c;
-    c.workers = h_->nodes;
-    c.linkBytes = mbit_ * 1e6 / 8 * planner::kEmulatedLinkEfficiency;
+    planner::Cluster c = planner::emulatedCluster(planner::Cluster{}, h_->nodes, mbit_,
+                                                  static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
     c.pairBytes = h_->pairBytes;
-    const double cores = std::max(1u, std::thread::hardware_concurrency());
-    c.messageSeconds = planner::kMessageSeconds * std::max(1.0, h_->nodes / cores);
     double best = kInf;
     std::vector<double> perSample;  // seconds per sample through the whole cluster
     for (int g : cfg_.groups) {

@@ -756,7 +756,16 @@ Workload paddedWorkload(ModelDesc model, int64_t batch, double seconds) {
   return w;
 }
 
-Prediction predict(const Workload& workload, const Cluster& cluster, System system) {
+// What every model needs of its inputs (InvalidArgument otherwise).
+Cluster emulatedCluster(const Cluster& calibration, int workers, double mbit, int hostCores) {
+  Cluster c = calibration;
+  c.workers = workers;
+  c.linkBytes = mbit * 1e6 / 8 * kEmulatedLinkEfficiency;
+  c.messageSeconds = calibration.messageSeconds * std::max(1.0, static_cast<double>(workers) / std::max(1, hostCores));
+  return c;
+}
+
+static void checkInputs(const Workload& workload, const Cluster& cluster) {
   if (cluster.workers < 1) throw InvalidArgument("the planner needs at least one worker");
   if (workload.forwardSeconds.size() != workload.model.layers.size() ||
       workload.backwardSeconds.size() != workload.model.layers.size()) {
@@ -764,6 +773,10 @@ Prediction predict(const Workload& workload, const Cluster& cluster, System syst
   }
   if (cluster.workers > 1 && !(cluster.linkBytes > 0)) throw InvalidArgument("the planner needs a link rate > 0");
   if (!(cluster.scale > 0 && cluster.scale <= 1)) throw InvalidArgument("the width scale must be in (0, 1]");
+}
+
+Prediction predict(const Workload& workload, const Cluster& cluster, System system) {
+  checkInputs(workload, cluster);
   Prediction p;
   if (system == System::kDdp) {
     p = predictDdp(workload, cluster);
@@ -783,15 +796,9 @@ Prediction predict(const Workload& workload, const Cluster& cluster, System syst
 }
 
 GroupPrediction predictGroups(const Workload& workload, const Cluster& cluster, int groups) {
-  if (cluster.workers < 1) throw InvalidArgument("the planner needs at least one worker");
+  checkInputs(workload, cluster);
   if (groups < 1 || cluster.workers % groups != 0)
     throw InvalidArgument(strCat(groups, " compute groups do not divide ", cluster.workers, " workers"));
-  if (workload.forwardSeconds.size() != workload.model.layers.size() ||
-      workload.backwardSeconds.size() != workload.model.layers.size()) {
-    throw InvalidArgument("the workload's compute times do not match its layers");
-  }
-  if (cluster.workers > 1 && !(cluster.linkBytes > 0)) throw InvalidArgument("the planner needs a link rate > 0");
-  if (!(cluster.scale > 0 && cluster.scale <= 1)) throw InvalidArgument("the width scale must be in (0, 1]");
   GroupPrediction p;
   if (cluster.workers == 1) {
     p.groups = p.groupSize = 1;

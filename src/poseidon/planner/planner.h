@@ -109,6 +109,10 @@ struct Cluster {
   double messageSeconds = kMessageSeconds;  // the receive loop's own time per message, decryption aside
 };
 
+// `calibration` as the emulated cluster runs it: `workers` nodes on one host of `hostCores` cores,
+// links of `mbit` Mbit/s (nominal, at the workload's scale).
+Cluster emulatedCluster(const Cluster& calibration, int workers, double mbit, int hostCores);
+
 struct Prediction {
   System system = System::kPoseidon;
   int workers = 0;

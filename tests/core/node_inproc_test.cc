@@ -176,6 +176,107 @@ TEST(NodeInProcess, SixteenBitWireRoundsOnceAndSumsInFp32) {
   }
 }
 
+// Merged FC's model-parallel link: every worker (the FC server's own rank included, which does not
+// send to itself) sends its round's activations to rank 0's FC server thread and gets its reply.
+TEST(NodeInProcess, MergedFcExchangesEachWorkersRoundWithTheFcServer) {
+  auto nodes = startNodes(3, SchemePolicy::kPS);
+  constexpr int kRounds = 3;
+  std::thread server([&] {
+    std::map<std::pair<int, int64_t>, int> seen;
+    for (int served = 0; served < 3 * kRounds;) {
+      FcChannel::Request r;
+      if (!nodes[0]->nextFcRequest(&r, std::chrono::milliseconds(100))) continue;
+      FcForwardView v = decodeFcForward(r.payload);
+      ++seen[{r.from, r.round}];
+      // loss: the lr plus the label sum; gradient: activation x 2 + the sender's rank.
+      double loss = v.lr;
+      std::vector<float> g(static_cast<size_t>(v.rows * v.cols));
+      for (int64_t i = 0; i < v.rows; ++i) loss += static_cast<double>(v.labels[i]);
+      for (size_t i = 0; i < g.size(); ++i) g[i] = v.activations[i] * 2 + static_cast<float>(r.from);
+      nodes[0]->sendFcReply(r.from, r.round, encodeFcBackward(loss, v.rows, v.cols, g.data()));
+      ++served;
+    }
+    EXPECT_EQ(seen.size(), 3u * kRounds);  // each (worker, round) once
+  });
+  std::vector<std::thread> workers;
+  for (auto& n : nodes) {
+    Node* node = n.get();
+    workers.emplace_back([node] {
+      for (int64_t round = 0; round < kRounds; ++round) {
+        const int rows = 2 + node->rank(), cols = 3;
+        std::vector<float> x(static_cast<size_t>(rows * cols));
+        std::vector<int64_t> y(static_cast<size_t>(rows), round);
+        for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i) + 0.25f * static_cast<float>(round);
+        FcBackwardView v;
+        std::vector<uint8_t> reply = node->fcExchange(round, encodeFcForward(0.5f, rows, cols, x.data(), y.data()));
+        v = decodeFcBackward(reply);
+        EXPECT_EQ(v.rows, rows);
+        EXPECT_EQ(v.cols, cols);
+        EXPECT_EQ(v.loss, 0.5 + static_cast<double>(rows * round));
+        for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(v.gradient[i], x[i] * 2 + static_cast<float>(node->rank()));
+      }
+      node->finish();
+    });
+  }
+  for (auto& t : workers) t.join();
+  server.join();
+  // Only the FC server takes requests.
+  FcChannel::Request r;
+  EXPECT_ERROR_CONTAINS(nodes[1]->nextFcRequest(&r, std::chrono::milliseconds(1)), InvalidArgument,
+                        "rank 1 is not the FC server");
+}
+
+TEST(FcChannel, PayloadsRoundTripAndMalformedOnesAreRefused) {
+  std::vector<float> x = {1, 2, 3, 4, 5, 6};
+  std::vector<int64_t> y = {7, 9};
+  std::vector<uint8_t> p = encodeFcForward(0.125f, 2, 3, x.data(), y.data());
+  EXPECT_EQ(p.size(), 24u + 16u + 24u);
+  FcForwardView f = decodeFcForward(p);
+  EXPECT_EQ(f.lr, 0.125f);
+  EXPECT_EQ(f.rows, 2);
+  EXPECT_EQ(f.cols, 3);
+  EXPECT_EQ(f.labels[1], 9);
+  EXPECT_EQ(f.activations[5], 6.f);
+  std::vector<uint8_t> cut(p.begin(), p.end() - 4);
+  EXPECT_ERROR_CONTAINS(decodeFcForward(cut), ProtocolError,
+                        "fc-forward: 2 x 3 needs 40 bytes after the head, the payload has 36");
+  EXPECT_ERROR_CONTAINS(decodeFcForward(std::vector<uint8_t>(10)), ProtocolError,
+                        "fc-forward of 10 bytes is shorter than its 24-byte head");
+  std::vector<uint8_t> neg = p;
+  neg[7] = 0x80;  // rows < 0
+  EXPECT_ERROR_CONTAINS(decodeFcForward(neg), ProtocolError, "is not a matrix size");
+  std::vector<uint8_t> b = encodeFcBackward(1.5, 2, 3, x.data());
+  FcBackwardView v = decodeFcBackward(b);
+  EXPECT_EQ(v.loss, 1.5);
+  EXPECT_EQ(v.gradient[4], 5.f);
+  b.push_back(0);
+  EXPECT_ERROR_CONTAINS(decodeFcBackward(b), ProtocolError,
+                        "fc-backward: 2 x 3 needs 24 bytes after the head, the payload has 25");
+
+  // A worker's mailbox takes the reply to its outstanding round only, once; the server's queue is bounded.
+  StickyError error;
+  FcChannel channel(error, 1);
+  EXPECT_ERROR_CONTAINS(channel.deliverReply(0, {}), ProtocolError,
+                        "fc-backward for round 0, but no request is outstanding");
+  channel.expectReply(4);
+  EXPECT_ERROR_CONTAINS(channel.deliverReply(3, {}), ProtocolError,
+                        "fc-backward for round 3, but round 4's is awaited");
+  channel.deliverReply(4, {1, 2});
+  EXPECT_ERROR_CONTAINS(channel.deliverReply(4, {}), ProtocolError, "no request is outstanding");
+  std::vector<uint8_t> got;
+  ASSERT_TRUE(channel.waitReply(&got, std::chrono::milliseconds(0)));
+  EXPECT_EQ(got, (std::vector<uint8_t>{1, 2}));
+  for (size_t i = 0; i < FcChannel::kMaxQueuedPerWorker; ++i) channel.deliverRequest({0, int64_t(i), {}});
+  EXPECT_ERROR_CONTAINS(channel.deliverRequest({0, 9, {}}), ProtocolError, "2 requests already wait for the FC server");
+  FcChannel::Request r;
+  ASSERT_TRUE(channel.nextRequest(&r, std::chrono::milliseconds(0)));
+  EXPECT_EQ(r.round, 0);
+  // The job's error wakes a waiting worker with that error.
+  channel.expectReply(5);
+  error.set(std::make_exception_ptr(AbortedError("rank 2 failed")));
+  EXPECT_ERROR_CONTAINS(channel.waitReply(&got, std::chrono::milliseconds(60000)), AbortedError, "rank 2 failed");
+}
+
 TEST(NodeInProcess, TimeoutNamesMissingLayerAndRank) {
   auto nodes = startNodes(2, SchemePolicy::kPS);
   // Rank 1 never submits; rank 0's barrier must time out naming what is missing.

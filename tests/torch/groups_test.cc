@@ -4,6 +4,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -89,6 +91,61 @@ TEST(ComputeGroups, SspKeepsEveryGroupWithinTheBoundOfASlowOne) {
   EXPECT_GT(summaryOf(dir.path + "/free.json")["max_group_lead"].get<int>(), 1);
 }
 
+// Merged FC with one group is data-parallel SGD on the same model: the FC server's gradient over
+// the group's rows is the mean of the members' gradients. Only the order of the float sums differs
+// (one matrix product over 4 x 64 rows against four summed in member order), so the parameters after
+// 10 steps agree to rounding, not bit for bit.
+TEST(MergedFc, OneGroupTrainsTheSameModelAsWithoutIt) {
+  TempDir dir;
+  auto run = [&](const std::string& name, std::vector<std::string> extra) {
+    extra.insert(extra.end(), {"--max-steps", "10", "--groups", "1", "--save-params", dir.path + "/" + name + ".bin",
+                               "--summary", dir.path + "/" + name + ".json"});
+    auto p = testing::runCli(job(extra), dir.path + "/" + name);
+    EXPECT_EQ(p.exitCode(), 0) << p.stderrText();
+    return readFloats(dir.path + "/" + name + ".bin");
+  };
+  auto plain = run("plain", {});
+  auto merged = run("merged", {"--merged-fc"});
+  auto otherLr = run("lr", {"--merged-fc", "--lr", "0.04"});
+  ASSERT_EQ(plain.size(), 431080u);
+  ASSERT_EQ(merged.size(), plain.size());
+  ASSERT_EQ(otherLr.size(), plain.size());
+  double diff = 0, lrDiff = 0, fcDiff = 0;
+  for (size_t i = 0; i < plain.size(); ++i) {
+    diff = std::max(diff, static_cast<double>(std::abs(plain[i] - merged[i])));
+    lrDiff = std::max(lrDiff, static_cast<double>(std::abs(otherLr[i] - merged[i])));
+    if (i >= 25570) fcDiff = std::max(fcDiff, static_cast<double>(std::abs(otherLr[i] - merged[i])));  // ip1, ip2
+  }
+  EXPECT_LT(diff, 1e-6);
+  EXPECT_GT(lrDiff, 1e-4);  // the comparison sees a change of the learning rate...
+  EXPECT_GT(fcDiff, 1e-4);  // ...in the FC server's layers too
+  auto s = summaryOf(dir.path + "/merged.json");
+  EXPECT_EQ(s["merged_fc"], true);
+  EXPECT_EQ(s["fc_server_updates"], 10);                             // one per round of the one group
+  EXPECT_EQ(s["staleness_histogram"], nlohmann::json({{"0", 20}}));  // conv1, conv2 only, on the shards
+  EXPECT_EQ(s["layers"][2]["scheme"], "fc-server");
+  EXPECT_EQ(s["layers"][0]["scheme"], "ps");
+}
+
+// Four groups of one: the FC server serves each group's rounds as they come, one update per round
+// (staleness 0 for the FC layers), while the conv layers go stale on the shards; the model learns.
+TEST(MergedFc, FourGroupsShareOneFcServer) {
+  TempDir dir;
+  auto p = testing::runCli(job({"--max-steps", "40", "--groups", "4", "--merged-fc", "--momentum", "0", "--lr", "0.03",
+                                "--summary", dir.path + "/s.json"}),
+                           dir.path + "/g4");
+  ASSERT_EQ(p.exitCode(), 0) << p.stderrText();
+  EXPECT_THAT(p.stdoutText(), HasSubstr("merged FC: the FC server applied 160 updates (staleness 0)"));
+  auto s = summaryOf(dir.path + "/s.json");
+  EXPECT_EQ(s["fc_server_updates"], 160);  // 40 rounds x 4 groups
+  double updates = 0;
+  for (auto it = s["staleness_histogram"].begin(); it != s["staleness_histogram"].end(); ++it) {
+    updates += it.value().get<double>();
+  }
+  EXPECT_EQ(updates, 320);  // 40 rounds x 4 groups x 2 conv layers
+  EXPECT_GT(s["test_accuracy"].get<double>(), 0.5);
+}
+
 TEST(ComputeGroups, FlagsThatDoNotFitAreOneLineErrors) {
   TempDir dir;
   auto p = testing::runCli(job({"--groups", "3"}), dir.path + "/three");
@@ -97,6 +154,16 @@ TEST(ComputeGroups, FlagsThatDoNotFitAreOneLineErrors) {
   auto q = testing::runCli(job({"--staleness", "2"}), dir.path + "/nogroups");
   EXPECT_EQ(q.exitCode(), 2);
   EXPECT_THAT(q.stderrText(), HasSubstr("--staleness bounds the lead of compute groups: it needs --groups"));
+  auto m = testing::runCli(job({"--merged-fc"}), dir.path + "/merged");
+  EXPECT_EQ(m.exitCode(), 2);
+  EXPECT_THAT(m.stderrText(), HasSubstr("--merged-fc runs the conv layers in compute groups and the FC layers on one "
+                                        "FC server: it needs --groups"));
+  auto mlp = testing::runCli(job({"--merged-fc", "--groups", "2", "--model", "mlp"}), dir.path + "/mlp");
+  EXPECT_EQ(mlp.exitCode(), 2);
+  EXPECT_THAT(mlp.stderrText(), HasSubstr("--merged-fc needs a model with conv features and an FC classifier"));
+  auto ck = testing::runCli(job({"--merged-fc", "--groups", "2", "--checkpoint", dir.path + "/ck"}), dir.path + "/ck");
+  EXPECT_EQ(ck.exitCode(), 2);
+  EXPECT_THAT(ck.stderrText(), HasSubstr("--merged-fc does not checkpoint yet"));
 }
 
 }  // namespace

@@ -91,6 +91,7 @@ std::unique_ptr<Node> Node::start(const NodeOptions& options, const ModelDesc& m
   node->collectives_ = std::make_unique<Collectives>(
       *node->van_, book, options.rank, node->error_, [self](std::exception_ptr e) { self->fail(std::move(e)); },
       node->waitTimeout());
+  node->fc_ = std::make_unique<FcChannel>(node->error_, book.worldSize());
   node->loop_ = std::thread([self] { self->receiveLoop(); });
   POSEIDON_LOG(kInfo) << "rank " << options.rank << " (" << roleName(options.role) << ") joined job "
                       << std::hex << book.jobId() << std::dec << ": " << book.numWorkers() << " workers, "
@@ -130,6 +131,7 @@ void Node::fail(std::exception_ptr error, bool tellPeers) {
   if (barrier_) barrier_->wake();
   if (collectives_) collectives_->wake();
   if (puller_) puller_->wake();
+  if (fc_) fc_->wake();
   // Tell the peers, so they stop at once with this reason instead of timing out.
   if (tellPeers) sendToPeers(wire::abort(iteration_.load()), why, false);
 }
@@ -257,6 +259,20 @@ void Node::route(Message& msg) {
     case MsgType::kBarrier:
       collectives_->deliver(std::move(msg));
       return;
+    case MsgType::kFcForward: {
+      if (rank() != kFcServerRank) throw ProtocolError(strCat("fc-forward to rank ", rank(), ", not the FC server"));
+      FcChannel::Request r;
+      r.from = static_cast<int>(h.sender);
+      r.round = h.iteration;
+      r.payload.assign(msg.data(), msg.data() + msg.size());
+      fc_->deliverRequest(std::move(r));
+      return;
+    }
+    case MsgType::kFcBackward:
+      if (h.sender != kFcServerRank)
+        throw ProtocolError(strCat("fc-backward from rank ", h.sender, ", not the FC server"));
+      fc_->deliverReply(h.iteration, std::vector<uint8_t>(msg.data(), msg.data() + msg.size()));
+      return;
     case MsgType::kAbort: {
       std::string why(reinterpret_cast<const char*>(msg.data()), std::min<size_t>(msg.size(), 4096));
       fail(std::make_exception_ptr(
@@ -269,6 +285,40 @@ void Node::route(Message& msg) {
       return;
     default:
       throw ProtocolError(strCat("unexpected ", msgTypeName(h.type), " on a data endpoint"));
+  }
+}
+
+// ---- merged FC -------------------------------------------------------------------
+
+std::vector<uint8_t> Node::fcExchange(int64_t round, std::vector<uint8_t> request) {
+  if (!isWorker()) throw InvalidArgument(strCat("rank ", rank(), " is not a worker; it has no FC rounds"));
+  throwIfFailed();
+  fc_->expectReply(round);
+  if (rank() == kFcServerRank) {
+    fc_->deliverRequest({rank(), round, std::move(request)});  // a rank does not send to itself
+  } else {
+    van_->send(kFcServerRank, wire::fcForward(round), request.data(), request.size());
+  }
+  std::vector<uint8_t> reply;
+  if (!fc_->waitReply(&reply, waitTimeout())) {
+    fail(std::make_exception_ptr(TimeoutError(
+        strCat("rank ", rank(), ": timed out after ", waitTimeout().count() / 1000.0,
+               " s waiting for the FC server (rank ", kFcServerRank, ") to answer round ", round, "'s fc-forward"))));
+    throwIfFailed();
+  }
+  return reply;
+}
+
+bool Node::nextFcRequest(FcChannel::Request* out, std::chrono::milliseconds wait) {
+  if (rank() != kFcServerRank) throw InvalidArgument(strCat("rank ", rank(), " is not the FC server"));
+  return fc_->nextRequest(out, wait);
+}
+
+void Node::sendFcReply(int dest, int64_t round, const std::vector<uint8_t>& reply) {
+  if (dest == rank()) {
+    fc_->deliverReply(round, reply);
+  } else {
+    van_->send(dest, wire::fcBackward(round), reply.data(), reply.size());
   }
 }
 

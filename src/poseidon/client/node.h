@@ -65,6 +65,7 @@
 #include <vector>
 
 #include "poseidon/client/collectives.h"
+#include "poseidon/client/fc_channel.h"
 #include "poseidon/client/iteration_barrier.h"
 #include "poseidon/client/layer_buffer.h"
 #include "poseidon/client/liveness.h"
@@ -196,6 +197,15 @@ class Node : private SyncHost {
   bool recordModelUpdates(int layer, int pair);
   std::vector<std::vector<float>> recordedModel() const;
 
+  // ---- merged FC (Omnivore section V-A; client/fc_channel.h, docs/omnivore.md) --------
+  // The FC layers live on the FC server (kFcServerRank), which runs them for every worker's round.
+  // Worker: sends its round's fc-forward payload to the FC server and returns the fc-backward payload
+  // (TimeoutError after the job's timeout, naming the FC server; or the job's error).
+  std::vector<uint8_t> fcExchange(int64_t round, std::vector<uint8_t> request);
+  // The FC server's own thread: the next request, waiting up to `wait` (false: none came).
+  bool nextFcRequest(FcChannel::Request* out, std::chrono::milliseconds wait);
+  void sendFcReply(int dest, int64_t round, const std::vector<uint8_t>& reply);
+
   // ---- collectives (every node calls them in the same order) ------------------
   // Copies root's buffer into every other node's buffer (same size on all).
   void broadcast(int root, LayerBuffer buffer);
@@ -268,6 +278,7 @@ class Node : private SyncHost {
   std::vector<std::unique_ptr<Syncer>> syncers_;  // workers
   std::unique_ptr<IterationBarrier> barrier_;     // workers
   std::unique_ptr<Collectives> collectives_;
+  std::unique_ptr<FcChannel> fc_;       // merged FC: requests on the FC server, a worker's reply
   std::unique_ptr<Liveness> liveness_;  // receive loop only (after start)
   std::unique_ptr<ThreadPool> pool_;
   std::thread loop_;

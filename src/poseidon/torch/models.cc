@@ -11,12 +11,14 @@ LeNetImpl::LeNetImpl() {
   ip2 = register_module("ip2", torch::nn::Linear(500, 10));
 }
 
-torch::Tensor LeNetImpl::forward(torch::Tensor x) {
+torch::Tensor LeNetImpl::forward(torch::Tensor x) { return classifier(features(x)); }
+
+torch::Tensor LeNetImpl::features(torch::Tensor x) {
   x = torch::max_pool2d(conv1->forward(x), 2);
-  x = torch::max_pool2d(conv2->forward(x), 2);
-  x = torch::relu(ip1->forward(x.flatten(1)));
-  return ip2->forward(x);
+  return torch::max_pool2d(conv2->forward(x), 2).flatten(1);
 }
+
+torch::Tensor LeNetImpl::classifier(torch::Tensor h) { return ip2->forward(torch::relu(ip1->forward(h))); }
 
 Cifar10QuickImpl::Cifar10QuickImpl() {
   conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 5).padding(2)));
@@ -26,7 +28,11 @@ Cifar10QuickImpl::Cifar10QuickImpl() {
   ip2 = register_module("ip2", torch::nn::Linear(64, 10));
 }
 
-torch::Tensor Cifar10QuickImpl::forward(torch::Tensor x) {
+torch::Tensor Cifar10QuickImpl::forward(torch::Tensor x) { return classifier(features(x)); }
+
+torch::Tensor Cifar10QuickImpl::classifier(torch::Tensor h) { return ip2->forward(ip1->forward(h)); }
+
+torch::Tensor Cifar10QuickImpl::features(torch::Tensor x) {
   // Pooling 3/2 with padding 1 keeps the original 4x4 final map: 28 -> 14 -> 7 -> 4.
   auto pool = [](torch::Tensor t, bool maxPool) {
     return maxPool ? torch::max_pool2d(t, 3, 2, 1, 1, /*ceil_mode=*/false)
@@ -34,9 +40,7 @@ torch::Tensor Cifar10QuickImpl::forward(torch::Tensor x) {
   };
   x = torch::relu(pool(conv1->forward(x), true));
   x = pool(torch::relu(conv2->forward(x)), false);
-  x = pool(torch::relu(conv3->forward(x)), false);
-  x = ip1->forward(x.flatten(1));
-  return ip2->forward(x);
+  return pool(torch::relu(conv3->forward(x)), false).flatten(1);
 }
 
 MlpImpl::MlpImpl() {
@@ -54,15 +58,25 @@ torch::Tensor MlpImpl::forward(torch::Tensor x) {
 AnyNet makeModel(const std::string& name) {
   if (name == "lenet") {
     LeNet m;
-    return {name, m.ptr(), [m](torch::Tensor x) mutable { return m->forward(x); }};
+    return {name,
+            m.ptr(),
+            [m](torch::Tensor x) mutable { return m->forward(x); },
+            [m](torch::Tensor x) mutable { return m->features(x); },
+            [m](torch::Tensor h) mutable { return m->classifier(h); },
+            {"ip1", "ip2"}};
   }
   if (name == "cifar10-quick") {
     Cifar10Quick m;
-    return {name, m.ptr(), [m](torch::Tensor x) mutable { return m->forward(x); }};
+    return {name,
+            m.ptr(),
+            [m](torch::Tensor x) mutable { return m->forward(x); },
+            [m](torch::Tensor x) mutable { return m->features(x); },
+            [m](torch::Tensor h) mutable { return m->classifier(h); },
+            {"ip1", "ip2"}};
   }
   if (name == "mlp") {
     Mlp m;
-    return {name, m.ptr(), [m](torch::Tensor x) mutable { return m->forward(x); }};
+    return {name, m.ptr(), [m](torch::Tensor x) mutable { return m->forward(x); }, nullptr, nullptr, {}};
   }
   throw InvalidArgument("unknown model '" + name + "' (expected lenet, cifar10-quick or mlp)");
 }

@@ -14,9 +14,13 @@ namespace poseidon::pt {
 
 // Caffe's LeNet (conv 20@5x5, max-pool, conv 50@5x5, max-pool, ip1 500, ReLU,
 // ip2 10): 431,080 parameters, FC-heavy.
+// forward(x) = classifier(features(x)): the conv part (to the flattened pooled map) and the FC part,
+// the split merged FC runs on different processes (Omnivore's Fig. 5a; docs/omnivore.md).
 struct LeNetImpl : torch::nn::Module {
   LeNetImpl();
   torch::Tensor forward(torch::Tensor x);
+  torch::Tensor features(torch::Tensor x);
+  torch::Tensor classifier(torch::Tensor h);
   torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
   torch::nn::Linear ip1{nullptr}, ip2{nullptr};
 };
@@ -26,7 +30,9 @@ TORCH_MODULE(LeNet);
 // pooled feature map is 4x4 as in the original): 143,978 parameters.
 struct Cifar10QuickImpl : torch::nn::Module {
   Cifar10QuickImpl();
-  torch::Tensor forward(torch::Tensor x);
+  torch::Tensor forward(torch::Tensor x);  // classifier(features(x)), as LeNet's
+  torch::Tensor features(torch::Tensor x);
+  torch::Tensor classifier(torch::Tensor h);
   torch::nn::Conv2d conv1{nullptr}, conv2{nullptr}, conv3{nullptr};
   torch::nn::Linear ip1{nullptr}, ip2{nullptr};
 };
@@ -40,11 +46,15 @@ struct MlpImpl : torch::nn::Module {
 };
 TORCH_MODULE(Mlp);
 
-// A model behind one forward signature, for the trainer.
+// A model behind one forward signature, for the trainer. Models with a conv part and an FC part
+// also give the two halves (forward(x) == classifier(features(x))) and the FC part's layers (module
+// paths, as partsOf names them), for merged FC; the all-FC mlp has none.
 struct AnyNet {
   std::string name;
   std::shared_ptr<torch::nn::Module> module;
   std::function<torch::Tensor(torch::Tensor)> forward;
+  std::function<torch::Tensor(torch::Tensor)> features, classifier;
+  std::vector<std::string> classifierLayers;
 };
 
 AnyNet makeModel(const std::string& name);              // throws InvalidArgument

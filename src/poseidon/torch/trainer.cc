@@ -26,6 +26,7 @@
 #include "poseidon/data/fashion_mnist.h"
 #include "poseidon/torch/checkpoint.h"
 #include "poseidon/torch/distributed.h"
+#include "poseidon/torch/fc_server.h"
 #include "poseidon/torch/models.h"
 
 namespace poseidon::pt {
@@ -92,6 +93,15 @@ void validateOptions(const TrainOptions& o, int world) {
     if (o.regroup && o.checkpointDir.empty()) {
       throw InvalidArgument("--regroup resumes a checkpoint with another number of groups: it needs --checkpoint");
     }
+    if (o.mergedFc && !o.checkpointDir.empty()) {
+      throw InvalidArgument(
+          "--merged-fc does not checkpoint yet (the FC server's momentum is not saved): drop "
+          "--checkpoint");
+    }
+  } else if (o.mergedFc) {
+    throw InvalidArgument(
+        "--merged-fc runs the conv layers in compute groups and the FC layers on one FC server: "
+        "it needs --groups");
   } else if (o.staleness >= 0) {
     throw InvalidArgument("--staleness bounds the lead of compute groups: it needs --groups");
   } else if (o.regroup) {
@@ -226,6 +236,8 @@ class RankRun {
   // --save-params, the trace of this rank, --summary.
   void writeOutputs() const;
   void finish() {
+    // Every worker's last round was served before the collectives of reportTraffic().
+    if (fcServer_) fcServer_->stop();
     if (dist_) dist_->finish();
   }
 
@@ -234,6 +246,12 @@ class RankRun {
   bool trainEpoch(int epoch, EpochStats& stats);
   // One SGD step on batch [b, e) of idx; adds its loss and images to stats.
   void trainStep(const std::vector<int64_t>& idx, size_t b, size_t e, EpochStats& stats);
+  // Merged FC: the features' forward; the FC server's loss and gradient; the features' backward.
+  torch::Tensor mergedStep(const torch::Tensor& x, const torch::Tensor& y, double& forwardMs, double& backwardMs);
+  // Merged FC: the model without its FC layers (what the shards hold) and the FC layers' parameters.
+  ModelParts featureParts() const;
+  // Merged FC: the FC server's parameters to every rank (after a barrier: no update in flight).
+  void broadcastClassifier();
   int startEpoch() const { return static_cast<int>(startIteration_ / stepsPerEpoch_); }
   void injectFault() const;
   void printProgress(int epoch, int64_t s, const EpochStats& stats, int& nextReport) const;
@@ -264,6 +282,11 @@ class RankRun {
   int64_t startIteration_ = 0, checkpointIteration_ = -1;
   std::unique_ptr<Tracer> tracer_;
   std::unique_ptr<DistributedModel> dist_;
+  // Merged FC: the FC layers' parameters (run by rank 0's server; destroyed before dist_'s node).
+  std::vector<torch::Tensor> classifierParams_;
+  std::unique_ptr<FcServer> fcServer_;
+  int64_t fcUpdates_ = 0;
+  double fcBusySeconds_ = 0;
   // Results of the epoch loop.
   nlohmann::json epochsJson_ = nlohmann::json::array();
   double accuracy_ = 0, trainSeconds_ = 0;
@@ -309,9 +332,24 @@ RankRun::RankRun(const TrainOptions& o, const RankEnv& env)
   if (o_.trainLimit > 0 && o_.trainLimit < train_.count) train_.count = o_.trainLimit;
 
   net_ = makeModel(o_.model);
-  optimizer_ = std::make_unique<torch::optim::SGD>(net_.module->parameters(),
-                                                   torch::optim::SGDOptions(o_.lr).momentum(o_.momentum)
-                                                       .weight_decay(o_.weightDecay));
+  std::vector<torch::Tensor> trained = net_.module->parameters();
+  if (o_.mergedFc) {
+    if (!net_.classifier) {
+      throw InvalidArgument(
+          "--merged-fc needs a model with conv features and an FC classifier (lenet, "
+          "cifar10-quick); " +
+          o_.model + " is all FC");
+    }
+    trained.clear();
+    for (const auto& l : featureParts().layers) trained.insert(trained.end(), l.params.begin(), l.params.end());
+    for (const auto& l : partsOf(*net_.module, net_.name).layers) {
+      if (std::count(net_.classifierLayers.begin(), net_.classifierLayers.end(), l.name)) {
+        classifierParams_.insert(classifierParams_.end(), l.params.begin(), l.params.end());
+      }
+    }
+  }
+  optimizer_ = std::make_unique<torch::optim::SGD>(
+      trained, torch::optim::SGDOptions(o_.lr).momentum(o_.momentum).weight_decay(o_.weightDecay));
 
   const int64_t perRank = (train_.count + world_ - 1) / world_;
   stepsPerEpoch_ = (perRank + o_.batch - 1) / o_.batch;
@@ -358,7 +396,33 @@ void RankRun::connect() {
   DistributedOptions d = distributedOptions(o_, env_, startIteration_, tracer_.get());
   d.groupMomentum = groupMomentum_;
   d.groupVersion = groupVersion_;
-  dist_ = std::make_unique<DistributedModel>(net_.module, net_.name, std::move(d), net_.forward);
+  if (!o_.mergedFc) {
+    dist_ = std::make_unique<DistributedModel>(net_.module, net_.name, std::move(d), net_.forward);
+    return;
+  }
+  dist_ = std::make_unique<DistributedModel>(featureParts(), std::move(d));
+  if (dist_->node().rank() == kFcServerRank) {
+    fcServer_ =
+        std::make_unique<FcServer>(dist_->node(), net_.classifier, classifierParams_, o_.momentum, o_.weightDecay);
+  }
+}
+
+ModelParts RankRun::featureParts() const {
+  ModelParts parts = partsOf(*net_.module, net_.name);
+  parts.layers.erase(std::remove_if(parts.layers.begin(), parts.layers.end(),
+                                    [&](const LayerTensors& l) {
+                                      return std::count(net_.classifierLayers.begin(), net_.classifierLayers.end(),
+                                                        l.name) > 0;
+                                    }),
+                     parts.layers.end());
+  return parts;
+}
+
+void RankRun::broadcastClassifier() {
+  for (auto& p : classifierParams_) {
+    torch::NoGradGuard guard;
+    dist_->node().broadcast(kFcServerRank, LayerBuffer::contiguous(p.data_ptr<float>(), p.numel()));
+  }
 }
 
 void RankRun::printPlan() const {
@@ -376,6 +440,16 @@ void RankRun::printPlan() const {
       std::printf("%-8s %-5s %-12s %-6s %16.0f\n", p.name.c_str(), layerTypeName(p.type), p.shape.c_str(),
                   world_ == 1 ? "local" : schemeName(p.scheme), world_ == 1 ? 0.0 : p.floatsPerIteration);
     }
+    if (o_.mergedFc) {
+      int64_t n = 0;
+      for (const auto& p : classifierParams_) n += p.numel();
+      std::string names;
+      for (const auto& l : net_.classifierLayers) names += (names.empty() ? "" : ", ") + l;
+      std::printf(
+          "merged FC: %s (%lld params) on the FC server (rank %d), model-parallel; each step a worker sends "
+          "it its features and gets their gradient back\n",
+          names.c_str(), static_cast<long long>(n), kFcServerRank);
+    }
     std::printf("\n");
   }
   std::fflush(stdout);
@@ -387,6 +461,7 @@ double RankRun::evaluate() {
     // shard has applied every push sent before it).
     dist_->node().barrier();
     dist_->pullLatest();
+    if (o_.mergedFc) broadcastClassifier();
   }
   torch::NoGradGuard guard;
   net_.module->eval();
@@ -486,6 +561,26 @@ void RankRun::trainStep(const std::vector<int64_t>& idx, size_t b, size_t e, Epo
     return;
   }
   torch::Tensor x = batchImages(train_, idx, b, e), y = batchLabels(train_, idx, b, e);
+  if (o_.mergedFc) {
+    double forwardMs = 0, backwardMs = 0;
+    torch::Tensor loss = mergedStep(x, y, forwardMs, backwardMs);
+    if (o_.padMs > 0) {
+      lastBackwardMs_ = backwardMs;
+      maxComputeMs_ = std::max(maxComputeMs_, forwardMs + backwardMs);
+      computeMsSum_ += forwardMs + backwardMs;
+      if (forwardMs + backwardMs > o_.padMs) ++padOverruns_;
+    }
+    dist_->step(*optimizer_);
+    double l = loss.item<double>();
+    stats.lossSum += l;
+    ++stats.lossCount;
+    if (lead_ && o_.curveEvery > 0) {
+      curveLossSum_ += l;
+      ++curveLossCount_;
+    }
+    stats.images += static_cast<int64_t>(e - b) * world_;
+    return;
+  }
   torch::Tensor out;
   Clock::time_point stepStart;
   if (dist_ && o_.padMs > 0) {
@@ -532,6 +627,37 @@ void RankRun::trainStep(const std::vector<int64_t>& idx, size_t b, size_t e, Epo
     ++curveLossCount_;
   }
   stats.images += static_cast<int64_t>(e - b) * world_;
+}
+
+torch::Tensor RankRun::mergedStep(const torch::Tensor& x, const torch::Tensor& y, double& forwardMs,
+                                  double& backwardMs) {
+  dist_->beginForward();  // the step's conv model from the shards
+  auto stepStart = Clock::now();
+  torch::Tensor h = net_.features(x);
+  dist_->endForward(h);
+  forwardMs = 1000 * secondsSince(stepStart);
+  if (o_.padMs > 0) {
+    // As trainStep's: the modeled device time (here the conv layers' forward and backward; the FC
+    // layers run on the FC server) before anything is sent.
+    double jitter = o_.padJitterMs > 0 ? std::exponential_distribution<double>(1.0 / o_.padJitterMs)(padRandom_) : 0;
+    double rest = o_.padMs + jitter - forwardMs - lastBackwardMs_;
+    if (rest > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(rest));
+  }
+  torch::Tensor features = h.detach().contiguous();
+  const int64_t rows = features.size(0), cols = features.size(1);
+  std::vector<uint8_t> reply = dist_->node().fcExchange(
+      dist_->node().iteration(), encodeFcForward(static_cast<float>(o_.lr), rows, cols, features.data_ptr<float>(),
+                                                 y.contiguous().data_ptr<int64_t>()));
+  FcBackwardView v = decodeFcBackward(reply);
+  if (v.rows != rows || v.cols != cols) {
+    throw ProtocolError(
+        strCat("the FC server answered ", v.rows, " x ", v.cols, " for a ", rows, " x ", cols, " request"));
+  }
+  torch::Tensor grad = torch::from_blob(const_cast<float*>(v.gradient), {rows, cols}, torch::kFloat32).clone();
+  auto backwardStart = Clock::now();
+  h.backward(grad);
+  backwardMs = 1000 * secondsSince(backwardStart);
+  return torch::tensor(v.loss, torch::kFloat64);
 }
 
 // A progress line at every tenth of the epoch (rank 0, unless --quiet).
@@ -593,13 +719,26 @@ void RankRun::reportGroups() {
     }
     std::printf("; largest lead of a group over the slowest: %lld\n", static_cast<long long>(maxGroupLead_));
   }
+  if (fcServer_) {
+    fcUpdates_ = fcServer_->updates();
+    fcBusySeconds_ = fcServer_->busySeconds();
+    std::printf("merged FC: the FC server applied %lld updates (staleness 0), busy %.1f s (%.1f ms per update)\n",
+                static_cast<long long>(fcUpdates_), fcBusySeconds_,
+                fcUpdates_ ? 1000 * fcBusySeconds_ / fcUpdates_ : 0.0);
+  }
 }
 
 void RankRun::recordCurvePoint() {
   if (lead_) {
     CurvePoint p{iteration_, trainClock_, curveLossSum_ / std::max<int64_t>(curveLossCount_, 1), -1, {}};
     torch::NoGradGuard guard;
-    for (const auto& t : net_.module->parameters()) p.params.push_back(t.detach().clone());
+    auto copy = [&] {
+      for (const auto& t : net_.module->parameters()) p.params.push_back(t.detach().clone());
+    };
+    if (fcServer_)
+      fcServer_->withModel(copy);  // the FC layers as of a finished update
+    else
+      copy();
     curve_.push_back(std::move(p));
     curveLossSum_ = 0;
     curveLossCount_ = 0;
@@ -706,11 +845,17 @@ void RankRun::saveParams() const {
 nlohmann::json RankRun::summaryJson() const {
   nlohmann::json layers = nlohmann::json::array();
   ModelDesc desc = describeModule(*net_.module, net_.name);
-  for (size_t l = 0; l < desc.layers.size(); ++l) {
+  for (size_t l = 0, synced = 0; l < desc.layers.size(); ++l) {
     const auto& s = desc.layers[l];
-    std::string scheme = world_ == 1 ? "local" : schemeName(dist_->lastSchemes()[l]);
-    layers.push_back({{"name", s.name}, {"type", layerTypeName(s.type)}, {"shape", s.params[0].shape},
-                      {"params", s.numel()}, {"scheme", scheme}});
+    const bool onFcServer =
+        o_.mergedFc && std::count(net_.classifierLayers.begin(), net_.classifierLayers.end(), s.name) > 0;
+    std::string scheme = onFcServer ? "fc-server" : world_ == 1 ? "local" : schemeName(dist_->lastSchemes()[synced]);
+    if (!onFcServer) ++synced;
+    layers.push_back({{"name", s.name},
+                      {"type", layerTypeName(s.type)},
+                      {"shape", s.params[0].shape},
+                      {"params", s.numel()},
+                      {"scheme", scheme}});
   }
   return {{"model", o_.model},
           {"test_accuracy", accuracy_},
@@ -735,6 +880,9 @@ nlohmann::json RankRun::summaryJson() const {
           {"staleness_bound", o_.staleness},
           {"staleness_histogram", stalenessHistogram_},
           {"max_group_lead", maxGroupLead_},
+          {"merged_fc", o_.mergedFc},
+          {"fc_server_updates", fcUpdates_},
+          {"fc_server_busy_seconds", fcBusySeconds_},
           {"pad_ms", o_.padMs},
           {"pad_jitter_ms", o_.padJitterMs},
           {"pad_overruns_per_rank", overrunsPerRank_},

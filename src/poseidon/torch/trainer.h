@@ -25,6 +25,9 @@ struct TrainOptions {
   int groups = 0;
   int64_t staleness = -1;
   bool regroup = false;  // resume a group-mode checkpoint written with another number of groups
+  // Merged FC (Omnivore V-A, --merged-fc; needs groups): the model's FC layers run on rank 0's FC
+  // server (torch/fc_server.h), model-parallel; only the conv layers train in the groups.
+  bool mergedFc = false;
   uint64_t seed = 1;
   SchemePolicy scheme = SchemePolicy::kAuto;
   WirePrecision wire = WirePrecision::kFp32;  // what gradients travel as (--wire; 16 bits are lossy)

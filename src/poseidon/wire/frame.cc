@@ -23,6 +23,8 @@ const char* msgTypeName(MsgType t) {
     case MsgType::kModelInit: return "model-init";
     case MsgType::kStateRequest: return "state-request";
     case MsgType::kStateReply: return "state-reply";
+    case MsgType::kFcForward: return "fc-forward";
+    case MsgType::kFcBackward: return "fc-backward";
     case MsgType::kBroadcast: return "broadcast";
     case MsgType::kBarrier: return "barrier";
     case MsgType::kHeartbeat: return "heartbeat";
@@ -50,6 +52,8 @@ bool isKnownMsgType(uint16_t t) {
     case MsgType::kModelInit:
     case MsgType::kStateRequest:
     case MsgType::kStateReply:
+    case MsgType::kFcForward:
+    case MsgType::kFcBackward:
     case MsgType::kBroadcast:
     case MsgType::kBarrier:
     case MsgType::kHeartbeat:

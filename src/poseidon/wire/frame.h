@@ -56,6 +56,9 @@ enum class MsgType : uint16_t {
   kModelInit = 53,     // first worker -> shard: a pair's starting state (parameters, momentum, clocks)
   kStateRequest = 54,  // first worker -> shard: every pair's state, please (checkpoints)
   kStateReply = 55,    // shard -> first worker: one pair's state (laid out as model-init)
+  // merged FC (client/fc_channel.h): the FC layers on one FC server, model-parallel
+  kFcForward = 56,   // worker -> FC server: its conv output and labels for its round
+  kFcBackward = 57,  // FC server -> worker: the loss and its gradient w.r.t. that output
   // collectives and control (data endpoint)
   kBroadcast = 30,  // root -> all: chunk of a broadcast buffer
   kBarrier = 31,    // all -> all: reached a named barrier

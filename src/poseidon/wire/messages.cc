@@ -63,6 +63,8 @@ FrameHeader pullReply(int layer, int64_t round, int pair) { return make(MsgType:
 FrameHeader modelInit(int layer, int pair, int64_t version) { return make(MsgType::kModelInit, layer, version, pair); }
 FrameHeader stateRequest() { return make(MsgType::kStateRequest); }
 FrameHeader stateReply(int layer, int pair, int64_t version) { return make(MsgType::kStateReply, layer, version, pair); }
+FrameHeader fcForward(int64_t round) { return make(MsgType::kFcForward, 0, round); }
+FrameHeader fcBackward(int64_t round) { return make(MsgType::kFcBackward, 0, round); }
 
 FrameHeader broadcastChunk(const BroadcastChunk& c) {
   FrameHeader h = make(MsgType::kBroadcast);

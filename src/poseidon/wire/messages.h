@@ -65,6 +65,10 @@ FrameHeader modelInit(int layer, int pair, int64_t version);
 FrameHeader stateRequest();
 FrameHeader stateReply(int layer, int pair, int64_t version);
 
+// Merged FC: iteration = the worker's round.
+FrameHeader fcForward(int64_t round);
+FrameHeader fcBackward(int64_t round);
+
 // Collectives. `sequence` numbers the collective calls of a job (every rank
 // makes them in the same order), so chunks of different calls never mix.
 struct BroadcastChunk {

@@ -94,6 +94,36 @@ TEST(Planner, ComputeGroupsStepAsynchronously) {
   EXPECT_ERROR_CONTAINS(predictGroups(w, plain(4, R), 3), InvalidArgument, "3 compute groups do not divide 4 workers");
 }
 
+// Merged FC: the top FC layer runs on the FC server (node 0). With one group of two, a round is the
+// conv model's pull, its forward, worker 1's activations to node 0 (A bytes; node 0's own go
+// locally), the server's k x batch rows, the gradient back (A), the backward and the conv push.
+TEST(Planner, MergedFcSendsActivationsToOneFcServer) {
+  const LayerSpec conv = LayerSpec::conv("c", 100, 10, 5, 5, /*bias=*/false);  // 25,000 floats
+  const LayerSpec fc = LayerSpec::fc("fc", 10, 50, /*bias=*/false);            // input width 50
+  const Workload whole = workload({conv, fc}, {0.1, 0.02}, {0.2, 0.04});
+  auto [rest, merged] = splitMergedFc(whole);
+  ASSERT_EQ(rest.model.layers.size(), 1u);
+  EXPECT_EQ(merged.activationFloats, 50);
+  EXPECT_NEAR(merged.serverSecondsPerSample, 0.06 / 4, 1e-12);  // batch 4
+  const double R = 1e6, B = 4 * 25000, A = 4 * 50 * 4, C = 0.3, T = 2 * 4 * 0.015;
+  const GroupPrediction one = predictGroups(rest, plain(2, R), 1, &merged);
+  EXPECT_NEAR(one.stepSeconds, C + 2 * B / R + 2 * A / R + T, 1e-9);
+  EXPECT_NEAR(one.fcServerBusy, T / one.updateSeconds, 1e-9);
+  // The unmerged model moves the FC layer's 500 floats through the shards instead.
+  EXPECT_NEAR(predictGroups(rest, plain(2, R), 1).stepSeconds, C + 2 * B / R, 1e-9);
+  // A slow FC server saturates: every group waits for it, one round of each at a time.
+  MergedFc slow = merged;
+  slow.serverSecondsPerSample = 1.0 / 4;  // 1 s per round of one worker
+  const GroupPrediction two = predictGroups(rest, plain(2, R), 2, &slow);
+  EXPECT_NEAR(two.updateSeconds, 1.0, 1e-6);
+  EXPECT_NEAR(two.fcServerBusy, 1.0, 1e-6);
+
+  EXPECT_ERROR_CONTAINS(splitMergedFc(workload({conv}, {0.1}, {0.2})), InvalidArgument,
+                        "model hand has no FC layers at its top to merge");
+  EXPECT_ERROR_CONTAINS(splitMergedFc(workload({fc}, {0.1}, {0.2})), InvalidArgument,
+                        "model hand is all FC: nothing is left on the workers");
+}
+
 // Two workers, one FC layer by SFB: each sends its K (M + N) floats to the other (both links at
 // once), decrypts them, and rebuilds the gradient with a 2 K P M N-flop GEMM.
 TEST(Planner, SfbLayerIsFactorsEncryptedSentDecryptedAndAGemm) {

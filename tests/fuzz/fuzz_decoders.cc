@@ -2,7 +2,7 @@
 // join requests, the information book, the KV store's and Adam server's
 // validation of pushes, the whole server role (KvServer, in straggler mode,
 // with the SFB keeper), and a worker's Syncer receiving aggregates, factors
-// and decisions. Built and run by tests/fuzz/run.sh (Debian's clang,
+// and decisions, merged FC's payloads. Built and run by tests/fuzz/run.sh (Debian's clang,
 // -fsanitize=fuzzer,address,undefined). The first input byte picks the
 // decoder. Any crash, sanitizer report, or exception other than the
 // documented ones (Error and its subclasses) is a bug.
@@ -14,12 +14,13 @@
 #include <string>
 #include <vector>
 
+#include "poseidon/client/fc_channel.h"
+#include "poseidon/client/syncer.h"
 #include "poseidon/common/bytes.h"
 #include "poseidon/common/error.h"
 #include "poseidon/coordinator/book.h"
 #include "poseidon/coordinator/rendezvous.h"
 #include "poseidon/kvstore/adam_server.h"
-#include "poseidon/client/syncer.h"
 #include "poseidon/kvstore/kv_shard.h"
 #include "poseidon/kvstore/server.h"
 #include "poseidon/wire/frame.h"
@@ -143,7 +144,7 @@ const InformationBook& f6book(uint8_t pick) {
 #ifndef POSEIDON_FUZZ_SEEDS
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
-  const uint8_t which = data[0] % 8;
+  const uint8_t which = data[0] % 9;
   ++data;
   --size;
   try {
@@ -259,6 +260,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         }
         break;
       }
+      case 8: {
+        // Merged FC's payloads (client/fc_channel.h): every view must lie inside the payload.
+        std::vector<uint8_t> payload(data, data + size);
+        try {
+          FcForwardView f = decodeFcForward(payload);
+          volatile float sum = 0;
+          for (int64_t i = 0; i < f.rows * f.cols; ++i) sum = sum + f.activations[i];
+          for (int64_t i = 0; i < f.rows; ++i) sum = sum + static_cast<float>(f.labels[i]);
+        } catch (const ProtocolError&) {
+        }
+        FcBackwardView b = decodeFcBackward(payload);
+        volatile float sum = 0;
+        for (int64_t i = 0; i < b.rows * b.cols; ++i) sum = sum + b.gradient[i];
+        break;
+      }
     }
   } catch (const Error&) {
     // The documented way to reject bad input.
@@ -319,6 +335,10 @@ int main(int argc, char** argv) {
     sfb.insert(sfb.end(), 2 * 13 * 4 + 1, 0x3f);
   }
   write("syncer-sfb", 6, sfb);
+  std::vector<float> x(6, 0.5f);
+  std::vector<int64_t> y = {1, 2};
+  write("fc-forward", 8, encodeFcForward(0.1f, 2, 3, x.data(), y.data()));
+  write("fc-backward", 8, encodeFcBackward(0.5, 2, 3, x.data()));
   return 0;
 }
 #endif

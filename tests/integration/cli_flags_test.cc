@@ -162,7 +162,7 @@ TEST(CliFlags, PlanPredictsSweepsAndChecksAResultsFile) {
 }
 
 // Compute groups (Omnivore's HE model): each g's step and update time, HE(g) / HE(1) against the
-// g = 1 row, and --check on a time-to-accuracy file.
+// g = 1 row, merged FC's, and --check on a time-to-accuracy file.
 TEST(CliFlags, PlanModelsComputeGroupsAndChecksTimeToAccuracyFiles) {
   const nlohmann::json groups =
       planJson({"--predict", "--model", "lenet", "--compute-seconds", "0.3", "--batch", "32", "--workers", "8",
@@ -184,25 +184,50 @@ TEST(CliFlags, PlanModelsComputeGroupsAndChecksTimeToAccuracyFiles) {
   }
   EXPECT_EQ(groups["groups"][2]["group_size"], 1);
 
-  // --check on a `bench --accuracy` file: bsp, ddp and gG are modelled; jittered pads are not.
+  // Merged FC: LeNet's ip1 and ip2 on one FC server, 800 floats of activations a sample each way instead of
+  // their 405,510 parameters through the shards: every g steps faster at 30 Mbit/s, and the server's load
+  // grows with g.
+  const nlohmann::json fcServer =
+      planJson({"--predict", "--model", "lenet", "--compute-seconds", "0.3", "--batch", "32", "--workers", "8",
+                "--rate", "0.03", "--pair-bytes", "65536", "--groups", "1,2,8", "--merged-fc"});
+  EXPECT_EQ(fcServer["merged_fc"], true);
+  EXPECT_EQ(fcServer["activation_floats"], 800);
+  ASSERT_EQ(fcServer["groups"].size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    const auto& row = fcServer["groups"][i];
+    EXPECT_LT(row["step_seconds"].get<double>(), groups["groups"][i]["step_seconds"].get<double>()) << row;
+    EXPECT_GT(row["fc_server_busy"].get<double>(), 0) << row;
+    EXPECT_LE(row["fc_server_busy"].get<double>(), 1) << row;
+    if (i > 0) {
+      EXPECT_GT(row["fc_server_busy"].get<double>(), fcServer["groups"][i - 1]["fc_server_busy"].get<double>());
+    }
+  }
+
+  // --check on a `bench --accuracy` file: bsp, ddp and gG are modelled; jittered pads and merged FC are not.
   std::string dir = testing::makeTempDir("plancheck-acc");
   const nlohmann::json g2{{"system", "g2"}, {"groups", 2}, {"mbit", 30.0}, {"seconds_per_step", 1.5}, {"ok", true}};
-  nlohmann::json bsp = g2, failed = g2;
+  nlohmann::json bsp = g2, failed = g2, merged = g2;
   bsp["system"] = "bsp";
   bsp["groups"] = 0;
   failed["ok"] = false;
+  merged["system"] = "g2fc";
+  merged["merged_fc"] = true;
+  merged["fc_server_ms_per_update"] = 5.0;
   const nlohmann::json config{{"nodes", 8}, {"pad_ms", 300.0}, {"batch", 32}, {"pair_bytes", 65536}};
-  std::ofstream(dir + "/acc.json") << nlohmann::json{{"config", config}, {"runs", {g2, bsp, failed}}}.dump();
+  std::ofstream(dir + "/acc.json") << nlohmann::json{{"config", config}, {"runs", {g2, bsp, failed, merged}}}.dump();
   const nlohmann::json check = planJson({"--check", dir + "/acc.json", "--host-cores", "2"});
-  EXPECT_EQ(check["points"], 2);
+  EXPECT_EQ(check["points"], 3);
   EXPECT_EQ(check["skipped"], 1);
-  ASSERT_EQ(check["rows"].size(), 2u);
+  ASSERT_EQ(check["rows"].size(), 3u);
   for (const auto& row : check["rows"]) {
     const double predicted = row["predicted_seconds"];
     EXPECT_GT(predicted, 0.3) << row;  // the pad, at least
     EXPECT_DOUBLE_EQ(row["error"].get<double>(), predicted / 1.5 - 1);
   }
   EXPECT_EQ(check["rows"][0]["groups"], 2);
+  // The merged run moves activations instead of the FC layers' parameters: predicted faster than g2.
+  EXPECT_EQ(check["rows"][2]["system"], "g2fc");
+  EXPECT_LT(check["rows"][2]["predicted_seconds"].get<double>(), check["rows"][0]["predicted_seconds"].get<double>());
   nlohmann::json jittered = config;
   jittered["pad_jitter_ms"] = 300.0;
   std::ofstream(dir + "/jitter.json") << nlohmann::json{{"config", jittered}, {"runs", {g2}}}.dump();
@@ -218,6 +243,8 @@ TEST(CliFlags, PlanModelsComputeGroupsAndChecksTimeToAccuracyFiles) {
                   "--systems does not apply to --groups (group mode sends dense fp32 gradients and pulls through the "
                   "shards)"});
   expectRejected({{"plan", "--groups", "2"}, "--groups is for the planner (--predict, --sweep or --check)"});
+  expectRejected({{"plan", "--predict", "--merged-fc"}, "--merged-fc is a compute-group mode: it needs --groups"});
+  expectRejected({{"plan", "--merged-fc"}, "--merged-fc is for the planner (--predict, --sweep or --check)"});
 }
 
 TEST(CliFlags, TuneRejectsInconsistentBudgets) {

@@ -80,6 +80,12 @@ TEST(TimeToAccuracy, BenchRejectsASystemWhoseGroupsDoNotDivideTheNodes) {
   auto q = testing::runCli({"bench", "--accuracy", "--systems", "bsp", "--hyper", "g2=0.1:0.5"}, dir.path + "/log2");
   EXPECT_EQ(q.exitCode(), 2);
   EXPECT_THAT(q.stderrText(), HasSubstr("--hyper names 'g2', which is not in --systems"));
+  auto m = testing::runCli({"bench", "--accuracy", "--nodes", "4", "--systems", "g3fc"}, dir.path + "/log3");
+  EXPECT_EQ(m.exitCode(), 2);
+  EXPECT_THAT(m.stderrText(), HasSubstr("system g3fc: 3 groups must divide 4 nodes"));
+  auto f = testing::runCli({"bench", "--accuracy", "--systems", "fc"}, dir.path + "/log4");
+  EXPECT_EQ(f.exitCode(), 2);
+  EXPECT_THAT(f.stderrText(), HasSubstr("unknown system 'fc' (expected bsp, ddp, gG or gGfc, e.g. g4 or g8fc)"));
 }
 
 TEST(TimeToAccuracy, BenchTrainsPoseidonGroupsAndDdpOnTheEmulatedCluster) {

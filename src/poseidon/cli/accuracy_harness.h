@@ -13,11 +13,13 @@
 
 namespace poseidon::cli {
 
-// A system of the comparison: Poseidon BSP ("bsp"), compute groups ("gG"), or PyTorch DDP ("ddp"),
-// with its learning rate and explicit momentum.
+// A system of the comparison: Poseidon BSP ("bsp"), compute groups ("gG"), compute groups with
+// merged FC ("gGfc": the FC layers on one FC server, poseidon train --merged-fc), or PyTorch DDP
+// ("ddp"), with its learning rate and explicit momentum.
 struct AccuracySystem {
   std::string name;
   int groups = 0;  // 0: BSP (no groups); -1: DDP
+  bool mergedFc = false;
   double lr = 0.05, momentum = 0.9;
 };
 

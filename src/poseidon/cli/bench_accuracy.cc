@@ -57,10 +57,15 @@ AccuracySystem defaultAccuracySystem(const std::string& name, int nodes) {
     s.groups = -1;
     return s;
   }
-  if (name.size() < 2 || name[0] != 'g') {
-    throw InvalidArgument("unknown system '" + name + "' (expected bsp, ddp or gG, e.g. g4)");
+  std::string g = name;
+  if (g.size() > 2 && g.compare(g.size() - 2, 2, "fc") == 0) {
+    s.mergedFc = true;
+    g.resize(g.size() - 2);
   }
-  s.groups = static_cast<int>(parseIntIn("the G of system " + name, name.substr(1), IntRange::closed(1, nodes)));
+  if (g.size() < 2 || g[0] != 'g') {
+    throw InvalidArgument("unknown system '" + name + "' (expected bsp, ddp, gG or gGfc, e.g. g4 or g8fc)");
+  }
+  s.groups = static_cast<int>(parseIntIn("the G of system " + name, g.substr(1), IntRange::closed(1, nodes)));
   if (nodes % s.groups != 0) {
     throw InvalidArgument(strCat("system ", name, ": ", s.groups, " groups must divide ", nodes, " nodes"));
   }
@@ -70,9 +75,13 @@ AccuracySystem defaultAccuracySystem(const std::string& name, int nodes) {
 }
 
 nlohmann::json AccuracyRun::toJson() const {
-  nlohmann::json j = {{"system", system.name}, {"groups", system.groups},
-                      {"lr", system.lr},       {"momentum", system.momentum},
-                      {"mbit", mbit},          {"ok", ok}};
+  nlohmann::json j = {{"system", system.name},
+                      {"groups", system.groups},
+                      {"merged_fc", system.mergedFc},
+                      {"lr", system.lr},
+                      {"momentum", system.momentum},
+                      {"mbit", mbit},
+                      {"ok", ok}};
   if (!ok) {
     j["error"] = error;
     return j;
@@ -88,6 +97,11 @@ nlohmann::json AccuracyRun::toJson() const {
   j["curve"] = summary["curve"];
   if (summary.contains("staleness_histogram")) j["staleness_histogram"] = summary["staleness_histogram"];
   if (summary.contains("max_group_lead")) j["max_group_lead"] = summary["max_group_lead"];
+  const double fcUpdates = finiteOr(summary.value("fc_server_updates", nlohmann::json(0)), 0);
+  if (fcUpdates > 0) {  // merged FC: the FC server's measured time per group round (Omnivore's t_fc)
+    j["fc_server_ms_per_update"] =
+        1e3 * finiteOr(summary.value("fc_server_busy_seconds", nlohmann::json(0)), 0) / fcUpdates;
+  }
   return j;
 }
 
@@ -169,6 +183,7 @@ AccuracyRun AccuracyHarness::run(const AccuracySystem& sys, const RunExtras& ext
                  "--summary",
                  base + ".json"};
       if (sys.groups > 0) so.argv.insert(so.argv.end(), {"--groups", std::to_string(sys.groups)});
+      if (sys.mergedFc) so.argv.push_back("--merged-fc");
       if (!dataDir.empty()) so.argv.insert(so.argv.end(), {"--data", dataDir});
       so.argv.insert(so.argv.end(), extra.trainArgs.begin(), extra.trainArgs.end());
     }
@@ -340,11 +355,13 @@ int benchAccuracyCommand(const std::vector<std::string>& args) {
                 "one process per node in its network namespace, links shaped with tc tbf. Every step's compute\n"
                 "(forward + backward) is padded to --pad-ms, a modeled device, so that many workers on a few cores\n"
                 "do not set the pace; steps whose real compute took longer are counted (overruns). Systems: bsp\n"
-                "(Poseidon, WFBP + hybrid), gG (Omnivore's compute groups: G groups, asynchronous across), ddp\n"
-                "(PyTorch DDP, bench/ddp_train.py). Default lr and momentum per system: Table III's best\n"
+                "(Poseidon, WFBP + hybrid), gG (Omnivore's compute groups: G groups, asynchronous across), gGfc\n"
+                "(gG with merged FC: the FC layers on one FC server), ddp (PyTorch DDP, bench/ddp_train.py).\n"
+                "Default lr and momentum per system: Table III's best (gGfc: gG's)\n"
                 "(bench/results/momentum_grid.md); --hyper overrides. Reports time and steps to the target test\n"
                 "accuracy and training loss, the curves (--plots) and every run (--json).");
-  flags.addString("systems", &systemsFlag, "comma-separated systems: bsp, ddp, gG (G divides --nodes)", "LIST");
+  flags.addString("systems", &systemsFlag,
+                  "comma-separated systems: bsp, ddp, gG (G divides --nodes), gGfc (gG with merged FC)", "LIST");
   flags.addString("rates", &ratesFlag, "comma-separated link rates in Mbit/s, > 0", "LIST");
   flags.addInt("nodes", &h.nodes, "nodes (workers), one process each", "N", IntRange::closed(2, 64));
   flags.addInt64("batch", &h.batch, "per-worker batch", "K", IntRange::closed(1, 60000));

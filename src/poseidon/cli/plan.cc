@@ -61,7 +61,7 @@ int planCommand(const std::vector<std::string>& args) {
   FlagSet flags("plan",
                 "poseidon plan [--model NAME|FILE.json] [--workers P1] [--servers P2] [--batch K] [--json]\n"
                 "       poseidon plan --predict [--model NAME] [--workers P | --sweep P1,P2,...] [--rate GBIT]\n"
-                "       poseidon plan --predict --groups G1,G2,... [--model NAME] [--workers P] [--rate GBIT]\n"
+                "       poseidon plan --predict --groups G1,... [--merged-fc] [--model NAME] [--workers P] [--rate R]\n"
                 "       poseidon plan --check RESULTS.json",
                 "Prints, per layer, the floats one node moves per iteration under each scheme (paper Table 1)\n"
                 "and the scheme BestScheme (Algorithm 1) picks, with totals. Runs nothing.\n"
@@ -93,6 +93,9 @@ int planCommand(const std::vector<std::string>& args) {
   flags.addString("groups", &groups,
                   "--predict: compute-group counts to model instead of --systems (each must divide --workers)",
                   "G1,G2,...");
+  bool mergedFc = false;
+  flags.addBool("merged-fc", &mergedFc,
+                "--groups: the model's top FC layers on one FC server (poseidon train --merged-fc; Omnivore's t_fc)");
   flags.addString("systems", &systems,
                   "--predict: systems to model (poseidon, poseidon-overlap, ps-wfbp, ps-naive, ddp)", "LIST");
   flags.addDouble("efficiency", &efficiency, "--predict: the efficiency whose lowest link rate is reported", "E",
@@ -137,9 +140,10 @@ int planCommand(const std::vector<std::string>& args) {
       if (flags.wasSet(name)) throw InvalidArgument(strCat("--", name, " ", why));
   };
   if (checking) {
-    refuse({"predict", "sweep", "groups", "model", "workers", "servers", "batch", "pair-bytes", "width-scale", "scheme",
-            "wire", "rate", "systems", "efficiency", "compute-seconds", "crypto", "gemm-tflops", "send-window"},
-           "does not apply to --check: each run's model, cluster and rates come from the results file");
+    refuse(
+        {"predict", "sweep", "groups", "merged-fc", "model", "workers", "servers", "batch", "pair-bytes", "width-scale",
+         "scheme", "wire", "rate", "systems", "efficiency", "compute-seconds", "crypto", "gemm-tflops", "send-window"},
+        "does not apply to --check: each run's model, cluster and rates come from the results file");
   } else if (predicting) {
     refuse({"servers", "scheme", "width-scale"},
            "is for the cost table; the planner models every node as a worker and a server shard, BestScheme's "
@@ -150,12 +154,14 @@ int planCommand(const std::vector<std::string>& args) {
       refuse({"sweep", "systems", "efficiency", "send-window", "wire"},
              "does not apply to --groups (group mode sends dense fp32 gradients and pulls through the shards)");
     }
+    if (mergedFc && !flags.wasSet("groups"))
+      throw InvalidArgument("--merged-fc is a compute-group mode: it needs --groups");
     if (!sweeping && workers > kMaxPlannedWorkers) {
       throw InvalidArgument(strCat("--predict models at most ", kMaxPlannedWorkers, " workers, got ", workers));
     }
   } else {
-    refuse({"rate", "groups", "systems", "efficiency", "compute-seconds", "crypto", "gemm-tflops", "link-overhead",
-            "ddp-step-ms", "send-window", "message-us", "host-cores", "tolerance"},
+    refuse({"rate", "groups", "merged-fc", "systems", "efficiency", "compute-seconds", "crypto", "gemm-tflops",
+            "link-overhead", "ddp-step-ms", "send-window", "message-us", "host-cores", "tolerance"},
            "is for the planner (--predict, --sweep or --check)");
   }
   if (checking) return planCheck(check, calibration, flags.wasSet("host-cores") ? hostCores : 0, tolerance, json);
@@ -167,6 +173,7 @@ int planCommand(const std::vector<std::string>& args) {
     r.efficiency = efficiency;
     r.json = json;
     r.sweep = sweeping;
+    r.mergedFc = mergedFc;
     if (sweeping) {
       for (const auto& item : splitList(sweep)) {
         r.workers.push_back(

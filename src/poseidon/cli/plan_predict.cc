@@ -8,6 +8,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <tuple>
 
 #include "poseidon/bench/emulation.h"
 #include "poseidon/common/error.h"
@@ -71,14 +72,19 @@ std::string gbit(double bytesPerSecond) {
 }
 
 // --groups: HE(g) for each g, next to each other.
-int planGroups(const PredictRequest& r, const planner::Workload& w) {
+int planGroups(const PredictRequest& r, const planner::Workload& whole) {
   const int P = r.workers.front();
   Cluster c = r.cluster;
   c.workers = P;
+  // Merged FC: the workers keep the layers below the top FC ones; the FC server computes those.
+  planner::Workload w = whole;
+  planner::MergedFc fc;
+  if (r.mergedFc) std::tie(w, fc) = planner::splitMergedFc(whole);
+  const planner::MergedFc* merged = r.mergedFc ? &fc : nullptr;
   std::vector<planner::GroupPrediction> ps;
-  for (int g : r.groups) ps.push_back(planner::predictGroups(w, c, g));
-  // HE(1) per sample: g = 1 is always the reference, modelled if the list does not have it.
-  const double samples1 = planner::predictGroups(w, c, 1).samplesPerSecond;
+  for (int g : r.groups) ps.push_back(planner::predictGroups(w, c, g, merged));
+  // HE(1) per sample: g = 1 (in the same mode) is always the reference, modelled if the list does not have it.
+  const double samples1 = planner::predictGroups(w, c, 1, merged).samplesPerSecond;
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& p : ps) {
     rows.push_back({{"groups", p.groups},
@@ -88,6 +94,7 @@ int planGroups(const PredictRequest& r, const planner::Workload& w) {
                     {"samples_per_second", p.samplesPerSecond},
                     {"he_ratio", samples1 / p.samplesPerSecond},
                     {"max_node_tx_bytes", p.maxNodeTxBytes}});
+    if (merged) rows.back()["fc_server_busy"] = p.fcServerBusy;
   }
   if (r.json) {
     std::cout << nlohmann::json{{"model", w.model.name},
@@ -96,6 +103,9 @@ int planGroups(const PredictRequest& r, const planner::Workload& w) {
                                 {"compute_seconds", w.computeSeconds()},
                                 {"link_gbit", c.linkBytes * 8 / 1e9},
                                 {"crypto_gbytes_per_s", c.cryptoBytes / 1e9},
+                                {"merged_fc", r.mergedFc},
+                                {"fc_server_seconds_per_sample", fc.serverSecondsPerSample},
+                                {"activation_floats", fc.activationFloats},
                                 {"groups", rows}}
                      .dump(2)
               << "\n";
@@ -103,12 +113,22 @@ int planGroups(const PredictRequest& r, const planner::Workload& w) {
   }
   std::printf("model %s, K=%lld per worker, %.3f s of compute per step; %d workers, links %s Gbit/s each way\n",
               w.model.name.c_str(), static_cast<long long>(w.batch), w.computeSeconds(), P, gbit(c.linkBytes).c_str());
-  std::printf("compute groups (Omnivore): groups synchronous inside, asynchronous across, the model on the shards\n\n");
-  std::printf("%6s %6s %9s %10s %10s %12s %12s\n", "groups", "size", "s/step", "s/update", "samples/s", "HE(g)/HE(1)",
-              "tx MB/step");
+  if (merged) {
+    std::printf(
+        "compute groups (Omnivore) with merged FC: the FC layers (%.1f ms per sample, %.0f floats of activations "
+        "each way) on one FC server, the rest on the shards\n\n",
+        1e3 * fc.serverSecondsPerSample, fc.activationFloats);
+  } else {
+    std::printf(
+        "compute groups (Omnivore): groups synchronous inside, asynchronous across, the model on the shards\n\n");
+  }
+  std::printf("%6s %6s %9s %10s %10s %12s %12s%s\n", "groups", "size", "s/step", "s/update", "samples/s", "HE(g)/HE(1)",
+              "tx MB/step", merged ? "  FC server busy" : "");
   for (const auto& p : ps) {
-    std::printf("%6d %6d %9.3f %10.4f %10.1f %12.3f %12.2f\n", p.groups, p.groupSize, p.stepSeconds, p.updateSeconds,
+    std::printf("%6d %6d %9.3f %10.4f %10.1f %12.3f %12.2f", p.groups, p.groupSize, p.stepSeconds, p.updateSeconds,
                 p.samplesPerSecond, samples1 / p.samplesPerSecond, p.maxNodeTxBytes / 1e6);
+    if (merged) std::printf("  %14.0f%%", 100 * p.fcServerBusy);
+    std::printf("\n");
   }
   std::printf(
       "\ns/step: one worker's round (pull the model, compute, push); s/update: between updates of the shared model\n"
@@ -161,6 +181,23 @@ int planCheckAccuracy(const std::string& path, const nlohmann::json& results, co
     double predicted = 0;
     if (system == "bsp" || system == "ddp") {
       predicted = planner::predict(w, c, system == "bsp" ? System::kPoseidon : System::kDdp).iterationSeconds;
+    } else if (run.value("merged_fc", false)) {
+      // Merged FC: the pad is the conv layers' compute on each worker (the FC layers run on rank 0's
+      // FC server); the server's time per group round is the one the run measured, or else the FC
+      // layers' FLOPs at one core's rate stretched by the nodes sharing the host's cores.
+      auto [convPart, fc] = planner::splitMergedFc(planner::workloadFor(resolveModel("lenet"), w.batch, 1.0));
+      const planner::Workload padded = planner::paddedWorkload(convPart.model, w.batch, std::max(padSeconds, 1e-9));
+      const double rows = static_cast<double>(nodes / groups) * static_cast<double>(w.batch);
+      const double measuredMs = run.value("fc_server_ms_per_update", 0.0);
+      if (measuredMs > 0) {
+        fc.serverSecondsPerSample = measuredMs / 1e3 / rows;
+      } else {
+        double macs = 0;
+        for (const auto& l : resolveModel("lenet").layers)
+          if (l.type == LayerType::kFC) macs += static_cast<double>(l.m * l.n);
+        fc.serverSecondsPerSample = 6 * macs / kHostGemmFlops * std::max(1.0, static_cast<double>(nodes) / cores);
+      }
+      predicted = planner::predictGroups(padded, c, groups, &fc).stepSeconds;
     } else {
       predicted = planner::predictGroups(w, c, groups).stepSeconds;
     }

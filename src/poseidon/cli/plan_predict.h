@@ -16,6 +16,7 @@ struct PredictRequest {
   bool sweep = false;         // a table over `workers`, without the lowest link rates
   std::vector<planner::System> systems;
   std::vector<int> groups;   // --groups: compute-group counts (then `systems` is empty)
+  bool mergedFc = false;     // --groups --merged-fc: the top FC layers on one FC server
   planner::Cluster cluster;  // link rate at full width, scale 1
   double efficiency = 0.9;   // for the minimum link rate
   bool json = false;

@@ -510,8 +510,9 @@ class PoseidonModel {
 // answers the next round's pulls. Groups are asynchronous: nothing waits for another group.
 class GroupModel {
  public:
-  GroupModel(const Workload& w, const Cluster& c, int groups)
+  GroupModel(const Workload& w, const Cluster& c, int groups, const MergedFc* fc)
       : w_(w),
+        fc_(fc),
         P_(c.workers),
         g_(groups),
         k_(c.workers / groups),
@@ -528,6 +529,7 @@ class GroupModel {
     answered_.assign(G, std::vector<int>(N, -1));
     got_.assign(static_cast<size_t>(P_), 0);
     roundStart_.assign(static_cast<size_t>(P_), std::vector<double>(R, 0.0));
+    fcArrived_.assign(G, std::vector<int>(R, 0));
     sumRate_ = c.sumBytes * c.scale * c.scale;
   }
 
@@ -555,6 +557,10 @@ class GroupModel {
     }
     p.updateSeconds = 1.0 / updatesPerSecond;
     for (double b : net_.txBytes()) p.maxNodeTxBytes = std::max(p.maxNodeTxBytes, b / (kRounds - kWarmRounds));
+    if (fc_) {
+      // The server's work per group round over the time between updates: its load in the steady state.
+      p.fcServerBusy = std::min(1.0, serverSeconds() / p.updateSeconds);
+    }
     return p;
   }
 
@@ -599,8 +605,28 @@ class GroupModel {
     if (++got_[static_cast<size_t>(n)] < static_cast<int>(pairs_.size())) return;
     double forward = 0;
     for (double f : w_.forwardSeconds) forward += f;
-    sim_.at(sim_.now() + forward, [this, n, r] { backward(n, r, L_ - 1); });
+    if (!fc_) {
+      sim_.at(sim_.now() + forward, [this, n, r] { backward(n, r, L_ - 1); });
+      return;
+    }
+    // Merged FC: the activations to the FC server (node 0), the backward once its gradient is back.
+    sim_.at(sim_.now() + forward,
+            [this, n, r] { net_.send(r, n, kFcServer, activationBytes(), 0, [this, n, r] { fcIn(groupOf(n), r); }); });
   }
+  // The FC server takes a group's round once all k members' activations are in, one round at a time.
+  void fcIn(int G, int r) {
+    if (++fcArrived_[static_cast<size_t>(G)][static_cast<size_t>(r)] < k_) return;
+    const double start = std::max(sim_.now(), fcFree_);
+    fcFree_ = start + serverSeconds();
+    sim_.at(fcFree_, [this, G, r] {
+      for (int m = 0; m < k_; ++m) {
+        const int v = G * k_ + m;
+        net_.send(r, kFcServer, v, activationBytes(), 0, [this, v, r] { backward(v, r, L_ - 1); });
+      }
+    });
+  }
+  double activationBytes() const { return static_cast<double>(w_.batch) * fc_->activationFloats * sizeof(float); }
+  double serverSeconds() const { return static_cast<double>(k_ * w_.batch) * fc_->serverSecondsPerSample; }
   void backward(int n, int r, int l) {
     sim_.at(sim_.now() + w_.backwardSeconds[static_cast<size_t>(l)], [this, n, r, l] {
       const int G = groupOf(n);
@@ -633,7 +659,9 @@ class GroupModel {
         });
   }
 
+  static constexpr int kFcServer = 0;
   const Workload& w_;
+  const MergedFc* fc_;  // null: every layer on the shards
   int P_, g_, k_, L_;
   Sim sim_;
   KvLayout layout_;
@@ -643,6 +671,8 @@ class GroupModel {
   std::vector<std::vector<int>> applied_, answered_;           // [group][pair]: the last round applied / answered
   std::vector<int> got_;                                       // [node]: replies in for its current round
   std::vector<std::vector<double>> roundStart_;                // [node][round]
+  std::vector<std::vector<int>> fcArrived_;                    // [group][round]: activations at the FC server
+  double fcFree_ = 0;                                          // when the FC server is next free
   double sumRate_ = 0;
 };
 
@@ -795,17 +825,35 @@ Prediction predict(const Workload& workload, const Cluster& cluster, System syst
   return p;
 }
 
-GroupPrediction predictGroups(const Workload& workload, const Cluster& cluster, int groups) {
+std::pair<Workload, MergedFc> splitMergedFc(const Workload& w) {
+  const size_t L = w.model.layers.size();
+  size_t first = L;
+  while (first > 0 && w.model.layers[first - 1].type == LayerType::kFC) --first;
+  if (first == L) throw InvalidArgument(strCat("model ", w.model.name, " has no FC layers at its top to merge"));
+  if (first == 0) throw InvalidArgument(strCat("model ", w.model.name, " is all FC: nothing is left on the workers"));
+  Workload rest = w;
+  rest.model.layers.resize(first);
+  rest.forwardSeconds.resize(first);
+  rest.backwardSeconds.resize(first);
+  MergedFc fc;
+  fc.activationFloats = static_cast<double>(w.model.layers[first].n);  // weight m x n: n is the input width
+  double seconds = 0;
+  for (size_t l = first; l < L; ++l) seconds += w.forwardSeconds[l] + w.backwardSeconds[l];
+  fc.serverSecondsPerSample = seconds / static_cast<double>(std::max<int64_t>(1, w.batch));
+  return {std::move(rest), fc};
+}
+
+GroupPrediction predictGroups(const Workload& workload, const Cluster& cluster, int groups, const MergedFc* mergedFc) {
   checkInputs(workload, cluster);
   if (groups < 1 || cluster.workers % groups != 0)
     throw InvalidArgument(strCat(groups, " compute groups do not divide ", cluster.workers, " workers"));
   GroupPrediction p;
-  if (cluster.workers == 1) {
+  if (cluster.workers == 1 && !mergedFc) {
     p.groups = p.groupSize = 1;
     p.stepSeconds = p.updateSeconds = workload.computeSeconds();
     p.samplesPerSecond = static_cast<double>(workload.batch) / p.stepSeconds;
   } else {
-    p = GroupModel(workload, cluster, groups).run();
+    p = GroupModel(workload, cluster, groups, mergedFc).run();
   }
   p.computeSeconds = workload.computeSeconds();
   return p;

@@ -139,9 +139,25 @@ struct GroupPrediction {
   double samplesPerSecond = 0;    // through all workers: the sum of batch / step
   double computeSeconds = 0;      // one worker's forward + backward
   double maxNodeTxBytes = 0;      // the busiest node's bytes on its egress per round, overhead included
+  double fcServerBusy = 0;        // merged FC: the share of the time the FC server computes (1: saturated)
 };
-// Throws InvalidArgument when g does not divide the workers (or predict()'s reasons).
-GroupPrediction predictGroups(const Workload& workload, const Cluster& cluster, int groups);
+// Merged FC (`poseidon train --merged-fc`, Omnivore's Fig. 5a): the model's top FC layers run on one
+// FC server (node 0), model-parallel. Each round a member sends it its activations (batch x
+// activationFloats each way) after its forward of the layers left on the workers; the server serves
+// one group round at a time (k x batch x serverSecondsPerSample: Omnivore's t_fc) and sends each
+// member its gradient, and the member's backward starts then.
+struct MergedFc {
+  double activationFloats = 0;        // per sample: the first FC layer's input width
+  double serverSecondsPerSample = 0;  // the FC layers' forward + backward on the server, per sample
+};
+// Splits off the top FC layers (the longest run of FC layers that ends the model; InvalidArgument
+// when there is none, or nothing before it): the workers keep the rest of the workload, and the
+// server computes the FC layers at the workers' speed.
+std::pair<Workload, MergedFc> splitMergedFc(const Workload& workload);
+// Throws InvalidArgument when g does not divide the workers (or predict()'s reasons). With
+// `mergedFc`, the workload is the part left on the workers (splitMergedFc's first).
+GroupPrediction predictGroups(const Workload& workload, const Cluster& cluster, int groups,
+                              const MergedFc* mergedFc = nullptr);
 
 // The lowest link rate (bytes/s at the workload's scale) at which `system` reaches `efficiency`
 // (bisection on predict(), to 0.5%); 0 when it does at any rate (P = 1), infinity when at none.

@@ -8,11 +8,25 @@
 
 namespace poseidon::pt {
 
+namespace {
+// SGD keys its state by the parameter's TensorImpl (as trainer.cc's checkpoints do).
+std::string stateKey(const torch::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+}  // namespace
+
 FcServer::FcServer(Node& node, std::function<torch::Tensor(torch::Tensor)> classifier,
-                   std::vector<torch::Tensor> params, double momentum, double weightDecay)
+                   std::vector<torch::Tensor> params, double momentum, double weightDecay,
+                   const std::vector<torch::Tensor>& momentumBuffers)
     : node_(node), classifier_(std::move(classifier)), params_(std::move(params)), groupSize_(node.book().groupSize()) {
   optimizer_ = std::make_unique<torch::optim::SGD>(
       params_, torch::optim::SGDOptions(0.1).momentum(momentum).weight_decay(weightDecay));
+  if (!momentumBuffers.empty()) {
+    POSEIDON_ENFORCE_EQ(momentumBuffers.size(), params_.size(), "momentum buffers for the FC server's parameters");
+    for (size_t i = 0; i < params_.size(); ++i) {
+      auto state = std::make_unique<torch::optim::SGDParamState>();
+      state->momentum_buffer(momentumBuffers[i].view(params_[i].sizes()).clone());
+      optimizer_->state()[stateKey(params_[i])] = std::move(state);
+    }
+  }
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -26,6 +40,18 @@ void FcServer::stop() {
 void FcServer::withModel(const std::function<void()>& fn) {
   std::lock_guard<std::mutex> lock(modelMutex_);
   fn();
+}
+
+std::vector<torch::Tensor> FcServer::momentumBuffers() {
+  std::lock_guard<std::mutex> lock(modelMutex_);
+  std::vector<torch::Tensor> out;
+  for (const auto& p : params_) {
+    auto it = optimizer_->state().find(stateKey(p));
+    out.push_back(it == optimizer_->state().end()
+                      ? torch::zeros_like(p)
+                      : static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer().clone());
+  }
+  return out;
 }
 
 double FcServer::busySeconds() const { return static_cast<double>(busyMicros_.load()) / 1e6; }

@@ -34,8 +34,9 @@ namespace poseidon::pt {
 
 class FcServer {
  public:
+  // `momentumBuffers`: one per parameter (a resumed checkpoint's), or empty for none yet.
   FcServer(Node& node, std::function<torch::Tensor(torch::Tensor)> classifier, std::vector<torch::Tensor> params,
-           double momentum, double weightDecay);
+           double momentum, double weightDecay, const std::vector<torch::Tensor>& momentumBuffers = {});
   ~FcServer();  // stop()
   FcServer(const FcServer&) = delete;
   FcServer& operator=(const FcServer&) = delete;
@@ -43,6 +44,9 @@ class FcServer {
   // Ends the thread (after the last round it was sent; a request that comes later is an error).
   void stop();
   void withModel(const std::function<void()>& fn);
+  // The optimizer's momentum buffers, one per parameter (zeros before the first update), for a
+  // checkpoint; call it with no update in flight (after a barrier of every rank).
+  std::vector<torch::Tensor> momentumBuffers();
   // Updates applied (one per group round) and the seconds the server spent computing them.
   int64_t updates() const { return updates_.load(); }
   double busySeconds() const;

@@ -93,11 +93,6 @@ void validateOptions(const TrainOptions& o, int world) {
     if (o.regroup && o.checkpointDir.empty()) {
       throw InvalidArgument("--regroup resumes a checkpoint with another number of groups: it needs --checkpoint");
     }
-    if (o.mergedFc && !o.checkpointDir.empty()) {
-      throw InvalidArgument(
-          "--merged-fc does not checkpoint yet (the FC server's momentum is not saved): drop "
-          "--checkpoint");
-    }
   } else if (o.mergedFc) {
     throw InvalidArgument(
         "--merged-fc runs the conv layers in compute groups and the FC layers on one FC server: "
@@ -252,6 +247,9 @@ class RankRun {
   ModelParts featureParts() const;
   // Merged FC: the FC server's parameters to every rank (after a barrier: no update in flight).
   void broadcastClassifier();
+  bool isClassifierParam(const torch::Tensor& p) const;
+  // The optimizer whose state a checkpoint holds (every parameter's).
+  torch::optim::SGD& stateOptimizer() { return checkpointOptimizer_ ? *checkpointOptimizer_ : *optimizer_; }
   int startEpoch() const { return static_cast<int>(startIteration_ / stepsPerEpoch_); }
   void injectFault() const;
   void printProgress(int epoch, int64_t s, const EpochStats& stats, int& nextReport) const;
@@ -284,6 +282,10 @@ class RankRun {
   std::unique_ptr<DistributedModel> dist_;
   // Merged FC: the FC layers' parameters (run by rank 0's server; destroyed before dist_'s node).
   std::vector<torch::Tensor> classifierParams_;
+  // Merged FC: SGD over every parameter, for the checkpoint's optimizer.pt only (laid out as without
+  // merged FC): the shards' momentum for the conv layers, the FC server's for the FC layers.
+  std::unique_ptr<torch::optim::SGD> checkpointOptimizer_;
+  std::vector<torch::Tensor> fcMomentum_;  // a resumed checkpoint's, for the FC server
   std::unique_ptr<FcServer> fcServer_;
   int64_t fcUpdates_ = 0;
   double fcBusySeconds_ = 0;
@@ -348,8 +350,9 @@ RankRun::RankRun(const TrainOptions& o, const RankEnv& env)
       }
     }
   }
-  optimizer_ = std::make_unique<torch::optim::SGD>(
-      trained, torch::optim::SGDOptions(o_.lr).momentum(o_.momentum).weight_decay(o_.weightDecay));
+  const auto sgd = torch::optim::SGDOptions(o_.lr).momentum(o_.momentum).weight_decay(o_.weightDecay);
+  optimizer_ = std::make_unique<torch::optim::SGD>(trained, sgd);
+  if (o_.mergedFc) checkpointOptimizer_ = std::make_unique<torch::optim::SGD>(net_.module->parameters(), sgd);
 
   const int64_t perRank = (train_.count + world_ - 1) / world_;
   stepsPerEpoch_ = (perRank + o_.batch - 1) / o_.batch;
@@ -370,7 +373,7 @@ void RankRun::resume() {
   meta_.regroup = o_.regroup;
   // A damaged checkpoint (a file that fails its checksum) is skipped for the
   // newest intact one; every rank decides alike from the same files.
-  Resumed r = resumeFromNewest(o_.checkpointDir, meta_, *net_.module, *optimizer_);
+  Resumed r = resumeFromNewest(o_.checkpointDir, meta_, *net_.module, stateOptimizer());
   if (lead_) {
     for (const auto& w : r.warnings) POSEIDON_LOG(kWarning) << w;
   }
@@ -378,7 +381,15 @@ void RankRun::resume() {
     startIteration_ = r.meta.iteration;
     checkpointIteration_ = startIteration_;
     if (o_.groups > 0) {  // the shards start from this state: model.pt's parameters, optimizer.pt's momentum
-      groupMomentum_ = momentumBuffers(*optimizer_);
+      std::vector<torch::Tensor> buffers = momentumBuffers(stateOptimizer());
+      if (o_.mergedFc) {  // the FC layers' momentum goes to the FC server, the rest to the shards
+        const auto& params = stateOptimizer().param_groups().at(0).params();
+        for (size_t i = 0; i < params.size(); ++i) {
+          (isClassifierParam(params[i]) ? fcMomentum_ : groupMomentum_).push_back(buffers[i]);
+        }
+      } else {
+        groupMomentum_ = std::move(buffers);
+      }
       groupVersion_ = r.meta.groupVersion;
     }
     if (lead_) {
@@ -402,8 +413,8 @@ void RankRun::connect() {
   }
   dist_ = std::make_unique<DistributedModel>(featureParts(), std::move(d));
   if (dist_->node().rank() == kFcServerRank) {
-    fcServer_ =
-        std::make_unique<FcServer>(dist_->node(), net_.classifier, classifierParams_, o_.momentum, o_.weightDecay);
+    fcServer_ = std::make_unique<FcServer>(dist_->node(), net_.classifier, classifierParams_, o_.momentum,
+                                           o_.weightDecay, fcMomentum_);
   }
 }
 
@@ -416,6 +427,11 @@ ModelParts RankRun::featureParts() const {
                                     }),
                      parts.layers.end());
   return parts;
+}
+
+bool RankRun::isClassifierParam(const torch::Tensor& p) const {
+  return std::any_of(classifierParams_.begin(), classifierParams_.end(),
+                     [&](const torch::Tensor& c) { return c.unsafeGetTensorImpl() == p.unsafeGetTensorImpl(); });
 }
 
 void RankRun::broadcastClassifier() {
@@ -488,7 +504,17 @@ void RankRun::checkpoint(int64_t iteration) {
     // then the first worker takes their state into the model and the optimizer's buffers.
     auto [buffers, version] = dist_->groupState();
     if (lead_) {
-      setMomentumBuffers(*optimizer_, buffers);
+      if (fcServer_) {
+        // The conv layers' momentum from the shards, the FC layers' from the FC server (idle: every
+        // rank is past groupState's barrier), in the order of every parameter.
+        std::vector<torch::Tensor> fc = fcServer_->momentumBuffers(), all;
+        size_t conv = 0, fcIndex = 0;
+        for (const auto& p : stateOptimizer().param_groups().at(0).params()) {
+          all.push_back(isClassifierParam(p) ? fc.at(fcIndex++) : buffers.at(conv++));
+        }
+        buffers = std::move(all);
+      }
+      setMomentumBuffers(stateOptimizer(), buffers);
       meta_.groupVersion = version;
     }
   }
@@ -496,7 +522,7 @@ void RankRun::checkpoint(int64_t iteration) {
   // Reported first, so that a restart after a failed save (a full disk) counts this iteration as lost.
   writeProgress(o_.progressPath, iteration, checkpointIteration_);
   meta_.iteration = iteration;
-  saveCheckpoint(o_.checkpointDir, meta_, *net_.module, *optimizer_);
+  saveCheckpoint(o_.checkpointDir, meta_, *net_.module, stateOptimizer());
   checkpointIteration_ = iteration;
 }
 

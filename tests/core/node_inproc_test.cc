@@ -255,7 +255,7 @@ TEST(FcChannel, PayloadsRoundTripAndMalformedOnesAreRefused) {
 
   // A worker's mailbox takes the reply to its outstanding round only, once; the server's queue is bounded.
   StickyError error;
-  FcChannel channel(error, 1);
+  FcChannel channel(error, 2);
   EXPECT_ERROR_CONTAINS(channel.deliverReply(0, {}), ProtocolError,
                         "fc-backward for round 0, but no request is outstanding");
   channel.expectReply(4);
@@ -267,7 +267,10 @@ TEST(FcChannel, PayloadsRoundTripAndMalformedOnesAreRefused) {
   ASSERT_TRUE(channel.waitReply(&got, std::chrono::milliseconds(0)));
   EXPECT_EQ(got, (std::vector<uint8_t>{1, 2}));
   for (size_t i = 0; i < FcChannel::kMaxQueuedPerWorker; ++i) channel.deliverRequest({0, int64_t(i), {}});
-  EXPECT_ERROR_CONTAINS(channel.deliverRequest({0, 9, {}}), ProtocolError, "2 requests already wait for the FC server");
+  EXPECT_ERROR_CONTAINS(
+      channel.deliverRequest({0, 9, {}}), ProtocolError,
+      "fc-forward from rank 0 (round 9): 2 of its requests (2 in all) already wait for the FC server");
+  channel.deliverRequest({1, 0, {}});  // another worker's still fits
   FcChannel::Request r;
   ASSERT_TRUE(channel.nextRequest(&r, std::chrono::milliseconds(0)));
   EXPECT_EQ(r.round, 0);

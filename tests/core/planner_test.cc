@@ -109,7 +109,7 @@ TEST(Planner, MergedFcSendsActivationsToOneFcServer) {
   const GroupPrediction one = predictGroups(rest, plain(2, R), 1, &merged);
   EXPECT_NEAR(one.stepSeconds, C + 2 * B / R + 2 * A / R + T, 1e-9);
   EXPECT_NEAR(one.fcServerBusy, T / one.updateSeconds, 1e-9);
-  // The unmerged model moves the FC layer's 500 floats through the shards instead.
+  // The same conv layers without an FC server: the round loses exactly the activations and the server.
   EXPECT_NEAR(predictGroups(rest, plain(2, R), 1).stepSeconds, C + 2 * B / R, 1e-9);
   // A slow FC server saturates: every group waits for it, one round of each at a time.
   MergedFc slow = merged;

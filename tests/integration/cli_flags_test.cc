@@ -203,7 +203,7 @@ TEST(CliFlags, PlanModelsComputeGroupsAndChecksTimeToAccuracyFiles) {
     }
   }
 
-  // --check on a `bench --accuracy` file: bsp, ddp and gG are modelled; jittered pads and merged FC are not.
+  // --check on a `bench --accuracy` file: bsp, ddp, gG and gGfc are modelled; failed runs and jittered pads are not.
   std::string dir = testing::makeTempDir("plancheck-acc");
   const nlohmann::json g2{{"system", "g2"}, {"groups", 2}, {"mbit", 30.0}, {"seconds_per_step", 1.5}, {"ok", true}};
   nlohmann::json bsp = g2, failed = g2, merged = g2;

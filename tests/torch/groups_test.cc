@@ -161,6 +161,24 @@ TEST(MergedFc, CheckpointsHoldTheFcServersStateAndResumeExactly) {
   double diff = 0;
   for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, static_cast<double>(std::abs(a[i] - b[i])));
   EXPECT_LT(diff, 1e-6);
+
+  // Two groups: no group goes on while the first worker reads the shards' and the FC server's state,
+  // so the checkpoint is the state at its round, and a resume without further steps serves it exactly.
+  const std::string ck2 = dir.path + "/ck2";
+  const std::vector<std::string> two{"--groups", "2", "--merged-fc", "--momentum", "0.3", "--checkpoint", ck2};
+  auto withTwo = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), two.begin(), two.end());
+    return job(extra);
+  };
+  auto twoRun =
+      testing::runCli(withTwo({"--max-steps", "10", "--checkpoint-every", "5", "--save-params", dir.path + "/two.bin"}),
+                      dir.path + "/two");
+  ASSERT_EQ(twoRun.exitCode(), 0) << twoRun.stderrText();
+  auto again =
+      testing::runCli(withTwo({"--max-steps", "10", "--save-params", dir.path + "/again.bin"}), dir.path + "/again");
+  ASSERT_EQ(again.exitCode(), 0) << again.stderrText();
+  EXPECT_THAT(again.stdoutText(), HasSubstr("resuming from " + ck2 + "/step-000000010"));
+  EXPECT_EQ(testing::readBytes(dir.path + "/two.bin"), testing::readBytes(dir.path + "/again.bin"));
 }
 
 // Four groups of one: the FC server serves each group's rounds as they come, one update per round

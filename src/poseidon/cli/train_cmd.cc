@@ -78,8 +78,7 @@ int trainCommand(const std::vector<std::string>& args) {
   flags.addBool("merged-fc", &o.mergedFc,
                 "with --groups: Omnivore's merged FC: the FC layers (lenet's and cifar10-quick's ip1, ip2) run on "
                 "one FC server (rank 0), model-parallel, with staleness 0; each step a worker sends it its conv "
-                "features and gets their gradient back; only the conv layers train in the groups (no --checkpoint "
-                "yet)");
+                "features and gets their gradient back; only the conv layers train in the groups");
   flags.addInt64("staleness", &o.staleness,
                  "with --groups: no group runs more than S updates ahead of the slowest (SSP; -1: unbounded)", "S",
                  IntRange::atLeast(-1));

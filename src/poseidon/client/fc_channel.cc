@@ -1,5 +1,6 @@
 #include "poseidon/client/fc_channel.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "poseidon/common/error.h"
@@ -9,9 +10,11 @@ namespace poseidon {
 void FcChannel::deliverRequest(Request request) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (requests_.size() >= maxQueued_) {
-      throw ProtocolError(strCat("fc-forward from rank ", request.from, " (round ", request.round,
-                                 "): ", requests_.size(), " requests already wait for the FC server"));
+    const size_t fromSender = static_cast<size_t>(
+        std::count_if(requests_.begin(), requests_.end(), [&](const Request& r) { return r.from == request.from; }));
+    if (fromSender >= kMaxQueuedPerWorker || requests_.size() >= maxQueued_) {
+      throw ProtocolError(strCat("fc-forward from rank ", request.from, " (round ", request.round, "): ", fromSender,
+                                 " of its requests (", requests_.size(), " in all) already wait for the FC server"));
     }
     requests_.push_back(std::move(request));
   }

@@ -37,7 +37,8 @@ class FcChannel {
     int64_t round = 0;  // its iteration
     std::vector<uint8_t> payload;
   };
-  // At most this many requests wait per worker (each has one outstanding; more is a peer misbehaving).
+  // At most this many requests wait per worker, and this many per rank of the job in all (a worker
+  // has one outstanding; more is a peer misbehaving).
   static constexpr size_t kMaxQueuedPerWorker = 2;
 
   FcChannel(const StickyError& error, int worldSize) : error_(error), maxQueued_(kMaxQueuedPerWorker * worldSize) {}
@@ -68,7 +69,7 @@ class FcChannel {
   std::vector<uint8_t> reply_;
 };
 
-// The payloads (docs/wire.md). fc-forward: rows, cols (i64), lr (f32), 4 zero bytes, the labels
+// The payloads (docs/wire.md). fc-forward: rows, cols (i64), lr (f32), 4 bytes (zero, ignored), the labels
 // (rows i64), the conv output (rows x cols f32, row-major). fc-backward: rows, cols (i64), the loss
 // (f64), the gradient w.r.t. the conv output (rows x cols f32). Decoding checks every size against
 // the payload and throws ProtocolError naming what does not fit; the views point into the payload.

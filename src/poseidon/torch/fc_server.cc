@@ -9,6 +9,8 @@
 namespace poseidon::pt {
 
 namespace {
+// As the shards' bound on a push's learning rate (kvstore/model_shard.h).
+constexpr float kMaxLearningRate = 1e6f;
 // SGD keys its state by the parameter's TensorImpl (as trainer.cc's checkpoints do).
 std::string stateKey(const torch::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
 }  // namespace
@@ -64,17 +66,35 @@ void FcServer::loop() {
       if (!node_.nextFcRequest(&r, std::chrono::milliseconds(50))) continue;
       const int worker = book.workerIndex(r.from);
       if (worker < 0) throw ProtocolError(strCat("fc-forward from rank ", r.from, ", which is not a worker"));
-      auto key = std::make_pair(book.groupOf(worker), r.round);
-      auto& members = pending_[key];
-      for (const auto& m : members) {
-        if (m.from == r.from) {
-          throw ProtocolError(strCat("rank ", r.from, " sent round ", r.round, "'s fc-forward twice"));
+      const int group = book.groupOf(worker);
+      // A group's rounds are served in order, and a worker has one request out at a time.
+      auto served = lastServed_.find(group);
+      if (served != lastServed_.end() && r.round <= served->second) {
+        throw ProtocolError(strCat("rank ", r.from, " sent round ", r.round,
+                                   "'s fc-forward, but its group was already "
+                                   "served round ",
+                                   served->second));
+      }
+      for (const auto& [key, waiting] : pending_) {
+        for (const auto& m : waiting) {
+          if (m.from == r.from) {
+            throw ProtocolError(strCat("rank ", r.from, " sent round ", r.round, "'s fc-forward while its round ",
+                                       m.round, "'s is still waiting"));
+          }
         }
       }
+      auto key = std::make_pair(group, r.round);
+      auto& members = pending_[key];
       members.push_back(std::move(r));
       if (static_cast<int>(members.size()) < groupSize_) continue;
       serve(members);
+      lastServed_[group] = key.second;
       pending_.erase(key);
+    }
+    if (!pending_.empty()) {
+      const auto& [key, waiting] = *pending_.begin();
+      throw Error(strCat("stopped with round ", key.second, " of group ", key.first, " unserved (", waiting.size(),
+                         " of ", groupSize_, " members in)"));
     }
   } catch (const std::exception& e) {
     // Every rank stops with the FC server's reason (a worker waiting on it wakes with it).
@@ -97,9 +117,15 @@ void FcServer::serve(std::vector<FcChannel::Request>& members) {
                                  members[0].from, " sent ", cols, " (do all ranks build the same model?)"));
     }
     if (v.rows < 1) throw ProtocolError(strCat("round ", m.round, ": rank ", m.from, " sent no rows"));
-    if (!(v.lr > 0)) throw ProtocolError(strCat("round ", m.round, ": rank ", m.from, " sent learning rate ", v.lr));
+    if (!(v.lr > 0 && v.lr <= kMaxLearningRate)) {
+      throw ProtocolError(strCat("round ", m.round, ": rank ", m.from, " sent learning rate ", v.lr));
+    }
+    if (cols >= 0 && v.lr != lr) {
+      throw ProtocolError(strCat("round ", m.round, ": rank ", m.from, " sent learning rate ", v.lr, ", rank ",
+                                 members[0].from, " sent ", lr));
+    }
     cols = v.cols;
-    lr = v.lr;  // every member steps with the job's schedule; the last one's is taken
+    lr = v.lr;
     rows.push_back(v.rows);
     xs.push_back(torch::from_blob(const_cast<float*>(v.activations), {v.rows, v.cols}, torch::kFloat32));
     ys.push_back(torch::from_blob(const_cast<int64_t*>(v.labels), {v.rows}, torch::kLong));
@@ -110,7 +136,13 @@ void FcServer::serve(std::vector<FcChannel::Request>& members) {
     // One forward over the group's rows; the loss is the mean of the members' mean losses.
     torch::Tensor x = torch::cat(xs).requires_grad_(true);
     torch::Tensor y = torch::cat(ys);
-    torch::Tensor perSample = torch::nll_loss(torch::log_softmax(classifier_(x), 1), y, {}, at::Reduction::None);
+    torch::Tensor out = classifier_(x);
+    const int64_t low = y.min().item<int64_t>(), high = y.max().item<int64_t>();
+    if (low < 0 || high >= out.size(1)) {
+      throw ProtocolError(
+          strCat("round ", members[0].round, ": a label outside [0, ", out.size(1), ") (", low, " .. ", high, ")"));
+    }
+    torch::Tensor perSample = torch::nll_loss(torch::log_softmax(out, 1), y, {}, at::Reduction::None);
     std::vector<torch::Tensor> memberLoss;
     int64_t offset = 0;
     for (int64_t n : rows) {

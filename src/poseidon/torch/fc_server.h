@@ -41,7 +41,7 @@ class FcServer {
   FcServer(const FcServer&) = delete;
   FcServer& operator=(const FcServer&) = delete;
 
-  // Ends the thread (after the last round it was sent; a request that comes later is an error).
+  // Ends the thread, after the last round every worker sent (a round left half-served fails the job).
   void stop();
   void withModel(const std::function<void()>& fn);
   // The optimizer's momentum buffers, one per parameter (zeros before the first update), for a
@@ -62,6 +62,7 @@ class FcServer {
   const int groupSize_;
   // Requests of rounds not yet complete, by (group, round); rounds complete in arrival order.
   std::map<std::pair<int, int64_t>, std::vector<FcChannel::Request>> pending_;
+  std::map<int, int64_t> lastServed_;  // each group's last round served
   std::mutex modelMutex_;  // held while an update runs and by withModel()
   std::atomic<int64_t> updates_{0};
   std::atomic<int64_t> busyMicros_{0};

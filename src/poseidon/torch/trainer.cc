@@ -499,14 +499,17 @@ double RankRun::evaluate() {
 
 void RankRun::checkpoint(int64_t iteration) {
   if (o_.checkpointDir.empty()) return;
-  if (dist_ && o_.groups > 0) {
+  const bool groups = dist_ && o_.groups > 0;
+  if (groups) {
     // The shards hold the model and its momentum: every rank stops at this round (a barrier),
-    // then the first worker takes their state into the model and the optimizer's buffers.
+    // then the first worker takes their state into the model and the optimizer's buffers. No
+    // rank goes on before it has (the second barrier, below): a group that did would update the
+    // shards (and the FC server) while their state is read.
     auto [buffers, version] = dist_->groupState();
     if (lead_) {
       if (fcServer_) {
         // The conv layers' momentum from the shards, the FC layers' from the FC server (idle: every
-        // rank is past groupState's barrier), in the order of every parameter.
+        // rank is between the two barriers), in the order of every parameter.
         std::vector<torch::Tensor> fc = fcServer_->momentumBuffers(), all;
         size_t conv = 0, fcIndex = 0;
         for (const auto& p : stateOptimizer().param_groups().at(0).params()) {
@@ -518,12 +521,14 @@ void RankRun::checkpoint(int64_t iteration) {
       meta_.groupVersion = version;
     }
   }
-  if (!lead_) return;
-  // Reported first, so that a restart after a failed save (a full disk) counts this iteration as lost.
-  writeProgress(o_.progressPath, iteration, checkpointIteration_);
-  meta_.iteration = iteration;
-  saveCheckpoint(o_.checkpointDir, meta_, *net_.module, stateOptimizer());
-  checkpointIteration_ = iteration;
+  if (lead_) {
+    // Reported first, so that a restart after a failed save (a full disk) counts this iteration as lost.
+    writeProgress(o_.progressPath, iteration, checkpointIteration_);
+    meta_.iteration = iteration;
+    saveCheckpoint(o_.checkpointDir, meta_, *net_.module, stateOptimizer());
+    checkpointIteration_ = iteration;
+  }
+  if (groups) dist_->node().barrier();
 }
 
 void RankRun::train() {
@@ -671,8 +676,10 @@ torch::Tensor RankRun::mergedStep(const torch::Tensor& x, const torch::Tensor& y
   }
   torch::Tensor features = h.detach().contiguous();
   const int64_t rows = features.size(0), cols = features.size(1);
+  // The optimizer's learning rate, as the shards take it for the conv layers (takeGroupOptimizer).
+  const double lr = static_cast<torch::optim::SGDOptions&>(optimizer_->param_groups().at(0).options()).lr();
   std::vector<uint8_t> reply = dist_->node().fcExchange(
-      dist_->node().iteration(), encodeFcForward(static_cast<float>(o_.lr), rows, cols, features.data_ptr<float>(),
+      dist_->node().iteration(), encodeFcForward(static_cast<float>(lr), rows, cols, features.data_ptr<float>(),
                                                  y.contiguous().data_ptr<int64_t>()));
   FcBackwardView v = decodeFcBackward(reply);
   if (v.rows != rows || v.cols != cols) {
@@ -683,6 +690,10 @@ torch::Tensor RankRun::mergedStep(const torch::Tensor& x, const torch::Tensor& y
   auto backwardStart = Clock::now();
   h.backward(grad);
   backwardMs = 1000 * secondsSince(backwardStart);
+  if (rank_ == o_.slowRank && o_.slowFactor > 1) {  // as trainStep's: this rank's compute takes longer
+    std::this_thread::sleep_for(
+        std::chrono::duration<double, std::milli>((forwardMs + backwardMs) * (o_.slowFactor - 1)));
+  }
   return torch::tensor(v.loss, torch::kFloat64);
 }
 

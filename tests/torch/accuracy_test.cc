@@ -254,5 +254,40 @@ TEST(TimeToAccuracy, TuneProbesAndTrainsEpochsOnTheEmulatedCluster) {
   EXPECT_THAT(table, HasSubstr("| cold-start probe | 1 | 0.001 | 0.9 | 0-2 |"));
 }
 
+// With --merged-fc every run trains with the FC server; the cold start measures its time per sample,
+// and the first g is the paper's: the smallest whose predicted FC server load is within 5% of the
+// highest.
+TEST(TimeToAccuracy, TuneWithMergedFcStartsWhereTheFcServerSaturates) {
+  std::string why;
+  if (!bench::EmulatedCluster::available(&why)) GTEST_SKIP() << "no emulated cluster here: " << why;
+  TempDir dir;
+  auto p = testing::runCli({"tune", "--merged-fc", "--nodes", "2", "--rates", "100", "--steps", "6", "--epoch-steps",
+                            "2", "--probe-steps", "2", "--pad-ms", "30", "--lrs", "0.01,0.1", "--momenta", "0,0.9",
+                            "--json", dir.path + "/t.json"},
+                           dir.path + "/log", {}, 900);
+  ASSERT_EQ(p.exitCode(), 0) << p.stdoutText() << p.stderrText();
+  EXPECT_THAT(p.stdoutText(), HasSubstr("HE model (planner, merged FC)"));
+  auto r = readJson(dir.path + "/t.json");
+  EXPECT_EQ(r["config"]["merged_fc"], true);
+  const auto& run = r["runs"][0];
+  ASSERT_EQ(run["he_model"].size(), 2u);  // g = 1, 2
+  double busiest = 0;
+  for (const auto& h : run["he_model"]) {
+    EXPECT_GT(h["fc_server_seconds_per_sample"].get<double>(), 0) << h;  // measured by the cold start
+    busiest = std::max(busiest, h["fc_server_busy"].get<double>());
+  }
+  int firstG = 0;
+  for (const auto& h : run["he_model"])
+    if (firstG == 0 && h["fc_server_busy"].get<double>() >= busiest * 0.95) firstG = h["groups"];
+  // The first grid (from the cold start's epoch's end, step 2: 2 momenta x 2 lrs) runs at that g.
+  int probes = 0;
+  for (const auto& s : run["stages"]) {
+    if (s["kind"] != "probe" || s["from_step"] != 2) continue;
+    if (++probes <= 4) EXPECT_EQ(s["groups"], firstG) << s.dump();
+  }
+  EXPECT_GE(probes, 4);
+  EXPECT_EQ(run["steps"], 6);
+}
+
 }  // namespace
 }  // namespace poseidon

@@ -9,7 +9,9 @@
 //   first g      the smallest g whose predicted time per sample (the planner's HE model,
 //                planner::predictGroups) is within 5% of the best over --groups-list: where more
 //                asynchrony stops buying hardware efficiency (the paper: the smallest g that
-//                saturates the FC server; without a merged FC this is its analogue).
+//                saturates the FC server; without a merged FC this is its analogue). With --merged-fc,
+//                the paper's rule: the smallest g whose predicted FC server load is within 5% of the
+//                highest over --groups-list, the server's time per sample measured in the cold start.
 //   each epoch   at the current g, probe mu in --momenta up to the last epoch's mu, and eta in
 //                {eta*, eta* / 10}, every probe from the epoch's starting model; if mu = 0 has the
 //                lowest loss, also probe mu = 0.1 and 0.2 (at its eta); then the lowest loss wins,
@@ -67,6 +69,7 @@ struct TuneConfig {
   std::vector<int> groups;  // CG, ascending
   std::vector<double> lrs{1e-5, 1e-4, 1e-3, 1e-2, 1e-1};
   std::vector<double> momenta{0, 0.3, 0.6, 0.9};
+  bool mergedFc = false;  // every run with merged FC (the FC layers on one FC server)
 };
 
 // One run of the tuner: a probe or the rest of an epoch, from a saved state to a saved state.
@@ -77,6 +80,7 @@ struct Stage {
   int fromStep = 0, toStep = 0;
   double loss = kInf;  // rank 0's mean training loss over the run's second half (inf: diverged)
   double clock = 0;    // training-clock seconds it took
+  double fcSecondsPerSample = 0;  // merged FC: the FC server's measured time per sample (0: none)
   std::string state;   // checkpoint directory holding its end state
   nlohmann::json curve;
   std::vector<size_t> runs;  // the tuner's runs this stage is made of (a probe and its extensions)
@@ -112,7 +116,8 @@ class Tuner {
   Tuner(AccuracyHarness* h, const TuneConfig& cfg, double mbit) : h_(h), cfg_(cfg), mbit_(mbit) {}
 
   nlohmann::json run() {
-    const int first = firstGroups();
+    // Merged FC's first g needs the FC server's time per sample, which the cold start measures.
+    int first = cfg_.mergedFc ? 0 : firstGroups();
     // Cold start: synchronous, mu = 0.9, eta from the lowest up (appendix E-D).
     std::vector<Stage> cold;
     std::printf("  cold start: g = 1, momentum 0.9, learning rates from %g up\n", cfg_.lrs.front());
@@ -123,6 +128,10 @@ class Tuner {
     }
     Stage best = settle(cold, epochEnd(0));
     if (std::isinf(best.loss)) throw Error("every cold-start learning rate diverged: try lower --lrs");
+    if (cfg_.mergedFc) {
+      for (const Stage& s : cold) fcSecondsPerSample_ = std::max(fcSecondsPerSample_, s.fcSecondsPerSample);
+      first = firstGroups();
+    }
     keep(best);
     Stage at = finishEpoch(best);  // the cold-start epoch, with the winner
     double mu = 0.9, eta = at.lr;
@@ -141,32 +150,53 @@ class Tuner {
 
  private:
   // HE(g) for each g of CG: the smallest g within 5% of the best time per sample starts the search.
+  // With merged FC (the paper's rule): the smallest g whose FC server load is within 5% of the highest
+  // over CG, i.e. where the server saturates (the largest g when it never does), its time per sample
+  // the one the cold start measured.
   int firstGroups() {
     // As `poseidon plan --check` models a time-to-accuracy run on the emulated cluster.
-    const planner::Workload w = planner::paddedWorkload(resolveModel("lenet"), h_->batch, h_->padMs / 1e3);
+    const planner::Workload whole = planner::paddedWorkload(resolveModel("lenet"), h_->batch, h_->padMs / 1e3);
+    planner::Workload w = whole;
+    planner::MergedFc fc;
+    if (cfg_.mergedFc) {
+      auto split = planner::splitMergedFc(planner::workloadFor(resolveModel("lenet"), h_->batch, 1.0));
+      w = planner::paddedWorkload(split.first.model, h_->batch, h_->padMs / 1e3);  // the pad: the conv part's
+      fc = split.second;
+      fc.serverSecondsPerSample = fcSecondsPerSample_;
+    }
     planner::Cluster c = planner::emulatedCluster(planner::Cluster{}, h_->nodes, mbit_,
                                                   static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
     c.pairBytes = h_->pairBytes;
-    double best = kInf;
-    std::vector<double> perSample;  // seconds per sample through the whole cluster
+    double best = kInf, busiest = 0;
+    std::vector<double> perSample, busy;  // seconds per sample through the whole cluster; the FC server's load
     for (int g : cfg_.groups) {
-      const planner::GroupPrediction p = planner::predictGroups(w, c, g);
+      const planner::GroupPrediction p = planner::predictGroups(w, c, g, cfg_.mergedFc ? &fc : nullptr);
       perSample.push_back(1 / p.samplesPerSecond);
+      busy.push_back(p.fcServerBusy);
       best = std::min(best, perSample.back());
+      busiest = std::max(busiest, p.fcServerBusy);
       he_.push_back({{"groups", g}, {"predicted_step_seconds", p.stepSeconds}});
+      if (cfg_.mergedFc) {
+        he_.back()["fc_server_busy"] = p.fcServerBusy;
+        he_.back()["fc_server_seconds_per_sample"] = fcSecondsPerSample_;
+      }
     }
     int first = cfg_.groups.back();
-    std::printf("  HE model (planner): HE(g)/HE(1)");
+    std::printf("  HE model (planner%s): HE(g)/HE(1)", cfg_.mergedFc ? ", merged FC" : "");
     for (size_t i = 0; i < cfg_.groups.size(); ++i) {
       he_[i]["he_ratio"] = perSample[i] / perSample.front();
       std::printf("%s g%d %.3f", i ? "," : "", cfg_.groups[i], perSample[i] / perSample.front());
+      if (cfg_.mergedFc) std::printf(" (FC server %.0f%% busy)", 100 * busy[i]);
     }
     for (size_t i = 0; i < cfg_.groups.size(); ++i) {
-      if (perSample[i] <= best * (1 + kHeSaturation)) {
+      const bool saturated = cfg_.mergedFc ? busy[i] >= busiest * (1 - kHeSaturation)
+                                           : perSample[i] <= best * (1 + kHeSaturation);
+      if (saturated) {
         first = cfg_.groups[i];
         break;
       }
     }
+    if (cfg_.mergedFc) std::printf("; FC server %.2f ms per sample (measured)", 1e3 * fcSecondsPerSample_);
     std::printf("; first g = %d\n", first);
     return first;
   }
@@ -296,8 +326,9 @@ class Tuner {
       fs::copy(src, fs::path(s.state) / name, fs::copy_options::recursive);
     }
     AccuracySystem sys;
-    sys.name = strCat("g", g);
+    sys.name = strCat("g", g, cfg_.mergedFc ? "fc" : "");
     sys.groups = g;
+    sys.mergedFc = cfg_.mergedFc;
     sys.lr = lr;
     sys.momentum = mu;
     RunExtras extra;
@@ -316,6 +347,11 @@ class Tuner {
     wall_ += wallSeconds() - wall0;
     if (!r.ok) throw Error(strCat(kind, " g=", g, " lr=", lr, " momentum=", mu, " failed: ", r.error));
     s.clock = r.summary.value("train_clock_seconds", 0.0);
+    const double fcUpdates = r.summary.value("fc_server_updates", 0.0);
+    if (fcUpdates > 0) {  // a group round is k members' batches
+      s.fcSecondsPerSample = r.summary.value("fc_server_busy_seconds", 0.0) / fcUpdates /
+                             (static_cast<double>(h_->nodes / g) * static_cast<double>(h_->batch));
+    }
     s.curve = r.summary["curve"];
     const double loss = number(s.curve.back(), "train_loss");
     s.loss = std::isfinite(loss) && loss < 1e3 ? loss : kInf;
@@ -385,6 +421,7 @@ class Tuner {
   std::vector<Stage> stages_;
   nlohmann::json he_ = nlohmann::json::array(), path_ = nlohmann::json::array();
   double clock_ = 0, pathClock_ = 0, wall_ = 0;
+  double fcSecondsPerSample_ = 0;  // merged FC: measured by the cold start
 };
 
 std::string fmt(double v, const char* f) {
@@ -464,6 +501,9 @@ int tuneCommand(const std::vector<std::string>& args) {
   flags.addString("json", &jsonPath, "write every probe, decision and the trained model's curve as JSON to FILE",
                   "FILE");
   flags.addString("markdown", &mdPath, "write the tables as Markdown to FILE", "FILE");
+  flags.addBool("merged-fc", &cfg.mergedFc,
+                "train every run with merged FC (poseidon train --merged-fc); the first g is then the smallest that "
+                "saturates the FC server (the paper's rule), from its time per sample measured in the cold start");
   flags.addBool("keep", &keep, "keep the per-rank logs and checkpoints (printed path)");
   flags.parse(args);
   if (flags.helpRequested()) {
@@ -539,6 +579,7 @@ int tuneCommand(const std::vector<std::string>& args) {
                       {"target_accuracy", h.targetAccuracy},
                       {"target_loss", h.targetLoss},
                       {"rates_mbit", rates},
+                      {"merged_fc", cfg.mergedFc},
                       {"seed", seed}};
   nlohmann::json runs = nlohmann::json::array();
   {

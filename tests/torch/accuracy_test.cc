@@ -261,9 +261,11 @@ TEST(TimeToAccuracy, TuneWithMergedFcStartsWhereTheFcServerSaturates) {
   std::string why;
   if (!bench::EmulatedCluster::available(&why)) GTEST_SKIP() << "no emulated cluster here: " << why;
   TempDir dir;
-  auto p = testing::runCli({"tune", "--merged-fc", "--nodes", "2", "--rates", "100", "--steps", "6", "--epoch-steps",
-                            "2", "--probe-steps", "2", "--pad-ms", "30", "--lrs", "0.01,0.1", "--momenta", "0,0.9",
-                            "--json", dir.path + "/t.json"},
+  auto p = testing::runCli({"tune",          "--merged-fc", "--nodes",       "2",
+                            "--rates",       "100",         "--steps",       "6",
+                            "--epoch-steps", "2",           "--probe-steps", "2",
+                            "--pad-ms",      "30",          "--lrs",         "0.01,0.1",
+                            "--momenta",     "0,0.9",       "--json",        dir.path + "/t.json"},
                            dir.path + "/log", {}, 900);
   ASSERT_EQ(p.exitCode(), 0) << p.stdoutText() << p.stderrText();
   EXPECT_THAT(p.stdoutText(), HasSubstr("HE model (planner, merged FC)"));

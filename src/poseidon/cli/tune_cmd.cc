@@ -189,8 +189,8 @@ class Tuner {
       if (cfg_.mergedFc) std::printf(" (FC server %.0f%% busy)", 100 * busy[i]);
     }
     for (size_t i = 0; i < cfg_.groups.size(); ++i) {
-      const bool saturated = cfg_.mergedFc ? busy[i] >= busiest * (1 - kHeSaturation)
-                                           : perSample[i] <= best * (1 + kHeSaturation);
+      const bool saturated =
+          cfg_.mergedFc ? busy[i] >= busiest * (1 - kHeSaturation) : perSample[i] <= best * (1 + kHeSaturation);
       if (saturated) {
         first = cfg_.groups[i];
         break;

@@ -179,6 +179,13 @@ TEST(MergedFc, CheckpointsHoldTheFcServersStateAndResumeExactly) {
   ASSERT_EQ(again.exitCode(), 0) << again.stderrText();
   EXPECT_THAT(again.stdoutText(), HasSubstr("resuming from " + ck2 + "/step-000000010"));
   EXPECT_EQ(testing::readBytes(dir.path + "/two.bin"), testing::readBytes(dir.path + "/again.bin"));
+  // The step-5 checkpoint, taken while both groups go on afterwards, holds exactly 5 rounds of each
+  // (a group let go before the state was read could have pushed round 6 into it).
+  for (auto [step, version] : {std::pair<std::string, int>{"000000005", 10}, {"000000010", 20}}) {
+    std::ifstream meta(ck2 + "/step-" + step + "/meta.json");
+    ASSERT_TRUE(meta.good()) << step;
+    EXPECT_EQ(nlohmann::json::parse(meta)["group_version"], version) << step;
+  }
 }
 
 // Four groups of one: the FC server serves each group's rounds as they come, one update per round

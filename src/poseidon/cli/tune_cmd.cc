@@ -10,8 +10,8 @@
 //                planner::predictGroups) is within 5% of the best over --groups-list: where more
 //                asynchrony stops buying hardware efficiency (the paper: the smallest g that
 //                saturates the FC server; without a merged FC this is its analogue). With --merged-fc,
-//                the paper's rule: the smallest g whose predicted FC server load is within 5% of the
-//                highest over --groups-list, the server's time per sample measured in the cold start.
+//                the paper's rule: the smallest g whose predicted FC server load is at least 95% (the
+//                largest listed when none is), the server's time per sample measured in the cold start.
 //   each epoch   at the current g, probe mu in --momenta up to the last epoch's mu, and eta in
 //                {eta*, eta* / 10}, every probe from the epoch's starting model; if mu = 0 has the
 //                lowest loss, also probe mu = 0.1 and 0.2 (at its eta); then the lowest loss wins,
@@ -80,7 +80,8 @@ struct Stage {
   int fromStep = 0, toStep = 0;
   double loss = kInf;  // rank 0's mean training loss over the run's second half (inf: diverged)
   double clock = 0;    // training-clock seconds it took
-  double fcSecondsPerSample = 0;  // merged FC: the FC server's measured time per sample (0: none)
+  // Merged FC: the FC server's busy seconds and the samples it served in this run (0: none).
+  double fcBusySeconds = 0, fcSamples = 0;
   std::string state;   // checkpoint directory holding its end state
   nlohmann::json curve;
   std::vector<size_t> runs;  // the tuner's runs this stage is made of (a probe and its extensions)
@@ -94,6 +95,8 @@ struct Stage {
             {"to_step", toStep},
             {"loss", std::isinf(loss) ? nlohmann::json("diverged") : nlohmann::json(loss)},
             {"clock_seconds", clock},
+            {"fc_server_busy_seconds", fcBusySeconds},
+            {"fc_server_samples", fcSamples},
             {"won", won}};
   }
 };
@@ -129,7 +132,14 @@ class Tuner {
     Stage best = settle(cold, epochEnd(0));
     if (std::isinf(best.loss)) throw Error("every cold-start learning rate diverged: try lower --lrs");
     if (cfg_.mergedFc) {
-      for (const Stage& s : cold) fcSecondsPerSample_ = std::max(fcSecondsPerSample_, s.fcSecondsPerSample);
+      // Pooled over the cold start's runs (one short probe's warm-up weighs by its samples only).
+      double busy = 0, samples = 0;
+      for (const Stage& s : cold) {
+        busy += s.fcBusySeconds;
+        samples += s.fcSamples;
+      }
+      if (!(busy > 0 && samples > 0)) throw Error("the cold start's runs did not report the FC server's time");
+      fcSecondsPerSample_ = busy / samples;
       first = firstGroups();
     }
     keep(best);
@@ -150,9 +160,9 @@ class Tuner {
 
  private:
   // HE(g) for each g of CG: the smallest g within 5% of the best time per sample starts the search.
-  // With merged FC (the paper's rule): the smallest g whose FC server load is within 5% of the highest
-  // over CG, i.e. where the server saturates (the largest g when it never does), its time per sample
-  // the one the cold start measured.
+  // With merged FC (the paper's rule): the smallest g at which the FC server saturates (predicted load
+  // of at least 95%; the largest g when it never does), its time per sample the one the cold start
+  // measured.
   int firstGroups() {
     // As `poseidon plan --check` models a time-to-accuracy run on the emulated cluster.
     const planner::Workload whole = planner::paddedWorkload(resolveModel("lenet"), h_->batch, h_->padMs / 1e3);
@@ -167,14 +177,13 @@ class Tuner {
     planner::Cluster c = planner::emulatedCluster(planner::Cluster{}, h_->nodes, mbit_,
                                                   static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
     c.pairBytes = h_->pairBytes;
-    double best = kInf, busiest = 0;
+    double best = kInf;
     std::vector<double> perSample, busy;  // seconds per sample through the whole cluster; the FC server's load
     for (int g : cfg_.groups) {
       const planner::GroupPrediction p = planner::predictGroups(w, c, g, cfg_.mergedFc ? &fc : nullptr);
       perSample.push_back(1 / p.samplesPerSecond);
       busy.push_back(p.fcServerBusy);
       best = std::min(best, perSample.back());
-      busiest = std::max(busiest, p.fcServerBusy);
       he_.push_back({{"groups", g}, {"predicted_step_seconds", p.stepSeconds}});
       if (cfg_.mergedFc) {
         he_.back()["fc_server_busy"] = p.fcServerBusy;
@@ -189,8 +198,7 @@ class Tuner {
       if (cfg_.mergedFc) std::printf(" (FC server %.0f%% busy)", 100 * busy[i]);
     }
     for (size_t i = 0; i < cfg_.groups.size(); ++i) {
-      const bool saturated =
-          cfg_.mergedFc ? busy[i] >= busiest * (1 - kHeSaturation) : perSample[i] <= best * (1 + kHeSaturation);
+      const bool saturated = cfg_.mergedFc ? busy[i] >= 1 - kHeSaturation : perSample[i] <= best * (1 + kHeSaturation);
       if (saturated) {
         first = cfg_.groups[i];
         break;
@@ -349,8 +357,8 @@ class Tuner {
     s.clock = r.summary.value("train_clock_seconds", 0.0);
     const double fcUpdates = r.summary.value("fc_server_updates", 0.0);
     if (fcUpdates > 0) {  // a group round is k members' batches
-      s.fcSecondsPerSample = r.summary.value("fc_server_busy_seconds", 0.0) / fcUpdates /
-                             (static_cast<double>(h_->nodes / g) * static_cast<double>(h_->batch));
+      s.fcBusySeconds = r.summary.value("fc_server_busy_seconds", 0.0);
+      s.fcSamples = fcUpdates * static_cast<double>(h_->nodes / g) * static_cast<double>(h_->batch);
     }
     s.curve = r.summary["curve"];
     const double loss = number(s.curve.back(), "train_loss");
@@ -503,7 +511,8 @@ int tuneCommand(const std::vector<std::string>& args) {
   flags.addString("markdown", &mdPath, "write the tables as Markdown to FILE", "FILE");
   flags.addBool("merged-fc", &cfg.mergedFc,
                 "train every run with merged FC (poseidon train --merged-fc); the first g is then the smallest that "
-                "saturates the FC server (the paper's rule), from its time per sample measured in the cold start");
+                "saturates the FC server (predicted load >= 95%, the paper's rule; the largest listed when none "
+                "does), from its time per sample measured in the cold start");
   flags.addBool("keep", &keep, "keep the per-rank logs and checkpoints (printed path)");
   flags.parse(args);
   if (flags.helpRequested()) {

@@ -667,12 +667,16 @@ torch::Tensor RankRun::mergedStep(const torch::Tensor& x, const torch::Tensor& y
   torch::Tensor h = net_.features(x);
   dist_->endForward(h);
   forwardMs = 1000 * secondsSince(stepStart);
+  double padded = 0;  // ms slept for the pad
   if (o_.padMs > 0) {
     // As trainStep's: the modeled device time (here the conv layers' forward and backward; the FC
     // layers run on the FC server) before anything is sent.
     double jitter = o_.padJitterMs > 0 ? std::exponential_distribution<double>(1.0 / o_.padJitterMs)(padRandom_) : 0;
     double rest = o_.padMs + jitter - forwardMs - lastBackwardMs_;
-    if (rest > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(rest));
+    if (rest > 0) {
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(rest));
+      padded = rest;
+    }
   }
   torch::Tensor features = h.detach().contiguous();
   const int64_t rows = features.size(0), cols = features.size(1);
@@ -690,9 +694,9 @@ torch::Tensor RankRun::mergedStep(const torch::Tensor& x, const torch::Tensor& y
   auto backwardStart = Clock::now();
   h.backward(grad);
   backwardMs = 1000 * secondsSince(backwardStart);
-  if (rank_ == o_.slowRank && o_.slowFactor > 1) {  // as trainStep's: this rank's compute takes longer
+  if (rank_ == o_.slowRank && o_.slowFactor > 1) {  // as trainStep's: this rank's compute (and pad) take longer
     std::this_thread::sleep_for(
-        std::chrono::duration<double, std::milli>((forwardMs + backwardMs) * (o_.slowFactor - 1)));
+        std::chrono::duration<double, std::milli>((forwardMs + padded + backwardMs) * (o_.slowFactor - 1)));
   }
   return torch::tensor(v.loss, torch::kFloat64);
 }

@@ -194,9 +194,13 @@ TEST(TimeToAccuracy, TuneProbesAndTrainsEpochsOnTheEmulatedCluster) {
     EXPECT_EQ(cold[i]["lr"], lrs[i]);
     EXPECT_EQ(cold[i]["from_step"], 0);
     EXPECT_EQ(cold[i]["to_step"], 2);
-    if (i > 0 && i + 1 < cold.size()) EXPECT_LE(lossOf(cold[i]), lossOf(cold[i - 1]));
+    if (i > 0 && i + 1 < cold.size()) {
+      EXPECT_LE(lossOf(cold[i]), lossOf(cold[i - 1]));
+    }
   }
-  if (cold.size() < lrs.size()) EXPECT_GT(lossOf(cold.back()), lossOf(cold[cold.size() - 2]));
+  if (cold.size() < lrs.size()) {
+    EXPECT_GT(lossOf(cold.back()), lossOf(cold[cold.size() - 2]));
+  }
   // Accounting: every run is the trained model's (kept) or tuning's.
   double clock = 0, tuning = 0;
   for (const auto& s : run["stages"]) {
@@ -242,7 +246,9 @@ TEST(TimeToAccuracy, TuneProbesAndTrainsEpochsOnTheEmulatedCluster) {
   for (const auto& s : run["stages"]) {
     if (s["kind"] != "probe" || s["from_step"] != coldEnd) continue;
     ++probes;
-    if (probes <= 4) EXPECT_EQ(s["groups"], firstG) << s.dump();  // the first grid: 2 momenta x 2 lrs
+    if (probes <= 4) {
+      EXPECT_EQ(s["groups"], firstG) << s.dump();  // the first grid: 2 momenta x 2 lrs
+    }
     const double lr = s["lr"];
     EXPECT_TRUE(std::fabs(lr - coldLr) < 1e-12 || std::fabs(lr - coldLr / 10) < 1e-12) << s.dump();
   }
@@ -295,7 +301,9 @@ TEST(TimeToAccuracy, TuneWithMergedFcStartsWhereTheFcServerSaturates) {
   int probes = 0;
   for (const auto& s : run["stages"]) {
     if (s["kind"] != "probe" || s["from_step"] != 2) continue;
-    if (++probes <= 4) EXPECT_EQ(s["groups"], firstG) << s.dump();
+    if (++probes <= 4) {
+      EXPECT_EQ(s["groups"], firstG) << s.dump();
+    }
   }
   EXPECT_GE(probes, 4);
   EXPECT_EQ(run["steps"], 6);

@@ -185,18 +185,17 @@ int planCheckAccuracy(const std::string& path, const nlohmann::json& results, co
       // Merged FC: the pad is the conv layers' compute on each worker (the FC layers run on rank 0's
       // FC server); the server's time per group round is the one the run measured, or else the FC
       // layers' FLOPs at one core's rate stretched by the nodes sharing the host's cores.
-      auto [convPart, fc] = planner::splitMergedFc(planner::workloadFor(resolveModel("lenet"), w.batch, 1.0));
-      const planner::Workload padded = planner::paddedWorkload(convPart.model, w.batch, std::max(padSeconds, 1e-9));
+      const ModelDesc lenet = resolveModel("lenet");
       const double rows = static_cast<double>(nodes / groups) * static_cast<double>(w.batch);
       const double measuredMs = run.value("fc_server_ms_per_update", 0.0);
-      if (measuredMs > 0) {
-        fc.serverSecondsPerSample = measuredMs / 1e3 / rows;
-      } else {
+      double perSample = measuredMs / 1e3 / rows;
+      if (!(measuredMs > 0)) {
         double macs = 0;
-        for (const auto& l : resolveModel("lenet").layers)
+        for (const auto& l : lenet.layers)
           if (l.type == LayerType::kFC) macs += static_cast<double>(l.m * l.n);
-        fc.serverSecondsPerSample = 6 * macs / kHostGemmFlops * std::max(1.0, static_cast<double>(nodes) / cores);
+        perSample = 6 * macs / kHostGemmFlops * std::max(1.0, static_cast<double>(nodes) / cores);
       }
+      const auto [padded, fc] = planner::paddedMergedFc(lenet, w.batch, std::max(padSeconds, 1e-9), perSample);
       predicted = planner::predictGroups(padded, c, groups, &fc).stepSeconds;
     } else {
       predicted = planner::predictGroups(w, c, groups).stepSeconds;

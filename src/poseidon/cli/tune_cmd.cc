@@ -41,6 +41,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <tuple>
 
 #include "poseidon/bench/cluster.h"
 #include "poseidon/cli/accuracy_harness.h"
@@ -169,10 +170,7 @@ class Tuner {
     planner::Workload w = whole;
     planner::MergedFc fc;
     if (cfg_.mergedFc) {
-      auto split = planner::splitMergedFc(planner::workloadFor(resolveModel("lenet"), h_->batch, 1.0));
-      w = planner::paddedWorkload(split.first.model, h_->batch, h_->padMs / 1e3);  // the pad: the conv part's
-      fc = split.second;
-      fc.serverSecondsPerSample = fcSecondsPerSample_;
+      std::tie(w, fc) = planner::paddedMergedFc(resolveModel("lenet"), h_->batch, h_->padMs / 1e3, fcSecondsPerSample_);
     }
     planner::Cluster c = planner::emulatedCluster(planner::Cluster{}, h_->nodes, mbit_,
                                                   static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));

@@ -843,6 +843,13 @@ std::pair<Workload, MergedFc> splitMergedFc(const Workload& w) {
   return {std::move(rest), fc};
 }
 
+std::pair<Workload, MergedFc> paddedMergedFc(const ModelDesc& model, int64_t batch, double seconds,
+                                             double serverSecondsPerSample) {
+  auto [workers, fc] = splitMergedFc(workloadFor(model, batch, 1.0));
+  fc.serverSecondsPerSample = serverSecondsPerSample;
+  return {paddedWorkload(workers.model, batch, seconds), fc};
+}
+
 GroupPrediction predictGroups(const Workload& workload, const Cluster& cluster, int groups, const MergedFc* mergedFc) {
   checkInputs(workload, cluster);
   if (groups < 1 || cluster.workers % groups != 0)

@@ -154,6 +154,10 @@ struct MergedFc {
 // when there is none, or nothing before it): the workers keep the rest of the workload, and the
 // server computes the FC layers at the workers' speed.
 std::pair<Workload, MergedFc> splitMergedFc(const Workload& workload);
+// A padded step (paddedWorkload) with merged FC: the pad is the compute of the layers left on the
+// workers (`poseidon train --merged-fc --pad-ms`); the server's time per sample is the caller's.
+std::pair<Workload, MergedFc> paddedMergedFc(const ModelDesc& model, int64_t batch, double seconds,
+                                             double serverSecondsPerSample);
 // Throws InvalidArgument when g does not divide the workers (or predict()'s reasons). With
 // `mergedFc`, the workload is the part left on the workers (splitMergedFc's first).
 GroupPrediction predictGroups(const Workload& workload, const Cluster& cluster, int groups,

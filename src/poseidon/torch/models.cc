@@ -55,25 +55,22 @@ torch::Tensor MlpImpl::forward(torch::Tensor x) {
   return fc3->forward(x);
 }
 
+namespace {
+// A model with features() and classifier() halves; its FC part is ip1 and ip2.
+template <typename Holder>
+AnyNet splitNet(const std::string& name, Holder m) {
+  return {name,
+          m.ptr(),
+          [m](torch::Tensor x) mutable { return m->forward(x); },
+          [m](torch::Tensor x) mutable { return m->features(x); },
+          [m](torch::Tensor h) mutable { return m->classifier(h); },
+          {"ip1", "ip2"}};
+}
+}  // namespace
+
 AnyNet makeModel(const std::string& name) {
-  if (name == "lenet") {
-    LeNet m;
-    return {name,
-            m.ptr(),
-            [m](torch::Tensor x) mutable { return m->forward(x); },
-            [m](torch::Tensor x) mutable { return m->features(x); },
-            [m](torch::Tensor h) mutable { return m->classifier(h); },
-            {"ip1", "ip2"}};
-  }
-  if (name == "cifar10-quick") {
-    Cifar10Quick m;
-    return {name,
-            m.ptr(),
-            [m](torch::Tensor x) mutable { return m->forward(x); },
-            [m](torch::Tensor x) mutable { return m->features(x); },
-            [m](torch::Tensor h) mutable { return m->classifier(h); },
-            {"ip1", "ip2"}};
-  }
+  if (name == "lenet") return splitNet(name, LeNet());
+  if (name == "cifar10-quick") return splitNet(name, Cifar10Quick());
   if (name == "mlp") {
     Mlp m;
     return {name, m.ptr(), [m](torch::Tensor x) mutable { return m->forward(x); }, nullptr, nullptr, {}};

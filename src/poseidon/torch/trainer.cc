@@ -241,6 +241,11 @@ class RankRun {
   bool trainEpoch(int epoch, EpochStats& stats);
   // One SGD step on batch [b, e) of idx; adds its loss and images to stats.
   void trainStep(const std::vector<int64_t>& idx, size_t b, size_t e, EpochStats& stats);
+  // The step's forward, pad (padBeforeBackward) and backward, timed (ms, the pad left out); returns the loss.
+  torch::Tensor localStep(const torch::Tensor& x, const torch::Tensor& y, double& forwardMs, double& backwardMs);
+  // --pad-ms: sleeps what is left of the modeled compute after `forwardMs` and the last backward;
+  // returns the ms slept.
+  double padBeforeBackward(double forwardMs);
   // Merged FC: the features' forward; the FC server's loss and gradient; the features' backward.
   torch::Tensor mergedStep(const torch::Tensor& x, const torch::Tensor& y, double& forwardMs, double& backwardMs);
   // Merged FC: the model without its FC layers (what the shards hold) and the FC layers' parameters.
@@ -592,26 +597,44 @@ void RankRun::trainStep(const std::vector<int64_t>& idx, size_t b, size_t e, Epo
     return;
   }
   torch::Tensor x = batchImages(train_, idx, b, e), y = batchLabels(train_, idx, b, e);
-  if (o_.mergedFc) {
-    double forwardMs = 0, backwardMs = 0;
-    torch::Tensor loss = mergedStep(x, y, forwardMs, backwardMs);
-    if (o_.padMs > 0) {
-      lastBackwardMs_ = backwardMs;
-      maxComputeMs_ = std::max(maxComputeMs_, forwardMs + backwardMs);
-      computeMsSum_ += forwardMs + backwardMs;
-      if (forwardMs + backwardMs > o_.padMs) ++padOverruns_;
-    }
-    dist_->step(*optimizer_);
-    double l = loss.item<double>();
-    stats.lossSum += l;
-    ++stats.lossCount;
-    if (lead_ && o_.curveEvery > 0) {
-      curveLossSum_ += l;
-      ++curveLossCount_;
-    }
-    stats.images += static_cast<int64_t>(e - b) * world_;
-    return;
+  double forwardMs = 0, backwardMs = 0;
+  torch::Tensor loss = o_.mergedFc ? mergedStep(x, y, forwardMs, backwardMs) : localStep(x, y, forwardMs, backwardMs);
+  if (o_.padMs > 0) {
+    lastBackwardMs_ = backwardMs;
+    double computeMs = forwardMs + backwardMs;
+    maxComputeMs_ = std::max(maxComputeMs_, computeMs);
+    computeMsSum_ += computeMs;
+    if (computeMs > o_.padMs) ++padOverruns_;
   }
+  if (dist_)
+    dist_->step(*optimizer_);
+  else
+    optimizer_->step();
+  double l = loss.item<double>();
+  stats.lossSum += l;
+  ++stats.lossCount;
+  if (lead_ && o_.curveEvery > 0) {
+    curveLossSum_ += l;
+    ++curveLossCount_;
+  }
+  stats.images += static_cast<int64_t>(e - b) * world_;
+}
+
+double RankRun::padBeforeBackward(double forwardMs) {
+  if (o_.padMs <= 0) return 0;
+  // The modeled device: forward + backward take padMs. The pad goes between forward and
+  // backward (backward's length estimated by the previous step's), so that every sync, ours and
+  // DDP's alike (bench/ddp_train.py pads the same way), starts after the modeled compute: no
+  // system gets overlap from the pad itself, only from the real backward.
+  double jitter = o_.padJitterMs > 0 ? std::exponential_distribution<double>(1.0 / o_.padJitterMs)(padRandom_) : 0;
+  double rest = o_.padMs + jitter - forwardMs - lastBackwardMs_;
+  if (rest <= 0) return 0;
+  std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(rest));
+  return rest;
+}
+
+torch::Tensor RankRun::localStep(const torch::Tensor& x, const torch::Tensor& y, double& forwardMs,
+                                 double& backwardMs) {
   torch::Tensor out;
   Clock::time_point stepStart;
   if (dist_ && o_.padMs > 0) {
@@ -626,38 +649,15 @@ void RankRun::trainStep(const std::vector<int64_t>& idx, size_t b, size_t e, Epo
     out = dist_ ? dist_->forward(x) : net_.forward(x);
   }
   torch::Tensor loss = torch::nll_loss(torch::log_softmax(out, 1), y);
-  double forwardMs = 1000 * secondsSince(stepStart);
-  if (o_.padMs > 0) {
-    // The modeled device: forward + backward take padMs. The pad goes between forward and
-    // backward (backward's length estimated by the previous step's), so that every sync, ours and
-    // DDP's alike (bench/ddp_train.py pads the same way), starts after the modeled compute: no
-    // system gets overlap from the pad itself, only from the real backward.
-    double jitter = o_.padJitterMs > 0 ? std::exponential_distribution<double>(1.0 / o_.padJitterMs)(padRandom_) : 0;
-    double rest = o_.padMs + jitter - forwardMs - lastBackwardMs_;
-    if (rest > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(rest));
-  }
+  forwardMs = 1000 * secondsSince(stepStart);
+  padBeforeBackward(forwardMs);
   auto backwardStart = Clock::now();
   loss.backward();
   if (rank_ == o_.slowRank && o_.slowFactor > 1) {
     std::this_thread::sleep_for(std::chrono::duration<double>(secondsSince(stepStart) * (o_.slowFactor - 1)));
   }
-  if (o_.padMs > 0) {
-    lastBackwardMs_ = 1000 * secondsSince(backwardStart);
-    double computeMs = forwardMs + lastBackwardMs_;
-    maxComputeMs_ = std::max(maxComputeMs_, computeMs);
-    computeMsSum_ += computeMs;
-    if (computeMs > o_.padMs) ++padOverruns_;
-  }
-  if (dist_) dist_->step(*optimizer_);
-  else optimizer_->step();
-  double l = loss.item<double>();
-  stats.lossSum += l;
-  ++stats.lossCount;
-  if (lead_ && o_.curveEvery > 0) {
-    curveLossSum_ += l;
-    ++curveLossCount_;
-  }
-  stats.images += static_cast<int64_t>(e - b) * world_;
+  backwardMs = 1000 * secondsSince(backwardStart);
+  return loss;
 }
 
 torch::Tensor RankRun::mergedStep(const torch::Tensor& x, const torch::Tensor& y, double& forwardMs,
@@ -667,17 +667,9 @@ torch::Tensor RankRun::mergedStep(const torch::Tensor& x, const torch::Tensor& y
   torch::Tensor h = net_.features(x);
   dist_->endForward(h);
   forwardMs = 1000 * secondsSince(stepStart);
-  double padded = 0;  // ms slept for the pad
-  if (o_.padMs > 0) {
-    // As trainStep's: the modeled device time (here the conv layers' forward and backward; the FC
-    // layers run on the FC server) before anything is sent.
-    double jitter = o_.padJitterMs > 0 ? std::exponential_distribution<double>(1.0 / o_.padJitterMs)(padRandom_) : 0;
-    double rest = o_.padMs + jitter - forwardMs - lastBackwardMs_;
-    if (rest > 0) {
-      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(rest));
-      padded = rest;
-    }
-  }
+  // The modeled device time (here the conv layers' forward and backward; the FC layers run on the
+  // FC server) before anything is sent.
+  const double padded = padBeforeBackward(forwardMs);
   torch::Tensor features = h.detach().contiguous();
   const int64_t rows = features.size(0), cols = features.size(1);
   // The optimizer's learning rate, as the shards take it for the conv layers (takeGroupOptimizer).

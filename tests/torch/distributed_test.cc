@@ -135,8 +135,9 @@ TEST(DistributedModel, ForcedPsMatchesReferenceMean) { runRanks(2, SchemePolicy:
 TEST(DistributedModel, NoOverlapMatchesReferenceMean) { runRanks(2, SchemePolicy::kSFB, false); }
 
 // The overlapped step on a torch::nn::Sequential (forwardOverlapped / stepOverlapped) gives the
-// parameters of forward / backward / step bit for bit, with SGD's momentum and an SFB layer, and
-// applies every layer's update just before the child that needs it.
+// parameters of forward / backward / step bit for bit, with SGD's momentum, an SFB layer and a
+// learning rate changed after every step, and applies every layer's update just before the child
+// that needs it.
 TEST(DistributedModel, OverlappedSequentialStepEqualsTheBarrierPathBitForBit) {
   const int ranks = 2, steps = 6;
   const int64_t rows = 4;
@@ -161,6 +162,8 @@ TEST(DistributedModel, OverlappedSequentialStepEqualsTheBarrierPathBitForBit) {
         torch::nn::Sequential net = nets[r];
         DistributedModel dist(net.ptr(), "seq", rankOptions(r, ranks, port, rows), [net](torch::Tensor x) mutable { return net->forward(x); });
         torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+        // Held across steps, as a scheduler holds it: the overlapped path must keep this object valid.
+        auto& options = static_cast<torch::optim::SGDOptions&>(opt.param_groups()[0].options());
         for (int s = 0; s < steps; ++s) {
           if (overlapped) {
             dist.forwardOverlapped(net, inputs[r][s]).pow(2).mean().backward();
@@ -174,6 +177,9 @@ TEST(DistributedModel, OverlappedSequentialStepEqualsTheBarrierPathBitForBit) {
             dist.forward(inputs[r][s]).pow(2).mean().backward();
             dist.step(opt);
           }
+          // A scheduler between steps: the pending step must still use the learning rate it was
+          // submitted with (the overlapped path applies it in the next forward, after this line).
+          options.lr(0.1 / (s + 2));
         }
         EXPECT_EQ(dist.lastSchemes()[1], Scheme::kSFB);  // the middle Linear: by its factors
         if (overlapped) {  // an evaluation forward applies the pending step first
@@ -182,6 +188,8 @@ TEST(DistributedModel, OverlappedSequentialStepEqualsTheBarrierPathBitForBit) {
           EXPECT_FALSE(dist.stepPending());
         }
         dist.applyPending();  // nothing left
+        EXPECT_EQ(&opt.param_groups()[0].options(), &options);
+        EXPECT_DOUBLE_EQ(options.lr(), 0.1 / (steps + 1));  // the scheduler's last value, restored
         EXPECT_EQ(dist.updatesInForward(), overlapped ? (steps - 1) * 3 : 0);
         std::vector<torch::Tensor> params;
         for (auto& p : net->parameters()) params.push_back(p.detach().clone());

@@ -644,7 +644,35 @@ void DistributedModel::finishStep() {
 void DistributedModel::stepOverlapped(torch::optim::Optimizer& optimizer) {
   submitStep();
   pendingOptimizer_ = &optimizer;
+  pendingOptions_.clear();
+  for (auto& group : optimizer.param_groups()) pendingOptions_.push_back(group.options().clone());
 }
+
+namespace {
+
+template <typename T>
+bool assignAs(torch::optim::OptimizerOptions& to, const torch::optim::OptimizerOptions& from) {
+  auto* t = dynamic_cast<T*>(&to);
+  const auto* f = dynamic_cast<const T*>(&from);
+  if (!t || !f) return false;
+  *t = *f;
+  return true;
+}
+
+// Sets a parameter group's options to `from`'s values, in place for LibTorch's optimizers (so that
+// references to group.options() stay valid); other option types are replaced by a copy.
+void assignOptions(torch::optim::OptimizerParamGroup& group, const torch::optim::OptimizerOptions& from) {
+  namespace o = torch::optim;
+  auto& to = group.options();
+  if (assignAs<o::SGDOptions>(to, from) || assignAs<o::AdamOptions>(to, from) || assignAs<o::AdamWOptions>(to, from) ||
+      assignAs<o::RMSpropOptions>(to, from) || assignAs<o::AdagradOptions>(to, from) ||
+      assignAs<o::LBFGSOptions>(to, from)) {
+    return;
+  }
+  group.set_options(from.clone());
+}
+
+}  // namespace
 
 void DistributedModel::stepOnly(const std::vector<torch::Tensor>& params) {
   std::unordered_set<const void*> visible;
@@ -658,10 +686,23 @@ void DistributedModel::stepOnly(const std::vector<torch::Tensor>& params) {
       }
     }
   }
+  // The options as they were at stepOverlapped(), whatever a scheduler set since; the current ones
+  // go back afterwards (copied into the same objects: a reference a scheduler holds stays valid).
+  auto& groups = pendingOptimizer_->param_groups();
+  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> current;
   auto restore = [&] {
     for (auto& [p, grad] : hidden) p.mutable_grad() = grad;
+    for (size_t i = 0; i < current.size(); ++i) assignOptions(groups[i], *current[i]);
   };
   try {
+    if (groups.size() != pendingOptions_.size()) {
+      throw InvalidArgument(strCat("the optimizer has ", groups.size(), " parameter groups, ", pendingOptions_.size(),
+                                   " at stepOverlapped(): do not add groups while a step is pending"));
+    }
+    for (size_t i = 0; i < groups.size(); ++i) {
+      current.push_back(groups[i].options().clone());
+      assignOptions(groups[i], *pendingOptions_[i]);
+    }
     pendingOptimizer_->step();
   } catch (...) {
     restore();
@@ -690,6 +731,7 @@ void DistributedModel::applyPending() {
       if (!ours.count(p.unsafeGetTensorImpl())) others.push_back(p);
   if (!others.empty()) stepOnly(others);
   pendingOptimizer_ = nullptr;
+  pendingOptions_.clear();
   finishStep();
 }
 

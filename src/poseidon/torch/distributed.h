@@ -147,9 +147,11 @@ class DistributedModel {
   // and the like skip a parameter without one), then clears their gradients. The optimizer's
   // parameters outside the model are stepped once the children are through, the step ends and this
   // forward begins. Bit-identical to forward/backward/step (tests/torch/distributed_test.cc).
-  // Between stepOverlapped() and the next forward, do not zero the gradients or change the
-  // optimizer's options: the pending step still uses both. applyPending() (and finish(), and an
-  // evaluation forwardOverlapped) applies a pending step at once, e.g. before saving the model.
+  // The optimizer's options (learning rate, momentum, ...) are those at stepOverlapped(): a scheduler
+  // may change them before the next forward, as it may between step() and the next forward (LibTorch's
+  // optimizers keep their options objects, so references to them stay valid). Do not
+  // zero the gradients in between: the pending step still uses them. applyPending() (and finish(),
+  // and an evaluation forwardOverlapped) applies a pending step at once, e.g. before saving the model.
   void stepOverlapped(torch::optim::Optimizer& optimizer);
   torch::Tensor forwardOverlapped(torch::nn::Sequential& sequence, torch::Tensor x);
   void applyPending();
@@ -253,6 +255,8 @@ class DistributedModel {
   bool stepPending_ = false;   // submitStep() ran; finishStep() has not
   std::vector<bool> finishedLayers_;  // this pending step's layers already in .grad()
   torch::optim::Optimizer* pendingOptimizer_ = nullptr;  // stepOverlapped(): applies the pending step
+  // Each parameter group's options at stepOverlapped(), which the pending step's per-layer steps use.
+  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> pendingOptions_;
   int64_t updatesInForward_ = 0;
   int64_t iteration_ = -1;
   int64_t pulledRound_ = -1;  // compute-group mode: the round whose model the parameters hold

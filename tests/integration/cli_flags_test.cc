@@ -257,6 +257,7 @@ TEST(CliFlags, TuneRejectsInconsistentBudgets) {
   expectRejected({{"tune", "--momenta", "0.3,0.9"}, "--momenta must include 0 (it decides when to halve g)"});
   expectRejected({{"tune", "--momenta", "0,1"}, "each --momenta entry must be in [0, 1), got 1"});
   expectRejected({{"tune", "--lrs", "0.1,0"}, "each --lrs entry must be > 0, got 0"});
+  expectRejected({{"tune", "--probe-samples", "-1"}, "--probe-samples must be in [0, 60000], got -1"});
 }
 
 TEST(CliFlags, LaunchRejectsOutOfRangeValues) {

@@ -3,6 +3,7 @@
 // build one: root and iproute2; skipped with the reason otherwise).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include <filesystem>
 #include <fstream>
@@ -11,6 +12,8 @@
 
 #include "cli_helpers.h"
 #include "poseidon/bench/cluster.h"
+#include "poseidon/data/fashion_mnist.h"
+#include "poseidon/torch/models.h"
 
 namespace poseidon {
 namespace {
@@ -63,6 +66,57 @@ TEST(TimeToAccuracy, PaddedStepsAndTheCurveOfModelCopies) {
       EXPECT_GT(maxMs, padMs) << "rank " << r;
     }
   }
+}
+
+// --curve-loss-samples (poseidon tune's probe signal): each model copy's mean loss on N fixed training
+// images, evenly spaced over the (limited) training set. The last copy is the final model, so its
+// score must equal the same loss computed here, from the saved parameters, in double.
+TEST(TimeToAccuracy, SampleLossScoresEachCopyOnFixedTrainingImages) {
+  TempDir dir;
+  const int64_t limit = 2048, n = 500;
+  auto p = testing::runCli({"train", "--workers", "1", "--train-limit", std::to_string(limit), "--max-steps", "6",
+                            "--curve-every", "3", "--curve-loss-samples", std::to_string(n), "--threads", "1",
+                            "--quiet", "--save-params", dir.path + "/final.bin", "--summary", dir.path + "/s.json"},
+                           dir.path + "/log");
+  ASSERT_EQ(p.exitCode(), 0) << p.stderrText();
+  auto s = readJson(dir.path + "/s.json");
+  ASSERT_EQ(s["curve"].size(), 2u) << s["curve"].dump();
+
+  pt::AnyNet net = pt::makeModel("lenet");
+  auto params = net.module->parameters();
+  std::vector<float> saved = testing::readFloats(dir.path + "/final.bin");
+  size_t at = 0;
+  torch::NoGradGuard guard;
+  for (auto& t : params) {
+    ASSERT_LE(at + static_cast<size_t>(t.numel()), saved.size());
+    t.copy_(torch::from_blob(saved.data() + at, t.sizes(), torch::kFloat));
+    at += static_cast<size_t>(t.numel());
+  }
+  ASSERT_EQ(at, saved.size());
+  net.module->eval();
+  data::Dataset train = data::loadFashionMnist(data::kDefaultFashionMnistDir, true);
+  const int64_t px = static_cast<int64_t>(train.rows) * train.cols;
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t index = i * limit / n;  // evenly spaced over the 2048 images trained on
+    torch::Tensor x = torch::empty({1, 1, train.rows, train.cols});
+    data::normalizeInto(train, index, x.data_ptr<float>());
+    torch::Tensor logp = torch::log_softmax(net.forward(x), 1);
+    sum -= logp[0][train.labels[static_cast<size_t>(index)]].item<double>();
+  }
+  ASSERT_EQ(px, 784);
+  const double expected = sum / static_cast<double>(n);
+  const double last = s["curve"][1]["sample_loss"].get<double>(), first = s["curve"][0]["sample_loss"].get<double>();
+  EXPECT_NEAR(last, expected, 1e-5 * expected);
+  // Six steps move the model: the step-3 copy scores differently (and both are real losses).
+  EXPECT_GT(first, 0);
+  EXPECT_GT(std::fabs(first - last), 1e-4) << first << " " << last;
+
+  auto bad =
+      testing::runCli({"train", "--workers", "1", "--curve-loss-samples", "10", "--max-steps", "1"}, dir.path + "/bad");
+  EXPECT_EQ(bad.exitCode(), 2);
+  EXPECT_THAT(bad.stderrText(),
+              HasSubstr("--curve-loss-samples scores the curve's model copies: it needs --curve-every"));
 }
 
 TEST(TimeToAccuracy, JitterWithoutAPadIsAnError) {
@@ -168,6 +222,8 @@ TEST(TimeToAccuracy, TuneProbesAndTrainsEpochsOnTheEmulatedCluster) {
                             "0.001,0.01,0.1",
                             "--momenta",
                             "0,0.9",
+                            "--probe-samples",
+                            "1024",
                             "--json",
                             dir.path + "/t.json",
                             "--markdown",
@@ -176,6 +232,7 @@ TEST(TimeToAccuracy, TuneProbesAndTrainsEpochsOnTheEmulatedCluster) {
   ASSERT_EQ(p.exitCode(), 0) << p.stdoutText() << p.stderrText();
   auto r = readJson(dir.path + "/t.json");
   ASSERT_EQ(r["runs"].size(), 1u);
+  EXPECT_EQ(r["config"]["probe_samples"], 1024);  // each run's loss: its end model's on 1024 training images
   const auto& run = r["runs"][0];
   ASSERT_EQ(run["he_model"].size(), 2u);  // g = 1, 2
   EXPECT_DOUBLE_EQ(run["he_model"][0]["he_ratio"].get<double>(), 1.0);
@@ -225,6 +282,17 @@ TEST(TimeToAccuracy, TuneProbesAndTrainsEpochsOnTheEmulatedCluster) {
   }
   EXPECT_EQ(path.back()["step"], 8);
   EXPECT_EQ(run["steps"], 8);
+  // A run's loss is its end model's sample loss: for the kept runs, the path's point at its end.
+  int checked = 0;
+  for (const auto& s : run["stages"]) {
+    if (!s["won"].get<bool>() || !s["loss"].is_number()) continue;
+    for (const auto& q : path)
+      if (q["step"] == s["to_step"]) {
+        EXPECT_DOUBLE_EQ(s["loss"].get<double>(), q["sample_loss"].get<double>()) << s.dump();
+        ++checked;
+      }
+  }
+  EXPECT_GE(checked, 2);
   EXPECT_NEAR(path.back()["path_seconds"].get<double>(), clock - tuning, 1e-6);
   // After the cold start's epoch, the first grid runs at the HE model's first g (the smallest within
   // 5% of the best time per sample), every probe from the epoch's end state, with momenta up to the
@@ -258,6 +326,7 @@ TEST(TimeToAccuracy, TuneProbesAndTrainsEpochsOnTheEmulatedCluster) {
   std::ifstream md(dir.path + "/t.md");
   std::string table((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
   EXPECT_THAT(table, HasSubstr("| cold-start probe | 1 | 0.001 | 0.9 | 0-2 |"));
+  EXPECT_THAT(table, HasSubstr("A run's loss is its end model's mean loss on 1024 fixed training images."));
 }
 
 // With --merged-fc every run trains with the FC server; the cold start measures its time per sample,
@@ -267,16 +336,34 @@ TEST(TimeToAccuracy, TuneWithMergedFcStartsWhereTheFcServerSaturates) {
   std::string why;
   if (!bench::EmulatedCluster::available(&why)) GTEST_SKIP() << "no emulated cluster here: " << why;
   TempDir dir;
-  auto p = testing::runCli({"tune",          "--merged-fc", "--nodes",       "2",
-                            "--rates",       "100",         "--steps",       "6",
-                            "--epoch-steps", "2",           "--probe-steps", "2",
-                            "--pad-ms",      "30",          "--lrs",         "0.01,0.1",
-                            "--momenta",     "0,0.9",       "--json",        dir.path + "/t.json"},
+  auto p = testing::runCli({"tune",
+                            "--merged-fc",
+                            "--nodes",
+                            "2",
+                            "--rates",
+                            "100",
+                            "--steps",
+                            "6",
+                            "--epoch-steps",
+                            "2",
+                            "--probe-steps",
+                            "2",
+                            "--pad-ms",
+                            "30",
+                            "--lrs",
+                            "0.01,0.1",
+                            "--momenta",
+                            "0,0.9",
+                            "--probe-samples",
+                            "0",  // the old signal, still there
+                            "--json",
+                            dir.path + "/t.json"},
                            dir.path + "/log", {}, 900);
   ASSERT_EQ(p.exitCode(), 0) << p.stdoutText() << p.stderrText();
   EXPECT_THAT(p.stdoutText(), HasSubstr("HE model (planner, merged FC)"));
   auto r = readJson(dir.path + "/t.json");
   EXPECT_EQ(r["config"]["merged_fc"], true);
+  EXPECT_EQ(r["config"]["probe_samples"], 0);
   const auto& run = r["runs"][0];
   ASSERT_EQ(run["he_model"].size(), 2u);  // g = 1, 2
   // The FC server's time per sample: its busy seconds over the samples it served, pooled over the
@@ -307,6 +394,19 @@ TEST(TimeToAccuracy, TuneWithMergedFcStartsWhereTheFcServerSaturates) {
   }
   EXPECT_GE(probes, 4);
   EXPECT_EQ(run["steps"], 6);
+  // --probe-samples 0: a kept run's loss is rank 0's training loss at its end point (the mean over
+  // its second half), and no copy was scored on the sample.
+  int checked = 0;
+  for (const auto& s : run["stages"]) {
+    if (!s["won"].get<bool>() || !s["loss"].is_number()) continue;
+    for (const auto& q : run["path"])
+      if (q["step"] == s["to_step"]) {
+        EXPECT_DOUBLE_EQ(s["loss"].get<double>(), q["train_loss"].get<double>()) << s.dump();
+        EXPECT_FALSE(q.contains("sample_loss")) << q.dump();
+        ++checked;
+      }
+  }
+  EXPECT_GE(checked, 2);
 }
 
 }  // namespace

@@ -137,6 +137,10 @@ int trainCommand(const std::vector<std::string>& args) {
                  "rank 0 keeps its model every N steps and, after the run, tests each copy on the whole test set: "
                  "the accuracy curve against the training clock, in the summary (0: off)",
                  "N", IntRange::atLeast(0));
+  flags.addInt64("curve-loss-samples", &o.curveLossSamples,
+                 "with --curve-every: also score each copy by its mean loss on N fixed training images (evenly "
+                 "spaced), after the run: the curve's sample_loss, poseidon tune's probe signal (0: off)",
+                 "N", IntRange::atLeast(0));
   flags.addBool("quiet", &o.quiet, "no progress lines");
   flags.parse(args);
   if (flags.helpRequested()) {

@@ -21,10 +21,13 @@
 //                winner's end state.
 //
 // A probe is a tenth of an epoch (the paper's ratio is 1 minute per hour; the issue keeps 1:10);
-// its loss is rank 0's mean training loss over the probe's second half (over all of it when the
-// probe has an odd number of steps). The winner's steps are kept (the epoch continues from its
-// state), so what tuning costs is the losers' time. Every decision is printed and written to the
-// summary JSON. Time is the training clock: seconds in training steps, summed over every run
+// its loss is where it left the model: the end model's mean loss on --probe-samples fixed training
+// images (default 4096, evenly spaced; poseidon train --curve-loss-samples), scored after the run
+// and off the training clock: the paper's "lowest final loss". Rank 0's mean training loss over
+// the probe's second half (the signal with --probe-samples 0) moved more between windows of the
+// same configuration than between configurations (bench/results/tune-100mbit.log). The winner's
+// steps are kept (the epoch continues from its state), so what tuning costs is the losers' time. Every decision is
+// printed and written to the summary JSON. Time is the training clock: seconds in training steps, summed over every run
 // (probes and epochs), as `bench --accuracy` counts it.
 //
 // Beyond the paper, for a tuner that must not stop half-way: a probe that diverges loses; when
@@ -71,6 +74,7 @@ struct TuneConfig {
   std::vector<double> lrs{1e-5, 1e-4, 1e-3, 1e-2, 1e-1};
   std::vector<double> momenta{0, 0.3, 0.6, 0.9};
   bool mergedFc = false;  // every run with merged FC (the FC layers on one FC server)
+  int64_t probeSamples = 4096;  // a run's loss: its end model's on this many fixed training images (0: see Stage)
 };
 
 // One run of the tuner: a probe or the rest of an epoch, from a saved state to a saved state.
@@ -79,7 +83,9 @@ struct Stage {
   int groups = 0;
   double lr = 0, momentum = 0;
   int fromStep = 0, toStep = 0;
-  double loss = kInf;  // rank 0's mean training loss over the run's second half (inf: diverged)
+  // The run's loss (inf: diverged): its end model's mean loss on --probe-samples fixed training images;
+  // with --probe-samples 0, rank 0's mean training loss over the run's second half.
+  double loss = kInf;
   double clock = 0;    // training-clock seconds it took
   // Merged FC: the FC server's busy seconds and the samples it served in this run (0: none).
   double fcBusySeconds = 0, fcSamples = 0;
@@ -341,13 +347,17 @@ class Tuner {
     extra.tag = strCat("run", runs_);
     extra.maxSteps = toStep;
     extra.startStep = fromStep;
-    // Every run starts and ends on a multiple of the probe length: a probe's last curve point is the mean
-    // loss over its second half (over the last probe length for an epoch), and its one checkpoint is at
-    // its end (toStep is the only multiple of itself in (fromStep, toStep]).
+    // Every run starts and ends on a multiple of the probe length: a probe's last curve point is its end
+    // model (with --probe-samples 0: its train_loss is the mean over the probe's second half, over the
+    // last probe length for an epoch), and its one checkpoint is at its end (toStep is the only multiple
+    // of itself in (fromStep, toStep]).
     const int p = cfg_.probeSteps;
     extra.curveEvery = kind == "epoch" || p % 2 != 0 ? p : p / 2;
     extra.quiet = true;
     extra.trainArgs = {"--checkpoint", s.state, "--checkpoint-every", std::to_string(toStep), "--regroup"};
+    if (cfg_.probeSamples > 0) {
+      extra.trainArgs.insert(extra.trainArgs.end(), {"--curve-loss-samples", std::to_string(cfg_.probeSamples)});
+    }
     const double wall0 = wallSeconds();
     AccuracyRun r = h_->run(sys, extra);
     wall_ += wallSeconds() - wall0;
@@ -359,7 +369,7 @@ class Tuner {
       s.fcSamples = fcUpdates * static_cast<double>(h_->nodes / g) * static_cast<double>(h_->batch);
     }
     s.curve = r.summary["curve"];
-    const double loss = number(s.curve.back(), "train_loss");
+    const double loss = number(s.curve.back(), cfg_.probeSamples > 0 ? "sample_loss" : "train_loss");
     s.loss = std::isfinite(loss) && loss < 1e3 ? loss : kInf;
     s.runs = {stages_.size()};
     stages_.push_back(s);
@@ -444,6 +454,10 @@ void writeMarkdown(const std::string& path, const nlohmann::json& result) {
      << "`\n\nLeNet on Fashion-MNIST, " << c["nodes"] << " nodes, batch " << c["batch"]
      << " per worker, compute padded to " << c["pad_ms"] << " ms per step; " << c["steps"]
      << " steps of the trained model, epochs of " << c["epoch_steps"] << ", probes of " << c["probe_steps"]
+     << ". A run's loss is "
+     << (c.value("probe_samples", 0) > 0
+             ? strCat("its end model's mean loss on ", c["probe_samples"].get<int64_t>(), " fixed training images")
+             : std::string("rank 0's mean training loss over its second half"))
      << ". Times are training-clock seconds summed over every run (probes "
      << "included); a point of the trained model is at its own clock plus the tuning spent before it.\n\n";
   for (const auto& r : result["runs"]) {
@@ -511,6 +525,10 @@ int tuneCommand(const std::vector<std::string>& args) {
                 "train every run with merged FC (poseidon train --merged-fc); the first g is then the smallest that "
                 "saturates the FC server (predicted load >= 95%, the paper's rule; the largest listed when none "
                 "does), from its time per sample measured in the cold start");
+  flags.addInt64("probe-samples", &cfg.probeSamples,
+                 "a run's loss: its end model's mean loss on N fixed training images, scored after the run off the "
+                 "training clock (0: rank 0's mean training loss over the run's second half, minibatch noise and all)",
+                 "N", IntRange::closed(0, 60000));
   flags.addBool("keep", &keep, "keep the per-rank logs and checkpoints (printed path)");
   flags.parse(args);
   if (flags.helpRequested()) {
@@ -587,6 +605,7 @@ int tuneCommand(const std::vector<std::string>& args) {
                       {"target_loss", h.targetLoss},
                       {"rates_mbit", rates},
                       {"merged_fc", cfg.mergedFc},
+                      {"probe_samples", cfg.probeSamples},
                       {"seed", seed}};
   nlohmann::json runs = nlohmann::json::array();
   {

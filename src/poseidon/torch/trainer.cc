@@ -83,6 +83,12 @@ void validateOptions(const TrainOptions& o, int world) {
   if (o.padJitterMs < 0) throw InvalidArgument(strCat("--pad-jitter-ms must be at least 0, got ", o.padJitterMs));
   if (o.padJitterMs > 0 && o.padMs <= 0) throw InvalidArgument("--pad-jitter-ms needs --pad-ms");
   if (o.curveEvery < 0) throw InvalidArgument(strCat("--curve-every must be at least 0, got ", o.curveEvery));
+  if (o.curveLossSamples < 0) {
+    throw InvalidArgument(strCat("--curve-loss-samples must be at least 0, got ", o.curveLossSamples));
+  }
+  if (o.curveLossSamples > 0 && o.curveEvery == 0) {
+    throw InvalidArgument("--curve-loss-samples scores the curve's model copies: it needs --curve-every");
+  }
   if (o.plain && world != 1) throw InvalidArgument("--plain runs the plain LibTorch loop and needs --workers 1");
   if (o.groups > 0) {
     if (o.plain) throw InvalidArgument("--groups needs Poseidon; --plain is the loop without it");
@@ -317,7 +323,7 @@ class RankRun {
   double meanComputeMs_ = 0;
   struct CurvePoint {
     int64_t iteration;
-    double seconds, trainLoss, testAccuracy = -1;
+    double seconds, trainLoss, testAccuracy = -1, sampleLoss = -1;
     std::vector<torch::Tensor> params;
   };
   std::vector<CurvePoint> curve_;
@@ -763,7 +769,7 @@ void RankRun::reportGroups() {
 
 void RankRun::recordCurvePoint() {
   if (lead_) {
-    CurvePoint p{iteration_, trainClock_, curveLossSum_ / std::max<int64_t>(curveLossCount_, 1), -1, {}};
+    CurvePoint p{iteration_, trainClock_, curveLossSum_ / std::max<int64_t>(curveLossCount_, 1), -1, -1, {}};
     torch::NoGradGuard guard;
     auto copy = [&] {
       for (const auto& t : net_.module->parameters()) p.params.push_back(t.detach().clone());
@@ -787,6 +793,10 @@ void RankRun::evaluateCurve() {
   net_.module->eval();
   std::vector<int64_t> idx(static_cast<size_t>(test_.count));
   for (int64_t i = 0; i < test_.count; ++i) idx[static_cast<size_t>(i)] = i;
+  // --curve-loss-samples: fixed training images, evenly spaced (all of them when there are fewer).
+  const int64_t n = std::min(o_.curveLossSamples, train_.count);
+  std::vector<int64_t> sample(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) sample[static_cast<size_t>(i)] = i * train_.count / n;
   for (auto& p : curve_) {
     for (size_t i = 0; i < params.size(); ++i) params[i].copy_(p.params[i]);
     int64_t correct = 0;
@@ -795,6 +805,16 @@ void RankRun::evaluateCurve() {
       correct += net_.forward(batchImages(test_, idx, b, e)).argmax(1).eq(batchLabels(test_, idx, b, e)).sum().item<int64_t>();
     }
     p.testAccuracy = static_cast<double>(correct) / static_cast<double>(test_.count);
+    if (n > 0) {  // the training step's loss (mean negative log-likelihood); batch sums added in double
+      double sum = 0;
+      for (size_t b = 0; b < sample.size(); b += 1000) {
+        size_t e = std::min(sample.size(), b + 1000);
+        torch::Tensor out = net_.forward(batchImages(train_, sample, b, e));
+        sum += torch::nll_loss(torch::log_softmax(out, 1), batchLabels(train_, sample, b, e), {}, at::Reduction::Sum)
+                   .item<double>();
+      }
+      p.sampleLoss = sum / static_cast<double>(n);
+    }
     p.params.clear();
   }
   for (size_t i = 0; i < params.size(); ++i) params[i].copy_(final[i]);
@@ -930,6 +950,7 @@ nlohmann::json RankRun::curveJson() const {
   nlohmann::json c = nlohmann::json::array();
   for (const auto& p : curve_) {
     c.push_back({{"step", p.iteration}, {"seconds", p.seconds}, {"train_loss", p.trainLoss}, {"test_accuracy", p.testAccuracy}});
+    if (o_.curveLossSamples > 0) c.back()["sample_loss"] = p.sampleLoss;  // NaN (diverged) is written as null
   }
   return c;
 }

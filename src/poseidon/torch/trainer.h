@@ -72,6 +72,11 @@ struct TrainOptions {
   // mean (per rank, seeded): step times that vary, as Omnivore's Theorem 1 assumes and stragglers do.
   double padMs = 0, padJitterMs = 0;
   int64_t curveEvery = 0;
+  // curveLossSamples (with curveEvery): each copy is also scored by its mean loss on this many fixed
+  // training images (evenly spaced over the training set, the same for every run of the job), after
+  // the run, off the training clock: a signal without the minibatches' noise, for poseidon tune's
+  // probes (the curve's "sample_loss"). 0: off.
+  int64_t curveLossSamples = 0;
 };
 
 // Runs one rank. Returns the process exit code. Rank 0 prints the plan,

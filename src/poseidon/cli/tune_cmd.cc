@@ -26,9 +26,9 @@
 // and off the training clock: the paper's "lowest final loss". Rank 0's mean training loss over
 // the probe's second half (the signal with --probe-samples 0) moved more between windows of the
 // same configuration than between configurations (bench/results/tune-100mbit.log). The winner's
-// steps are kept (the epoch continues from its state), so what tuning costs is the losers' time. Every decision is
-// printed and written to the summary JSON. Time is the training clock: seconds in training steps, summed over every run
-// (probes and epochs), as `bench --accuracy` counts it.
+// steps are kept (the epoch continues from its state), so what tuning costs is the losers' time.
+// Every decision is printed and written to the summary JSON. Time is the training clock: seconds
+// in training steps, summed over every run (probes and epochs), as `bench --accuracy` counts it.
 //
 // Beyond the paper, for a tuner that must not stop half-way: a probe that diverges loses; when
 // every probe of a grid diverges, g is lowered as when mu = 0 wins (at g = 1 it is an error); an

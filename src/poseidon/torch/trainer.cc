@@ -797,23 +797,28 @@ void RankRun::evaluateCurve() {
   const int64_t n = std::min(o_.curveLossSamples, train_.count);
   std::vector<int64_t> sample(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) sample[static_cast<size_t>(i)] = i * train_.count / n;
+  // Sums fn(outputs, labels) over the images `which` of `d`, in batches of 1000.
+  auto sumOver = [&](const data::Dataset& d, const std::vector<int64_t>& which, auto fn) {
+    double sum = 0;
+    for (size_t b = 0; b < which.size(); b += 1000) {
+      size_t e = std::min(which.size(), b + 1000);
+      sum += fn(net_.forward(batchImages(d, which, b, e)), batchLabels(d, which, b, e));
+    }
+    return sum;
+  };
   for (auto& p : curve_) {
     for (size_t i = 0; i < params.size(); ++i) params[i].copy_(p.params[i]);
-    int64_t correct = 0;
-    for (size_t b = 0; b < idx.size(); b += 1000) {
-      size_t e = std::min(idx.size(), b + 1000);
-      correct += net_.forward(batchImages(test_, idx, b, e)).argmax(1).eq(batchLabels(test_, idx, b, e)).sum().item<int64_t>();
-    }
-    p.testAccuracy = static_cast<double>(correct) / static_cast<double>(test_.count);
+    const double correct = sumOver(test_, idx, [](const torch::Tensor& out, const torch::Tensor& y) {
+      return static_cast<double>(out.argmax(1).eq(y).sum().item<int64_t>());
+    });
+    p.testAccuracy = correct / static_cast<double>(test_.count);
     if (n > 0) {  // the training step's loss (mean negative log-likelihood); batch sums added in double
-      double sum = 0;
-      for (size_t b = 0; b < sample.size(); b += 1000) {
-        size_t e = std::min(sample.size(), b + 1000);
-        torch::Tensor out = net_.forward(batchImages(train_, sample, b, e));
-        sum += torch::nll_loss(torch::log_softmax(out, 1), batchLabels(train_, sample, b, e), {}, at::Reduction::Sum)
-                   .item<double>();
-      }
-      p.sampleLoss = sum / static_cast<double>(n);
+      p.sampleLoss =
+          sumOver(train_, sample,
+                  [](const torch::Tensor& out, const torch::Tensor& y) {
+                    return torch::nll_loss(torch::log_softmax(out, 1), y, {}, at::Reduction::Sum).item<double>();
+                  }) /
+          static_cast<double>(n);
     }
     p.params.clear();
   }

@@ -345,6 +345,17 @@ TEST(MultiProcess, BadFramesAreRejectedAndChangeNothing) {
                       hostPort.substr(hostPort.find(':') + 1) + " && head -c 4096 /dev/urandom >&3";
     EXPECT_EQ(std::system(("bash -c '" + cmd + "' 2>/dev/null").c_str()) == -1, false);
   }
+  // The job trains only once the node has read the garbage: on a loaded machine this client's queue
+  // and the node's receive loop can lag, and frames that reach the node after it finished are never
+  // counted. Closing the context waits for the queue; then the node's log says when its 9001st
+  // rejection happened (it logs every 1000th). Both wait at most the job's timeout (20 s).
+  s.set(zmq::sockopt::linger, 20000);
+  s.close();
+  ctx.close();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(20000);
+  while (job.procs[1].stderrText().find("(9001 rejected so far)") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   std::ofstream(gate) << "go\n";
   testing::waitAll(job.procs, std::chrono::seconds(120));
   std::filesystem::remove_all(std::filesystem::path(gate).parent_path());

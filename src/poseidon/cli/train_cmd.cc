@@ -107,7 +107,10 @@ int trainCommand(const std::vector<std::string>& args) {
   flags.addInt64("train-limit", &o.trainLimit, "use only the first N training images (-1: all 60000)", "N",
                  IntRange::atLeast(1).orOff(-1));
   flags.addString("save-params", &o.saveParamsPath, "write the final parameters as raw float32 to FILE", "FILE");
-  flags.addInt("threads", &o.threads, "LibTorch threads per worker (0: cores / workers)", "N", IntRange::atLeast(0));
+  flags.addInt("threads", &o.threads,
+               "LibTorch threads per worker (0: cores / workers); after the run rank 0 tests --curve-every's "
+               "copies with every core",
+               "N", IntRange::atLeast(0));
   flags.addInt("sync-threads", &o.syncThreads, "Poseidon syncer threads per worker", "N", IntRange::atLeast(1));
   flags.addInt("timeout", &o.timeoutMs, "timeout of every distributed wait, in milliseconds", "MS",
                IntRange::atLeast(1));

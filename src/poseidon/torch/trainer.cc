@@ -786,6 +786,10 @@ void RankRun::recordCurvePoint() {
 
 void RankRun::evaluateCurve() {
   if (!lead_ || curve_.empty()) return;
+  // Off the clock, after finish(): the other ranks on this host are done, so the copies are tested
+  // with every core (a copy of LeNet over the test set is seconds of one core, and poseidon tune's
+  // wall time is mostly this).
+  torch::set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
   torch::NoGradGuard guard;
   auto params = net_.module->parameters();
   std::vector<torch::Tensor> final;

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -12,6 +14,7 @@
 
 #include "cli_helpers.h"
 #include "poseidon/bench/cluster.h"
+#include "poseidon/common/error.h"
 #include "poseidon/data/fashion_mnist.h"
 #include "poseidon/torch/models.h"
 
@@ -117,6 +120,115 @@ TEST(TimeToAccuracy, SampleLossScoresEachCopyOnFixedTrainingImages) {
   EXPECT_EQ(bad.exitCode(), 2);
   EXPECT_THAT(bad.stderrText(),
               HasSubstr("--curve-loss-samples scores the curve's model copies: it needs --curve-every"));
+}
+
+// --stop-on-divergence: the job stops at the end of the epoch in which the model stopped being
+// finite; the step it reports is the first after which the parameters are not all finite (checked
+// against two runs without the flag), the rest of that epoch is not trained, no checkpoint of the
+// diverged model is written, and the curve ends at that step.
+TEST(TimeToAccuracy, StopOnDivergenceEndsTheJobWhereTheModelStopsBeingFinite) {
+  TempDir dir;
+  // 2 workers x batch 32 over 256 images: 4 steps an epoch; lr 1 with momentum 0.9 diverges in a few.
+  const std::vector<std::string> job{"train", "--workers",     "2",   "--batch",  "32", "--lr",      "1", "--momentum",
+                                     "0.9",   "--train-limit", "256", "--epochs", "10", "--threads", "1", "--quiet"};
+  auto args = [&](std::vector<std::string> more) {
+    std::vector<std::string> a = job;
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  };
+  // --curve-every 40: no point is due before the budget; the one point is the diverged model's.
+  auto p = testing::runCli(args({"--max-steps", "40", "--curve-every", "40", "--stop-on-divergence", "--checkpoint",
+                                 dir.path + "/ck", "--summary", dir.path + "/s.json"}),
+                           dir.path + "/log");
+  ASSERT_EQ(p.exitCode(), 0) << p.stdoutText() << p.stderrText();
+  auto s = readJson(dir.path + "/s.json");
+  ASSERT_TRUE(s["diverged_at_step"].is_number()) << s.dump();
+  const int d = s["diverged_at_step"];
+  ASSERT_GE(d, 2);
+  ASSERT_LT(d, 36);  // well inside the budget: the job stopped, not ran out
+  EXPECT_EQ(s["steps"], d);
+  EXPECT_EQ(s["epochs_run"].size(), static_cast<size_t>((d + 3) / 4));  // stopped at the end of d's epoch
+  ASSERT_EQ(s["curve"].size(), 1u) << s["curve"].dump();
+  EXPECT_EQ(s["curve"][0]["step"], d);
+  EXPECT_TRUE(s["curve"][0]["train_loss"].is_null() || s["curve"][0]["train_loss"].get<double>() > 10)
+      << s["curve"].dump();
+  EXPECT_THAT(p.stdoutText(), HasSubstr("stopped: the model diverged at step " + std::to_string(d)));
+  // Per-epoch checkpoints: those of the epochs before d's, none of the diverged model.
+  std::vector<std::string> saved;
+  for (const auto& e : fs::directory_iterator(dir.path + "/ck")) saved.push_back(e.path().filename().string());
+  std::sort(saved.begin(), saved.end());
+  std::vector<std::string> expected;
+  for (int step = 4; step < d; step += 4) {
+    char name[32];
+    std::snprintf(name, sizeof name, "step-%09d", step);
+    expected.push_back(name);
+  }
+  EXPECT_EQ(saved, expected);
+  // The same job without the flag: finite after d - 1 steps, not after d.
+  auto finiteAfter = [&](int steps) {
+    const std::string out = strCat(dir.path, "/p", steps, ".bin");
+    auto q = testing::runCli(args({"--max-steps", std::to_string(steps), "--save-params", out}),
+                             strCat(dir.path, "/ref", steps));
+    EXPECT_EQ(q.exitCode(), 0) << q.stderrText();
+    std::vector<float> v = testing::readFloats(out);
+    EXPECT_GT(v.size(), 400000u);
+    return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+  };
+  EXPECT_TRUE(finiteAfter(d - 1));
+  EXPECT_FALSE(finiteAfter(d));
+
+  // Compute groups: each group stops on its own pulled model; the job still ends cleanly at the
+  // epoch's end, across the groups' checkpoints (collectives the skipped steps keep), with no
+  // checkpoint after the reported step.
+  auto g = testing::runCli({"train",
+                            "--workers",
+                            "4",
+                            "--groups",
+                            "2",
+                            "--batch",
+                            "16",
+                            "--lr",
+                            "1",
+                            "--momentum",
+                            "0.9",
+                            "--train-limit",
+                            "512",
+                            "--epochs",
+                            "10",
+                            "--max-steps",
+                            "40",
+                            "--threads",
+                            "1",
+                            "--quiet",
+                            "--stop-on-divergence",
+                            "--checkpoint",
+                            dir.path + "/gck",
+                            "--checkpoint-every",
+                            "2",
+                            "--summary",
+                            dir.path + "/g.json"},
+                           dir.path + "/glog");
+  ASSERT_EQ(g.exitCode(), 0) << g.stdoutText() << g.stderrText();
+  auto gs = readJson(dir.path + "/g.json");
+  ASSERT_TRUE(gs["diverged_at_step"].is_number()) << gs.dump();
+  const int gd = gs["diverged_at_step"];
+  EXPECT_EQ(gs["steps"], gd);
+  EXPECT_EQ(gs["epochs_run"].size(), static_cast<size_t>((gd + 7) / 8));
+  for (const auto& e : fs::directory_iterator(dir.path + "/gck")) {
+    const std::string name = e.path().filename().string();
+    EXPECT_LE(std::stoi(name.substr(5)), gd) << name;
+  }
+
+  auto bad = testing::runCli({"train", "--workers", "2", "--groups", "2", "--staleness", "1", "--stop-on-divergence"},
+                             dir.path + "/bad");
+  EXPECT_EQ(bad.exitCode(), 2);
+  EXPECT_THAT(bad.stderrText(),
+              HasSubstr("--stop-on-divergence with --staleness: a group that stopped would hold the others back"));
+  auto bad2 = testing::runCli(
+      {"train", "--workers", "2", "--drop-stragglers", "1", "--straggler-timeout", "100", "--stop-on-divergence"},
+      dir.path + "/bad2");
+  EXPECT_EQ(bad2.exitCode(), 2);
+  EXPECT_THAT(bad2.stderrText(), HasSubstr("--stop-on-divergence needs every rank to see the same model"));
 }
 
 TEST(TimeToAccuracy, JitterWithoutAPadIsAnError) {

@@ -104,6 +104,10 @@ int trainCommand(const std::vector<std::string>& args) {
   flags.addString("data", &o.dataDir, "Fashion-MNIST directory (default: /usr/share/datasets/fashion-mnist)", "DIR");
   flags.addInt64("max-steps", &o.maxSteps, "stop after N steps in total (smoke tests; -1: no limit)", "N",
                  IntRange::atLeast(1).orOff(-1));
+  flags.addBool("stop-on-divergence", &o.stopOnDivergence,
+                "stop once the model is no longer finite (a NaN or infinite parameter, checked after every step): "
+                "the rest of the epoch is skipped and the job stops at its end, exit code 0; the summary's "
+                "diverged_at_step says when (not with --drop-stragglers or --staleness)");
   flags.addInt64("train-limit", &o.trainLimit, "use only the first N training images (-1: all 60000)", "N",
                  IntRange::atLeast(1).orOff(-1));
   flags.addString("save-params", &o.saveParamsPath, "write the final parameters as raw float32 to FILE", "FILE");

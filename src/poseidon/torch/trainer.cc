@@ -108,6 +108,14 @@ void validateOptions(const TrainOptions& o, int world) {
   } else if (o.regroup) {
     throw InvalidArgument("--regroup resumes a compute-group checkpoint with another number of groups: it needs --groups");
   }
+  if (o.stopOnDivergence && o.dropStragglers > 0) {
+    throw InvalidArgument(
+        "--stop-on-divergence needs every rank to see the same model; with --drop-stragglers a "
+        "dropped rank may not");
+  }
+  if (o.stopOnDivergence && o.staleness >= 0) {
+    throw InvalidArgument("--stop-on-divergence with --staleness: a group that stopped would hold the others back");
+  }
 }
 
 // Output paths are checked before the first step, by the rank that will write
@@ -266,6 +274,10 @@ class RankRun {
   void printProgress(int epoch, int64_t s, const EpochStats& stats, int& nextReport) const;
   // Test accuracy over all ranks' shards of the test set.
   double evaluate();
+  static bool finite(const std::vector<torch::Tensor>& params);
+  // --stop-on-divergence: this rank saw a non-finite model at iteration_ (rank 0: says so, and
+  // records a curve point there).
+  void noteDivergence();
   void checkpoint(int64_t iteration);
   void reportStragglers();
   void reportGroups();
@@ -305,6 +317,7 @@ class RankRun {
   double accuracy_ = 0, trainSeconds_ = 0;
   int64_t steps_ = 0, images_ = 0, iteration_ = 0;
   bool stop_ = false;
+  int64_t divergedAt_ = -1;  // --stop-on-divergence: the iteration this rank first saw a non-finite model
   // Results of reportTraffic().
   double psBytes_ = 0, sfbBytes_ = 0, predictedPs_ = 0, predictedSfb_ = 0;
   std::vector<double> dropped_, skipped_;
@@ -532,7 +545,11 @@ void RankRun::checkpoint(int64_t iteration) {
       meta_.groupVersion = version;
     }
   }
-  if (lead_) {
+  if (lead_ && o_.stopOnDivergence && !finite(net_.module->parameters())) {
+    // A diverged model is not saved: the newest checkpoint stays the last finite one.
+    std::printf("checkpoint at step %lld not saved: the model is not finite\n", static_cast<long long>(iteration));
+    std::fflush(stdout);
+  } else if (lead_) {
     // Reported first, so that a restart after a failed save (a full disk) counts this iteration as lost.
     writeProgress(o_.progressPath, iteration, checkpointIteration_);
     meta_.iteration = iteration;
@@ -553,6 +570,13 @@ void RankRun::train() {
     trainSeconds_ += epochSeconds;
     images_ += stats.images;
     accuracy_ = evaluate();
+    // --stop-on-divergence: after evaluate() every rank holds the same model (compute groups: the
+    // shards' after every group's updates), so every rank makes the same decision here. A rank that
+    // saw its model go non-finite during the epoch has skipped the rest of it (trainEpoch).
+    if (o_.stopOnDivergence && !finite(net_.module->parameters())) {
+      if (divergedAt_ < 0) noteDivergence();
+      stop_ = true;
+    }
     if (lead_) {
       std::printf("epoch %d/%d done in %.1f s: train loss %.4f, test accuracy %.2f%%\n", epoch + 1, o_.epochs,
                   epochSeconds, stats.meanLoss(), 100 * accuracy_);
@@ -571,6 +595,15 @@ bool RankRun::trainEpoch(int epoch, EpochStats& stats) {
   int nextReport = 1;
   const int64_t firstStep = epoch == startEpoch() ? startIteration_ % stepsPerEpoch_ : 0;
   for (int64_t s = firstStep; s < stepsPerEpoch_; ++s) {
+    if (divergedAt_ >= 0) {
+      // This rank's model is no longer finite: the rest of the epoch is skipped, not run. The
+      // iterations still pass the collectives other ranks make (a compute group's checkpoint is
+      // one), so that a group that has not seen it yet can finish the epoch; train() stops the job.
+      ++iteration_;
+      if (o_.checkpointEvery > 0 && iteration_ % o_.checkpointEvery == 0) checkpoint(iteration_);
+      if (o_.maxSteps > 0 && iteration_ >= o_.maxSteps) return true;
+      continue;
+    }
     injectFault();
     size_t b = static_cast<size_t>(s * o_.batch), e = std::min(idx.size(), b + static_cast<size_t>(o_.batch));
     auto stepBegin = Clock::now();
@@ -578,6 +611,10 @@ bool RankRun::trainEpoch(int epoch, EpochStats& stats) {
     trainClock_ += secondsSince(stepBegin);
     ++steps_;
     ++iteration_;
+    // The parameters this rank updates (merged FC: not the FC server's, which its thread writes).
+    // BSP: every rank has the same after the step; compute groups: every member of a group (the
+    // round's pulled model), so the group skips together.
+    if (o_.stopOnDivergence && !finite(optimizer_->param_groups().at(0).params())) noteDivergence();
     if (o_.curveEvery > 0 && iteration_ % o_.curveEvery == 0) recordCurvePoint();
     if (o_.checkpointEvery > 0 && iteration_ % o_.checkpointEvery == 0) checkpoint(iteration_);
     if (lead_) writeProgress(o_.progressPath, iteration_, checkpointIteration_);
@@ -585,6 +622,26 @@ bool RankRun::trainEpoch(int epoch, EpochStats& stats) {
     printProgress(epoch, s, stats, nextReport);
   }
   return false;
+}
+
+bool RankRun::finite(const std::vector<torch::Tensor>& params) {
+  torch::NoGradGuard guard;
+  for (const auto& p : params) {
+    if (!torch::isfinite(p).all().item<bool>()) return false;
+  }
+  return true;
+}
+
+void RankRun::noteDivergence() {
+  divergedAt_ = iteration_;
+  if (!lead_) return;
+  std::printf("step %lld: the model is not finite (a NaN or infinite parameter): %s (--stop-on-divergence)\n",
+              static_cast<long long>(iteration_),
+              o_.groups > 1 ? "this group skips the rest of the epoch, the job stops at its end"
+                            : "the job stops at the end of the epoch, the rest of it skipped");
+  std::fflush(stdout);
+  // The curve ends with the diverged model (tested like the others), even between --curve-every steps.
+  if (o_.curveEvery > 0 && iteration_ % o_.curveEvery != 0) recordCurvePoint();
 }
 
 void RankRun::injectFault() const {
@@ -890,6 +947,10 @@ void RankRun::reportTraffic() {
 
 void RankRun::printResult() const {
   if (!lead_) return;
+  if (divergedAt_ >= 0) {
+    std::printf("stopped: the model diverged at step %lld (%lld steps trained; lower --lr)\n",
+                static_cast<long long>(divergedAt_), static_cast<long long>(steps_));
+  }
   std::printf("final test accuracy %.2f%%, %.0f images/s, %.1f s\n", 100 * accuracy_, imagesPerSecond(),
               secondsSince(wallStart_));
   std::fflush(stdout);
@@ -926,6 +987,8 @@ nlohmann::json RankRun::summaryJson() const {
           {"workers", world_},
           {"batch", o_.batch},
           {"steps", steps_},
+          {"stop_on_divergence", o_.stopOnDivergence},
+          {"diverged_at_step", divergedAt_ >= 0 ? nlohmann::json(divergedAt_) : nlohmann::json(nullptr)},
           {"images_per_sec", imagesPerSecond()},
           {"train_seconds", trainSeconds_},
           {"wall_seconds", secondsSince(wallStart_)},

@@ -441,6 +441,62 @@ TEST(TimeToAccuracy, TuneProbesAndTrainsEpochsOnTheEmulatedCluster) {
   EXPECT_THAT(table, HasSubstr("A run's loss is its end model's mean loss on 1024 fixed training images."));
 }
 
+// Every run of the tuner stops where its model stops being finite: the cold start's probe at lr 1e5
+// ends a few steps in (the paper's early stop on divergence), loses, and is tuning's whole cost.
+TEST(TimeToAccuracy, TuneStopsADivergingProbeEarly) {
+  std::string why;
+  if (!bench::EmulatedCluster::available(&why)) GTEST_SKIP() << "no emulated cluster here: " << why;
+  TempDir dir;
+  auto p = testing::runCli({"tune",
+                            "--nodes",
+                            "2",
+                            "--rates",
+                            "100",
+                            "--steps",
+                            "16",
+                            "--epoch-steps",
+                            "16",
+                            "--probe-steps",
+                            "8",
+                            "--pad-ms",
+                            "30",
+                            "--lrs",
+                            "0.01,1e5",
+                            "--momenta",
+                            "0,0.9",
+                            "--probe-samples",
+                            "256",
+                            "--json",
+                            dir.path + "/t.json",
+                            "--markdown",
+                            dir.path + "/t.md"},
+                           dir.path + "/log", {}, 900);
+  ASSERT_EQ(p.exitCode(), 0) << p.stdoutText() << p.stderrText();
+  const nlohmann::json r = readJson(dir.path + "/t.json");
+  const auto& run = r["runs"][0];
+  const auto& stages = run["stages"];
+  ASSERT_EQ(stages.size(), 3u) << stages.dump();  // two cold-start probes, the cold start's epoch
+  EXPECT_EQ(stages[0]["lr"], 0.01);
+  EXPECT_TRUE(stages[0]["loss"].is_number());
+  EXPECT_TRUE(stages[0]["diverged_at_step"].is_null());
+  const auto& diverged = stages[1];
+  EXPECT_EQ(diverged["lr"], 1e5);
+  EXPECT_EQ(diverged["loss"], "diverged");
+  ASSERT_TRUE(diverged["diverged_at_step"].is_number()) << diverged.dump();
+  const int d = diverged["diverged_at_step"];
+  EXPECT_GT(d, 0);
+  EXPECT_LT(d, 8);  // stopped before the probe's end
+  EXPECT_FALSE(diverged["won"].get<bool>());
+  EXPECT_THAT(p.stdoutText(), HasSubstr(strCat("steps 0-8: diverged at step ", d, " (stopped)")));
+  EXPECT_EQ(stages[2]["kind"], "epoch");
+  EXPECT_EQ(stages[2]["lr"], 0.01);
+  EXPECT_EQ(run["chosen"]["lr"], 0.01);
+  EXPECT_NEAR(run["tuning_seconds"].get<double>(), diverged["clock_seconds"].get<double>(), 1e-9);
+  std::ifstream md(dir.path + "/t.md");
+  std::string table((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(table, HasSubstr(strCat("| 0-8 | diverged at step ", d, " |")));
+}
+
 // With --merged-fc every run trains with the FC server; the cold start measures its time per sample,
 // and the first g is the paper's: the smallest whose predicted FC server load is within 5% of the
 // highest.

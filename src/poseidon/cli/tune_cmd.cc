@@ -30,6 +30,8 @@
 // Every decision is printed and written to the summary JSON. Time is the training clock: seconds
 // in training steps, summed over every run (probes and epochs), as `bench --accuracy` counts it.
 //
+// Every run stops at the step its model is found not finite (poseidon train --stop-on-divergence:
+// the paper's early stop on divergence), so a diverged probe or epoch costs only the steps before it.
 // Beyond the paper, for a tuner that must not stop half-way: a probe that diverges loses; when
 // every probe of a grid diverges, g is lowered as when mu = 0 wins (at g = 1 it is an error); an
 // epoch that diverges is run again from the winner's state at a tenth of its learning rate (at
@@ -87,6 +89,7 @@ struct Stage {
   // with --probe-samples 0, rank 0's mean training loss over the run's second half.
   double loss = kInf;
   double clock = 0;    // training-clock seconds it took
+  int divergedAt = -1;  // the step its model was found not finite, where the run stopped (-1: it did not)
   // Merged FC: the FC server's busy seconds and the samples it served in this run (0: none).
   double fcBusySeconds = 0, fcSamples = 0;
   std::string state;   // checkpoint directory holding its end state
@@ -101,6 +104,7 @@ struct Stage {
             {"from_step", fromStep},
             {"to_step", toStep},
             {"loss", std::isinf(loss) ? nlohmann::json("diverged") : nlohmann::json(loss)},
+            {"diverged_at_step", divergedAt >= 0 ? nlohmann::json(divergedAt) : nlohmann::json(nullptr)},
             {"clock_seconds", clock},
             {"fc_server_busy_seconds", fcBusySeconds},
             {"fc_server_samples", fcSamples},
@@ -114,10 +118,12 @@ double number(const nlohmann::json& p, const char* key) {
                                                                                       : std::nan("");
 }
 
-std::string fmtLoss(double l) {
-  if (std::isinf(l)) return "diverged";
+// A run's outcome for the terminal: "loss 0.5210", "diverged at step 23 (stopped)" or "loss diverged".
+std::string outcome(const Stage& s) {
+  if (s.divergedAt >= 0) return strCat("diverged at step ", s.divergedAt, " (stopped)");
+  if (std::isinf(s.loss)) return "loss diverged";
   char b[32];
-  std::snprintf(b, sizeof b, "%.4f", l);
+  std::snprintf(b, sizeof b, "loss %.4f", s.loss);
   return b;
 }
 
@@ -277,8 +283,8 @@ class Tuner {
   Stage probe(const std::string& kind, const std::string& from, int fromStep, int g, double lr, double mu,
               const Stage* extends = nullptr) {
     Stage s = train(kind, from, fromStep, fromStep + cfg_.probeSteps, g, lr, mu);
-    std::printf("    %-16s g=%d lr=%-7g momentum=%-4g steps %d-%d: loss %s (%.1f s)\n", kind.c_str(), g, lr, mu,
-                fromStep, s.toStep, fmtLoss(s.loss).c_str(), s.clock);
+    std::printf("    %-16s g=%d lr=%-7g momentum=%-4g steps %d-%d: %s (%.1f s)\n", kind.c_str(), g, lr, mu, fromStep,
+                s.toStep, outcome(s).c_str(), s.clock);
     std::fflush(stdout);
     if (extends) {  // one stage: the extension's clock runs on from the probe's
       s.fromStep = extends->fromStep;
@@ -303,8 +309,8 @@ class Tuner {
     double lr = winner.lr;
     for (int tries = 0;; ++tries) {
       Stage s = train("epoch", winner.state, winner.toStep, end, winner.groups, lr, winner.momentum);
-      std::printf("    %-16s g=%d lr=%-7g momentum=%-4g steps %d-%d: loss %s (%.1f s)\n", "epoch", s.groups, s.lr,
-                  s.momentum, s.fromStep, s.toStep, fmtLoss(s.loss).c_str(), s.clock);
+      std::printf("    %-16s g=%d lr=%-7g momentum=%-4g steps %d-%d: %s (%.1f s)\n", "epoch", s.groups, s.lr,
+                  s.momentum, s.fromStep, s.toStep, outcome(s).c_str(), s.clock);
       std::fflush(stdout);
       if (!std::isinf(s.loss)) {
         keep(s);
@@ -354,7 +360,10 @@ class Tuner {
     const int p = cfg_.probeSteps;
     extra.curveEvery = kind == "epoch" || p % 2 != 0 ? p : p / 2;
     extra.quiet = true;
-    extra.trainArgs = {"--checkpoint", s.state, "--checkpoint-every", std::to_string(toStep), "--regroup"};
+    // A run whose model goes non-finite stops there (the cold start's "early stop on divergence"):
+    // only the steps before it are on the clock.
+    extra.trainArgs = {"--checkpoint",         s.state,     "--checkpoint-every",
+                       std::to_string(toStep), "--regroup", "--stop-on-divergence"};
     if (cfg_.probeSamples > 0) {
       extra.trainArgs.insert(extra.trainArgs.end(), {"--curve-loss-samples", std::to_string(cfg_.probeSamples)});
     }
@@ -370,7 +379,9 @@ class Tuner {
     }
     s.curve = r.summary["curve"];
     const double loss = number(s.curve.back(), cfg_.probeSamples > 0 ? "sample_loss" : "train_loss");
-    s.loss = std::isfinite(loss) && loss < 1e3 ? loss : kInf;
+    const auto& diverged = r.summary["diverged_at_step"];
+    if (diverged.is_number()) s.divergedAt = diverged.get<int>();
+    s.loss = s.divergedAt < 0 && std::isfinite(loss) && loss < 1e3 ? loss : kInf;
     s.runs = {stages_.size()};
     stages_.push_back(s);
     clock_ += s.clock;
@@ -474,8 +485,12 @@ void writeMarkdown(const std::string& path, const nlohmann::json& result) {
     for (const auto& s : r["stages"]) {
       md << "| " << s["kind"].get<std::string>() << " | " << s["groups"] << " | " << s["lr"] << " | " << s["momentum"]
          << " | " << s["from_step"] << "-" << s["to_step"] << " | "
-         << (s["loss"].is_number() ? fmt(s["loss"].get<double>(), "%.4f") : std::string("diverged")) << " | "
-         << fmt(s["clock_seconds"].get<double>(), "%.1f") << " | " << (s["won"].get<bool>() ? "yes" : "") << " |\n";
+         << (s["loss"].is_number() ? fmt(s["loss"].get<double>(), "%.4f")
+             : s.value("diverged_at_step", nlohmann::json()).is_number()
+                 ? strCat("diverged at step ", s["diverged_at_step"].get<int>())
+                 : std::string("diverged"))
+         << " | " << fmt(s["clock_seconds"].get<double>(), "%.1f") << " | " << (s["won"].get<bool>() ? "yes" : "")
+         << " |\n";
     }
     md << "\n";
   }

@@ -30,8 +30,9 @@
 // Every decision is printed and written to the summary JSON. Time is the training clock: seconds
 // in training steps, summed over every run (probes and epochs), as `bench --accuracy` counts it.
 //
-// Every run stops at the step its model is found not finite (poseidon train --stop-on-divergence:
-// the paper's early stop on divergence), so a diverged probe or epoch costs only the steps before it.
+// Every run skips its remaining steps once its model is found not finite (poseidon train
+// --stop-on-divergence: the paper's early stop on divergence), so a diverged probe or epoch costs
+// only the steps up to there.
 // Beyond the paper, for a tuner that must not stop half-way: a probe that diverges loses; when
 // every probe of a grid diverges, g is lowered as when mu = 0 wins (at g = 1 it is an error); an
 // epoch that diverges is run again from the winner's state at a tenth of its learning rate (at
@@ -360,8 +361,8 @@ class Tuner {
     const int p = cfg_.probeSteps;
     extra.curveEvery = kind == "epoch" || p % 2 != 0 ? p : p / 2;
     extra.quiet = true;
-    // A run whose model goes non-finite stops there (the cold start's "early stop on divergence"):
-    // only the steps before it are on the clock.
+    // A run whose model goes non-finite skips the rest (the cold start's "early stop on divergence"):
+    // only the steps up to there are on the clock.
     extra.trainArgs = {"--checkpoint",         s.state,     "--checkpoint-every",
                        std::to_string(toStep), "--regroup", "--stop-on-divergence"};
     if (cfg_.probeSamples > 0) {

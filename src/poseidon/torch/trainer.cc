@@ -318,6 +318,7 @@ class RankRun {
   int64_t steps_ = 0, images_ = 0, iteration_ = 0;
   bool stop_ = false;
   int64_t divergedAt_ = -1;  // --stop-on-divergence: the iteration this rank first saw a non-finite model
+  bool modelDiverged_ = false;  // --stop-on-divergence: some rank's model was not finite at the last evaluate()
   // Results of reportTraffic().
   double psBytes_ = 0, sfbBytes_ = 0, predictedPs_ = 0, predictedSfb_ = 0;
   std::vector<double> dropped_, skipped_;
@@ -516,8 +517,15 @@ double RankRun::evaluate() {
     seen += static_cast<int64_t>(e - b);
   }
   net_.module->train();
-  if (!dist_) return static_cast<double>(correct) / static_cast<double>(seen);
-  auto total = dist_->node().allSum({static_cast<double>(correct), static_cast<double>(seen)});
+  // --stop-on-divergence: whether any rank's model is not finite, decided together. Checked before
+  // the sum: until rank 0 has sent its part no rank has left, so (merged FC) no FC update is in flight.
+  const bool diverged = o_.stopOnDivergence && (divergedAt_ >= 0 || !finite(net_.module->parameters()));
+  if (!dist_) {
+    modelDiverged_ = diverged;
+    return static_cast<double>(correct) / static_cast<double>(seen);
+  }
+  auto total = dist_->node().allSum({static_cast<double>(correct), static_cast<double>(seen), diverged ? 1.0 : 0.0});
+  modelDiverged_ = total[2] > 0;
   return total[0] / total[1];
 }
 
@@ -570,10 +578,9 @@ void RankRun::train() {
     trainSeconds_ += epochSeconds;
     images_ += stats.images;
     accuracy_ = evaluate();
-    // --stop-on-divergence: after evaluate() every rank holds the same model (compute groups: the
-    // shards' after every group's updates), so every rank makes the same decision here. A rank that
-    // saw its model go non-finite during the epoch has skipped the rest of it (trainEpoch).
-    if (o_.stopOnDivergence && !finite(net_.module->parameters())) {
+    // --stop-on-divergence: evaluate() summed every rank's finding, so every rank stops here, or none.
+    // A rank that saw its model go non-finite during the epoch has skipped the rest of it (trainEpoch).
+    if (modelDiverged_) {
       if (divergedAt_ < 0) noteDivergence();
       stop_ = true;
     }
@@ -611,9 +618,10 @@ bool RankRun::trainEpoch(int epoch, EpochStats& stats) {
     trainClock_ += secondsSince(stepBegin);
     ++steps_;
     ++iteration_;
-    // The parameters this rank updates (merged FC: not the FC server's, which its thread writes).
-    // BSP: every rank has the same after the step; compute groups: every member of a group (the
-    // round's pulled model), so the group skips together.
+    // The parameters this rank trains (merged FC: not the FC server's, which its thread writes).
+    // BSP: the model after this step's update, the same on every rank. Compute groups: the shards
+    // apply the update, so this is the model the step was computed on (the round's pull, the same
+    // for every member: the group skips together), one step later than BSP would find it.
     if (o_.stopOnDivergence && !finite(optimizer_->param_groups().at(0).params())) noteDivergence();
     if (o_.curveEvery > 0 && iteration_ % o_.curveEvery == 0) recordCurvePoint();
     if (o_.checkpointEvery > 0 && iteration_ % o_.checkpointEvery == 0) checkpoint(iteration_);

@@ -38,8 +38,8 @@ struct TrainOptions {
   std::string saveParamsPath;  // raw float32 dump of the final parameters (tests)
   int64_t maxSteps = -1;       // stop after this many steps in total (tests, smoke runs)
   // Stop once the model is no longer finite (a NaN or infinite parameter, checked after every step):
-  // the rest of the epoch is skipped, and the job stops at its end, where every rank holds the same
-  // model (docs/time_to_accuracy.md). Needs ranks that see one model: not with dropStragglers or a
+  // the rest of the epoch is skipped, and the job stops at its end, where the ranks decide together
+  // (docs/time_to_accuracy.md). Needs ranks that see one model: not with dropStragglers or a
   // staleness bound.
   bool stopOnDivergence = false;
   int64_t trainLimit = -1;     // use only the first N training images (tests, smoke runs)

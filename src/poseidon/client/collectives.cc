@@ -108,12 +108,13 @@ std::vector<double> Collectives::allSum(const std::vector<double>& mine) {
   return total;
 }
 
-void Collectives::barrier() {
+void Collectives::barrier(bool throughOwnLoop) {
   error_.check();
   const uint32_t sequence = sequence_++;
   for (int r = 0; r < book_.worldSize(); ++r)
-    if (r != rank_) van_.send(r, wire::barrier(sequence), {});
-  std::vector<Message> msgs = take(MsgType::kBarrier, sequence, book_.worldSize() - 1, "barrier");
+    if (r != rank_ || throughOwnLoop) van_.send(r, wire::barrier(sequence), {});
+  std::vector<Message> msgs =
+      take(MsgType::kBarrier, sequence, book_.worldSize() - (throughOwnLoop ? 0 : 1), "barrier");
   std::vector<bool> seen(book_.worldSize(), false);
   for (const Message& m : msgs) {
     if (seen[m.header.sender]) throw Error(strCat("barrier: rank ", m.header.sender, " arrived twice"));

@@ -39,7 +39,10 @@ class Collectives {
   // Copies root's buffer into every other rank's buffer (same size on all),
   // in chunks of the KV pair size.
   void broadcast(int root, LayerBuffer buffer);
-  void barrier();
+  // throughOwnLoop: this rank also sends itself the barrier message (through the Van's loopback, in
+  // order after what it sent itself before) and waits for it, so it leaves the barrier only after its
+  // own receive loop has handled everything it sent itself before entering (Node::settleBarrier).
+  void barrier(bool throughOwnLoop = false);
   // Sums a few numbers over all ranks (each rank broadcasts its own in turn; doubles travel bit
   // for bit). For counts and statistics, not gradients.
   std::vector<double> allSum(const std::vector<double>& mine);

@@ -585,6 +585,12 @@ void Node::barrier() {
   collectives_->barrier();
 }
 
+void Node::settleBarrier() {
+  throwIfFailed();
+  collectives_->barrier(/*throughOwnLoop=*/true);
+  collectives_->barrier(/*throughOwnLoop=*/true);
+}
+
 std::vector<double> Node::allSum(const std::vector<double>& mine) {
   throwIfFailed();
   return collectives_->allSum(mine);

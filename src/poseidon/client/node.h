@@ -210,6 +210,14 @@ class Node : private SyncHost {
   // Copies root's buffer into every other node's buffer (same size on all).
   void broadcast(int root, LayerBuffer buffer);
   void barrier();
+  // Compute groups: a barrier after which every shard has applied every push that any rank sent
+  // before entering it. A plain barrier is not enough: rank R leaves it once every other rank has
+  // entered, and shard S may not yet have read the push X sent it just before X entered. But S's
+  // receive loop applies a push before it hands on the barrier message X sent after it (one
+  // connection, or for X = S the loopback, in order), so S leaves a first barrier that also goes
+  // through its own loop only with every push applied, and enters the second only after that;
+  // leaving the second, every shard is past the first.
+  void settleBarrier();
   // Sums a few numbers over all ranks (Collectives::allSum).
   std::vector<double> allSum(const std::vector<double>& mine);
   // Final barrier, then stops the receive loop and closes the transport.

@@ -291,7 +291,7 @@ void DistributedModel::beginForward() {
 
 std::pair<std::vector<torch::Tensor>, int64_t> DistributedModel::groupState() {
   if (!groupMode()) throw InvalidArgument("groupState: this job has no compute groups");
-  node_->barrier();
+  node_->settleBarrier();
   if (node_->rank() != node_->book().workerRanks().front()) return {};
   std::vector<torch::Tensor> buffers;
   std::vector<LayerBuffer> momentum;
@@ -309,6 +309,7 @@ std::pair<std::vector<torch::Tensor>, int64_t> DistributedModel::groupState() {
 
 void DistributedModel::pullLatest() {
   if (!groupMode()) return;
+  node_->settleBarrier();  // every shard has applied every push sent so far
   const int64_t next = iteration_ < 0 ? node_->book().settings().startIteration : iteration_ + 1;
   if (pulledRound_ == next) return;
   node_->startPull(next);

@@ -188,11 +188,12 @@ class DistributedModel {
   // gradients are in .grad() when it returns true; the caller runs its step.
   bool skipIfBehind();
 
-  // Compute-group mode: pulls the model as it stands now (after every rank's barrier, the
-  // final one), e.g. to evaluate it; the next step's forward uses it without pulling again.
+  // Compute-group mode: every rank calls it at the same point; after a barrier that leaves every
+  // push applied (Node::settleBarrier), it pulls the model as it stands, e.g. to evaluate it; the
+  // next step's forward uses it without pulling again. Without compute groups it does nothing.
   void pullLatest();
   // Compute-group mode, for a checkpoint; every rank calls it at the same round. After a barrier
-  // (every shard then holds every update sent), the first worker fetches the shards' state: the
+  // (Node::settleBarrier: every shard then holds every update sent), the first worker fetches the shards' state: the
   // parameters into the model, and returns the momentum buffers (one per trainable parameter) and
   // the version clock; the other ranks get an empty list.
   std::pair<std::vector<torch::Tensor>, int64_t> groupState();

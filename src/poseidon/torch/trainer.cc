@@ -503,9 +503,8 @@ void RankRun::printPlan() const {
 
 double RankRun::evaluate() {
   if (dist_ && o_.groups > 0) {
-    // The model as it stands once every group's updates so far are in (after a barrier, every
-    // shard has applied every push sent before it).
-    dist_->node().barrier();
+    // The model as it stands once every group's updates so far are in (pullLatest's barrier leaves
+    // every push sent before it applied).
     dist_->pullLatest();
     if (o_.mergedFc) broadcastClassifier();
   }

@@ -94,12 +94,22 @@ class DistributedModel(torch.nn.Module):
         holds this many bytes in the kernel and larger messages go as fragments of it, so a lower
         layer's result passes the upper ones queued before it (the next forward needs it first).
         0 (the default): FIFO links. Not with compute groups.
+    groups: Omnivore's compute groups (docs/omnivore.md): 0 (the default) is BSP; G > 0 splits the ranks
+        into G groups of consecutive ranks, synchronous inside a group and asynchronous across groups.
+        The sharded parameter servers then hold the model and run SGD: each group's summed gradient is
+        applied as it arrives, and each round's forward pulls the model as it stands. Needs optimizer=.
+    optimizer: with groups, the torch.optim.SGD that names the update (its momentum, weight decay and
+        learning rate; no nesterov, no dampening, every parameter group alike, exactly the module's
+        trainable parameters). The shards keep the momentum; step(optimizer) does not call
+        optimizer.step(). Each round uses the learning rate the optimizer has at that round's forward
+        (a scheduler may change it); momentum and weight decay must not change.
+    staleness: with groups, how many rounds a group may run ahead of the slowest (SSP); None: unbounded.
     The rank, world size, coordinator and job secret come from the launcher's environment.
     """
 
     def __init__(self, module, batch=None, *, name=None, scheme="auto", overlap=True, broadcast_buffers=True,
                  timeout=30.0, sync_threads=2, pair_bytes=2 * 1024 * 1024, io_threads=2, tcp_rcvbuf=0,
-                 wire="fp32", overlap_forward=False, send_window=0):
+                 wire="fp32", overlap_forward=False, send_window=0, groups=0, optimizer=None, staleness=None):
         super().__init__()
         if not isinstance(module, torch.nn.Module):
             raise TypeError("DistributedModel wraps a torch.nn.Module, got %s" % type(module).__name__)
@@ -110,6 +120,16 @@ class DistributedModel(torch.nn.Module):
                        timeout_ms=int(round(timeout * 1000)), sync_threads=int(sync_threads),
                        pair_bytes=int(pair_bytes), io_threads=int(io_threads), tcp_rcvbuf=int(tcp_rcvbuf),
                        wire=str(wire), send_window=int(send_window))
+        self.groups = int(groups)
+        self._group_optimizer = None
+        if self.groups != 0 or optimizer is not None or staleness is not None:
+            self._check_groups(options, optimizer, staleness, overlap_forward)
+            sgd = self._group_hyper(optimizer)
+            options.update(groups=self.groups, staleness=-1 if staleness is None else int(staleness),
+                           momentum=float(sgd["momentum"]), weight_decay=float(sgd["weight_decay"]),
+                           learning_rate=float(sgd["lr"]))
+            self._group_optimizer = optimizer
+            self._group_sgd = sgd
         self._options = options
         self._overlap_forward = bool(overlap_forward)
         self._pending = None  # overlap_forward: the optimizer whose step the next forward applies
@@ -119,6 +139,82 @@ class DistributedModel(torch.nn.Module):
         if batch is not None:
             self._join(int(batch))
         _live.add(self)
+
+    # ---- compute groups ---------------------------------------------------------------------------
+
+    def _check_groups(self, options, optimizer, staleness, overlap_forward):
+        world = options["world_size"]
+        if self.groups < 1:
+            raise InvalidArgument("optimizer= and staleness= are for compute groups: give groups=G (G >= 1)"
+                                  if self.groups == 0 else "groups must be 0 (BSP) or at least 1, got %d" % self.groups)
+        if world % self.groups != 0:
+            raise InvalidArgument("groups=%d must divide the %d ranks of the job" % (self.groups, world))
+        if staleness is not None and int(staleness) < 0:
+            raise InvalidArgument("staleness must be None (unbounded) or >= 0 rounds, got %s" % staleness)
+        if overlap_forward:
+            raise InvalidArgument("overlap_forward is for BSP jobs: with compute groups each round's forward "
+                                  "pulls the shards' model")
+        if options["send_window"] != 0:
+            raise InvalidArgument("send_window is for overlap_forward (BSP jobs), not for compute groups")
+        if options["wire"] != "fp32":
+            raise InvalidArgument("wire=%r: compute groups push and pull fp32 (the 16-bit wire is BSP's)"
+                                  % options["wire"])
+        if not isinstance(optimizer, torch.optim.SGD):
+            raise InvalidArgument("compute groups: the shards run SGD; give optimizer=torch.optim.SGD(...) "
+                                  "(got %s)" % ("nothing" if optimizer is None else type(optimizer).__name__))
+        ours = [p for p in self.module.parameters() if p.requires_grad]
+        theirs = [p for g in optimizer.param_groups for p in g["params"]]
+        if {id(p) for p in ours} != {id(p) for p in theirs} or len(theirs) != len(ours):
+            raise InvalidArgument("compute groups: the optimizer must hold exactly the module's %d trainable "
+                                  "parameters (it holds %d); the shards update every one of them"
+                                  % (len(ours), len(theirs)))
+
+    @staticmethod
+    def _group_hyper(optimizer):
+        """The SGD the shards run: one set of hyperparameters for every parameter group."""
+        keys = ("lr", "momentum", "weight_decay", "dampening", "nesterov", "maximize")
+        first = {k: optimizer.param_groups[0].get(k, False if k in ("nesterov", "maximize") else 0.0)
+                 for k in keys}
+        for g in optimizer.param_groups[1:]:
+            for k in keys:
+                if g.get(k, first[k]) != first[k]:
+                    raise InvalidArgument("compute groups: every parameter group must have the same %s "
+                                          "(the shards run one SGD)" % k)
+        if first["nesterov"] or first["dampening"] != 0 or first["maximize"]:
+            raise InvalidArgument("compute groups: the shards run plain SGD with momentum; this optimizer has "
+                                  + ", ".join(k for k in ("nesterov", "dampening", "maximize") if first[k]))
+        lr = float(first["lr"])
+        if not lr > 0:
+            raise InvalidArgument("compute groups: the learning rate must be positive, got %s" % first["lr"])
+        if not 0 <= float(first["momentum"]) < 1:
+            raise InvalidArgument("compute groups: momentum must be in [0, 1), got %s" % first["momentum"])
+        return first
+
+    def _group_round(self):
+        """Before a round's forward: the learning rate the optimizer has now; momentum and weight decay as
+        the job was started with."""
+        now = self._group_hyper(self._group_optimizer)
+        for k in ("momentum", "weight_decay"):
+            if float(now[k]) != float(self._group_sgd[k]):
+                raise InvalidArgument("compute groups: the optimizer's %s changed from %s to %s; the shards run "
+                                      "the job's SGD (only the learning rate may follow a schedule)"
+                                      % (k, self._group_sgd[k], now[k]))
+        self._impl.set_group_lr(float(now["lr"]))
+
+    def pull_latest(self):
+        """Compute groups: every rank calls it at the same point (a barrier); then the module holds the model
+        as it stands with every group's updates so far, e.g. to evaluate it. finish() does it last.
+        Without groups every replica already holds the same model: nothing to do."""
+        if self.groups and self._impl is not None and not self._impl.closed:
+            self._impl.pull_latest()
+
+    def staleness(self):
+        """Compute groups: this rank's shard's count of applied updates by staleness (rounds of other groups'
+        updates since the model the update was computed on) and the largest lead of a group over the
+        slowest it saw. allsum() the counts over the ranks for the job's. Updates still in flight are not
+        counted yet: after pull_latest() (a barrier) every update sent before it is."""
+        impl = self._runtime()
+        return {"histogram": dict(impl.staleness_histogram()), "max_group_lead": impl.max_group_lead()}
 
     # ---- the job ----------------------------------------------------------------------------------
 
@@ -238,6 +334,8 @@ class DistributedModel(torch.nn.Module):
                 raise InvalidArgument("cannot tell the batch size from this forward's arguments: "
                                       "give DistributedModel(..., batch=K)")
             self._join(int(first.shape[0]))
+        if self.groups:
+            self._group_round()
         if self._pending is not None:
             # Overlapped: the gates apply the last step layer by layer as this forward reaches them; the
             # step ends (and the next one begins) once the forward is through.
@@ -261,6 +359,12 @@ class DistributedModel(torch.nn.Module):
     def step(self, optimizer):
         """synchronize(), then optimizer.step(). With overlap_forward: returns at once; the next forward
         applies the update layer by layer as the synchronized gradients land."""
+        if self.groups:
+            if optimizer is not self._group_optimizer:
+                raise InvalidArgument("compute groups: step() takes the optimizer given as optimizer= (the shards "
+                                      "run its SGD)")
+            self.synchronize()  # this round's pushes are out; the shards apply them
+            return
         if not self._overlap_forward:
             self.synchronize()
             optimizer.step()
@@ -288,6 +392,8 @@ class DistributedModel(torch.nn.Module):
         impl = self._runtime()
         if self._overlap_forward:
             raise InvalidArgument("no_sync() is not available with overlap_forward")
+        if self.groups:
+            raise InvalidArgument("no_sync() is not available with compute groups: the shards apply every pass")
         impl.set_sync_enabled(False)
         try:
             yield
@@ -299,6 +405,7 @@ class DistributedModel(torch.nn.Module):
         if self._impl is not None and not self._impl.closed:
             try:
                 self._flush()
+                self.pull_latest()  # compute groups: every rank ends holding the final model
                 self._impl.finish()
             finally:
                 self._impl.close()

@@ -70,6 +70,7 @@ def save_checkpoint(directory, model, optimizer, iteration, keep=2, **extra):
     `model` may be the DistributedModel or the module it wraps. Returns the checkpoint's path. With
     overlap_forward, a pending step is applied first (give the DistributedModel, not the module).
     """
+    _refuse_groups(model, "save_checkpoint")
     _apply_pending(model)
     rank = getattr(model, "rank", 0)
     if rank != 0:
@@ -101,6 +102,16 @@ def save_checkpoint(directory, model, optimizer, iteration, keep=2, **extra):
     for _, path in _complete(directory)[:-keep] if keep > 0 else []:
         shutil.rmtree(path, ignore_errors=True)
     return final
+
+
+def _refuse_groups(model, what):
+    # With compute groups the shards hold the model's momentum and version clock, which model.pt and
+    # optimizer.pt do not: such a checkpoint would resume a different job. The C++ trainer has them
+    # (poseidon train --groups --checkpoint); the Python package does not yet.
+    if getattr(model, "groups", 0):
+        from ._poseidon import InvalidArgument
+        raise InvalidArgument("%s: a job with compute groups keeps its momentum on the shards, which this "
+                              "checkpoint would not hold; use poseidon train --groups --checkpoint" % what)
 
 
 def _module(model):
@@ -144,6 +155,7 @@ def load_checkpoint(directory, model, optimizer):
     refused by name (a warning on stderr) and the next older is tried; when none is intact, raises
     CheckpointDamaged naming them.
     """
+    _refuse_groups(model, "load_checkpoint")
     refused = []
     for _, path in reversed(_complete(directory)):
         try:

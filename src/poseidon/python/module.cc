@@ -53,6 +53,13 @@ py::dict optionsToDict(const pt::DistributedOptions& o) {
   d["straggler_timeout_ms"] = o.node.settings.stragglerTimeoutMs;
   d["overlap"] = o.overlap;
   d["broadcast_buffers"] = o.broadcastBuffers;
+  // Compute groups (Omnivore; docs/omnivore.md): 0 is BSP. The shards run SGD with this momentum and
+  // weight decay; learning_rate is the first round's (the package sets each later round's).
+  d["groups"] = o.node.settings.groups;
+  d["staleness"] = o.node.settings.staleness;
+  d["momentum"] = o.node.settings.momentum;
+  d["weight_decay"] = o.node.settings.weightDecay;
+  d["learning_rate"] = o.learningRate;
   return d;
 }
 
@@ -83,6 +90,11 @@ pt::DistributedOptions optionsFromDict(const py::dict& d) {
   o.node.settings.stragglerTimeoutMs = get("straggler_timeout_ms").cast<int64_t>();
   o.overlap = get("overlap").cast<bool>();
   o.broadcastBuffers = get("broadcast_buffers").cast<bool>();
+  o.node.settings.groups = get("groups").cast<int>();
+  o.node.settings.staleness = get("staleness").cast<int64_t>();
+  o.node.settings.momentum = get("momentum").cast<float>();
+  o.node.settings.weightDecay = get("weight_decay").cast<float>();
+  o.learningRate = get("learning_rate").cast<float>();
   if (o.node.settings.batch < 1) throw InvalidArgument(strCat("batch must be at least 1, got ", o.node.settings.batch));
   if (o.node.timeout.count() < 1) throw InvalidArgument("timeout must be positive");
   if (o.node.ioThreads < 1 || o.node.ioThreads > 64) {
@@ -178,28 +190,42 @@ PYBIND11_MODULE(_poseidon, m) {
       .def(py::init<const std::string&, const py::list&, const std::vector<torch::Tensor>&,
                     const std::vector<torch::Tensor>&, const py::dict&>(),
            py::arg("name"), py::arg("layers"), py::arg("buffers"), py::arg("frozen"), py::arg("options"))
-      .def("begin_forward", [](Model& s) { s.model().beginForward(); }, py::call_guard<py::gil_scoped_release>())
-      .def("end_forward", [](Model& s, const std::vector<torch::Tensor>& outputs) { s.model().endForward(outputs); },
-           py::call_guard<py::gil_scoped_release>())
-      .def("synchronize", [](Model& s) { s.model().synchronize(); }, py::call_guard<py::gil_scoped_release>())
-      .def("submit_step", [](Model& s) { s.model().submitStep(); }, py::call_guard<py::gil_scoped_release>())
-      .def("finish_layer", [](Model& s, int layer) { s.model().finishLayer(layer); },
-           py::call_guard<py::gil_scoped_release>())
-      .def("finish_step", [](Model& s) { s.model().finishStep(); }, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "begin_forward", [](Model& s) { s.model().beginForward(); }, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "end_forward", [](Model& s, const std::vector<torch::Tensor>& outputs) { s.model().endForward(outputs); },
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "synchronize", [](Model& s) { s.model().synchronize(); }, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "submit_step", [](Model& s) { s.model().submitStep(); }, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "finish_layer", [](Model& s, int layer) { s.model().finishLayer(layer); },
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "finish_step", [](Model& s) { s.model().finishStep(); }, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("step_pending", [](Model& s) { return s.model().stepPending(); })
-      .def("skip_if_behind", [](Model& s) { return s.model().skipIfBehind(); },
-           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "skip_if_behind", [](Model& s) { return s.model().skipIfBehind(); }, py::call_guard<py::gil_scoped_release>())
+      .def("set_group_lr", [](Model& s, float lr) { s.model().setGroupLearningRate(lr); })
+      .def(
+          "pull_latest", [](Model& s) { s.model().pullLatest(); }, py::call_guard<py::gil_scoped_release>())
+      .def("staleness_histogram", [](Model& s) { return s.model().node().stalenessHistogram(); })
+      .def("max_group_lead", [](Model& s) { return s.model().node().maxGroupLead(); })
       .def("set_sync_enabled", [](Model& s, bool on) { s.model().setSyncEnabled(on); })
-      .def("finish", [](Model& s) { s.model().finish(); }, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "finish", [](Model& s) { s.model().finish(); }, py::call_guard<py::gil_scoped_release>())
       .def("close", &Model::close, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("closed", &Model::closed)
       .def_property_readonly("rank", [](Model& s) { return s.model().rank(); })
       .def_property_readonly("world_size", [](Model& s) { return s.model().node().book().worldSize(); })
       .def_property_readonly("workers", [](Model& s) { return s.model().workers(); })
       .def("factors_captured", [](Model& s, int layer) { return s.model().factorsCaptured(layer); })
-      .def("allsum", [](Model& s, const std::vector<double>& mine) { return s.model().node().allSum(mine); },
-           py::call_guard<py::gil_scoped_release>())
-      .def("plan", [](Model& s, int64_t batch) { return planOf(s.model(), batch); }, py::arg("batch"))
+      .def(
+          "allsum", [](Model& s, const std::vector<double>& mine) { return s.model().node().allSum(mine); },
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "plan", [](Model& s, int64_t batch) { return planOf(s.model(), batch); }, py::arg("batch"))
       .def("bytes_sent", [](Model& s) {
         py::dict d;
         auto& c = s.model().node().counters();

@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/generated/Functions.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
+#include <cmath>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -483,6 +484,13 @@ void DistributedModel::takeGroupOptimizer(torch::optim::Optimizer& optimizer) {
                   o.nesterov() ? ", nesterov" : "", o.dampening() != 0 ? ", dampening" : ""));
   }
   groupLr_ = static_cast<float>(o.lr());
+}
+
+void DistributedModel::setGroupLearningRate(float lr) {
+  if (!groupMode()) throw InvalidArgument("setGroupLearningRate: this job has no compute groups");
+  if (!(lr > 0) || !std::isfinite(lr))
+    throw InvalidArgument(strCat("compute groups: the learning rate must be positive, got ", lr));
+  groupLr_ = lr;
 }
 
 void DistributedModel::submitDense(int layer) {

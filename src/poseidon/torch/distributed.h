@@ -192,10 +192,14 @@ class DistributedModel {
   // push applied (Node::settleBarrier), it pulls the model as it stands, e.g. to evaluate it; the
   // next step's forward uses it without pulling again. Without compute groups it does nothing.
   void pullLatest();
+  // Compute-group mode: the learning rate of this rank's pushes from now on (step(optimizer) sets it
+  // from an SGD optimizer; the Python package sets it before each round's forward, so a schedule's
+  // rate applies to the round it was set for). Must be positive.
+  void setGroupLearningRate(float lr);
   // Compute-group mode, for a checkpoint; every rank calls it at the same round. After a barrier
-  // (Node::settleBarrier: every shard then holds every update sent), the first worker fetches the shards' state: the
-  // parameters into the model, and returns the momentum buffers (one per trainable parameter) and
-  // the version clock; the other ranks get an empty list.
+  // (Node::settleBarrier: every shard then holds every update sent), the first worker fetches the
+  // shards' state: the parameters into the model, and returns the momentum buffers (one per
+  // trainable parameter) and the version clock; the other ranks get an empty list.
   std::pair<std::vector<torch::Tensor>, int64_t> groupState();
 
   // Final barrier; servers stay until every rank is done.

@@ -1,0 +1,95 @@
+#!/usr/bin/python3
+"""One rank of a compute-group run from Python: LeNet for STEPS steps of SGD (momentum 0.9, lr 0.05 halved
+every 3 steps by a scheduler) on a global batch of 64 rows per step, split evenly over the ranks, with
+--groups G (0: BSP, every layer by PS so that one group must give its parameters bit for bit); --momentum
+sets the explicit momentum (asynchronous groups add an implicit one: 4 groups at 0.9 diverge). Every rank
+writes its final parameters and its shard's staleness counts to OUT.rankR (torch.save).
+--misuse runs alone and prints each refusal of the package's group checks, one per line."""
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+import poseidon
+from poseidon.zoo import LeNet
+
+GLOBAL = 64
+
+
+def refusals():
+    """Each misuse of compute groups, refused with its message (one rank, one group)."""
+    torch.manual_seed(1)
+    net = LeNet()
+    sgd = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+
+    def refused(what, make):
+        try:
+            make()
+        except poseidon.InvalidArgument as e:
+            print("refused %s: %s" % (what, e))
+        else:
+            print("accepted %s" % what)
+
+    refused("two groups on one rank", lambda: poseidon.DistributedModel(net, 16, groups=2, optimizer=sgd))
+    refused("adam", lambda: poseidon.DistributedModel(
+        net, 16, groups=1, optimizer=torch.optim.Adam(net.parameters())))
+    refused("nesterov", lambda: poseidon.DistributedModel(
+        net, 16, groups=1, optimizer=torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, nesterov=True)))
+    refused("a partial optimizer", lambda: poseidon.DistributedModel(
+        net, 16, groups=1, optimizer=torch.optim.SGD(net.conv1.parameters(), lr=0.1)))
+    refused("overlap_forward", lambda: poseidon.DistributedModel(net, 16, groups=1, optimizer=sgd,
+                                                                 overlap_forward=True))
+    refused("optimizer without groups", lambda: poseidon.DistributedModel(net, 16, optimizer=sgd))
+    model = poseidon.DistributedModel(net, 16, groups=1, optimizer=sgd)
+    x, y = torch.randn(16, 1, 28, 28), torch.randint(0, 10, (16,))
+    F.cross_entropy(model(x), y).backward()
+    refused("another optimizer at step", lambda: model.step(torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)))
+    model.step(sgd)
+    refused("save_checkpoint", lambda: poseidon.save_checkpoint("/nonexistent-poseidon-ck", model, sgd, 1))
+    refused("no_sync", lambda: model.no_sync().__enter__())
+    sgd.param_groups[0]["momentum"] = 0.5
+    refused("a changed momentum", lambda: model(x))
+    model.finish()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("out", nargs="?")
+    p.add_argument("--groups", type=int, default=0)
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--misuse", action="store_true")
+    a = p.parse_args()
+    if a.misuse:
+        refusals()
+        return
+    torch.manual_seed(1)
+    net = LeNet()
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=a.momentum)
+    if a.groups:
+        model = poseidon.DistributedModel(net, batch=GLOBAL // 4, groups=a.groups, optimizer=opt)
+    else:
+        model = poseidon.DistributedModel(net, batch=GLOBAL // 4, scheme="ps")
+    schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+    start = [t.detach().clone() for t in net.parameters()]
+    for step in range(a.steps):
+        g = torch.Generator().manual_seed(1000 + step)
+        x = torch.randn((GLOBAL, 1, 28, 28), generator=g)
+        y = torch.randint(0, 10, (GLOBAL,), generator=g)
+        rows = GLOBAL // model.world_size
+        mine = slice(model.rank * rows, (model.rank + 1) * rows)
+        opt.zero_grad()
+        F.cross_entropy(model(x[mine]), y[mine]).backward()
+        model.step(opt)  # BSP: synchronize() and opt.step(); groups: the shards apply the round
+        schedule.step()
+    stats = None
+    if a.groups:
+        model.pull_latest()  # a barrier: every shard has applied every round, and counted it
+        stats = model.staleness()
+    model.finish()  # with groups: every rank holds the latest model (finish() pulls it too)
+    torch.save({"params": [t.detach().clone() for t in net.parameters()], "start": start, "staleness": stats,
+                "workers": model.world_size}, "%s.rank%d" % (a.out, model.rank))
+
+
+if __name__ == "__main__":
+    main()

@@ -156,6 +156,72 @@ TEST(TrainCli, SixteenBitWireHalvesTheBytesTable1Predicts) {
   EXPECT_GT(s["test_accuracy"].get<double>(), 0.5);
 }
 
+// --overlap-forward (issue 14, docs/scheduling.md): step() returns at once and the next forward applies
+// each layer's update just before the layer runs. The parameters equal the barrier path's bit for bit,
+// through the points that read the model in between (curve copies, checkpoints, epoch ends apply the
+// pending step first), and the summary counts the updates the forward applied.
+TEST(TrainCli, OverlappedStepEqualsTheBarrierPathBitForBit) {
+  TempDir dir;
+  // 2 workers x batch 32 over 512 images: 8 steps an epoch, 16 in all. Curve copies after steps 5, 10
+  // and 15 (scored on 256 training images), checkpoints after 6 and 12, evaluations after 8 and 16.
+  auto job = [&](const std::string& name, std::vector<std::string> extra) {
+    std::vector<std::string> a{"train",
+                               "--workers",
+                               "2",
+                               "--batch",
+                               "32",
+                               "--train-limit",
+                               "512",
+                               "--epochs",
+                               "2",
+                               "--curve-every",
+                               "5",
+                               "--curve-loss-samples",
+                               "256",
+                               "--checkpoint-every",
+                               "6",
+                               "--checkpoint",
+                               dir.path + "/" + name + "-ck",
+                               "--save-params",
+                               dir.path + "/" + name + ".bin",
+                               "--summary",
+                               dir.path + "/" + name + ".json"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    auto p = run(a, dir.path + "/" + name);
+    EXPECT_EQ(p.exitCode(), 0) << p.stderrText();
+    return p;
+  };
+  job("barrier", {});
+  auto overlapped = job("overlap", {"--overlap-forward"});
+  EXPECT_THAT(overlapped.stdoutText(), HasSubstr("wait-free backprop, overlapped step"));
+  auto a = readFloats(dir.path + "/barrier.bin"), b = readFloats(dir.path + "/overlap.bin");
+  ASSERT_EQ(a.size(), 431080u);
+  ASSERT_EQ(b.size(), a.size());
+  size_t differ = 0;
+  for (size_t i = 0; i < a.size(); ++i) differ += a[i] != b[i];
+  EXPECT_EQ(differ, 0u) << "of " << a.size() << " parameters";
+  std::ifstream fa(dir.path + "/barrier.json"), fb(dir.path + "/overlap.json");
+  auto sa = nlohmann::json::parse(fa), sb = nlohmann::json::parse(fb);
+  // The copies taken between steps are the updated models: their scores are the barrier path's.
+  ASSERT_EQ(sb["curve"].size(), 3u) << sb["curve"].dump();
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(sa["curve"][i]["sample_loss"], sb["curve"][i]["sample_loss"]) << i;
+    EXPECT_EQ(sa["curve"][i]["test_accuracy"], sb["curve"][i]["test_accuracy"]) << i;
+  }
+  EXPECT_EQ(sa["test_accuracy"], sb["test_accuracy"]);
+  EXPECT_EQ(sb["overlap_forward"], true);
+  // Steps 5, 6, 8, 10, 12, 15 and 16 were applied where the model was read; the other 9 steps' updates
+  // were applied by the next forward, one per layer (LeNet: 4).
+  EXPECT_EQ(sb["updates_in_forward"], 9 * 4);
+  EXPECT_EQ(sa["updates_in_forward"], 0);
+  EXPECT_TRUE(fs::exists(dir.path + "/overlap-ck/step-000000012/model.pt"));
+
+  auto refused =
+      run({"train", "--workers", "2", "--groups", "2", "--overlap-forward", "--max-steps", "1"}, dir.path + "/refused");
+  EXPECT_EQ(refused.exitCode(), 2);
+  EXPECT_THAT(refused.stderrText(), HasSubstr("--overlap-forward cannot be combined with --groups"));
+}
+
 TEST(TrainCli, CheckpointResumeEqualsUninterruptedRun) {
   TempDir dir;
   std::vector<std::string> common{"train", "--workers", "2", "--batch", "32", "--train-limit", "1024", "--quiet"};

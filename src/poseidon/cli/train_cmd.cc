@@ -90,6 +90,10 @@ int trainCommand(const std::vector<std::string>& args) {
                   "fp32 (half the bytes; lossy, like DDP's fp16 hook; not with --groups or --plain)",
                   "fp32|bf16|fp16");
   flags.addBool("no-overlap", &noOverlap, "sync every layer after the whole backward (the naive baseline)");
+  flags.addBool("overlap-forward", &o.overlapForward,
+                "the overlapped step: each layer's update is applied just before the next forward reaches it, as its "
+                "mean gradient lands, instead of after the whole barrier (bit-identical; not with --groups, "
+                "--drop-stragglers, --plain or --stop-on-divergence)");
   flags.addBool("plain", &o.plain, "run the plain LibTorch loop without Poseidon (overhead baseline; 1 worker)");
   flags.addString("summary", &o.summaryPath, "write a JSON summary of the run to FILE", "FILE");
   flags.addString("trace", &o.tracePath, "write a Chrome trace (chrome://tracing, Perfetto) of every rank to FILE", "FILE");

@@ -771,6 +771,28 @@ torch::Tensor DistributedModel::forwardOverlapped(torch::nn::Sequential& sequenc
   return x;
 }
 
+torch::Tensor DistributedModel::forwardGated(const std::function<torch::Tensor(const LayerGate& gate)>& run) {
+  const LayerGate none = [](int) {};
+  if (!pendingOptimizer_) return forwardWith([&] { return run(none); });
+  if (!torch::GradMode::is_enabled()) {  // an evaluation sees every update
+    applyPending();
+    return run(none);
+  }
+  const LayerGate gate = [this](int layer) {
+    if (layer < 0 || layer >= static_cast<int>(layers_.size())) {
+      throw InvalidArgument(strCat("forwardGated: layer index ", layer, " out of range (", layers_.size(), " layers)"));
+    }
+    if (finishedLayers_[layer]) return;
+    applyPendingLayer(layer);
+    ++updatesInForward_;
+  };
+  torch::Tensor x = run(gate);
+  applyPending();
+  beginForward();
+  endForward(x);
+  return x;
+}
+
 void DistributedModel::broadcastBuffers() {
   // Straggler mode: a per-step broadcast would make rank 0 everyone's pace-setter again, so
   // buffers are left to each rank there (docs/torch.md).

@@ -154,6 +154,12 @@ class DistributedModel {
   // and an evaluation forwardOverlapped) applies a pending step at once, e.g. before saving the model.
   void stepOverlapped(torch::optim::Optimizer& optimizer);
   torch::Tensor forwardOverlapped(torch::nn::Sequential& sequence, torch::Tensor x);
+  // The same for a model whose layer order the caller declares (poseidon train's models): run(gate)
+  // runs the model and calls gate(l) just before layer l's parameters are first used (layer indices
+  // as in description(): the modules that own parameters, in registration order). gate(l) applies
+  // layer l's pending update once (later calls do nothing); layers never gated are applied when
+  // run returns. Without a pending step, gate does nothing and this is forwardWith(run).
+  torch::Tensor forwardGated(const std::function<torch::Tensor(const LayerGate& gate)>& run);
   void applyPending();
   // Layer updates forwardOverlapped() applied just before the child that needed them.
   int64_t updatesInForward() const { return updatesInForward_; }

@@ -13,12 +13,25 @@ LeNetImpl::LeNetImpl() {
 
 torch::Tensor LeNetImpl::forward(torch::Tensor x) { return classifier(features(x)); }
 
-torch::Tensor LeNetImpl::features(torch::Tensor x) {
+namespace {
+void pass(const LayerGate& gate, int layer) {
+  if (gate) gate(layer);
+}
+}  // namespace
+
+torch::Tensor LeNetImpl::features(torch::Tensor x, const LayerGate& gate) {
+  pass(gate, 0);
   x = torch::max_pool2d(conv1->forward(x), 2);
+  pass(gate, 1);
   return torch::max_pool2d(conv2->forward(x), 2).flatten(1);
 }
 
-torch::Tensor LeNetImpl::classifier(torch::Tensor h) { return ip2->forward(torch::relu(ip1->forward(h))); }
+torch::Tensor LeNetImpl::classifier(torch::Tensor h, const LayerGate& gate) {
+  pass(gate, 2);
+  h = torch::relu(ip1->forward(h));
+  pass(gate, 3);
+  return ip2->forward(h);
+}
 
 Cifar10QuickImpl::Cifar10QuickImpl() {
   conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 5).padding(2)));
@@ -30,16 +43,24 @@ Cifar10QuickImpl::Cifar10QuickImpl() {
 
 torch::Tensor Cifar10QuickImpl::forward(torch::Tensor x) { return classifier(features(x)); }
 
-torch::Tensor Cifar10QuickImpl::classifier(torch::Tensor h) { return ip2->forward(ip1->forward(h)); }
+torch::Tensor Cifar10QuickImpl::classifier(torch::Tensor h, const LayerGate& gate) {
+  pass(gate, 3);
+  h = ip1->forward(h);
+  pass(gate, 4);
+  return ip2->forward(h);
+}
 
-torch::Tensor Cifar10QuickImpl::features(torch::Tensor x) {
+torch::Tensor Cifar10QuickImpl::features(torch::Tensor x, const LayerGate& gate) {
   // Pooling 3/2 with padding 1 keeps the original 4x4 final map: 28 -> 14 -> 7 -> 4.
   auto pool = [](torch::Tensor t, bool maxPool) {
     return maxPool ? torch::max_pool2d(t, 3, 2, 1, 1, /*ceil_mode=*/false)
                    : torch::avg_pool2d(t, 3, 2, 1, /*ceil_mode=*/false);
   };
+  pass(gate, 0);
   x = torch::relu(pool(conv1->forward(x), true));
+  pass(gate, 1);
   x = pool(torch::relu(conv2->forward(x)), false);
+  pass(gate, 2);
   return pool(torch::relu(conv3->forward(x)), false).flatten(1);
 }
 
@@ -49,9 +70,12 @@ MlpImpl::MlpImpl() {
   fc3 = register_module("fc3", torch::nn::Linear(512, 10));
 }
 
-torch::Tensor MlpImpl::forward(torch::Tensor x) {
+torch::Tensor MlpImpl::forward(torch::Tensor x, const LayerGate& gate) {
+  pass(gate, 0);
   x = torch::relu(fc1->forward(x.flatten(1)));
+  pass(gate, 1);
   x = torch::relu(fc2->forward(x));
+  pass(gate, 2);
   return fc3->forward(x);
 }
 
@@ -59,12 +83,15 @@ namespace {
 // A model with features() and classifier() halves; its FC part is ip1 and ip2.
 template <typename Holder>
 AnyNet splitNet(const std::string& name, Holder m) {
-  return {name,
-          m.ptr(),
-          [m](torch::Tensor x) mutable { return m->forward(x); },
-          [m](torch::Tensor x) mutable { return m->features(x); },
-          [m](torch::Tensor h) mutable { return m->classifier(h); },
-          {"ip1", "ip2"}};
+  AnyNet net{name,
+             m.ptr(),
+             [m](torch::Tensor x) mutable { return m->forward(x); },
+             [m](torch::Tensor x) mutable { return m->features(x); },
+             [m](torch::Tensor h) mutable { return m->classifier(h); },
+             {"ip1", "ip2"},
+             {}};
+  net.gated = [m](torch::Tensor x, const LayerGate& gate) mutable { return m->classifier(m->features(x, gate), gate); };
+  return net;
 }
 }  // namespace
 
@@ -73,7 +100,9 @@ AnyNet makeModel(const std::string& name) {
   if (name == "cifar10-quick") return splitNet(name, Cifar10Quick());
   if (name == "mlp") {
     Mlp m;
-    return {name, m.ptr(), [m](torch::Tensor x) mutable { return m->forward(x); }, nullptr, nullptr, {}};
+    AnyNet net{name, m.ptr(), [m](torch::Tensor x) mutable { return m->forward(x); }, nullptr, nullptr, {}, {}};
+    net.gated = [m](torch::Tensor x, const LayerGate& gate) mutable { return m->forward(x, gate); };
+    return net;
   }
   throw InvalidArgument("unknown model '" + name + "' (expected lenet, cifar10-quick or mlp)");
 }

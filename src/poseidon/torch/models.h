@@ -12,6 +12,11 @@
 
 namespace poseidon::pt {
 
+// Called with a layer's index (the modules that own parameters, in registration order) just before
+// the forward first uses that layer's parameters: the overlapped step applies the layer's pending
+// update there (DistributedModel::forwardGated, poseidon train --overlap-forward).
+using LayerGate = std::function<void(int layer)>;
+
 // Caffe's LeNet (conv 20@5x5, max-pool, conv 50@5x5, max-pool, ip1 500, ReLU,
 // ip2 10): 431,080 parameters, FC-heavy.
 // forward(x) = classifier(features(x)): the conv part (to the flattened pooled map) and the FC part,
@@ -19,8 +24,8 @@ namespace poseidon::pt {
 struct LeNetImpl : torch::nn::Module {
   LeNetImpl();
   torch::Tensor forward(torch::Tensor x);
-  torch::Tensor features(torch::Tensor x);
-  torch::Tensor classifier(torch::Tensor h);
+  torch::Tensor features(torch::Tensor x, const LayerGate& gate = nullptr);    // gates 0, 1
+  torch::Tensor classifier(torch::Tensor h, const LayerGate& gate = nullptr);  // gates 2, 3
   torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
   torch::nn::Linear ip1{nullptr}, ip2{nullptr};
 };
@@ -31,8 +36,8 @@ TORCH_MODULE(LeNet);
 struct Cifar10QuickImpl : torch::nn::Module {
   Cifar10QuickImpl();
   torch::Tensor forward(torch::Tensor x);  // classifier(features(x)), as LeNet's
-  torch::Tensor features(torch::Tensor x);
-  torch::Tensor classifier(torch::Tensor h);
+  torch::Tensor features(torch::Tensor x, const LayerGate& gate = nullptr);    // gates 0-2
+  torch::Tensor classifier(torch::Tensor h, const LayerGate& gate = nullptr);  // gates 3, 4
   torch::nn::Conv2d conv1{nullptr}, conv2{nullptr}, conv3{nullptr};
   torch::nn::Linear ip1{nullptr}, ip2{nullptr};
 };
@@ -41,7 +46,7 @@ TORCH_MODULE(Cifar10Quick);
 // A 784-1024-512-10 perceptron: all FC, the case SFB was made for.
 struct MlpImpl : torch::nn::Module {
   MlpImpl();
-  torch::Tensor forward(torch::Tensor x);
+  torch::Tensor forward(torch::Tensor x, const LayerGate& gate = nullptr);  // gates 0-2
   torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
 };
 TORCH_MODULE(Mlp);
@@ -55,6 +60,8 @@ struct AnyNet {
   std::function<torch::Tensor(torch::Tensor)> forward;
   std::function<torch::Tensor(torch::Tensor)> features, classifier;
   std::vector<std::string> classifierLayers;
+  // forward with a gate before each layer (LayerGate): the same computation as forward.
+  std::function<torch::Tensor(torch::Tensor, const LayerGate&)> gated;
 };
 
 AnyNet makeModel(const std::string& name);              // throws InvalidArgument

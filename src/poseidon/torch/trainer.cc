@@ -121,6 +121,15 @@ void validateOptions(const TrainOptions& o, int world) {
   if (o.stopOnDivergence && o.staleness >= 0) {
     throw InvalidArgument("--stop-on-divergence with --staleness: a group that stopped would hold the others back");
   }
+  if (o.overlapForward) {
+    // The overlapped step is BSP's (DistributedModel::submitStep): every rank applies the same mean.
+    const char* other = o.groups > 0           ? "--groups (each round's forward pulls the shards' model)"
+                        : o.dropStragglers > 0 ? "--drop-stragglers (a skipped step has no forward to apply it)"
+                        : o.plain              ? "--plain (nothing is synchronized)"
+                        : o.stopOnDivergence   ? "--stop-on-divergence (it checks the model after every step)"
+                                               : nullptr;
+    if (other) throw InvalidArgument(strCat("--overlap-forward cannot be combined with ", other));
+  }
 }
 
 // Output paths are checked before the first step, by the rank that will write
@@ -279,6 +288,9 @@ class RankRun {
   void printProgress(int epoch, int64_t s, const EpochStats& stats, int& nextReport) const;
   // Test accuracy over all ranks' shards of the test set.
   double evaluate();
+  // --overlap-forward: applies a pending step now (before the model is read: evaluation, checkpoint,
+  // curve copy); the next forward then has nothing to apply.
+  void applyPending();
   static bool finite(const std::vector<torch::Tensor>& params);
   // --stop-on-divergence: this rank saw a non-finite model at iteration_ (rank 0: says so, and
   // records a curve point there).
@@ -474,12 +486,16 @@ void RankRun::broadcastClassifier() {
 void RankRun::printPlan() const {
   if (!lead_) return;
   ModelDesc desc = describeModule(*net_.module, net_.name);
-  std::printf("poseidon train: %s (%lld params) on Fashion-MNIST, %d worker%s x batch %lld, %d epochs, lr %g, "
-              "momentum %g, scheme %s%s%s\n",
-              net_.name.c_str(), static_cast<long long>(desc.numel()), world_, world_ > 1 ? "s" : "",
-              static_cast<long long>(o_.batch), o_.epochs, o_.lr, o_.momentum, schemePolicyName(o_.scheme),
-              o_.plain ? ", plain LibTorch (no Poseidon)" : (o_.overlap ? ", wait-free backprop" : ", no overlap"),
-              o_.wire == WirePrecision::kFp32 ? "" : strCat(", ", wirePrecisionName(o_.wire), " wire (lossy)").c_str());
+  std::printf(
+      "poseidon train: %s (%lld params) on Fashion-MNIST, %d worker%s x batch %lld, %d epochs, lr %g, "
+      "momentum %g, scheme %s%s%s\n",
+      net_.name.c_str(), static_cast<long long>(desc.numel()), world_, world_ > 1 ? "s" : "",
+      static_cast<long long>(o_.batch), o_.epochs, o_.lr, o_.momentum, schemePolicyName(o_.scheme),
+      o_.plain
+          ? ", plain LibTorch (no Poseidon)"
+          : strCat(o_.overlap ? ", wait-free backprop" : ", no overlap", o_.overlapForward ? ", overlapped step" : "")
+                .c_str(),
+      o_.wire == WirePrecision::kFp32 ? "" : strCat(", ", wirePrecisionName(o_.wire), " wire (lossy)").c_str());
   if (dist_) {
     std::printf("\n%-8s %-5s %-12s %-6s %16s\n", "layer", "type", "shape", "scheme", "floats/iter/node");
     for (const auto& p : dist_->plan(o_.batch)) {
@@ -501,7 +517,12 @@ void RankRun::printPlan() const {
   std::fflush(stdout);
 }
 
+void RankRun::applyPending() {
+  if (dist_ && o_.overlapForward) dist_->applyPending();  // the model with its last update
+}
+
 double RankRun::evaluate() {
+  applyPending();
   if (dist_ && o_.groups > 0) {
     // The model as it stands once every group's updates so far are in (pullLatest's barrier leaves
     // every push sent before it applied).
@@ -535,6 +556,7 @@ double RankRun::evaluate() {
 
 void RankRun::checkpoint(int64_t iteration) {
   if (o_.checkpointDir.empty()) return;
+  applyPending();  // a checkpoint holds the last step's update (and the optimizer's state after it)
   const bool groups = dist_ && o_.groups > 0;
   if (groups) {
     // The shards hold the model and its momentum: every rank stops at this round (a barrier),
@@ -665,7 +687,9 @@ void RankRun::injectFault() const {
 }
 
 void RankRun::trainStep(const std::vector<int64_t>& idx, size_t b, size_t e, EpochStats& stats) {
-  optimizer_->zero_grad();
+  // --overlap-forward: a pending step still uses its gradients; each layer's are cleared once its
+  // update is applied (DistributedModel::forwardGated), which zero_grad() would do.
+  if (!(dist_ && dist_->stepPending())) optimizer_->zero_grad();
   if (dist_ && dist_->skipIfBehind(*optimizer_)) {
     // A straggler: the others finished this iteration without us.
     stats.images += static_cast<int64_t>(e - b) * world_;
@@ -681,7 +705,9 @@ void RankRun::trainStep(const std::vector<int64_t>& idx, size_t b, size_t e, Epo
     computeMsSum_ += computeMs;
     if (computeMs > o_.padMs) ++padOverruns_;
   }
-  if (dist_)
+  if (dist_ && o_.overlapForward)
+    dist_->stepOverlapped(*optimizer_);  // the next forward applies it, layer by layer
+  else if (dist_)
     dist_->step(*optimizer_);
   else
     optimizer_->step();
@@ -712,7 +738,17 @@ torch::Tensor RankRun::localStep(const torch::Tensor& x, const torch::Tensor& y,
                                  double& backwardMs) {
   torch::Tensor out;
   Clock::time_point stepStart;
-  if (dist_ && o_.padMs > 0) {
+  double gateMs = 0;  // --overlap-forward: waits for the last step's layers, network time (not compute)
+  if (dist_ && o_.overlapForward) {
+    stepStart = Clock::now();
+    out = dist_->forwardGated([&](const LayerGate& gate) {
+      return net_.gated(x, [&](int layer) {
+        auto t = Clock::now();
+        gate(layer);
+        gateMs += 1000 * secondsSince(t);
+      });
+    });
+  } else if (dist_ && o_.padMs > 0) {
     // The compute clock starts once the step's model is here (in group mode beginForward waits
     // for the pull): a wait for the network is not device time and must not hide in the pad.
     dist_->beginForward();
@@ -724,7 +760,7 @@ torch::Tensor RankRun::localStep(const torch::Tensor& x, const torch::Tensor& y,
     out = dist_ ? dist_->forward(x) : net_.forward(x);
   }
   torch::Tensor loss = torch::nll_loss(torch::log_softmax(out, 1), y);
-  forwardMs = 1000 * secondsSince(stepStart);
+  forwardMs = 1000 * secondsSince(stepStart) - gateMs;
   padBeforeBackward(forwardMs);
   auto backwardStart = Clock::now();
   loss.backward();
@@ -837,6 +873,7 @@ void RankRun::reportGroups() {
 }
 
 void RankRun::recordCurvePoint() {
+  applyPending();  // every rank alike: the copy is the model after this step
   if (lead_) {
     CurvePoint p{iteration_, trainClock_, curveLossSum_ / std::max<int64_t>(curveLossCount_, 1), -1, -1, {}};
     torch::NoGradGuard guard;
@@ -1007,6 +1044,8 @@ nlohmann::json RankRun::summaryJson() const {
           {"scheme_policy", schemePolicyName(o_.scheme)},
           {"wire", wirePrecisionName(o_.wire)},
           {"overlap", o_.overlap},
+          {"overlap_forward", o_.overlapForward},
+          {"updates_in_forward", dist_ ? dist_->updatesInForward() : 0},
           {"plain", o_.plain},
           {"bytes_sent_by_scheme", {{"ps", psBytes_}, {"sfb", sfbBytes_}}},
           {"drop_stragglers", o_.dropStragglers},

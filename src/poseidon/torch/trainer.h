@@ -32,6 +32,10 @@ struct TrainOptions {
   SchemePolicy scheme = SchemePolicy::kAuto;
   WirePrecision wire = WirePrecision::kFp32;  // what gradients travel as (--wire; 16 bits are lossy)
   bool overlap = true;   // false: sync after the whole backward (naive baseline)
+  // The overlapped step (--overlap-forward, docs/scheduling.md): step() returns at once and the next
+  // forward applies each layer's update just before that layer runs (the models declare their layer
+  // order: LayerGate). Bit-identical to the barrier path. BSP only.
+  bool overlapForward = false;
   bool plain = false;    // no Poseidon at all: the plain LibTorch loop (overhead baseline, 1 worker)
   std::string dataDir;   // default: the Debian package's directory
   std::string summaryPath, tracePath, checkpointDir;

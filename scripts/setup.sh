@@ -28,4 +28,7 @@ echo "setup.sh: apt-get update"
 apt-get update -qq
 echo "setup.sh: installing ${#PACKAGES[@]} packages (already installed ones are skipped)"
 apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}" >/dev/null
+# torch's libblas.so.3 is OpenBLAS's OpenMP build even if another provider (the pthread build ranks
+# higher) is installed later: it runs on torch's thread count instead of starting its own threads.
+update-alternatives --quiet --set libblas.so.3-x86_64-linux-gnu /usr/lib/x86_64-linux-gnu/openblas-openmp/libblas.so.3
 echo "setup.sh: done"

@@ -18,6 +18,7 @@ docs/python.md.
 
 import atexit
 import contextlib
+import math
 import weakref
 
 import torch
@@ -184,8 +185,8 @@ class DistributedModel(torch.nn.Module):
             raise InvalidArgument("compute groups: the shards run plain SGD with momentum; this optimizer has "
                                   + ", ".join(k for k in ("nesterov", "dampening", "maximize") if first[k]))
         lr = float(first["lr"])
-        if not lr > 0:
-            raise InvalidArgument("compute groups: the learning rate must be positive, got %s" % first["lr"])
+        if not (lr >= 0 and math.isfinite(lr)):
+            raise InvalidArgument("compute groups: the learning rate must be finite and >= 0, got %s" % first["lr"])
         if not 0 <= float(first["momentum"]) < 1:
             raise InvalidArgument("compute groups: momentum must be in [0, 1), got %s" % first["momentum"])
         return first

@@ -108,8 +108,15 @@ def _refuse_groups(model, what):
     # With compute groups the shards hold the model's momentum and version clock, which model.pt and
     # optimizer.pt do not: such a checkpoint would resume a different job. The C++ trainer has them
     # (poseidon train --groups --checkpoint); the Python package does not yet.
-    if getattr(model, "groups", 0):
-        from ._poseidon import InvalidArgument
+    from . import DistributedModel, _live
+    from ._poseidon import InvalidArgument
+    # The wrapper, or the module a live group wrapper holds (torchvision's ResNet and nn.Conv2d have a
+    # `groups` attribute of their own: only a DistributedModel's counts).
+    if isinstance(model, DistributedModel):
+        grouped = model.groups
+    else:
+        grouped = any(m.groups and m.module is model for m in list(_live))
+    if grouped:
         raise InvalidArgument("%s: a job with compute groups keeps its momentum on the shards, which this "
                               "checkpoint would not hold; use poseidon train --groups --checkpoint" % what)
 

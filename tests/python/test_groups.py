@@ -66,6 +66,7 @@ class ComputeGroups(TempDirTest):
             "optimizer without groups": "optimizer= and staleness= are for compute groups: give groups=G",
             "another optimizer at step": "step() takes the optimizer given as optimizer=",
             "save_checkpoint": "save_checkpoint: a job with compute groups keeps its momentum on the shards",
+            "save_checkpoint of the module": "save_checkpoint: a job with compute groups keeps its momentum",
             "no_sync": "no_sync() is not available with compute groups",
             "a changed momentum": "the optimizer's momentum changed from 0.9 to 0.5",
         }
@@ -74,6 +75,8 @@ class ComputeGroups(TempDirTest):
             line = next((l for l in lines if l.startswith("refused %s: " % what)), None)
             self.assertIsNotNone(line, "%s was not refused:\n%s" % (what, run))
             self.assertIn(message, line)
+        self.assertIn("a round at lr 0 moved the model: False", run.out)
+        self.assertIn("finished after a forward without its step", run.out)
 
 
 if __name__ == "__main__":

@@ -128,8 +128,8 @@ void DistributedModel::init(ModelParts parts) {
   }
 
   if (node_->book().settings().groupMode()) {
-    if (!(options_.learningRate > 0)) {
-      throw InvalidArgument("compute groups: the shards run SGD and need DistributedOptions::learningRate > 0");
+    if (!(options_.learningRate >= 0) || !std::isfinite(options_.learningRate)) {
+      throw InvalidArgument("compute groups: the shards run SGD and need DistributedOptions::learningRate >= 0");
     }
     groupLr_ = options_.learningRate;
   }
@@ -311,6 +311,9 @@ std::pair<std::vector<torch::Tensor>, int64_t> DistributedModel::groupState() {
 void DistributedModel::pullLatest() {
   if (!groupMode()) return;
   node_->settleBarrier();  // every shard has applied every push sent so far
+  // Between a forward and its step this rank's round is not pushed: the next round's model will not
+  // come (a loop that ended after a forward, then finish()); the model stays the round's.
+  if (inIteration_) return;
   const int64_t next = iteration_ < 0 ? node_->book().settings().startIteration : iteration_ + 1;
   if (pulledRound_ == next) return;
   node_->startPull(next);
@@ -488,8 +491,9 @@ void DistributedModel::takeGroupOptimizer(torch::optim::Optimizer& optimizer) {
 
 void DistributedModel::setGroupLearningRate(float lr) {
   if (!groupMode()) throw InvalidArgument("setGroupLearningRate: this job has no compute groups");
-  if (!(lr > 0) || !std::isfinite(lr))
-    throw InvalidArgument(strCat("compute groups: the learning rate must be positive, got ", lr));
+  if (!(lr >= 0) || !std::isfinite(lr)) {
+    throw InvalidArgument(strCat("compute groups: the learning rate must be finite and >= 0, got ", lr));
+  }
   groupLr_ = lr;
 }
 
@@ -774,7 +778,7 @@ torch::Tensor DistributedModel::forwardOverlapped(torch::nn::Sequential& sequenc
 torch::Tensor DistributedModel::forwardGated(const std::function<torch::Tensor(const LayerGate& gate)>& run) {
   const LayerGate none = [](int) {};
   if (!pendingOptimizer_) return forwardWith([&] { return run(none); });
-  if (!torch::GradMode::is_enabled()) {  // an evaluation sees every update
+  if ((module_ && !module_->is_training()) || !torch::GradMode::is_enabled()) {  // an evaluation sees every update
     applyPending();
     return run(none);
   }

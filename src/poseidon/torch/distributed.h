@@ -158,7 +158,9 @@ class DistributedModel {
   // runs the model and calls gate(l) just before layer l's parameters are first used (layer indices
   // as in description(): the modules that own parameters, in registration order). gate(l) applies
   // layer l's pending update once (later calls do nothing); layers never gated are applied when
-  // run returns. Without a pending step, gate does nothing and this is forwardWith(run).
+  // run returns, so a layer the model uses without its gate computes with its old parameters:
+  // gate every layer the forward uses. Without a pending step, gate does nothing and this is
+  // forwardWith(run); an evaluation (module in eval mode, or no grad) applies the pending step first.
   torch::Tensor forwardGated(const std::function<torch::Tensor(const LayerGate& gate)>& run);
   void applyPending();
   // Layer updates forwardOverlapped() applied just before the child that needed them.
@@ -196,11 +198,12 @@ class DistributedModel {
 
   // Compute-group mode: every rank calls it at the same point; after a barrier that leaves every
   // push applied (Node::settleBarrier), it pulls the model as it stands, e.g. to evaluate it; the
-  // next step's forward uses it without pulling again. Without compute groups it does nothing.
+  // next step's forward uses it without pulling again (between a forward and its step it only
+  // takes part in the barrier). Without compute groups it does nothing.
   void pullLatest();
   // Compute-group mode: the learning rate of this rank's pushes from now on (step(optimizer) sets it
   // from an SGD optimizer; the Python package sets it before each round's forward, so a schedule's
-  // rate applies to the round it was set for). Must be positive.
+  // rate applies to the round it was set for; a warm-up may start at 0). Finite and >= 0.
   void setGroupLearningRate(float lr);
   // Compute-group mode, for a checkpoint; every rank calls it at the same round. After a barrier
   // (Node::settleBarrier: every shard then holds every update sent), the first worker fetches the

@@ -29,7 +29,14 @@ FcServer::FcServer(Node& node, std::function<torch::Tensor(torch::Tensor)> class
       optimizer_->state()[stateKey(params_[i])] = std::move(state);
     }
   }
-  thread_ = std::thread([this] { loop(); });
+  // A new thread's OpenMP team defaults to every core; the rank's own count (--threads, set on the
+  // thread that builds the server) keeps ranks that share a host from oversubscribing it (its BLAS,
+  // OpenBLAS's OpenMP build, and ATen's parallel loops use that team).
+  const int threads = torch::get_num_threads();
+  thread_ = std::thread([this, threads] {
+    torch::set_num_threads(threads);
+    loop();
+  });
 }
 
 FcServer::~FcServer() { stop(); }

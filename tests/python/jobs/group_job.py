@@ -46,10 +46,23 @@ def refusals():
     refused("another optimizer at step", lambda: model.step(torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)))
     model.step(sgd)
     refused("save_checkpoint", lambda: poseidon.save_checkpoint("/nonexistent-poseidon-ck", model, sgd, 1))
+    refused("save_checkpoint of the module", lambda: poseidon.save_checkpoint("/nonexistent-poseidon-ck", net, sgd, 1))
     refused("no_sync", lambda: model.no_sync().__enter__())
+    # A warm-up may start at lr 0: the round is applied (the momentum buffer is not zero) and moves nothing.
+    model.pull_latest()
+    before = [p.detach().clone() for p in net.parameters()]
+    sgd.param_groups[0]["lr"] = 0.0
+    F.cross_entropy(model(x), y).backward()
+    model.step(sgd)
+    model.pull_latest()
+    print("a round at lr 0 moved the model: %s" % any(not torch.equal(a, p) for a, p in zip(before, net.parameters())))
+    sgd.param_groups[0]["lr"] = 0.05
     sgd.param_groups[0]["momentum"] = 0.5
     refused("a changed momentum", lambda: model(x))
+    sgd.param_groups[0]["momentum"] = 0.9
+    model(x)  # a loop that ends after a forward: finish() must not wait for a round that was not pushed
     model.finish()
+    print("finished after a forward without its step")
 
 
 def main():

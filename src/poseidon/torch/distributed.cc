@@ -749,30 +749,28 @@ void DistributedModel::applyPending() {
 }
 
 torch::Tensor DistributedModel::forwardOverlapped(torch::nn::Sequential& sequence, torch::Tensor x) {
-  if (!pendingOptimizer_) return forwardWith([&] { return sequence->forward(x); });
-  if (!sequence->is_training() || !torch::GradMode::is_enabled()) {  // an evaluation sees every update
+  if (pendingOptimizer_ && !sequence->is_training()) {  // an evaluation sees every update
     applyPending();
     return sequence->forward(x);
   }
-  // A layer belongs to the child that holds its first parameter (however deep).
+  // A declared order (forwardGated): the children in turn, each gating the layers it holds. A layer
+  // belongs to the child that holds its first parameter (however deep).
   std::unordered_map<const void*, int> layerOf;
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    if (!layers_[l].params.empty()) layerOf[layers_[l].params[0].unsafeGetTensorImpl()] = static_cast<int>(l);
-  }
-  for (auto& child : *sequence) {
-    for (const auto& p : child.ptr()->parameters()) {
-      auto it = layerOf.find(p.unsafeGetTensorImpl());
-      if (it != layerOf.end() && !finishedLayers_[it->second]) {
-        applyPendingLayer(it->second);
-        ++updatesInForward_;
-      }
+  if (pendingOptimizer_) {
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      if (!layers_[l].params.empty()) layerOf[layers_[l].params[0].unsafeGetTensorImpl()] = static_cast<int>(l);
     }
-    x = child.forward(x);
   }
-  applyPending();
-  beginForward();
-  endForward(x);
-  return x;
+  return forwardGated([&](const LayerGate& gate) {
+    for (auto& child : *sequence) {
+      for (const auto& p : child.ptr()->parameters()) {
+        auto it = layerOf.find(p.unsafeGetTensorImpl());
+        if (it != layerOf.end()) gate(it->second);
+      }
+      x = child.forward(x);
+    }
+    return x;
+  });
 }
 
 torch::Tensor DistributedModel::forwardGated(const std::function<torch::Tensor(const LayerGate& gate)>& run) {

@@ -194,12 +194,22 @@ TEST(TrainCli, OverlappedStepEqualsTheBarrierPathBitForBit) {
   job("barrier", {});
   auto overlapped = job("overlap", {"--overlap-forward"});
   EXPECT_THAT(overlapped.stdoutText(), HasSubstr("wait-free backprop, overlapped step"));
-  auto a = readFloats(dir.path + "/barrier.bin"), b = readFloats(dir.path + "/overlap.bin");
+  // The same over priority links (--send-window): 4 KB windows cut every message above that (SFB
+  // factors, PS pairs) into fragments, and lower layers' pass upper ones queued before them.
+  auto windowed = job("window", {"--overlap-forward", "--send-window", "4096"});
+  auto a = readFloats(dir.path + "/barrier.bin");
   ASSERT_EQ(a.size(), 431080u);
-  ASSERT_EQ(b.size(), a.size());
-  size_t differ = 0;
-  for (size_t i = 0; i < a.size(); ++i) differ += a[i] != b[i];
-  EXPECT_EQ(differ, 0u) << "of " << a.size() << " parameters";
+  for (const char* name : {"overlap", "window"}) {
+    auto b = readFloats(dir.path + "/" + name + ".bin");
+    ASSERT_EQ(b.size(), a.size()) << name;
+    size_t differ = 0;
+    for (size_t i = 0; i < a.size(); ++i) differ += a[i] != b[i];
+    EXPECT_EQ(differ, 0u) << name << ": of " << a.size() << " parameters";
+  }
+  std::ifstream fw(dir.path + "/window.json");
+  auto sw = nlohmann::json::parse(fw);
+  EXPECT_EQ(sw["send_window"], 4096);
+  EXPECT_EQ(sw["updates_in_forward"], 9 * 4);
   std::ifstream fa(dir.path + "/barrier.json"), fb(dir.path + "/overlap.json");
   auto sa = nlohmann::json::parse(fa), sb = nlohmann::json::parse(fb);
   // The copies taken between steps are the updated models: their scores are the barrier path's.
@@ -214,12 +224,20 @@ TEST(TrainCli, OverlappedStepEqualsTheBarrierPathBitForBit) {
   // were applied by the next forward, one per layer (LeNet: 4).
   EXPECT_EQ(sb["updates_in_forward"], 9 * 4);
   EXPECT_EQ(sa["updates_in_forward"], 0);
+  EXPECT_EQ(sa["send_window"], 0);
   EXPECT_TRUE(fs::exists(dir.path + "/overlap-ck/step-000000012/model.pt"));
 
   auto refused =
       run({"train", "--workers", "2", "--groups", "2", "--overlap-forward", "--max-steps", "1"}, dir.path + "/refused");
   EXPECT_EQ(refused.exitCode(), 2);
   EXPECT_THAT(refused.stderrText(), HasSubstr("--overlap-forward cannot be combined with --groups"));
+  auto small = run({"train", "--workers", "2", "--send-window", "100", "--max-steps", "1"}, dir.path + "/small");
+  EXPECT_EQ(small.exitCode(), 2);
+  EXPECT_THAT(small.stderrText(), HasSubstr("--send-window must be 0 (FIFO links) or at least 4096 bytes"));
+  auto grouped =
+      run({"train", "--workers", "2", "--groups", "2", "--send-window", "4096", "--max-steps", "1"}, dir.path + "/g");
+  EXPECT_EQ(grouped.exitCode(), 2);
+  EXPECT_THAT(grouped.stderrText(), HasSubstr("--send-window cannot be combined with --groups"));
 }
 
 TEST(TrainCli, CheckpointResumeEqualsUninterruptedRun) {

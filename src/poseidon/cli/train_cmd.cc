@@ -94,6 +94,11 @@ int trainCommand(const std::vector<std::string>& args) {
                 "the overlapped step: each layer's update is applied just before the next forward reaches it, as its "
                 "mean gradient lands, instead of after the whole barrier (bit-identical; not with --groups, "
                 "--drop-stragglers, --plain or --stop-on-divergence)");
+  flags.addInt("send-window", &o.sendWindowBytes,
+               "priority-scheduled links, for --overlap-forward: each connection holds BYTES in the kernel and "
+               "larger messages go as fragments of it, so a lower layer's result passes the upper ones queued "
+               "before it (0: FIFO links; BSP only; docs/scheduling.md)",
+               "BYTES", IntRange::closed(0, 1 << 30));
   flags.addBool("plain", &o.plain, "run the plain LibTorch loop without Poseidon (overhead baseline; 1 worker)");
   flags.addString("summary", &o.summaryPath, "write a JSON summary of the run to FILE", "FILE");
   flags.addString("trace", &o.tracePath, "write a Chrome trace (chrome://tracing, Perfetto) of every rank to FILE", "FILE");

@@ -1,9 +1,8 @@
 #include "poseidon/torch/trainer.h"
 
-#include <torch/torch.h>
-
 #include <fcntl.h>
 #include <signal.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,6 +27,7 @@
 #include "poseidon/torch/distributed.h"
 #include "poseidon/torch/fc_server.h"
 #include "poseidon/torch/models.h"
+#include "poseidon/transport/van.h"
 
 namespace poseidon::pt {
 
@@ -131,6 +131,18 @@ void validateOptions(const TrainOptions& o, int world) {
                                                : nullptr;
     if (other) throw InvalidArgument(strCat("--overlap-forward cannot be combined with ", other));
   }
+  if (o.sendWindowBytes > 0 && o.sendWindowBytes < Van::kMinSendWindow) {
+    throw InvalidArgument(strCat("--send-window must be 0 (FIFO links) or at least ", Van::kMinSendWindow,
+                                 " bytes (smaller ones cut messages into too many fragments), got ",
+                                 o.sendWindowBytes));
+  }
+  if (o.sendWindowBytes > 0) {
+    // The priority links order a BSP iteration's syncs; group rounds pull and push whole models.
+    const char* other = o.groups > 0 ? "--groups (compute groups pull and push whole rounds, not layer by layer)"
+                        : o.plain    ? "--plain (nothing is synchronized)"
+                                     : nullptr;
+    if (other) throw InvalidArgument(strCat("--send-window cannot be combined with ", other));
+  }
 }
 
 // Output paths are checked before the first step, by the rank that will write
@@ -186,6 +198,7 @@ DistributedOptions distributedOptions(const TrainOptions& o, const RankEnv& env,
   d.node.threads = o.syncThreads;
   d.node.receiveBufferBytes = o.tcpRcvbuf;
   d.node.ioThreads = o.ioThreads;
+  d.node.sendWindowBytes = o.sendWindowBytes;
   d.node.settings.batch = o.batch;
   d.node.settings.pairBytes = o.pairBytes;
   d.node.settings.policy = o.scheme;
@@ -1046,6 +1059,7 @@ nlohmann::json RankRun::summaryJson() const {
           {"wire", wirePrecisionName(o_.wire)},
           {"overlap", o_.overlap},
           {"overlap_forward", o_.overlapForward},
+          {"send_window", o_.sendWindowBytes},
           {"updates_in_forward", dist_ ? dist_->updatesInForward() : 0},
           {"plain", o_.plain},
           {"bytes_sent_by_scheme", {{"ps", psBytes_}, {"sfb", sfbBytes_}}},

@@ -36,6 +36,10 @@ struct TrainOptions {
   // forward applies each layer's update just before that layer runs (the models declare their layer
   // order: LayerGate). Bit-identical to the barrier path. BSP only.
   bool overlapForward = false;
+  // > 0: priority-scheduled links with this kernel send window per connection (--send-window,
+  // NodeOptions::sendWindowBytes): a lower layer's result passes the upper ones queued before it,
+  // which is what the overlapped step's next forward needs first. 0: FIFO links. BSP only.
+  int sendWindowBytes = 0;
   bool plain = false;    // no Poseidon at all: the plain LibTorch loop (overhead baseline, 1 worker)
   std::string dataDir;   // default: the Debian package's directory
   std::string summaryPath, tracePath, checkpointDir;

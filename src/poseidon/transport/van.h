@@ -79,6 +79,8 @@ struct Message {
 
 class Van {
  public:
+  // The smallest send window (VanOptions::sendWindowBytes): smaller ones cut messages into too many fragments.
+  static constexpr int kMinSendWindow = 4096;
   Van(zmq::context_t& ctx, const VanOptions& options);
   ~Van();
   Van(const Van&) = delete;
@@ -166,7 +168,6 @@ class Van {
     zmq::message_t payload;
     uint64_t received = 0;
   };
-  static constexpr int kMinSendWindow = 4096;
   static constexpr size_t kFragmentBytes = 16;  // message id, offset (u64 each, host order = little-endian)
   static constexpr size_t kMaxPartials = 4096;   // open fragmented messages, over every sender
   struct Later {  // the min-heap order: lower priority first, then FIFO

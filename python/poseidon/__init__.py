@@ -202,6 +202,33 @@ class DistributedModel(torch.nn.Module):
                                       % (k, self._group_sgd[k], now[k]))
         self._impl.set_group_lr(float(now["lr"]))
 
+    def _resume_groups(self, params):
+        """The shards start from the module's parameters; their momentum and version clock come from the
+        optimizer, where load_checkpoint() put a checkpoint's (none: zeros, as a fresh SGD's)."""
+        opt = self._group_optimizer
+        buffers = [opt.state.get(p, {}).get("momentum_buffer") for p in params]
+        if any(b is not None for b in buffers):
+            missing = sum(b is None for b in buffers)
+            if missing:
+                raise InvalidArgument("compute groups: the optimizer has momentum buffers for %d of the %d "
+                                      "trainable parameters; the shards need all or none"
+                                      % (len(buffers) - missing, len(buffers)))
+            self._options["group_momentum"] = [b.detach().to(torch.float32).contiguous().clone().view(p.shape)
+                                               for b, p in zip(buffers, params)]
+        self._options["group_version"] = int(getattr(opt, "_poseidon_group_version", 0))
+
+    def group_state(self):
+        """Compute groups, for a checkpoint (save_checkpoint calls it): every rank calls it at the same point,
+        after step() and before the next forward. Returns (first worker?, momentum buffers in the order of
+        the module's trainable parameters, version clock); the first worker's module then holds the
+        shards' parameters, and no rank pushes before they were read."""
+        if self._impl is None:  # not started: the module and the optimizer hold the whole state
+            return self.rank == 0, None, int(getattr(self._group_optimizer, "_poseidon_group_version", 0))
+        if self._impl.closed:
+            raise InvalidArgument("a compute-group checkpoint after finish(): the shards that held the momentum "
+                                  "are gone; save it before finish()")
+        return self._impl.group_state()
+
     def pull_latest(self):
         """Compute groups: every rank calls it at the same point (a barrier); then the module holds the model
         as it stands with every group's updates so far, e.g. to evaluate it. finish() does it last.
@@ -222,6 +249,8 @@ class DistributedModel(torch.nn.Module):
     def _join(self, batch):
         self._options["batch"] = batch
         layers, buffers, frozen = _describe(self.module, self._name)
+        if self.groups:
+            self._resume_groups([p for (_, _, _, params) in layers for p in params])
         self._impl = _poseidon.Model(self._name, layers, buffers, frozen, self._options)
         self._batch = batch
         if self._overlap_forward:

@@ -9,6 +9,9 @@
   half-written step-....tmp is removed and older checkpoints stay.
 
 Rank 0 writes (every replica holds the same state); every rank reads, so DIR must be visible to all.
+With compute groups the shards hold the model and its momentum: every rank calls save_checkpoint at the
+same round and the first worker writes what it fetched from them; load_checkpoint goes before the job
+starts (into the module before wrapping it), and the shards then start from what it loaded.
 """
 
 import io
@@ -69,12 +72,24 @@ def save_checkpoint(directory, model, optimizer, iteration, keep=2, **extra):
 
     `model` may be the DistributedModel or the module it wraps. Returns the checkpoint's path. With
     overlap_forward, a pending step is applied first (give the DistributedModel, not the module).
+    With compute groups every rank calls it at the same round (after step(), before the next forward):
+    the shards hold the model and its momentum, which the first worker fetches into model.pt and
+    optimizer.pt (meta.json: groups, group_version); the other ranks return None.
     """
-    _refuse_groups(model, "save_checkpoint")
-    _apply_pending(model)
-    rank = getattr(model, "rank", 0)
-    if rank != 0:
-        return None
+    group = _group_model(model)
+    state = None
+    if group is not None:
+        lead, buffers, version = group.group_state()
+        if not lead:
+            return None
+        state = _with_momentum(optimizer, group, buffers)
+        extra = dict(extra, groups=group.groups, group_version=int(version))
+    else:
+        _apply_pending(model)
+        if getattr(model, "rank", 0) != 0:
+            return None
+    if state is None:
+        state = optimizer.state_dict()
     final = os.path.join(directory, "%s%09d" % (_PREFIX, iteration))
     tmp = final + ".tmp"
     try:
@@ -82,9 +97,9 @@ def save_checkpoint(directory, model, optimizer, iteration, keep=2, **extra):
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
         entries = {}
-        for name, state in (("model.pt", _module(model).state_dict()), ("optimizer.pt", optimizer.state_dict())):
+        for name, blob in (("model.pt", _module(model).state_dict()), ("optimizer.pt", state)):
             buf = io.BytesIO()
-            torch.save(state, buf)
+            torch.save(blob, buf)
             data = buf.getvalue()
             _write(os.path.join(tmp, name), data)
             entries[name] = {"bytes": len(data), "crc32": "%08x" % (zlib.crc32(data) & 0xFFFFFFFF)}
@@ -104,21 +119,30 @@ def save_checkpoint(directory, model, optimizer, iteration, keep=2, **extra):
     return final
 
 
-def _refuse_groups(model, what):
-    # With compute groups the shards hold the model's momentum and version clock, which model.pt and
-    # optimizer.pt do not: such a checkpoint would resume a different job. The C++ trainer has them
-    # (poseidon train --groups --checkpoint); the Python package does not yet.
+def _group_model(model):
+    """The live DistributedModel with compute groups that `model` is or wraps; None for BSP jobs. (The
+    wrapper's own count: torchvision's ResNet and nn.Conv2d have a `groups` attribute of their own.)"""
     from . import DistributedModel, _live
-    from ._poseidon import InvalidArgument
-    # The wrapper, or the module a live group wrapper holds (torchvision's ResNet and nn.Conv2d have a
-    # `groups` attribute of their own: only a DistributedModel's counts).
     if isinstance(model, DistributedModel):
-        grouped = model.groups
-    else:
-        grouped = any(m.groups and m.module is model for m in list(_live))
-    if grouped:
-        raise InvalidArgument("%s: a job with compute groups keeps its momentum on the shards, which this "
-                              "checkpoint would not hold; use poseidon train --groups --checkpoint" % what)
+        return model if model.groups else None
+    return next((m for m in list(_live) if m.groups and m.module is model), None)
+
+
+def _with_momentum(optimizer, group, buffers):
+    """The optimizer's state_dict with the shards' momentum buffers as torch's SGD keeps them, so that the
+    checkpoint resumes a BSP job (torch's SGD) or a group job (the shards) alike. `buffers` is None for
+    a job that has not started (the optimizer holds the state) and one per trainable parameter, in the
+    order of _describe's layers, otherwise."""
+    state = optimizer.state_dict()
+    if buffers is None or not optimizer.param_groups[0].get("momentum", 0):
+        return state  # momentum 0: torch's SGD keeps no buffer either
+    from . import _describe
+    params = [p for (_, _, _, ps) in _describe(group.module, "")[0] for p in ps]
+    index = {id(p): i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
+    if len(buffers) != len(params):
+        raise RuntimeError("the shards returned %d momentum buffers for %d parameters" % (len(buffers), len(params)))
+    state["state"] = {index[id(p)]: {"momentum_buffer": b.view(p.shape).clone()} for p, b in zip(params, buffers)}
+    return state
 
 
 def _module(model):
@@ -162,7 +186,12 @@ def load_checkpoint(directory, model, optimizer):
     refused by name (a warning on stderr) and the next older is tried; when none is intact, raises
     CheckpointDamaged naming them.
     """
-    _refuse_groups(model, "load_checkpoint")
+    group = _group_model(model)
+    if group is not None and group._impl is not None:
+        from ._poseidon import InvalidArgument
+        raise InvalidArgument("load_checkpoint: this compute-group job has started, and its shards hold the model; "
+                              "load the checkpoint into the module before wrapping it (or before the first "
+                              "forward of a DistributedModel made without batch=)")
     refused = []
     for _, path in reversed(_complete(directory)):
         try:
@@ -174,6 +203,9 @@ def load_checkpoint(directory, model, optimizer):
         _apply_pending(model)  # a pending update must not land on the loaded parameters
         _module(model).load_state_dict(torch.load(io.BytesIO(blobs["model.pt"])))
         optimizer.load_state_dict(torch.load(io.BytesIO(blobs["optimizer.pt"])))
+        # A compute-group job started after this takes the momentum buffers and this version clock into
+        # its shards (DistributedModel._resume_groups).
+        optimizer._poseidon_group_version = int(meta.get("group_version", 0))
         return meta
     if refused:
         raise CheckpointDamaged("no intact checkpoint in %s: %s" % (directory, "; ".join(refused)))

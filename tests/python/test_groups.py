@@ -2,6 +2,7 @@
 One group gives BSP's parameters bit for bit (the shards run the optimizer's SGD, the scheduler's rate
 included); asynchronous groups end with every rank holding the same latest model and a staleness count
 for every update the shards applied; each misuse is one clear error."""
+import json
 import os
 import unittest
 
@@ -53,6 +54,58 @@ class ComputeGroups(TempDirTest):
             total = sum(n for r in ranks for n in r["staleness"]["histogram"].values())
             self.assertEqual(total, STEPS * groups * LAYERS, "%d groups" % groups)
 
+    def checkpoint(self, directory, step):
+        path = os.path.join(directory, "step-%09d" % step)
+        with open(os.path.join(path, "meta.json")) as f:
+            meta = json.load(f)
+        return meta, torch.load(os.path.join(path, "model.pt")), torch.load(os.path.join(path, "optimizer.pt"))
+
+    def test_checkpoints_hold_the_shards_state_and_resume_exactly(self):
+        # One group, momentum 0.9: 6 steps, a checkpoint, a new job that loads it and runs 6 more gives the
+        # uninterrupted run's parameters bit for bit, which needs the shards' momentum back exactly.
+        half = STEPS // 2
+        straight = launch(4, JOB, self.path("straight"), "--groups", 1, "--steps", STEPS,
+                          "--checkpoint", self.path("ck-straight"), "--save-at", STEPS)
+        self.assertEqual(straight.code, 0, str(straight))
+        ck = self.path("ck")
+        first = launch(4, JOB, self.path("first"), "--groups", 1, "--steps", half, "--checkpoint", ck,
+                       "--save-at", half)
+        self.assertEqual(first.code, 0, str(first))
+        self.assertClean(first)
+        meta, model, opt = self.checkpoint(ck, half)
+        self.assertEqual((meta["groups"], meta["group_version"], meta["iteration"]), (1, half, half))
+        buffers = [s["momentum_buffer"] for s in opt["state"].values()]
+        self.assertEqual(len(buffers), 8)
+        self.assertTrue(all(bool(b.abs().sum() > 0) for b in buffers))  # the shards' momentum, not zeros
+        first0 = self.params("first", 0)["params"]
+        self.assertTrue(all(torch.equal(p, q) for p, q in zip(model.values(), first0)))  # the model at step 6
+        resumed = launch(4, JOB, self.path("resumed"), "--groups", 1, "--steps", STEPS, "--checkpoint", ck,
+                         "--resume", "--save-at", STEPS)
+        self.assertEqual(resumed.code, 0, str(resumed))
+        self.assertClean(resumed)
+        for r in range(4):
+            for p, q in zip(self.params("straight", r)["params"], self.params("resumed", r)["params"]):
+                self.assertTrue(torch.equal(p, q), "rank %d" % r)
+        # The version clock went on from the checkpoint's: 6 + 6 updates on every pair.
+        self.assertEqual(self.checkpoint(ck, STEPS)[0]["group_version"], STEPS)
+        self.assertEqual(self.checkpoint(self.path("ck-straight"), STEPS)[0]["group_version"], STEPS)
+
+        # Two groups: no group goes on while the first worker reads the shards' state, so a checkpoint
+        # taken mid-run holds exactly 3 rounds of each group (version 6), and a job resumed from it
+        # without further steps ends on exactly the checkpoint's model.
+        ck2 = self.path("ck2")
+        two = launch(4, JOB, self.path("two"), "--groups", 2, "--steps", 6, "--momentum", 0.3, "--checkpoint", ck2,
+                     "--save-at", 3)
+        self.assertEqual(two.code, 0, str(two))
+        meta, model, opt = self.checkpoint(ck2, 3)
+        self.assertEqual((meta["groups"], meta["group_version"]), (2, 6))
+        again = launch(4, JOB, self.path("again"), "--groups", 2, "--steps", 3, "--momentum", 0.3,
+                       "--checkpoint", ck2, "--resume")
+        self.assertEqual(again.code, 0, str(again))
+        for r in range(4):
+            for p, q in zip(model.values(), self.params("again", r)["params"]):
+                self.assertTrue(torch.equal(p, q), "rank %d" % r)
+
     def test_misuse_is_refused_with_its_reason(self):
         run = alone(JOB, "--misuse")
         self.assertEqual(run.code, 0, str(run))
@@ -65,8 +118,12 @@ class ComputeGroups(TempDirTest):
             "overlap_forward": "overlap_forward is for BSP jobs",
             "optimizer without groups": "optimizer= and staleness= are for compute groups: give groups=G",
             "another optimizer at step": "step() takes the optimizer given as optimizer=",
-            "save_checkpoint": "save_checkpoint: a job with compute groups keeps its momentum on the shards",
-            "save_checkpoint of the module": "save_checkpoint: a job with compute groups keeps its momentum",
+            "load_checkpoint into a started job": "load_checkpoint: this compute-group job has started",
+            "load_checkpoint into the module of a started job": "load the checkpoint into the module before wrapping",
+            "save_checkpoint between a forward and its step": "a compute-group checkpoint between a forward and its "
+                                                              "step: save it after step()",
+            "save_checkpoint after finish": "a compute-group checkpoint after finish(): the shards that held the "
+                                            "momentum are gone",
             "no_sync": "no_sync() is not available with compute groups",
             "a changed momentum": "the optimizer's momentum changed from 0.9 to 0.5",
         }

@@ -19,6 +19,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 
 #include "poseidon/common/error.h"
 #include "poseidon/torch/distributed.h"
@@ -60,6 +61,10 @@ py::dict optionsToDict(const pt::DistributedOptions& o) {
   d["momentum"] = o.node.settings.momentum;
   d["weight_decay"] = o.node.settings.weightDecay;
   d["learning_rate"] = o.learningRate;
+  // Resuming a compute-group checkpoint: the shards' momentum buffers (one float32 tensor per trainable
+  // parameter, in the layers' order; empty: zeros) and version clock.
+  d["group_momentum"] = py::list();
+  d["group_version"] = o.groupVersion;
   return d;
 }
 
@@ -95,6 +100,9 @@ pt::DistributedOptions optionsFromDict(const py::dict& d) {
   o.node.settings.momentum = get("momentum").cast<float>();
   o.node.settings.weightDecay = get("weight_decay").cast<float>();
   o.learningRate = get("learning_rate").cast<float>();
+  o.groupMomentum = get("group_momentum").cast<std::vector<torch::Tensor>>();
+  o.groupVersion = get("group_version").cast<int64_t>();
+  if (o.groupVersion < 0) throw InvalidArgument(strCat("group_version must be >= 0, got ", o.groupVersion));
   if (o.node.settings.batch < 1) throw InvalidArgument(strCat("batch must be at least 1, got ", o.node.settings.batch));
   if (o.node.timeout.count() < 1) throw InvalidArgument("timeout must be positive");
   if (o.node.ioThreads < 1 || o.node.ioThreads > 64) {
@@ -210,6 +218,18 @@ PYBIND11_MODULE(_poseidon, m) {
       .def("set_group_lr", [](Model& s, float lr) { s.model().setGroupLearningRate(lr); })
       .def(
           "pull_latest", [](Model& s) { s.model().pullLatest(); }, py::call_guard<py::gil_scoped_release>())
+      // A compute-group checkpoint; every rank calls it at the same round. (is_first_worker, momentum
+      // buffers, version): the first worker's module then holds the shards' parameters. The barrier after
+      // the fetch keeps every rank from pushing into the state being read.
+      .def(
+          "group_state",
+          [](Model& s) {
+            auto [buffers, version] = s.model().groupState();
+            s.model().node().barrier();
+            const bool first = s.model().rank() == s.model().node().book().workerRanks().front();
+            return std::make_tuple(first, std::move(buffers), version);
+          },
+          py::call_guard<py::gil_scoped_release>())
       .def("staleness_histogram", [](Model& s) { return s.model().node().stalenessHistogram(); })
       .def("max_group_lead", [](Model& s) { return s.model().node().maxGroupLead(); })
       .def("set_sync_enabled", [](Model& s, bool on) { s.model().setSyncEnabled(on); })

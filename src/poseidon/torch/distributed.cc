@@ -292,6 +292,13 @@ void DistributedModel::beginForward() {
 
 std::pair<std::vector<torch::Tensor>, int64_t> DistributedModel::groupState() {
   if (!groupMode()) throw InvalidArgument("groupState: this job has no compute groups");
+  // Mid-round the first worker's parameters are its forward's inputs: the fetch would overwrite what
+  // the backward still reads. Every rank is at the same point, so every rank refuses alike.
+  if (inIteration_) {
+    throw InvalidArgument(
+        "a compute-group checkpoint between a forward and its step: save it after step(), "
+        "before the next forward");
+  }
   node_->settleBarrier();
   if (node_->rank() != node_->book().workerRanks().front()) return {};
   std::vector<torch::Tensor> buffers;

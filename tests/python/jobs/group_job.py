@@ -4,8 +4,12 @@ every 3 steps by a scheduler) on a global batch of 64 rows per step, split evenl
 --groups G (0: BSP, every layer by PS so that one group must give its parameters bit for bit); --momentum
 sets the explicit momentum (asynchronous groups add an implicit one: 4 groups at 0.9 diverge). Every rank
 writes its final parameters and its shard's staleness counts to OUT.rankR (torch.save).
+--checkpoint DIR --save-at N: every rank calls save_checkpoint after step N; --resume first loads DIR's
+newest checkpoint into the module and the optimizer, before wrapping it, and goes on from its step. Runs
+with --checkpoint set the same schedule's rate by hand each step (a StepLR does not resume by itself).
 --misuse runs alone and prints each refusal of the package's group checks, one per line."""
 import argparse
+import tempfile
 
 import torch
 import torch.nn.functional as F
@@ -45,8 +49,13 @@ def refusals():
     F.cross_entropy(model(x), y).backward()
     refused("another optimizer at step", lambda: model.step(torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)))
     model.step(sgd)
-    refused("save_checkpoint", lambda: poseidon.save_checkpoint("/nonexistent-poseidon-ck", model, sgd, 1))
-    refused("save_checkpoint of the module", lambda: poseidon.save_checkpoint("/nonexistent-poseidon-ck", net, sgd, 1))
+    ck = tempfile.mkdtemp(prefix="poseidon-group-ck-")
+    refused("load_checkpoint into a started job", lambda: poseidon.load_checkpoint(ck, model, sgd))
+    refused("load_checkpoint into the module of a started job", lambda: poseidon.load_checkpoint(ck, net, sgd))
+    loss = F.cross_entropy(model(x), y)
+    refused("save_checkpoint between a forward and its step", lambda: poseidon.save_checkpoint(ck, model, sgd, 1))
+    loss.backward()
+    model.step(sgd)
     refused("no_sync", lambda: model.no_sync().__enter__())
     # A warm-up may start at lr 0: the round is applied (the momentum buffer is not zero) and moves nothing.
     model.pull_latest()
@@ -63,6 +72,7 @@ def refusals():
     model(x)  # a loop that ends after a forward: finish() must not wait for a round that was not pushed
     model.finish()
     print("finished after a forward without its step")
+    refused("save_checkpoint after finish", lambda: poseidon.save_checkpoint(ck, model, sgd, 2))
 
 
 def main():
@@ -72,6 +82,9 @@ def main():
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--misuse", action="store_true")
+    p.add_argument("--checkpoint")
+    p.add_argument("--save-at", type=int, default=0)
+    p.add_argument("--resume", action="store_true")
     a = p.parse_args()
     if a.misuse:
         refusals()
@@ -79,13 +92,19 @@ def main():
     torch.manual_seed(1)
     net = LeNet()
     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=a.momentum)
+    first = 0
+    if a.resume:
+        first = poseidon.load_checkpoint(a.checkpoint, net, opt)["iteration"]
     if a.groups:
         model = poseidon.DistributedModel(net, batch=GLOBAL // 4, groups=a.groups, optimizer=opt)
     else:
         model = poseidon.DistributedModel(net, batch=GLOBAL // 4, scheme="ps")
-    schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+    schedule = None if a.checkpoint else torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
     start = [t.detach().clone() for t in net.parameters()]
-    for step in range(a.steps):
+    for step in range(first, a.steps):
+        if schedule is None:
+            for group in opt.param_groups:
+                group["lr"] = 0.05 * 0.5 ** (step // 3)
         g = torch.Generator().manual_seed(1000 + step)
         x = torch.randn((GLOBAL, 1, 28, 28), generator=g)
         y = torch.randint(0, 10, (GLOBAL,), generator=g)
@@ -94,7 +113,10 @@ def main():
         opt.zero_grad()
         F.cross_entropy(model(x[mine]), y[mine]).backward()
         model.step(opt)  # BSP: synchronize() and opt.step(); groups: the shards apply the round
-        schedule.step()
+        if schedule is not None:
+            schedule.step()
+        if a.save_at == step + 1:
+            poseidon.save_checkpoint(a.checkpoint, model, opt, step + 1)
     stats = None
     if a.groups:
         model.pull_latest()  # a barrier: every shard has applied every round, and counted it

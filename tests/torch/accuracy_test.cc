@@ -129,8 +129,10 @@ TEST(TimeToAccuracy, SampleLossScoresEachCopyOnFixedTrainingImages) {
 TEST(TimeToAccuracy, StopOnDivergenceEndsTheJobWhereTheModelStopsBeingFinite) {
   TempDir dir;
   // 2 workers x batch 32 over 256 images: 4 steps an epoch; lr 1 with momentum 0.9 diverges in a few.
-  const std::vector<std::string> job{"train", "--workers",     "2",   "--batch",  "32", "--lr",      "1", "--momentum",
-                                     "0.9",   "--train-limit", "256", "--epochs", "10", "--threads", "1", "--quiet"};
+  // Every layer by PS, so that one compute group trains the same model bit for bit (below).
+  const std::vector<std::string> job{"train", "--workers",  "2",   "--batch",   "32", "--lr",
+                                     "1",     "--momentum", "0.9", "--scheme",  "ps", "--train-limit",
+                                     "256",   "--epochs",   "10",  "--threads", "1",  "--quiet"};
   auto args = [&](std::vector<std::string> more) {
     std::vector<std::string> a = job;
     a.insert(a.end(), more.begin(), more.end());
@@ -177,6 +179,18 @@ TEST(TimeToAccuracy, StopOnDivergenceEndsTheJobWhereTheModelStopsBeingFinite) {
   EXPECT_TRUE(finiteAfter(d - 1));
   EXPECT_FALSE(finiteAfter(d));
 
+  // One compute group trains BSP's model, but the shards apply each update: the first look at step d's
+  // is round d + 1's pull. That round runs (its push keeps the shards' rounds whole) and is not
+  // counted: the job reports the same step, steps and clock as BSP.
+  auto one = testing::runCli(
+      args({"--groups", "1", "--max-steps", "40", "--stop-on-divergence", "--summary", dir.path + "/one.json"}),
+      dir.path + "/one");
+  ASSERT_EQ(one.exitCode(), 0) << one.stdoutText() << one.stderrText();
+  auto os = readJson(dir.path + "/one.json");
+  EXPECT_EQ(os["diverged_at_step"], d) << os.dump();
+  EXPECT_EQ(os["steps"], d);
+  EXPECT_THAT(one.stdoutText(), HasSubstr("stopped: the model diverged at step " + std::to_string(d)));
+
   // Compute groups: each group stops on its own pulled model; the job still ends cleanly at the
   // epoch's end, across the groups' checkpoints (collectives the skipped steps keep), with no
   // checkpoint after the reported step.
@@ -214,12 +228,12 @@ TEST(TimeToAccuracy, StopOnDivergenceEndsTheJobWhereTheModelStopsBeingFinite) {
   const int gd = gs["diverged_at_step"];
   EXPECT_EQ(gs["steps"], gd);
   EXPECT_EQ(gs["epochs_run"].size(), static_cast<size_t>((gd + 7) / 8));
-  // Rank 0's group found it at step gd (the model it pulled for that step): the shards' model was
-  // not finite by then, so no later checkpoint was saved.
+  // Rank 0's group found it after step gd (in the model it pulled for the next round): the shards'
+  // model was not finite by then, so no later checkpoint was saved.
   EXPECT_THAT(g.stdoutText(), HasSubstr(strCat("step ", gd, ": the model is not finite")));
   for (const auto& e : fs::directory_iterator(dir.path + "/gck")) {
     const std::string name = e.path().filename().string();
-    EXPECT_LT(std::stoi(name.substr(5)), gd) << name;
+    EXPECT_LE(std::stoi(name.substr(5)), gd) << name;
   }
 
   auto bad = testing::runCli({"train", "--workers", "2", "--groups", "2", "--staleness", "1", "--stop-on-divergence"},

@@ -282,7 +282,9 @@ class RankRun {
   // Returns true when --max-steps was reached inside the epoch.
   bool trainEpoch(int epoch, EpochStats& stats);
   // One SGD step on batch [b, e) of idx; adds its loss and images to stats.
-  void trainStep(const std::vector<int64_t>& idx, size_t b, size_t e, EpochStats& stats);
+  // One step; false for a dead round (compute groups, --stop-on-divergence: the round's pull showed a
+  // model that is no longer finite), which is run but not counted.
+  bool trainStep(const std::vector<int64_t>& idx, size_t b, size_t e, EpochStats& stats);
   // The step's forward, pad (padBeforeBackward) and backward, timed (ms, the pad left out); returns the loss.
   torch::Tensor localStep(const torch::Tensor& x, const torch::Tensor& y, double& forwardMs, double& backwardMs);
   // --pad-ms: sleeps what is left of the modeled compute after `forwardMs` and the last backward;
@@ -654,15 +656,22 @@ bool RankRun::trainEpoch(int epoch, EpochStats& stats) {
     injectFault();
     size_t b = static_cast<size_t>(s * o_.batch), e = std::min(idx.size(), b + static_cast<size_t>(o_.batch));
     auto stepBegin = Clock::now();
-    trainStep(idx, b, e, stats);
+    if (!trainStep(idx, b, e, stats)) {
+      // Compute groups: this round's pull was the first model to show the last step's update, and it
+      // is not finite. The divergence is that step's, as BSP finds it; this round ran only to keep
+      // the shards' rounds whole, and is skipped like the rest of the epoch (not on the clock).
+      noteDivergence();
+      ++iteration_;
+      if (o_.checkpointEvery > 0 && iteration_ % o_.checkpointEvery == 0) checkpoint(iteration_);
+      if (o_.maxSteps > 0 && iteration_ >= o_.maxSteps) return true;
+      continue;
+    }
     trainClock_ += secondsSince(stepBegin);
     ++steps_;
     ++iteration_;
-    // The parameters this rank trains (merged FC: not the FC server's, which its thread writes).
-    // BSP: the model after this step's update, the same on every rank. Compute groups: the shards
-    // apply the update, so this is the model the step was computed on (the round's pull, the same
-    // for every member: the group skips together), one step later than BSP would find it.
-    if (o_.stopOnDivergence && !finite(optimizer_->param_groups().at(0).params())) noteDivergence();
+    // BSP: the parameters this rank trains after this step's update, the same on every rank. (Compute
+    // groups check the round's pull in trainStep: the shards apply the update.)
+    if (o_.stopOnDivergence && o_.groups == 0 && !finite(optimizer_->param_groups().at(0).params())) noteDivergence();
     if (o_.curveEvery > 0 && iteration_ % o_.curveEvery == 0) recordCurvePoint();
     if (o_.checkpointEvery > 0 && iteration_ % o_.checkpointEvery == 0) checkpoint(iteration_);
     if (lead_) writeProgress(o_.progressPath, iteration_, checkpointIteration_);
@@ -700,14 +709,14 @@ void RankRun::injectFault() const {
   raise(o_.faultSignal);
 }
 
-void RankRun::trainStep(const std::vector<int64_t>& idx, size_t b, size_t e, EpochStats& stats) {
+bool RankRun::trainStep(const std::vector<int64_t>& idx, size_t b, size_t e, EpochStats& stats) {
   // --overlap-forward: a pending step still uses its gradients; each layer's are cleared once its
   // update is applied (DistributedModel::forwardGated), which zero_grad() would do.
   if (!(dist_ && dist_->stepPending())) optimizer_->zero_grad();
   if (dist_ && dist_->skipIfBehind(*optimizer_)) {
     // A straggler: the others finished this iteration without us.
     stats.images += static_cast<int64_t>(e - b) * world_;
-    return;
+    return true;
   }
   torch::Tensor x = batchImages(train_, idx, b, e), y = batchLabels(train_, idx, b, e);
   double forwardMs = 0, backwardMs = 0;
@@ -725,6 +734,11 @@ void RankRun::trainStep(const std::vector<int64_t>& idx, size_t b, size_t e, Epo
     dist_->step(*optimizer_);
   else
     optimizer_->step();
+  // Compute groups: the shards apply the updates, so the parameters this rank trains (merged FC: not
+  // the FC server's, which its thread writes) are still this round's pull, the same for every member
+  // of the group (it stops together): the model after the last step's update, the first look at it.
+  // Not finite: a dead round. Its push went out anyway: every member pushes every round it pulled.
+  if (o_.stopOnDivergence && o_.groups > 0 && !finite(optimizer_->param_groups().at(0).params())) return false;
   double l = loss.item<double>();
   stats.lossSum += l;
   ++stats.lossCount;
@@ -733,6 +747,7 @@ void RankRun::trainStep(const std::vector<int64_t>& idx, size_t b, size_t e, Epo
     ++curveLossCount_;
   }
   stats.images += static_cast<int64_t>(e - b) * world_;
+  return true;
 }
 
 double RankRun::padBeforeBackward(double forwardMs) {

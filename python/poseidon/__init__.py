@@ -208,13 +208,12 @@ class DistributedModel(torch.nn.Module):
         opt = self._group_optimizer
         buffers = [opt.state.get(p, {}).get("momentum_buffer") for p in params]
         if any(b is not None for b in buffers):
-            missing = sum(b is None for b in buffers)
-            if missing:
-                raise InvalidArgument("compute groups: the optimizer has momentum buffers for %d of the %d "
-                                      "trainable parameters; the shards need all or none"
-                                      % (len(buffers) - missing, len(buffers)))
-            self._options["group_momentum"] = [b.detach().to(torch.float32).contiguous().clone().view(p.shape)
-                                               for b, p in zip(buffers, params)]
+            # torch's SGD has no buffer for a parameter that never had a gradient; its next step starts the
+            # buffer at the gradient, as a zero buffer on the shards does.
+            self._options["group_momentum"] = [
+                (torch.zeros_like(p, dtype=torch.float32) if b is None
+                 else b.detach().to(torch.float32).contiguous().clone().view(p.shape))
+                for b, p in zip(buffers, params)]
         self._options["group_version"] = int(getattr(opt, "_poseidon_group_version", 0))
 
     def group_state(self):

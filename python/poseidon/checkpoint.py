@@ -125,7 +125,10 @@ def _group_model(model):
     from . import DistributedModel, _live
     if isinstance(model, DistributedModel):
         return model if model.groups else None
-    return next((m for m in list(_live) if m.groups and m.module is model), None)
+    # A module may have been wrapped before (a finished job, then a new one): the running wrapper first.
+    wrappers = [m for m in list(_live) if m.groups and m.module is model]
+    running = [m for m in wrappers if m._impl is not None and not m._impl.closed]
+    return (running or wrappers or [None])[0]
 
 
 def _with_momentum(optimizer, group, buffers):
@@ -187,11 +190,10 @@ def load_checkpoint(directory, model, optimizer):
     CheckpointDamaged naming them.
     """
     group = _group_model(model)
-    if group is not None and group._impl is not None:
+    if group is not None and group._impl is not None and not group._impl.closed:
         from ._poseidon import InvalidArgument
         raise InvalidArgument("load_checkpoint: this compute-group job has started, and its shards hold the model; "
-                              "load the checkpoint into the module before wrapping it (or before the first "
-                              "forward of a DistributedModel made without batch=)")
+                              "load the checkpoint into the module and the optimizer before wrapping it")
     refused = []
     for _, path in reversed(_complete(directory)):
         try:

@@ -119,7 +119,8 @@ class ComputeGroups(TempDirTest):
             "optimizer without groups": "optimizer= and staleness= are for compute groups: give groups=G",
             "another optimizer at step": "step() takes the optimizer given as optimizer=",
             "load_checkpoint into a started job": "load_checkpoint: this compute-group job has started",
-            "load_checkpoint into the module of a started job": "load the checkpoint into the module before wrapping",
+            "load_checkpoint into the module of a started job": "load the checkpoint into the module and the "
+                                                                "optimizer before wrapping it",
             "save_checkpoint between a forward and its step": "a compute-group checkpoint between a forward and its "
                                                               "step: save it after step()",
             "save_checkpoint after finish": "a compute-group checkpoint after finish(): the shards that held the "
@@ -134,6 +135,7 @@ class ComputeGroups(TempDirTest):
             self.assertIn(message, line)
         self.assertIn("a round at lr 0 moved the model: False", run.out)
         self.assertIn("finished after a forward without its step", run.out)
+        self.assertIn("load_checkpoint into the module after finish: None", run.out)
 
 
 if __name__ == "__main__":

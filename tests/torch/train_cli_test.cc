@@ -231,9 +231,13 @@ TEST(TrainCli, OverlappedStepEqualsTheBarrierPathBitForBit) {
       run({"train", "--workers", "2", "--groups", "2", "--overlap-forward", "--max-steps", "1"}, dir.path + "/refused");
   EXPECT_EQ(refused.exitCode(), 2);
   EXPECT_THAT(refused.stderrText(), HasSubstr("--overlap-forward cannot be combined with --groups"));
-  auto small = run({"train", "--workers", "2", "--send-window", "100", "--max-steps", "1"}, dir.path + "/small");
+  // Checked by every rank; with --max-restarts the launcher does not restart a usage error (exit 2).
+  auto small = run({"train", "--workers", "2", "--send-window", "100", "--max-steps", "1", "--max-restarts", "2"},
+                   dir.path + "/small");
   EXPECT_EQ(small.exitCode(), 2);
   EXPECT_THAT(small.stderrText(), HasSubstr("--send-window must be 0 (FIFO links) or at least 4096 bytes"));
+  EXPECT_THAT(small.stderrText(), HasSubstr("not restarted: exit code 2 is a usage error"));
+  EXPECT_THAT(small.stderrText(), Not(HasSubstr("restart 1 of 2")));
   auto grouped =
       run({"train", "--workers", "2", "--groups", "2", "--send-window", "4096", "--max-steps", "1"}, dir.path + "/g");
   EXPECT_EQ(grouped.exitCode(), 2);

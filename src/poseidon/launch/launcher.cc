@@ -219,6 +219,12 @@ LaunchResult launchLocal(const LaunchOptions& options) {
     if (attempt > 0) run.masterPort = 0;  // a fresh port: the old one may linger in TIME_WAIT
     result = launchOnce(run);
     if (result.exitCode == 0 || result.interrupted || attempt >= options.maxRestarts) break;
+    if (result.exitCode == 2) {
+      // A usage error (bad flags, a configuration the ranks refuse): the same arguments fail again.
+      writeAll(STDERR_FILENO, strCat(options.name, ": ", result.failure,
+                                     "; not restarted: exit code 2 is a usage error, which a restart would repeat\n"));
+      break;
+    }
     long long it = -1, ckpt = -1;
     std::string lost;
     if (readProgress(progress, &it, &ckpt)) {

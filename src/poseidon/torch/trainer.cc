@@ -311,6 +311,7 @@ class RankRun {
   // --stop-on-divergence: this rank saw a non-finite model at iteration_ (rank 0: says so, and
   // records a curve point there).
   void noteDivergence();
+  std::vector<torch::Tensor> modelCopy();  // rank 0's whole model (merged FC: the FC server's layers too)
   void checkpoint(int64_t iteration);
   void reportStragglers();
   void reportGroups();
@@ -698,7 +699,13 @@ void RankRun::noteDivergence() {
                             : "the job stops at the end of the epoch, the rest of it skipped");
   std::fflush(stdout);
   // The curve ends with the diverged model (tested like the others), even between --curve-every steps.
-  if (o_.curveEvery > 0 && iteration_ % o_.curveEvery != 0) recordCurvePoint();
+  // In group mode the point of this step, if it was due, holds the model the step started from (the
+  // round's pull): the diverged model, seen only in the next round's pull, replaces it.
+  if (o_.curveEvery > 0 && iteration_ % o_.curveEvery != 0) {
+    recordCurvePoint();
+  } else if (o_.curveEvery > 0 && o_.groups > 0 && !curve_.empty() && curve_.back().iteration == iteration_) {
+    curve_.back().params = modelCopy();
+  }
 }
 
 void RankRun::injectFault() const {
@@ -901,19 +908,24 @@ void RankRun::reportGroups() {
   }
 }
 
+std::vector<torch::Tensor> RankRun::modelCopy() {
+  std::vector<torch::Tensor> params;
+  torch::NoGradGuard guard;
+  auto copy = [&] {
+    for (const auto& t : net_.module->parameters()) params.push_back(t.detach().clone());
+  };
+  if (fcServer_)
+    fcServer_->withModel(copy);  // the FC layers as of a finished update
+  else
+    copy();
+  return params;
+}
+
 void RankRun::recordCurvePoint() {
   applyPending();  // every rank alike: the copy is the model after this step
   if (lead_) {
-    CurvePoint p{iteration_, trainClock_, curveLossSum_ / std::max<int64_t>(curveLossCount_, 1), -1, -1, {}};
-    torch::NoGradGuard guard;
-    auto copy = [&] {
-      for (const auto& t : net_.module->parameters()) p.params.push_back(t.detach().clone());
-    };
-    if (fcServer_)
-      fcServer_->withModel(copy);  // the FC layers as of a finished update
-    else
-      copy();
-    curve_.push_back(std::move(p));
+    curve_.push_back(
+        {iteration_, trainClock_, curveLossSum_ / std::max<int64_t>(curveLossCount_, 1), -1, -1, modelCopy()});
     curveLossSum_ = 0;
     curveLossCount_ = 0;
   }

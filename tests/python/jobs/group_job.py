@@ -73,6 +73,8 @@ def refusals():
     model.finish()
     print("finished after a forward without its step")
     refused("save_checkpoint after finish", lambda: poseidon.save_checkpoint(ck, model, sgd, 2))
+    # The job is over: its module may be loaded again, for the next job (the directory has no checkpoint).
+    print("load_checkpoint into the module after finish: %s" % poseidon.load_checkpoint(ck, net, sgd))
 
 
 def main():

@@ -20,6 +20,7 @@ struct AccuracySystem {
   std::string name;
   int groups = 0;  // 0: BSP (no groups); -1: DDP
   bool mergedFc = false;
+  bool overlapForward = false;  // bsp-overlap: poseidon train --overlap-forward (BSP, bit-identical to bsp)
   double lr = 0.05, momentum = 0.9;
 };
 

@@ -53,6 +53,10 @@ AccuracySystem defaultAccuracySystem(const std::string& name, int nodes) {
   AccuracySystem s;
   s.name = name;
   if (name == "bsp") return s;
+  if (name == "bsp-overlap") {
+    s.overlapForward = true;
+    return s;
+  }
   if (name == "ddp") {
     s.groups = -1;
     return s;
@@ -63,7 +67,8 @@ AccuracySystem defaultAccuracySystem(const std::string& name, int nodes) {
     g.resize(g.size() - 2);
   }
   if (g.size() < 2 || g[0] != 'g') {
-    throw InvalidArgument("unknown system '" + name + "' (expected bsp, ddp, gG or gGfc, e.g. g4 or g8fc)");
+    throw InvalidArgument("unknown system '" + name +
+                          "' (expected bsp, bsp-overlap, ddp, gG or gGfc, e.g. g4 or g8fc)");
   }
   s.groups = static_cast<int>(parseIntIn("the G of system " + name, g.substr(1), IntRange::closed(1, nodes)));
   if (nodes % s.groups != 0) {
@@ -78,6 +83,7 @@ nlohmann::json AccuracyRun::toJson() const {
   nlohmann::json j = {{"system", system.name},
                       {"groups", system.groups},
                       {"merged_fc", system.mergedFc},
+                      {"overlap_forward", system.overlapForward},
                       {"lr", system.lr},
                       {"momentum", system.momentum},
                       {"mbit", mbit},
@@ -184,6 +190,7 @@ AccuracyRun AccuracyHarness::run(const AccuracySystem& sys, const RunExtras& ext
                  base + ".json"};
       if (sys.groups > 0) so.argv.insert(so.argv.end(), {"--groups", std::to_string(sys.groups)});
       if (sys.mergedFc) so.argv.push_back("--merged-fc");
+      if (sys.overlapForward) so.argv.push_back("--overlap-forward");
       if (!dataDir.empty()) so.argv.insert(so.argv.end(), {"--data", dataDir});
       so.argv.insert(so.argv.end(), extra.trainArgs.begin(), extra.trainArgs.end());
     }
@@ -361,7 +368,9 @@ int benchAccuracyCommand(const std::vector<std::string>& args) {
                 "(bench/results/momentum_grid.md); --hyper overrides. Reports time and steps to the target test\n"
                 "accuracy and training loss, the curves (--plots) and every run (--json).");
   flags.addString("systems", &systemsFlag,
-                  "comma-separated systems: bsp, ddp, gG (G divides --nodes), gGfc (gG with merged FC)", "LIST");
+                  "comma-separated systems: bsp, bsp-overlap (bsp with the overlapped step, --overlap-forward), ddp, "
+                  "gG (G divides --nodes), gGfc (gG with merged FC)",
+                  "LIST");
   flags.addString("rates", &ratesFlag, "comma-separated link rates in Mbit/s, > 0", "LIST");
   flags.addInt("nodes", &h.nodes, "nodes (workers), one process each", "N", IntRange::closed(2, 64));
   flags.addInt64("batch", &h.batch, "per-worker batch", "K", IntRange::closed(1, 60000));

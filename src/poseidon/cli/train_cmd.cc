@@ -145,6 +145,12 @@ int trainCommand(const std::vector<std::string>& args) {
                   "pad each step's compute (forward + backward, not network waits) to MS milliseconds, a modeled "
                   "device; steps whose real compute took longer are counted and reported (0: off)",
                   "MS", RealRange::atLeast(0));
+  flags.addDouble("pad-forward-share", &o.padForwardShare,
+                  "with --pad-ms and --overlap-forward: the modeled forward's share of the pad, spent layer by layer "
+                  "after each layer's update is in (as the real forward's time divides among the layers), so that "
+                  "the early layers compute while later ones' updates still come; the rest of the pad goes between "
+                  "forward and backward",
+                  "F", RealRange::closed(0, 1));
   flags.addDouble("pad-jitter-ms", &o.padJitterMs,
                   "with --pad-ms: add to each step's pad a wait drawn from an exponential distribution of mean MS "
                   "(per rank, from --seed): varying step times, as stragglers make them",

@@ -366,6 +366,9 @@ class RankRun {
   double trainClock_ = 0;
   int64_t padOverruns_ = 0;
   double maxComputeMs_ = 0, computeMsSum_ = 0, lastBackwardMs_ = 0;
+  // --overlap-forward with --pad-ms: each gated layer's share of the real forward time, measured on the
+  // last step (empty before the first): where the modeled forward's time goes (padForwardShare).
+  std::vector<double> forwardShare_;
   std::mt19937_64 padRandom_;  // --pad-jitter-ms, seeded per rank
   std::vector<double> overrunsPerRank_, maxComputeMsPerRank_;
   double meanComputeMs_ = 0;
@@ -775,15 +778,39 @@ torch::Tensor RankRun::localStep(const torch::Tensor& x, const torch::Tensor& y,
   torch::Tensor out;
   Clock::time_point stepStart;
   double gateMs = 0;  // --overlap-forward: waits for the last step's layers, network time (not compute)
+  double modeledMs = 0;  // --overlap-forward: the modeled forward spent layer by layer (padForwardShare)
   if (dist_ && o_.overlapForward) {
     stepStart = Clock::now();
+    const double forwardBudget = o_.padMs * o_.padForwardShare;
+    std::vector<double> realMs;  // each gated layer's real forward time, this step
+    int current = -1;
+    Clock::time_point layerStart;
     out = dist_->forwardGated([&](const LayerGate& gate) {
       return net_.gated(x, [&](int layer) {
         auto t = Clock::now();
+        if (current >= 0)
+          realMs[static_cast<size_t>(current)] += 1000 * std::chrono::duration<double>(t - layerStart).count();
         gate(layer);
         gateMs += 1000 * secondsSince(t);
+        if (static_cast<size_t>(layer) >= realMs.size()) realMs.resize(static_cast<size_t>(layer) + 1, 0.0);
+        if (forwardBudget > 0 && static_cast<size_t>(layer) < forwardShare_.size()) {
+          const double ms = forwardBudget * forwardShare_[static_cast<size_t>(layer)];
+          std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
+          modeledMs += ms;
+        }
+        current = layer;
+        layerStart = Clock::now();
       });
     });
+    if (current >= 0) {
+      realMs[static_cast<size_t>(current)] += 1000 * secondsSince(layerStart);
+      double total = 0;
+      for (double v : realMs) total += v;
+      if (total > 0) {
+        forwardShare_.assign(realMs.size(), 0.0);
+        for (size_t l = 0; l < realMs.size(); ++l) forwardShare_[l] = realMs[l] / total;
+      }
+    }
   } else if (dist_ && o_.padMs > 0) {
     // The compute clock starts once the step's model is here (in group mode beginForward waits
     // for the pull): a wait for the network is not device time and must not hide in the pad.
@@ -796,8 +823,9 @@ torch::Tensor RankRun::localStep(const torch::Tensor& x, const torch::Tensor& y,
     out = dist_ ? dist_->forward(x) : net_.forward(x);
   }
   torch::Tensor loss = torch::nll_loss(torch::log_softmax(out, 1), y);
-  forwardMs = 1000 * secondsSince(stepStart) - gateMs;
+  forwardMs = 1000 * secondsSince(stepStart) - gateMs;  // the modeled layers' time included: the pad's rest
   padBeforeBackward(forwardMs);
+  forwardMs -= modeledMs;  // the real compute, for the overrun count
   auto backwardStart = Clock::now();
   loss.backward();
   if (rank_ == o_.slowRank && o_.slowFactor > 1) {

@@ -84,6 +84,13 @@ struct TrainOptions {
   // padJitterMs: each step's pad gets an extra wait drawn from an exponential distribution of this
   // mean (per rank, seeded): step times that vary, as Omnivore's Theorem 1 assumes and stragglers do.
   double padMs = 0, padJitterMs = 0;
+  // padForwardShare: the modeled forward's share of padMs. With --overlap-forward it is spent layer by
+  // layer, each layer's part right after its gate (in proportion to the real forward's time per layer,
+  // measured on the step before), so that a device computes the early layers while later layers'
+  // updates still come; the rest of the pad goes between forward and backward as without it. Without
+  // --overlap-forward the forward starts after every update, and where its share is spent changes
+  // nothing: it stays in the one wait.
+  double padForwardShare = 1.0 / 3;
   int64_t curveEvery = 0;
   // curveLossSamples (with curveEvery): each copy is also scored by its mean loss on this many fixed
   // training images (evenly spaced over the training set, the same for every run of the job), after

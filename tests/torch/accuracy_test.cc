@@ -291,7 +291,7 @@ TEST(TimeToAccuracy, BenchTrainsPoseidonGroupsAndDdpOnTheEmulatedCluster) {
                             "--nodes",
                             "2",
                             "--systems",
-                            "bsp,g2,ddp",
+                            "bsp,bsp-overlap,g2,ddp",
                             "--rates",
                             "100",
                             "--steps",
@@ -313,7 +313,7 @@ TEST(TimeToAccuracy, BenchTrainsPoseidonGroupsAndDdpOnTheEmulatedCluster) {
                            dir.path + "/log", {}, 600);
   ASSERT_EQ(p.exitCode(), 0) << p.stdoutText() << p.stderrText();
   auto r = readJson(dir.path + "/r.json");
-  ASSERT_EQ(r["runs"].size(), 3u);
+  ASSERT_EQ(r["runs"].size(), 4u);
   for (const auto& run : r["runs"]) {
     ASSERT_TRUE(run["ok"].get<bool>()) << run.dump();
     ASSERT_EQ(run["curve"].size(), 2u) << run.dump();
@@ -328,9 +328,16 @@ TEST(TimeToAccuracy, BenchTrainsPoseidonGroupsAndDdpOnTheEmulatedCluster) {
     EXPECT_GE(at["test_accuracy"].get<double>(), 0.2);
     EXPECT_DOUBLE_EQ(run["time_to_accuracy_s"].get<double>(), at["seconds"].get<double>());
   }
-  EXPECT_EQ(r["runs"][1]["lr"], 0.02);
-  EXPECT_EQ(r["runs"][1]["momentum"], 0.3);
-  EXPECT_TRUE(r["runs"][1].contains("staleness_histogram"));
+  // bsp-overlap is bsp with the overlapped step: the same model at every curve point.
+  EXPECT_EQ(r["runs"][1]["system"], "bsp-overlap");
+  EXPECT_EQ(r["runs"][1]["overlap_forward"], true);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(r["runs"][0]["curve"][i]["test_accuracy"], r["runs"][1]["curve"][i]["test_accuracy"]) << i;
+    EXPECT_EQ(r["runs"][0]["curve"][i]["train_loss"], r["runs"][1]["curve"][i]["train_loss"]) << i;
+  }
+  EXPECT_EQ(r["runs"][2]["lr"], 0.02);
+  EXPECT_EQ(r["runs"][2]["momentum"], 0.3);
+  EXPECT_TRUE(r["runs"][2].contains("staleness_histogram"));
   std::ifstream md(dir.path + "/r.md");
   std::string table((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
   EXPECT_THAT(table, HasSubstr("| g2 | 0.02 | 0.3 |"));

@@ -21,6 +21,7 @@ struct AccuracySystem {
   int groups = 0;  // 0: BSP (no groups); -1: DDP
   bool mergedFc = false;
   bool overlapForward = false;  // bsp-overlap: poseidon train --overlap-forward (BSP, bit-identical to bsp)
+  int sendWindow = 0;           // bsp[-overlap]-wBYTES: --send-window BYTES (priority links; 0: FIFO)
   double lr = 0.05, momentum = 0.9;
 };
 

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -28,6 +29,7 @@
 #include "poseidon/launch/env.h"
 #include "poseidon/launch/process.h"
 #include "poseidon/transport/security.h"
+#include "poseidon/transport/van.h"
 
 namespace poseidon::cli {
 namespace fs = std::filesystem;
@@ -52,9 +54,20 @@ std::string fmtSeconds(double s) {
 AccuracySystem defaultAccuracySystem(const std::string& name, int nodes) {
   AccuracySystem s;
   s.name = name;
-  if (name == "bsp") return s;
-  if (name == "bsp-overlap") {
-    s.overlapForward = true;
+  if (name.rfind("bsp", 0) == 0) {
+    // bsp, bsp-overlap (the overlapped step), either with -wBYTES (priority links with that send window).
+    std::string rest = name.substr(3);
+    if (rest.rfind("-overlap", 0) == 0) {
+      s.overlapForward = true;
+      rest = rest.substr(std::strlen("-overlap"));
+    }
+    if (rest.empty()) return s;
+    if (rest.size() < 3 || rest.compare(0, 2, "-w") != 0) {
+      throw InvalidArgument("unknown system '" + name +
+                            "' (expected bsp, bsp-overlap, or either with -wBYTES, e.g. bsp-overlap-w16384)");
+    }
+    s.sendWindow = static_cast<int>(parseIntIn("the send window of system " + name, rest.substr(2),
+                                               IntRange::closed(Van::kMinSendWindow, 1 << 30)));
     return s;
   }
   if (name == "ddp") {
@@ -84,6 +97,7 @@ nlohmann::json AccuracyRun::toJson() const {
                       {"groups", system.groups},
                       {"merged_fc", system.mergedFc},
                       {"overlap_forward", system.overlapForward},
+                      {"send_window", system.sendWindow},
                       {"lr", system.lr},
                       {"momentum", system.momentum},
                       {"mbit", mbit},
@@ -191,6 +205,7 @@ AccuracyRun AccuracyHarness::run(const AccuracySystem& sys, const RunExtras& ext
       if (sys.groups > 0) so.argv.insert(so.argv.end(), {"--groups", std::to_string(sys.groups)});
       if (sys.mergedFc) so.argv.push_back("--merged-fc");
       if (sys.overlapForward) so.argv.push_back("--overlap-forward");
+      if (sys.sendWindow > 0) so.argv.insert(so.argv.end(), {"--send-window", std::to_string(sys.sendWindow)});
       if (!dataDir.empty()) so.argv.insert(so.argv.end(), {"--data", dataDir});
       so.argv.insert(so.argv.end(), extra.trainArgs.begin(), extra.trainArgs.end());
     }
@@ -368,7 +383,8 @@ int benchAccuracyCommand(const std::vector<std::string>& args) {
                 "(bench/results/momentum_grid.md); --hyper overrides. Reports time and steps to the target test\n"
                 "accuracy and training loss, the curves (--plots) and every run (--json).");
   flags.addString("systems", &systemsFlag,
-                  "comma-separated systems: bsp, bsp-overlap (bsp with the overlapped step, --overlap-forward), ddp, "
+                  "comma-separated systems: bsp, bsp-overlap (bsp with the overlapped step, --overlap-forward), "
+                  "either with -wBYTES (priority links with that send window, --send-window: bsp-w16384), ddp, "
                   "gG (G divides --nodes), gGfc (gG with merged FC)",
                   "LIST");
   flags.addString("rates", &ratesFlag, "comma-separated link rates in Mbit/s, > 0", "LIST");

@@ -291,7 +291,7 @@ TEST(TimeToAccuracy, BenchTrainsPoseidonGroupsAndDdpOnTheEmulatedCluster) {
                             "--nodes",
                             "2",
                             "--systems",
-                            "bsp,bsp-overlap,g2,ddp",
+                            "bsp,bsp-overlap-w4096,g2,ddp",
                             "--rates",
                             "100",
                             "--steps",
@@ -328,9 +328,10 @@ TEST(TimeToAccuracy, BenchTrainsPoseidonGroupsAndDdpOnTheEmulatedCluster) {
     EXPECT_GE(at["test_accuracy"].get<double>(), 0.2);
     EXPECT_DOUBLE_EQ(run["time_to_accuracy_s"].get<double>(), at["seconds"].get<double>());
   }
-  // bsp-overlap is bsp with the overlapped step: the same model at every curve point.
-  EXPECT_EQ(r["runs"][1]["system"], "bsp-overlap");
+  // bsp-overlap-w4096 is bsp with the overlapped step over priority links: the same model at every curve point.
+  EXPECT_EQ(r["runs"][1]["system"], "bsp-overlap-w4096");
   EXPECT_EQ(r["runs"][1]["overlap_forward"], true);
+  EXPECT_EQ(r["runs"][1]["send_window"], 4096);
   for (size_t i = 0; i < 2; ++i) {
     EXPECT_EQ(r["runs"][0]["curve"][i]["test_accuracy"], r["runs"][1]["curve"][i]["test_accuracy"]) << i;
     EXPECT_EQ(r["runs"][0]["curve"][i]["train_loss"], r["runs"][1]["curve"][i]["train_loss"]) << i;

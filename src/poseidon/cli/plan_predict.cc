@@ -158,7 +158,11 @@ int planCheckAccuracy(const std::string& path, const nlohmann::json& results, co
   nlohmann::json rows = nlohmann::json::array();
   int points = 0, beyond = 0, skipped = 0;
   double worst = 0;
-  if (!json) std::printf("%-8s %5s %8s %10s %10s %7s\n", "system", "nodes", "Mbit/s", "measured", "predicted", "error");
+  int width = 8;  // the system column: the longest name (bsp-overlap-w16384)
+  for (const auto& run : results["runs"]) width = std::max(width, static_cast<int>(run.value("system", "").size()));
+  if (!json) {
+    std::printf("%-*s %5s %8s %10s %10s %7s\n", width, "system", "nodes", "Mbit/s", "measured", "predicted", "error");
+  }
   for (const auto& run : results["runs"]) {
     const std::string system = run.value("system", "");
     const int groups = run.value("groups", 0);
@@ -171,7 +175,8 @@ int planCheckAccuracy(const std::string& path, const nlohmann::json& results, co
     if (why.empty() && system != "bsp" && system != "ddp" && groups < 1) why = "not modelled";
     if (!why.empty()) {
       ++skipped;
-      if (!json) std::printf("%-8s %5d %8.0f %10s %10s  (%s)\n", system.c_str(), nodes, mbit, "-", "-", why.c_str());
+      if (!json)
+        std::printf("%-*s %5d %8.0f %10s %10s  (%s)\n", width, system.c_str(), nodes, mbit, "-", "-", why.c_str());
       continue;
     }
     Cluster c = planner::emulatedCluster(calibration, nodes, mbit, cores);
@@ -212,7 +217,7 @@ int planCheckAccuracy(const std::string& path, const nlohmann::json& results, co
                     {"predicted_seconds", predicted},
                     {"error", error}});
     if (!json) {
-      std::printf("%-8s %5d %8.0f %10.3f %10.3f %+6.1f%%%s\n", system.c_str(), nodes, mbit, measured, predicted,
+      std::printf("%-*s %5d %8.0f %10.3f %10.3f %+6.1f%%%s\n", width, system.c_str(), nodes, mbit, measured, predicted,
                   error * 100, std::fabs(error) > tolerance ? "  BEYOND" : "");
     }
   }

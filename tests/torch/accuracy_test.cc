@@ -279,7 +279,12 @@ TEST(TimeToAccuracy, BenchRejectsASystemWhoseGroupsDoNotDivideTheNodes) {
   EXPECT_THAT(m.stderrText(), HasSubstr("system g3fc: 3 groups must divide 4 nodes"));
   auto f = testing::runCli({"bench", "--accuracy", "--systems", "fc"}, dir.path + "/log4");
   EXPECT_EQ(f.exitCode(), 2);
-  EXPECT_THAT(f.stderrText(), HasSubstr("unknown system 'fc' (expected bsp, ddp, gG or gGfc, e.g. g4 or g8fc)"));
+  auto w = testing::runCli({"bench", "--accuracy", "--systems", "bsp-overlap-w100"}, dir.path + "/log5");
+  EXPECT_EQ(w.exitCode(), 2);
+  EXPECT_THAT(w.stderrText(), HasSubstr("the send window of system bsp-overlap-w100 must be in [4096, 1073741824]"));
+  EXPECT_THAT(f.stderrText(),
+              HasSubstr("unknown system 'fc' (expected bsp, bsp-overlap, either with -wBYTES, ddp, gG or gGfc, "
+                        "e.g. g4 or g8fc)"));
 }
 
 TEST(TimeToAccuracy, BenchTrainsPoseidonGroupsAndDdpOnTheEmulatedCluster) {

@@ -81,7 +81,7 @@ AccuracySystem defaultAccuracySystem(const std::string& name, int nodes) {
   }
   if (g.size() < 2 || g[0] != 'g') {
     throw InvalidArgument("unknown system '" + name +
-                          "' (expected bsp, bsp-overlap, ddp, gG or gGfc, e.g. g4 or g8fc)");
+                          "' (expected bsp, bsp-overlap, either with -wBYTES, ddp, gG or gGfc, e.g. g4 or g8fc)");
   }
   s.groups = static_cast<int>(parseIntIn("the G of system " + name, g.substr(1), IntRange::closed(1, nodes)));
   if (nodes % s.groups != 0) {

@@ -35,6 +35,7 @@ struct Job {
   std::string dir;
   std::string secret;
   int port = 0;
+  int timeoutMs = 0;  // every rank's --timeout: the deadline of every wait for the job's events
   std::vector<Proc> procs;
   Job() = default;
   Job(Job&&) = default;
@@ -48,6 +49,7 @@ Job startJob(int ranks, int worldSize, const std::string& scenario, const std::s
   Job job;
   job.dir = testing::makeTempDir(scenario);
   job.port = freePort("127.0.0.1");
+  job.timeoutMs = timeoutMs;
   job.secret = randomSecret();
   for (int r = 0; r < ranks; ++r) {
     std::map<std::string, std::string> env{{"RANK", std::to_string(r)},
@@ -260,10 +262,9 @@ std::string readFile(const std::string& path) {
 // A rank's data endpoint and the job id, once it has joined (it writes them to a file).
 std::pair<std::string, uint64_t> waitForEndpoint(const Job& job, int rank) {
   std::string path = job.dir + "/endpoint" + std::to_string(rank);
-  // Bounded only against a hang: a loaded machine may take long to start a process.
-  for (int i = 0; i < 6000 && readFile(path).empty(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  // A rank that has not joined within twice the job's timeout (its start, then the rendezvous, which
+  // rank 0 gives up after one timeout) never will.
+  testing::waitFor([&] { return !readFile(path).empty(); }, std::chrono::milliseconds(2 * job.timeoutMs));
   std::istringstream in(readFile(path));
   std::string endpoint;
   uint64_t jobId = 0;
@@ -348,14 +349,12 @@ TEST(MultiProcess, BadFramesAreRejectedAndChangeNothing) {
   // The job trains only once the node has read the garbage: on a loaded machine this client's queue
   // and the node's receive loop can lag, and frames that reach the node after it finished are never
   // counted. Closing the context waits for the queue; then the node's log says when its 9001st
-  // rejection happened (it logs every 1000th). Both wait at most the job's timeout (20 s).
-  s.set(zmq::sockopt::linger, 20000);
+  // rejection happened (it logs every 1000th). Both wait at most the job's timeout.
+  s.set(zmq::sockopt::linger, job.timeoutMs);
   s.close();
   ctx.close();
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(20000);
-  while (job.procs[1].stderrText().find("(9001 rejected so far)") == std::string::npos &&
-         std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  testing::waitFor([&] { return job.procs[1].stderrText().find("(9001 rejected so far)") != std::string::npos; },
+                   std::chrono::milliseconds(job.timeoutMs));
   std::ofstream(gate) << "go\n";
   testing::waitAll(job.procs, std::chrono::seconds(120));
   std::filesystem::remove_all(std::filesystem::path(gate).parent_path());
@@ -376,10 +375,9 @@ struct Fault {
   int signal;
 };
 
-void waitUntil(const std::function<bool()>& ready, const char* what) {
-  // Bounded only against a hang: a loaded machine may take long to start processes.
-  for (int i = 0; i < 6000 && !ready(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  ASSERT_TRUE(ready()) << "never happened: " << what;
+// An event of a starting job: within twice its timeout (the processes' start, then one timeout).
+void waitUntil(const Job& job, const std::function<bool()>& ready, const char* what) {
+  ASSERT_TRUE(testing::waitFor(ready, std::chrono::milliseconds(2 * job.timeoutMs))) << "never happened: " << what;
 }
 
 // Mid-training: every rank has joined (it writes its endpoint then), and the paced
@@ -439,7 +437,8 @@ TEST(FaultInjection, ServerShardStoppedMidAggregation) {
 void coordinatorFailsDuringRendezvous(int signal, bool namesTheAddress) {
   std::string gate = testing::makeTempDir("gate") + "/go";
   Job job = startJob(4, 4, "paced", "auto", 10, 3000, {{3, {{"POSEIDON_TEST_START_AFTER", gate}}}});
-  waitUntil([&] { return testing::listening(job.port); }, "rank 0's coordinator listens");
+  waitUntil(
+      job, [&] { return testing::listening(job.port); }, "rank 0's coordinator listens");
   std::string expected = "no answer from the coordinator";
   if (namesTheAddress) expected += " at 127.0.0.1:" + std::to_string(job.port);
   expectSurvivorsFail(job, {0, signal}, expected, [&] { std::ofstream(gate) << "go\n"; });

@@ -4,16 +4,17 @@
 #pragma once
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <string>
@@ -107,6 +108,18 @@ inline void waitAll(std::vector<Proc>& procs, std::chrono::seconds timeout) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+}
+
+// Polls `ready` (every 20 ms) until it holds or `deadline` has passed; returns whether it holds. The
+// deadline comes from the configured timeout of whatever the test waits for: past it, that job has
+// given up itself, so waiting longer cannot help.
+inline bool waitFor(const std::function<bool()>& ready, std::chrono::milliseconds deadline) {
+  const auto end = std::chrono::steady_clock::now() + deadline;
+  while (!ready()) {
+    if (std::chrono::steady_clock::now() > end) return ready();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
 }
 
 inline std::string makeTempDir(const std::string& tag) {

@@ -98,11 +98,14 @@ TEST(BadInput, PortInUseUnreachableCoordinatorAndBadCheckpoint) {
   int port = freePort("127.0.0.1");
   std::map<std::string, std::string> env0{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
                                           {"MASTER_PORT", std::to_string(port)}};
+  const int holderTimeoutMs = 60000;
   std::vector<testing::Proc> holder{testing::spawn(
-      {POSEIDON_CLI, "train", "--timeout", "60000", "--train-limit", "64", "--quiet"}, env0, dir.path + "/holder")};
-  // Wait for the event (the holder's coordinator listens), not for a head start in time.
-  for (int i = 0; i < 6000 && !testing::listening(port); ++i) usleep(20000);
-  ASSERT_TRUE(testing::listening(port)) << "the holder never bound port " << port << ": " << holder[0].stderrText();
+      {POSEIDON_CLI, "train", "--timeout", std::to_string(holderTimeoutMs), "--train-limit", "64", "--quiet"}, env0,
+      dir.path + "/holder")};
+  // Wait for the event (the holder's coordinator listens), not for a head start in time; past the
+  // holder's own timeout it has given up.
+  ASSERT_TRUE(testing::waitFor([&] { return testing::listening(port); }, std::chrono::milliseconds(holderTimeoutMs)))
+      << "the holder never bound port " << port << ": " << holder[0].stderrText();
   auto clash = run({"train", "--timeout", "3000", "--train-limit", "64", "--quiet"}, dir.path + "/clash", env0, 60);
   EXPECT_EQ(clash.exitCode(), 1);
   EXPECT_THAT(clash.stderrText(), HasSubstr("cannot start the coordinator on 127.0.0.1:" + std::to_string(port)));

@@ -105,12 +105,22 @@ class DistributedModel(torch.nn.Module):
         optimizer.step(). Each round uses the learning rate the optimizer has at that round's forward
         (a scheduler may change it); momentum and weight decay must not change.
     staleness: with groups, how many rounds a group may run ahead of the slowest (SSP); None: unbounded.
+    merged_fc: with groups, Omnivore's merged FC (docs/omnivore.md): a pair (features, classifier) with
+        module(x) == classifier(features(x)). `features` is a callable that returns a 2-D tensor (rows x
+        features); `classifier` is a torch.nn.Module whose trainable parameters are module's (a submodule,
+        or a module holding some of its layers). Only the other layers train in the compute groups: the
+        classifier runs on one FC server (rank 0, its own thread), which takes every member's features each
+        round, computes the cross-entropy loss, updates the classifier at once (staleness 0) and sends each
+        rank the gradient of its loss. A training forward then returns the features; fc_loss(features,
+        labels) gives the loss to call backward() on. An evaluation forward runs module(x), with the
+        classifier as of the last pull_latest().
     The rank, world size, coordinator and job secret come from the launcher's environment.
     """
 
     def __init__(self, module, batch=None, *, name=None, scheme="auto", overlap=True, broadcast_buffers=True,
                  timeout=30.0, sync_threads=2, pair_bytes=2 * 1024 * 1024, io_threads=2, tcp_rcvbuf=0,
-                 wire="fp32", overlap_forward=False, send_window=0, groups=0, optimizer=None, staleness=None):
+                 wire="fp32", overlap_forward=False, send_window=0, groups=0, optimizer=None, staleness=None,
+                 merged_fc=None):
         super().__init__()
         if not isinstance(module, torch.nn.Module):
             raise TypeError("DistributedModel wraps a torch.nn.Module, got %s" % type(module).__name__)
@@ -123,7 +133,9 @@ class DistributedModel(torch.nn.Module):
                        wire=str(wire), send_window=int(send_window))
         self.groups = int(groups)
         self._group_optimizer = None
-        if self.groups != 0 or optimizer is not None or staleness is not None:
+        self._features, self._classifier = self._check_merged_fc(merged_fc)
+        self._fc_round = False  # merged FC: a training forward ran and its fc_loss() has not
+        if self.groups != 0 or optimizer is not None or staleness is not None or merged_fc is not None:
             self._check_groups(options, optimizer, staleness, overlap_forward)
             sgd = self._group_hyper(optimizer)
             options.update(groups=self.groups, staleness=-1 if staleness is None else int(staleness),
@@ -143,8 +155,48 @@ class DistributedModel(torch.nn.Module):
 
     # ---- compute groups ---------------------------------------------------------------------------
 
+    def _check_merged_fc(self, merged_fc):
+        if merged_fc is None:
+            return None, None
+        if not (isinstance(merged_fc, (tuple, list)) and len(merged_fc) == 2):
+            raise InvalidArgument("merged_fc is a pair (features, classifier) with module(x) == "
+                                  "classifier(features(x)), got %s" % type(merged_fc).__name__)
+        features, classifier = merged_fc
+        if not callable(features):
+            raise InvalidArgument("merged_fc: features must be callable (x -> a 2-D tensor of features)")
+        if not isinstance(classifier, torch.nn.Module):
+            raise InvalidArgument("merged_fc: the classifier must be a torch.nn.Module, got %s"
+                                  % type(classifier).__name__)
+        ours = {id(p) for p in self.module.parameters() if p.requires_grad}
+        theirs = [p for p in classifier.parameters() if p.requires_grad]
+        if not theirs:
+            raise InvalidArgument("merged_fc: the classifier has no trainable parameters")
+        if any(id(p) not in ours for p in theirs):
+            raise InvalidArgument("merged_fc: the classifier's parameters must be the module's (a submodule, or "
+                                  "a module holding some of its layers)")
+        fc = {id(p) for p in theirs}
+        layers, _, _ = _describe(self.module, self._name)
+        for (name, _, _, params) in layers:
+            inside = [id(p) in fc for p in params]
+            if any(inside) and not all(inside):
+                raise InvalidArgument("merged_fc: layer %s has parameters on both sides of the split; the "
+                                      "classifier must hold whole layers" % name)
+        if len(fc) == len(ours):
+            raise InvalidArgument("merged_fc: every layer is in the classifier; the compute groups need the rest")
+        return features, classifier
+
+    def _split(self, layers):
+        """Merged FC: the layers that train in the groups, and those on the FC server."""
+        if self._classifier is None:
+            return layers, []
+        fc = {id(p) for p in self._classifier.parameters()}
+        return ([l for l in layers if id(l[3][0]) not in fc], [l for l in layers if id(l[3][0]) in fc])
+
     def _check_groups(self, options, optimizer, staleness, overlap_forward):
         world = options["world_size"]
+        if self.groups == 0 and self._classifier is not None:
+            raise InvalidArgument("merged_fc runs the other layers in compute groups: give groups=G (G >= 1) "
+                                  "and optimizer=")
         if self.groups < 1:
             raise InvalidArgument("optimizer= and staleness= are for compute groups: give groups=G (G >= 1)"
                                   if self.groups == 0 else "groups must be 0 (BSP) or at least 1, got %d" % self.groups)
@@ -201,20 +253,27 @@ class DistributedModel(torch.nn.Module):
                                       "the job's SGD (only the learning rate may follow a schedule)"
                                       % (k, self._group_sgd[k], now[k]))
         self._impl.set_group_lr(float(now["lr"]))
+        self._round_lr = float(now["lr"])
+
+    def _momentum(self, params):
+        """The optimizer's momentum buffers for these parameters, where load_checkpoint() put a checkpoint's;
+        [] when it has none (zeros, as a fresh SGD's)."""
+        buffers = [self._group_optimizer.state.get(p, {}).get("momentum_buffer") for p in params]
+        if all(b is None for b in buffers):
+            return []
+        # torch's SGD has no buffer for a parameter that never had a gradient; its next step starts the
+        # buffer at the gradient, as a zero buffer on the shards does.
+        return [(torch.zeros_like(p, dtype=torch.float32) if b is None
+                 else b.detach().to(torch.float32).contiguous().clone().view(p.shape))
+                for b, p in zip(buffers, params)]
 
     def _resume_groups(self, params):
         """The shards start from the module's parameters; their momentum and version clock come from the
         optimizer, where load_checkpoint() put a checkpoint's (none: zeros, as a fresh SGD's)."""
-        opt = self._group_optimizer
-        buffers = [opt.state.get(p, {}).get("momentum_buffer") for p in params]
-        if any(b is not None for b in buffers):
-            # torch's SGD has no buffer for a parameter that never had a gradient; its next step starts the
-            # buffer at the gradient, as a zero buffer on the shards does.
-            self._options["group_momentum"] = [
-                (torch.zeros_like(p, dtype=torch.float32) if b is None
-                 else b.detach().to(torch.float32).contiguous().clone().view(p.shape))
-                for b, p in zip(buffers, params)]
-        self._options["group_version"] = int(getattr(opt, "_poseidon_group_version", 0))
+        buffers = self._momentum(params)
+        if buffers:
+            self._options["group_momentum"] = buffers
+        self._options["group_version"] = int(getattr(self._group_optimizer, "_poseidon_group_version", 0))
 
     def group_state(self):
         """Compute groups, for a checkpoint (save_checkpoint calls it): every rank calls it at the same point,
@@ -226,7 +285,18 @@ class DistributedModel(torch.nn.Module):
         if self._impl.closed:
             raise InvalidArgument("a compute-group checkpoint after finish(): the shards that held the momentum "
                                   "are gone; save it before finish()")
-        return self._impl.group_state()
+        first, buffers, version, fc = self._impl.group_state()
+        if self._classifier is None or not first:
+            return first, buffers, version
+        if self.rank != 0:  # the FC server's rank: its momentum is only there
+            raise InvalidArgument("merged FC: rank 0 runs the FC server and must be the first worker")
+        # The module's order: the groups' layers from the shards, the classifier's from the FC server.
+        layers, _, _ = _describe(self.module, self._name)
+        fc_ids = {id(p) for p in self._classifier.parameters()}
+        shards, server, merged = iter(buffers), iter(fc), []
+        for (_, _, _, params) in layers:
+            merged.extend(next(server if id(p) in fc_ids else shards) for p in params)
+        return first, merged, version
 
     def pull_latest(self):
         """Compute groups: every rank calls it at the same point (a barrier); then the module holds the model
@@ -234,6 +304,8 @@ class DistributedModel(torch.nn.Module):
         Without groups every replica already holds the same model: nothing to do."""
         if self.groups and self._impl is not None and not self._impl.closed:
             self._impl.pull_latest()
+            if self._classifier is not None:  # merged FC: the FC server's classifier to every rank
+                self._impl.broadcast_classifier()
 
     def staleness(self):
         """Compute groups: this rank's shard's count of applied updates by staleness (rounds of other groups'
@@ -248,10 +320,15 @@ class DistributedModel(torch.nn.Module):
     def _join(self, batch):
         self._options["batch"] = batch
         layers, buffers, frozen = _describe(self.module, self._name)
+        layers, fc_layers = self._split(layers)
         if self.groups:
             self._resume_groups([p for (_, _, _, params) in layers for p in params])
         self._impl = _poseidon.Model(self._name, layers, buffers, frozen, self._options)
         self._batch = batch
+        if fc_layers:
+            fc_params = [p for (_, _, _, params) in fc_layers for p in params]
+            self._impl.start_merged_fc(self._classifier, fc_params, float(self._group_sgd["momentum"]),
+                                       float(self._group_sgd["weight_decay"]), self._momentum(fc_params))
         if self._overlap_forward:
             # One gate per layer module (the modules that own trainable parameters, in _describe's order).
             # A gate also finishes the layers below its module (a module may use a child's parameters
@@ -365,6 +442,13 @@ class DistributedModel(torch.nn.Module):
             self._join(int(first.shape[0]))
         if self.groups:
             self._group_round()
+        if self._classifier is not None:
+            # Merged FC: this rank runs the features; the FC server runs the classifier (fc_loss).
+            self._impl.begin_forward()
+            out = self._features(*args, **kwargs)
+            self._impl.end_forward(_tensors(out))
+            self._fc_round = True
+            return out
         if self._pending is not None:
             # Overlapped: the gates apply the last step layer by layer as this forward reaches them; the
             # step ends (and the next one begins) once the forward is through.
@@ -377,6 +461,21 @@ class DistributedModel(torch.nn.Module):
         out = self.module(*args, **kwargs)
         self._impl.end_forward(_tensors(out))
         return out
+
+    def fc_loss(self, features, labels):
+        """Merged FC: the loss of this round (cross-entropy of the classifier's output, the mean over this
+        rank's rows), computed by the FC server from `features` (this round's training forward's output)
+        and `labels` (int64 classes, one per row). backward() on it runs the features' backward with the
+        gradient the FC server sent; step(optimizer) then pushes the groups' layers."""
+        if self._classifier is None:
+            raise InvalidArgument("fc_loss() is for merged FC: give DistributedModel(..., merged_fc=(features, "
+                                  "classifier))")
+        if not self._fc_round:
+            raise InvalidArgument("fc_loss() takes the features of this round's training forward, once; run "
+                                  "model(x) first")
+        loss = _FcLoss.apply(features, labels, self._impl, self._round_lr)
+        self._fc_round = False  # only once it went through: a tensor refused may be given again correctly
+        return loss
 
     def synchronize(self):
         """After loss.backward(): waits until every .grad holds the mean gradient over all ranks."""
@@ -392,6 +491,9 @@ class DistributedModel(torch.nn.Module):
             if optimizer is not self._group_optimizer:
                 raise InvalidArgument("compute groups: step() takes the optimizer given as optimizer= (the shards "
                                       "run its SGD)")
+            if self._fc_round:
+                raise InvalidArgument("merged FC: step() before fc_loss() and its backward: the FC server has "
+                                      "not seen this round")
             self.synchronize()  # this round's pushes are out; the shards apply them
             return
         if not self._overlap_forward:
@@ -435,6 +537,8 @@ class DistributedModel(torch.nn.Module):
             try:
                 self._flush()
                 self.pull_latest()  # compute groups: every rank ends holding the final model
+                if self._classifier is not None:
+                    self._impl.stop_merged_fc()  # every round was served (pull_latest's barrier)
                 self._impl.finish()
             finally:
                 self._impl.close()
@@ -454,11 +558,31 @@ class DistributedModel(torch.nn.Module):
         """Per layer: name, type, shape, BestScheme's choice, the scheme the last step used, Table 1 floats."""
         return self._runtime().plan(self._batch)
 
+    def fc_updates(self):
+        """Merged FC: the updates the FC server applied (one per group round); None on other ranks."""
+        n = self._runtime().fc_updates
+        return None if n < 0 else n
+
     def summary(self):
         """A dict for logs and JSON: the plan and the bytes this rank sent by scheme."""
         impl = self._runtime()
         return {"rank": impl.rank, "workers": impl.workers, "batch": self._batch, "layers": self.plan(),
                 "bytes_sent": impl.bytes_sent()}
+
+
+class _FcLoss(torch.autograd.Function):
+    """Merged FC's loss: the FC server computes it and its gradient with respect to the features."""
+
+    @staticmethod
+    def forward(ctx, features, labels, impl, lr):
+        loss, grad = impl.fc_exchange(features.detach(), labels, lr)
+        ctx.save_for_backward(grad)
+        return torch.tensor(loss, dtype=features.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (grad,) = ctx.saved_tensors
+        return grad * grad_output, None, None, None
 
 
 @atexit.register

@@ -24,9 +24,31 @@ class LeNet(torch.nn.Module):
         self.ip2 = torch.nn.Linear(500, 10)
 
     def forward(self, x):
+        return self.classify(self.features(x))
+
+    def features(self, x):
+        """The conv part, to the flattened pooled map (rows x 800)."""
         x = F.max_pool2d(self.conv1(x), 2)
-        x = F.max_pool2d(self.conv2(x), 2)
-        return self.ip2(F.relu(self.ip1(x.flatten(1))))
+        return F.max_pool2d(self.conv2(x), 2).flatten(1)
+
+    def classify(self, h):
+        """The FC part: ip1, ReLU, ip2."""
+        return self.ip2(F.relu(self.ip1(h)))
+
+    def merged_fc(self):
+        """The split for DistributedModel(..., merged_fc=): (features, a module holding ip1 and ip2)."""
+        return self.features, LeNetClassifier(self)
+
+
+class LeNetClassifier(torch.nn.Module):
+    """LeNet's FC layers as a module of their own (the same parameters, not a copy), for merged FC."""
+
+    def __init__(self, net):
+        super().__init__()
+        self.ip1, self.ip2 = net.ip1, net.ip2
+
+    def forward(self, h):
+        return self.ip2(F.relu(self.ip1(h)))
 
 
 def fashion_mnist(kind, directory=FASHION_MNIST):

@@ -106,6 +106,67 @@ class ComputeGroups(TempDirTest):
             for p, q in zip(model.values(), self.params("again", r)["params"]):
                 self.assertTrue(torch.equal(p, q), "rank %d" % r)
 
+    def test_merged_fc_one_group_trains_the_unmerged_model(self):
+        # The FC server's loss is the mean of the members' mean losses and each member gets the gradient of
+        # its own: one group trains the model that one group without merged FC trains, to rounding (the
+        # FC layers then multiply 64 rows at once, not 16 per rank). A gradient off by the group's size k
+        # or a missing update would be about 1e-3 off after 2 steps.
+        merged = launch(4, JOB, self.path("merged"), "--groups", 1, "--steps", 2, "--merged-fc")
+        self.assertEqual(merged.code, 0, str(merged))
+        self.assertClean(merged)
+        plain = launch(4, JOB, self.path("plain"), "--groups", 1, "--steps", 2)
+        self.assertEqual(plain.code, 0, str(plain))
+        a, b = self.params("merged", 0), self.params("plain", 0)
+        self.assertEqual(a["fc_updates"], 2)  # one group, two rounds
+        for p, q, s in zip(a["params"], b["params"], a["start"]):
+            self.assertLess(float((p - q).abs().max()), 1e-6)
+            self.assertGreater(float((p - s).abs().max()), 1e-4)  # trained
+        for r in range(1, 4):  # finish() gave every rank the FC server's classifier
+            other = self.params("merged", r)
+            self.assertIsNone(other["fc_updates"])
+            for p, q in zip(a["params"], other["params"]):
+                self.assertTrue(torch.equal(p, q), "rank %d" % r)
+
+    def test_merged_fc_groups_share_one_fc_server_and_checkpoint_it(self):
+        # Two asynchronous groups, one FC server: it serves every round of each group (24 updates); only
+        # the conv layers (2 pairs) go through the shards; every rank ends on one model.
+        run = launch(4, JOB, self.path("g2"), "--groups", 2, "--steps", STEPS, "--momentum", 0, "--merged-fc")
+        self.assertEqual(run.code, 0, str(run))
+        self.assertClean(run)
+        ranks = [self.params("g2", r) for r in range(4)]
+        self.assertEqual(ranks[0]["fc_updates"], STEPS * 2)
+        total = sum(n for r in ranks for n in r["staleness"]["histogram"].values())
+        self.assertEqual(total, STEPS * 2 * 2)
+        for p, s in zip(ranks[0]["params"], ranks[0]["start"]):
+            self.assertTrue(bool(torch.isfinite(p).all()))
+            self.assertFalse(torch.equal(p, s))
+        for r in range(1, 4):
+            for p, q in zip(ranks[0]["params"], ranks[r]["params"]):
+                self.assertTrue(torch.equal(p, q), "rank %d" % r)
+
+        # One group, momentum 0.9: 6 steps, a checkpoint, 6 more in a new job equal 12 straight bit for bit.
+        # That needs the FC server's momentum back (ip1, ip2) as well as the shards' (conv1, conv2).
+        half = STEPS // 2
+        straight = launch(4, JOB, self.path("straight"), "--groups", 1, "--steps", STEPS, "--merged-fc")
+        self.assertEqual(straight.code, 0, str(straight))
+        ck = self.path("ck")
+        first = launch(4, JOB, self.path("first"), "--groups", 1, "--steps", half, "--checkpoint", ck,
+                       "--save-at", half, "--merged-fc")
+        self.assertEqual(first.code, 0, str(first))
+        meta, model, opt = self.checkpoint(ck, half)
+        self.assertEqual((meta["groups"], meta["group_version"]), (1, half))
+        buffers = [s["momentum_buffer"] for s in opt["state"].values()]
+        self.assertEqual(len(buffers), 8)
+        self.assertTrue(all(bool(b.abs().sum() > 0) for b in buffers))
+        self.assertTrue(all(torch.equal(p, q) for p, q in zip(model.values(), self.params("first", 0)["params"])))
+        resumed = launch(4, JOB, self.path("resumed"), "--groups", 1, "--steps", STEPS, "--checkpoint", ck,
+                         "--resume", "--merged-fc")
+        self.assertEqual(resumed.code, 0, str(resumed))
+        self.assertClean(resumed)
+        for r in range(4):
+            for p, q in zip(self.params("straight", r)["params"], self.params("resumed", r)["params"]):
+                self.assertTrue(torch.equal(p, q), "rank %d" % r)
+
     def test_misuse_is_refused_with_its_reason(self):
         run = alone(JOB, "--misuse")
         self.assertEqual(run.code, 0, str(run))
@@ -127,6 +188,16 @@ class ComputeGroups(TempDirTest):
                                             "momentum are gone",
             "no_sync": "no_sync() is not available with compute groups",
             "a changed momentum": "the optimizer's momentum changed from 0.9 to 0.5",
+            "merged_fc without groups": "merged_fc runs the other layers in compute groups: give groups=G",
+            "merged_fc with a foreign classifier": "the classifier's parameters must be the module's",
+            "merged_fc splitting a layer": "layer ip1 has parameters on both sides of the split",
+            "merged_fc of the whole model": "every layer is in the classifier",
+            "merged_fc not a pair": "merged_fc is a pair (features, classifier)",
+            "fc_loss without merged FC": "fc_loss() is for merged FC",
+            "fc_loss before the forward": "fc_loss() takes the features of this round's training forward, once",
+            "step before fc_loss": "step() before fc_loss() and its backward",
+            "fc_loss of a 4-D tensor": "the features must be a 2-D float32 tensor (rows x features), got 4-D",
+            "fc_loss twice": "fc_loss() takes the features of this round's training forward, once",
         }
         lines = run.out.splitlines()
         for what, message in expected.items():
@@ -136,6 +207,7 @@ class ComputeGroups(TempDirTest):
         self.assertIn("a round at lr 0 moved the model: False", run.out)
         self.assertIn("finished after a forward without its step", run.out)
         self.assertIn("load_checkpoint into the module after finish: None", run.out)
+        self.assertIn("the FC server's updates: 1", run.out)
 
 
 if __name__ == "__main__":

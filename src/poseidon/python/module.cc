@@ -23,6 +23,7 @@
 
 #include "poseidon/common/error.h"
 #include "poseidon/torch/distributed.h"
+#include "poseidon/torch/merged_fc.h"
 
 namespace py = pybind11;
 using namespace poseidon;
@@ -150,16 +151,56 @@ class Model {
     model_ = std::make_unique<pt::DistributedModel>(std::move(parts), std::move(o));
   }
 
+  // Python drops its last reference with the GIL held; the FC server's thread may be waiting for it.
+  ~Model() {
+    py::gil_scoped_release release;
+    close();
+  }
+
   pt::DistributedModel& model() {
     if (!model_) throw InvalidArgument("this DistributedModel is closed (finish() or close() was called)");
     return *model_;
   }
 
-  void close() { model_.reset(); }
+  // Merged FC (every rank, after the join): rank 0 starts the FC server, which calls `classifier` (a
+  // Python callable) on its own thread with the GIL taken for the call.
+  void startMergedFc(const py::object& classifier, const std::vector<torch::Tensor>& params, double momentum,
+                     double weightDecay, const std::vector<torch::Tensor>& momentumBuffers) {
+    if (merged_) throw InvalidArgument("merged FC already started");
+    classifier_ = classifier;
+    PyObject* fn = classifier_.ptr();  // kept alive by classifier_ until close() has stopped the thread
+    auto call = [fn](torch::Tensor h) {
+      py::gil_scoped_acquire gil;
+      try {
+        return py::reinterpret_borrow<py::object>(fn)(h).cast<torch::Tensor>();
+      } catch (py::error_already_set& e) {  // its Python state is released here, with the GIL held
+        throw Error(strCat("the classifier raised ", e.what()));
+      } catch (py::cast_error&) {
+        throw Error("the classifier did not return a tensor");
+      }
+    };
+    py::gil_scoped_release release;
+    merged_ = std::make_unique<pt::MergedFc>(model(), call, params, momentum, weightDecay, momentumBuffers);
+  }
+
+  pt::MergedFc& merged() {
+    model();  // closed: that error first
+    if (!merged_) throw InvalidArgument("this DistributedModel has no FC server (merged_fc=)");
+    return *merged_;
+  }
+  bool hasMergedFc() const { return merged_ != nullptr; }
+
+  // The FC server's thread first: it runs rounds on the node (and may wait for the GIL).
+  void close() {
+    merged_.reset();
+    model_.reset();
+  }
   bool closed() const { return !model_; }
 
  private:
   std::unique_ptr<pt::DistributedModel> model_;
+  py::object classifier_;
+  std::unique_ptr<pt::MergedFc> merged_;
 };
 
 py::list planOf(pt::DistributedModel& m, int64_t batch) {
@@ -221,15 +262,39 @@ PYBIND11_MODULE(_poseidon, m) {
       // A compute-group checkpoint; every rank calls it at the same round. (is_first_worker, momentum
       // buffers, version): the first worker's module then holds the shards' parameters. The barrier after
       // the fetch keeps every rank from pushing into the state being read.
+      // With merged FC the FC server's momentum buffers come too (on rank 0, the server's; else empty),
+      // read before that barrier: no member has its next round's features out yet.
       .def(
           "group_state",
           [](Model& s) {
             auto [buffers, version] = s.model().groupState();
+            std::vector<torch::Tensor> fc;
+            if (s.hasMergedFc() && s.merged().server()) fc = s.merged().server()->momentumBuffers();
             s.model().node().barrier();
             const bool first = s.model().rank() == s.model().node().book().workerRanks().front();
-            return std::make_tuple(first, std::move(buffers), version);
+            return std::make_tuple(first, std::move(buffers), version, std::move(fc));
           },
           py::call_guard<py::gil_scoped_release>())
+      // Merged FC (Omnivore section V-A; torch/merged_fc.h).
+      .def("start_merged_fc", &Model::startMergedFc, py::arg("classifier"), py::arg("params"), py::arg("momentum"),
+           py::arg("weight_decay"), py::arg("momentum_buffers"))
+      .def(
+          "fc_exchange",
+          [](Model& s, const torch::Tensor& h, const torch::Tensor& y, float lr) {
+            auto r = s.merged().exchange(h, y, lr);
+            return std::make_tuple(r.loss, r.gradient);
+          },
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "broadcast_classifier", [](Model& s) { s.merged().broadcastClassifier(); },
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "stop_merged_fc", [](Model& s) { s.merged().stop(); }, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("fc_updates",
+                             [](Model& s) {
+                               auto* server = s.merged().server();
+                               return server ? server->updates() : int64_t{-1};
+                             })
       .def("staleness_histogram", [](Model& s) { return s.model().node().stalenessHistogram(); })
       .def("max_group_lead", [](Model& s) { return s.model().node().maxGroupLead(); })
       .def("set_sync_enabled", [](Model& s, bool on) { s.model().setSyncEnabled(on); })

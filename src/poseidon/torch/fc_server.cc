@@ -124,7 +124,7 @@ void FcServer::serve(std::vector<FcChannel::Request>& members) {
                                  members[0].from, " sent ", cols, " (do all ranks build the same model?)"));
     }
     if (v.rows < 1) throw ProtocolError(strCat("round ", m.round, ": rank ", m.from, " sent no rows"));
-    if (!(v.lr > 0 && v.lr <= kMaxLearningRate)) {
+    if (!(v.lr >= 0 && v.lr <= kMaxLearningRate)) {  // 0: a warm-up's first rounds, as the shards allow
       throw ProtocolError(strCat("round ", m.round, ": rank ", m.from, " sent learning rate ", v.lr));
     }
     if (cols >= 0 && v.lr != lr) {

@@ -25,7 +25,7 @@
 #include "poseidon/data/fashion_mnist.h"
 #include "poseidon/torch/checkpoint.h"
 #include "poseidon/torch/distributed.h"
-#include "poseidon/torch/fc_server.h"
+#include "poseidon/torch/merged_fc.h"
 #include "poseidon/torch/models.h"
 #include "poseidon/transport/van.h"
 
@@ -274,7 +274,7 @@ class RankRun {
   void writeOutputs() const;
   void finish() {
     // Every worker's last round was served before the collectives of reportTraffic().
-    if (fcServer_) fcServer_->stop();
+    if (mergedFc_) mergedFc_->stop();
     if (dist_) dist_->finish();
   }
 
@@ -294,8 +294,6 @@ class RankRun {
   torch::Tensor mergedStep(const torch::Tensor& x, const torch::Tensor& y, double& forwardMs, double& backwardMs);
   // Merged FC: the model without its FC layers (what the shards hold) and the FC layers' parameters.
   ModelParts featureParts() const;
-  // Merged FC: the FC server's parameters to every rank (after a barrier: no update in flight).
-  void broadcastClassifier();
   bool isClassifierParam(const torch::Tensor& p) const;
   // The optimizer whose state a checkpoint holds (every parameter's).
   torch::optim::SGD& stateOptimizer() { return checkpointOptimizer_ ? *checkpointOptimizer_ : *optimizer_; }
@@ -343,7 +341,8 @@ class RankRun {
   // merged FC): the shards' momentum for the conv layers, the FC server's for the FC layers.
   std::unique_ptr<torch::optim::SGD> checkpointOptimizer_;
   std::vector<torch::Tensor> fcMomentum_;  // a resumed checkpoint's, for the FC server
-  std::unique_ptr<FcServer> fcServer_;
+  // Merged FC: every rank's side of the FC server, and rank 0's server (destroyed before dist_).
+  std::unique_ptr<MergedFc> mergedFc_;
   int64_t fcUpdates_ = 0;
   double fcBusySeconds_ = 0;
   // Results of the epoch loop.
@@ -474,10 +473,8 @@ void RankRun::connect() {
     return;
   }
   dist_ = std::make_unique<DistributedModel>(featureParts(), std::move(d));
-  if (dist_->node().rank() == kFcServerRank) {
-    fcServer_ = std::make_unique<FcServer>(dist_->node(), net_.classifier, classifierParams_, o_.momentum,
-                                           o_.weightDecay, fcMomentum_);
-  }
+  mergedFc_ =
+      std::make_unique<MergedFc>(*dist_, net_.classifier, classifierParams_, o_.momentum, o_.weightDecay, fcMomentum_);
 }
 
 ModelParts RankRun::featureParts() const {
@@ -494,13 +491,6 @@ ModelParts RankRun::featureParts() const {
 bool RankRun::isClassifierParam(const torch::Tensor& p) const {
   return std::any_of(classifierParams_.begin(), classifierParams_.end(),
                      [&](const torch::Tensor& c) { return c.unsafeGetTensorImpl() == p.unsafeGetTensorImpl(); });
-}
-
-void RankRun::broadcastClassifier() {
-  for (auto& p : classifierParams_) {
-    torch::NoGradGuard guard;
-    dist_->node().broadcast(kFcServerRank, LayerBuffer::contiguous(p.data_ptr<float>(), p.numel()));
-  }
 }
 
 void RankRun::printPlan() const {
@@ -547,7 +537,7 @@ double RankRun::evaluate() {
     // The model as it stands once every group's updates so far are in (pullLatest's barrier leaves
     // every push sent before it applied).
     dist_->pullLatest();
-    if (o_.mergedFc) broadcastClassifier();
+    if (mergedFc_) mergedFc_->broadcastClassifier();
   }
   torch::NoGradGuard guard;
   net_.module->eval();
@@ -585,10 +575,10 @@ void RankRun::checkpoint(int64_t iteration) {
     // shards (and the FC server) while their state is read.
     auto [buffers, version] = dist_->groupState();
     if (lead_) {
-      if (fcServer_) {
+      if (FcServer* server = mergedFc_ ? mergedFc_->server() : nullptr) {
         // The conv layers' momentum from the shards, the FC layers' from the FC server (idle: every
         // rank is between the two barriers), in the order of every parameter.
-        std::vector<torch::Tensor> fc = fcServer_->momentumBuffers(), all;
+        std::vector<torch::Tensor> fc = server->momentumBuffers(), all;
         size_t conv = 0, fcIndex = 0;
         for (const auto& p : stateOptimizer().param_groups().at(0).params()) {
           all.push_back(isClassifierParam(p) ? fc.at(fcIndex++) : buffers.at(conv++));
@@ -845,27 +835,17 @@ torch::Tensor RankRun::mergedStep(const torch::Tensor& x, const torch::Tensor& y
   // The modeled device time (here the conv layers' forward and backward; the FC layers run on the
   // FC server) before anything is sent.
   const double padded = padBeforeBackward(forwardMs);
-  torch::Tensor features = h.detach().contiguous();
-  const int64_t rows = features.size(0), cols = features.size(1);
   // The optimizer's learning rate, as the shards take it for the conv layers (takeGroupOptimizer).
   const double lr = static_cast<torch::optim::SGDOptions&>(optimizer_->param_groups().at(0).options()).lr();
-  std::vector<uint8_t> reply = dist_->node().fcExchange(
-      dist_->node().iteration(), encodeFcForward(static_cast<float>(lr), rows, cols, features.data_ptr<float>(),
-                                                 y.contiguous().data_ptr<int64_t>()));
-  FcBackwardView v = decodeFcBackward(reply);
-  if (v.rows != rows || v.cols != cols) {
-    throw ProtocolError(
-        strCat("the FC server answered ", v.rows, " x ", v.cols, " for a ", rows, " x ", cols, " request"));
-  }
-  torch::Tensor grad = torch::from_blob(const_cast<float*>(v.gradient), {rows, cols}, torch::kFloat32).clone();
+  MergedFc::Reply reply = mergedFc_->exchange(h, y, static_cast<float>(lr));
   auto backwardStart = Clock::now();
-  h.backward(grad);
+  h.backward(reply.gradient);
   backwardMs = 1000 * secondsSince(backwardStart);
   if (rank_ == o_.slowRank && o_.slowFactor > 1) {  // as trainStep's: this rank's compute (and pad) take longer
     std::this_thread::sleep_for(
         std::chrono::duration<double, std::milli>((forwardMs + padded + backwardMs) * (o_.slowFactor - 1)));
   }
-  return torch::tensor(v.loss, torch::kFloat64);
+  return torch::tensor(reply.loss, torch::kFloat64);
 }
 
 // A progress line at every tenth of the epoch (rank 0, unless --quiet).
@@ -927,9 +907,9 @@ void RankRun::reportGroups() {
     }
     std::printf("; largest lead of a group over the slowest: %lld\n", static_cast<long long>(maxGroupLead_));
   }
-  if (fcServer_) {
-    fcUpdates_ = fcServer_->updates();
-    fcBusySeconds_ = fcServer_->busySeconds();
+  if (FcServer* server = mergedFc_ ? mergedFc_->server() : nullptr) {
+    fcUpdates_ = server->updates();
+    fcBusySeconds_ = server->busySeconds();
     std::printf("merged FC: the FC server applied %lld updates (staleness 0), busy %.1f s (%.1f ms per update)\n",
                 static_cast<long long>(fcUpdates_), fcBusySeconds_,
                 fcUpdates_ ? 1000 * fcBusySeconds_ / fcUpdates_ : 0.0);
@@ -942,8 +922,8 @@ std::vector<torch::Tensor> RankRun::modelCopy() {
   auto copy = [&] {
     for (const auto& t : net_.module->parameters()) params.push_back(t.detach().clone());
   };
-  if (fcServer_)
-    fcServer_->withModel(copy);  // the FC layers as of a finished update
+  if (FcServer* server = mergedFc_ ? mergedFc_->server() : nullptr)
+    server->withModel(copy);  // the FC layers as of a finished update
   else
     copy();
   return params;

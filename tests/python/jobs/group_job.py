@@ -7,6 +7,8 @@ writes its final parameters and its shard's staleness counts to OUT.rankR (torch
 --checkpoint DIR --save-at N: every rank calls save_checkpoint after step N; --resume first loads DIR's
 newest checkpoint into the module and the optimizer, before wrapping it, and goes on from its step. Runs
 with --checkpoint set the same schedule's rate by hand each step (a StepLR does not resume by itself).
+--merged-fc trains LeNet's ip1 and ip2 on the FC server (rank 0) and the conv layers in the groups; rank 0
+also writes the FC server's update count.
 --misuse runs alone and prints each refusal of the package's group checks, one per line."""
 import argparse
 import tempfile
@@ -44,6 +46,15 @@ def refusals():
     refused("overlap_forward", lambda: poseidon.DistributedModel(net, 16, groups=1, optimizer=sgd,
                                                                  overlap_forward=True))
     refused("optimizer without groups", lambda: poseidon.DistributedModel(net, 16, optimizer=sgd))
+    refused("merged_fc without groups", lambda: poseidon.DistributedModel(net, 16, merged_fc=net.merged_fc()))
+    refused("merged_fc with a foreign classifier", lambda: poseidon.DistributedModel(
+        net, 16, groups=1, optimizer=sgd, merged_fc=(net.features, torch.nn.Linear(800, 10))))
+    refused("merged_fc splitting a layer", lambda: poseidon.DistributedModel(
+        net, 16, groups=1, optimizer=sgd, merged_fc=(net.features, torch.nn.ParameterList([net.ip1.weight]))))
+    refused("merged_fc of the whole model", lambda: poseidon.DistributedModel(
+        net, 16, groups=1, optimizer=sgd, merged_fc=(lambda x: x.flatten(1), net)))
+    refused("merged_fc not a pair", lambda: poseidon.DistributedModel(
+        net, 16, groups=1, optimizer=sgd, merged_fc=net.features))
     model = poseidon.DistributedModel(net, 16, groups=1, optimizer=sgd)
     x, y = torch.randn(16, 1, 28, 28), torch.randint(0, 10, (16,))
     F.cross_entropy(model(x), y).backward()
@@ -57,6 +68,7 @@ def refusals():
     loss.backward()
     model.step(sgd)
     refused("no_sync", lambda: model.no_sync().__enter__())
+    refused("fc_loss without merged FC", lambda: model.fc_loss(x, y))
     # A warm-up may start at lr 0: the round is applied (the momentum buffer is not zero) and moves nothing.
     model.pull_latest()
     before = [p.detach().clone() for p in net.parameters()]
@@ -75,6 +87,16 @@ def refusals():
     refused("save_checkpoint after finish", lambda: poseidon.save_checkpoint(ck, model, sgd, 2))
     # The job is over: its module may be loaded again, for the next job (the directory has no checkpoint).
     print("load_checkpoint into the module after finish: %s" % poseidon.load_checkpoint(ck, net, sgd))
+    merged = poseidon.DistributedModel(net, 16, groups=1, optimizer=sgd, merged_fc=net.merged_fc())
+    refused("fc_loss before the forward", lambda: merged.fc_loss(torch.zeros(16, 800), y))
+    h = merged(x)
+    refused("step before fc_loss", lambda: merged.step(sgd))
+    refused("fc_loss of a 4-D tensor", lambda: merged.fc_loss(x, y))
+    merged.fc_loss(h, y).backward()
+    refused("fc_loss twice", lambda: merged.fc_loss(h, y))
+    merged.step(sgd)
+    print("the FC server's updates: %s" % merged.fc_updates())
+    merged.finish()
 
 
 def main():
@@ -87,6 +109,7 @@ def main():
     p.add_argument("--checkpoint")
     p.add_argument("--save-at", type=int, default=0)
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--merged-fc", action="store_true")
     a = p.parse_args()
     if a.misuse:
         refusals()
@@ -98,7 +121,8 @@ def main():
     if a.resume:
         first = poseidon.load_checkpoint(a.checkpoint, net, opt)["iteration"]
     if a.groups:
-        model = poseidon.DistributedModel(net, batch=GLOBAL // 4, groups=a.groups, optimizer=opt)
+        model = poseidon.DistributedModel(net, batch=GLOBAL // 4, groups=a.groups, optimizer=opt,
+                                          merged_fc=net.merged_fc() if a.merged_fc else None)
     else:
         model = poseidon.DistributedModel(net, batch=GLOBAL // 4, scheme="ps")
     schedule = None if a.checkpoint else torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
@@ -113,7 +137,10 @@ def main():
         rows = GLOBAL // model.world_size
         mine = slice(model.rank * rows, (model.rank + 1) * rows)
         opt.zero_grad()
-        F.cross_entropy(model(x[mine]), y[mine]).backward()
+        if a.merged_fc:
+            model.fc_loss(model(x[mine]), y[mine]).backward()  # the FC server's loss; the conv backward here
+        else:
+            F.cross_entropy(model(x[mine]), y[mine]).backward()
         model.step(opt)  # BSP: synchronize() and opt.step(); groups: the shards apply the round
         if schedule is not None:
             schedule.step()
@@ -123,9 +150,10 @@ def main():
     if a.groups:
         model.pull_latest()  # a barrier: every shard has applied every round, and counted it
         stats = model.staleness()
+    fc_updates = model.fc_updates() if a.merged_fc else None
     model.finish()  # with groups: every rank holds the latest model (finish() pulls it too)
     torch.save({"params": [t.detach().clone() for t in net.parameters()], "start": start, "staleness": stats,
-                "workers": model.world_size}, "%s.rank%d" % (a.out, model.rank))
+                "workers": model.world_size, "fc_updates": fc_updates}, "%s.rank%d" % (a.out, model.rank))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,69 @@
+#include "poseidon/torch/merged_fc.h"
+
+#include "poseidon/common/error.h"
+
+namespace poseidon::pt {
+
+MergedFc::MergedFc(DistributedModel& features, std::function<torch::Tensor(torch::Tensor)> classifier,
+                   std::vector<torch::Tensor> classifierParams, double momentum, double weightDecay,
+                   const std::vector<torch::Tensor>& momentumBuffers)
+    : dist_(features), params_(std::move(classifierParams)) {
+  if (!features.node().book().settings().groupMode()) {
+    throw InvalidArgument("merged FC runs the conv layers in compute groups: the job needs groups >= 1");
+  }
+  if (params_.empty()) throw InvalidArgument("merged FC: the classifier has no trainable parameters");
+  for (const auto& p : params_) {
+    if (p.scalar_type() != torch::kFloat32 || !p.is_contiguous()) {
+      throw InvalidArgument("merged FC: the classifier's parameters must be contiguous float32 tensors");
+    }
+  }
+  if (!momentumBuffers.empty() && momentumBuffers.size() != params_.size()) {
+    throw InvalidArgument(strCat("merged FC: ", momentumBuffers.size(), " momentum buffers for the classifier's ",
+                                 params_.size(), " parameters"));
+  }
+  if (dist_.node().rank() == kFcServerRank) {
+    server_ = std::make_unique<FcServer>(dist_.node(), std::move(classifier), params_, momentum, weightDecay,
+                                         momentumBuffers);
+  }
+}
+
+MergedFc::~MergedFc() { stop(); }
+
+void MergedFc::stop() {
+  if (server_) server_->stop();
+}
+
+MergedFc::Reply MergedFc::exchange(const torch::Tensor& features, const torch::Tensor& labels, float lr) {
+  if (features.dim() != 2 || features.scalar_type() != torch::kFloat32) {
+    throw InvalidArgument(strCat("merged FC: the features must be a 2-D float32 tensor (rows x features), got ",
+                                 features.dim(), "-D ", c10::toString(features.scalar_type())));
+  }
+  if (labels.dim() != 1 || labels.scalar_type() != torch::kLong || labels.size(0) != features.size(0)) {
+    throw InvalidArgument(strCat("merged FC: the labels must be an int64 tensor of one class per row (",
+                                 features.size(0), "), got ", labels.dim(), "-D ", c10::toString(labels.scalar_type()),
+                                 " with ", labels.numel(), " elements"));
+  }
+  torch::Tensor h = features.detach().contiguous();
+  torch::Tensor y = labels.contiguous();
+  const int64_t rows = h.size(0), cols = h.size(1);
+  std::vector<uint8_t> reply = dist_.node().fcExchange(
+      dist_.node().iteration(), encodeFcForward(lr, rows, cols, h.data_ptr<float>(), y.data_ptr<int64_t>()));
+  FcBackwardView v = decodeFcBackward(reply);
+  if (v.rows != rows || v.cols != cols) {
+    throw ProtocolError(
+        strCat("the FC server answered ", v.rows, " x ", v.cols, " for a ", rows, " x ", cols, " request"));
+  }
+  Reply r;
+  r.loss = v.loss;
+  r.gradient = torch::from_blob(const_cast<float*>(v.gradient), {rows, cols}, torch::kFloat32).clone();
+  return r;
+}
+
+void MergedFc::broadcastClassifier() {
+  torch::NoGradGuard guard;
+  for (auto& p : params_) {
+    dist_.node().broadcast(kFcServerRank, LayerBuffer::contiguous(p.data_ptr<float>(), p.numel()));
+  }
+}
+
+}  // namespace poseidon::pt

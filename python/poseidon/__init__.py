@@ -18,6 +18,7 @@ docs/python.md.
 
 import atexit
 import contextlib
+import copy
 import math
 import weakref
 
@@ -133,7 +134,10 @@ class DistributedModel(torch.nn.Module):
                        wire=str(wire), send_window=int(send_window))
         self.groups = int(groups)
         self._group_optimizer = None
-        self._features, self._classifier = self._check_merged_fc(merged_fc)
+        # Plain attributes, not submodules: the wrapper's state_dict stays the module's.
+        features, classifier = self._check_merged_fc(merged_fc)
+        object.__setattr__(self, "_features", features)
+        object.__setattr__(self, "_classifier", classifier)
         self._fc_round = False  # merged FC: a training forward ran and its fc_loss() has not
         if self.groups != 0 or optimizer is not None or staleness is not None or merged_fc is not None:
             self._check_groups(options, optimizer, staleness, overlap_forward)
@@ -171,6 +175,8 @@ class DistributedModel(torch.nn.Module):
         theirs = [p for p in classifier.parameters() if p.requires_grad]
         if not theirs:
             raise InvalidArgument("merged_fc: the classifier has no trainable parameters")
+        if any(p.dtype != torch.float32 or not p.is_contiguous() for p in theirs):
+            raise InvalidArgument("merged_fc: the classifier's parameters must be contiguous float32 tensors")
         if any(id(p) not in ours for p in theirs):
             raise InvalidArgument("merged_fc: the classifier's parameters must be the module's (a submodule, or "
                                   "a module holding some of its layers)")
@@ -327,8 +333,20 @@ class DistributedModel(torch.nn.Module):
         self._batch = batch
         if fc_layers:
             fc_params = [p for (_, _, _, params) in fc_layers for p in params]
-            self._impl.start_merged_fc(self._classifier, fc_params, float(self._group_sgd["momentum"]),
-                                       float(self._group_sgd["weight_decay"]), self._momentum(fc_params))
+            server, server_params = None, []
+            if self.rank == 0:
+                # The FC server trains a copy of its own: rank 0's module keeps the classifier as the last
+                # pull_latest() left it, as every rank's does, whatever rank 0's program does meanwhile.
+                server = copy.deepcopy(self._classifier)
+                mine = {id(p): i for i, p in enumerate(self._classifier.parameters())}
+                theirs = list(server.parameters())
+                server_params = [theirs[mine[id(p)]] for p in fc_params]
+            try:
+                self._impl.start_merged_fc(server, fc_params, server_params, float(self._group_sgd["momentum"]),
+                                           float(self._group_sgd["weight_decay"]), self._momentum(fc_params))
+            except Exception:
+                self._impl.close()  # no half-built job: its peers learn this rank left
+                raise
         if self._overlap_forward:
             # One gate per layer module (the modules that own trainable parameters, in _describe's order).
             # A gate also finishes the layers below its module (a module may use a child's parameters

@@ -167,6 +167,22 @@ class ComputeGroups(TempDirTest):
             for p, q in zip(self.params("straight", r)["params"], self.params("resumed", r)["params"]):
                 self.assertTrue(torch.equal(p, q), "rank %d" % r)
 
+        # Two groups checkpointed mid-run: 3 rounds of each (version 6), the FC server's classifier and
+        # momentum with them; a job resumed from it without further steps ends on exactly its model.
+        ck2 = self.path("ck2")
+        two = launch(4, JOB, self.path("two"), "--groups", 2, "--steps", 6, "--momentum", 0.3, "--checkpoint", ck2,
+                     "--save-at", 3, "--merged-fc")
+        self.assertEqual(two.code, 0, str(two))
+        meta, model, opt = self.checkpoint(ck2, 3)
+        self.assertEqual((meta["groups"], meta["group_version"]), (2, 6))
+        self.assertTrue(all(bool(s["momentum_buffer"].abs().sum() > 0) for s in opt["state"].values()))
+        again = launch(4, JOB, self.path("again"), "--groups", 2, "--steps", 3, "--momentum", 0.3,
+                       "--checkpoint", ck2, "--resume", "--merged-fc")
+        self.assertEqual(again.code, 0, str(again))
+        for r in range(4):
+            for p, q in zip(model.values(), self.params("again", r)["params"]):
+                self.assertTrue(torch.equal(p, q), "rank %d" % r)
+
     def test_misuse_is_refused_with_its_reason(self):
         run = alone(JOB, "--misuse")
         self.assertEqual(run.code, 0, str(run))

@@ -12,8 +12,9 @@
 // already registers torch::nn::Module with pybind11.
 //
 // Every call that can block (rendezvous, synchronize, finish, close) releases
-// the GIL: the runtime's threads never take it, and a rank waiting for its
-// peers must not stop the rest of its own Python program.
+// the GIL: a rank waiting for its peers must not stop the rest of its own
+// Python program. The runtime's threads never take it, but for one: merged FC's
+// server on rank 0 calls the Python classifier with the GIL taken for the call.
 #include <torch/extension.h>
 
 #include <memory>
@@ -163,9 +164,11 @@ class Model {
   }
 
   // Merged FC (every rank, after the join): rank 0 starts the FC server, which calls `classifier` (a
-  // Python callable) on its own thread with the GIL taken for the call.
-  void startMergedFc(const py::object& classifier, const std::vector<torch::Tensor>& params, double momentum,
-                     double weightDecay, const std::vector<torch::Tensor>& momentumBuffers) {
+  // Python callable over `serverParams`, a copy of the module's classifier `params` that only the
+  // server touches; None elsewhere) on its own thread with the GIL taken for the call.
+  void startMergedFc(const py::object& classifier, const std::vector<torch::Tensor>& params,
+                     const std::vector<torch::Tensor>& serverParams, double momentum, double weightDecay,
+                     const std::vector<torch::Tensor>& momentumBuffers) {
     if (merged_) throw InvalidArgument("merged FC already started");
     classifier_ = classifier;
     PyObject* fn = classifier_.ptr();  // kept alive by classifier_ until close() has stopped the thread
@@ -180,7 +183,8 @@ class Model {
       }
     };
     py::gil_scoped_release release;
-    merged_ = std::make_unique<pt::MergedFc>(model(), call, params, momentum, weightDecay, momentumBuffers);
+    merged_ =
+        std::make_unique<pt::MergedFc>(model(), call, params, momentum, weightDecay, momentumBuffers, serverParams);
   }
 
   pt::MergedFc& merged() {
@@ -190,7 +194,8 @@ class Model {
   }
   bool hasMergedFc() const { return merged_ != nullptr; }
 
-  // The FC server's thread first: it runs rounds on the node (and may wait for the GIL).
+  // The FC server's thread first: it runs rounds on the node (and may wait for the GIL). Rounds left
+  // unserved are not its error: the node tells the peers this rank left.
   void close() {
     merged_.reset();
     model_.reset();
@@ -263,21 +268,25 @@ PYBIND11_MODULE(_poseidon, m) {
       // buffers, version): the first worker's module then holds the shards' parameters. The barrier after
       // the fetch keeps every rank from pushing into the state being read.
       // With merged FC the FC server's momentum buffers come too (on rank 0, the server's; else empty),
-      // read before that barrier: no member has its next round's features out yet.
+      // and rank 0's module takes the server's classifier, both before that barrier: no member has its
+      // next round's features out yet.
       .def(
           "group_state",
           [](Model& s) {
             auto [buffers, version] = s.model().groupState();
             std::vector<torch::Tensor> fc;
-            if (s.hasMergedFc() && s.merged().server()) fc = s.merged().server()->momentumBuffers();
+            if (s.hasMergedFc() && s.merged().server()) {
+              fc = s.merged().server()->momentumBuffers();
+              s.merged().takeServerClassifier();
+            }
             s.model().node().barrier();
             const bool first = s.model().rank() == s.model().node().book().workerRanks().front();
             return std::make_tuple(first, std::move(buffers), version, std::move(fc));
           },
           py::call_guard<py::gil_scoped_release>())
       // Merged FC (Omnivore section V-A; torch/merged_fc.h).
-      .def("start_merged_fc", &Model::startMergedFc, py::arg("classifier"), py::arg("params"), py::arg("momentum"),
-           py::arg("weight_decay"), py::arg("momentum_buffers"))
+      .def("start_merged_fc", &Model::startMergedFc, py::arg("classifier"), py::arg("params"), py::arg("server_params"),
+           py::arg("momentum"), py::arg("weight_decay"), py::arg("momentum_buffers"))
       .def(
           "fc_exchange",
           [](Model& s, const torch::Tensor& h, const torch::Tensor& y, float lr) {

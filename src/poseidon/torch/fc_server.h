@@ -41,8 +41,9 @@ class FcServer {
   FcServer(const FcServer&) = delete;
   FcServer& operator=(const FcServer&) = delete;
 
-  // Ends the thread, after the last round every worker sent (a round left half-served fails the job).
-  void stop();
+  // Ends the thread, after the last round every worker sent (a round left half-served fails the job,
+  // unless `abandon`: the rank is leaving after an error, and its peers learn that from the node).
+  void stop(bool abandon = false);
   void withModel(const std::function<void()>& fn);
   // The optimizer's momentum buffers, one per parameter (zeros before the first update), for a
   // checkpoint; call it with no update in flight (after a barrier of every rank).
@@ -67,6 +68,7 @@ class FcServer {
   std::atomic<int64_t> updates_{0};
   std::atomic<int64_t> busyMicros_{0};
   std::atomic<bool> stop_{false};
+  std::atomic<bool> abandon_{false};
   std::thread thread_;
 };
 

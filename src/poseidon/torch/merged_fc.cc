@@ -6,7 +6,7 @@ namespace poseidon::pt {
 
 MergedFc::MergedFc(DistributedModel& features, std::function<torch::Tensor(torch::Tensor)> classifier,
                    std::vector<torch::Tensor> classifierParams, double momentum, double weightDecay,
-                   const std::vector<torch::Tensor>& momentumBuffers)
+                   const std::vector<torch::Tensor>& momentumBuffers, std::vector<torch::Tensor> serverParams)
     : dist_(features), params_(std::move(classifierParams)) {
   if (!features.node().book().settings().groupMode()) {
     throw InvalidArgument("merged FC runs the conv layers in compute groups: the job needs groups >= 1");
@@ -21,16 +21,39 @@ MergedFc::MergedFc(DistributedModel& features, std::function<torch::Tensor(torch
     throw InvalidArgument(strCat("merged FC: ", momentumBuffers.size(), " momentum buffers for the classifier's ",
                                  params_.size(), " parameters"));
   }
-  if (dist_.node().rank() == kFcServerRank) {
-    server_ = std::make_unique<FcServer>(dist_.node(), std::move(classifier), params_, momentum, weightDecay,
-                                         momentumBuffers);
+  if (!serverParams.empty()) {
+    if (serverParams.size() != params_.size()) {
+      throw InvalidArgument(
+          strCat("merged FC: ", serverParams.size(), " server parameters for the classifier's ", params_.size()));
+    }
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!serverParams[i].sizes().equals(params_[i].sizes()) || serverParams[i].scalar_type() != torch::kFloat32 ||
+          !serverParams[i].is_contiguous()) {
+        throw InvalidArgument(strCat("merged FC: server parameter ", i, " does not match the classifier's"));
+      }
+    }
   }
+  if (dist_.node().rank() == kFcServerRank) {
+    serverParams_ = std::move(serverParams);
+    server_ =
+        std::make_unique<FcServer>(dist_.node(), std::move(classifier), serverParams_.empty() ? params_ : serverParams_,
+                                   momentum, weightDecay, momentumBuffers);
+  }
+  broadcastClassifier();  // every rank starts from rank 0's classifier
 }
 
-MergedFc::~MergedFc() { stop(); }
+MergedFc::~MergedFc() { stop(/*abandon=*/true); }
 
-void MergedFc::stop() {
-  if (server_) server_->stop();
+void MergedFc::stop(bool abandon) {
+  if (server_) server_->stop(abandon);
+}
+
+void MergedFc::takeServerClassifier() {
+  if (!server_ || serverParams_.empty()) return;
+  server_->withModel([&] {
+    torch::NoGradGuard guard;
+    for (size_t i = 0; i < params_.size(); ++i) params_[i].copy_(serverParams_[i]);
+  });
 }
 
 MergedFc::Reply MergedFc::exchange(const torch::Tensor& features, const torch::Tensor& labels, float lr) {
@@ -61,7 +84,21 @@ MergedFc::Reply MergedFc::exchange(const torch::Tensor& features, const torch::T
 
 void MergedFc::broadcastClassifier() {
   torch::NoGradGuard guard;
-  for (auto& p : params_) {
+  std::vector<torch::Tensor> source = params_;
+  if (server_) {
+    // The server's classifier between two updates (a group that already has its copy may start its
+    // next round while the root still sends to the others): into the module's when the server has
+    // its own, else a snapshot.
+    server_->withModel([&] {
+      for (size_t i = 0; i < params_.size(); ++i) {
+        if (serverParams_.empty())
+          source[i] = params_[i].clone();
+        else
+          params_[i].copy_(serverParams_[i]);
+      }
+    });
+  }
+  for (auto& p : source) {
     dist_.node().broadcast(kFcServerRank, LayerBuffer::contiguous(p.data_ptr<float>(), p.numel()));
   }
 }

@@ -34,8 +34,8 @@ void chargeSum(double scaledBytes, WorkClock::time_point start) {
   if (gModel.sumBytes > 0) hold(scaledBytes * gModel.byteScale / gModel.sumBytes, start, gSumNs);
 }
 
-void chargeCrypto(double scaledBytes, int connection) {
-  if (gModel.cryptoBytes <= 0) return;
+WorkClock::time_point admitCrypto(double scaledBytes, int connection) {
+  if (gModel.cryptoBytes <= 0) return WorkClock::time_point::min();
   const auto cost = std::chrono::duration_cast<WorkClock::duration>(
       std::chrono::duration<double>(scaledBytes * gModel.byteScale / gModel.cryptoBytes));
   WorkClock::time_point done;
@@ -45,7 +45,12 @@ void chargeCrypto(double scaledBytes, int connection) {
     done = gLanes.admit(WorkClock::now(), cost, connection);  // after the lane's earlier messages
   }
   gCryptoNs += std::chrono::duration_cast<std::chrono::nanoseconds>(cost).count();
-  std::this_thread::sleep_until(done);
+  return done;
+}
+
+void chargeCrypto(double scaledBytes, int connection) {
+  const auto done = admitCrypto(scaledBytes, connection);
+  if (done != WorkClock::time_point::min()) std::this_thread::sleep_until(done);
 }
 
 ChargedSeconds chargedSeconds() {

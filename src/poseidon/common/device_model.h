@@ -49,10 +49,14 @@ using WorkClock = std::chrono::steady_clock;
 // has passed (the real time already spent counts toward it).
 void chargeGemm(double scaledFlops, WorkClock::time_point start);
 void chargeSum(double scaledBytes, WorkClock::time_point start);
-// Encryption runs on ZeroMQ's I/O threads, out of our sight: its whole
-// full-width cost is charged to the thread that sends or receives. Each
-// connection is encrypted by one I/O thread (connection % cryptoLanes), one
-// message after another: a message waits for the earlier ones on its lane.
+// Encryption runs on ZeroMQ's I/O threads, out of our sight. Each connection
+// is encrypted by one I/O thread (connection % cryptoLanes), one message after
+// another: a message waits for the earlier ones on its lane. admitCrypto puts
+// the message's full-width cost on its lane and returns when the lane is done
+// with it, without waiting (the transport holds the message until then: the
+// caller goes on, as it does with ZeroMQ's I/O threads); WorkClock::time_point::min()
+// when encryption is not charged. chargeCrypto holds the caller until then.
+WorkClock::time_point admitCrypto(double scaledBytes, int connection);
 void chargeCrypto(double scaledBytes, int connection);
 
 // The I/O threads' timelines behind chargeCrypto: a message on `connection`

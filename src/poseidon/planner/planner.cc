@@ -215,9 +215,10 @@ class Egress {
 //    the ingress serves it from when the egress starts it, in arrival order; with priority links,
 //    by priority: their small send windows keep the less urgent bytes queued at the senders, so
 //    an urgent fragment waits for little at the receiver);
-//  - the receiver's one receive loop (client/node.cc) decrypts it, and for a push to the shard also
-//    adds it and, with the last worker's push, encrypts the sum for each worker in turn
-//    (Node::sendAll): that work runs next on the loop, before the next message is taken;
+//  - the receiver's I/O thread decrypts it (after the messages before it on that thread); its one
+//    receive loop (client/node.cc) then takes it, and for a push to the shard also adds it and, with
+//    the last worker's push, sends the sum to each worker (Node::sendAll; each is encrypted by an
+//    I/O thread, not on the loop): that work runs next on the loop, before the next message;
 //  - the transport charges encryption per connection, 2 p out to peer p and 2 p + 1 in from it, on
 //    I/O thread (connection mod lanes), one message after another (common/device_model.h): with
 //    two, every send is encrypted on one and every receive on the other.
@@ -241,10 +242,9 @@ class Network {
       loop_.emplace_back(sim, 1.0);
     }
   }
-  // Lower priority values go first on a prioritized egress; FIFO otherwise. `encrypted`: the
-  // caller has spent the encryption already (the receive loop's sends).
-  void send(int iteration, int src, int dst, double payload, int64_t priority, Sim::Fn deliver,
-            bool encrypted = false) {
+  // Lower priority values go first on a prioritized egress; FIFO otherwise. The caller goes on: the
+  // message reaches the egress once its I/O thread has encrypted it.
+  void send(int iteration, int src, int dst, double payload, int64_t priority, Sim::Fn deliver) {
     if (src == dst) {  // our own copy costs no network time, but the receive loop handles it like any other
       loop_[static_cast<size_t>(dst)].submitTimed([this] { return c_.messageSeconds; }, 0, std::move(deliver));
       return;
@@ -260,10 +260,16 @@ class Network {
         Sim::Fn arrived;
         if (last)
           arrived = [this, src, dst, headered, deliver = std::move(deliver)]() mutable {
-            // Decrypted on the receive loop, which waits for the I/O thread of the connection.
-            loop_[static_cast<size_t>(dst)].submitTimed(
-                [this, src, dst, headered] { return encryption(dst, 2 * src + 1, headered) + c_.messageSeconds; }, 0,
-                std::move(deliver));
+            // Decrypted by the I/O thread of the connection (after the ones before it), then handled
+            // by the receive loop, which takes other messages meanwhile (transport/van.cc).
+            auto handle = [this, dst, deliver = std::move(deliver)]() mutable {
+              loop_[static_cast<size_t>(dst)].submitTimed([this] { return c_.messageSeconds; }, 0, std::move(deliver));
+            };
+            const double decrypt = encryption(dst, 2 * src + 1, headered);
+            if (decrypt > 0)
+              sim_->at(sim_->now() + decrypt, std::move(handle));
+            else
+              handle();
           };
         ingress_[static_cast<size_t>(dst)].submit(
             units, 0, [this, arrived = std::move(arrived)](double, double end, double, bool) mutable {
@@ -272,7 +278,7 @@ class Network {
       };
       egress_[static_cast<size_t>(src)].submit(dst, onLink, order, std::move(chunk));
     };
-    if (crypto_ > 0 && !encrypted) {
+    if (crypto_ > 0) {
       sim_->at(sim_->now() + encryption(src, 2 * dst, headered), std::move(onWire));
     } else {
       onWire();
@@ -443,15 +449,8 @@ class PoseidonModel {
           if (++pushes_[static_cast<size_t>(it)][static_cast<size_t>(id)] < P_) return;
           for (int v = 0; v < P_; ++v) {
             Sim::Fn deliver = [this, v, it, l] { aggregateIn(v, it, l); };
-            if (v == shard) {
-              net_.send(it, shard, v, bytes, priority(it, l), std::move(deliver));
-              continue;
-            }
-            net_.onLoop(
-                shard, [this, shard, v, bytes] { return net_.encryption(shard, 2 * v, net_.headered(bytes)); },
-                [this, it, shard, v, bytes, l, deliver = std::move(deliver)]() mutable {
-                  net_.send(it, shard, v, bytes, priority(it, l), std::move(deliver), /*encrypted=*/true);
-                });
+            // Encrypted by the I/O thread of the connection, not on the loop (transport/van.cc).
+            net_.send(it, shard, v, bytes, priority(it, l), std::move(deliver));
           }
         });
   }
@@ -590,15 +589,7 @@ class GroupModel {
     for (int m = 0; m < k_; ++m) {
       const int v = G * k_ + m;
       Sim::Fn deliver = [this, v, r] { replyIn(v, r); };
-      if (v == shard) {
-        net_.send(r, shard, v, bytes, 0, std::move(deliver));
-        continue;
-      }
-      net_.onLoop(
-          shard, [this, shard, v, bytes] { return net_.encryption(shard, 2 * v, net_.headered(bytes)); },
-          [this, r, shard, v, bytes, deliver = std::move(deliver)]() mutable {
-            net_.send(r, shard, v, bytes, 0, std::move(deliver), /*encrypted=*/true);
-          });
+      net_.send(r, shard, v, bytes, 0, std::move(deliver));  // encrypted by its I/O thread
     }
   }
   void replyIn(int n, int r) {

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <limits>
 #include <cstring>
+#include <functional>
+#include <limits>
+#include <thread>
 
 #include "poseidon/common/device_model.h"
 #include "poseidon/common/error.h"
@@ -89,6 +91,7 @@ Van::Van(zmq::context_t& ctx, const VanOptions& options)
 Van::~Van() { close(); }
 
 void Van::close() {
+  stopEncrypting();  // hands over what is being encrypted (sendNow refuses once closed_ is set)
   if (closed_.exchange(true)) return;
   int linger = options_.lingerMs;
   if (sender_.joinable()) {
@@ -162,6 +165,49 @@ void Van::connectPeers(int selfRank, const std::vector<std::string>& endpoints, 
     scheduled_ = true;
     sender_ = std::thread([this] { senderLoop(); });
   }
+  if (options_.curve && deviceModel().cryptoBytes > 0) {
+    chargedCrypto_ = true;
+    encrypter_ = std::thread([this] { encryptLoop(); });
+  }
+}
+
+void Van::encryptLoop() {
+  std::unique_lock<std::mutex> lock(encryptMutex_);
+  for (;;) {
+    if (encrypting_.empty()) {
+      if (stopEncrypt_) return;
+      encryptCv_.wait(lock);
+      continue;
+    }
+    const auto at = encrypting_.front().at;
+    if (std::chrono::steady_clock::now() < at) {
+      encryptCv_.wait_until(lock, at);
+      continue;
+    }
+    std::pop_heap(encrypting_.begin(), encrypting_.end(), std::greater<>());
+    InCrypto m = std::move(encrypting_.back());
+    encrypting_.pop_back();
+    lock.unlock();
+    try {
+      sendNow(m.dest, m.header, std::move(m.head), std::move(m.body));
+    } catch (const std::exception& e) {
+      lock.lock();
+      if (encryptError_.empty()) encryptError_ = e.what();  // every later send() throws it
+      POSEIDON_LOG(kError) << e.what();
+      continue;
+    }
+    lock.lock();
+  }
+}
+
+void Van::stopEncrypting() {
+  {
+    std::lock_guard<std::mutex> lock(encryptMutex_);
+    stopEncrypt_ = true;
+  }
+  encryptCv_.notify_all();
+  std::lock_guard<std::mutex> join(encryptJoinMutex_);
+  if (encrypter_.joinable()) encrypter_.join();
 }
 
 Van::Priority Van::priorityOf(const FrameHeader& header) {
@@ -343,8 +389,36 @@ void Van::send(int dest, FrameHeader header, const Part* partsBegin, size_t numP
       loopOut_.send(body, zmq::send_flags::none);
       return;
     }
-    // CURVE encrypts what leaves, on the I/O thread of this outbound connection.
-    if (options_.curve) chargeCrypto(static_cast<double>(kHeaderBytes + total), outboundConnection(dest));
+  } catch (const zmq::error_t& e) {
+    throw IoError(strCat("send of ", msgTypeName(header.type), " to rank ", dest, " failed: ", e.what()));
+  }
+  if (chargedCrypto_) {
+    // CURVE encrypts what leaves on the I/O thread of this outbound connection; the bytes reach the
+    // link when it is done, and the caller goes on meanwhile.
+    const auto at = admitCrypto(static_cast<double>(kHeaderBytes + total), outboundConnection(dest));
+    {
+      std::lock_guard<std::mutex> lock(encryptMutex_);
+      if (closed_ || stopEncrypt_) throw IoError("transport closed");
+      if (!encryptError_.empty()) throw IoError(encryptError_);
+      InCrypto m;
+      m.at = at;
+      m.seq = encryptSeq_++;
+      m.dest = dest;
+      m.header = header;
+      m.head = std::move(head);
+      m.body = std::move(body);
+      encrypting_.push_back(std::move(m));
+      std::push_heap(encrypting_.begin(), encrypting_.end(), std::greater<>());
+    }
+    encryptCv_.notify_one();
+    return;
+  }
+  sendNow(dest, header, std::move(head), std::move(body));
+}
+
+void Van::sendNow(int dest, const FrameHeader& header, zmq::message_t head, zmq::message_t body) {
+  const size_t total = body.size();
+  try {
     if (scheduled_) {
       // Whole, or in fragments of the window's size (each: the header, its slice, and where it goes).
       const size_t chunk = static_cast<size_t>(options_.sendWindowBytes);
@@ -438,10 +512,24 @@ bool Van::receiveFrom(zmq::socket_t& socket, bool loopback, Message* out) {
   out->peer = std::move(peer);
   if (!loopback) {
     counters_.addReceived(wire::trafficLayer(h), kindOf(h.type), kHeaderBytes + h.payloadBytes);
-    // ... and decrypts it, on the I/O thread of this inbound connection.
-    if (options_.curve) chargeCrypto(static_cast<double>(kHeaderBytes + h.payloadBytes), inboundConnection(h.sender));
+    return decrypted(out);
   }
   return true;
+}
+
+bool Van::decrypted(Message* out) {
+  if (!options_.curve) return true;
+  // CURVE decrypts it on the I/O thread of this inbound connection.
+  const auto at =
+      admitCrypto(static_cast<double>(kHeaderBytes + out->header.payloadBytes), inboundConnection(out->header.sender));
+  if (at == std::chrono::steady_clock::time_point::min()) return true;  // not charged
+  InCrypto m;
+  m.at = at;
+  m.seq = decryptSeq_++;
+  m.message = std::move(*out);
+  decrypting_.push_back(std::move(m));
+  std::push_heap(decrypting_.begin(), decrypting_.end(), std::greater<>());
+  return false;
 }
 
 bool Van::addFragment(const FrameHeader& h, zmq::message_t& chunk, const zmq::message_t& where,
@@ -491,8 +579,7 @@ bool Van::addFragment(const FrameHeader& h, zmq::message_t& chunk, const zmq::me
   out->peer = peer;
   partials_.erase(it);
   counters_.addReceived(wire::trafficLayer(h), kindOf(h.type), kHeaderBytes + h.payloadBytes);
-  if (options_.curve) chargeCrypto(static_cast<double>(kHeaderBytes + h.payloadBytes), inboundConnection(h.sender));
-  return true;
+  return decrypted(out);
 }
 
 bool Van::poll(Message* out, int timeoutMs) {
@@ -502,7 +589,22 @@ bool Van::poll(Message* out, int timeoutMs) {
   const int numItems = monitor_ ? 3 : 2;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeoutMs);
   for (;;) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    auto now = std::chrono::steady_clock::now(), until = deadline;
+    if (!decrypting_.empty()) {  // charged decryption (decrypted()): the first one done is delivered
+      const auto at = decrypting_.front().at;
+      if (at <= now) {
+        std::pop_heap(decrypting_.begin(), decrypting_.end(), std::greater<>());
+        *out = std::move(decrypting_.back().message);
+        decrypting_.pop_back();
+        return true;
+      }
+      if (at - now < std::chrono::milliseconds(1)) {  // below zmq_poll's resolution
+        std::this_thread::sleep_until(at);
+        continue;
+      }
+      until = std::min(until, at);
+    }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - now);
     if (left.count() < 0) left = std::chrono::milliseconds(0);
     try {
       zmq::poll(items, numItems, left);

@@ -222,6 +222,38 @@ class Van {
   bool scheduled_ = false;  // a sender thread runs (set in connectPeers, before any send)
   zmq::socket_t wakeIn_, wakeOut_;  // inproc PAIR: a send() wakes the sender's poll
   std::thread sender_;
+
+  // CURVE's encryption charged on the device model (common/device_model.h; the benchmark's ranks):
+  // ZeroMQ's I/O threads encrypt and decrypt while the caller and the receive loop go on. A message
+  // sent is held here until its I/O thread is done encrypting it, then handed over (sendNow); one
+  // received is held until it is decrypted, while the receive loop takes other connections' messages.
+  // Each connection stays FIFO: its messages share a lane, whose end times only grow.
+  struct InCrypto {
+    std::chrono::steady_clock::time_point at;  // when its I/O thread is done with it
+    uint64_t seq = 0;
+    int dest = -1;  // outbound only
+    FrameHeader header;
+    zmq::message_t head, body;  // outbound only
+    Message message;            // inbound only
+    bool operator>(const InCrypto& o) const { return at != o.at ? at > o.at : seq > o.seq; }
+  };
+  // Hands a built message to the links (the priority queue or the peer's DEALER) and counts it.
+  void sendNow(int dest, const FrameHeader& header, zmq::message_t head, zmq::message_t body);
+  // A whole message received: true to deliver it now, false when it waits for its decryption.
+  bool decrypted(Message* out);
+  void encryptLoop();
+  void stopEncrypting();
+  bool chargedCrypto_ = false;  // set in connectPeers, before any send
+  std::mutex encryptMutex_;     // guards encrypting_, stopEncrypt_, encryptError_
+  std::condition_variable encryptCv_;
+  std::vector<InCrypto> encrypting_;  // a min-heap by (at, seq)
+  uint64_t encryptSeq_ = 0;
+  bool stopEncrypt_ = false;
+  std::string encryptError_;
+  std::mutex encryptJoinMutex_;
+  std::thread encrypter_;
+  std::vector<InCrypto> decrypting_;  // a min-heap by (at, seq); receive thread only
+  uint64_t decryptSeq_ = 0;
 };
 
 }  // namespace poseidon

@@ -33,19 +33,21 @@ FrameHeader header(MsgType type, uint32_t layer) {
 // Two ranks over CURVE; encryption at 1e6 bytes/s on 2 I/O threads per process (a message of
 // n bytes, header included, takes n / 1e6 s on its lane).
 struct CurveLink {
-  static VanOptions options(const CurveKeys& keys) {
+  static VanOptions options(const CurveKeys& keys, int sendWindow) {
     VanOptions o;
     o.curve = &keys;
+    o.lingerMs = 60000;  // close() delivers what it flushes on a loaded machine too
+    o.sendWindowBytes = sendWindow;
     return o;
   }
-  explicit CurveLink(bool charged) : keys(deriveCurveKeys("van-crypto-test")), zap(ctx, keys) {
+  explicit CurveLink(bool charged, int sendWindow = 0) : keys(deriveCurveKeys("van-crypto-test")), zap(ctx, keys) {
     DeviceModel m;
     m.name = "test";
     m.cryptoBytes = charged ? 1e6 : 0;
     m.cryptoLanes = 2;
     setDeviceModel(m);  // before the vans: connectPeers decides whether encryption is charged
-    a = std::make_unique<Van>(ctx, options(keys));
-    b = std::make_unique<Van>(ctx, options(keys));
+    a = std::make_unique<Van>(ctx, options(keys, sendWindow));
+    b = std::make_unique<Van>(ctx, options(keys, 0));
     std::vector<std::string> endpoints{a->endpoint(), b->endpoint()};
     a->connectPeers(0, endpoints, kJob);
     b->connectPeers(1, endpoints, kJob);
@@ -73,11 +75,13 @@ bool next(Van& van, Message* m) {
 TEST(VanCrypto, EncryptionAndDecryptionRunBesideTheSenderAndTheReceiveLoop) {
   CurveLink link(/*charged=*/true);
   Van &a = *link.a, &b = *link.b;
-  const auto big = payload(1000000, 1);  // 1 s to encrypt on a's I/O thread, 1 s to decrypt on b's
+  const auto big = payload(2000000, 1);  // 2 s to encrypt on a's I/O thread, 2 s to decrypt on b's
   const auto start = Clock::now();
   a.send(1, header(MsgType::kPsPush, 3), big.data(), big.size());
-  // send() returned at once; the message reaches the link when its encryption is done.
-  EXPECT_EQ(a.counters().total(TrafficKind::kPS).bytesSent, 0u);
+  // send() returned at once; the message reaches the link when its encryption is done (checked when
+  // this thread got here well before that, as it does unless the machine stalls it for seconds).
+  const uint64_t sentRightAway = a.counters().total(TrafficKind::kPS).bytesSent;
+  if (Clock::now() - start < std::chrono::seconds(1)) EXPECT_EQ(sentRightAway, 0u);
 
   // It arrives (the receive loop counts it) but is not delivered while it is being decrypted...
   Message m;
@@ -89,8 +93,8 @@ TEST(VanCrypto, EncryptionAndDecryptionRunBesideTheSenderAndTheReceiveLoop) {
     }
   }
   ASSERT_FALSE(early) << "delivered before its decryption";
-  ASSERT_EQ(b.counters().total(TrafficKind::kPS).bytesReceived, 1000000u);
-  EXPECT_EQ(a.counters().total(TrafficKind::kPS).bytesSent, 1000000u);
+  ASSERT_EQ(b.counters().total(TrafficKind::kPS).bytesReceived, 2000000u);
+  EXPECT_EQ(a.counters().total(TrafficKind::kPS).bytesSent, 2000000u);
   // ... and meanwhile the receive loop takes other messages: b's own comes first.
   const uint8_t one = 42;
   b.send(1, header(MsgType::kBarrier, 0), &one, 1);
@@ -101,8 +105,8 @@ TEST(VanCrypto, EncryptionAndDecryptionRunBesideTheSenderAndTheReceiveLoop) {
   EXPECT_EQ(m.header.layer, 3u);
   ASSERT_EQ(m.size(), big.size());
   EXPECT_TRUE(std::equal(big.begin(), big.end(), m.data()));
-  // Encrypted, then decrypted: at least 2 s after the send.
-  EXPECT_GE(std::chrono::duration<double>(Clock::now() - start).count(), 1.99);
+  // Encrypted, then decrypted: at least 4 s after the send.
+  EXPECT_GE(std::chrono::duration<double>(Clock::now() - start).count(), 3.99);
 }
 
 TEST(VanCrypto, EachConnectionStaysFifoAndCloseSendsWhatIsBeingEncrypted) {
@@ -118,6 +122,25 @@ TEST(VanCrypto, EachConnectionStaysFifoAndCloseSendsWhatIsBeingEncrypted) {
     ASSERT_TRUE(next(b, &m)) << "layer " << layer;
     EXPECT_EQ(m.header.layer, layer);
     EXPECT_EQ(m.size(), layer == 1 ? big.size() : small.size());
+  }
+}
+
+// Priority links (docs/scheduling.md) behind the encryption: a fragmented message and the small ones
+// after it arrive whole and in order, and close() flushes both stages.
+TEST(VanCrypto, PriorityLinksTakeWhatWasEncryptedAndCloseFlushesBoth) {
+  CurveLink link(/*charged=*/true, /*sendWindow=*/4096);
+  Van &a = *link.a, &b = *link.b;
+  const auto big = payload(200000, 5), small = payload(kHeaderBytes + 10, 6);  // 49 fragments
+  a.send(1, header(MsgType::kPsPush, 1), big.data(), big.size());
+  for (uint32_t layer = 2; layer < 5; ++layer) a.send(1, header(MsgType::kPsPush, layer), small.data(), small.size());
+  a.close();
+  for (uint32_t layer = 1; layer < 5; ++layer) {
+    Message m;
+    ASSERT_TRUE(next(b, &m)) << "layer " << layer;
+    EXPECT_EQ(m.header.layer, layer);
+    const auto& want = layer == 1 ? big : small;
+    ASSERT_EQ(m.size(), want.size());
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), m.data()));
   }
 }
 

@@ -179,8 +179,9 @@ void Van::encryptLoop() {
       encryptCv_.wait(lock);
       continue;
     }
+    // Closing: what is left goes now, in order, within close()'s linger (not at its modelled time).
     const auto at = encrypting_.front().at;
-    if (std::chrono::steady_clock::now() < at) {
+    if (!stopEncrypt_ && std::chrono::steady_clock::now() < at) {
       encryptCv_.wait_until(lock, at);
       continue;
     }
@@ -395,13 +396,12 @@ void Van::send(int dest, FrameHeader header, const Part* partsBegin, size_t numP
   if (chargedCrypto_) {
     // CURVE encrypts what leaves on the I/O thread of this outbound connection; the bytes reach the
     // link when it is done, and the caller goes on meanwhile.
-    const auto at = admitCrypto(static_cast<double>(kHeaderBytes + total), outboundConnection(dest));
     {
       std::lock_guard<std::mutex> lock(encryptMutex_);
       if (closed_ || stopEncrypt_) throw IoError("transport closed");
       if (!encryptError_.empty()) throw IoError(encryptError_);
       InCrypto m;
-      m.at = at;
+      m.at = admitCrypto(static_cast<double>(kHeaderBytes + total), outboundConnection(dest));
       m.seq = encryptSeq_++;
       m.dest = dest;
       m.header = header;
@@ -517,8 +517,34 @@ bool Van::receiveFrom(zmq::socket_t& socket, bool loopback, Message* out) {
   return true;
 }
 
+void Van::admitArrivals() {
+  if (!chargedCrypto_) return;
+  // Every message already here goes to its I/O thread now: its decryption starts when it arrives,
+  // not when the loop (busy with a message before it) gets to read it. Bounded, so that a flood
+  // cannot keep the loop from delivering.
+  zmq::pollitem_t item{router_.handle(), 0, ZMQ_POLLIN, 0};
+  for (int i = 0; i < 256; ++i) {
+    try {
+      zmq::poll(&item, 1, std::chrono::milliseconds(0));
+    } catch (const zmq::error_t& e) {
+      if (e.num() == EINTR) continue;
+      throw IoError(strCat("poll failed: ", e.what()));
+    }
+    if (!(item.revents & ZMQ_POLLIN)) return;
+    Message m;
+    if (receiveFrom(router_, false, &m)) {  // not charged after all: delivered in turn, now
+      InCrypto c;
+      c.at = std::chrono::steady_clock::now();
+      c.seq = decryptSeq_++;
+      c.message = std::move(m);
+      decrypting_.push_back(std::move(c));
+      std::push_heap(decrypting_.begin(), decrypting_.end(), std::greater<>());
+    }
+  }
+}
+
 bool Van::decrypted(Message* out) {
-  if (!options_.curve) return true;
+  if (!chargedCrypto_) return true;
   // CURVE decrypts it on the I/O thread of this inbound connection.
   const auto at =
       admitCrypto(static_cast<double>(kHeaderBytes + out->header.payloadBytes), inboundConnection(out->header.sender));
@@ -589,6 +615,7 @@ bool Van::poll(Message* out, int timeoutMs) {
   const int numItems = monitor_ ? 3 : 2;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeoutMs);
   for (;;) {
+    admitArrivals();
     auto now = std::chrono::steady_clock::now(), until = deadline;
     if (!decrypting_.empty()) {  // charged decryption (decrypted()): the first one done is delivered
       const auto at = decrypting_.front().at;
@@ -604,7 +631,10 @@ bool Van::poll(Message* out, int timeoutMs) {
       }
       until = std::min(until, at);
     }
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - now);
+    // To the deadline rounded up (a 0 ms poll in its last fraction of a millisecond would spin); to a
+    // decryption's end rounded down (at least 1 ms here; the rest is the sleep above).
+    auto left = until == deadline ? std::chrono::ceil<std::chrono::milliseconds>(until - now)
+                                  : std::chrono::floor<std::chrono::milliseconds>(until - now);
     if (left.count() < 0) left = std::chrono::milliseconds(0);
     try {
       zmq::poll(items, numItems, left);

@@ -241,6 +241,8 @@ class Van {
   void sendNow(int dest, const FrameHeader& header, zmq::message_t head, zmq::message_t body);
   // A whole message received: true to deliver it now, false when it waits for its decryption.
   bool decrypted(Message* out);
+  // Charged decryption: reads every message that has arrived (without waiting) into decrypting_.
+  void admitArrivals();
   void encryptLoop();
   void stopEncrypting();
   bool chargedCrypto_ = false;  // set in connectPeers, before any send

@@ -85,19 +85,15 @@ MergedFc::Reply MergedFc::exchange(const torch::Tensor& features, const torch::T
 void MergedFc::broadcastClassifier() {
   torch::NoGradGuard guard;
   std::vector<torch::Tensor> source = params_;
-  if (server_) {
-    // The server's classifier between two updates (a group that already has its copy may start its
-    // next round while the root still sends to the others): into the module's when the server has
-    // its own, else a snapshot.
+  // The server's classifier between two updates (a group that already has its copy may start its
+  // next round while the root still sends to the others): into the module's when the server has
+  // its own, else a snapshot.
+  if (server_ && serverParams_.empty()) {
     server_->withModel([&] {
-      for (size_t i = 0; i < params_.size(); ++i) {
-        if (serverParams_.empty())
-          source[i] = params_[i].clone();
-        else
-          params_[i].copy_(serverParams_[i]);
-      }
+      for (size_t i = 0; i < params_.size(); ++i) source[i] = params_[i].clone();
     });
   }
+  takeServerClassifier();
   for (auto& p : source) {
     dist_.node().broadcast(kFcServerRank, LayerBuffer::contiguous(p.data_ptr<float>(), p.numel()));
   }

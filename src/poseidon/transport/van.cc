@@ -532,14 +532,7 @@ void Van::admitArrivals() {
     }
     if (!(item.revents & ZMQ_POLLIN)) return;
     Message m;
-    if (receiveFrom(router_, false, &m)) {  // not charged after all: delivered in turn, now
-      InCrypto c;
-      c.at = std::chrono::steady_clock::now();
-      c.seq = decryptSeq_++;
-      c.message = std::move(m);
-      decrypting_.push_back(std::move(c));
-      std::push_heap(decrypting_.begin(), decrypting_.end(), std::greater<>());
-    }
+    if (receiveFrom(router_, false, &m)) deliverAt(std::chrono::steady_clock::now(), std::move(m));  // not charged
   }
 }
 
@@ -549,13 +542,17 @@ bool Van::decrypted(Message* out) {
   const auto at =
       admitCrypto(static_cast<double>(kHeaderBytes + out->header.payloadBytes), inboundConnection(out->header.sender));
   if (at == std::chrono::steady_clock::time_point::min()) return true;  // not charged
+  deliverAt(at, std::move(*out));
+  return false;
+}
+
+void Van::deliverAt(std::chrono::steady_clock::time_point at, Message message) {
   InCrypto m;
   m.at = at;
   m.seq = decryptSeq_++;
-  m.message = std::move(*out);
+  m.message = std::move(message);
   decrypting_.push_back(std::move(m));
   std::push_heap(decrypting_.begin(), decrypting_.end(), std::greater<>());
-  return false;
 }
 
 bool Van::addFragment(const FrameHeader& h, zmq::message_t& chunk, const zmq::message_t& where,

@@ -243,6 +243,8 @@ class Van {
   bool decrypted(Message* out);
   // Charged decryption: reads every message that has arrived (without waiting) into decrypting_.
   void admitArrivals();
+  // Into decrypting_: poll() delivers it at `at`, after the messages before it.
+  void deliverAt(std::chrono::steady_clock::time_point at, Message message);
   void encryptLoop();
   void stopEncrypting();
   bool chargedCrypto_ = false;  // set in connectPeers, before any send

@@ -25,11 +25,11 @@ import weakref
 import torch
 
 from . import _poseidon
-from ._poseidon import AbortedError, Error, InvalidArgument, IoError, TimeoutError  # noqa: F401
+from ._poseidon import AbortedError, DivergenceError, Error, InvalidArgument, IoError, TimeoutError  # noqa: F401
 from .checkpoint import load_checkpoint, save_checkpoint  # noqa: F401
 
 __all__ = ["DistributedModel", "save_checkpoint", "load_checkpoint", "InvalidArgument", "TimeoutError",
-           "AbortedError", "IoError", "Error"]
+           "AbortedError", "IoError", "DivergenceError", "Error"]
 
 _CONV = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
 _live = weakref.WeakSet()  # models whose runtime threads must stop before the interpreter does
@@ -80,6 +80,10 @@ class DistributedModel(torch.nn.Module):
     scheme: "auto" (BestScheme per layer), "ps" or "sfb" (force a scheme for Linear layers).
     overlap: wait-free backpropagation; False sends every layer after the whole backward.
     broadcast_buffers: rank 0's buffers (BatchNorm statistics) go to every rank after each step.
+    check_finite: a step whose mean gradient is not finite (a NaN or an infinity: the training diverged)
+        raises poseidon.DivergenceError from synchronize()/step(), before the optimizer runs, on every
+        rank at that step (they hold the same mean; with overlap_forward at the end of the step, with
+        compute groups at the step of a round whose pulled model is not finite). False: trains on.
     timeout: seconds any wait on other ranks may last before the job fails, naming what is missing.
     io_threads: ZeroMQ I/O threads of this rank (one per GB/s in or out; with a job secret they also
         encrypt). tcp_rcvbuf: TCP receive buffer per connection into this rank in bytes (0: the OS
@@ -119,9 +123,9 @@ class DistributedModel(torch.nn.Module):
     """
 
     def __init__(self, module, batch=None, *, name=None, scheme="auto", overlap=True, broadcast_buffers=True,
-                 timeout=30.0, sync_threads=2, pair_bytes=2 * 1024 * 1024, io_threads=2, tcp_rcvbuf=0,
-                 wire="fp32", overlap_forward=False, send_window=0, groups=0, optimizer=None, staleness=None,
-                 merged_fc=None):
+                 check_finite=True, timeout=30.0, sync_threads=2, pair_bytes=2 * 1024 * 1024, io_threads=2,
+                 tcp_rcvbuf=0, wire="fp32", overlap_forward=False, send_window=0, groups=0, optimizer=None,
+                 staleness=None, merged_fc=None):
         super().__init__()
         if not isinstance(module, torch.nn.Module):
             raise TypeError("DistributedModel wraps a torch.nn.Module, got %s" % type(module).__name__)
@@ -129,6 +133,7 @@ class DistributedModel(torch.nn.Module):
         self._name = name or type(module).__name__.lower()
         options = _poseidon.options_from_environment()
         options.update(scheme=scheme, overlap=bool(overlap), broadcast_buffers=bool(broadcast_buffers),
+                       check_finite=bool(check_finite),
                        timeout_ms=int(round(timeout * 1000)), sync_threads=int(sync_threads),
                        pair_bytes=int(pair_bytes), io_threads=int(io_threads), tcp_rcvbuf=int(tcp_rcvbuf),
                        wire=str(wire), send_window=int(send_window))

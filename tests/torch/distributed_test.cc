@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <future>
+#include <limits>
 
 #include "poseidon/launch/env.h"
 
@@ -208,6 +209,94 @@ TEST(DistributedModel, OverlappedSequentialStepEqualsTheBarrierPathBitForBit) {
       EXPECT_TRUE(torch::equal(barrier[r][i], overlap[r][i])) << "rank " << r << " param " << i;
       EXPECT_TRUE(torch::equal(overlap[r][i], overlap[0][i])) << "rank " << r << " param " << i;
     }
+  }
+}
+
+// Divergence: one rank's NaN input at the third step makes that step's mean gradient NaN on every
+// rank (the SFB layer's factors and the PS layers' sums alike), so every rank throws DivergenceError
+// for step 3 from step() before the optimizer runs: the parameters stay those after step 2, the same
+// on every rank, and the job finishes cleanly. The overlapped step finds it when the next forward
+// applies it, after the step has ended. With checkFinite off the NaN trains on.
+TEST(DistributedModel, ANonFiniteMeanGradientThrowsDivergenceOnEveryRankAtThatStep) {
+  const int ranks = 3, steps = 5, bad = 2;  // step index 2 (the third step), rank 1's input
+  const int64_t rows = 4;
+  struct Outcome {
+    long long step = -1;     // DivergenceError::step(); -1: none thrown
+    std::string what;
+    std::vector<torch::Tensor> params, afterTwo;  // at the end; after the second step
+  };
+  auto run = [&](bool overlapped, bool check) {
+    const int port = freePort("127.0.0.1");
+    std::vector<torch::nn::Sequential> nets;
+    for (int r = 0; r < ranks; ++r) {
+      torch::manual_seed(11);
+      nets.emplace_back(torch::nn::Linear(6, 8), torch::nn::ReLU(), torch::nn::Linear(8, 8), torch::nn::Tanh(),
+                        torch::nn::Linear(8, 3));
+    }
+    std::vector<std::future<Outcome>> futures;
+    for (int r = 0; r < ranks; ++r) {
+      futures.push_back(std::async(std::launch::async, [&, r] {
+        torch::nn::Sequential net = nets[r];
+        DistributedOptions o = rankOptions(r, ranks, port, rows);
+        o.checkFinite = check;
+        DistributedModel dist(net.ptr(), "seq", o, [net](torch::Tensor x) mutable { return net->forward(x); });
+        torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+        Outcome out;
+        auto snapshot = [&] {
+          std::vector<torch::Tensor> v;
+          for (auto& p : net->parameters()) v.push_back(p.detach().clone());
+          return v;
+        };
+        try {
+          for (int s = 0; s < steps; ++s) {
+            torch::Tensor x = torch::full({rows, 6}, 0.1 * (r + 1) + 0.01 * s);
+            if (s == bad && r == 1) x[0][0] = std::numeric_limits<float>::quiet_NaN();
+            if (overlapped) {
+              dist.forwardOverlapped(net, x).pow(2).mean().backward();
+              dist.stepOverlapped(opt);
+            } else {
+              opt.zero_grad();
+              dist.forward(x).pow(2).mean().backward();
+              dist.step(opt);
+            }
+            if (s == 1) out.afterTwo = snapshot();
+          }
+          dist.applyPending();
+        } catch (const DivergenceError& e) {
+          out.step = e.step();
+          out.what = e.what();
+        }
+        out.params = snapshot();
+        dist.finish();
+        return out;
+      }));
+    }
+    std::vector<Outcome> outs;
+    for (auto& f : futures) outs.push_back(f.get());
+    return outs;
+  };
+  for (bool overlapped : {false, true}) {
+    const auto outs = run(overlapped, true);
+    for (int r = 0; r < ranks; ++r) {
+      const Outcome& o = outs[r];
+      EXPECT_EQ(o.step, bad + 1) << "rank " << r << " overlapped " << overlapped;
+      EXPECT_NE(o.what.find("step 3: the mean gradient of layer '"), std::string::npos) << o.what;
+      EXPECT_NE(o.what.find("is not finite (a NaN or an infinity): the training diverged"), std::string::npos)
+          << o.what;
+      ASSERT_EQ(o.params.size(), outs[0].params.size());
+      for (size_t i = 0; i < o.params.size(); ++i) {
+        // (The overlapped step applied the NaN update layer by layer before it found it: NaN == NaN here.)
+        EXPECT_TRUE(torch::allclose(o.params[i], outs[0].params[i], 0, 0, /*equal_nan=*/true))
+            << "rank " << r << " param " << i;
+        // The barrier path never applied the NaN step: the model is the one after step 2.
+        if (!overlapped) EXPECT_TRUE(torch::equal(o.params[i], o.afterTwo[i])) << "rank " << r << " param " << i;
+      }
+    }
+  }
+  const auto unchecked = run(false, false);
+  for (const Outcome& o : unchecked) {
+    EXPECT_EQ(o.step, -1);
+    EXPECT_FALSE(torch::isfinite(o.params[0]).all().item<bool>());  // the NaN trained on
   }
 }
 

@@ -48,6 +48,22 @@ class AbortedError : public Error {
   using Error::Error;
 };
 
+// Training diverged: a synchronized gradient (or, with compute groups, the model pulled from the
+// shards) is not finite. In a BSP job every rank holds the same mean gradient, so every rank throws
+// it at the same step, with no message between them. step(): the job's step, counted from 1;
+// subject(): what was not finite ("the mean gradient of layer 'ip1'").
+class DivergenceError : public Error {
+ public:
+  DivergenceError(const std::string& what, long long step, std::string subject)
+      : Error(what), step_(step), subject_(std::move(subject)) {}
+  long long step() const { return step_; }
+  const std::string& subject() const { return subject_; }
+
+ private:
+  long long step_;
+  std::string subject_;
+};
+
 namespace detail {
 template <typename... Args>
 std::string concat(const Args&... args) {

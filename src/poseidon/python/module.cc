@@ -56,6 +56,7 @@ py::dict optionsToDict(const pt::DistributedOptions& o) {
   d["straggler_timeout_ms"] = o.node.settings.stragglerTimeoutMs;
   d["overlap"] = o.overlap;
   d["broadcast_buffers"] = o.broadcastBuffers;
+  d["check_finite"] = o.checkFinite;
   // Compute groups (Omnivore; docs/omnivore.md): 0 is BSP. The shards run SGD with this momentum and
   // weight decay; learning_rate is the first round's (the package sets each later round's).
   d["groups"] = o.node.settings.groups;
@@ -97,6 +98,7 @@ pt::DistributedOptions optionsFromDict(const py::dict& d) {
   o.node.settings.stragglerTimeoutMs = get("straggler_timeout_ms").cast<int64_t>();
   o.overlap = get("overlap").cast<bool>();
   o.broadcastBuffers = get("broadcast_buffers").cast<bool>();
+  o.checkFinite = get("check_finite").cast<bool>();
   o.node.settings.groups = get("groups").cast<int>();
   o.node.settings.staleness = get("staleness").cast<int64_t>();
   o.node.settings.momentum = get("momentum").cast<float>();
@@ -236,6 +238,7 @@ PYBIND11_MODULE(_poseidon, m) {
   py::register_exception<TimeoutError>(m, "TimeoutError", base.ptr());
   py::register_exception<AbortedError>(m, "AbortedError", base.ptr());
   py::register_exception<IoError>(m, "IoError", base.ptr());
+  py::register_exception<DivergenceError>(m, "DivergenceError", base.ptr());
 
   m.def("options_from_environment", [] { return optionsToDict(pt::DistributedOptions::fromEnvironment()); },
         "The launcher's rank, world size, master address and port, bind interface and job secret");

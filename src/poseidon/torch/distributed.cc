@@ -205,6 +205,34 @@ void DistributedModel::misuse(const std::string& why) {
   throw InvalidArgument(why);
 }
 
+bool DistributedModel::layerFinite(size_t l, bool gradients) const {
+  torch::NoGradGuard guard;
+  for (const auto& p : layers_[l].params) {
+    const torch::Tensor& t = gradients ? p.grad() : p;
+    if (t.defined() && !torch::isfinite(t).all().item<bool>()) return false;
+  }
+  return true;
+}
+
+int DistributedModel::firstNonFinite(bool gradients) const {
+  if (!options_.checkFinite) return -1;
+  for (size_t l = 0; l < layers_.size(); ++l)
+    if (!layerFinite(l, gradients)) return static_cast<int>(l);
+  return -1;
+}
+
+void DistributedModel::throwIfDiverged(int layer, const char* what) {
+  if (layer < 0) return;
+  nonFiniteLayer_ = -1;
+  // Not misuse(): every rank finds it by itself (BSP: the same mean; groups: the shards' model).
+  std::string subject = strCat(what, " of layer '", layers_[layer].spec->name, "'");
+  if (groupMode()) subject = strCat("layer '", layers_[layer].spec->name, "' of ", what);
+  throw DivergenceError(strCat("step ", iteration_ + 1, ": ", subject,
+                               " is not finite (a NaN or an infinity): the training diverged. Lower the learning "
+                               "rate or warm it up (checkFinite = false / check_finite=False trains on instead)"),
+                        iteration_ + 1, subject);
+}
+
 void DistributedModel::beginIteration() {
   iteration_ = iteration_ < 0 ? node_->book().settings().startIteration : iteration_ + 1;
   if (!solo_) node_->beginIteration(iteration_);
@@ -238,6 +266,7 @@ bool DistributedModel::skipIfBehind() {
   node_->waitIteration();
   inIteration_ = false;
   broadcastBuffers();
+  throwIfDiverged(firstNonFinite(true), "the mean gradient");
   return true;
 }
 
@@ -287,6 +316,7 @@ void DistributedModel::beginForward() {
     node_->startPull(iteration_);
     node_->waitPulled();
     pulledRound_ = iteration_;
+    nonFiniteLayer_ = firstNonFinite(false);  // thrown at this round's step, once its push is out
   }
 }
 
@@ -562,6 +592,7 @@ void DistributedModel::synchronize() {
     }
     node_->waitIteration();  // this round's pushes are out; the shards apply them
     inIteration_ = false;
+    throwIfDiverged(nonFiniteLayer_, "the model pulled from the shards");
     return;
   }
   submitRemaining();
@@ -569,6 +600,7 @@ void DistributedModel::synchronize() {
   int64_t t0 = tracer_ ? Tracer::nowMicros() : 0;
   for (auto& layer : layers_) applyLayer(layer);
   endStep(t0, true);
+  throwIfDiverged(firstNonFinite(true), "the mean gradient");
 }
 
 void DistributedModel::submitRemaining() {
@@ -649,6 +681,10 @@ void DistributedModel::finishLayer(int layer) {
   if (!solo_) node_->waitLayer(layer);
   applyLayer(layers_[layer]);
   finishedLayers_[layer] = true;
+  // Thrown at the end of the step (finishStep), where the step's state is whole again.
+  if (options_.checkFinite && nonFiniteLayer_ < 0 && !layerFinite(static_cast<size_t>(layer), true)) {
+    nonFiniteLayer_ = layer;
+  }
 }
 
 void DistributedModel::finishStep() {
@@ -656,9 +692,10 @@ void DistributedModel::finishStep() {
   if (!solo_) node_->waitIteration();
   int64_t t0 = tracer_ ? Tracer::nowMicros() : 0;
   for (size_t l = 0; l < layers_.size(); ++l)
-    if (!finishedLayers_[l]) applyLayer(layers_[l]);
+    if (!finishedLayers_[l]) finishLayer(static_cast<int>(l));
   stepPending_ = false;
   endStep(t0, false);
+  throwIfDiverged(nonFiniteLayer_, "the mean gradient");
 }
 
 void DistributedModel::stepOverlapped(torch::optim::Optimizer& optimizer) {

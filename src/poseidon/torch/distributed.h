@@ -43,6 +43,8 @@
 // - Misuse on one rank (forward twice before step, step without backward or
 //   without forward) stops every rank at once with that rank's reason; one
 //   worker checks the same.
+// - Divergence: a mean gradient that is not finite throws DivergenceError on
+//   every rank at that step (DistributedOptions::checkFinite).
 #pragma once
 
 #include <torch/torch.h>
@@ -65,6 +67,13 @@ struct DistributedOptions {
   bool captureFactors = true;
   // Rank 0's buffers go to every rank after each synchronized step (DDP's broadcast_buffers).
   bool broadcastBuffers = true;
+  // Divergence is an error: a step whose mean gradient is not finite (a NaN or an infinity) throws
+  // DivergenceError from synchronize()/step() before the optimizer runs, on every rank at that step
+  // (they hold the same mean). The overlapped step throws it at the end of the step (finishStep(),
+  // applyPending()), once every layer is in. Compute groups: a round whose pulled model is not finite
+  // throws it from that round's step, after its push (the round stays whole for the shards). false:
+  // nothing is checked (a NaN trains on).
+  bool checkFinite = true;
   // Compute-group mode (node.settings.groups > 0): the shards run SGD; this is its learning rate
   // until step(optimizer) reports the optimizer's (whose lr may follow a schedule).
   float learningRate = 0;
@@ -250,6 +259,12 @@ class DistributedModel {
   void takeGroupOptimizer(torch::optim::Optimizer& optimizer);
   // A misuse found on this rank: every rank stops with this reason; throws InvalidArgument.
   [[noreturn]] void misuse(const std::string& why);
+  // checkFinite: whether layer l's gradients (or parameters) are all finite; the first layer whose are
+  // not (-1: none, or checkFinite is off).
+  bool layerFinite(size_t l, bool gradients) const;
+  int firstNonFinite(bool gradients) const;
+  // Throws DivergenceError for this step when `layer` >= 0; `what` says what was not finite there.
+  void throwIfDiverged(int layer, const char* what);
 
   std::shared_ptr<torch::nn::Module> module_;  // when built from a C++ module
   std::function<torch::Tensor(torch::Tensor)> forward_;
@@ -274,6 +289,9 @@ class DistributedModel {
   int64_t updatesInForward_ = 0;
   int64_t iteration_ = -1;
   int64_t pulledRound_ = -1;  // compute-group mode: the round whose model the parameters hold
+  // checkFinite: the overlapped step's first layer whose mean gradient was not finite (-1: none);
+  // compute groups: the first layer of this round's pulled model that is not finite (-1: none).
+  int nonFiniteLayer_ = -1;
   float groupLr_ = 0;
   int64_t lastReadyUs_ = 0;
   std::vector<Scheme> lastSchemes_;

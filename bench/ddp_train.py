@@ -91,8 +91,8 @@ def main():
     steps_per_epoch = (per_rank + a.batch - 1) // a.batch
     clock, overruns, max_ms, sum_ms, backward_ms = 0.0, 0, 0.0, 0.0, 0.0
     curve, loss_sum, loss_count = [], 0.0, 0
-    step = 0
-    while step < a.steps:
+    step, diverged_at = 0, None
+    while step < a.steps and diverged_at is None:
         epoch = step // steps_per_epoch
         idx = zoo.shard(train_x.size(0), world, rank, a.seed, epoch)
         for s in range(step % steps_per_epoch, steps_per_epoch):
@@ -111,6 +111,17 @@ def main():
             compute_ms = forward_ms + backward_ms
             max_ms, sum_ms = max(max_ms, compute_ms), sum_ms + compute_ms
             overruns += a.pad_ms > 0 and compute_ms > a.pad_ms
+            # Divergence, as poseidon train finds it: every rank holds the same mean gradient, so every rank
+            # stops at this step, before the update; the curve ends with the model before it.
+            if not all(bool(torch.isfinite(t.grad).all()) for t in net.parameters() if t.grad is not None):
+                diverged_at = step + 1
+                loss_sum, loss_count = loss_sum + loss.item(), loss_count + 1
+                clock += time.perf_counter() - begin
+                step += 1
+                if rank == 0:
+                    curve.append({"step": step, "seconds": clock, "train_loss": loss_sum / loss_count,
+                                  "params": [t.detach().clone() for t in net.parameters()]})
+                break
             opt.step()
             loss_sum, loss_count = loss_sum + loss.item(), loss_count + 1
             clock += time.perf_counter() - begin
@@ -141,7 +152,8 @@ def main():
     result = {"model": "lenet", "workers": world, "batch": a.batch, "steps": step, "lr": a.lr, "momentum": a.momentum,
               "pad_ms": a.pad_ms, "pad_jitter_ms": a.pad_jitter_ms, "pad_overruns_per_rank": s[:world], "max_compute_ms_per_rank": s[world:2 * world],
               "mean_compute_ms": sum(s[2 * world:3 * world]) / max(s[3 * world], 1), "train_clock_seconds": clock,
-              "bucket_cap_mb": a.bucket_mb, "curve": curve}
+              "bucket_cap_mb": a.bucket_mb, "diverged": diverged_at is not None, "diverged_at_step": diverged_at,
+              "curve": curve}
     with open(a.out, "w") as f:
         json.dump(result, f, indent=2)
 

@@ -541,13 +541,18 @@ TEST(Stragglers, DroppedWorkerDoesNotSetThePace) {
     std::cout << "rank " << r << ": median iteration " << rep["median_iteration_seconds"] << " s, dropped "
               << rep["dropped"] << ", skipped " << rep["skipped"] << ", excluded rounds seen " << rep["excluded_rounds"]
               << "\n";
-    if (r < 3) {
-      // The straggler alone would take 5 x 100 ms per iteration.
-      EXPECT_LT(rep["median_iteration_seconds"].get<double>(), 0.35) << "rank " << r;
-      EXPECT_EQ(rep["dropped"].get<int>(), 0) << "rank " << r;
-    }
   }
   auto slow = report(job, 3);
+  for (int r = 0; r < 3; ++r) {
+    auto rep = report(job, r);
+    // The straggler's pauses alone take 5 layers x 100 ms per iteration: ranks that waited for it would
+    // take at least that (their own are 5 x 20 ms). A bound from the scenario, not from this machine.
+    EXPECT_LT(rep["median_iteration_seconds"].get<double>(), 0.5) << "rank " << r;
+    // A fast rank is dropped less than the slow one (now and then on a loaded machine, not never: a
+    // 100 ms straggler timeout against scheduling delays).
+    EXPECT_LT(rep["dropped"].get<int>() + rep["skipped"].get<int>(), slow["dropped"].get<int>() + slow["skipped"].get<int>())
+        << "rank " << r;
+  }
   EXPECT_GT(slow["dropped"].get<int>() + slow["skipped"].get<int>(), 0) << slow.dump();
   EXPECT_GT(slow["skipped"].get<int>(), 0) << slow.dump();
   EXPECT_GT(excluded, 0);

@@ -175,6 +175,52 @@ class Lifecycle(TempDirTest):
         self.assertIn("checkpoint %s is damaged: model.pt does not match its checksum"
                       % os.path.join(ck, "step-000000010"), again.err)
 
+    def test_a_diverged_step_raises_on_every_rank_and_the_main_job_exits_3(self):
+        # One rank's NaN input at step 3: every rank's mean gradient is NaN, so every rank raises at step 3,
+        # before its optimizer runs, and the job still finishes cleanly.
+        script = self.path("nan.py")
+        with open(script, "w") as f:
+            f.write("import torch, poseidon\n"
+                    "torch.manual_seed(0)\n"
+                    "net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))\n"
+                    "m = poseidon.DistributedModel(net, batch=3)\n"
+                    "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+                    "for step in range(1, 6):\n"
+                    "    x = torch.ones(3, 4)\n"
+                    "    if step == 3 and m.rank == 1:\n"
+                    "        x[0, 0] = float('nan')\n"
+                    "    opt.zero_grad()\n"
+                    "    m(x).sum().backward()\n"
+                    "    before = [p.detach().clone() for p in m.parameters()]\n"
+                    "    try:\n"
+                    "        m.step(opt)\n"
+                    "    except poseidon.DivergenceError as e:\n"
+                    "        same = all(torch.equal(a, b) for a, b in zip(before, m.parameters()))\n"
+                    "        print('rank %d: DivergenceError at step %d, model unchanged %s: %s' % (m.rank, step, same, e))\n"
+                    "        break\n"
+                    "m.finish()\n")
+        run = launch(3, script)
+        self.assertEqual(run.code, 0, str(run))
+        self.assertClean(run)
+        for rank in range(3):
+            self.assertIn("[rank %d] DivergenceError at step 3, model unchanged True: step 3: the mean gradient of "
+                          "layer '0' is not finite (a NaN or an infinity): the training diverged" % rank, run.out)
+
+        # The main job: one line from rank 0 that says where and what to try, exit status 3, the summary says so.
+        job = launch(2, os.path.join(ROOT, "examples", "python", "train_lenet.py"), "--lr", "20", "--warmup-steps", "0",
+                     "--max-steps", "100", "--summary", self.path("d.json"))
+        self.assertEqual(job.code, 3, str(job))
+        self.assertClean(job)
+        with open(self.path("d.json")) as f:
+            s = json.load(f)
+        self.assertTrue(s["diverged"])
+        self.assertLess(s["diverged_at_step"], 100)
+        self.assertEqual(s["steps"], s["diverged_at_step"])
+        self.assertEqual(len(re.findall("error: the training diverged", job.err)), 1, str(job))
+        self.assertIn("train_lenet.py: error: the training diverged at step %d (found by every rank: the mean gradient "
+                      "of layer '" % s["diverged_at_step"], job.err)
+        self.assertIn("at learning rate 20; try a lower --lr (e.g. 5) or a longer --warmup-steps", job.err)
+
     def test_main_job_learns(self):
         run = launch(4, os.path.join(ROOT, "examples", "python", "train_lenet.py"), "--max-steps", "150",
                      "--summary", self.path("s.json"))

@@ -146,15 +146,17 @@ TEST(BadInput, PortInUseUnreachableCoordinatorAndBadCheckpoint) {
 namespace poseidon {
 namespace {
 
-// Straggler dropping through the trainer: rank 3 takes 5x longer on every
-// step; with D = 1 the others do not wait for it beyond the timeout, and the
+// Straggler dropping through the trainer: every step of rank 3 takes 4 straggler timeouts longer (a
+// time derived from the timeout, not a factor of the step's own time, which a fast machine makes
+// shorter than the timeout); with D = 1 the others do not wait for it beyond the timeout, and the
 // summary shows what was dropped and skipped.
 TEST(Stragglers, TrainerSummaryShowsDrops) {
   TempDir dir;
+  const int timeoutMs = 50;
   auto p = run({"train", "--workers", "4", "--batch", "16", "--train-limit", "4096", "--epochs", "1", "--model", "mlp",
-                "--quiet", "--max-steps", "30", "--drop-stragglers", "1", "--straggler-timeout", "50", "--summary",
-                dir.path + "/s.json"},
-               dir.path + "/a", {{"POSEIDON_SLOW", "3:5"}});
+                "--quiet", "--max-steps", "30", "--drop-stragglers", "1", "--straggler-timeout",
+                std::to_string(timeoutMs), "--summary", dir.path + "/s.json"},
+               dir.path + "/a", {{"POSEIDON_SLOW", "3:" + std::to_string(4 * timeoutMs)}});
   ASSERT_EQ(p.exitCode(), 0) << p.stderrText();
   std::ifstream f(dir.path + "/s.json");
   auto s = nlohmann::json::parse(f);

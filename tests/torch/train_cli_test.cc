@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "cli_helpers.h"
+#include "poseidon/common/error.h"
 #include "poseidon/launch/env.h"
 
 namespace poseidon {
@@ -400,6 +401,54 @@ TEST(TrainCli, FailingRankErrorLineCarriesTheRankOnce) {
   EXPECT_THAT(killed.stderrText(), HasSubstr("[rank 1] fault injection (POSEIDON_FAULT): signal 9 at iteration 1\n"));
   EXPECT_THAT(killed.stderrText(), HasSubstr("poseidon train: rank 1 was killed by signal 9 (Killed): fault injection"));
   EXPECT_THAT(killed.stderrText(), ::testing::Not(HasSubstr("[rank 1] rank 1:")));
+}
+
+// A huge learning rate: the training diverges within a few steps. It is an error by default: every
+// rank stops at that step (BSP: they hold the same mean gradient), rank 0 prints one line naming the
+// step, who found it, the learning rate and what to try, every rank exits with code 3 (none is killed,
+// none fails waiting for another), the job is not restarted, and the summary says where. The same with an
+// odd worker count, the overlapped step, straggler dropping, and compute groups under a staleness
+// bound (each group finds it in the shards' model; the ranks decide together at the epoch's end).
+TEST(TrainCli, DivergenceIsAnErrorThatStopsEveryRankAtThatStep) {
+  TempDir dir;
+  const std::vector<std::string> job{"train", "--lr", "5", "--warmup-steps", "0", "--train-limit", "2048", "--epochs",
+                                     "3", "--quiet", "--threads", "1", "--timeout", "60000", "--max-restarts", "2"};
+  struct Case {
+    std::string name;
+    std::vector<std::string> flags;
+    std::string who;
+  };
+  const std::vector<Case> cases{
+      {"bsp", {"--workers", "3"}, "found by every rank: the mean gradient of layer 'conv1' is not finite"},
+      {"overlap", {"--workers", "2", "--overlap-forward"}, "found by every rank: the mean gradient of layer '"},
+      {"stragglers", {"--workers", "3", "--drop-stragglers", "1", "--straggler-timeout", "30000"},
+       "found by every rank: the mean gradient of layer '"},
+      {"groups", {"--workers", "4", "--batch", "16", "--groups", "2", "--staleness", "1"}, "found by rank "},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::vector<std::string> args = job;
+    args.insert(args.end(), c.flags.begin(), c.flags.end());
+    args.insert(args.end(), {"--summary", dir.path + "/" + c.name + ".json"});
+    auto p = run(args, dir.path + "/" + c.name, 300);
+    EXPECT_EQ(p.exitCode(), 3) << p.stdoutText() << p.stderrText();
+    auto s = nlohmann::json::parse(std::ifstream(dir.path + "/" + c.name + ".json"));
+    EXPECT_EQ(s["diverged"], true) << s.dump();
+    ASSERT_TRUE(s["diverged_at_step"].is_number()) << s.dump();
+    const int d = s["diverged_at_step"];
+    EXPECT_GE(d, 1);
+    EXPECT_LT(d, 20);  // lr 5 from the first step: long before the 3 epochs' 96 steps (2048 / 64)
+    const std::string lines = p.stderrText();
+    auto errors = linesWith(lines, "error");
+    ASSERT_EQ(errors.size(), 1u) << lines;
+    EXPECT_THAT(errors[0], ::testing::StartsWith(strCat("poseidon train: error: the training diverged at step ", d,
+                                                        " (epoch 1; ", c.who)));
+    EXPECT_THAT(errors[0], HasSubstr(") at learning rate 5 (no warm-up); try a lower --lr (e.g. 1.25) or a longer "
+                                     "--warmup-steps, or --allow-divergence to record the run as a result"));
+    EXPECT_THAT(lines, Not(HasSubstr("exited with code")));  // no rank failed otherwise or was stopped
+    EXPECT_THAT(lines, Not(HasSubstr("restart")));           // a restart would diverge again
+    // A rank that waited out its timeout would have failed with an error line of its own (counted above).
+  }
 }
 
 TEST(LaunchCli, FailingRankStopsTheOthers) {

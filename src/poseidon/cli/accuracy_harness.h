@@ -40,6 +40,7 @@ struct AccuracyRun {
   // Time (training clock) and steps at the first curve point that reached the target; -1: never.
   double accuracySeconds = -1, lossSeconds = -1;
   int64_t accuracySteps = -1, lossSteps = -1;
+  int64_t divergedAt = -1;  // the step at which the training diverged and the run stopped; -1: it did not
 
   nlohmann::json toJson() const;
 };

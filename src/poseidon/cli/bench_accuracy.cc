@@ -108,6 +108,7 @@ nlohmann::json AccuracyRun::toJson() const {
   }
   j["seconds_per_step"] = secondsPerStep;
   j["final_test_accuracy"] = finalAccuracy;
+  j["diverged_at_step"] = divergedAt >= 0 ? nlohmann::json(divergedAt) : nlohmann::json(nullptr);
   j["pad_overruns"] = overruns;
   j["max_compute_ms"] = maxComputeMs;
   j["time_to_accuracy_s"] = accuracySeconds;
@@ -200,6 +201,11 @@ AccuracyRun AccuracyHarness::run(const AccuracySystem& sys, const RunExtras& ext
                  "--timeout",
                  std::to_string(timeoutS * 1000),
                  "--quiet",
+                 // Fixed hyperparameters, as DDP's runs have them (no warm-up); a run that diverges is a
+                 // result (it stops there; its JSON and line say so), not a failed run.
+                 "--warmup-steps",
+                 "0",
+                 "--allow-divergence",
                  "--summary",
                  base + ".json"};
       if (sys.groups > 0) so.argv.insert(so.argv.end(), {"--groups", std::to_string(sys.groups)});
@@ -243,6 +249,8 @@ void AccuracyHarness::read(AccuracyRun& r, int startStep) const {
   if (curve.empty()) throw Error("no curve points");
   r.secondsPerStep = s.at("train_clock_seconds").get<double>() / (curve.back().at("step").get<double>() - startStep);
   r.finalAccuracy = number(curve.back(), "test_accuracy");
+  const auto diverged = s.value("diverged_at_step", nlohmann::json());
+  r.divergedAt = diverged.is_number() ? diverged.get<int64_t>() : -1;
   for (double o : s.at("pad_overruns_per_rank").get<std::vector<double>>()) r.overruns += o;
   for (double m : s.at("max_compute_ms_per_rank").get<std::vector<double>>()) {
     r.maxComputeMs = std::max(r.maxComputeMs, m);
@@ -267,9 +275,11 @@ void AccuracyHarness::print(const AccuracyRun& r) const {
       return n < 0 ? std::string("not reached") : strCat(fmtSeconds(s), " (", n, " steps)");
     };
     std::printf(
-        "  %-5s @ %g Mbit/s: %.3f s/step, %.1f%% test accuracy at the end; to %.0f%%: %s; to loss %.2f: %s; "
+        "  %-5s @ %g Mbit/s: %.3f s/step, %.1f%% test accuracy at the end%s; to %.0f%%: %s; to loss %.2f: %s; "
         "%.0f pad overruns (max compute %.0f ms)\n",
-        r.system.name.c_str(), r.mbit, r.secondsPerStep, 100 * r.finalAccuracy, 100 * targetAccuracy,
+        r.system.name.c_str(), r.mbit, r.secondsPerStep, 100 * r.finalAccuracy,
+        r.divergedAt >= 0 ? strCat(" (DIVERGED at step ", r.divergedAt, ": stopped there)").c_str() : "",
+        100 * targetAccuracy,
         at(r.accuracySeconds, r.accuracySteps).c_str(), targetLoss, at(r.lossSeconds, r.lossSteps).c_str(), r.overruns,
         r.maxComputeMs);
   }
@@ -320,7 +330,10 @@ void writeMarkdown(const std::string& path, const nlohmann::json& result) {
          << cell(static_cast<double>(r["steps_to_accuracy"].get<int64_t>()), "%.0f") << " | "
          << cell(r["time_to_loss_s"].get<double>(), "%.1f s") << " | "
          << cell(static_cast<double>(r["steps_to_loss"].get<int64_t>()), "%.0f") << " | "
-         << cell(finiteOr(r["final_test_accuracy"], -0.01) * 100, "%.1f%%") << " | "
+         << (r.value("diverged_at_step", nlohmann::json()).is_number()
+                 ? strCat("diverged at step ", r["diverged_at_step"].get<int64_t>())
+                 : cell(finiteOr(r["final_test_accuracy"], -0.01) * 100, "%.1f%%"))
+         << " | "
          << cell(r["pad_overruns"].get<double>(), "%.0f") << " | " << (t > 0 && ddp > 0 ? cell(ddp / t, "%.2fx") : "-")
          << " | " << (t > 0 && bsp > 0 ? cell(bsp / t, "%.2fx") : "-") << " |\n";
     }

@@ -39,8 +39,9 @@ void readReliabilityEnvironment(pt::TrainOptions& o) {
     o.faultSignal = std::string(sig) == "kill" ? SIGKILL : SIGSTOP;
   }
   if (const char* s = std::getenv("POSEIDON_SLOW")) {
-    if (std::sscanf(s, "%d:%lf", &o.slowRank, &o.slowFactor) != 2 || o.slowFactor < 1) {
-      throw InvalidArgument(strCat("POSEIDON_SLOW='", s, "' is not RANK:FACTOR (FACTOR >= 1)"));
+    char end = 0;
+    if (std::sscanf(s, "%d:%lf%c", &o.slowRank, &o.slowMs, &end) != 2 || !(o.slowMs >= 0)) {
+      throw InvalidArgument(strCat("POSEIDON_SLOW='", s, "' is not RANK:MS (MS >= 0 milliseconds per step)"));
     }
   }
 }
@@ -63,7 +64,13 @@ int trainCommand(const std::vector<std::string>& args) {
   flags.addInt("workers", &o.workers, "number of local worker processes", "N", IntRange::closed(1, kMaxRanks));
   flags.addInt("epochs", &o.epochs, "epochs to train", "N", IntRange::atLeast(1));
   flags.addInt64("batch", &o.batch, "per-worker batch size K", "K", IntRange::closed(1, kMaxBatch));
-  flags.addDouble("lr", &o.lr, "SGD learning rate", "LR", RealRange::above(0));
+  flags.addDouble("lr", &o.lr,
+                  "SGD learning rate (default: 0.025 x min(1, sqrt(workers x batch / 256)): 0.025 for 4 workers x "
+                  "batch 64 or more, 0.0125 for one; docs/hyperparameters.md)",
+                  "LR", RealRange::above(0));
+  flags.addInt64("warmup-steps", &o.warmupSteps,
+                 "raise the learning rate linearly from LR/N to LR over the first N steps (0: none)", "N",
+                 IntRange::atLeast(0));
   flags.addDouble("momentum", &o.momentum, "SGD momentum", "M", RealRange::rightOpen(0, 1));
   flags.addDouble("weight-decay", &o.weightDecay, "SGD weight decay (L2)", "L", RealRange::rightOpen(0, 1));
   flags.addInt("groups", &o.groups,
@@ -93,7 +100,7 @@ int trainCommand(const std::vector<std::string>& args) {
   flags.addBool("overlap-forward", &o.overlapForward,
                 "the overlapped step: each layer's update is applied just before the next forward reaches it, as its "
                 "mean gradient lands, instead of after the whole barrier (bit-identical; not with --groups, "
-                "--drop-stragglers, --plain or --stop-on-divergence)");
+                "--drop-stragglers or --plain)");
   flags.addInt("send-window", &o.sendWindowBytes,
                "priority-scheduled links, for --overlap-forward: each connection holds BYTES in the kernel and "
                "larger messages go as fragments of it, so a lower layer's result passes the upper ones queued "
@@ -113,10 +120,10 @@ int trainCommand(const std::vector<std::string>& args) {
   flags.addString("data", &o.dataDir, "Fashion-MNIST directory (default: /usr/share/datasets/fashion-mnist)", "DIR");
   flags.addInt64("max-steps", &o.maxSteps, "stop after N steps in total (smoke tests; -1: no limit)", "N",
                  IntRange::atLeast(1).orOff(-1));
-  flags.addBool("stop-on-divergence", &o.stopOnDivergence,
-                "stop once the model is no longer finite (a NaN or infinite parameter, checked after every step): "
-                "the rest of the epoch is skipped and the job stops at its end, exit code 0; the summary's "
-                "diverged_at_step says when (not with --drop-stragglers or --staleness)");
+  flags.addBool("allow-divergence", &o.allowDivergence,
+                "a run whose training diverges (a NaN or an infinity in a mean gradient, checked every step) is a "
+                "result, not an error: the job still stops there, but exits 0 and the summary's diverged_at_step "
+                "says where (without it every worker exits with code 3 and rank 0 says what to try)");
   flags.addInt64("train-limit", &o.trainLimit, "use only the first N training images (-1: all 60000)", "N",
                  IntRange::atLeast(1).orOff(-1));
   flags.addString("save-params", &o.saveParamsPath, "write the final parameters as raw float32 to FILE", "FILE");
@@ -217,7 +224,9 @@ int trainCommand(const std::vector<std::string>& args) {
   lo.prefixRank0 = false;
   lo.maxRestarts = maxRestarts;
   lo.name = "poseidon train";
+  lo.finishedCodes = {pt::kExitDiverged};  // every rank stops at the same step and says so itself
   LaunchResult r = launchLocal(lo);
+  if (r.exitCode == pt::kExitDiverged) return r.exitCode;  // rank 0 said where and what to try
   if (r.exitCode != 0) {
     std::cerr << "poseidon train: " << r.failure << "; stopped the other workers\n";
     return r.exitCode;

@@ -31,7 +31,7 @@
 // in training steps, summed over every run (probes and epochs), as `bench --accuracy` counts it.
 //
 // Every run skips its remaining steps once its model is found not finite (poseidon train
-// --stop-on-divergence: the paper's early stop on divergence), so a diverged probe or epoch costs
+// --allow-divergence: the paper's early stop on divergence), so a diverged probe or epoch costs
 // only the steps up to there.
 // Beyond the paper, for a tuner that must not stop half-way: a probe that diverges loses; when
 // every probe of a grid diverges, g is lowered as when mu = 0 wins (at g = 1 it is an error); an
@@ -364,7 +364,7 @@ class Tuner {
     // A run whose model goes non-finite skips the rest (the cold start's "early stop on divergence"):
     // only the steps up to there are on the clock.
     extra.trainArgs = {"--checkpoint",         s.state,     "--checkpoint-every",
-                       std::to_string(toStep), "--regroup", "--stop-on-divergence"};
+                       std::to_string(toStep), "--regroup", "--allow-divergence"};
     if (cfg_.probeSamples > 0) {
       extra.trainArgs.insert(extra.trainArgs.end(), {"--curve-loss-samples", std::to_string(cfg_.probeSamples)});
     }

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -130,11 +131,21 @@ LaunchResult launchOnce(const LaunchOptions& options) {
       if (c.process.exited() || !c.process.poll()) continue;
       const int status = c.process.status();
       bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      const bool finished = WIFEXITED(status) && std::count(options.finishedCodes.begin(), options.finishedCodes.end(),
+                                                            WEXITSTATUS(status)) > 0;
       if (!ok && result.failedRank < 0 && !stopping) {
         result.failedRank = c.rank;
         result.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
         // Drain what is buffered so the error line is known.
         result.failure = strCat("rank ", c.rank, " ", describeExit(status));
+        result.finished = finished;
+        if (!finished) {
+          stopping = true;
+          stopDeadline = std::chrono::steady_clock::now() + options.killGrace;
+          stopAll(SIGTERM);
+        }
+      } else if (!ok && !finished && result.finished && !stopping) {
+        // A rank that failed otherwise after one finished with such a code: stop the rest now.
         stopping = true;
         stopDeadline = std::chrono::steady_clock::now() + options.killGrace;
         stopAll(SIGTERM);
@@ -218,7 +229,7 @@ LaunchResult launchLocal(const LaunchOptions& options) {
     if (!progress.empty()) run.env["POSEIDON_PROGRESS_FILE"] = progress;
     if (attempt > 0) run.masterPort = 0;  // a fresh port: the old one may linger in TIME_WAIT
     result = launchOnce(run);
-    if (result.exitCode == 0 || result.interrupted || attempt >= options.maxRestarts) break;
+    if (result.exitCode == 0 || result.interrupted || result.finished || attempt >= options.maxRestarts) break;
     if (result.exitCode == 2) {
       // A usage error (bad flags, a configuration the ranks refuse): the same arguments fail again.
       writeAll(STDERR_FILENO, strCat(options.name, ": ", result.failure,

@@ -26,6 +26,11 @@ struct LaunchOptions {
   // ({"iteration": i, "checkpoint_iteration": c}), which the launcher reads
   // to say how many iterations the failure cost.
   int maxRestarts = 0;
+  // Exit codes that end a rank's run as a whole, though not as a success (poseidon train's 3: the
+  // training diverged, which every rank finds at the same step): the other ranks are left to finish
+  // (each has its own timeouts), and the job is not restarted (it would diverge again). The job's
+  // exit code is the first such code.
+  std::vector<int> finishedCodes;
   std::string name = "poseidon launch";  // prefix of the launcher's own messages
 };
 
@@ -34,6 +39,7 @@ struct LaunchResult {
   int failedRank = -1;      // first rank that failed
   std::string failure;      // "rank 2 exited with code 1: <its last error line>"
   bool interrupted = false; // stopped by SIGINT / SIGTERM (never restarted)
+  bool finished = false;    // the first failure's code is one of LaunchOptions::finishedCodes (not restarted)
 };
 
 LaunchResult launchLocal(const LaunchOptions& options);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -83,7 +84,8 @@ void writeProgress(const std::string& path, int64_t iteration, int64_t checkpoin
 void validateOptions(const TrainOptions& o, int world) {
   if (o.batch < 1) throw InvalidArgument(strCat("--batch must be at least 1, got ", o.batch));
   if (o.epochs < 1) throw InvalidArgument(strCat("--epochs must be at least 1, got ", o.epochs));
-  if (!(o.lr > 0)) throw InvalidArgument(strCat("--lr must be positive, got ", o.lr));
+  if (!(o.lr >= 0)) throw InvalidArgument(strCat("--lr must be positive (or 0: the default), got ", o.lr));
+  if (o.warmupSteps < 0) throw InvalidArgument(strCat("--warmup-steps must be at least 0, got ", o.warmupSteps));
   if (o.momentum < 0 || o.momentum >= 1) throw InvalidArgument(strCat("--momentum must be in [0, 1), got ", o.momentum));
   if (o.padMs < 0) throw InvalidArgument(strCat("--pad-ms must be at least 0, got ", o.padMs));
   if (o.padJitterMs < 0) throw InvalidArgument(strCat("--pad-jitter-ms must be at least 0, got ", o.padJitterMs));
@@ -114,20 +116,11 @@ void validateOptions(const TrainOptions& o, int world) {
   } else if (o.regroup) {
     throw InvalidArgument("--regroup resumes a compute-group checkpoint with another number of groups: it needs --groups");
   }
-  if (o.stopOnDivergence && o.dropStragglers > 0) {
-    throw InvalidArgument(
-        "--stop-on-divergence needs every rank to see the same model; with --drop-stragglers a "
-        "dropped rank may not");
-  }
-  if (o.stopOnDivergence && o.staleness >= 0) {
-    throw InvalidArgument("--stop-on-divergence with --staleness: a group that stopped would hold the others back");
-  }
   if (o.overlapForward) {
     // The overlapped step is BSP's (DistributedModel::submitStep): every rank applies the same mean.
     const char* other = o.groups > 0           ? "--groups (each round's forward pulls the shards' model)"
                         : o.dropStragglers > 0 ? "--drop-stragglers (a skipped step has no forward to apply it)"
                         : o.plain              ? "--plain (nothing is synchronized)"
-                        : o.stopOnDivergence   ? "--stop-on-divergence (it checks the model after every step)"
                                                : nullptr;
     if (other) throw InvalidArgument(strCat("--overlap-forward cannot be combined with ", other));
   }
@@ -191,7 +184,7 @@ void setTorchThreads(const TrainOptions& o, int world) {
 }
 
 DistributedOptions distributedOptions(const TrainOptions& o, const RankEnv& env, int64_t startIteration,
-                                      Tracer* tracer) {
+                                      double lr, Tracer* tracer) {
   DistributedOptions d = DistributedOptions::fromEnvironment(env, o.secret);
   if (!o.bindHost.empty()) d.node.bindHost = o.bindHost;
   d.node.timeout = std::chrono::milliseconds(o.timeoutMs);
@@ -211,7 +204,7 @@ DistributedOptions distributedOptions(const TrainOptions& o, const RankEnv& env,
   d.node.settings.staleness = o.staleness;
   d.node.settings.momentum = static_cast<float>(o.momentum);
   d.node.settings.weightDecay = static_cast<float>(o.weightDecay);
-  d.learningRate = static_cast<float>(o.lr);
+  d.learningRate = static_cast<float>(lr);
   d.overlap = o.overlap;
   return d;
 }
@@ -272,6 +265,8 @@ class RankRun {
   void evaluateCurve();
   // --save-params, the trace of this rank, --summary.
   void writeOutputs() const;
+  // kExitDiverged on every rank when the job diverged (and --allow-divergence was not given), else 0.
+  int exitCode() const { return modelDiverged_ && !o_.allowDivergence ? kExitDiverged : 0; }
   void finish() {
     // Every worker's last round was served before the collectives of reportTraffic().
     if (mergedFc_) mergedFc_->stop();
@@ -282,9 +277,11 @@ class RankRun {
   // Returns true when --max-steps was reached inside the epoch.
   bool trainEpoch(int epoch, EpochStats& stats);
   // One SGD step on batch [b, e) of idx; adds its loss and images to stats.
-  // One step; false for a dead round (compute groups, --stop-on-divergence: the round's pull showed a
-  // model that is no longer finite), which is run but not counted.
-  bool trainStep(const std::vector<int64_t>& idx, size_t b, size_t e, EpochStats& stats);
+  // One step. kDiverged: its mean gradient was not finite (every rank of a BSP job finds it at this
+  // step); kDeadRound: compute groups, the round's pull showed a model that is not finite (the round
+  // ran, its push went out, it is not counted).
+  enum class StepOutcome { kTrained, kDiverged, kDeadRound };
+  StepOutcome trainStep(const std::vector<int64_t>& idx, size_t b, size_t e, EpochStats& stats);
   // The step's forward, pad (padBeforeBackward) and backward, timed (ms, the pad left out); returns the loss.
   torch::Tensor localStep(const torch::Tensor& x, const torch::Tensor& y, double& forwardMs, double& backwardMs);
   // --pad-ms: sleeps what is left of the modeled compute after `forwardMs` and the last backward;
@@ -303,12 +300,17 @@ class RankRun {
   // Test accuracy over all ranks' shards of the test set.
   double evaluate();
   // --overlap-forward: applies a pending step now (before the model is read: evaluation, checkpoint,
-  // curve copy); the next forward then has nothing to apply.
+  // curve copy); the next forward then has nothing to apply. A divergence found there is noted.
   void applyPending();
   static bool finite(const std::vector<torch::Tensor>& params);
-  // --stop-on-divergence: this rank saw a non-finite model at iteration_ (rank 0: says so, and
-  // records a curve point there).
-  void noteDivergence();
+  static std::vector<torch::Tensor> gradients(const std::vector<torch::Tensor>& params);
+  // A step's loss into the epoch's mean and (rank 0, --curve-every) the curve's.
+  void addLoss(double loss, EpochStats& stats);
+  // This rank found the training diverged at `step` (what: the DivergenceError's message, if any):
+  // records it, and a curve point there; with --allow-divergence rank 0 says so at once.
+  void noteDivergence(int64_t step, const std::string& what = "");
+  // Rank 0: the line that says where the job diverged and what to try.
+  std::string divergenceLine() const;
   std::vector<torch::Tensor> modelCopy();  // rank 0's whole model (merged FC: the FC server's layers too)
   void checkpoint(int64_t iteration);
   void reportStragglers();
@@ -316,7 +318,7 @@ class RankRun {
   // --pad-ms: every rank's overruns and largest real compute (a collective).
   void reportPadding();
   // --curve-every: rank 0 copies its model and the loss since the last copy.
-  void recordCurvePoint();
+  void recordCurvePoint(int64_t step);
   double imagesPerSecond() const { return trainSeconds_ > 0 ? images_ / trainSeconds_ : 0; }
   void saveParams() const;
   nlohmann::json summaryJson() const;
@@ -327,6 +329,8 @@ class RankRun {
   const Clock::time_point wallStart_ = Clock::now();
   const int rank_, world_;
   const bool lead_;
+  const double lr_;            // --lr, or the default for this global batch
+  const int64_t warmupSteps_;  // --warmup-steps, or the default
   data::Dataset train_, test_;
   AnyNet net_;
   std::unique_ptr<torch::optim::SGD> optimizer_;
@@ -350,8 +354,15 @@ class RankRun {
   double accuracy_ = 0, trainSeconds_ = 0;
   int64_t steps_ = 0, images_ = 0, iteration_ = 0;
   bool stop_ = false;
-  int64_t divergedAt_ = -1;  // --stop-on-divergence: the iteration this rank first saw a non-finite model
-  bool modelDiverged_ = false;  // --stop-on-divergence: some rank's model was not finite at the last evaluate()
+  int64_t divergedAt_ = -1;     // the step at which this rank found the training diverged (-1: it did not)
+  std::string divergedWhat_;    // what it found there (DivergenceError::subject; empty: the model itself)
+  bool modelDiverged_ = false;  // some rank found it by the last evaluate() (decided together there)
+  struct Found {
+    int64_t step = -1;
+    std::string what;
+  } found_;                     // trainStep(): the DivergenceError it caught
+  int64_t jobDivergedAt_ = -1;  // evaluate(): the first step at which a rank found it, and that rank
+  int jobDivergedRank_ = -1;
   // Results of reportTraffic().
   double psBytes_ = 0, sfbBytes_ = 0, predictedPs_ = 0, predictedSfb_ = 0;
   std::vector<double> dropped_, skipped_;
@@ -382,7 +393,13 @@ class RankRun {
 };
 
 RankRun::RankRun(const TrainOptions& o, const RankEnv& env)
-    : o_(o), env_(env), rank_(env.rank), world_(env.worldSize), lead_(env.rank == 0) {
+    : o_(o),
+      env_(env),
+      rank_(env.rank),
+      world_(env.worldSize),
+      lead_(env.rank == 0),
+      lr_(o.lr > 0 ? o.lr : defaultLearningRate(env.worldSize, o.batch)),
+      warmupSteps_(o.warmupSteps) {
   setLogPrefix("rank " + std::to_string(rank_));
   validateOptions(o_, world_);
   checkOutputPaths(o_, rank_);
@@ -411,7 +428,7 @@ RankRun::RankRun(const TrainOptions& o, const RankEnv& env)
       }
     }
   }
-  const auto sgd = torch::optim::SGDOptions(o_.lr).momentum(o_.momentum).weight_decay(o_.weightDecay);
+  const auto sgd = torch::optim::SGDOptions(lr_).momentum(o_.momentum).weight_decay(o_.weightDecay);
   optimizer_ = std::make_unique<torch::optim::SGD>(trained, sgd);
   if (o_.mergedFc) checkpointOptimizer_ = std::make_unique<torch::optim::SGD>(net_.module->parameters(), sgd);
 
@@ -465,7 +482,8 @@ void RankRun::resume() {
 void RankRun::connect() {
   if (!o_.tracePath.empty()) tracer_ = std::make_unique<Tracer>(rank_);
   if (o_.plain) return;
-  DistributedOptions d = distributedOptions(o_, env_, startIteration_, tracer_.get());
+  DistributedOptions d = distributedOptions(o_, env_, startIteration_,
+                                            warmedUpLearningRate(lr_, warmupSteps_, startIteration_), tracer_.get());
   d.groupMomentum = groupMomentum_;
   d.groupVersion = groupVersion_;
   if (!o_.mergedFc) {
@@ -497,10 +515,14 @@ void RankRun::printPlan() const {
   if (!lead_) return;
   ModelDesc desc = describeModule(*net_.module, net_.name);
   std::printf(
-      "poseidon train: %s (%lld params) on Fashion-MNIST, %d worker%s x batch %lld, %d epochs, lr %g, "
+      "poseidon train: %s (%lld params) on Fashion-MNIST, %d worker%s x batch %lld, %d epochs, lr %g%s, "
       "momentum %g, scheme %s%s%s\n",
       net_.name.c_str(), static_cast<long long>(desc.numel()), world_, world_ > 1 ? "s" : "",
-      static_cast<long long>(o_.batch), o_.epochs, o_.lr, o_.momentum, schemePolicyName(o_.scheme),
+      static_cast<long long>(o_.batch), o_.epochs, lr_,
+      strCat(o_.lr > 0 ? "" : " (for the global batch)",
+             warmupSteps_ > 0 ? strCat(", warmed up over ", warmupSteps_, " steps") : std::string())
+          .c_str(),
+      o_.momentum, schemePolicyName(o_.scheme),
       o_.plain
           ? ", plain LibTorch (no Poseidon)"
           : strCat(o_.overlap ? ", wait-free backprop" : ", no overlap", o_.overlapForward ? ", overlapped step" : "")
@@ -528,7 +550,12 @@ void RankRun::printPlan() const {
 }
 
 void RankRun::applyPending() {
-  if (dist_ && o_.overlapForward) dist_->applyPending();  // the model with its last update
+  if (!dist_ || !o_.overlapForward) return;
+  try {
+    dist_->applyPending();  // the model with its last update
+  } catch (const DivergenceError& err) {  // every rank finds it here alike (the same mean gradient)
+    noteDivergence(err.step(), err.subject());
+  }
 }
 
 double RankRun::evaluate() {
@@ -552,15 +579,23 @@ double RankRun::evaluate() {
     seen += static_cast<int64_t>(e - b);
   }
   net_.module->train();
-  // --stop-on-divergence: whether any rank's model is not finite, decided together. Checked before
-  // the sum: until rank 0 has sent its part no rank has left, so (merged FC) no FC update is in flight.
-  const bool diverged = o_.stopOnDivergence && (divergedAt_ >= 0 || !finite(net_.module->parameters()));
-  if (!dist_) {
-    modelDiverged_ = diverged;
-    return static_cast<double>(correct) / static_cast<double>(seen);
+  // Whether the training diverged, decided together: each rank's step of it (its own finding, or a
+  // model that is not finite now), 0 for none. Checked before the sum: until rank 0 has sent its part
+  // no rank has left, so (merged FC) no FC update is in flight.
+  if (divergedAt_ < 0 && !finite(net_.module->parameters())) noteDivergence(iteration_);
+  std::vector<double> mine(2 + static_cast<size_t>(world_), 0.0);
+  mine[0] = static_cast<double>(correct);
+  mine[1] = static_cast<double>(seen);
+  mine[2 + static_cast<size_t>(rank_)] = divergedAt_ >= 0 ? static_cast<double>(divergedAt_ + 1) : 0.0;
+  const std::vector<double> total = dist_ ? dist_->node().allSum(mine) : mine;
+  modelDiverged_ = false;
+  for (int r = 0; r < world_; ++r) {
+    const auto step = static_cast<int64_t>(total[2 + static_cast<size_t>(r)]) - 1;
+    if (step < 0 || (modelDiverged_ && step >= jobDivergedAt_)) continue;
+    modelDiverged_ = true;
+    jobDivergedAt_ = step;
+    jobDivergedRank_ = r;
   }
-  auto total = dist_->node().allSum({static_cast<double>(correct), static_cast<double>(seen), diverged ? 1.0 : 0.0});
-  modelDiverged_ = total[2] > 0;
   return total[0] / total[1];
 }
 
@@ -589,7 +624,7 @@ void RankRun::checkpoint(int64_t iteration) {
       meta_.groupVersion = version;
     }
   }
-  if (lead_ && o_.stopOnDivergence && !finite(net_.module->parameters())) {
+  if (lead_ && !finite(net_.module->parameters())) {
     // A diverged model is not saved: the newest checkpoint stays the last finite one.
     std::printf("checkpoint at step %lld not saved: the model is not finite\n", static_cast<long long>(iteration));
     std::fflush(stdout);
@@ -614,10 +649,10 @@ void RankRun::train() {
     trainSeconds_ += epochSeconds;
     images_ += stats.images;
     accuracy_ = evaluate();
-    // --stop-on-divergence: evaluate() summed every rank's finding, so every rank stops here, or none.
-    // A rank that saw its model go non-finite during the epoch has skipped the rest of it (trainEpoch).
+    // evaluate() summed every rank's finding, so every rank stops here, or none. (BSP ranks found it at
+    // the same step and left the epoch there; a compute group that found it skipped the rest.)
     if (modelDiverged_) {
-      if (divergedAt_ < 0) noteDivergence();
+      if (divergedAt_ < 0) noteDivergence(iteration_);
       stop_ = true;
     }
     if (lead_) {
@@ -639,8 +674,8 @@ bool RankRun::trainEpoch(int epoch, EpochStats& stats) {
   const int64_t firstStep = epoch == startEpoch() ? startIteration_ % stepsPerEpoch_ : 0;
   for (int64_t s = firstStep; s < stepsPerEpoch_; ++s) {
     if (divergedAt_ >= 0) {
-      // This rank's model is no longer finite: the rest of the epoch is skipped, not run. The
-      // iterations still pass the collectives other ranks make (a compute group's checkpoint is
+      // Compute groups: this rank's model is no longer finite, so the rest of the epoch is skipped, not
+      // run. The iterations still pass the collectives other ranks make (a compute group's checkpoint is
       // one), so that a group that has not seen it yet can finish the epoch; train() stops the job.
       ++iteration_;
       if (o_.checkpointEvery > 0 && iteration_ % o_.checkpointEvery == 0) checkpoint(iteration_);
@@ -650,11 +685,22 @@ bool RankRun::trainEpoch(int epoch, EpochStats& stats) {
     injectFault();
     size_t b = static_cast<size_t>(s * o_.batch), e = std::min(idx.size(), b + static_cast<size_t>(o_.batch));
     auto stepBegin = Clock::now();
-    if (!trainStep(idx, b, e, stats)) {
+    const StepOutcome outcome = trainStep(idx, b, e, stats);
+    if (outcome == StepOutcome::kDiverged) {
+      // Every rank of a BSP job holds the same mean gradient, so every rank found it at this step
+      // (the overlapped step: at the last step's, when this forward applied it): all leave the epoch
+      // here, with the model of the step before. It ran, so it counts.
+      trainClock_ += secondsSince(stepBegin);
+      steps_ += found_.step - iteration_;
+      iteration_ = found_.step;
+      noteDivergence(found_.step, found_.what);
+      return true;
+    }
+    if (outcome == StepOutcome::kDeadRound) {
+      noteDivergence(iteration_, found_.what);
       // Compute groups: this round's pull was the first model to show the last step's update, and it
       // is not finite. The divergence is that step's, as BSP finds it; this round ran only to keep
       // the shards' rounds whole, and is skipped like the rest of the epoch (not on the clock).
-      noteDivergence();
       ++iteration_;
       if (o_.checkpointEvery > 0 && iteration_ % o_.checkpointEvery == 0) checkpoint(iteration_);
       if (o_.maxSteps > 0 && iteration_ >= o_.maxSteps) return true;
@@ -663,10 +709,7 @@ bool RankRun::trainEpoch(int epoch, EpochStats& stats) {
     trainClock_ += secondsSince(stepBegin);
     ++steps_;
     ++iteration_;
-    // BSP: the parameters this rank trains after this step's update, the same on every rank. (Compute
-    // groups check the round's pull in trainStep: the shards apply the update.)
-    if (o_.stopOnDivergence && o_.groups == 0 && !finite(optimizer_->param_groups().at(0).params())) noteDivergence();
-    if (o_.curveEvery > 0 && iteration_ % o_.curveEvery == 0) recordCurvePoint();
+    if (o_.curveEvery > 0 && iteration_ % o_.curveEvery == 0) recordCurvePoint(iteration_);
     if (o_.checkpointEvery > 0 && iteration_ % o_.checkpointEvery == 0) checkpoint(iteration_);
     if (lead_) writeProgress(o_.progressPath, iteration_, checkpointIteration_);
     if (o_.maxSteps > 0 && iteration_ >= o_.maxSteps) return true;
@@ -678,25 +721,36 @@ bool RankRun::trainEpoch(int epoch, EpochStats& stats) {
 bool RankRun::finite(const std::vector<torch::Tensor>& params) {
   torch::NoGradGuard guard;
   for (const auto& p : params) {
-    if (!torch::isfinite(p).all().item<bool>()) return false;
+    if (p.defined() && !torch::isfinite(p).all().item<bool>()) return false;
   }
   return true;
 }
 
-void RankRun::noteDivergence() {
-  divergedAt_ = iteration_;
-  if (!lead_) return;
-  std::printf("step %lld: the model is not finite (a NaN or infinite parameter): %s (--stop-on-divergence)\n",
-              static_cast<long long>(iteration_),
-              o_.groups > 1 ? "this group skips the rest of the epoch, the job stops at its end"
-                            : "the job stops at the end of the epoch, the rest of it skipped");
-  std::fflush(stdout);
-  // The curve ends with the diverged model (tested like the others), even between --curve-every steps.
-  // In group mode the point of this step, if it was due, holds the model the step started from (the
-  // round's pull): the diverged model, seen only in the next round's pull, replaces it.
-  if (o_.curveEvery > 0 && iteration_ % o_.curveEvery != 0) {
-    recordCurvePoint();
-  } else if (o_.curveEvery > 0 && o_.groups > 0 && !curve_.empty() && curve_.back().iteration == iteration_) {
+std::vector<torch::Tensor> RankRun::gradients(const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : params) out.push_back(p.grad());
+  return out;
+}
+
+void RankRun::noteDivergence(int64_t step, const std::string& what) {
+  if (divergedAt_ >= 0) return;
+  divergedAt_ = step;
+  divergedWhat_ = what;
+  if (lead_ && o_.allowDivergence) {
+    std::printf("step %lld: the training diverged (a NaN or an infinity): %s (--allow-divergence)\n",
+                static_cast<long long>(step),
+                o_.groups > 1 ? "this group skips the rest of the epoch, the job stops at its end"
+                              : "the job stops here");
+    std::fflush(stdout);
+  }
+  // The curve ends with the model at the divergence (tested like the others), even between
+  // --curve-every steps: BSP's is the model before the step whose mean gradient was not finite (that
+  // update is not applied). In group mode the point of this step, if it was due, holds the model the
+  // step started from (the round's pull): the diverged model, seen only in the next round's pull,
+  // replaces it.
+  if (o_.curveEvery > 0 && step % o_.curveEvery != 0) {
+    recordCurvePoint(step);
+  } else if (o_.curveEvery > 0 && o_.groups > 0 && !curve_.empty() && curve_.back().iteration == step) {
     curve_.back().params = modelCopy();
   }
 }
@@ -709,45 +763,68 @@ void RankRun::injectFault() const {
   raise(o_.faultSignal);
 }
 
-bool RankRun::trainStep(const std::vector<int64_t>& idx, size_t b, size_t e, EpochStats& stats) {
+RankRun::StepOutcome RankRun::trainStep(const std::vector<int64_t>& idx, size_t b, size_t e, EpochStats& stats) {
+  // The warm-up: this step's learning rate (every rank alike, from the job's iteration). Compute groups
+  // push during the backward, so the shards are told it before the round (step() would tell them
+  // for the next round's pushes).
+  const double lr = warmedUpLearningRate(lr_, warmupSteps_, iteration_);
+  static_cast<torch::optim::SGDOptions&>(optimizer_->param_groups().at(0).options()).lr(lr);
+  if (dist_ && o_.groups > 0) dist_->setGroupLearningRate(static_cast<float>(lr));
   // --overlap-forward: a pending step still uses its gradients; each layer's are cleared once its
   // update is applied (DistributedModel::forwardGated), which zero_grad() would do.
   if (!(dist_ && dist_->stepPending())) optimizer_->zero_grad();
-  if (dist_ && dist_->skipIfBehind(*optimizer_)) {
-    // A straggler: the others finished this iteration without us.
-    stats.images += static_cast<int64_t>(e - b) * world_;
-    return true;
+  torch::Tensor loss;
+  try {
+    if (dist_ && dist_->skipIfBehind(*optimizer_)) {
+      // A straggler: the others finished this iteration without us.
+      stats.images += static_cast<int64_t>(e - b) * world_;
+      return StepOutcome::kTrained;
+    }
+    torch::Tensor x = batchImages(train_, idx, b, e), y = batchLabels(train_, idx, b, e);
+    double forwardMs = 0, backwardMs = 0;
+    loss = o_.mergedFc ? mergedStep(x, y, forwardMs, backwardMs) : localStep(x, y, forwardMs, backwardMs);
+    if (o_.padMs > 0) {
+      lastBackwardMs_ = backwardMs;
+      double computeMs = forwardMs + backwardMs;
+      maxComputeMs_ = std::max(maxComputeMs_, computeMs);
+      computeMsSum_ += computeMs;
+      if (computeMs > o_.padMs) ++padOverruns_;
+    }
+    if (dist_ && o_.overlapForward) {
+      dist_->stepOverlapped(*optimizer_);  // the next forward applies it, layer by layer
+    } else if (dist_) {
+      dist_->step(*optimizer_);
+    } else {
+      // --plain: the check DistributedModel makes, on the one worker's gradient.
+      if (!finite(gradients(optimizer_->param_groups().at(0).params()))) {
+        throw DivergenceError("a gradient is not finite (a NaN or an infinity): the training diverged",
+                              iteration_ + 1, "a gradient");
+      }
+      optimizer_->step();
+    }
+  } catch (const DivergenceError& err) {
+    found_ = {err.step(), err.subject()};
+    // Compute groups: the round's pull (the model after the last step's update, the first look at it;
+    // the same for every member of the group) is not finite. A dead round: its push went out anyway,
+    // as every member pushes every round it pulled.
+    if (o_.groups > 0) return StepOutcome::kDeadRound;
+    // BSP: the step ran; its loss (likely not finite) is the last the epoch's and the curve's means see.
+    // The overlapped step found the last step's gradient at this forward: this step did not run.
+    if (loss.defined() && err.step() == iteration_ + 1) addLoss(loss.item<double>(), stats);
+    return StepOutcome::kDiverged;
   }
-  torch::Tensor x = batchImages(train_, idx, b, e), y = batchLabels(train_, idx, b, e);
-  double forwardMs = 0, backwardMs = 0;
-  torch::Tensor loss = o_.mergedFc ? mergedStep(x, y, forwardMs, backwardMs) : localStep(x, y, forwardMs, backwardMs);
-  if (o_.padMs > 0) {
-    lastBackwardMs_ = backwardMs;
-    double computeMs = forwardMs + backwardMs;
-    maxComputeMs_ = std::max(maxComputeMs_, computeMs);
-    computeMsSum_ += computeMs;
-    if (computeMs > o_.padMs) ++padOverruns_;
-  }
-  if (dist_ && o_.overlapForward)
-    dist_->stepOverlapped(*optimizer_);  // the next forward applies it, layer by layer
-  else if (dist_)
-    dist_->step(*optimizer_);
-  else
-    optimizer_->step();
-  // Compute groups: the shards apply the updates, so the parameters this rank trains (merged FC: not
-  // the FC server's, which its thread writes) are still this round's pull, the same for every member
-  // of the group (it stops together): the model after the last step's update, the first look at it.
-  // Not finite: a dead round. Its push went out anyway: every member pushes every round it pulled.
-  if (o_.stopOnDivergence && o_.groups > 0 && !finite(optimizer_->param_groups().at(0).params())) return false;
-  double l = loss.item<double>();
-  stats.lossSum += l;
+  addLoss(loss.item<double>(), stats);
+  stats.images += static_cast<int64_t>(e - b) * world_;
+  return StepOutcome::kTrained;
+}
+
+void RankRun::addLoss(double loss, EpochStats& stats) {
+  stats.lossSum += loss;
   ++stats.lossCount;
   if (lead_ && o_.curveEvery > 0) {
-    curveLossSum_ += l;
+    curveLossSum_ += loss;
     ++curveLossCount_;
   }
-  stats.images += static_cast<int64_t>(e - b) * world_;
-  return true;
 }
 
 double RankRun::padBeforeBackward(double forwardMs) {
@@ -818,8 +895,8 @@ torch::Tensor RankRun::localStep(const torch::Tensor& x, const torch::Tensor& y,
   forwardMs -= modeledMs;  // the real compute, for the overrun count
   auto backwardStart = Clock::now();
   loss.backward();
-  if (rank_ == o_.slowRank && o_.slowFactor > 1) {
-    std::this_thread::sleep_for(std::chrono::duration<double>(secondsSince(stepStart) * (o_.slowFactor - 1)));
+  if (rank_ == o_.slowRank && o_.slowMs > 0) {
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(o_.slowMs));
   }
   backwardMs = 1000 * secondsSince(backwardStart);
   return loss;
@@ -834,16 +911,15 @@ torch::Tensor RankRun::mergedStep(const torch::Tensor& x, const torch::Tensor& y
   forwardMs = 1000 * secondsSince(stepStart);
   // The modeled device time (here the conv layers' forward and backward; the FC layers run on the
   // FC server) before anything is sent.
-  const double padded = padBeforeBackward(forwardMs);
+  padBeforeBackward(forwardMs);
   // The optimizer's learning rate, as the shards take it for the conv layers (takeGroupOptimizer).
   const double lr = static_cast<torch::optim::SGDOptions&>(optimizer_->param_groups().at(0).options()).lr();
   MergedFc::Reply reply = mergedFc_->exchange(h, y, static_cast<float>(lr));
   auto backwardStart = Clock::now();
   h.backward(reply.gradient);
   backwardMs = 1000 * secondsSince(backwardStart);
-  if (rank_ == o_.slowRank && o_.slowFactor > 1) {  // as trainStep's: this rank's compute (and pad) take longer
-    std::this_thread::sleep_for(
-        std::chrono::duration<double, std::milli>((forwardMs + padded + backwardMs) * (o_.slowFactor - 1)));
+  if (rank_ == o_.slowRank && o_.slowMs > 0) {  // as localStep's: this rank's compute takes longer
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(o_.slowMs));
   }
   return torch::tensor(reply.loss, torch::kFloat64);
 }
@@ -929,11 +1005,11 @@ std::vector<torch::Tensor> RankRun::modelCopy() {
   return params;
 }
 
-void RankRun::recordCurvePoint() {
+void RankRun::recordCurvePoint(int64_t step) {
   applyPending();  // every rank alike: the copy is the model after this step
-  if (lead_) {
+  if (lead_ && (curve_.empty() || curve_.back().iteration != step)) {  // (applyPending may have found a divergence)
     curve_.push_back(
-        {iteration_, trainClock_, curveLossSum_ / std::max<int64_t>(curveLossCount_, 1), -1, -1, modelCopy()});
+        {step, trainClock_, curveLossSum_ / std::max<int64_t>(curveLossCount_, 1), -1, -1, modelCopy()});
     curveLossSum_ = 0;
     curveLossCount_ = 0;
   }
@@ -1045,13 +1121,34 @@ void RankRun::reportTraffic() {
 
 void RankRun::printResult() const {
   if (!lead_) return;
-  if (divergedAt_ >= 0) {
-    std::printf("stopped: the model diverged at step %lld (%lld steps trained; lower --lr)\n",
-                static_cast<long long>(divergedAt_), static_cast<long long>(steps_));
-  }
   std::printf("final test accuracy %.2f%%, %.0f images/s, %.1f s\n", 100 * accuracy_, imagesPerSecond(),
               secondsSince(wallStart_));
+  if (modelDiverged_ && o_.allowDivergence) {
+    std::printf("stopped: the model diverged at step %lld (%lld steps trained; --allow-divergence)\n",
+                static_cast<long long>(jobDivergedAt_), static_cast<long long>(steps_));
+  }
   std::fflush(stdout);
+  if (modelDiverged_ && !o_.allowDivergence) {
+    std::fprintf(stderr, "%s\n", divergenceLine().c_str());
+    std::fflush(stderr);
+  }
+}
+
+std::string RankRun::divergenceLine() const {
+  const int64_t step = jobDivergedAt_;
+  const std::string who = o_.groups > 0 || o_.plain || world_ == 1
+                              ? strCat("found by rank ", jobDivergedRank_)
+                              : std::string("found by every rank");
+  // BSP: what rank 0 found, which every rank found (a layer's mean gradient).
+  const std::string what = divergedAt_ == step && !divergedWhat_.empty() ? strCat(": ", divergedWhat_, " is not finite")
+                                                                        : std::string(": the model is not finite");
+  const double lr = warmedUpLearningRate(lr_, warmupSteps_, std::max<int64_t>(step - 1, 0));
+  const std::string warmup =
+      warmupSteps_ > 0 ? strCat(" (warm-up ", warmupSteps_, " steps, to ", lr_, ")") : std::string(" (no warm-up)");
+  return strCat("poseidon train: error: the training diverged at step ", step, " (epoch ",
+                std::max<int64_t>(step - 1, 0) / stepsPerEpoch_ + 1, "; ", who, what, ") at learning rate ", lr,
+                warmup, "; try a lower --lr (e.g. ", lr_ / 4, ") or a longer --warmup-steps, or --allow-divergence to "
+                "record the run as a result");
 }
 
 void RankRun::saveParams() const {
@@ -1084,9 +1181,15 @@ nlohmann::json RankRun::summaryJson() const {
           {"epochs_run", epochsJson_},
           {"workers", world_},
           {"batch", o_.batch},
+          {"lr", lr_},
+          {"warmup_steps", warmupSteps_},
+          {"momentum", o_.momentum},
           {"steps", steps_},
-          {"stop_on_divergence", o_.stopOnDivergence},
-          {"diverged_at_step", divergedAt_ >= 0 ? nlohmann::json(divergedAt_) : nlohmann::json(nullptr)},
+          {"allow_divergence", o_.allowDivergence},
+          {"diverged", modelDiverged_},
+          {"diverged_at_step", modelDiverged_ ? nlohmann::json(jobDivergedAt_) : nlohmann::json(nullptr)},
+          {"diverged_rank", modelDiverged_ && (o_.groups > 0 || world_ == 1) ? nlohmann::json(jobDivergedRank_)
+                                                                            : nlohmann::json(nullptr)},
           {"images_per_sec", imagesPerSecond()},
           {"train_seconds", trainSeconds_},
           {"wall_seconds", secondsSince(wallStart_)},
@@ -1136,6 +1239,16 @@ void RankRun::writeOutputs() const {
 
 }  // namespace
 
+double defaultLearningRate(int workers, int64_t batch) {
+  const double global = static_cast<double>(workers) * static_cast<double>(batch);
+  return kBaseLr * std::min(1.0, std::sqrt(global / static_cast<double>(kBaseBatch)));
+}
+
+double warmedUpLearningRate(double lr, int64_t warmupSteps, int64_t iteration) {
+  if (warmupSteps <= 0 || iteration >= warmupSteps) return lr;
+  return lr * static_cast<double>(iteration + 1) / static_cast<double>(warmupSteps);
+}
+
 int trainRank(const TrainOptions& o, const RankEnv& env) {
   RankRun run(o, env);
   run.resume();
@@ -1144,6 +1257,14 @@ int trainRank(const TrainOptions& o, const RankEnv& env) {
   run.train();
   run.reportTraffic();
   run.printResult();
+  if (run.exitCode() != 0) {
+    // A diverged job: rank 0's outputs before the final barrier, so that a launcher that stops the
+    // other ranks once one exits with an error (poseidon launch) finds them written.
+    run.evaluateCurve();
+    run.writeOutputs();
+    run.finish();
+    return run.exitCode();
+  }
   run.finish();
   run.evaluateCurve();
   run.writeOutputs();

@@ -13,12 +13,27 @@
 
 namespace poseidon::pt {
 
+// The main job's defaults, chosen by the grid in docs/hyperparameters.md: the learning rate follows
+// the global batch B = workers x batch as kBaseLr x min(1, sqrt(B / kBaseBatch)) (square-root scaling
+// below kBaseBatch; above it LeNet's edge of stability, about 0.05 at any batch, caps it), and every
+// run warms it up over kWarmupSteps steps.
+constexpr double kBaseLr = 0.025;
+constexpr int64_t kBaseBatch = 256;
+constexpr int64_t kWarmupSteps = 50;
+double defaultLearningRate(int workers, int64_t batch);
+// The learning rate of step `iteration` (0-based, over the whole job): lr, warmed up over warmupSteps.
+double warmedUpLearningRate(double lr, int64_t warmupSteps, int64_t iteration);
+
 struct TrainOptions {
   std::string model = "lenet";
   int workers = 4;
   int epochs = 5;
   int64_t batch = 64;  // per worker
-  double lr = 0.05;
+  // SGD's learning rate for the global batch (workers x batch). 0: the default, defaultLearningRate().
+  double lr = 0;
+  // The learning rate rises linearly from lr / warmupSteps to lr over the first warmupSteps steps
+  // (Goyal et al.'s gradual warm-up); 0: none.
+  int64_t warmupSteps = kWarmupSteps;
   double momentum = 0.9;
   double weightDecay = 0;
   // Omnivore's compute groups (0: off): the shards hold the model and run SGD; staleness -1: unbounded.
@@ -45,11 +60,12 @@ struct TrainOptions {
   std::string summaryPath, tracePath, checkpointDir;
   std::string saveParamsPath;  // raw float32 dump of the final parameters (tests)
   int64_t maxSteps = -1;       // stop after this many steps in total (tests, smoke runs)
-  // Stop once the model is no longer finite (a NaN or infinite parameter, checked after every step):
-  // the rest of the epoch is skipped, and the job stops at its end, where the ranks decide together
-  // (docs/time_to_accuracy.md). Needs ranks that see one model: not with dropStragglers or a
-  // staleness bound.
-  bool stopOnDivergence = false;
+  // Divergence (a mean gradient, or with compute groups a pulled model, that is not finite) stops
+  // the job at that step on every rank (compute groups: a group that finds it skips the rest of the
+  // epoch, and the ranks decide together at its end). Without allowDivergence it is an error: rank 0
+  // says where and what to try, and every rank exits with kExitDiverged. With it, a diverged run is a
+  // result (poseidon tune's probes, bench --accuracy): exit 0, the summary says where.
+  bool allowDivergence = false;
   int64_t trainLimit = -1;     // use only the first N training images (tests, smoke runs)
   int64_t checkpointEvery = 0; // checkpoint every N iterations (0: at the end of every epoch)
   std::string progressPath;    // POSEIDON_PROGRESS_FILE: rank 0 reports its iteration here
@@ -62,9 +78,11 @@ struct TrainOptions {
   // Straggler dropping (--drop-stragglers D --straggler-timeout MS).
   int dropStragglers = 0;
   int64_t stragglerTimeoutMs = 0;
-  // Test hook (POSEIDON_SLOW=RANK:FACTOR): that rank's steps take FACTOR times longer.
+  // Test hook (POSEIDON_SLOW=RANK:MS): each of that rank's steps takes MS milliseconds longer. A time,
+  // not a factor of the step's own: a test derives it from the timeout it tests against, so that
+  // the rank is as slow on a fast machine as on a loaded one.
   int slowRank = -1;
-  double slowFactor = 1;
+  double slowMs = 0;
   int threads = 0;             // LibTorch intra-op threads per worker (0: cores / local workers)
   int syncThreads = 2;         // Poseidon thread pool per worker
   int timeoutMs = 30000;
@@ -98,6 +116,9 @@ struct TrainOptions {
   // probes (the curve's "sample_loss"). 0: off.
   int64_t curveLossSamples = 0;
 };
+
+// The exit code of a rank (and of poseidon train) whose training diverged (TrainOptions::allowDivergence).
+constexpr int kExitDiverged = 3;
 
 // Runs one rank. Returns the process exit code. Rank 0 prints the plan,
 // progress, accuracy and traffic, and writes the summary; every rank writes

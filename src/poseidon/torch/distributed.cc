@@ -11,6 +11,7 @@
 #include "poseidon/common/error.h"
 #include "poseidon/common/log.h"
 #include "poseidon/core/cost_model.h"
+#include "poseidon/torch/finite.h"
 
 namespace poseidon::pt {
 
@@ -206,10 +207,8 @@ void DistributedModel::misuse(const std::string& why) {
 }
 
 bool DistributedModel::layerFinite(size_t l, bool gradients) const {
-  torch::NoGradGuard guard;
   for (const auto& p : layers_[l].params) {
-    const torch::Tensor& t = gradients ? p.grad() : p;
-    if (t.defined() && !torch::isfinite(t).all().item<bool>()) return false;
+    if (!allFinite(gradients ? p.grad() : p)) return false;
   }
   return true;
 }

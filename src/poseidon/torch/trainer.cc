@@ -26,6 +26,7 @@
 #include "poseidon/data/fashion_mnist.h"
 #include "poseidon/torch/checkpoint.h"
 #include "poseidon/torch/distributed.h"
+#include "poseidon/torch/finite.h"
 #include "poseidon/torch/merged_fc.h"
 #include "poseidon/torch/models.h"
 #include "poseidon/transport/van.h"
@@ -719,11 +720,7 @@ bool RankRun::trainEpoch(int epoch, EpochStats& stats) {
 }
 
 bool RankRun::finite(const std::vector<torch::Tensor>& params) {
-  torch::NoGradGuard guard;
-  for (const auto& p : params) {
-    if (p.defined() && !torch::isfinite(p).all().item<bool>()) return false;
-  }
-  return true;
+  return std::all_of(params.begin(), params.end(), [](const torch::Tensor& p) { return allFinite(p); });
 }
 
 std::vector<torch::Tensor> RankRun::gradients(const std::vector<torch::Tensor>& params) {

@@ -24,6 +24,7 @@ import argparse
 import datetime
 import importlib.util
 import json
+import math
 import os
 import random
 import sys
@@ -154,8 +155,10 @@ def main():
               "mean_compute_ms": sum(s[2 * world:3 * world]) / max(s[3 * world], 1), "train_clock_seconds": clock,
               "bucket_cap_mb": a.bucket_mb, "diverged": diverged_at is not None, "diverged_at_step": diverged_at,
               "curve": curve}
+    for point in curve:  # a diverged run's NaN or infinite loss: JSON's null, as poseidon train writes it
+        point["train_loss"] = point["train_loss"] if math.isfinite(point["train_loss"]) else None
     with open(a.out, "w") as f:
-        json.dump(result, f, indent=2)
+        json.dump(result, f, indent=2, allow_nan=False)
 
 
 if __name__ == "__main__":

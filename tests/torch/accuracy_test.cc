@@ -353,6 +353,35 @@ TEST(TimeToAccuracy, BenchTrainsPoseidonGroupsAndDdpOnTheEmulatedCluster) {
   EXPECT_TRUE(fs::exists(dir.path + "/plots/accuracy-100mbit.png"));
 }
 
+// A run that diverges is a result of the benchmark, said as such: Poseidon's (poseidon train
+// --allow-divergence) and DDP's (bench/ddp_train.py) stop at the step whose mean gradient is not
+// finite, exit 0, and the JSON, the run's line and the table say where.
+TEST(TimeToAccuracy, BenchSaysWhereARunDiverged) {
+  std::string why;
+  if (!bench::EmulatedCluster::available(&why)) GTEST_SKIP() << "no emulated cluster here: " << why;
+  TempDir dir;
+  auto p = testing::runCli({"bench", "--accuracy", "--nodes", "2", "--systems", "bsp,ddp", "--rates", "100", "--steps",
+                            "16", "--curve-every", "8", "--pad-ms", "10", "--hyper", "bsp=50:0.9,ddp=50:0.9", "--json",
+                            dir.path + "/r.json", "--markdown", dir.path + "/r.md"},
+                           dir.path + "/log", {}, 600);
+  ASSERT_EQ(p.exitCode(), 0) << p.stdoutText() << p.stderrText();
+  auto r = readJson(dir.path + "/r.json");
+  ASSERT_EQ(r["runs"].size(), 2u);
+  std::ifstream md(dir.path + "/r.md");
+  std::string table((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
+  for (const auto& run : r["runs"]) {
+    ASSERT_TRUE(run["ok"].get<bool>()) << run.dump();
+    ASSERT_TRUE(run["diverged_at_step"].is_number()) << run.dump();
+    const int64_t d = run["diverged_at_step"];
+    EXPECT_GE(d, 1);
+    EXPECT_LT(d, 16) << "lr 50 diverges within a few steps";
+    EXPECT_EQ(run["curve"].back()["step"], d) << run.dump();  // the curve ends where the run stopped
+    const std::string name = run["system"];
+    EXPECT_THAT(p.stdoutText(), HasSubstr(strCat("DIVERGED at step ", d, ": stopped there")));
+    EXPECT_THAT(table, HasSubstr(strCat("diverged at step ", d))) << name;
+  }
+}
+
 // Omnivore's optimizer end to end, scaled down: a cold start over three learning rates, then epochs
 // of grids, every probe a real two-node training run from the epoch's checkpoint. What must hold
 // whatever the probes' losses: the cold start's stopping rule, the accounting (every run's clock

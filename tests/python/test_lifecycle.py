@@ -41,14 +41,15 @@ class Lifecycle(TempDirTest):
         self.assertIn("rank 0: step 100 loss", one.out)
 
     def test_an_error_on_one_rank_stops_every_rank_with_its_reason(self):
-        run = launch(4, JOB, "mlp", self.path("x.pt"), "--steps", "50", "--fail-at", "1:3")
+        timeout = 120  # the ranks' wait limit; the bound below is derived from it, not from this machine's speed
+        run = launch(4, JOB, "mlp", self.path("x.pt"), "--steps", "50", "--fail-at", "1:3", "--timeout", timeout)
         self.assertNotEqual(run.code, 0, str(run))
         self.assertClean(run)
         self.assertIn("[rank 1] RuntimeError: rank 1 fails at step 3 on purpose", run.err)
         self.assertIn("Traceback", run.err)
-        # The others learn at once why (rank 1 left before finish()), not after their 30 s timeout.
+        # The others learn at once why (rank 1 left before finish()), not after their timeout.
         self.assertRegex(run.err, r"\[rank [023]\] .*rank 1 failed .*rank 1 left the job before finish\(\)")
-        self.assertLess(run.seconds, 30, str(run))
+        self.assertLess(run.seconds, timeout, str(run))
 
     def test_a_program_that_never_calls_finish_exits_cleanly(self):
         script = self.path("nofinish.py")

@@ -87,13 +87,15 @@ def main():
     p.add_argument("--overlap-forward", action="store_true",
                    help="step(opt) returns at once; the next forward applies the update layer by layer")
     p.add_argument("--send-window", type=int, default=0, help="priority-scheduled links with this window")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds any wait on other ranks may last")
     a = p.parse_args()
     make, shape = MODELS[a.model]
     torch.manual_seed(1)
     net = make()
     # The sequence models join at their first forward, taking K from the input (the lazy form).
     model = poseidon.DistributedModel(net, batch=None if a.model.startswith("sequence") else GLOBAL // 4,
-                                      overlap_forward=a.overlap_forward, send_window=a.send_window)
+                                      overlap_forward=a.overlap_forward, send_window=a.send_window,
+                                      timeout=a.timeout)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     # A learning-rate schedule stepped after every step: the overlapped step must use the rate it had.
     schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5) if a.schedule else None

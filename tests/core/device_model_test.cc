@@ -1,4 +1,4 @@
-// The device model: what `poseidon bench --device` charges for the runtime's
+// The device model: what `poseidon bench --device` charges (bench::ChargedDevice) for the runtime's
 // own work at full width, and how its names parse. The charging inside a
 // real multi-process run is covered by integration/bench_smoke_test.cc.
 #include "poseidon/common/device_model.h"
@@ -8,6 +8,7 @@
 
 #include "poseidon/bench/device.h"
 #include "poseidon/common/error.h"
+#include "poseidon/common/work_charger.h"
 #include "poseidon/core/best_scheme.h"
 #include "poseidon/model/zoo.h"
 
@@ -16,29 +17,22 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// Restores the process-wide model (other tests in this binary run Nodes).
-struct ModelGuard {
-  DeviceModel saved = deviceModel();
-  ~ModelGuard() { setDeviceModel(saved); }
-};
-
 TEST(DeviceModel, ChargeHoldsTheCallerForTheFullWidthCost) {
-  ModelGuard guard;
   DeviceModel m;
   m.flopScale = 1000;  // s = 0.1
   m.byteScale = 100;
   m.gemmFlops = 1e12;
   m.sumBytes = 1e9;
   m.cryptoBytes = 1e9;
-  setDeviceModel(m);
-  ChargedSeconds before = chargedSeconds();
+  bench::ChargedDevice device(m);
+  bench::ChargedSeconds before = device.charged();
   auto start = WorkClock::now();
-  chargeGemm(5e7, start);  // 5e10 FLOPs at full width / 1e12 FLOP/s = 50 ms
+  device.chargeGemm(5e7, start);  // 5e10 FLOPs at full width / 1e12 FLOP/s = 50 ms
   double held = std::chrono::duration<double>(WorkClock::now() - start).count();
   EXPECT_GE(held, 0.05);
-  chargeSum(2e5, WorkClock::now());  // 2e7 bytes / 1e9 = 20 ms
-  chargeCrypto(1e5, 3);              // 1e7 bytes / 1e9 = 10 ms
-  ChargedSeconds after = chargedSeconds();
+  device.chargeSum(2e5, WorkClock::now());  // 2e7 bytes / 1e9 = 20 ms
+  device.chargeCrypto(1e5, 3);              // 1e7 bytes / 1e9 = 10 ms
+  bench::ChargedSeconds after = device.charged();
   EXPECT_NEAR(after.gemm - before.gemm, 0.05, 1e-6);
   EXPECT_NEAR(after.sum - before.sum, 0.02, 1e-6);
   EXPECT_NEAR(after.crypto - before.crypto, 0.01, 1e-6);
@@ -46,6 +40,7 @@ TEST(DeviceModel, ChargeHoldsTheCallerForTheFullWidthCost) {
 
 // Each connection's encryption queues on one of the I/O threads' timelines.
 TEST(DeviceModel, CryptoLanesQueuePerIoThread) {
+  using bench::CryptoLanes;
   using std::chrono::milliseconds;
   const WorkClock::time_point t0{};
   CryptoLanes one(1);
@@ -61,27 +56,32 @@ TEST(DeviceModel, CryptoLanesQueuePerIoThread) {
 }
 
 TEST(DeviceModel, WorkThatAlreadyTookLongerIsChargedItsCostOnly) {
-  ModelGuard guard;
   DeviceModel m;
   m.gemmFlops = 1e9;
-  setDeviceModel(m);
-  ChargedSeconds before = chargedSeconds();
-  chargeGemm(1e6, WorkClock::now() - std::chrono::seconds(10));  // 1 ms of work that took 10 s: no wait
-  EXPECT_NEAR(chargedSeconds().gemm - before.gemm, 0.001, 1e-9);
+  bench::ChargedDevice device(m);
+  bench::ChargedSeconds before = device.charged();
+  device.chargeGemm(1e6, WorkClock::now() - std::chrono::seconds(10));  // 1 ms of work that took 10 s: no wait
+  EXPECT_NEAR(device.charged().gemm - before.gemm, 0.001, 1e-9);
 }
 
+// The default model charges nothing, and neither does the runtime without a charger (production).
 TEST(DeviceModel, TheDefaultChargesNothing) {
-  ModelGuard guard;
-  setDeviceModel(DeviceModel{});
-  ChargedSeconds before = chargedSeconds();
-  chargeGemm(1e15, WorkClock::now());
-  chargeSum(1e15, WorkClock::now());
-  chargeCrypto(1e15, 0);
-  ChargedSeconds after = chargedSeconds();
+  bench::ChargedDevice device(DeviceModel{});
+  bench::ChargedSeconds before = device.charged();
+  device.chargeGemm(1e15, WorkClock::now());
+  device.chargeSum(1e15, WorkClock::now());
+  device.chargeCrypto(1e15, 0);
+  bench::ChargedSeconds after = device.charged();
   EXPECT_EQ(after.gemm, before.gemm);
   EXPECT_EQ(after.sum, before.sum);
   EXPECT_EQ(after.crypto, before.crypto);
   EXPECT_FALSE(DeviceModel{}.charges());
+  EXPECT_FALSE(device.chargesCrypto());
+  EXPECT_EQ(device.admitCrypto(1e15, 0), WorkClock::time_point::min());
+  const auto start = WorkClock::now();
+  chargeGemm(nullptr, 1e15, start - std::chrono::hours(1));  // would be held for ages if it charged anything
+  chargeSum(nullptr, 1e15, start - std::chrono::hours(1));
+  EXPECT_LT(WorkClock::now() - start, std::chrono::hours(1));
 }
 
 TEST(DeviceModel, BenchDeviceNames) {

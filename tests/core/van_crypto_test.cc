@@ -1,4 +1,4 @@
-// CURVE's encryption charged on the device model (the benchmark's ranks; common/device_model.h):
+// CURVE's encryption charged by an injected charger (the benchmark's ranks; common/work_charger.h):
 // ZeroMQ's I/O threads encrypt and decrypt while the sender and the receive loop go on, so a
 // message reaches the link once it is encrypted and the receive loop once it is decrypted, each
 // connection stays FIFO, and close() still sends what was being encrypted.
@@ -7,7 +7,7 @@
 #include <chrono>
 #include <vector>
 
-#include "poseidon/common/device_model.h"
+#include "poseidon/bench/device.h"
 #include "poseidon/transport/security.h"
 #include "poseidon/transport/van.h"
 #include "poseidon/wire/frame.h"
@@ -17,11 +17,6 @@ namespace {
 
 constexpr uint64_t kJob = 11;
 using Clock = std::chrono::steady_clock;
-
-struct ModelGuard {
-  DeviceModel saved = deviceModel();
-  ~ModelGuard() { setDeviceModel(saved); }
-};
 
 FrameHeader header(MsgType type, uint32_t layer) {
   FrameHeader h;
@@ -33,26 +28,31 @@ FrameHeader header(MsgType type, uint32_t layer) {
 // Two ranks over CURVE; encryption at 1e6 bytes/s on 2 I/O threads per process (a message of
 // n bytes, header included, takes n / 1e6 s on its lane).
 struct CurveLink {
-  static VanOptions options(const CurveKeys& keys, int sendWindow) {
+  static VanOptions options(const CurveKeys& keys, int sendWindow, WorkCharger* charger) {
     VanOptions o;
     o.curve = &keys;
+    o.charger = charger;
     o.lingerMs = 60000;  // close() delivers what it flushes on a loaded machine too
     o.sendWindowBytes = sendWindow;
     return o;
   }
-  explicit CurveLink(bool charged, int sendWindow = 0) : keys(deriveCurveKeys("van-crypto-test")), zap(ctx, keys) {
+  static DeviceModel model(bool charged) {
     DeviceModel m;
     m.name = "test";
     m.cryptoBytes = charged ? 1e6 : 0;
     m.cryptoLanes = 2;
-    setDeviceModel(m);  // before the vans: connectPeers decides whether encryption is charged
-    a = std::make_unique<Van>(ctx, options(keys, sendWindow));
-    b = std::make_unique<Van>(ctx, options(keys, 0));
+    return m;
+  }
+  // Both vans share one device, as they shared the process-wide model before it was injected.
+  explicit CurveLink(bool charged, int sendWindow = 0)
+      : device(model(charged)), keys(deriveCurveKeys("van-crypto-test")), zap(ctx, keys) {
+    a = std::make_unique<Van>(ctx, options(keys, sendWindow, &device));
+    b = std::make_unique<Van>(ctx, options(keys, 0, &device));
     std::vector<std::string> endpoints{a->endpoint(), b->endpoint()};
     a->connectPeers(0, endpoints, kJob);
     b->connectPeers(1, endpoints, kJob);
   }
-  ModelGuard guard;
+  bench::ChargedDevice device;
   zmq::context_t ctx;
   CurveKeys keys;
   ZapAuthenticator zap;
@@ -81,7 +81,9 @@ TEST(VanCrypto, EncryptionAndDecryptionRunBesideTheSenderAndTheReceiveLoop) {
   // send() returned at once; the message reaches the link when its encryption is done (checked when
   // this thread got here well before that, as it does unless the machine stalls it for seconds).
   const uint64_t sentRightAway = a.counters().total(TrafficKind::kPS).bytesSent;
-  if (Clock::now() - start < std::chrono::seconds(1)) EXPECT_EQ(sentRightAway, 0u);
+  if (Clock::now() - start < std::chrono::seconds(1)) {
+    EXPECT_EQ(sentRightAway, 0u);
+  }
 
   // It arrives (the receive loop counts it) but is not delivered while it is being decrypted...
   Message m;

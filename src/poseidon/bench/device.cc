@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "poseidon/common/error.h"
@@ -87,6 +88,43 @@ DeviceModel deviceFor(const std::string& spec, double scale, const MachineRates&
     throw InvalidArgument("unknown --device '" + spec + "' (none, gpu, cpu:C)");
   }
   return d;
+}
+
+void ChargedDevice::hold(double seconds, WorkClock::time_point start, std::atomic<int64_t>& tally) {
+  if (seconds <= 0) return;
+  auto cost = std::chrono::duration_cast<WorkClock::duration>(std::chrono::duration<double>(seconds));
+  tally += std::chrono::duration_cast<std::chrono::nanoseconds>(cost).count();
+  std::this_thread::sleep_until(start + cost);
+}
+
+void ChargedDevice::chargeGemm(double scaledFlops, WorkClock::time_point start) {
+  if (model_.gemmFlops > 0) hold(scaledFlops * model_.flopScale / model_.gemmFlops, start, gemmNs_);
+}
+
+void ChargedDevice::chargeSum(double scaledBytes, WorkClock::time_point start) {
+  if (model_.sumBytes > 0) hold(scaledBytes * model_.byteScale / model_.sumBytes, start, sumNs_);
+}
+
+WorkClock::time_point ChargedDevice::admitCrypto(double scaledBytes, int connection) {
+  if (model_.cryptoBytes <= 0) return WorkClock::time_point::min();
+  const auto cost = std::chrono::duration_cast<WorkClock::duration>(
+      std::chrono::duration<double>(scaledBytes * model_.byteScale / model_.cryptoBytes));
+  WorkClock::time_point done;
+  {
+    std::lock_guard<std::mutex> lock(lanesMutex_);
+    done = lanes_.admit(WorkClock::now(), cost, connection);  // after the lane's earlier messages
+  }
+  cryptoNs_ += std::chrono::duration_cast<std::chrono::nanoseconds>(cost).count();
+  return done;
+}
+
+void ChargedDevice::chargeCrypto(double scaledBytes, int connection) {
+  const auto done = admitCrypto(scaledBytes, connection);
+  if (done != WorkClock::time_point::min()) std::this_thread::sleep_until(done);
+}
+
+ChargedSeconds ChargedDevice::charged() const {
+  return {gemmNs_.load() * 1e-9, sumNs_.load() * 1e-9, cryptoNs_.load() * 1e-9};
 }
 
 }  // namespace poseidon::bench

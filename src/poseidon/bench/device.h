@@ -1,4 +1,4 @@
-// The device model of `poseidon bench --device` (common/device_model.h says
+// The device model of `poseidon bench --device` (common/work_charger.h says
 // what is charged and where). This machine's own rates are measured once at
 // the start of a bench run; the modelled node is then
 //   gpu    the GPU class the compute tables come from (Titan X, Maxwell: 5
@@ -10,9 +10,15 @@
 //   none   nothing charged (the work costs its real time at width s).
 #pragma once
 
+#include <atomic>
+#include <cstdint>
+#include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "poseidon/common/device_model.h"
+#include "poseidon/common/work_charger.h"
 
 namespace poseidon::bench {
 
@@ -29,5 +35,52 @@ MachineRates measureMachineRates();
 
 // Throws InvalidArgument for a spec other than none, gpu, cpu:C (C in [1, 256]).
 DeviceModel deviceFor(const std::string& spec, double scale, const MachineRates& rates);
+
+// The I/O threads' timelines behind ChargedDevice::admitCrypto: a message on
+// `connection` starts when its lane (connection mod lanes) is free, or now, and
+// ends `cost` later.
+class CryptoLanes {
+ public:
+  explicit CryptoLanes(int lanes) : busy_(static_cast<size_t>(lanes < 1 ? 1 : lanes)) {}
+  int lanes() const { return static_cast<int>(busy_.size()); }
+  WorkClock::time_point admit(WorkClock::time_point now, WorkClock::duration cost, int connection) {
+    auto& busy = busy_[static_cast<size_t>(connection < 0 ? 0 : connection) % busy_.size()];
+    busy = (busy > now ? busy : now) + cost;
+    return busy;
+  }
+
+ private:
+  std::vector<WorkClock::time_point> busy_;
+};
+
+// Seconds charged so far, real time included, per kind.
+struct ChargedSeconds {
+  double gemm = 0, sum = 0, crypto = 0;
+};
+
+// The bench rank's charger: the runtime's own work on the modelled node, one
+// per process (its I/O threads' lanes are the process's). Thread-safe.
+class ChargedDevice final : public WorkCharger {
+ public:
+  explicit ChargedDevice(DeviceModel model) : model_(std::move(model)), lanes_(model_.cryptoLanes) {}
+
+  const DeviceModel& model() const override { return model_; }
+  void chargeGemm(double scaledFlops, WorkClock::time_point start) override;
+  void chargeSum(double scaledBytes, WorkClock::time_point start) override;
+  bool chargesCrypto() const override { return model_.cryptoBytes > 0; }
+  WorkClock::time_point admitCrypto(double scaledBytes, int connection) override;
+  // Holds the caller until admitCrypto's time.
+  void chargeCrypto(double scaledBytes, int connection);
+
+  ChargedSeconds charged() const;
+
+ private:
+  void hold(double seconds, WorkClock::time_point start, std::atomic<int64_t>& tally);
+
+  const DeviceModel model_;
+  std::atomic<int64_t> gemmNs_{0}, sumNs_{0}, cryptoNs_{0};
+  std::mutex lanesMutex_;  // guards lanes_; a leaf: nothing else is taken under it
+  CryptoLanes lanes_;
+};
 
 }  // namespace poseidon::bench

@@ -14,12 +14,12 @@
 #include <sstream>
 #include <thread>
 
+#include "poseidon/bench/device.h"
 #include "poseidon/bench/emulation.h"
 #include "poseidon/cli/commands.h"
 #include "poseidon/cli/flags.h"
 #include "poseidon/cli/limits.h"
 #include "poseidon/client/node.h"
-#include "poseidon/common/device_model.h"
 #include "poseidon/common/error.h"
 #include "poseidon/common/log.h"
 #include "poseidon/common/trace.h"
@@ -89,7 +89,7 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
   flags.addInt("timeout", &timeoutMs, "timeout of every wait (ms)", "MS", IntRange::atLeast(1));
   flags.addInt64("pair-bytes", &pairBytes, "KV pair size (default: 2 MB x s^2, the scaling rule)", "BYTES",
                  IntRange::closed(kMinPairBytes, kMaxPairBytes));
-  // The device model (common/device_model.h): the harness measures the rates once and passes them on.
+  // The device model (bench/device.h): the harness measures the rates once and passes them on.
   flags.addString("device", &device, "name of the device model (for the result)", "NAME");
   flags.addDouble("gemm-flops", &gemmFlops, "charge the reconstruction GEMM at full width at this FLOP/s (0: not)",
                   "R", RealRange::atLeast(0));
@@ -132,7 +132,8 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
   // The emulated link is the full-width one slowed by s^2: BestScheme compares full-width bytes.
   dm.linkBytes = linkMbit * 1e6 / 8 * dm.byteScale;
   dm.cryptoLanes = ioThreads;
-  setDeviceModel(dm);
+  // This rank's node charges its own work on it (common/work_charger.h).
+  bench::ChargedDevice charger(dm);
   // A wire suffix (poseidon-bf16) picks the wire; the rest picks the scheme and the overlap.
   const bench::PoseidonSystem parsed = bench::parsePoseidonSystem(system);
   if (flags.wasSet("wire") && parsed.wire != WirePrecision::kFp32) {
@@ -186,6 +187,7 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
   o.secret = jobSecretFromEnvironment();
   o.receiveBufferBytes = rcvbuf;
   o.ioThreads = ioThreads;
+  o.charger = &charger;
   o.sendWindowBytes = sendWindow;
   std::unique_ptr<Tracer> tracer;
   if (!tracePath.empty()) tracer = std::make_unique<Tracer>(env.rank);
@@ -224,7 +226,7 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
   std::vector<double> times;
   uint64_t tx0 = 0, rx0 = 0;
   TrafficTotals psStart, sfbStart, adamStart;
-  ChargedSeconds chargedStart;
+  bench::ChargedSeconds chargedStart;
   double cpu0 = 0;
   uint64_t retrans0 = 0;
   // An iteration runs from the start of its forward pass to the end of its backward and, with the
@@ -238,7 +240,7 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
       psStart = node->counters().total(TrafficKind::kPS);
       sfbStart = node->counters().total(TrafficKind::kSFB);
       adamStart = node->counters().total(TrafficKind::kAdam);
-      chargedStart = chargedSeconds();
+      chargedStart = charger.charged();
       cpu0 = cpuSeconds();
       retrans0 = tcpRetransmits();
     }
@@ -286,7 +288,7 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
   for (int l = 0; l < L; ++l)
     if (layers[l].type == LayerType::kFC) schemes[layers[l].name] = schemeName(node->schemeFor(l));
   uint64_t tx = readCounter(iface, "tx_bytes") - tx0, rx = readCounter(iface, "rx_bytes") - rx0;
-  ChargedSeconds charged = chargedSeconds();
+  bench::ChargedSeconds charged = charger.charged();
   const double cpu = cpuSeconds() - cpu0;
   auto delta = [](TrafficTotals a, TrafficTotals b) {
     return nlohmann::json{{"sent", a.bytesSent - b.bytesSent}, {"received", a.bytesReceived - b.bytesReceived}};

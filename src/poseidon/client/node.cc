@@ -50,6 +50,7 @@ std::unique_ptr<Node> Node::start(const NodeOptions& options, const ModelDesc& m
   vo.maxPayloadBytes = options.maxPayloadBytes;
   vo.receiveBufferBytes = options.receiveBufferBytes;
   vo.sendWindowBytes = options.sendWindowBytes;
+  vo.charger = options.charger;
   node->van_ = std::make_unique<Van>(node->ctx_, vo);
 
   JoinRequest req;
@@ -65,6 +66,7 @@ std::unique_ptr<Node> Node::start(const NodeOptions& options, const ModelDesc& m
   ro.timeout = options.timeout;
   ro.curve = curve;
   node->book_ = joinJob(node->ctx_, ro, req);
+  if (options.charger) node->book_.setDeviceModel(&options.charger->model());
 
   const InformationBook& book = node->book_;
   const int layers = static_cast<int>(book.model().layers.size());
@@ -72,7 +74,8 @@ std::unique_ptr<Node> Node::start(const NodeOptions& options, const ModelDesc& m
   std::vector<std::string> endpoints;
   for (const auto& n : book.nodes()) endpoints.push_back(n.endpoint);
   node->van_->connectPeers(options.rank, endpoints, book.jobId());
-  if (node->isServer()) node->server_ = std::make_unique<KvServer>(book, book.shardIndex(options.rank));
+  if (node->isServer())
+    node->server_ = std::make_unique<KvServer>(book, book.shardIndex(options.rank), options.charger);
   if (node->isWorker()) {
     for (int l = 0; l < layers; ++l) node->syncers_.push_back(std::make_unique<Syncer>(static_cast<SyncHost&>(*node), l));
     node->barrier_ = std::make_unique<IterationBarrier>(layers, node->error_);

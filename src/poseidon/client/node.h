@@ -108,6 +108,9 @@ struct NodeOptions {
   // layers' data first; VanOptions::sendWindowBytes, docs/scheduling.md). BSP jobs only.
   int sendWindowBytes = 0;
   Tracer* tracer = nullptr;  // optional, not owned; must outlive the node
+  // The bench's charge for the runtime's own work at full width (common/work_charger.h,
+  // bench/device.h). Null, as in production: nothing charged. Not owned; must outlive the node.
+  WorkCharger* charger = nullptr;
   // Job secret (see transport/security.h); every rank must have the same.
   // Empty: no authentication (a warning unless every address is loopback).
   std::string secret;
@@ -250,6 +253,7 @@ class Node : private SyncHost {
   void layerDone(int layer, int64_t iteration) override;
   int64_t currentIteration() const override { return iteration_.load(); }
   Tracer* tracer() const override { return options_.tracer; }
+  WorkCharger* charger() const override { return options_.charger; }
   // The one place that records the job's failure: keeps the first error with
   // its type, logs it, wakes every waiter, and (unless it came from a peer's
   // abort) tells every peer. Call it with no lock held.

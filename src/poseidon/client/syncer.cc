@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "poseidon/common/device_model.h"
 #include "poseidon/common/error.h"
 #include "poseidon/common/log.h"
 #include "poseidon/kvstore/contributors.h"
@@ -621,7 +620,8 @@ void Syncer::reconstruct(int64_t iteration, Round round, std::vector<bool> set) 
     if (bias && !b) copyOut(round.out, m * n, m, tmpB.data());
     int64_t rows = 0;
     for (const auto& v : views) rows += v.rows;
-    chargeGemm(2.0 * static_cast<double>(rows) * static_cast<double>(m) * static_cast<double>(n), workStart);
+    chargeGemm(host_.charger(), 2.0 * static_cast<double>(rows) * static_cast<double>(m) * static_cast<double>(n),
+               workStart);
   } catch (const std::exception& e) {
     host_.fail(std::make_exception_ptr(
         Error(strCat("layer '", spec_.name, "' iteration ", iteration, ": reconstructing the gradient failed: ", e.what()))));

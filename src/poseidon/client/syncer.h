@@ -71,6 +71,7 @@
 
 #include "poseidon/client/layer_buffer.h"
 #include "poseidon/common/trace.h"
+#include "poseidon/common/work_charger.h"
 #include "poseidon/coordinator/book.h"
 #include "poseidon/sfb/sufficient_factors.h"
 #include "poseidon/transport/van.h"
@@ -94,6 +95,8 @@ class SyncHost {
   virtual int64_t currentIteration() const = 0;
   // Optional span recorder (null when not tracing).
   virtual Tracer* tracer() const = 0;
+  // The bench's charge for the reconstruction GEMM (common/work_charger.h); null: none.
+  virtual WorkCharger* charger() const { return nullptr; }
 };
 
 class Syncer {

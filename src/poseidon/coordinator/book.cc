@@ -1,6 +1,5 @@
 #include "poseidon/coordinator/book.h"
 
-#include "poseidon/common/device_model.h"
 #include "poseidon/common/error.h"
 
 namespace poseidon {
@@ -88,9 +87,8 @@ int InformationBook::shardIndex(int rank) const {
 }
 
 Scheme InformationBook::bestScheme(int layer, int64_t batch) const {
-  // The device model is the bench's (every rank gets the same); elsewhere it is empty and bytes decide.
-  return poseidon::bestScheme(model_.layers.at(layer), batch, numWorkers(), numServers(), settings_.policy,
-                              &deviceModel(), wireElementBytes(settings_.wire));
+  return poseidon::bestScheme(model_.layers.at(layer), batch, numWorkers(), numServers(), settings_.policy, device_,
+                              wireElementBytes(settings_.wire));
 }
 
 LayerQuery InformationBook::query(int layer) const {

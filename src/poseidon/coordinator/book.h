@@ -103,9 +103,13 @@ class InformationBook {
   // and, in straggler mode, the keeper of the layer's SFB rounds.
   int layerKeeperRank(int layer) const { return servers_.at(layout_.pairsOf(layer).at(0).shard); }
 
-  // BestScheme(l) with this cluster's P1, P2 and the given per-worker batch.
+  // BestScheme(l) with this cluster's P1, P2 and the given per-worker batch, weighing the
+  // reconstruction against the bytes where a device model is set.
   Scheme bestScheme(int layer, int64_t batch) const;
   LayerQuery query(int layer) const;
+  // The modelled node's rates (the bench's, common/work_charger.h; every rank has the same).
+  // Null, the default: bytes alone decide. Not owned; must outlive the book.
+  void setDeviceModel(const DeviceModel* device) { device_ = device; }
 
   void write(ByteWriter& w) const;
   static InformationBook read(ByteReader& r);  // throws ProtocolError
@@ -118,6 +122,7 @@ class InformationBook {
   JobSettings settings_;
   std::vector<int> workers_, servers_, workerIndex_, shardIndex_;
   KvLayout layout_;
+  const DeviceModel* device_ = nullptr;
 };
 
 // Model and settings serialization shared by join requests and the book.

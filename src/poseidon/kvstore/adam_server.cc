@@ -1,11 +1,11 @@
 #include "poseidon/kvstore/adam_server.h"
 
-#include "poseidon/common/device_model.h"
 #include "poseidon/common/error.h"
 
 namespace poseidon {
 
-AdamServer::AdamServer(const InformationBook& book, int shard) : book_(book), shard_(shard) {}
+AdamServer::AdamServer(const InformationBook& book, int shard, WorkCharger* charger)
+    : book_(book), shard_(shard), charger_(charger) {}
 
 std::optional<AdamServer::Completed> AdamServer::push(int senderRank, int layer, int64_t iteration, int64_t rows,
                                                       zmq::message_t&& payload) {
@@ -55,7 +55,8 @@ std::optional<AdamServer::Completed> AdamServer::push(int senderRank, int layer,
                       &scratch_);
   int64_t totalRows = 0;
   for (const auto& v : views) totalRows += v.rows;
-  chargeGemm(2.0 * static_cast<double>(totalRows) * static_cast<double>(spec.m) * static_cast<double>(spec.n), workStart);
+  chargeGemm(charger_, 2.0 * static_cast<double>(totalRows) * static_cast<double>(spec.m) * static_cast<double>(spec.n),
+             workStart);
   rounds_.erase({layer, iteration});
   completed_[layer] = std::max(last, iteration);
   return c;

@@ -8,12 +8,12 @@
 // Threads: owned by the node's receive loop; not thread-safe.
 #pragma once
 
-#include <zmq.hpp>
-
 #include <map>
 #include <optional>
 #include <vector>
+#include <zmq.hpp>
 
+#include "poseidon/common/work_charger.h"
 #include "poseidon/coordinator/book.h"
 #include "poseidon/sfb/sufficient_factors.h"
 
@@ -21,7 +21,8 @@ namespace poseidon {
 
 class AdamServer {
  public:
-  AdamServer(const InformationBook& book, int shard);
+  // charger: the bench's charge for the reconstruction (common/work_charger.h); null: none. Not owned.
+  AdamServer(const InformationBook& book, int shard, WorkCharger* charger = nullptr);
 
   struct Completed {
     int layer = 0;
@@ -42,6 +43,7 @@ class AdamServer {
   };
   const InformationBook& book_;
   int shard_;
+  WorkCharger* charger_;
   std::map<std::pair<int, int64_t>, Round> rounds_;
   std::map<int, int64_t> completed_;  // per layer: last completed iteration
   FactorScratch scratch_;

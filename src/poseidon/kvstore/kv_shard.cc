@@ -2,12 +2,12 @@
 
 #include <cstring>
 
-#include "poseidon/common/device_model.h"
 #include "poseidon/common/error.h"
 
 namespace poseidon {
 
-KvShard::KvShard(const InformationBook& book, int shard) : book_(book), shard_(shard) {
+KvShard::KvShard(const InformationBook& book, int shard, WorkCharger* charger)
+    : book_(book), shard_(shard), charger_(charger) {
   const KvLayout& layout = book.layout();
   for (int l = 0; l < layout.numLayers(); ++l) {
     for (const KvPair& p : layout.pairsOf(l)) {
@@ -93,7 +93,7 @@ std::optional<KvShard::Completed> KvShard::push(int senderRank, int layer, int p
       ++round.next;
     }
   }
-  chargeSum(static_cast<double>(length) * sizeof(float), workStart);
+  chargeSum(charger_, static_cast<double>(length) * sizeof(float), workStart);
   if (round.count >= workers) return finish(st, iteration);
   if (settings.stragglerMode() && !round.deadline && round.count >= workers - settings.dropStragglers) {
     round.deadline = now + std::chrono::milliseconds(settings.stragglerTimeoutMs);

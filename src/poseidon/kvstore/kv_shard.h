@@ -33,6 +33,7 @@
 #include <optional>
 #include <vector>
 
+#include "poseidon/common/work_charger.h"
 #include "poseidon/coordinator/book.h"
 
 namespace poseidon {
@@ -43,7 +44,8 @@ class KvShard {
   static constexpr int64_t kMaxAhead = 2;
   using Clock = std::chrono::steady_clock;
 
-  KvShard(const InformationBook& book, int shard);
+  // charger: the bench's charge for the sums (common/work_charger.h); null: none. Not owned.
+  KvShard(const InformationBook& book, int shard, WorkCharger* charger = nullptr);
 
   struct Completed {
     int layer = 0;
@@ -90,6 +92,7 @@ class KvShard {
 
   const InformationBook& book_;
   int shard_;
+  WorkCharger* charger_;
   std::map<uint64_t, PairState> pairs_;
 };
 

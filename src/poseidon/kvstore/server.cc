@@ -4,15 +4,15 @@
 #include <cstring>
 
 #include "poseidon/common/bytes.h"
-#include "poseidon/common/device_model.h"
 #include "poseidon/common/error.h"
 #include "poseidon/kvstore/contributors.h"
 #include "poseidon/wire/messages.h"
 
 namespace poseidon {
 
-KvServer::KvServer(const InformationBook& book, int shard) : book_(book), shard_(book, shard) {
-  if (book.settings().policy == SchemePolicy::kAdam) adam_ = std::make_unique<AdamServer>(book, shard);
+KvServer::KvServer(const InformationBook& book, int shard, WorkCharger* charger)
+    : book_(book), charger_(charger), shard_(book, shard, charger) {
+  if (book.settings().policy == SchemePolicy::kAdam) adam_ = std::make_unique<AdamServer>(book, shard, charger);
   if (book.settings().stragglerMode()) keeper_ = std::make_unique<SfbKeeper>(book, shard);
   if (book.settings().groupMode()) model_ = std::make_unique<ModelShard>(book, shard);
 }
@@ -42,7 +42,7 @@ KvServer::Outgoing KvServer::aggregate(KvShard::Completed&& done) const {
     const WorkClock::time_point workStart = WorkClock::now();
     o.narrow.resize(done.sum.size() * wireElementBytes(wire));
     encodeFloats(done.sum.data(), o.length, wire, o.narrow.data());
-    chargeSum(static_cast<double>(done.sum.size()) * sizeof(float), workStart);
+    chargeSum(charger_, static_cast<double>(done.sum.size()) * sizeof(float), workStart);
   } else {
     o.floats = std::make_shared<const std::vector<float>>(std::move(done.sum));
   }

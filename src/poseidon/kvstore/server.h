@@ -37,7 +37,9 @@ class KvServer {
  public:
   using Clock = std::chrono::steady_clock;
 
-  KvServer(const InformationBook& book, int shard);
+  // charger: the bench's charge for the server's own work (common/work_charger.h); null: none.
+  // Not owned; must outlive the server.
+  KvServer(const InformationBook& book, int shard, WorkCharger* charger = nullptr);
 
   // The message types this role accepts.
   static bool handles(MsgType type);
@@ -73,6 +75,7 @@ class KvServer {
   Outgoing decision(const SfbKeeper::Decision& d) const;
 
   const InformationBook& book_;
+  WorkCharger* charger_;
   KvShard shard_;
   std::unique_ptr<AdamServer> adam_;    // Adam baseline only
   std::unique_ptr<SfbKeeper> keeper_;   // straggler mode only

@@ -220,7 +220,7 @@ class Egress {
 //    the last worker's push, sends the sum to each worker (Node::sendAll; each is encrypted by an
 //    I/O thread, not on the loop): that work runs next on the loop, before the next message;
 //  - the transport charges encryption per connection, 2 p out to peer p and 2 p + 1 in from it, on
-//    I/O thread (connection mod lanes), one message after another (common/device_model.h): with
+//    I/O thread (connection mod lanes), one message after another (bench/device.h): with
 //    two, every send is encrypted on one and every receive on the other.
 class Network {
  public:

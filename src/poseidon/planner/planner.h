@@ -94,7 +94,7 @@ struct Cluster {
   double linkBytes = 0;                 // each node's link, each way, bytes/s, at the workload's scale
   double linkOverhead = kLinkOverhead;  // bytes on the link per payload byte (TCP/IP headers, ACKs)
   double messageBytes = 48;             // bytes on the link per message besides its payload (frame header)
-  // The runtime's own work at full width (common/device_model.h); 0: free.
+  // The runtime's own work at full width (bench/device.h charges it in the bench); 0: free.
   double cryptoBytes = 1.75e9;           // CURVE, bytes/s per I/O thread (0: links without encryption)
   int cryptoLanes = 2;                   // I/O threads per process (NodeOptions::ioThreads)
   double gemmFlops = 5e12;               // SFB reconstruction; a Titan X by default

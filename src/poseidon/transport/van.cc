@@ -7,7 +7,6 @@
 #include <limits>
 #include <thread>
 
-#include "poseidon/common/device_model.h"
 #include "poseidon/common/error.h"
 #include "poseidon/common/log.h"
 #include "poseidon/transport/multipart.h"
@@ -30,7 +29,7 @@ namespace poseidon {
 namespace {
 std::atomic<uint64_t> gLoopbackId{0};
 
-// The device model's connection numbers (common/device_model.h): a node's DEALER to each peer and
+// The charged encryption's connection numbers (common/work_charger.h): a node's DEALER to each peer and
 // the ROUTER's connection from it, interleaved, as libzmq spreads connections over its I/O threads.
 int outboundConnection(int peer) { return 2 * peer; }
 int inboundConnection(uint32_t peer) { return 2 * static_cast<int>(peer) + 1; }
@@ -165,7 +164,7 @@ void Van::connectPeers(int selfRank, const std::vector<std::string>& endpoints, 
     scheduled_ = true;
     sender_ = std::thread([this] { senderLoop(); });
   }
-  if (options_.curve && deviceModel().cryptoBytes > 0) {
+  if (options_.curve && options_.charger && options_.charger->chargesCrypto()) {
     chargedCrypto_ = true;
     encrypter_ = std::thread([this] { encryptLoop(); });
   }
@@ -396,12 +395,14 @@ void Van::send(int dest, FrameHeader header, const Part* partsBegin, size_t numP
   if (chargedCrypto_) {
     // CURVE encrypts what leaves on the I/O thread of this outbound connection; the bytes reach the
     // link when it is done, and the caller goes on meanwhile.
+    // Admitted before encryptMutex_ is taken: the charger's own lock stays a leaf.
+    const auto at = options_.charger->admitCrypto(static_cast<double>(kHeaderBytes + total), outboundConnection(dest));
     {
       std::lock_guard<std::mutex> lock(encryptMutex_);
       if (closed_ || stopEncrypt_) throw IoError("transport closed");
       if (!encryptError_.empty()) throw IoError(encryptError_);
       InCrypto m;
-      m.at = admitCrypto(static_cast<double>(kHeaderBytes + total), outboundConnection(dest));
+      m.at = at;
       m.seq = encryptSeq_++;
       m.dest = dest;
       m.header = header;
@@ -539,8 +540,8 @@ void Van::admitArrivals() {
 bool Van::decrypted(Message* out) {
   if (!chargedCrypto_) return true;
   // CURVE decrypts it on the I/O thread of this inbound connection.
-  const auto at =
-      admitCrypto(static_cast<double>(kHeaderBytes + out->header.payloadBytes), inboundConnection(out->header.sender));
+  const auto at = options_.charger->admitCrypto(static_cast<double>(kHeaderBytes + out->header.payloadBytes),
+                                                inboundConnection(out->header.sender));
   if (at == std::chrono::steady_clock::time_point::min()) return true;  // not charged
   deliverAt(at, std::move(*out));
   return false;

@@ -32,8 +32,6 @@
 // ordered across layers): Node refuses the combination.
 #pragma once
 
-#include <zmq.hpp>
-
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -44,7 +42,9 @@
 #include <string>
 #include <thread>
 #include <vector>
+#include <zmq.hpp>
 
+#include "poseidon/common/work_charger.h"
 #include "poseidon/transport/counters.h"
 #include "poseidon/transport/security.h"
 #include "poseidon/wire/frame.h"
@@ -67,6 +67,9 @@ struct VanOptions {
   // > 0: priority scheduling (above) with this kernel send buffer per
   // connection (SO_SNDBUF). 0: FIFO, the OS's autotuned buffers.
   int sendWindowBytes = 0;
+  // The bench's charge for CURVE's encryption on ZeroMQ's I/O threads (common/work_charger.h).
+  // Null, as in production: nothing charged. Not owned; must outlive the van.
+  WorkCharger* charger = nullptr;
 };
 
 struct Message {
@@ -223,7 +226,7 @@ class Van {
   zmq::socket_t wakeIn_, wakeOut_;  // inproc PAIR: a send() wakes the sender's poll
   std::thread sender_;
 
-  // CURVE's encryption charged on the device model (common/device_model.h; the benchmark's ranks):
+  // CURVE's encryption charged by VanOptions::charger (common/work_charger.h; the benchmark's ranks):
   // ZeroMQ's I/O threads encrypt and decrypt while the caller and the receive loop go on. A message
   // sent is held here until its I/O thread is done encrypting it, then handed over (sendNow); one
   // received is held until it is decrypted, while the receive loop takes other connections' messages.

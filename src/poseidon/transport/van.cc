@@ -29,11 +29,6 @@ namespace poseidon {
 namespace {
 std::atomic<uint64_t> gLoopbackId{0};
 
-// The charged encryption's connection numbers (common/work_charger.h): a node's DEALER to each peer and
-// the ROUTER's connection from it, interleaved, as libzmq spreads connections over its I/O threads.
-int outboundConnection(int peer) { return 2 * peer; }
-int inboundConnection(uint32_t peer) { return 2 * static_cast<int>(peer) + 1; }
-
 // Whether two fragments' headers describe the same message.
 bool sameMessage(const FrameHeader& a, const FrameHeader& b) {
   return a.type == b.type && a.layer == b.layer && a.iteration == b.iteration && a.pair == b.pair && a.aux == b.aux &&
@@ -90,7 +85,7 @@ Van::Van(zmq::context_t& ctx, const VanOptions& options)
 Van::~Van() { close(); }
 
 void Van::close() {
-  stopEncrypting();  // hands over what is being encrypted (sendNow refuses once closed_ is set)
+  if (crypto_) crypto_->stop();  // hands over what is being encrypted (sendNow refuses once closed_ is set)
   if (closed_.exchange(true)) return;
   int linger = options_.lingerMs;
   if (sender_.joinable()) {
@@ -165,49 +160,11 @@ void Van::connectPeers(int selfRank, const std::vector<std::string>& endpoints, 
     sender_ = std::thread([this] { senderLoop(); });
   }
   if (options_.curve && options_.charger && options_.charger->chargesCrypto()) {
-    chargedCrypto_ = true;
-    encrypter_ = std::thread([this] { encryptLoop(); });
+    crypto_ = std::make_unique<ChargedCrypto>(
+        *options_.charger, [this](int dest, const FrameHeader& header, zmq::message_t head, zmq::message_t body) {
+          sendNow(dest, header, std::move(head), std::move(body));
+        });
   }
-}
-
-void Van::encryptLoop() {
-  std::unique_lock<std::mutex> lock(encryptMutex_);
-  for (;;) {
-    if (encrypting_.empty()) {
-      if (stopEncrypt_) return;
-      encryptCv_.wait(lock);
-      continue;
-    }
-    // Closing: what is left goes now, in order, within close()'s linger (not at its modelled time).
-    const auto at = encrypting_.front().at;
-    if (!stopEncrypt_ && std::chrono::steady_clock::now() < at) {
-      encryptCv_.wait_until(lock, at);
-      continue;
-    }
-    std::pop_heap(encrypting_.begin(), encrypting_.end(), std::greater<>());
-    InCrypto m = std::move(encrypting_.back());
-    encrypting_.pop_back();
-    lock.unlock();
-    try {
-      sendNow(m.dest, m.header, std::move(m.head), std::move(m.body));
-    } catch (const std::exception& e) {
-      lock.lock();
-      if (encryptError_.empty()) encryptError_ = e.what();  // every later send() throws it
-      POSEIDON_LOG(kError) << e.what();
-      continue;
-    }
-    lock.lock();
-  }
-}
-
-void Van::stopEncrypting() {
-  {
-    std::lock_guard<std::mutex> lock(encryptMutex_);
-    stopEncrypt_ = true;
-  }
-  encryptCv_.notify_all();
-  std::lock_guard<std::mutex> join(encryptJoinMutex_);
-  if (encrypter_.joinable()) encrypter_.join();
 }
 
 Van::Priority Van::priorityOf(const FrameHeader& header) {
@@ -392,26 +349,11 @@ void Van::send(int dest, FrameHeader header, const Part* partsBegin, size_t numP
   } catch (const zmq::error_t& e) {
     throw IoError(strCat("send of ", msgTypeName(header.type), " to rank ", dest, " failed: ", e.what()));
   }
-  if (chargedCrypto_) {
+  if (crypto_) {
     // CURVE encrypts what leaves on the I/O thread of this outbound connection; the bytes reach the
     // link when it is done, and the caller goes on meanwhile.
-    // Admitted before encryptMutex_ is taken: the charger's own lock stays a leaf.
-    const auto at = options_.charger->admitCrypto(static_cast<double>(kHeaderBytes + total), outboundConnection(dest));
-    {
-      std::lock_guard<std::mutex> lock(encryptMutex_);
-      if (closed_ || stopEncrypt_) throw IoError("transport closed");
-      if (!encryptError_.empty()) throw IoError(encryptError_);
-      InCrypto m;
-      m.at = at;
-      m.seq = encryptSeq_++;
-      m.dest = dest;
-      m.header = header;
-      m.head = std::move(head);
-      m.body = std::move(body);
-      encrypting_.push_back(std::move(m));
-      std::push_heap(encrypting_.begin(), encrypting_.end(), std::greater<>());
-    }
-    encryptCv_.notify_one();
+    if (closed_) throw IoError("transport closed");
+    crypto_->encrypt(dest, header, std::move(head), std::move(body));
     return;
   }
   sendNow(dest, header, std::move(head), std::move(body));
@@ -519,7 +461,7 @@ bool Van::receiveFrom(zmq::socket_t& socket, bool loopback, Message* out) {
 }
 
 void Van::admitArrivals() {
-  if (!chargedCrypto_) return;
+  if (!crypto_) return;
   // Every message already here goes to its I/O thread now: its decryption starts when it arrives,
   // not when the loop (busy with a message before it) gets to read it. Bounded, so that a flood
   // cannot keep the loop from delivering.
@@ -533,27 +475,15 @@ void Van::admitArrivals() {
     }
     if (!(item.revents & ZMQ_POLLIN)) return;
     Message m;
-    if (receiveFrom(router_, false, &m)) deliverAt(std::chrono::steady_clock::now(), std::move(m));  // not charged
+    receiveFrom(router_, false, &m);  // a valid whole message goes to crypto_ (decrypted())
   }
 }
 
 bool Van::decrypted(Message* out) {
-  if (!chargedCrypto_) return true;
+  if (!crypto_) return true;
   // CURVE decrypts it on the I/O thread of this inbound connection.
-  const auto at = options_.charger->admitCrypto(static_cast<double>(kHeaderBytes + out->header.payloadBytes),
-                                                inboundConnection(out->header.sender));
-  if (at == std::chrono::steady_clock::time_point::min()) return true;  // not charged
-  deliverAt(at, std::move(*out));
+  crypto_->decrypt(std::move(*out));
   return false;
-}
-
-void Van::deliverAt(std::chrono::steady_clock::time_point at, Message message) {
-  InCrypto m;
-  m.at = at;
-  m.seq = decryptSeq_++;
-  m.message = std::move(message);
-  decrypting_.push_back(std::move(m));
-  std::push_heap(decrypting_.begin(), decrypting_.end(), std::greater<>());
 }
 
 bool Van::addFragment(const FrameHeader& h, zmq::message_t& chunk, const zmq::message_t& where,
@@ -615,14 +545,9 @@ bool Van::poll(Message* out, int timeoutMs) {
   for (;;) {
     admitArrivals();
     auto now = std::chrono::steady_clock::now(), until = deadline;
-    if (!decrypting_.empty()) {  // charged decryption (decrypted()): the first one done is delivered
-      const auto at = decrypting_.front().at;
-      if (at <= now) {
-        std::pop_heap(decrypting_.begin(), decrypting_.end(), std::greater<>());
-        *out = std::move(decrypting_.back().message);
-        decrypting_.pop_back();
-        return true;
-      }
+    auto at = std::chrono::steady_clock::time_point::max();
+    if (crypto_ && crypto_->takeDecrypted(now, out, &at)) return true;  // charged decryption: the first one done
+    if (at != std::chrono::steady_clock::time_point::max()) {
       if (at - now < std::chrono::milliseconds(1)) {  // below zmq_poll's resolution
         std::this_thread::sleep_until(at);
         continue;

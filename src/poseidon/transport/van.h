@@ -45,7 +45,9 @@
 #include <zmq.hpp>
 
 #include "poseidon/common/work_charger.h"
+#include "poseidon/transport/charged_crypto.h"
 #include "poseidon/transport/counters.h"
+#include "poseidon/transport/message.h"
 #include "poseidon/transport/security.h"
 #include "poseidon/wire/frame.h"
 
@@ -70,14 +72,6 @@ struct VanOptions {
   // The bench's charge for CURVE's encryption on ZeroMQ's I/O threads (common/work_charger.h).
   // Null, as in production: nothing charged. Not owned; must outlive the van.
   WorkCharger* charger = nullptr;
-};
-
-struct Message {
-  FrameHeader header;
-  zmq::message_t payload;
-  std::string peer;  // remote address for logs ("127.0.0.1" or "loopback")
-  const uint8_t* data() const { return static_cast<const uint8_t*>(payload.data()); }
-  size_t size() const { return payload.size(); }
 };
 
 class Van {
@@ -226,41 +220,16 @@ class Van {
   zmq::socket_t wakeIn_, wakeOut_;  // inproc PAIR: a send() wakes the sender's poll
   std::thread sender_;
 
-  // CURVE's encryption charged by VanOptions::charger (common/work_charger.h; the benchmark's ranks):
-  // ZeroMQ's I/O threads encrypt and decrypt while the caller and the receive loop go on. A message
-  // sent is held here until its I/O thread is done encrypting it, then handed over (sendNow); one
-  // received is held until it is decrypted, while the receive loop takes other connections' messages.
-  // Each connection stays FIFO: its messages share a lane, whose end times only grow.
-  struct InCrypto {
-    std::chrono::steady_clock::time_point at;  // when its I/O thread is done with it
-    uint64_t seq = 0;
-    int dest = -1;  // outbound only
-    FrameHeader header;
-    zmq::message_t head, body;  // outbound only
-    Message message;            // inbound only
-    bool operator>(const InCrypto& o) const { return at != o.at ? at > o.at : seq > o.seq; }
-  };
   // Hands a built message to the links (the priority queue or the peer's DEALER) and counts it.
   void sendNow(int dest, const FrameHeader& header, zmq::message_t head, zmq::message_t body);
   // A whole message received: true to deliver it now, false when it waits for its decryption.
   bool decrypted(Message* out);
-  // Charged decryption: reads every message that has arrived (without waiting) into decrypting_.
+  // Charged decryption: reads every message that has arrived (without waiting) into crypto_.
   void admitArrivals();
-  // Into decrypting_: poll() delivers it at `at`, after the messages before it.
-  void deliverAt(std::chrono::steady_clock::time_point at, Message message);
-  void encryptLoop();
-  void stopEncrypting();
-  bool chargedCrypto_ = false;  // set in connectPeers, before any send
-  std::mutex encryptMutex_;     // guards encrypting_, stopEncrypt_, encryptError_
-  std::condition_variable encryptCv_;
-  std::vector<InCrypto> encrypting_;  // a min-heap by (at, seq)
-  uint64_t encryptSeq_ = 0;
-  bool stopEncrypt_ = false;
-  std::string encryptError_;
-  std::mutex encryptJoinMutex_;
-  std::thread encrypter_;
-  std::vector<InCrypto> decrypting_;  // a min-heap by (at, seq); receive thread only
-  uint64_t decryptSeq_ = 0;
+  // CURVE's encryption charged by VanOptions::charger (the benchmark's ranks; null otherwise):
+  // messages wait for their I/O thread's encryption and decryption (transport/charged_crypto.h).
+  // Set in connectPeers, before any send.
+  std::unique_ptr<ChargedCrypto> crypto_;
 };
 
 }  // namespace poseidon

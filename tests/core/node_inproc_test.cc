@@ -185,7 +185,7 @@ TEST(NodeInProcess, MergedFcExchangesEachWorkersRoundWithTheFcServer) {
     std::map<std::pair<int, int64_t>, int> seen;
     for (int served = 0; served < 3 * kRounds;) {
       FcChannel::Request r;
-      if (!nodes[0]->nextFcRequest(&r, std::chrono::milliseconds(100))) continue;
+      if (!nodes[0]->fc().nextRequest(&r, std::chrono::milliseconds(100))) continue;
       FcForwardView v = decodeFcForward(r.payload);
       ++seen[{r.from, r.round}];
       // loss: the lr plus the label sum; gradient: activation x 2 + the sender's rank.
@@ -193,7 +193,7 @@ TEST(NodeInProcess, MergedFcExchangesEachWorkersRoundWithTheFcServer) {
       std::vector<float> g(static_cast<size_t>(v.rows * v.cols));
       for (int64_t i = 0; i < v.rows; ++i) loss += static_cast<double>(v.labels[i]);
       for (size_t i = 0; i < g.size(); ++i) g[i] = v.activations[i] * 2 + static_cast<float>(r.from);
-      nodes[0]->sendFcReply(r.from, r.round, encodeFcBackward(loss, v.rows, v.cols, g.data()));
+      nodes[0]->fc().sendReply(r.from, r.round, encodeFcBackward(loss, v.rows, v.cols, g.data()));
       ++served;
     }
     EXPECT_EQ(seen.size(), 3u * kRounds);  // each (worker, round) once
@@ -208,7 +208,7 @@ TEST(NodeInProcess, MergedFcExchangesEachWorkersRoundWithTheFcServer) {
         std::vector<int64_t> y(static_cast<size_t>(rows), round);
         for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i) + 0.25f * static_cast<float>(round);
         FcBackwardView v;
-        std::vector<uint8_t> reply = node->fcExchange(round, encodeFcForward(0.5f, rows, cols, x.data(), y.data()));
+        std::vector<uint8_t> reply = node->fc().exchange(round, encodeFcForward(0.5f, rows, cols, x.data(), y.data()));
         v = decodeFcBackward(reply);
         EXPECT_EQ(v.rows, rows);
         EXPECT_EQ(v.cols, cols);
@@ -222,7 +222,7 @@ TEST(NodeInProcess, MergedFcExchangesEachWorkersRoundWithTheFcServer) {
   server.join();
   // Only the FC server takes requests.
   FcChannel::Request r;
-  EXPECT_ERROR_CONTAINS(nodes[1]->nextFcRequest(&r, std::chrono::milliseconds(1)), InvalidArgument,
+  EXPECT_ERROR_CONTAINS(nodes[1]->fc().nextRequest(&r, std::chrono::milliseconds(1)), InvalidArgument,
                         "rank 1 is not the FC server");
 }
 

@@ -12,7 +12,8 @@ namespace poseidon {
 
 Node::Node(const NodeOptions& options) : options_(options), ctx_(options.ioThreads) {}
 
-std::unique_ptr<Node> Node::start(const NodeOptions& options, const ModelDesc& model) {
+namespace {
+void checkOptions(const NodeOptions& options) {
   if (options.worldSize < 1) throw InvalidArgument(strCat("world size must be at least 1, got ", options.worldSize));
   if (options.rank < 0 || options.rank >= options.worldSize) {
     throw InvalidArgument(strCat("rank ", options.rank, " is outside the world of ", options.worldSize, " ranks"));
@@ -28,20 +29,38 @@ std::unique_ptr<Node> Node::start(const NodeOptions& options, const ModelDesc& m
     throw InvalidArgument("priority scheduling (a send window) is for BSP jobs; compute groups order their pulls and "
                           "pushes across layers, so they keep FIFO links");
   }
+}
+}  // namespace
+
+std::unique_ptr<Node> Node::start(const NodeOptions& options, const ModelDesc& model) {
+  checkOptions(options);
   std::unique_ptr<Node> node(new Node(options));
+  node->join(model);
+  node->assemble();
+  Node* self = node.get();
+  node->loop_ = std::thread([self] { self->receiveLoop(); });
+  const InformationBook& book = node->book_;
+  POSEIDON_LOG(kInfo) << "rank " << options.rank << " (" << roleName(options.role) << ") joined job " << std::hex
+                      << book.jobId() << std::dec << ": " << book.numWorkers() << " workers, " << book.numServers()
+                      << " server shards, " << book.model().layers.size() << " layers; data endpoint "
+                      << node->van_->endpoint();
+  return node;
+}
+
+void Node::join(const ModelDesc& model) {
+  const NodeOptions& options = options_;
   const CurveKeys* curve = nullptr;
   if (!options.secret.empty()) {
-    node->keys_ = deriveCurveKeys(options.secret);
-    node->zap_ = std::make_unique<ZapAuthenticator>(node->ctx_, node->keys_);
-    curve = &node->keys_;
+    keys_ = deriveCurveKeys(options.secret);
+    zap_ = std::make_unique<ZapAuthenticator>(ctx_, keys_);
+    curve = &keys_;
   } else if (options.worldSize > 1 && options.masterAddr.rfind("127.", 0) != 0) {
     POSEIDON_LOG(kWarning) << "no job secret (POSEIDON_SECRET or POSEIDON_SECRET_FILE): any host that can reach "
                               "this job's ports can join it";
   }
   if (options.rank == 0) {
-    node->coordinator_ = std::make_unique<Coordinator>(node->ctx_, options.masterAddr, options.masterPort,
-                                                       options.worldSize, options.timeout, curve,
-                                                       options.masterPortChosen);
+    coordinator_ = std::make_unique<Coordinator>(ctx_, options.masterAddr, options.masterPort, options.worldSize,
+                                                 options.timeout, curve, options.masterPortChosen);
   }
   VanOptions vo;
   vo.curve = curve;
@@ -51,13 +70,13 @@ std::unique_ptr<Node> Node::start(const NodeOptions& options, const ModelDesc& m
   vo.receiveBufferBytes = options.receiveBufferBytes;
   vo.sendWindowBytes = options.sendWindowBytes;
   vo.charger = options.charger;
-  node->van_ = std::make_unique<Van>(node->ctx_, vo);
+  van_ = std::make_unique<Van>(ctx_, vo);
 
   JoinRequest req;
   req.rank = options.rank;
   req.worldSize = options.worldSize;
   req.role = options.role;
-  req.endpoint = node->van_->endpoint();
+  req.endpoint = van_->endpoint();
   req.model = model;
   req.settings = options.settings;
   RendezvousOptions ro;
@@ -65,42 +84,35 @@ std::unique_ptr<Node> Node::start(const NodeOptions& options, const ModelDesc& m
   ro.masterPort = options.masterPort;
   ro.timeout = options.timeout;
   ro.curve = curve;
-  node->book_ = joinJob(node->ctx_, ro, req);
-  if (options.charger) node->book_.setDeviceModel(&options.charger->model());
+  book_ = joinJob(ctx_, ro, req);
+  if (options.charger) book_.setDeviceModel(&options.charger->model());
+}
 
-  const InformationBook& book = node->book_;
+void Node::assemble() {
+  const InformationBook& book = book_;
+  const int rank = options_.rank;
   const int layers = static_cast<int>(book.model().layers.size());
-  node->van_->counters().resize(layers);
+  van_->counters().resize(layers);
   std::vector<std::string> endpoints;
   for (const auto& n : book.nodes()) endpoints.push_back(n.endpoint);
-  node->van_->connectPeers(options.rank, endpoints, book.jobId());
-  if (node->isServer())
-    node->server_ = std::make_unique<KvServer>(book, book.shardIndex(options.rank), options.charger);
-  if (node->isWorker()) {
-    for (int l = 0; l < layers; ++l) node->syncers_.push_back(std::make_unique<Syncer>(static_cast<SyncHost&>(*node), l));
-    node->barrier_ = std::make_unique<IterationBarrier>(layers, node->error_);
-    node->pool_ = std::make_unique<ThreadPool>(options.threads);
-    if (book.settings().groupMode()) {
-      Node* n = node.get();
-      node->puller_ = std::make_unique<Puller>(
-          book, [n](int dest, const FrameHeader& h, const std::vector<Van::Part>& parts) { n->van_->send(dest, h, parts); },
-          node->error_);
-    }
+  van_->connectPeers(rank, endpoints, book.jobId());
+  if (isServer()) server_ = std::make_unique<KvServer>(book, book.shardIndex(rank), options_.charger);
+  if (isWorker()) {
+    for (int l = 0; l < layers; ++l) syncers_.push_back(std::make_unique<Syncer>(static_cast<SyncHost&>(*this), l));
+    barrier_ = std::make_unique<IterationBarrier>(layers, error_);
+    pool_ = std::make_unique<ThreadPool>(options_.threads);
   }
-  node->iteration_ = book.settings().startIteration;
-  node->liveness_ = std::make_unique<Liveness>(book.worldSize(), options.rank, options.timeout, options.heartbeat,
-                                               book.settings().startIteration, std::chrono::steady_clock::now());
-  Node* self = node.get();
-  node->collectives_ = std::make_unique<Collectives>(
-      *node->van_, book, options.rank, node->error_, [self](std::exception_ptr e) { self->fail(std::move(e)); },
-      node->waitTimeout());
-  node->fc_ = std::make_unique<FcChannel>(node->error_, book.worldSize());
-  node->loop_ = std::thread([self] { self->receiveLoop(); });
-  POSEIDON_LOG(kInfo) << "rank " << options.rank << " (" << roleName(options.role) << ") joined job "
-                      << std::hex << book.jobId() << std::dec << ": " << book.numWorkers() << " workers, "
-                      << book.numServers() << " server shards, " << layers << " layers; data endpoint "
-                      << node->van_->endpoint();
-  return node;
+  iteration_ = book.settings().startIteration;
+  liveness_ = std::make_unique<Liveness>(book.worldSize(), rank, options_.timeout, options_.heartbeat,
+                                         book.settings().startIteration, std::chrono::steady_clock::now());
+  // The node's parts record the job's failure through fail() and rethrow it through throwIfFailed().
+  auto fail = [this](std::exception_ptr e) { this->fail(std::move(e)); };
+  auto throwIfFailed = [this] { this->throwIfFailed(); };
+  collectives_ = std::make_unique<Collectives>(*van_, book, rank, error_, fail, waitTimeout());
+  if (isWorker() && book.settings().groupMode()) {
+    groups_ = std::make_unique<GroupClient>(*van_, book, rank, error_, fail, throwIfFailed, waitTimeout());
+  }
+  fc_ = std::make_unique<FcLink>(*van_, rank, book.worldSize(), isWorker(), error_, fail, throwIfFailed, waitTimeout());
 }
 
 Node::~Node() {
@@ -133,7 +145,7 @@ void Node::fail(std::exception_ptr error, bool tellPeers) {
   POSEIDON_LOG(kError) << why;
   if (barrier_) barrier_->wake();
   if (collectives_) collectives_->wake();
-  if (puller_) puller_->wake();
+  if (groups_) groups_->wake();
   if (fc_) fc_->wake();
   // Tell the peers, so they stop at once with this reason instead of timing out.
   if (tellPeers) sendToPeers(wire::abort(iteration_.load()), why, false);
@@ -240,9 +252,11 @@ void Node::route(Message& msg) {
     return;
   }
   if (h.type == MsgType::kPullReply || h.type == MsgType::kStateReply) {
-    if (!puller_) throw ProtocolError(strCat(msgTypeName(h.type), " to a rank that does not pull"));
-    if (h.type == MsgType::kPullReply) puller_->onReply(msg);
-    else puller_->onStateReply(msg);
+    if (!groups_) throw ProtocolError(strCat(msgTypeName(h.type), " to a rank that does not pull"));
+    if (h.type == MsgType::kPullReply)
+      groups_->onPullReply(msg);
+    else
+      groups_->onStateReply(msg);
     return;
   }
   switch (h.type) {
@@ -262,19 +276,11 @@ void Node::route(Message& msg) {
     case MsgType::kBarrier:
       collectives_->deliver(std::move(msg));
       return;
-    case MsgType::kFcForward: {
-      if (rank() != kFcServerRank) throw ProtocolError(strCat("fc-forward to rank ", rank(), ", not the FC server"));
-      FcChannel::Request r;
-      r.from = static_cast<int>(h.sender);
-      r.round = h.iteration;
-      r.payload.assign(msg.data(), msg.data() + msg.size());
-      fc_->deliverRequest(std::move(r));
+    case MsgType::kFcForward:
+      fc_->onForward(msg);
       return;
-    }
     case MsgType::kFcBackward:
-      if (h.sender != kFcServerRank)
-        throw ProtocolError(strCat("fc-backward from rank ", h.sender, ", not the FC server"));
-      fc_->deliverReply(h.iteration, std::vector<uint8_t>(msg.data(), msg.data() + msg.size()));
+      fc_->onBackward(msg);
       return;
     case MsgType::kAbort: {
       std::string why(reinterpret_cast<const char*>(msg.data()), std::min<size_t>(msg.size(), 4096));
@@ -288,40 +294,6 @@ void Node::route(Message& msg) {
       return;
     default:
       throw ProtocolError(strCat("unexpected ", msgTypeName(h.type), " on a data endpoint"));
-  }
-}
-
-// ---- merged FC -------------------------------------------------------------------
-
-std::vector<uint8_t> Node::fcExchange(int64_t round, std::vector<uint8_t> request) {
-  if (!isWorker()) throw InvalidArgument(strCat("rank ", rank(), " is not a worker; it has no FC rounds"));
-  throwIfFailed();
-  fc_->expectReply(round);
-  if (rank() == kFcServerRank) {
-    fc_->deliverRequest({rank(), round, std::move(request)});  // a rank does not send to itself
-  } else {
-    van_->send(kFcServerRank, wire::fcForward(round), request.data(), request.size());
-  }
-  std::vector<uint8_t> reply;
-  if (!fc_->waitReply(&reply, waitTimeout())) {
-    fail(std::make_exception_ptr(TimeoutError(
-        strCat("rank ", rank(), ": timed out after ", waitTimeout().count() / 1000.0,
-               " s waiting for the FC server (rank ", kFcServerRank, ") to answer round ", round, "'s fc-forward"))));
-    throwIfFailed();
-  }
-  return reply;
-}
-
-bool Node::nextFcRequest(FcChannel::Request* out, std::chrono::milliseconds wait) {
-  if (rank() != kFcServerRank) throw InvalidArgument(strCat("rank ", rank(), " is not the FC server"));
-  return fc_->nextRequest(out, wait);
-}
-
-void Node::sendFcReply(int dest, int64_t round, const std::vector<uint8_t>& reply) {
-  if (dest == rank()) {
-    fc_->deliverReply(round, reply);
-  } else {
-    van_->send(dest, wire::fcBackward(round), reply.data(), reply.size());
   }
 }
 
@@ -465,87 +437,14 @@ void Node::waitIteration(std::chrono::milliseconds timeout) {
 
 // ---- compute-group mode ----------------------------------------------------------------
 
-void Node::setModel(std::vector<LayerBuffer> params) {
-  if (!puller_) throw InvalidArgument("setModel: this job has no compute groups (or this rank is not a worker)");
-  puller_->setTargets(std::move(params));
+GroupClient& Node::groups() {
+  if (!groups_) throw InvalidArgument("this job has no compute groups (or this rank is not a worker)");
+  return *groups_;
 }
-
-void Node::initModel(const std::vector<LayerBuffer>& momentum, int64_t version, const std::vector<int64_t>& clocks) {
-  throwIfFailed();
-  if (!puller_) throw InvalidArgument("initModel: this job has no compute groups (or this rank is not a worker)");
-  if (rank() != book_.workerRanks().front()) throw InvalidArgument("initModel: only the first worker initializes");
-  const size_t groups = static_cast<size_t>(book_.settings().groups);
-  if (clocks.size() != groups) throw InvalidArgument(strCat("initModel: ", clocks.size(), " clocks for ", groups, " groups"));
-  const std::vector<LayerBuffer>& params = puller_->targets();
-  ByteWriter tail;
-  for (int64_t c : clocks) tail.i64(c);
-  const std::vector<uint8_t> clockBytes = tail.take();
-  std::vector<float> zeros;
-  std::vector<Van::Part> parts;
-  for (int l = 0; l < book_.layout().numLayers(); ++l) {
-    if (!momentum.empty() && momentum[l].size() != params[l].size()) {
-      throw InvalidArgument(strCat("initModel: layer ", l, " momentum has ", momentum[l].size(), " floats"));
-    }
-    for (const KvPair& p : book_.layout().pairsOf(l)) {
-      parts.clear();
-      params[l].forEach(p.offset, p.length, [&](float* ptr, int64_t n, int64_t) { parts.push_back({ptr, size_t(n) * kFloatBytes}); });
-      if (momentum.empty()) {
-        zeros.assign(static_cast<size_t>(p.length), 0.0f);
-        parts.push_back({zeros.data(), zeros.size() * kFloatBytes});
-      } else {
-        momentum[l].forEach(p.offset, p.length, [&](float* ptr, int64_t n, int64_t) { parts.push_back({ptr, size_t(n) * kFloatBytes}); });
-      }
-      parts.push_back({clockBytes.data(), clockBytes.size()});
-      van_->send(book_.shardRank(p.shard), wire::modelInit(l, p.index, version), parts);
-    }
-  }
-}
-
-void Node::startPull(int64_t round) {
-  throwIfFailed();
-  if (!puller_) throw InvalidArgument("startPull: this job has no compute groups (or this rank is not a worker)");
-  puller_->start(round);
-}
-
-void Node::waitPulled(int layer) {
-  if (!puller_->waitLayer(layer, waitTimeout())) {
-    fail(std::make_exception_ptr(TimeoutError(strCat("rank ", rank(), " group ", group(), ": timed out after ",
-                                                     waitTimeout().count() / 1000.0, " s waiting for layer '",
-                                                     book_.model().layers[layer].name, "' from the shards"))));
-  }
-  throwIfFailed();
-}
-
-void Node::waitPulled() {
-  if (!puller_->waitAll(waitTimeout())) {
-    std::string layers;
-    for (int l : puller_->missing()) layers += (layers.empty() ? "'" : ", '") + book_.model().layers[l].name + "'";
-    fail(std::make_exception_ptr(TimeoutError(strCat(
-        "rank ", rank(), " group ", group(), ": timed out after ", waitTimeout().count() / 1000.0,
-        " s pulling layers ", layers, " from the shards (a slower group may hold them back: --staleness)"))));
-  }
-  throwIfFailed();
-}
-
-std::pair<int64_t, std::vector<int64_t>> Node::fetchModelState(std::vector<LayerBuffer> momentum) {
-  throwIfFailed();
-  if (!puller_ || rank() != book_.workerRanks().front()) {
-    throw InvalidArgument("fetchModelState: the first worker of a job with compute groups fetches the state");
-  }
-  puller_->startState(std::move(momentum));
-  if (!puller_->waitAll(waitTimeout())) {
-    fail(std::make_exception_ptr(TimeoutError(strCat("rank ", rank(), ": timed out after ", waitTimeout().count() / 1000.0,
-                                                     " s fetching the model's state from the shards"))));
-  }
-  throwIfFailed();
-  return {puller_->stateVersion(), puller_->stateClocks()};
-}
-
-std::vector<int64_t> Node::pulledVersions() const { return puller_ ? puller_->versions() : std::vector<int64_t>{}; }
 
 void Node::submitGroupPush(int layer, LayerBuffer grad, float lr, std::shared_ptr<void> keepAlive) {
   throwIfFailed();
-  if (!puller_) throw InvalidArgument("submitGroupPush: this job has no compute groups");
+  if (!groups_) throw InvalidArgument("submitGroupPush: this job has no compute groups");
   if (layer < 0 || layer >= static_cast<int>(syncers_.size())) {
     throw InvalidArgument(strCat("submitGroupPush: layer index ", layer, " out of range"));
   }

@@ -9,6 +9,9 @@
 //                         server, SFB keeper; I/O-free, the node sends what
 //                         it returns
 //   collectives           Collectives (client/collectives.h)
+//   compute groups        GroupClient (client/group_client.h): pulls of the
+//                         server-held model (Omnivore)
+//   merged FC             FcLink (client/fc_link.h): the FC server's link
 //   liveness              Liveness (client/liveness.h), driven by the
 //                         receive loop, which also routes every inbound frame
 // Nothing is global: several nodes can live in one process (tests do that).
@@ -53,8 +56,6 @@
 // mutex is innermost. fail() takes no lock of its caller's.
 #pragma once
 
-#include <zmq.hpp>
-
 #include <atomic>
 #include <chrono>
 #include <exception>
@@ -63,13 +64,14 @@
 #include <string>
 #include <thread>
 #include <vector>
+#include <zmq.hpp>
 
 #include "poseidon/client/collectives.h"
-#include "poseidon/client/fc_channel.h"
+#include "poseidon/client/fc_link.h"
+#include "poseidon/client/group_client.h"
 #include "poseidon/client/iteration_barrier.h"
 #include "poseidon/client/layer_buffer.h"
 #include "poseidon/client/liveness.h"
-#include "poseidon/client/puller.h"
 #include "poseidon/client/syncer.h"
 #include "poseidon/common/sticky_error.h"
 #include "poseidon/common/thread_pool.h"
@@ -169,28 +171,12 @@ class Node : private SyncHost {
   bool layerReady(int layer) const;
 
   // ---- compute-group mode (JobSettings::groups > 0; docs/omnivore.md) ----------
-  // The shards hold the model; a worker pulls it at the start of each of its
-  // group's rounds (written into the buffers given here) and pushes its
-  // gradient with submitGroupPush instead of submitDense. beginIteration and
-  // waitIteration keep their meaning: the round's pushes are out.
+  // The pulls of the server-held model (client/group_client.h). InvalidArgument when this job has
+  // no compute groups or this rank is not a worker.
+  GroupClient& groups();
   int group() const { return book_.groupOf(book_.workerIndex(rank())); }
-  // Where each layer's parameters live; pulls write into them.
-  void setModel(std::vector<LayerBuffer> params);
-  // The first worker: sends each shard its pairs' starting state: the parameters in setModel's
-  // buffers, the momentum (empty: zeros), the version and one clock per group (a resume gives all).
-  void initModel(const std::vector<LayerBuffer>& momentum, int64_t version, const std::vector<int64_t>& clocks);
-  // Asks for the model of the group's `round`; waitPulled(layer) / waitPulled() wait for it
-  // (TimeoutError naming the layers still missing, or the job's error).
-  void startPull(int64_t round);
-  void waitPulled(int layer);
-  void waitPulled();
-  // The version (updates applied) each layer's first pair had when this round's pull was answered.
-  std::vector<int64_t> pulledVersions() const;
+  // The gradient of the worker's round goes to the shards, which apply the group's mean with `lr`.
   void submitGroupPush(int layer, LayerBuffer grad, float lr, std::shared_ptr<void> keepAlive = nullptr);
-  // The first worker, after every rank's barrier: the shards' whole state (the parameters into
-  // setModel's buffers, the momentum buffers into `momentum`), for a checkpoint. Returns the
-  // version clock and the group clocks.
-  std::pair<int64_t, std::vector<int64_t>> fetchModelState(std::vector<LayerBuffer> momentum);
   // This node's shard: how many other updates landed between each update's pull and its
   // application (count by staleness), and the largest lead of a group over the slowest one.
   std::map<int64_t, int64_t> stalenessHistogram() const;
@@ -200,14 +186,9 @@ class Node : private SyncHost {
   bool recordModelUpdates(int layer, int pair);
   std::vector<std::vector<float>> recordedModel() const;
 
-  // ---- merged FC (Omnivore section V-A; client/fc_channel.h, docs/omnivore.md) --------
-  // The FC layers live on the FC server (kFcServerRank), which runs them for every worker's round.
-  // Worker: sends its round's fc-forward payload to the FC server and returns the fc-backward payload
-  // (TimeoutError after the job's timeout, naming the FC server; or the job's error).
-  std::vector<uint8_t> fcExchange(int64_t round, std::vector<uint8_t> request);
-  // The FC server's own thread: the next request, waiting up to `wait` (false: none came).
-  bool nextFcRequest(FcChannel::Request* out, std::chrono::milliseconds wait);
-  void sendFcReply(int dest, int64_t round, const std::vector<uint8_t>& reply);
+  // ---- merged FC (Omnivore section V-A; client/fc_link.h, docs/omnivore.md) --------
+  // The FC server's and the workers' link (every rank has one).
+  FcLink& fc() { return *fc_; }
 
   // ---- collectives (every node calls them in the same order) ------------------
   // Copies root's buffer into every other node's buffer (same size on all).
@@ -247,6 +228,10 @@ class Node : private SyncHost {
 
  private:
   Node(const NodeOptions& options);
+  // start(): security, the coordinator (rank 0), the data endpoint and the rendezvous, which
+  // gives the book; then each role's parts, built from the book.
+  void join(const ModelDesc& model);
+  void assemble();
   // SyncHost
   void send(int dest, const FrameHeader& header, const std::vector<Van::Part>& parts) override;
   void schedule(std::function<void()> task) override;
@@ -286,11 +271,11 @@ class Node : private SyncHost {
   StickyError error_;
   std::unique_ptr<KvServer> server_;              // servers; used by the receive loop under serverMutex_
   mutable std::mutex serverMutex_;                // a leaf: also lets the user's thread read the statistics
-  std::unique_ptr<Puller> puller_;                // workers in compute-group mode
+  std::unique_ptr<GroupClient> groups_;           // workers in compute-group mode
   std::vector<std::unique_ptr<Syncer>> syncers_;  // workers
   std::unique_ptr<IterationBarrier> barrier_;     // workers
   std::unique_ptr<Collectives> collectives_;
-  std::unique_ptr<FcChannel> fc_;       // merged FC: requests on the FC server, a worker's reply
+  std::unique_ptr<FcLink> fc_;          // merged FC: requests on the FC server, a worker's reply
   std::unique_ptr<Liveness> liveness_;  // receive loop only (after start)
   std::unique_ptr<ThreadPool> pool_;
   std::thread loop_;

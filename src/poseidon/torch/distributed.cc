@@ -154,7 +154,7 @@ void DistributedModel::init(ModelParts parts) {
       for (auto& p : l.params) spans.push_back({p.data_ptr<float>(), p.numel()});
       params.emplace_back(spans);
     }
-    node_->setModel(params);
+    node_->groups().setModel(params);
     if (node_->rank() == node_->book().workerRanks().front()) {
       const int64_t start = node_->book().settings().startIteration;
       std::vector<LayerBuffer> momentum;
@@ -173,8 +173,8 @@ void DistributedModel::init(ModelParts parts) {
           momentum.emplace_back(spans);
         }
       }
-      node_->initModel(momentum, options_.groupVersion,
-                       std::vector<int64_t>(static_cast<size_t>(node_->book().settings().groups), start));
+      node_->groups().initModel(momentum, options_.groupVersion,
+                                std::vector<int64_t>(static_cast<size_t>(node_->book().settings().groups), start));
     }
   }
 
@@ -312,8 +312,8 @@ void DistributedModel::beginForward() {
   forwarded_ = true;
   if (groupMode() && pulledRound_ != iteration_) {
     // The round's model, from the shards (every pair asked at once; the first layers arrive first).
-    node_->startPull(iteration_);
-    node_->waitPulled();
+    node_->groups().startPull(iteration_);
+    node_->groups().waitPulled();
     pulledRound_ = iteration_;
     nonFiniteLayer_ = firstNonFinite(false);  // thrown at this round's step, once its push is out
   }
@@ -340,7 +340,7 @@ std::pair<std::vector<torch::Tensor>, int64_t> DistributedModel::groupState() {
     }
     momentum.emplace_back(spans);
   }
-  auto [version, clocks] = node_->fetchModelState(momentum);
+  auto [version, clocks] = node_->groups().fetchModelState(momentum);
   return {std::move(buffers), version};
 }
 
@@ -352,8 +352,8 @@ void DistributedModel::pullLatest() {
   if (inIteration_) return;
   const int64_t next = iteration_ < 0 ? node_->book().settings().startIteration : iteration_ + 1;
   if (pulledRound_ == next) return;
-  node_->startPull(next);
-  node_->waitPulled();
+  node_->groups().startPull(next);
+  node_->groups().waitPulled();
   pulledRound_ = next;
 }
 

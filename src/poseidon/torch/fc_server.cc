@@ -71,7 +71,7 @@ void FcServer::loop() {
   try {
     while (!stop_) {
       FcChannel::Request r;
-      if (!node_.nextFcRequest(&r, std::chrono::milliseconds(50))) continue;
+      if (!node_.fc().nextRequest(&r, std::chrono::milliseconds(50))) continue;
       const int worker = book.workerIndex(r.from);
       if (worker < 0) throw ProtocolError(strCat("fc-forward from rank ", r.from, ", which is not a worker"));
       const int group = book.groupOf(worker);
@@ -175,7 +175,7 @@ void FcServer::serve(std::vector<FcChannel::Request>& members) {
   ++updates_;
   busyMicros_ +=
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start).count();
-  for (size_t i = 0; i < members.size(); ++i) node_.sendFcReply(members[i].from, members[i].round, replies[i]);
+  for (size_t i = 0; i < members.size(); ++i) node_.fc().sendReply(members[i].from, members[i].round, replies[i]);
 }
 
 }  // namespace poseidon::pt

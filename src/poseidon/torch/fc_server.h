@@ -3,7 +3,7 @@
 //
 // Rank 0 (kFcServerRank) owns the FC layers' parameters and runs this server on its own thread
 // next to its worker. Every worker sends it, each step, the output of its conv layers and its labels
-// (Node::fcExchange). Once all k members of a group sent the same round, the server runs the FC
+// (FcLink::exchange, client/fc_link.h). Once all k members of a group sent the same round, the server runs the FC
 // layers forward on their rows together, the loss (the mean of the members' mean losses, so the
 // FC gradient is the group's mean gradient as in data parallelism), backward, one SGD step (the
 // learning rate the members sent, the job's momentum and weight decay, as the shards apply to the

@@ -69,7 +69,7 @@ MergedFc::Reply MergedFc::exchange(const torch::Tensor& features, const torch::T
   torch::Tensor h = features.detach().contiguous();
   torch::Tensor y = labels.contiguous();
   const int64_t rows = h.size(0), cols = h.size(1);
-  std::vector<uint8_t> reply = dist_.node().fcExchange(
+  std::vector<uint8_t> reply = dist_.node().fc().exchange(
       dist_.node().iteration(), encodeFcForward(lr, rows, cols, h.data_ptr<float>(), y.data_ptr<int64_t>()));
   FcBackwardView v = decodeFcBackward(reply);
   if (v.rows != rows || v.cols != cols) {

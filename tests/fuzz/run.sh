@@ -19,7 +19,7 @@ src=(
   "$root/src/poseidon/coordinator/rendezvous.cc" "$root/src/poseidon/core/kv_layout.cc"
   "$root/src/poseidon/core/cost_model.cc" "$root/src/poseidon/core/best_scheme.cc" "$root/src/poseidon/kvstore/kv_shard.cc"
   "$root/src/poseidon/kvstore/adam_server.cc" "$root/src/poseidon/sfb/sufficient_factors.cc"
-  "$root/src/poseidon/common/log.cc" "$root/src/poseidon/transport/security.cc" "$root/src/poseidon/common/device_model.cc"
+  "$root/src/poseidon/common/log.cc" "$root/src/poseidon/transport/security.cc"
   "$root/src/poseidon/common/trace.cc" "$root/src/poseidon/common/file.cc" "$root/src/poseidon/wire/messages.cc" "$root/src/poseidon/kvstore/server.cc"
   "$root/src/poseidon/wire/precision.cc"
   "$root/src/poseidon/sfb/keeper.cc" "$root/src/poseidon/client/syncer.cc" "$root/src/poseidon/kvstore/model_shard.cc"

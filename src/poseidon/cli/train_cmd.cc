@@ -24,7 +24,7 @@ namespace poseidon::cli {
 
 namespace {
 // Set by a supervising launcher (poseidon launch / train) and by tests.
-void readReliabilityEnvironment(pt::TrainOptions& o) {
+void readReliabilityEnvironment(pt::TrainHooks& o) {
   if (const char* p = std::getenv("POSEIDON_PROGRESS_FILE")) o.progressPath = p;
   if (const char* r = std::getenv("POSEIDON_RESTART_COUNT")) o.restartCount = std::atoi(r);
   if (const char* f = std::getenv("POSEIDON_FAULT")) {
@@ -50,6 +50,7 @@ void readReliabilityEnvironment(pt::TrainOptions& o) {
 
 int trainCommand(const std::vector<std::string>& args) {
   pt::TrainOptions o;
+  pt::TrainHooks hooks;  // the launcher's state, test hooks, and the benchmarks' padding and curve
   std::string scheme = "auto", wire = "fp32";
   bool noOverlap = false;
   int64_t pairBytes = o.pairBytes;
@@ -148,25 +149,25 @@ int trainCommand(const std::vector<std::string>& args) {
                IntRange::closed(0, kMaxDropStragglers));
   flags.addInt64("straggler-timeout", &o.stragglerTimeoutMs,
                  "how long a round waits for its last D contributions, in milliseconds", "MS", IntRange::atLeast(0));
-  flags.addDouble("pad-ms", &o.padMs,
+  flags.addDouble("pad-ms", &hooks.padMs,
                   "pad each step's compute (forward + backward, not network waits) to MS milliseconds, a modeled "
                   "device; steps whose real compute took longer are counted and reported (0: off)",
                   "MS", RealRange::atLeast(0));
-  flags.addDouble("pad-forward-share", &o.padForwardShare,
+  flags.addDouble("pad-forward-share", &hooks.padForwardShare,
                   "with --pad-ms and --overlap-forward: the modeled forward's share of the pad, spent layer by layer "
                   "after each layer's update is in (as the real forward's time divides among the layers), so that "
                   "the early layers compute while later ones' updates still come; the rest of the pad goes between "
                   "forward and backward",
                   "F", RealRange::closed(0, 1));
-  flags.addDouble("pad-jitter-ms", &o.padJitterMs,
+  flags.addDouble("pad-jitter-ms", &hooks.padJitterMs,
                   "with --pad-ms: add to each step's pad a wait drawn from an exponential distribution of mean MS "
                   "(per rank, from --seed): varying step times, as stragglers make them",
                   "MS", RealRange::atLeast(0));
-  flags.addInt64("curve-every", &o.curveEvery,
+  flags.addInt64("curve-every", &hooks.curveEvery,
                  "rank 0 keeps its model every N steps and, after the run, tests each copy on the whole test set: "
                  "the accuracy curve against the training clock, in the summary (0: off)",
                  "N", IntRange::atLeast(0));
-  flags.addInt64("curve-loss-samples", &o.curveLossSamples,
+  flags.addInt64("curve-loss-samples", &hooks.curveLossSamples,
                  "with --curve-every: also score each copy by its mean loss on N fixed training images (evenly "
                  "spaced), after the run: the curve's sample_loss, poseidon tune's probe signal (0: off)",
                  "N", IntRange::atLeast(0));
@@ -191,7 +192,7 @@ int trainCommand(const std::vector<std::string>& args) {
   if (o.dropStragglers > 0 && o.stragglerTimeoutMs <= 0) {
     throw InvalidArgument("--drop-stragglers needs --straggler-timeout MS (how long to wait for late workers)");
   }
-  readReliabilityEnvironment(o);
+  readReliabilityEnvironment(hooks);
   o.secret = jobSecretFromEnvironment();
 
   // Merges the per-rank trace files into --trace.
@@ -207,10 +208,10 @@ int trainCommand(const std::vector<std::string>& args) {
       throw InvalidArgument(strCat("--workers ", o.workers, " disagrees with the launcher's world size ",
                                    env.worldSize, " (", env.source, ")"));
     }
-    return pt::trainRank(o, env);
+    return pt::trainRank(o, hooks, env);
   }
   if (o.workers == 1) {  // a world of one on a free port (DistributedOptions::fromEnvironment)
-    int rc = pt::trainRank(o, env);
+    int rc = pt::trainRank(o, hooks, env);
     if (rc == 0 && !o.tracePath.empty()) mergeTraces(1);
     return rc;
   }

@@ -11,7 +11,7 @@ namespace poseidon::pt {
 namespace {
 // As the shards' bound on a push's learning rate (kvstore/model_shard.h).
 constexpr float kMaxLearningRate = 1e6f;
-// SGD keys its state by the parameter's TensorImpl (as trainer.cc's checkpoints do).
+// SGD keys its state by the parameter's TensorImpl (as train/group_mode.cc's checkpoints do).
 std::string stateKey(const torch::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
 }  // namespace
 

@@ -24,6 +24,7 @@ double defaultLearningRate(int workers, int64_t batch);
 // The learning rate of step `iteration` (0-based, over the whole job): lr, warmed up over warmupSteps.
 double warmedUpLearningRate(double lr, int64_t warmupSteps, int64_t iteration);
 
+// What the user sets: poseidon train's flags (TrainHooks holds the rest).
 struct TrainOptions {
   std::string model = "lenet";
   int workers = 4;
@@ -67,22 +68,10 @@ struct TrainOptions {
   // result (poseidon tune's probes, bench --accuracy): exit 0, the summary says where.
   bool allowDivergence = false;
   int64_t trainLimit = -1;     // use only the first N training images (tests, smoke runs)
-  int64_t checkpointEvery = 0; // checkpoint every N iterations (0: at the end of every epoch)
-  std::string progressPath;    // POSEIDON_PROGRESS_FILE: rank 0 reports its iteration here
-  int restartCount = 0;        // POSEIDON_RESTART_COUNT: how many times the launcher restarted the job
-  // Fault injection for the reliability tests (POSEIDON_FAULT=RANK:ITERATION:kill|stop):
-  // that rank sends itself the signal at that iteration, in the first run only.
-  int faultRank = -1;
-  int64_t faultStep = -1;
-  int faultSignal = 9;
+  int64_t checkpointEvery = 0;  // checkpoint every N iterations (0: at the end of every epoch)
   // Straggler dropping (--drop-stragglers D --straggler-timeout MS).
   int dropStragglers = 0;
   int64_t stragglerTimeoutMs = 0;
-  // Test hook (POSEIDON_SLOW=RANK:MS): each of that rank's steps takes MS milliseconds longer. A time,
-  // not a factor of the step's own: a test derives it from the timeout it tests against, so that
-  // the rank is as slow on a fast machine as on a loaded one.
-  int slowRank = -1;
-  double slowMs = 0;
   int threads = 0;             // LibTorch intra-op threads per worker (0: cores / local workers)
   int syncThreads = 2;         // Poseidon thread pool per worker
   int timeoutMs = 30000;
@@ -92,6 +81,25 @@ struct TrainOptions {
   std::string bindHost;        // data endpoint interface (default: the route to MASTER_ADDR)
   std::string secret;          // job secret (POSEIDON_SECRET / POSEIDON_SECRET_FILE)
   bool quiet = false;          // no progress lines
+};
+
+// What a run takes besides the user's settings: the supervising launcher's state, the reliability
+// tests' fault injection, and the benchmarks' modeled compute and accuracy curve (poseidon bench
+// --accuracy and poseidon tune pass these through `poseidon train`'s flags). The training modes never
+// read them; the trainer's core loop and its ComputePad and AccuracyCurve do.
+struct TrainHooks {
+  std::string progressPath;  // POSEIDON_PROGRESS_FILE: rank 0 reports its iteration here
+  int restartCount = 0;      // POSEIDON_RESTART_COUNT: how many times the launcher restarted the job
+  // Fault injection for the reliability tests (POSEIDON_FAULT=RANK:ITERATION:kill|stop):
+  // that rank sends itself the signal at that iteration, in the first run only.
+  int faultRank = -1;
+  int64_t faultStep = -1;
+  int faultSignal = 9;
+  // Test hook (POSEIDON_SLOW=RANK:MS): each of that rank's steps takes MS milliseconds longer. A time,
+  // not a factor of the step's own: a test derives it from the timeout it tests against, so that
+  // the rank is as slow on a fast machine as on a loaded one.
+  int slowRank = -1;
+  double slowMs = 0;
   // Time-to-accuracy runs (poseidon bench --accuracy; docs/time_to_accuracy.md).
   // padMs: each step's compute (forward + backward, not the waits for the
   // network) is padded to this modeled device time; steps whose real compute
@@ -123,6 +131,6 @@ constexpr int kExitDiverged = 3;
 // Runs one rank. Returns the process exit code. Rank 0 prints the plan,
 // progress, accuracy and traffic, and writes the summary; every rank writes
 // its own trace file (<trace>.rank<R>) when tracing.
-int trainRank(const TrainOptions& options, const RankEnv& env);
+int trainRank(const TrainOptions& options, const TrainHooks& hooks, const RankEnv& env);
 
 }  // namespace poseidon::pt

@@ -1,0 +1,156 @@
+// The results of one rank's run: traffic against Table 1, the final lines, the summary and the files.
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+
+#include "poseidon/common/error.h"
+#include "poseidon/common/file.h"
+#include "poseidon/torch/train/rank_run.h"
+
+namespace poseidon::pt {
+
+namespace {
+
+std::string human(double bytes) {
+  char b[64];
+  if (bytes >= 1e9)
+    std::snprintf(b, sizeof b, "%.2f GB", bytes / 1e9);
+  else if (bytes >= 1e6)
+    std::snprintf(b, sizeof b, "%.2f MB", bytes / 1e6);
+  else
+    std::snprintf(b, sizeof b, "%.1f kB", bytes / 1e3);
+  return b;
+}
+
+}  // namespace
+
+void RankRun::reportTraffic() {
+  mode_->report();
+  c_.pad.report([this](const std::vector<double>& mine) { return c_.allSum(mine); }, steps_, rank_, world_, lead_);
+  if (!c_.dist) return;
+  // Traffic over all ranks, against Table 1's prediction.
+  Node& node = c_.dist->node();
+  TrafficTotals ps = node.counters().total(TrafficKind::kPS), sfb = node.counters().total(TrafficKind::kSFB);
+  auto pred = c_.dist->predictedFloats();
+  const double eb = static_cast<double>(wireElementBytes(o_.wire));  // Table 1's floats, as the wire sends them
+  auto total = node.allSum({double(ps.bytesSent), double(sfb.bytesSent), double(ps.bytesSent + ps.bytesReceived),
+                            double(sfb.bytesSent + sfb.bytesReceived), pred.first * eb, pred.second * eb});
+  psBytes_ = total[0];
+  sfbBytes_ = total[1];
+  predictedPs_ = total[4];
+  predictedSfb_ = total[5];
+  double moved = total[2] + total[3], predicted = total[4] + total[5];
+  if (lead_ && world_ > 1) {
+    std::printf("\nbytes on the wire (all ranks, sent): ps %s, sfb %s\n", human(psBytes_).c_str(),
+                human(sfbBytes_).c_str());
+    std::printf("bytes moved (sent + received) vs Table 1 prediction: %s vs %s (%.3fx)\n", human(moved).c_str(),
+                human(predicted).c_str(), predicted > 0 ? moved / predicted : 0.0);
+  }
+}
+
+void RankRun::printResult() const {
+  if (!lead_) return;
+  std::printf("final test accuracy %.2f%%, %.0f images/s, %.1f s\n", 100 * accuracy_, imagesPerSecond(),
+              secondsSince(wallStart_));
+  if (modelDiverged_ && o_.allowDivergence) {
+    std::printf("stopped: the model diverged at step %lld (%lld steps trained; --allow-divergence)\n",
+                static_cast<long long>(jobDivergedAt_), static_cast<long long>(steps_));
+  }
+  std::fflush(stdout);
+  if (modelDiverged_ && !o_.allowDivergence) {
+    std::fprintf(stderr, "%s\n", divergenceLine().c_str());
+    std::fflush(stderr);
+  }
+}
+
+std::string RankRun::divergenceLine() const {
+  const int64_t step = jobDivergedAt_;
+  const std::string who =
+      divergenceFoundByOneRank() ? strCat("found by rank ", jobDivergedRank_) : std::string("found by every rank");
+  // BSP: what rank 0 found, which every rank found (a layer's mean gradient).
+  const std::string what = divergedAt_ == step && !divergedWhat_.empty() ? strCat(": ", divergedWhat_, " is not finite")
+                                                                         : std::string(": the model is not finite");
+  const double lr = warmedUpLearningRate(c_.lr, warmupSteps_, std::max<int64_t>(step - 1, 0));
+  const std::string warmup =
+      warmupSteps_ > 0 ? strCat(" (warm-up ", warmupSteps_, " steps, to ", c_.lr, ")") : std::string(" (no warm-up)");
+  return strCat("poseidon train: error: the training diverged at step ", step, " (epoch ",
+                std::max<int64_t>(step - 1, 0) / stepsPerEpoch_ + 1, "; ", who, what, ") at learning rate ", lr, warmup,
+                "; try a lower --lr (e.g. ", c_.lr / 4,
+                ") or a longer --warmup-steps, or --allow-divergence to "
+                "record the run as a result");
+}
+
+void RankRun::saveParams() const {
+  std::ofstream f(o_.saveParamsPath, std::ios::binary);
+  for (const auto& p : c_.net.module->parameters()) {
+    torch::Tensor t = p.detach().contiguous();
+    f.write(reinterpret_cast<const char*>(t.data_ptr<float>()), static_cast<std::streamsize>(t.numel() * 4));
+  }
+  if (!f) throw IoError("cannot write " + o_.saveParamsPath);
+}
+
+nlohmann::json RankRun::summaryJson() const {
+  nlohmann::json layers = nlohmann::json::array();
+  ModelDesc desc = describeModule(*c_.net.module, c_.net.name);
+  for (size_t l = 0, synced = 0; l < desc.layers.size(); ++l) {
+    const auto& s = desc.layers[l];
+    const bool onFcServer = mode_->onFcServer(s.name);
+    std::string scheme = onFcServer ? "fc-server" : world_ == 1 ? "local" : schemeName(c_.dist->lastSchemes()[synced]);
+    if (!onFcServer) ++synced;
+    layers.push_back({{"name", s.name},
+                      {"type", layerTypeName(s.type)},
+                      {"shape", s.params[0].shape},
+                      {"params", s.numel()},
+                      {"scheme", scheme}});
+  }
+  nlohmann::json summary = {
+      {"model", o_.model},
+      {"test_accuracy", accuracy_},
+      {"epochs", o_.epochs},
+      {"epochs_run", epochsJson_},
+      {"workers", world_},
+      {"batch", o_.batch},
+      {"lr", c_.lr},
+      {"warmup_steps", warmupSteps_},
+      {"momentum", o_.momentum},
+      {"steps", steps_},
+      {"allow_divergence", o_.allowDivergence},
+      {"diverged", modelDiverged_},
+      {"diverged_at_step", modelDiverged_ ? nlohmann::json(jobDivergedAt_) : nlohmann::json(nullptr)},
+      {"diverged_rank",
+       modelDiverged_ && divergenceFoundByOneRank() ? nlohmann::json(jobDivergedRank_) : nlohmann::json(nullptr)},
+      {"images_per_sec", imagesPerSecond()},
+      {"train_seconds", trainSeconds_},
+      {"wall_seconds", secondsSince(wallStart_)},
+      {"scheme_policy", schemePolicyName(o_.scheme)},
+      {"wire", wirePrecisionName(o_.wire)},
+      {"updates_in_forward", c_.dist ? c_.dist->updatesInForward() : 0},
+      {"bytes_sent_by_scheme", {{"ps", psBytes_}, {"sfb", sfbBytes_}}},
+      {"predicted_bytes_by_scheme", {{"ps", predictedPs_}, {"sfb", predictedSfb_}}},
+      // The modes' results where they ran (TrainMode::addSummary), these where they did not.
+      {"dropped_contributions_per_rank", std::vector<double>(static_cast<size_t>(world_), 0.0)},
+      {"skipped_iterations_per_rank", std::vector<double>(static_cast<size_t>(world_), 0.0)},
+      {"staleness_histogram", nlohmann::json::object()},
+      {"max_group_lead", 0},
+      {"fc_server_updates", 0},
+      {"fc_server_busy_seconds", 0.0},
+      {"pad_ms", c_.pad.padMs()},
+      {"pad_jitter_ms", c_.pad.jitterMs()},
+      {"pad_overruns_per_rank", c_.pad.overrunsPerRank()},
+      {"max_compute_ms_per_rank", c_.pad.maxComputeMsPerRank()},
+      {"mean_compute_ms", c_.pad.meanComputeMs()},
+      {"train_clock_seconds", trainClock_},
+      {"curve", curve_.json()},
+      {"layers", layers}};
+  summary.update(modeOptionsJson(o_));
+  mode_->addSummary(summary);
+  return summary;
+}
+
+void RankRun::writeOutputs() const {
+  if (!o_.saveParamsPath.empty() && lead_) saveParams();
+  if (c_.tracer) c_.tracer->writeFile(o_.tracePath + ".rank" + std::to_string(rank_));
+  if (lead_ && !o_.summaryPath.empty()) writeFileAtomically(o_.summaryPath, summaryJson().dump(2) + "\n", "summary");
+}
+
+}  // namespace poseidon::pt

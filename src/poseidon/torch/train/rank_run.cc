@@ -1,0 +1,420 @@
+#include "poseidon/torch/train/rank_run.h"
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <thread>
+
+#include "poseidon/common/error.h"
+#include "poseidon/common/log.h"
+#include "poseidon/torch/finite.h"
+#include "poseidon/torch/train/outputs.h"
+
+namespace poseidon::pt {
+
+torch::Tensor batchImages(const data::Dataset& d, const std::vector<int64_t>& idx, size_t begin, size_t end) {
+  const int64_t n = static_cast<int64_t>(end - begin), px = static_cast<int64_t>(d.rows) * d.cols;
+  torch::Tensor x = torch::empty({n, 1, d.rows, d.cols});
+  float* out = x.data_ptr<float>();
+  for (int64_t i = 0; i < n; ++i) data::normalizeInto(d, idx[begin + i], out + i * px);
+  return x;
+}
+
+torch::Tensor batchLabels(const data::Dataset& d, const std::vector<int64_t>& idx, size_t begin, size_t end) {
+  torch::Tensor y = torch::empty({static_cast<int64_t>(end - begin)}, torch::kLong);
+  auto* out = y.data_ptr<int64_t>();
+  for (size_t i = begin; i < end; ++i) out[i - begin] = d.labels[idx[i]];
+  return y;
+}
+
+DistributedOptions RankContext::jobOptions() const {
+  DistributedOptions d = DistributedOptions::fromEnvironment(env, o.secret);
+  if (!o.bindHost.empty()) d.node.bindHost = o.bindHost;
+  d.node.timeout = std::chrono::milliseconds(o.timeoutMs);
+  d.node.threads = o.syncThreads;
+  d.node.receiveBufferBytes = o.tcpRcvbuf;
+  d.node.ioThreads = o.ioThreads;
+  d.node.sendWindowBytes = o.sendWindowBytes;
+  d.node.settings.batch = o.batch;
+  d.node.settings.pairBytes = o.pairBytes;
+  d.node.settings.policy = o.scheme;
+  d.node.settings.wire = o.wire;
+  d.node.settings.startIteration = startIteration;
+  d.node.tracer = tracer.get();
+  d.node.settings.momentum = static_cast<float>(o.momentum);
+  d.node.settings.weightDecay = static_cast<float>(o.weightDecay);
+  d.learningRate = static_cast<float>(warmedUpLearningRate(lr, o.warmupSteps, startIteration));
+  d.overlap = o.overlap;
+  return d;
+}
+
+void RankContext::slowDown() const {
+  if (rank == hooks.slowRank && hooks.slowMs > 0) {
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(hooks.slowMs));
+  }
+}
+
+namespace {
+
+// Option values no rank can train with (the CLI checks the launcher-level ones).
+void validateOptions(const TrainOptions& o, const TrainHooks& hooks, int world) {
+  if (o.batch < 1) throw InvalidArgument(strCat("--batch must be at least 1, got ", o.batch));
+  if (o.epochs < 1) throw InvalidArgument(strCat("--epochs must be at least 1, got ", o.epochs));
+  if (!(o.lr >= 0)) throw InvalidArgument(strCat("--lr must be positive (or 0: the default), got ", o.lr));
+  if (o.warmupSteps < 0) throw InvalidArgument(strCat("--warmup-steps must be at least 0, got ", o.warmupSteps));
+  if (o.momentum < 0 || o.momentum >= 1)
+    throw InvalidArgument(strCat("--momentum must be in [0, 1), got ", o.momentum));
+  ComputePad::validate(hooks);
+  AccuracyCurve::validate(hooks);
+  validateModeOptions(o, world);
+}
+
+// LibTorch's intra-op threads: this machine's cores shared by its local workers, unless --threads.
+void setTorchThreads(const TrainOptions& o, int world) {
+  const int localWorkers = std::max(1, std::min(world, static_cast<int>(std::thread::hardware_concurrency())));
+  int threads =
+      o.threads > 0 ? o.threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / localWorkers);
+  torch::set_num_threads(threads);
+}
+
+}  // namespace
+
+// Loss and throughput of one epoch, as the progress lines and the summary report them.
+struct RankRun::EpochStats {
+  Clock::time_point start;
+  double lossSum = 0;
+  int64_t lossCount = 0;
+  int64_t images = 0;  // over all ranks
+  double meanLoss() const { return lossSum / std::max<int64_t>(lossCount, 1); }
+};
+
+RankRun::RankRun(const TrainOptions& o, const TrainHooks& hooks, const RankEnv& env)
+    : o_(o),
+      hooks_(hooks),
+      c_(o, hooks, env),
+      rank_(env.rank),
+      world_(env.worldSize),
+      lead_(env.rank == 0),
+      warmupSteps_(o.warmupSteps),
+      curve_(hooks, env.rank == 0) {
+  setLogPrefix("rank " + std::to_string(rank_));
+  validateOptions(o_, hooks_, world_);
+  checkOutputPaths(o_, rank_);
+  setTorchThreads(o_, world_);
+  torch::manual_seed(static_cast<int64_t>(o_.seed));
+
+  const std::string dataDir = o_.dataDir.empty() ? data::kDefaultFashionMnistDir : o_.dataDir;
+  train_ = data::loadFashionMnist(dataDir, true);
+  test_ = data::loadFashionMnist(dataDir, false);
+  if (o_.trainLimit > 0 && o_.trainLimit < train_.count) train_.count = o_.trainLimit;
+
+  c_.lr = o.lr > 0 ? o.lr : defaultLearningRate(world_, o.batch);
+  c_.net = makeModel(o_.model);
+  mode_ = chooseMode(c_);
+  const auto sgd = torch::optim::SGDOptions(c_.lr).momentum(o_.momentum).weight_decay(o_.weightDecay);
+  c_.optimizer = std::make_unique<torch::optim::SGD>(mode_->trainedParameters(), sgd);
+  mode_->optimizerBuilt(sgd);
+
+  const int64_t perRank = (train_.count + world_ - 1) / world_;
+  stepsPerEpoch_ = (perRank + o_.batch - 1) / o_.batch;
+}
+
+void RankRun::resume() {
+  // Every rank reads the checkpoint (the directory must be visible to all
+  // ranks); the rendezvous then checks that all ranks resume at the same iteration.
+  meta_.model = o_.model;
+  meta_.workers = world_;
+  meta_.batch = o_.batch;
+  meta_.seed = o_.seed;
+  meta_.trainLimit = o_.trainLimit;
+  mode_->describeCheckpoint(meta_);
+  // A damaged checkpoint (a file that fails its checksum) is skipped for the
+  // newest intact one; every rank decides alike from the same files.
+  Resumed r = resumeFromNewest(o_.checkpointDir, meta_, *c_.net.module, mode_->stateOptimizer());
+  if (lead_) {
+    for (const auto& w : r.warnings) POSEIDON_LOG(kWarning) << w;
+  }
+  if (r.path.empty()) return;
+  c_.startIteration = r.meta.iteration;
+  checkpointIteration_ = c_.startIteration;
+  mode_->resumed(r);
+  if (lead_) {
+    const auto start = c_.startIteration;
+    std::printf("resuming from %s (iteration %lld: epoch %lld, step %lld)\n", r.path.c_str(),
+                static_cast<long long>(start), static_cast<long long>(start / stepsPerEpoch_ + 1),
+                static_cast<long long>(start % stepsPerEpoch_));
+    std::fflush(stdout);
+  }
+}
+
+void RankRun::connect() {
+  if (!o_.tracePath.empty()) c_.tracer = std::make_unique<Tracer>(rank_);
+  mode_->connect();
+}
+
+void RankRun::printPlan() const {
+  if (!lead_) return;
+  ModelDesc desc = describeModule(*c_.net.module, c_.net.name);
+  std::printf(
+      "poseidon train: %s (%lld params) on Fashion-MNIST, %d worker%s x batch %lld, %d epochs, lr %g%s, "
+      "momentum %g, scheme %s%s%s\n",
+      c_.net.name.c_str(), static_cast<long long>(desc.numel()), world_, world_ > 1 ? "s" : "",
+      static_cast<long long>(o_.batch), o_.epochs, c_.lr,
+      strCat(o_.lr > 0 ? "" : " (for the global batch)",
+             warmupSteps_ > 0 ? strCat(", warmed up over ", warmupSteps_, " steps") : std::string())
+          .c_str(),
+      o_.momentum, schemePolicyName(o_.scheme), mode_->describe().c_str(),
+      o_.wire == WirePrecision::kFp32 ? "" : strCat(", ", wirePrecisionName(o_.wire), " wire (lossy)").c_str());
+  if (c_.dist) {
+    std::printf("\n%-8s %-5s %-12s %-6s %16s\n", "layer", "type", "shape", "scheme", "floats/iter/node");
+    for (const auto& p : c_.dist->plan(o_.batch)) {
+      std::printf("%-8s %-5s %-12s %-6s %16.0f\n", p.name.c_str(), layerTypeName(p.type), p.shape.c_str(),
+                  world_ == 1 ? "local" : schemeName(p.scheme), world_ == 1 ? 0.0 : p.floatsPerIteration);
+    }
+    mode_->printPlanNotes();
+    std::printf("\n");
+  }
+  std::fflush(stdout);
+}
+
+void RankRun::settle() {
+  try {
+    mode_->settle();
+  } catch (const DivergenceError& err) {  // every rank finds it here alike (the same mean gradient)
+    noteDivergence(err.step(), err.subject());
+  }
+}
+
+double RankRun::evaluate() {
+  settle();
+  mode_->gatherModel();
+  torch::NoGradGuard guard;
+  AnyNet& net = c_.net;
+  net.module->eval();
+  int64_t correct = 0, seen = 0;
+  std::vector<int64_t> idx = data::shardIndices(test_.count, world_, rank_, 0, 0, /*shuffle=*/false);
+  // Padding repeats a few samples on the last ranks; count each sample once.
+  size_t limit = std::min<size_t>(idx.size(), static_cast<size_t>((test_.count - rank_ + world_ - 1) / world_));
+  for (size_t b = 0; b < limit; b += kEvalBatch) {
+    size_t e = std::min(limit, b + kEvalBatch);
+    auto pred = net.forward(batchImages(test_, idx, b, e)).argmax(1);
+    correct += pred.eq(batchLabels(test_, idx, b, e)).sum().item<int64_t>();
+    seen += static_cast<int64_t>(e - b);
+  }
+  net.module->train();
+  // Whether the training diverged, decided together: each rank's step of it (its own finding, or a
+  // model that is not finite now), 0 for none. Checked before the sum: until rank 0 has sent its part
+  // no rank has left, so (merged FC) no FC update is in flight.
+  const auto params = net.module->parameters();
+  if (divergedAt_ < 0 &&
+      !std::all_of(params.begin(), params.end(), [](const torch::Tensor& p) { return allFinite(p); })) {
+    noteDivergence(iteration_);
+  }
+  std::vector<double> mine(2 + static_cast<size_t>(world_), 0.0);
+  mine[0] = static_cast<double>(correct);
+  mine[1] = static_cast<double>(seen);
+  mine[2 + static_cast<size_t>(rank_)] = divergedAt_ >= 0 ? static_cast<double>(divergedAt_ + 1) : 0.0;
+  const std::vector<double> total = c_.allSum(mine);
+  modelDiverged_ = false;
+  for (int r = 0; r < world_; ++r) {
+    const auto step = static_cast<int64_t>(total[2 + static_cast<size_t>(r)]) - 1;
+    if (step < 0 || (modelDiverged_ && step >= jobDivergedAt_)) continue;
+    modelDiverged_ = true;
+    jobDivergedAt_ = step;
+    jobDivergedRank_ = r;
+  }
+  return total[0] / total[1];
+}
+
+void RankRun::checkpoint(int64_t iteration) {
+  if (o_.checkpointDir.empty()) return;
+  settle();  // a checkpoint holds the last step's update (and the optimizer's state after it)
+  mode_->beforeCheckpoint(meta_);
+  const auto params = c_.net.module->parameters();
+  if (lead_ && !std::all_of(params.begin(), params.end(), [](const torch::Tensor& p) { return allFinite(p); })) {
+    // A diverged model is not saved: the newest checkpoint stays the last finite one.
+    std::printf("checkpoint at step %lld not saved: the model is not finite\n", static_cast<long long>(iteration));
+    std::fflush(stdout);
+  } else if (lead_) {
+    // Reported first, so that a restart after a failed save (a full disk) counts this iteration as lost.
+    writeProgress(hooks_.progressPath, iteration, checkpointIteration_);
+    meta_.iteration = iteration;
+    saveCheckpoint(o_.checkpointDir, meta_, *c_.net.module, mode_->stateOptimizer());
+    checkpointIteration_ = iteration;
+  }
+  mode_->afterCheckpoint();
+}
+
+void RankRun::checkpointIfDue() {
+  if (o_.checkpointEvery > 0 && iteration_ % o_.checkpointEvery == 0) checkpoint(iteration_);
+}
+
+void RankRun::train() {
+  iteration_ = c_.startIteration;
+  stop_ = maxStepsReached();
+  c_.net.module->train();
+  for (int epoch = startEpoch(); epoch < o_.epochs && !stop_; ++epoch) {
+    EpochStats stats;
+    stop_ = trainEpoch(epoch, stats);
+    double epochSeconds = secondsSince(stats.start);
+    trainSeconds_ += epochSeconds;
+    images_ += stats.images;
+    accuracy_ = evaluate();
+    // evaluate() summed every rank's finding, so every rank stops here, or none. (BSP ranks found it at
+    // the same step and left the epoch there; a compute group that found it skipped the rest.)
+    if (modelDiverged_) {
+      if (divergedAt_ < 0) noteDivergence(iteration_);
+      stop_ = true;
+    }
+    if (lead_) {
+      std::printf("epoch %d/%d done in %.1f s: train loss %.4f, test accuracy %.2f%%\n", epoch + 1, o_.epochs,
+                  epochSeconds, stats.meanLoss(), 100 * accuracy_);
+      std::fflush(stdout);
+    }
+    epochsJson_.push_back({{"epoch", epoch + 1},
+                           {"train_loss", stats.meanLoss()},
+                           {"test_accuracy", accuracy_},
+                           {"seconds", epochSeconds}});
+    // Per-epoch checkpoints, unless --checkpoint-every already took this one.
+    if (!stop_ && o_.checkpointEvery <= 0) checkpoint(iteration_);
+  }
+}
+
+bool RankRun::trainEpoch(int epoch, EpochStats& stats) {
+  std::vector<int64_t> idx = data::shardIndices(train_.count, world_, rank_, o_.seed, epoch);
+  stats.start = Clock::now();
+  int nextReport = 1;
+  const int64_t firstStep = epoch == startEpoch() ? c_.startIteration % stepsPerEpoch_ : 0;
+  for (int64_t s = firstStep; s < stepsPerEpoch_; ++s) {
+    if (divergedAt_ >= 0) {
+      // Compute groups: this rank's model is no longer finite, so the rest of the epoch is skipped, not
+      // run. The iterations still pass the collectives other ranks make (a compute group's checkpoint is
+      // one), so that a group that has not seen it yet can finish the epoch; train() stops the job.
+      ++iteration_;
+      checkpointIfDue();
+      if (maxStepsReached()) return true;
+      continue;
+    }
+    injectFault();
+    size_t b = static_cast<size_t>(s * o_.batch), e = std::min(idx.size(), b + static_cast<size_t>(o_.batch));
+    auto stepBegin = Clock::now();
+    const StepOutcome outcome = trainStep(idx, b, e, stats);
+    if (outcome == StepOutcome::kDiverged) {
+      // Every rank of a BSP job holds the same mean gradient, so every rank found it at this step
+      // (the overlapped step: at the last step's, when this forward applied it): all leave the epoch
+      // here, with the model of the step before. It ran, so it counts.
+      trainClock_ += secondsSince(stepBegin);
+      steps_ += found_.step - iteration_;
+      iteration_ = found_.step;
+      noteDivergence(found_.step, found_.what);
+      return true;
+    }
+    if (outcome == StepOutcome::kDeadRound) {
+      noteDivergence(iteration_, found_.what);
+      // Compute groups: this round's pull was the first model to show the last step's update, and it
+      // is not finite. The divergence is that step's, as BSP finds it; this round ran only to keep
+      // the shards' rounds whole, and is skipped like the rest of the epoch (not on the clock).
+      ++iteration_;
+      checkpointIfDue();
+      if (maxStepsReached()) return true;
+      continue;
+    }
+    trainClock_ += secondsSince(stepBegin);
+    ++steps_;
+    ++iteration_;
+    if (curve_.due(iteration_)) recordCurvePoint(iteration_);
+    checkpointIfDue();
+    if (lead_) writeProgress(hooks_.progressPath, iteration_, checkpointIteration_);
+    if (maxStepsReached()) return true;
+    printProgress(epoch, s, stats, nextReport);
+  }
+  return false;
+}
+
+void RankRun::noteDivergence(int64_t step, const std::string& what) {
+  if (divergedAt_ >= 0) return;
+  divergedAt_ = step;
+  divergedWhat_ = what;
+  if (lead_ && o_.allowDivergence) {
+    std::printf("step %lld: the training diverged (a NaN or an infinity): %s (--allow-divergence)\n",
+                static_cast<long long>(step), mode_->afterDivergence());
+    std::fflush(stdout);
+  }
+  // The curve ends with the model at the divergence (tested like the others), even between
+  // --curve-every steps: BSP's is the model before the step whose mean gradient was not finite (that
+  // update is not applied). In group mode the point of this step, if it was due, holds the model the
+  // step started from (the round's pull): the diverged model, seen only in the next round's pull,
+  // replaces it.
+  if (curve_.on() && !curve_.due(step)) {
+    recordCurvePoint(step);
+  } else if (curve_.on() && mode_->divergedModelSeenLater() && curve_.has(step)) {
+    curve_.replaceLast(mode_->modelCopy());
+  }
+}
+
+void RankRun::injectFault() const {
+  if (rank_ != hooks_.faultRank || iteration_ != hooks_.faultStep || hooks_.restartCount != 0) return;
+  std::fprintf(stderr, "rank %d: fault injection (POSEIDON_FAULT): signal %d at iteration %lld\n", rank_,
+               hooks_.faultSignal, static_cast<long long>(iteration_));
+  std::fflush(stderr);
+  std::raise(hooks_.faultSignal);
+}
+
+RankRun::StepOutcome RankRun::trainStep(const std::vector<int64_t>& idx, size_t b, size_t e, EpochStats& stats) {
+  // The warm-up: this step's learning rate (every rank alike, from the job's iteration).
+  const double lr = warmedUpLearningRate(c_.lr, warmupSteps_, iteration_);
+  static_cast<torch::optim::SGDOptions&>(c_.optimizer->param_groups().at(0).options()).lr(lr);
+  mode_->beginStep(lr);
+  torch::Tensor loss;
+  try {
+    if (mode_->skipStep()) {
+      stats.images += static_cast<int64_t>(e - b) * world_;
+      return StepOutcome::kTrained;
+    }
+    torch::Tensor x = batchImages(train_, idx, b, e), y = batchLabels(train_, idx, b, e);
+    StepTimes times;
+    loss = mode_->compute(x, y, times);
+    c_.pad.record(times.forwardMs, times.backwardMs);
+    mode_->update(iteration_);
+  } catch (const DivergenceError& err) {
+    found_ = {err.step(), err.subject()};
+    // Compute groups: the round's pull (the model after the last step's update, the first look at it;
+    // the same for every member of the group) is not finite. A dead round: its push went out anyway,
+    // as every member pushes every round it pulled.
+    if (mode_->divergenceIsDeadRound()) return StepOutcome::kDeadRound;
+    // BSP: the step ran; its loss (likely not finite) is the last the epoch's and the curve's means see.
+    // The overlapped step found the last step's gradient at this forward: this step did not run.
+    if (loss.defined() && err.step() == iteration_ + 1) addLoss(loss.item<double>(), stats);
+    return StepOutcome::kDiverged;
+  }
+  addLoss(loss.item<double>(), stats);
+  stats.images += static_cast<int64_t>(e - b) * world_;
+  return StepOutcome::kTrained;
+}
+
+void RankRun::addLoss(double loss, EpochStats& stats) {
+  stats.lossSum += loss;
+  ++stats.lossCount;
+  curve_.addLoss(loss);
+}
+
+// A progress line at every tenth of the epoch (rank 0, unless --quiet).
+void RankRun::printProgress(int epoch, int64_t s, const EpochStats& stats, int& nextReport) const {
+  if (!lead_ || o_.quiet || (s + 1) * 10 < nextReport * stepsPerEpoch_) return;
+  int pct = static_cast<int>(100 * (s + 1) / stepsPerEpoch_);
+  std::string bar(static_cast<size_t>(pct / 5), '#');
+  bar.resize(20, '.');
+  std::printf("epoch %d/%d [%s] %3d%%  loss %.4f  %.0f img/s\n", epoch + 1, o_.epochs, bar.c_str(), pct,
+              stats.lossSum / stats.lossCount, stats.images / secondsSince(stats.start));
+  std::fflush(stdout);
+  while (nextReport * stepsPerEpoch_ <= (s + 1) * 10) ++nextReport;
+}
+
+void RankRun::recordCurvePoint(int64_t step) {
+  settle();  // every rank alike: the copy is the model after this step
+  if (lead_ && !curve_.has(step))
+    curve_.add(step, trainClock_, mode_->modelCopy());  // (settle may have noted a divergence)
+}
+
+}  // namespace poseidon::pt

@@ -6,6 +6,7 @@
 #include "poseidon/common/error.h"
 #include "poseidon/common/log.h"
 #include "poseidon/coordinator/rendezvous.h"
+#include "poseidon/wire/message_table.h"
 #include "poseidon/wire/messages.h"
 
 namespace poseidon {
@@ -241,29 +242,26 @@ void Node::sendAll(const std::vector<KvServer::Outgoing>& out) {
 // The Van has checked the frame, its job and its sender; route it by type.
 void Node::route(Message& msg) {
   const FrameHeader& h = msg.header;
-  if (KvServer::handles(h.type)) {
-    if (!server_) throw ProtocolError(strCat(msgTypeName(h.type), " to a rank that is not a server"));
-    std::vector<KvServer::Outgoing> out;
-    {
-      std::lock_guard<std::mutex> lock(serverMutex_);
-      out = server_->handle(msg);
+  // Who handles each type is the message table's (wire/message_table.h).
+  switch (wire::messageInfo(h.type).handler) {
+    case wire::Handler::kServer: {
+      if (!server_) throw ProtocolError(strCat(msgTypeName(h.type), " to a rank that is not a server"));
+      std::vector<KvServer::Outgoing> out;
+      {
+        std::lock_guard<std::mutex> lock(serverMutex_);
+        out = server_->handle(msg);
+      }
+      sendAll(out);
+      return;
     }
-    sendAll(out);
-    return;
-  }
-  if (h.type == MsgType::kPullReply || h.type == MsgType::kStateReply) {
-    if (!groups_) throw ProtocolError(strCat(msgTypeName(h.type), " to a rank that does not pull"));
-    if (h.type == MsgType::kPullReply)
-      groups_->onPullReply(msg);
-    else
-      groups_->onStateReply(msg);
-    return;
-  }
-  switch (h.type) {
-    case MsgType::kPsAggregate:
-    case MsgType::kAdamAggregate:
-    case MsgType::kSfbDecision:
-    case MsgType::kSfbFactors: {
+    case wire::Handler::kPuller:
+      if (!groups_) throw ProtocolError(strCat(msgTypeName(h.type), " to a rank that does not pull"));
+      if (h.type == MsgType::kPullReply)
+        groups_->onPullReply(msg);
+      else
+        groups_->onStateReply(msg);
+      return;
+    case wire::Handler::kSyncer: {
       if (syncers_.empty()) throw ProtocolError(strCat(msgTypeName(h.type), " to a rank that is not a worker"));
       if (h.layer >= syncers_.size()) throw ProtocolError(strCat("layer ", h.layer, " does not exist"));
       Syncer& s = *syncers_[h.layer];
@@ -272,29 +270,28 @@ void Node::route(Message& msg) {
       else s.onAggregate(msg);
       return;
     }
-    case MsgType::kBroadcast:
-    case MsgType::kBarrier:
+    case wire::Handler::kCollectives:
       collectives_->deliver(std::move(msg));
       return;
-    case MsgType::kFcForward:
+    case wire::Handler::kFcServer:
       fc_->onForward(msg);
       return;
-    case MsgType::kFcBackward:
+    case wire::Handler::kFcWorker:
       fc_->onBackward(msg);
       return;
-    case MsgType::kAbort: {
-      std::string why(reinterpret_cast<const char*>(msg.data()), std::min<size_t>(msg.size(), 4096));
-      fail(std::make_exception_ptr(
-               AbortedError(strCat("rank ", h.sender, " failed (at its iteration ", h.iteration, "): ", why))),
-           /*tellPeers=*/false);
-      return;
-    }
-    case MsgType::kHeartbeat:
-    case MsgType::kBye:
-      return;
-    default:
-      throw ProtocolError(strCat("unexpected ", msgTypeName(h.type), " on a data endpoint"));
+    case wire::Handler::kNode:
+      if (h.type == MsgType::kAbort) {
+        std::string why(reinterpret_cast<const char*>(msg.data()), std::min<size_t>(msg.size(), 4096));
+        fail(std::make_exception_ptr(
+                 AbortedError(strCat("rank ", h.sender, " failed (at its iteration ", h.iteration, "): ", why))),
+             /*tellPeers=*/false);
+      }
+      return;  // heartbeats (liveness has seen them) and goodbyes
+    case wire::Handler::kCoordinator:
+    case wire::Handler::kJoiner:
+      break;
   }
+  throw ProtocolError(strCat("unexpected ", msgTypeName(h.type), " on a data endpoint"));
 }
 
 // ---- worker API ------------------------------------------------------------------

@@ -6,6 +6,7 @@
 #include "poseidon/common/bytes.h"
 #include "poseidon/common/error.h"
 #include "poseidon/kvstore/contributors.h"
+#include "poseidon/wire/message_table.h"
 #include "poseidon/wire/messages.h"
 
 namespace poseidon {
@@ -17,11 +18,7 @@ KvServer::KvServer(const InformationBook& book, int shard, WorkCharger* charger)
   if (book.settings().groupMode()) model_ = std::make_unique<ModelShard>(book, shard);
 }
 
-bool KvServer::handles(MsgType type) {
-  return type == MsgType::kPsPush || type == MsgType::kAdamFactors || type == MsgType::kSfbNotice ||
-         type == MsgType::kGroupPush || type == MsgType::kPull || type == MsgType::kModelInit ||
-         type == MsgType::kStateRequest;
-}
+bool KvServer::handles(MsgType type) { return wire::messageInfo(type).handler == wire::Handler::kServer; }
 
 std::vector<Van::Part> KvServer::Outgoing::parts() const {
   std::vector<Van::Part> out;

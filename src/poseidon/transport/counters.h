@@ -11,10 +11,9 @@
 #include <memory>
 #include <vector>
 
-namespace poseidon {
+#include "poseidon/wire/message_table.h"  // TrafficKind
 
-enum class TrafficKind : int { kPS = 0, kSFB = 1, kControl = 2, kAdam = 3 };
-constexpr int kTrafficKinds = 4;
+namespace poseidon {
 
 struct TrafficTotals {
   uint64_t bytesSent = 0;

@@ -169,17 +169,16 @@ void Van::connectPeers(int selfRank, const std::vector<std::string>& endpoints, 
 
 Van::Priority Van::priorityOf(const FrameHeader& header) {
   constexpr int64_t kMin = std::numeric_limits<int64_t>::min(), kMax = std::numeric_limits<int64_t>::max();
-  if (wire::isRoundData(header.type)) return {header.iteration, static_cast<int64_t>(header.layer)};
-  switch (header.type) {
+  switch (wire::messageInfo(header.type).sendClass) {
+    case wire::SendClass::kRound:
+      return {header.iteration, static_cast<int64_t>(header.layer)};
     // Compute-group messages keep one class (FIFO among themselves); Node does not schedule those jobs.
-    case MsgType::kGroupPush:
-    case MsgType::kPull:
-    case MsgType::kPullReply:
-    case MsgType::kModelInit:
-    case MsgType::kStateRequest:
-    case MsgType::kStateReply: return {kMax, kMax};
-    default: return {kMin, 0};
+    case wire::SendClass::kGroup:
+      return {kMax, kMax};
+    case wire::SendClass::kControl:
+      break;
   }
+  return {kMin, 0};
 }
 
 size_t Van::queuedMessages() {
@@ -300,24 +299,7 @@ void Van::senderLoopBody() {
   }
 }
 
-TrafficKind Van::kindOf(MsgType type) {
-  switch (type) {
-    case MsgType::kPsPush:
-    case MsgType::kPsAggregate:
-    case MsgType::kGroupPush:
-    case MsgType::kPull:
-    case MsgType::kPullReply:
-    case MsgType::kModelInit:
-    case MsgType::kStateRequest:
-    case MsgType::kStateReply: return TrafficKind::kPS;
-    case MsgType::kSfbFactors:
-    case MsgType::kSfbNotice:
-    case MsgType::kSfbDecision: return TrafficKind::kSFB;
-    case MsgType::kAdamFactors:
-    case MsgType::kAdamAggregate: return TrafficKind::kAdam;
-    default: return TrafficKind::kControl;
-  }
-}
+TrafficKind Van::kindOf(MsgType type) { return wire::messageInfo(type).traffic; }
 
 void Van::send(int dest, FrameHeader header, const Part* partsBegin, size_t numParts) {
   const Part* partsEnd = partsBegin + numParts;

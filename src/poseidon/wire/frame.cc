@@ -2,67 +2,16 @@
 
 #include "poseidon/common/bytes.h"
 #include "poseidon/common/error.h"
+#include "poseidon/wire/message_table.h"
 
 namespace poseidon {
 
 const char* msgTypeName(MsgType t) {
-  switch (t) {
-    case MsgType::kJoin: return "join";
-    case MsgType::kBook: return "book";
-    case MsgType::kJoinError: return "join-error";
-    case MsgType::kPsPush: return "ps-push";
-    case MsgType::kPsAggregate: return "ps-aggregate";
-    case MsgType::kSfbFactors: return "sfb-factors";
-    case MsgType::kAdamFactors: return "adam-factors";
-    case MsgType::kAdamAggregate: return "adam-aggregate";
-    case MsgType::kSfbNotice: return "sfb-notice";
-    case MsgType::kSfbDecision: return "sfb-decision";
-    case MsgType::kGroupPush: return "group-push";
-    case MsgType::kPull: return "pull";
-    case MsgType::kPullReply: return "pull-reply";
-    case MsgType::kModelInit: return "model-init";
-    case MsgType::kStateRequest: return "state-request";
-    case MsgType::kStateReply: return "state-reply";
-    case MsgType::kFcForward: return "fc-forward";
-    case MsgType::kFcBackward: return "fc-backward";
-    case MsgType::kBroadcast: return "broadcast";
-    case MsgType::kBarrier: return "barrier";
-    case MsgType::kHeartbeat: return "heartbeat";
-    case MsgType::kAbort: return "abort";
-    case MsgType::kBye: return "bye";
-  }
-  return "unknown";
+  const wire::MessageInfo* m = wire::findMessage(static_cast<uint16_t>(t));
+  return m ? m->name : "unknown";
 }
 
-bool isKnownMsgType(uint16_t t) {
-  switch (static_cast<MsgType>(t)) {
-    case MsgType::kJoin:
-    case MsgType::kBook:
-    case MsgType::kJoinError:
-    case MsgType::kPsPush:
-    case MsgType::kPsAggregate:
-    case MsgType::kSfbFactors:
-    case MsgType::kAdamFactors:
-    case MsgType::kAdamAggregate:
-    case MsgType::kSfbNotice:
-    case MsgType::kSfbDecision:
-    case MsgType::kGroupPush:
-    case MsgType::kPull:
-    case MsgType::kPullReply:
-    case MsgType::kModelInit:
-    case MsgType::kStateRequest:
-    case MsgType::kStateReply:
-    case MsgType::kFcForward:
-    case MsgType::kFcBackward:
-    case MsgType::kBroadcast:
-    case MsgType::kBarrier:
-    case MsgType::kHeartbeat:
-    case MsgType::kAbort:
-    case MsgType::kBye:
-      return true;
-  }
-  return false;
-}
+bool isKnownMsgType(uint16_t t) { return wire::findMessage(t) != nullptr; }
 
 void encodeHeader(const FrameHeader& h, uint8_t out[kHeaderBytes]) {
   ByteWriter w;
@@ -108,8 +57,10 @@ std::string decodeHeader(const void* data, size_t size, uint64_t maxPayloadBytes
 }
 
 std::string describe(const FrameHeader& h) {
-  return strCat(msgTypeName(h.type), " from rank ", h.sender, " layer ", h.layer, " iteration ", h.iteration,
-                " pair ", h.pair, " (", h.payloadBytes, " bytes)");
+  const char* iteration = wire::messageInfo(h.type).iteration;  // what the field means for this type
+  return strCat(msgTypeName(h.type), " from rank ", h.sender, " layer ", h.layer, " ",
+                *iteration ? iteration : "iteration field", " ", h.iteration, " pair ", h.pair, " (", h.payloadBytes,
+                " bytes)");
 }
 
 }  // namespace poseidon

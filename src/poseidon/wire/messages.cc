@@ -2,6 +2,8 @@
 
 #include <cstdint>
 
+#include "poseidon/wire/message_table.h"
+
 namespace poseidon::wire {
 
 namespace {
@@ -98,36 +100,10 @@ FrameHeader bye(int64_t iteration) { return make(MsgType::kBye, 0, iteration); }
 
 int64_t factorRows(const FrameHeader& h) { return h.aux; }
 
-bool isRoundData(MsgType type) {
-  switch (type) {
-    case MsgType::kPsPush:
-    case MsgType::kPsAggregate:
-    case MsgType::kSfbFactors:
-    case MsgType::kAdamFactors:
-    case MsgType::kAdamAggregate:
-    case MsgType::kSfbNotice:
-    case MsgType::kSfbDecision: return true;
-    default: return false;
-  }
-}
+bool isRoundData(MsgType type) { return messageInfo(type).sendClass == SendClass::kRound; }
 
-int trafficLayer(const FrameHeader& h) {
-  if (isRoundData(h.type)) return static_cast<int>(h.layer);
-  switch (h.type) {
-    case MsgType::kGroupPush:
-    case MsgType::kPull:
-    case MsgType::kPullReply:
-    case MsgType::kModelInit:
-    case MsgType::kStateReply:
-      return static_cast<int>(h.layer);
-    default:
-      return -1;
-  }
-}
+int trafficLayer(const FrameHeader& h) { return messageInfo(h.type).layerTraffic ? static_cast<int>(h.layer) : -1; }
 
-bool reportsSenderIteration(MsgType type) {
-  return type == MsgType::kHeartbeat || type == MsgType::kPsPush || type == MsgType::kSfbFactors ||
-         type == MsgType::kSfbNotice;
-}
+bool reportsSenderIteration(MsgType type) { return messageInfo(type).reportsSenderIteration; }
 
 }  // namespace poseidon::wire

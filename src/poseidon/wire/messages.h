@@ -1,7 +1,8 @@
 // One builder per message type: the only place that knows what each header
 // field means for each type (wire/frame.h has the layout). Senders build
 // their headers here; receivers read type-specific fields through the
-// readers below. The Van stamps `sender`, `job` and `payloadBytes`.
+// readers below. The Van stamps `sender`, `job` and `payloadBytes`. Who handles each type, how it
+// is scheduled and counted: wire/message_table.h.
 //
 //   type            layer             iteration           pair          aux
 //   join            -                 -                   -             -      (sender: the joining rank)

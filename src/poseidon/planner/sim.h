@@ -1,0 +1,313 @@
+// The planner's internals: a discrete-event loop and the network model every prediction runs on
+// (planner.cc's PoseidonModel and group_model.cc's GroupModel build on them). Not installed API.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <queue>
+#include <vector>
+
+#include "poseidon/bench/emulation.h"
+#include "poseidon/common/device_model.h"
+#include "poseidon/common/error.h"
+#include "poseidon/planner/planner.h"
+
+namespace poseidon::planner::detail {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+// How much of one connection's bytes TCP sends before another's get a turn on a shared link, at
+// full width (scaled by s^2 like the messages); finer only costs events.
+constexpr double kTcpQuantumBytes = 256 * 1024;
+// Fragments a priority link's connection holds past the scheduler: ZeroMQ's pipe, its encoder,
+// and the kernel's send buffer (the window, doubled by Linux).
+constexpr size_t kConnectionDepth = 4;
+
+// ---- the event loop --------------------------------------------------------
+
+class Sim {
+ public:
+  using Fn = std::function<void()>;
+  double now() const { return now_; }
+  void at(double t, Fn fn) {
+    heap_.push_back(Event{t, seq_++, std::move(fn)});
+    std::push_heap(heap_.begin(), heap_.end(), std::greater<Event>());
+  }
+  void run() {
+    while (!heap_.empty()) {
+      std::pop_heap(heap_.begin(), heap_.end(), std::greater<Event>());
+      Event e = std::move(heap_.back());
+      heap_.pop_back();
+      now_ = e.t;
+      e.fn();
+    }
+  }
+
+ private:
+  struct Event {
+    double t;
+    uint64_t seq;
+    Fn fn;
+    bool operator>(const Event& o) const { return t != o.t ? t > o.t : seq > o.seq; }
+  };
+  std::vector<Event> heap_;  // a min-heap by (time, order of scheduling)
+  double now_ = 0;
+  uint64_t seq_ = 0;
+};
+
+// Queued work goes by (priority, arrival): a lower priority value first, FIFO among equals.
+struct Order {
+  int64_t priority;
+  uint64_t seq;
+  bool operator>(const Order& o) const { return priority != o.priority ? priority > o.priority : seq > o.seq; }
+};
+
+// One thing that serves one job at a time at `rate` units per second (a link direction, a thread):
+// the job with the lowest (priority, arrival) goes next, served in chunks of at most `chunk` units
+// so that a more urgent job waits for one chunk at most (the priority links' fragments). A job
+// may instead learn its length when it starts (a thread that waits for another's timeline).
+class Server {
+ public:
+  // Called as each chunk starts, with its end; `last` for a job's final chunk.
+  using ChunkFn = std::function<void(double start, double end, double units, bool last)>;
+  Server(Sim* sim, double rate, double chunk = kInf) : sim_(sim), rate_(rate), chunk_(chunk) {}
+  void submit(double units, int64_t priority, ChunkFn fn) {
+    queue_.push(Job{{priority, seq_++}, units, nullptr, std::move(fn)});
+    if (!busy_) startNext();
+  }
+  // A job of `seconds()` (asked when it starts), then `then` when it ends.
+  void submitTimed(std::function<double()> seconds, int64_t priority, Sim::Fn then) {
+    queue_.push(Job{
+        {priority, seq_++},
+        0,
+        std::move(seconds),
+        [this, then = std::move(then)](double, double end, double, bool) mutable { sim_->at(end, std::move(then)); }});
+    if (!busy_) startNext();
+  }
+
+ private:
+  struct Job : Order {
+    double left;
+    std::function<double()> seconds;
+    ChunkFn fn;
+  };
+  void startNext() {
+    if (queue_.empty()) {
+      busy_ = false;
+      return;
+    }
+    busy_ = true;
+    Job job = queue_.top();
+    queue_.pop();
+    const double start = sim_->now();
+    double units, end;
+    if (job.seconds) {
+      units = job.left = 0;
+      end = start + std::max(0.0, job.seconds());
+    } else {
+      units = std::min(job.left, chunk_);
+      end = start + (rate_ > 0 ? units / rate_ : 0.0);
+      job.left -= units;
+    }
+    const bool last = job.left <= 0;
+    job.fn(start, end, units, last);
+    sim_->at(end, [this, job = std::move(job), last]() mutable {
+      if (!last) queue_.push(std::move(job));
+      startNext();
+    });
+  }
+  Sim* sim_;
+  double rate_, chunk_;
+  bool busy_ = false;
+  uint64_t seq_ = 0;
+  std::priority_queue<Job, std::vector<Job>, std::greater<Job>> queue_;
+};
+
+// A node's egress: one connection per peer, the link shared between the connections that have
+// bytes to send, `chunk` at a time in turn (as TCP shares it between its flows). Each connection
+// sends what was committed to it in order; the rest waits in a queue by (priority, arrival) and is
+// committed a chunk at a time while the connection holds fewer than `depth` chunks (0: no limit,
+// everything is committed as it comes: a FIFO connection). With priority links the depth is what
+// ZeroMQ's pipe, its encoder and the kernel's send window hold (transport/van.h), so an urgent
+// message waits behind a few fragments on its connection, not behind everything queued for it.
+class Egress {
+ public:
+  Egress(Sim* sim, double rate, double chunk, size_t depth) : sim_(sim), rate_(rate), chunk_(chunk), depth_(depth) {}
+  void submit(int peer, double units, int64_t priority, Server::ChunkFn fn) {
+    Flow& f = flows_[peer];
+    f.pending.push(Job{{priority, seq_++}, units, std::make_shared<Server::ChunkFn>(std::move(fn))});
+    commit(peer, f);
+    if (!busy_) startNext();
+  }
+
+ private:
+  struct Job : Order {
+    double left;
+    std::shared_ptr<Server::ChunkFn> fn;
+  };
+  struct Chunk {
+    double units;
+    bool last;
+    std::shared_ptr<Server::ChunkFn> fn;
+  };
+  struct Flow {
+    std::priority_queue<Job, std::vector<Job>, std::greater<Job>> pending;
+    std::deque<Chunk> committed;
+    bool inRing = false;
+  };
+  void commit(int peer, Flow& f) {
+    while (!f.pending.empty() && (depth_ == 0 || f.committed.size() < depth_)) {
+      Job job = f.pending.top();
+      f.pending.pop();
+      const double units = std::min(job.left, chunk_);
+      job.left -= units;
+      f.committed.push_back(Chunk{units, job.left <= 0, job.fn});
+      if (job.left > 0) f.pending.push(std::move(job));
+    }
+    if (!f.committed.empty() && !f.inRing) {
+      f.inRing = true;
+      ring_.push_back(peer);
+    }
+  }
+  void startNext() {
+    if (ring_.empty()) {
+      busy_ = false;
+      return;
+    }
+    busy_ = true;
+    const int peer = ring_.front();
+    ring_.pop_front();
+    Flow& f = flows_[peer];
+    f.inRing = false;
+    Chunk chunk = std::move(f.committed.front());
+    f.committed.pop_front();
+    const double start = sim_->now(), end = start + (rate_ > 0 ? chunk.units / rate_ : 0.0);
+    (*chunk.fn)(start, end, chunk.units, chunk.last);
+    sim_->at(end, [this, peer] {
+      Flow& flow = flows_[peer];
+      commit(peer, flow);  // the connection took this chunk: room for one more
+      startNext();
+    });
+  }
+  Sim* sim_;
+  double rate_, chunk_;
+  size_t depth_;
+  bool busy_ = false;
+  uint64_t seq_ = 0;
+  std::map<int, Flow> flows_;
+  std::deque<int> ring_;  // connections with committed chunks, in turn
+};
+
+// The nodes' links and threads, as the runtime uses them:
+//  - a worker's send is encrypted (CURVE) on the I/O thread of its connection, then takes its turn
+//    on the sender's egress and streams into the receiver's ingress (both ends at the link rate:
+//    the ingress serves it from when the egress starts it, in arrival order; with priority links,
+//    by priority: their small send windows keep the less urgent bytes queued at the senders, so
+//    an urgent fragment waits for little at the receiver);
+//  - the receiver's I/O thread decrypts it (after the messages before it on that thread); its one
+//    receive loop (client/node.cc) then takes it, and for a push to the shard also adds it and, with
+//    the last worker's push, sends the sum to each worker (Node::sendAll; each is encrypted by an
+//    I/O thread, not on the loop): that work runs next on the loop, before the next message;
+//  - the transport charges encryption per connection, 2 p out to peer p and 2 p + 1 in from it, on
+//    I/O thread (connection mod lanes), one message after another (bench/device.h): with
+//    two, every send is encrypted on one and every receive on the other.
+class Network {
+ public:
+  Network(Sim* sim, const Cluster& c, bool prioritized, int firstMeasured, int endMeasured)
+      : sim_(sim),
+        c_(c),
+        crypto_(c.cryptoBytes * c.scale * c.scale),
+        first_(firstMeasured),
+        end_(endMeasured),
+        tx_(static_cast<size_t>(c.workers), 0.0),
+        laneFree_(static_cast<size_t>(c.workers),
+                  std::vector<double>(static_cast<size_t>(std::max(1, c.cryptoLanes)), 0.0)) {
+    // The runtime's smallest window is 4096 bytes (the bench's floor at width s).
+    fragmentBytes_ = prioritized ? std::max(4096.0, c.sendWindowBytes * c.scale * c.scale) : kInf;
+    const double chunk = prioritized ? fragmentBytes_ : std::max(1.0, kTcpQuantumBytes * c.scale * c.scale);
+    for (int n = 0; n < c.workers; ++n) {
+      egress_.emplace_back(sim, c.linkBytes, chunk, prioritized ? kConnectionDepth : 0);
+      ingress_.emplace_back(sim, c.linkBytes);
+      loop_.emplace_back(sim, 1.0);
+    }
+  }
+  // Lower priority values go first on a prioritized egress; FIFO otherwise. The caller goes on: the
+  // message reaches the egress once its I/O thread has encrypted it.
+  void send(int iteration, int src, int dst, double payload, int64_t priority, Sim::Fn deliver) {
+    if (src == dst) {  // our own copy costs no network time, but the receive loop handles it like any other
+      loop_[static_cast<size_t>(dst)].submitTimed([this] { return c_.messageSeconds; }, 0, std::move(deliver));
+      return;
+    }
+    const double headered = this->headered(payload);
+    const double fragments = std::isinf(fragmentBytes_) ? 1.0 : std::ceil(headered / fragmentBytes_);
+    const double onLink = payload * c_.linkOverhead + c_.messageBytes * fragments;
+    if (iteration >= first_ && iteration < end_) tx_[static_cast<size_t>(src)] += onLink;
+    const int64_t order = fragmentBytes_ < kInf ? priority : 0;
+    auto onWire = [this, src, dst, onLink, headered, order, deliver = std::move(deliver)]() mutable {
+      Server::ChunkFn chunk = [this, src, dst, headered, order, deliver = std::move(deliver)](
+                                  double, double, double units, bool last) mutable {
+        Sim::Fn arrived;
+        if (last)
+          arrived = [this, src, dst, headered, deliver = std::move(deliver)]() mutable {
+            // Decrypted by the I/O thread of the connection (after the ones before it), then handled
+            // by the receive loop, which takes other messages meanwhile (transport/van.cc).
+            auto handle = [this, dst, deliver = std::move(deliver)]() mutable {
+              loop_[static_cast<size_t>(dst)].submitTimed([this] { return c_.messageSeconds; }, 0, std::move(deliver));
+            };
+            const double decrypt = encryption(dst, 2 * src + 1, headered);
+            if (decrypt > 0)
+              sim_->at(sim_->now() + decrypt, std::move(handle));
+            else
+              handle();
+          };
+        ingress_[static_cast<size_t>(dst)].submit(
+            units, 0, [this, arrived = std::move(arrived)](double, double end, double, bool) mutable {
+              if (arrived) sim_->at(end, std::move(arrived));
+            });
+      };
+      egress_[static_cast<size_t>(src)].submit(dst, onLink, order, std::move(chunk));
+    };
+    if (crypto_ > 0) {
+      sim_->at(sim_->now() + encryption(src, 2 * dst, headered), std::move(onWire));
+    } else {
+      onWire();
+    }
+  }
+  // Work on `node`'s receive loop right after the message it handles: `seconds()` asked when it starts.
+  void onLoop(int node, std::function<double()> seconds, Sim::Fn then) {
+    loop_[static_cast<size_t>(node)].submitTimed(std::move(seconds), -1, std::move(then));
+  }
+  // Seconds from now until a message of `bytes` on `connection` is encrypted (or decrypted) by
+  // its I/O thread, after the ones before it; 0 without encryption.
+  double encryption(int node, int connection, double bytes) {
+    if (crypto_ <= 0) return 0;
+    auto& lanes = laneFree_[static_cast<size_t>(node)];
+    double& free = lanes[static_cast<size_t>(connection) % lanes.size()];
+    free = std::max(free, sim_->now()) + bytes / crypto_;
+    return free - sim_->now();
+  }
+  double headered(double payload) const { return payload + c_.messageBytes; }
+  // Link bytes each node sent in the measured iterations.
+  const std::vector<double>& txBytes() const { return tx_; }
+
+ private:
+  Sim* sim_;
+  const Cluster& c_;
+  double crypto_;  // bytes/s at the workload's scale
+  int first_, end_;
+  double fragmentBytes_ = kInf;
+  std::vector<double> tx_;
+  std::vector<Egress> egress_;
+  std::vector<Server> ingress_, loop_;
+  std::vector<std::vector<double>> laneFree_;  // [node][I/O thread]: busy until
+};
+
+// Omnivore's compute groups on the simulated cluster (group_model.cc).
+GroupPrediction runGroupModel(const Workload& workload, const Cluster& cluster, int groups, const MergedFc* mergedFc);
+
+}  // namespace poseidon::planner::detail

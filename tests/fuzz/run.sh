@@ -22,7 +22,7 @@ src=(
   "$root/src/poseidon/common/log.cc" "$root/src/poseidon/transport/security.cc"
   "$root/src/poseidon/common/trace.cc" "$root/src/poseidon/common/file.cc" "$root/src/poseidon/wire/messages.cc" "$root/src/poseidon/kvstore/server.cc"
   "$root/src/poseidon/wire/precision.cc"
-  "$root/src/poseidon/sfb/keeper.cc" "$root/src/poseidon/client/syncer.cc" "$root/src/poseidon/kvstore/model_shard.cc"
+  "$root/src/poseidon/sfb/keeper.cc" "$root/src/poseidon/client/syncer.cc" "$root/src/poseidon/client/syncer_send.cc" "$root/src/poseidon/kvstore/model_shard.cc"
   "$root/src/poseidon/client/fc_channel.cc"
 )
 flags=(-std=c++17 -O1 -g -I"$root/src" -I/usr/include/eigen3)

@@ -11,35 +11,12 @@
 #include "poseidon/common/error.h"
 #include "poseidon/common/log.h"
 #include "poseidon/core/cost_model.h"
+#include "poseidon/torch/distributed_layer.h"
 #include "poseidon/torch/finite.h"
 
 namespace poseidon::pt {
 
 namespace autograd = torch::autograd;
-
-struct DistributedModel::Layer {
-  const LayerSpec* spec = nullptr;
-  std::vector<torch::Tensor> params;
-  // This step's synchronized pass.
-  std::vector<bool> ready;
-  int readyCount = 0;
-  bool submitted = false;
-  Scheme scheme = Scheme::kPS;
-  bool captured = false;     // the graph gave us this layer's factors this step
-  torch::Tensor u, v;        // factors sent this step
-  torch::Tensor staging;     // SFB result: weight then bias, flat
-  // Accumulation passes (noSync) since the last step.
-  int accumulatedPasses = 0;  // passes in which the layer's first parameter got a gradient
-  std::vector<torch::Tensor> stashU, stashV;  // factors of those passes
-  // A used FC layer whose factors were not captured the last time it was used
-  // (3-D input, weight used twice): when unused it contributes zeros by PS, as
-  // its used steps do on every rank.
-  bool uncapturable = false;
-  bool used() const { return readyCount > 0 || captured || accumulatedPasses > 0; }
-  bool stashComplete() const {
-    return !stashU.empty() && static_cast<int>(stashU.size()) == accumulatedPasses;
-  }
-};
 
 // Pre-hook on the addmm/mm node of a Linear layer: receives dL/dy (U).
 class DistributedModel::FactorHook : public autograd::FunctionPreHook {
@@ -128,13 +105,6 @@ void DistributedModel::init(ModelParts parts) {
     node_->broadcast(0, LayerBuffer(spans));
   }
 
-  if (node_->book().settings().groupMode()) {
-    if (!(options_.learningRate >= 0) || !std::isfinite(options_.learningRate)) {
-      throw InvalidArgument("compute groups: the shards run SGD and need DistributedOptions::learningRate >= 0");
-    }
-    groupLr_ = options_.learningRate;
-  }
-
   layers_.resize(desc_.layers.size());
   for (size_t l = 0; l < layers_.size(); ++l) {
     Layer& layer = layers_[l];
@@ -145,38 +115,7 @@ void DistributedModel::init(ModelParts parts) {
   }
   lastSchemes_.assign(layers_.size(), Scheme::kPS);
 
-  if (groupMode()) {
-    // The shards hold the model from here on: they start from rank 0's parameters (just broadcast,
-    // so every rank sends the same), and each round's pull writes the model into them.
-    std::vector<LayerBuffer> params;
-    for (auto& l : layers_) {
-      std::vector<FloatSpan> spans;
-      for (auto& p : l.params) spans.push_back({p.data_ptr<float>(), p.numel()});
-      params.emplace_back(spans);
-    }
-    node_->groups().setModel(params);
-    if (node_->rank() == node_->book().workerRanks().front()) {
-      const int64_t start = node_->book().settings().startIteration;
-      std::vector<LayerBuffer> momentum;
-      if (!options_.groupMomentum.empty()) {
-        size_t i = 0;
-        for (auto& l : layers_) {
-          std::vector<FloatSpan> spans;
-          for (auto& p : l.params) {
-            if (i >= options_.groupMomentum.size() || options_.groupMomentum[i].numel() != p.numel() ||
-                options_.groupMomentum[i].scalar_type() != torch::kFloat32 || !options_.groupMomentum[i].is_contiguous()) {
-              throw InvalidArgument(strCat("groupMomentum: parameter ", i, " has no matching float32 buffer"));
-            }
-            spans.push_back({options_.groupMomentum[i].data_ptr<float>(), p.numel()});
-            ++i;
-          }
-          momentum.emplace_back(spans);
-        }
-      }
-      node_->groups().initModel(momentum, options_.groupVersion,
-                                std::vector<int64_t>(static_cast<size_t>(node_->book().settings().groups), start));
-    }
-  }
+  if (groupMode()) initGroups();  // the shards take the model
 
   // The hooks also run with one worker: they tell a step without backward from one with it.
   for (size_t l = 0; l < layers_.size(); ++l) {
@@ -319,44 +258,6 @@ void DistributedModel::beginForward() {
   }
 }
 
-std::pair<std::vector<torch::Tensor>, int64_t> DistributedModel::groupState() {
-  if (!groupMode()) throw InvalidArgument("groupState: this job has no compute groups");
-  // Mid-round the first worker's parameters are its forward's inputs: the fetch would overwrite what
-  // the backward still reads. Every rank is at the same point, so every rank refuses alike.
-  if (inIteration_) {
-    throw InvalidArgument(
-        "a compute-group checkpoint between a forward and its step: save it after step(), "
-        "before the next forward");
-  }
-  node_->settleBarrier();
-  if (node_->rank() != node_->book().workerRanks().front()) return {};
-  std::vector<torch::Tensor> buffers;
-  std::vector<LayerBuffer> momentum;
-  for (auto& l : layers_) {
-    std::vector<FloatSpan> spans;
-    for (auto& p : l.params) {
-      buffers.push_back(torch::zeros_like(p));
-      spans.push_back({buffers.back().data_ptr<float>(), p.numel()});
-    }
-    momentum.emplace_back(spans);
-  }
-  auto [version, clocks] = node_->groups().fetchModelState(momentum);
-  return {std::move(buffers), version};
-}
-
-void DistributedModel::pullLatest() {
-  if (!groupMode()) return;
-  node_->settleBarrier();  // every shard has applied every push sent so far
-  // Between a forward and its step this rank's round is not pushed: the next round's model will not
-  // come (a loop that ended after a forward, then finish()); the model stays the round's.
-  if (inIteration_) return;
-  const int64_t next = iteration_ < 0 ? node_->book().settings().startIteration : iteration_ + 1;
-  if (pulledRound_ == next) return;
-  node_->groups().startPull(next);
-  node_->groups().waitPulled();
-  pulledRound_ = next;
-}
-
 void DistributedModel::endForward(const std::vector<torch::Tensor>& outputs) {
   if (options_.captureFactors && !solo_ && !groupMode()) instrument(outputs, !syncEnabled_);
 }
@@ -494,45 +395,6 @@ void DistributedModel::onGradReady(int layer, int param) {
   }
 }
 
-void DistributedModel::submitGroupPush(int layer) {
-  Layer& l = layers_[layer];
-  l.submitted = true;
-  l.scheme = Scheme::kPS;
-  std::vector<FloatSpan> spans;
-  for (auto& p : l.params) {
-    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);  // unused this round: zero
-    if (!p.grad().is_contiguous()) p.mutable_grad() = p.grad().contiguous();
-    spans.push_back({p.grad().data_ptr<float>(), p.grad().numel()});
-  }
-  node_->submitGroupPush(layer, LayerBuffer(spans), groupLr_);
-  predictedPs_ += psCostBoth(costInputs(*l.spec, node_->book().settings().batch, workers(), node_->book().numServers()));
-  lastSchemes_[layer] = Scheme::kPS;
-}
-
-void DistributedModel::takeGroupOptimizer(torch::optim::Optimizer& optimizer) {
-  auto* sgd = dynamic_cast<torch::optim::SGD*>(&optimizer);
-  if (!sgd) {
-    misuse("compute groups run SGD (momentum, weight decay) on the shards; this optimizer is not SGD");
-  }
-  const auto& o = static_cast<const torch::optim::SGDOptions&>(sgd->param_groups().at(0).options());
-  const JobSettings& s = node_->book().settings();
-  if (o.nesterov() || o.dampening() != 0 || static_cast<float>(o.momentum()) != s.momentum ||
-      static_cast<float>(o.weight_decay()) != s.weightDecay) {
-    misuse(strCat("compute groups: the shards run SGD with momentum ", s.momentum, " and weight decay ", s.weightDecay,
-                  "; the optimizer has momentum ", o.momentum(), ", weight decay ", o.weight_decay(),
-                  o.nesterov() ? ", nesterov" : "", o.dampening() != 0 ? ", dampening" : ""));
-  }
-  groupLr_ = static_cast<float>(o.lr());
-}
-
-void DistributedModel::setGroupLearningRate(float lr) {
-  if (!groupMode()) throw InvalidArgument("setGroupLearningRate: this job has no compute groups");
-  if (!(lr >= 0) || !std::isfinite(lr)) {
-    throw InvalidArgument(strCat("compute groups: the learning rate must be finite and >= 0, got ", lr));
-  }
-  groupLr_ = lr;
-}
-
 void DistributedModel::submitDense(int layer) {
   Layer& l = layers_[layer];
   l.submitted = true;
@@ -579,19 +441,7 @@ void DistributedModel::synchronize() {
   }
   checkStep();
   if (groupMode()) {
-    for (int l = static_cast<int>(layers_.size()) - 1; l >= 0; --l) {
-      Layer& layer = layers_[l];
-      if (layer.submitted) continue;
-      if (!layer.used()) {
-        torch::NoGradGuard guard;
-        for (auto& p : layer.params)
-          if (p.grad().defined()) p.mutable_grad().zero_();
-      }
-      submitGroupPush(l);
-    }
-    node_->waitIteration();  // this round's pushes are out; the shards apply them
-    inIteration_ = false;
-    throwIfDiverged(nonFiniteLayer_, "the model pulled from the shards");
+    synchronizeGroup();
     return;
   }
   submitRemaining();
@@ -656,186 +506,6 @@ void DistributedModel::endStep(int64_t traceStartUs, bool broadcast) {
   if (tracer_) {
     tracer_->span("apply (sfb results into .grad)", "compute", 0, traceStartUs, Tracer::nowMicros(), iteration_);
   }
-}
-
-void DistributedModel::submitStep() {
-  if (stepPending_) misuse("step() twice without a forward between them");
-  if (groupMode() || node_->book().settings().stragglerMode()) {
-    throw InvalidArgument("the overlapped step is for BSP jobs (not with compute groups or straggler dropping)");
-  }
-  checkStep();
-  submitRemaining();
-  // Rank 0's buffers as the barrier path sends them: nothing between here and its broadcast changes them.
-  broadcastBuffers();
-  finishedLayers_.assign(layers_.size(), false);
-  stepPending_ = true;
-}
-
-void DistributedModel::finishLayer(int layer) {
-  if (!stepPending_) throw InvalidArgument("finishLayer: no overlapped step is pending");
-  if (layer < 0 || layer >= static_cast<int>(layers_.size())) {
-    throw InvalidArgument(strCat("finishLayer: layer index ", layer, " out of range"));
-  }
-  if (finishedLayers_[layer]) return;
-  if (!solo_) node_->waitLayer(layer);
-  applyLayer(layers_[layer]);
-  finishedLayers_[layer] = true;
-  // Thrown at the end of the step (finishStep), where the step's state is whole again.
-  if (options_.checkFinite && nonFiniteLayer_ < 0 && !layerFinite(static_cast<size_t>(layer), true)) {
-    nonFiniteLayer_ = layer;
-  }
-}
-
-void DistributedModel::finishStep() {
-  if (!stepPending_) throw InvalidArgument("finishStep: no overlapped step is pending");
-  if (!solo_) node_->waitIteration();
-  int64_t t0 = tracer_ ? Tracer::nowMicros() : 0;
-  for (size_t l = 0; l < layers_.size(); ++l)
-    if (!finishedLayers_[l]) finishLayer(static_cast<int>(l));
-  stepPending_ = false;
-  endStep(t0, false);
-  throwIfDiverged(nonFiniteLayer_, "the mean gradient");
-}
-
-void DistributedModel::stepOverlapped(torch::optim::Optimizer& optimizer) {
-  submitStep();
-  pendingOptimizer_ = &optimizer;
-  pendingOptions_.clear();
-  for (auto& group : optimizer.param_groups()) pendingOptions_.push_back(group.options().clone());
-}
-
-namespace {
-
-template <typename T>
-bool assignAs(torch::optim::OptimizerOptions& to, const torch::optim::OptimizerOptions& from) {
-  auto* t = dynamic_cast<T*>(&to);
-  const auto* f = dynamic_cast<const T*>(&from);
-  if (!t || !f) return false;
-  *t = *f;
-  return true;
-}
-
-// Sets a parameter group's options to `from`'s values, in place for LibTorch's optimizers (so that
-// references to group.options() stay valid); other option types are replaced by a copy.
-void assignOptions(torch::optim::OptimizerParamGroup& group, const torch::optim::OptimizerOptions& from) {
-  namespace o = torch::optim;
-  auto& to = group.options();
-  if (assignAs<o::SGDOptions>(to, from) || assignAs<o::AdamOptions>(to, from) || assignAs<o::AdamWOptions>(to, from) ||
-      assignAs<o::RMSpropOptions>(to, from) || assignAs<o::AdagradOptions>(to, from) ||
-      assignAs<o::LBFGSOptions>(to, from)) {
-    return;
-  }
-  group.set_options(from.clone());
-}
-
-}  // namespace
-
-void DistributedModel::stepOnly(const std::vector<torch::Tensor>& params) {
-  std::unordered_set<const void*> visible;
-  for (const auto& p : params) visible.insert(p.unsafeGetTensorImpl());
-  std::vector<std::pair<torch::Tensor, torch::Tensor>> hidden;
-  for (auto& group : pendingOptimizer_->param_groups()) {
-    for (auto& p : group.params()) {
-      if (!visible.count(p.unsafeGetTensorImpl()) && p.grad().defined()) {
-        hidden.emplace_back(p, p.grad());
-        p.mutable_grad() = torch::Tensor();
-      }
-    }
-  }
-  // The options as they were at stepOverlapped(), whatever a scheduler set since; the current ones
-  // go back afterwards (copied into the same objects: a reference a scheduler holds stays valid).
-  auto& groups = pendingOptimizer_->param_groups();
-  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> current;
-  auto restore = [&] {
-    for (auto& [p, grad] : hidden) p.mutable_grad() = grad;
-    for (size_t i = 0; i < current.size(); ++i) assignOptions(groups[i], *current[i]);
-  };
-  try {
-    if (groups.size() != pendingOptions_.size()) {
-      throw InvalidArgument(strCat("the optimizer has ", groups.size(), " parameter groups, ", pendingOptions_.size(),
-                                   " at stepOverlapped(): do not add groups while a step is pending"));
-    }
-    for (size_t i = 0; i < groups.size(); ++i) {
-      current.push_back(groups[i].options().clone());
-      assignOptions(groups[i], *pendingOptions_[i]);
-    }
-    pendingOptimizer_->step();
-  } catch (...) {
-    restore();
-    throw;
-  }
-  restore();
-}
-
-void DistributedModel::applyPendingLayer(int layer) {
-  finishLayer(layer);
-  stepOnly(layers_[layer].params);
-  for (auto& p : layers_[layer].params) p.mutable_grad() = torch::Tensor();  // applied: the next backward starts anew
-}
-
-void DistributedModel::applyPending() {
-  if (!pendingOptimizer_) return;
-  for (size_t l = 0; l < layers_.size(); ++l)
-    if (!finishedLayers_[l]) applyPendingLayer(static_cast<int>(l));
-  // Parameters the optimizer holds outside the model (a learnable loss): once, now.
-  std::unordered_set<const void*> ours;
-  for (const auto& layer : layers_)
-    for (const auto& p : layer.params) ours.insert(p.unsafeGetTensorImpl());
-  std::vector<torch::Tensor> others;
-  for (auto& group : pendingOptimizer_->param_groups())
-    for (auto& p : group.params())
-      if (!ours.count(p.unsafeGetTensorImpl())) others.push_back(p);
-  if (!others.empty()) stepOnly(others);
-  pendingOptimizer_ = nullptr;
-  pendingOptions_.clear();
-  finishStep();
-}
-
-torch::Tensor DistributedModel::forwardOverlapped(torch::nn::Sequential& sequence, torch::Tensor x) {
-  if (pendingOptimizer_ && !sequence->is_training()) {  // an evaluation sees every update
-    applyPending();
-    return sequence->forward(x);
-  }
-  // A declared order (forwardGated): the children in turn, each gating the layers it holds. A layer
-  // belongs to the child that holds its first parameter (however deep).
-  std::unordered_map<const void*, int> layerOf;
-  if (pendingOptimizer_) {
-    for (size_t l = 0; l < layers_.size(); ++l) {
-      if (!layers_[l].params.empty()) layerOf[layers_[l].params[0].unsafeGetTensorImpl()] = static_cast<int>(l);
-    }
-  }
-  return forwardGated([&](const LayerGate& gate) {
-    for (auto& child : *sequence) {
-      for (const auto& p : child.ptr()->parameters()) {
-        auto it = layerOf.find(p.unsafeGetTensorImpl());
-        if (it != layerOf.end()) gate(it->second);
-      }
-      x = child.forward(x);
-    }
-    return x;
-  });
-}
-
-torch::Tensor DistributedModel::forwardGated(const std::function<torch::Tensor(const LayerGate& gate)>& run) {
-  const LayerGate none = [](int) {};
-  if (!pendingOptimizer_) return forwardWith([&] { return run(none); });
-  if ((module_ && !module_->is_training()) || !torch::GradMode::is_enabled()) {  // an evaluation sees every update
-    applyPending();
-    return run(none);
-  }
-  const LayerGate gate = [this](int layer) {
-    if (layer < 0 || layer >= static_cast<int>(layers_.size())) {
-      throw InvalidArgument(strCat("forwardGated: layer index ", layer, " out of range (", layers_.size(), " layers)"));
-    }
-    if (finishedLayers_[layer]) return;
-    applyPendingLayer(layer);
-    ++updatesInForward_;
-  };
-  torch::Tensor x = run(gate);
-  applyPending();
-  beginForward();
-  endForward(x);
-  return x;
 }
 
 void DistributedModel::broadcastBuffers() {

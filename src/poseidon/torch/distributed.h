@@ -254,6 +254,8 @@ class DistributedModel {
   void broadcastBuffers();
   bool groupMode() const { return node_->book().settings().groupMode(); }
   void submitGroupPush(int layer);
+  void initGroups();        // compute groups: the shards take the model (and a resumed state)
+  void synchronizeGroup();  // compute groups: the round's remaining pushes, then wait for them
   // Compute-group mode: the optimizer must be SGD with the job's momentum and weight decay (the
   // shards apply it); its learning rate is taken for the next round.
   void takeGroupOptimizer(torch::optim::Optimizer& optimizer);

@@ -91,27 +91,4 @@ std::string emulatedModelJson(const EmulatedModel& m) {
   return nlohmann::json{{"name", m.name}, {"scale", m.scale}, {"batch", m.batch}, {"layers", layers}}.dump();
 }
 
-const std::vector<std::string>& poseidonSystemBases() {
-  static const std::vector<std::string> bases{"poseidon", "poseidon-overlap", "ps-wfbp", "ps-naive", "adam", "sfb"};
-  return bases;
-}
-
-PoseidonSystem parsePoseidonSystem(const std::string& name) {
-  PoseidonSystem s{name, WirePrecision::kFp32};
-  for (WirePrecision w : {WirePrecision::kBf16, WirePrecision::kFp16}) {
-    const std::string suffix = std::string("-") + wirePrecisionName(w);
-    if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
-      s = {name.substr(0, name.size() - suffix.size()), w};
-    }
-  }
-  const auto& bases = poseidonSystemBases();
-  if (std::find(bases.begin(), bases.end(), s.base) == bases.end()) {
-    throw InvalidArgument("unknown system '" + name + "'");
-  }
-  if (s.base == "adam" && s.wire != WirePrecision::kFp32) {
-    throw InvalidArgument("unknown system '" + name + "' (the adam baseline has no 16-bit wire)");
-  }
-  return s;
-}
-
 }  // namespace poseidon::bench

@@ -38,14 +38,4 @@ const std::vector<std::string>& emulatedModelNames();
 // {"name", "batch", "layers": [{"name", "params": [[shape], ...], "forward_s", "backward_s"}]}
 std::string emulatedModelJson(const EmulatedModel& m);
 
-// A Poseidon system of the bench, with an optional wire suffix: "poseidon-overlap-bf16" is
-// poseidon-overlap with a bf16 wire (JobSettings::wire). Throws InvalidArgument for a name that
-// is not one (the adam baseline has no 16-bit wire).
-struct PoseidonSystem {
-  std::string base;  // poseidon, poseidon-overlap, ps-wfbp, ps-naive, adam, sfb
-  WirePrecision wire = WirePrecision::kFp32;
-};
-PoseidonSystem parsePoseidonSystem(const std::string& name);
-const std::vector<std::string>& poseidonSystemBases();
-
 }  // namespace poseidon::bench

@@ -69,6 +69,12 @@ struct AccuracyHarness {
   // Epochs of the data that `steps` steps need (poseidon train's --epochs).
   int epochsFor(int steps) const;
   AccuracyRun run(const AccuracySystem& sys, const RunExtras& extra = {});
+  // Before the first run (after requireEmulatedCluster): this executable, the stop handlers and a
+  // work directory /tmp/<prefix>-XXXXXX.
+  void prepare(const std::string& prefix);
+  // The results file's config as far as the harness knows it: the command line, the cluster, the
+  // modeled compute, the targets and the link rates (each command adds its own).
+  nlohmann::json config(const std::string& command, const std::vector<double>& rates) const;
   // Reads rank 0's summary into the run's numbers (throws Error when it has no curve); the run
   // started at `startStep`.
   void read(AccuracyRun& r, int startStep = 0) const;

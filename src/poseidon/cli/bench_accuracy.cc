@@ -20,6 +20,7 @@
 
 #include "poseidon/bench/cluster.h"
 #include "poseidon/bench/ranks.h"
+#include "poseidon/bench/systems.h"
 #include "poseidon/cli/accuracy_harness.h"
 #include "poseidon/cli/bench_util.h"
 #include "poseidon/cli/commands.h"
@@ -54,23 +55,25 @@ std::string fmtSeconds(double s) {
 AccuracySystem defaultAccuracySystem(const std::string& name, int nodes) {
   AccuracySystem s;
   s.name = name;
-  if (name.rfind("bsp", 0) == 0) {
-    // bsp, bsp-overlap (the overlapped step), either with -wBYTES (priority links with that send window).
-    std::string rest = name.substr(3);
-    if (rest.rfind("-overlap", 0) == 0) {
-      s.overlapForward = true;
-      rest = rest.substr(std::strlen("-overlap"));
+  // The registry's systems (bench/systems.h): bsp, bsp-overlap (the overlapped step), either with
+  // -wBYTES (priority links with that send window), and ddp.
+  const size_t w = name.rfind("-w");
+  const bool windowed = w != std::string::npos && bench::findAccuracySystem(name.substr(0, w)) != nullptr;
+  const bench::SystemSpec* spec = bench::findAccuracySystem(windowed ? name.substr(0, w) : name);
+  const std::string bspError =
+      "unknown system '" + name + "' (expected bsp, bsp-overlap, or either with -wBYTES, e.g. bsp-overlap-w16384)";
+  if (spec && !spec->ddp) {
+    s.overlapForward = spec->overlapForward;
+    if (windowed) {
+      const std::string bytes = name.substr(w + 2);
+      if (bytes.empty()) throw InvalidArgument(bspError);
+      s.sendWindow = static_cast<int>(
+          parseIntIn("the send window of system " + name, bytes, IntRange::closed(Van::kMinSendWindow, 1 << 30)));
     }
-    if (rest.empty()) return s;
-    if (rest.size() < 3 || rest.compare(0, 2, "-w") != 0) {
-      throw InvalidArgument("unknown system '" + name +
-                            "' (expected bsp, bsp-overlap, or either with -wBYTES, e.g. bsp-overlap-w16384)");
-    }
-    s.sendWindow = static_cast<int>(parseIntIn("the send window of system " + name, rest.substr(2),
-                                               IntRange::closed(Van::kMinSendWindow, 1 << 30)));
     return s;
   }
-  if (name == "ddp") {
+  if (name.rfind("bsp", 0) == 0) throw InvalidArgument(bspError);
+  if (spec && !windowed) {  // ddp
     s.groups = -1;
     return s;
   }
@@ -128,6 +131,24 @@ nlohmann::json AccuracyRun::toJson() const {
 
 AccuracyHarness::AccuracyHarness() : secret(randomSecret()) {}
 
+void AccuracyHarness::prepare(const std::string& prefix) {
+  exe = selfExecutable();
+  work = startEmulatedRuns(prefix);
+}
+
+nlohmann::json AccuracyHarness::config(const std::string& command, const std::vector<double>& rates) const {
+  return {{"command", command},
+          {"nodes", nodes},
+          {"batch", batch},
+          {"pad_ms", padMs},
+          {"pair_bytes", pairBytes},
+          {"host_cores", static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))},
+          {"target_accuracy", targetAccuracy},
+          {"target_loss", targetLoss},
+          {"rates_mbit", rates},
+          {"seed", seed}};
+}
+
 int AccuracyHarness::epochsFor(int n) const {
   int64_t perRank = (60000 + nodes - 1) / nodes, perEpoch = (perRank + batch - 1) / batch;
   return static_cast<int>((n + perEpoch - 1) / perEpoch);
@@ -145,74 +166,34 @@ AccuracyRun AccuracyHarness::run(const AccuracySystem& sys, const RunExtras& ext
   std::vector<SpawnOptions> ranks;
   for (int i = 0; i < nodes; ++i) {
     SpawnOptions so = bench::rankSpawn(*cluster, i, nodes, p, secret, strCat(base, "-", i, ".log"));
+    // What both trainers take alike: the hyperparameters, the data order, the modeled compute, the curve.
+    const std::vector<std::string> shared = {
+        "--batch",       std::to_string(batch), "--lr",     strCat(sys.lr), "--momentum",      strCat(sys.momentum),
+        "--seed",        std::to_string(seed),  "--pad-ms", strCat(padMs),  "--pad-jitter-ms", strCat(padJitterMs),
+        "--curve-every", std::to_string(every)};
+    std::vector<std::string> data;
+    if (!dataDir.empty()) data = {"--data", dataDir};
     if (sys.groups < 0) {
-      so.argv = {"/usr/bin/python3",
-                 ddpScript,
-                 "--batch",
-                 std::to_string(batch),
-                 "--lr",
-                 strCat(sys.lr),
-                 "--momentum",
-                 strCat(sys.momentum),
-                 "--seed",
-                 std::to_string(seed),
-                 "--steps",
-                 std::to_string(maxSteps),
-                 "--pad-ms",
-                 strCat(padMs),
-                 "--pad-jitter-ms",
-                 strCat(padJitterMs),
-                 "--curve-every",
-                 std::to_string(every),
-                 "--timeout",
-                 std::to_string(timeoutS),
-                 "--out",
-                 base + ".json"};
-      if (!dataDir.empty()) so.argv.insert(so.argv.end(), {"--data", dataDir});
+      so.argv = {"/usr/bin/python3", ddpScript};
+      so.argv.insert(so.argv.end(), shared.begin(), shared.end());
+      so.argv.insert(so.argv.end(), {"--steps", std::to_string(maxSteps), "--timeout", std::to_string(timeoutS),
+                                     "--out", base + ".json"});
+      so.argv.insert(so.argv.end(), data.begin(), data.end());
     } else {
-      so.argv = {exe,
-                 "train",
-                 "--model",
-                 "lenet",
-                 "--batch",
-                 std::to_string(batch),
-                 "--lr",
-                 strCat(sys.lr),
-                 "--momentum",
-                 strCat(sys.momentum),
-                 "--seed",
-                 std::to_string(seed),
-                 "--epochs",
-                 std::to_string(epochsFor(maxSteps)),
-                 "--max-steps",
-                 std::to_string(maxSteps),
-                 "--pad-ms",
-                 strCat(padMs),
-                 "--pad-jitter-ms",
-                 strCat(padJitterMs),
-                 "--curve-every",
-                 std::to_string(every),
-                 "--pair-bytes",
-                 std::to_string(pairBytes),
-                 "--threads",
-                 "1",
-                 "--bind",
-                 cluster->nodeAddress(i),
-                 "--timeout",
-                 std::to_string(timeoutS * 1000),
-                 "--quiet",
-                 // Fixed hyperparameters, as DDP's runs have them (no warm-up); a run that diverges is a
-                 // result (it stops there; its JSON and line say so), not a failed run.
-                 "--warmup-steps",
-                 "0",
-                 "--allow-divergence",
-                 "--summary",
-                 base + ".json"};
+      so.argv = {exe, "train", "--model", "lenet"};
+      so.argv.insert(so.argv.end(), shared.begin(), shared.end());
+      so.argv.insert(so.argv.end(),
+                     {"--epochs", std::to_string(epochsFor(maxSteps)), "--max-steps", std::to_string(maxSteps),
+                      "--pair-bytes", std::to_string(pairBytes), "--threads", "1", "--bind", cluster->nodeAddress(i),
+                      "--timeout", std::to_string(timeoutS * 1000), "--quiet",
+                      // Fixed hyperparameters, as DDP's runs have them (no warm-up); a run that diverges is a
+                      // result (it stops there; its JSON and line say so), not a failed run.
+                      "--warmup-steps", "0", "--allow-divergence", "--summary", base + ".json"});
       if (sys.groups > 0) so.argv.insert(so.argv.end(), {"--groups", std::to_string(sys.groups)});
       if (sys.mergedFc) so.argv.push_back("--merged-fc");
       if (sys.overlapForward) so.argv.push_back("--overlap-forward");
       if (sys.sendWindow > 0) so.argv.insert(so.argv.end(), {"--send-window", std::to_string(sys.sendWindow)});
-      if (!dataDir.empty()) so.argv.insert(so.argv.end(), {"--data", dataDir});
+      so.argv.insert(so.argv.end(), data.begin(), data.end());
       so.argv.insert(so.argv.end(), extra.trainArgs.begin(), extra.trainArgs.end());
     }
     ranks.push_back(std::move(so));
@@ -377,68 +358,55 @@ void writePlots(const std::string& dir, const nlohmann::json& result) {
   }
 }
 
-}  // namespace
-
-int benchAccuracyCommand(const std::vector<std::string>& args) {
+// poseidon bench --accuracy's settings, as its flags set them.
+struct AccuracyArgs {
   std::string systemsFlag = "bsp,g1,g2,g4,g8,ddp", ratesFlag = "100,30";
   std::string hyperFlag, jsonPath, mdPath, plotDir, ddpScript;
   AccuracyHarness h;
   int64_t seed = 1;
   bool keep = false;
-  FlagSet flags("bench --accuracy", "poseidon bench --accuracy [--systems LIST] [--rates LIST] [flags]",
-                "Time to accuracy on the emulated cluster (needs root), with real training: LeNet on Fashion-MNIST,\n"
-                "one process per node in its network namespace, links shaped with tc tbf. Every step's compute\n"
-                "(forward + backward) is padded to --pad-ms, a modeled device, so that many workers on a few cores\n"
-                "do not set the pace; steps whose real compute took longer are counted (overruns). Systems: bsp\n"
-                "(Poseidon, WFBP + hybrid), gG (Omnivore's compute groups: G groups, asynchronous across), gGfc\n"
-                "(gG with merged FC: the FC layers on one FC server), ddp (PyTorch DDP, bench/ddp_train.py).\n"
-                "Default lr and momentum per system: Table III's best (gGfc: gG's)\n"
-                "(bench/results/momentum_grid.md); --hyper overrides. Reports time and steps to the target test\n"
-                "accuracy and training loss, the curves (--plots) and every run (--json).");
-  flags.addString("systems", &systemsFlag,
+};
+
+void addAccuracyFlags(FlagSet& flags, AccuracyArgs& a) {
+  flags.addString("systems", &a.systemsFlag,
                   "comma-separated systems: bsp, bsp-overlap (bsp with the overlapped step, --overlap-forward), "
                   "either with -wBYTES (priority links with that send window, --send-window: bsp-w16384), ddp, "
                   "gG (G divides --nodes), gGfc (gG with merged FC)",
                   "LIST");
-  flags.addString("rates", &ratesFlag, "comma-separated link rates in Mbit/s, > 0", "LIST");
-  flags.addInt("nodes", &h.nodes, "nodes (workers), one process each", "N", IntRange::closed(2, 64));
-  flags.addInt64("batch", &h.batch, "per-worker batch", "K", IntRange::closed(1, 60000));
-  flags.addDouble("pad-ms", &h.padMs, "modeled compute time per step, in milliseconds", "MS", RealRange::atLeast(0));
-  flags.addInt64("pair-bytes", &h.pairBytes,
+  flags.addString("rates", &a.ratesFlag, "comma-separated link rates in Mbit/s, > 0", "LIST");
+  flags.addInt("nodes", &a.h.nodes, "nodes (workers), one process each", "N", IntRange::closed(2, 64));
+  flags.addInt64("batch", &a.h.batch, "per-worker batch", "K", IntRange::closed(1, 60000));
+  flags.addDouble("pad-ms", &a.h.padMs, "modeled compute time per step, in milliseconds", "MS", RealRange::atLeast(0));
+  flags.addInt64("pair-bytes", &a.h.pairBytes,
                  "Poseidon's KV pair size (in one 2 MB pair LeNet's ip1, 1.6 MB, would sit on one shard)", "BYTES",
                  IntRange::closed(kMinPairBytes, kMaxPairBytes));
-  flags.addDouble("pad-jitter-ms", &h.padJitterMs,
+  flags.addDouble("pad-jitter-ms", &a.h.padJitterMs,
                   "add to each step's pad an exponential wait of this mean (per rank): varying step times, "
                   "stragglers, Theorem 1's assumption",
                   "MS", RealRange::atLeast(0));
-  flags.addInt("steps", &h.steps, "training steps per run", "N", IntRange::atLeast(1));
-  flags.addInt("curve-every", &h.curveEvery, "steps between the model copies tested for the curve", "N",
+  flags.addInt("steps", &a.h.steps, "training steps per run", "N", IntRange::atLeast(1));
+  flags.addInt("curve-every", &a.h.curveEvery, "steps between the model copies tested for the curve", "N",
                IntRange::atLeast(1));
-  flags.addDouble("target-accuracy", &h.targetAccuracy, "target test accuracy", "A", RealRange::leftOpen(0, 1));
-  flags.addDouble("target-loss", &h.targetLoss, "target training loss", "L", RealRange::above(0));
-  flags.addString("hyper", &hyperFlag, "per-system lr and momentum, e.g. g4=0.05:0.3,ddp=0.05:0.9", "LIST");
-  flags.addInt64("seed", &seed, "seed of the data order (and of Poseidon's initial weights)", "S",
+  flags.addDouble("target-accuracy", &a.h.targetAccuracy, "target test accuracy", "A", RealRange::leftOpen(0, 1));
+  flags.addDouble("target-loss", &a.h.targetLoss, "target training loss", "L", RealRange::above(0));
+  flags.addString("hyper", &a.hyperFlag, "per-system lr and momentum, e.g. g4=0.05:0.3,ddp=0.05:0.9", "LIST");
+  flags.addInt64("seed", &a.seed, "seed of the data order (and of Poseidon's initial weights)", "S",
                  IntRange::atLeast(0));
-  flags.addString("data", &h.dataDir, "Fashion-MNIST directory (default: Debian's)", "DIR");
-  flags.addInt("run-timeout", &h.timeoutS, "seconds before a run is declared failed", "S", IntRange::closed(1, 86400));
-  flags.addString("json", &jsonPath, "write all results as JSON to FILE", "FILE");
-  flags.addString("markdown", &mdPath, "write the tables as Markdown to FILE", "FILE");
-  flags.addString("plots", &plotDir, "write accuracy and loss curves (PNG, gnuplot) into DIR", "DIR");
-  flags.addString("ddp-script", &ddpScript, "path to bench/ddp_train.py", "FILE");
-  flags.addBool("keep", &keep, "keep the per-rank logs and summaries (printed path)");
-  flags.parse(args);
-  if (flags.helpRequested()) {
-    std::cout << flags.helpText();
-    return 0;
-  }
-  h.seed = static_cast<uint64_t>(seed);
-  if (h.steps < h.curveEvery) {
-    throw InvalidArgument(
-        strCat("--steps ", h.steps, " is less than --curve-every ", h.curveEvery, ": no curve point"));
-  }
+  flags.addString("data", &a.h.dataDir, "Fashion-MNIST directory (default: Debian's)", "DIR");
+  flags.addInt("run-timeout", &a.h.timeoutS, "seconds before a run is declared failed", "S",
+               IntRange::closed(1, 86400));
+  flags.addString("json", &a.jsonPath, "write all results as JSON to FILE", "FILE");
+  flags.addString("markdown", &a.mdPath, "write the tables as Markdown to FILE", "FILE");
+  flags.addString("plots", &a.plotDir, "write accuracy and loss curves (PNG, gnuplot) into DIR", "DIR");
+  flags.addString("ddp-script", &a.ddpScript, "path to bench/ddp_train.py", "FILE");
+  flags.addBool("keep", &a.keep, "keep the per-rank logs and summaries (printed path)");
+}
+
+// --systems with their default hyperparameters, and --hyper's overrides.
+std::vector<AccuracySystem> accuracySystems(const AccuracyArgs& a) {
   std::vector<AccuracySystem> systems;
-  for (const auto& s : splitList(systemsFlag)) systems.push_back(defaultAccuracySystem(s, h.nodes));
-  for (const auto& item : splitList(hyperFlag)) {
+  for (const auto& s : splitList(a.systemsFlag)) systems.push_back(defaultAccuracySystem(s, a.h.nodes));
+  for (const auto& item : splitList(a.hyperFlag)) {
     size_t eq = item.find('='), colon = item.find(':');
     if (eq == std::string::npos || colon == std::string::npos || colon < eq) {
       throw InvalidArgument("each --hyper entry is SYSTEM=LR:MOMENTUM, got '" + item + "'");
@@ -449,73 +417,88 @@ int benchAccuracyCommand(const std::vector<std::string>& args) {
     it->lr = parseRealIn("--hyper's lr of " + name, item.substr(eq + 1, colon - eq - 1), RealRange::above(0));
     it->momentum = parseRealIn("--hyper's momentum of " + name, item.substr(colon + 1), RealRange::rightOpen(0, 1));
   }
-  std::vector<double> rates;
-  for (const auto& r : splitList(ratesFlag)) {
-    rates.push_back(parseRealIn("each --rates entry (Mbit/s)", r, RealRange::above(0)));
-  }
-  if (systems.empty() || rates.empty()) throw InvalidArgument("--systems and --rates must not be empty");
+  return systems;
+}
 
-  std::string why;
-  if (!EmulatedCluster::available(&why)) throw Error(why);
-  h.exe = selfExecutable();
-  if (std::any_of(systems.begin(), systems.end(), [](const AccuracySystem& s) { return s.groups < 0; })) {
-    h.ddpScript = findDdpScript(ddpScript, "ddp_train.py");
-  }
-  h.work = makeWorkDir("poseidon-accuracy");
-  installStopHandlers();
-
-  std::string command = "poseidon bench --accuracy";
-  for (const auto& a : args) command += " " + a;
-  nlohmann::json result;
-  result["config"] = {{"command", command},
-                      {"nodes", h.nodes},
-                      {"batch", h.batch},
-                      {"pad_ms", h.padMs},
-                      {"pad_jitter_ms", h.padJitterMs},
-                      {"steps", h.steps},
-                      {"curve_every", h.curveEvery},
-                      {"pair_bytes", h.pairBytes},
-                      {"host_cores", static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))},
-                      {"target_accuracy", h.targetAccuracy},
-                      {"target_loss", h.targetLoss},
-                      {"rates_mbit", rates},
-                      {"seed", seed}};
+// Every system at every rate on one emulated cluster (removed when this returns or throws).
+nlohmann::json runAccuracy(AccuracyHarness& h, const std::vector<AccuracySystem>& systems,
+                           const std::vector<double>& rates, bool& allOk) {
   nlohmann::json runs = nlohmann::json::array();
+  EmulatedCluster cluster(h.nodes, bench::LinkSpec{rates.front(), 0});
+  h.cluster = &cluster;
+  std::printf(
+      "poseidon bench --accuracy: %d-node emulated cluster, LeNet on Fashion-MNIST, batch %lld per worker, "
+      "compute padded to %g ms%s, %d steps per run\n",
+      h.nodes, static_cast<long long>(h.batch), h.padMs,
+      h.padJitterMs > 0 ? strCat(" + exponential jitter of mean ", h.padJitterMs, " ms").c_str() : "", h.steps);
+  for (double rate : rates) {
+    cluster.setLink({rate, 0});
+    for (const auto& s : systems) {
+      AccuracyRun r = h.run(s);
+      allOk = allOk && r.ok;
+      runs.push_back(r.toJson());
+    }
+  }
+  h.cluster = nullptr;
+  return runs;
+}
+
+}  // namespace
+
+int benchAccuracyCommand(const std::vector<std::string>& args) {
+  AccuracyArgs a;
+  AccuracyHarness& h = a.h;
+  FlagSet flags("bench --accuracy", "poseidon bench --accuracy [--systems LIST] [--rates LIST] [flags]",
+                "Time to accuracy on the emulated cluster (needs root), with real training: LeNet on Fashion-MNIST,\n"
+                "one process per node in its network namespace, links shaped with tc tbf. Every step's compute\n"
+                "(forward + backward) is padded to --pad-ms, a modeled device, so that many workers on a few cores\n"
+                "do not set the pace; steps whose real compute took longer are counted (overruns). Systems: bsp\n"
+                "(Poseidon, WFBP + hybrid), gG (Omnivore's compute groups: G groups, asynchronous across), gGfc\n"
+                "(gG with merged FC: the FC layers on one FC server), ddp (PyTorch DDP, bench/ddp_train.py).\n"
+                "Default lr and momentum per system: Table III's best (gGfc: gG's)\n"
+                "(bench/results/momentum_grid.md); --hyper overrides. Reports time and steps to the target test\n"
+                "accuracy and training loss, the curves (--plots) and every run (--json).");
+  addAccuracyFlags(flags, a);
+  flags.parse(args);
+  if (flags.helpRequested()) {
+    std::cout << flags.helpText();
+    return 0;
+  }
+  h.seed = static_cast<uint64_t>(a.seed);
+  if (h.steps < h.curveEvery) {
+    throw InvalidArgument(
+        strCat("--steps ", h.steps, " is less than --curve-every ", h.curveEvery, ": no curve point"));
+  }
+  const std::vector<AccuracySystem> systems = accuracySystems(a);
+  const std::vector<double> rates = parseRates(a.ratesFlag);
+  if (systems.empty() || rates.empty()) throw InvalidArgument("--systems and --rates must not be empty");
+  requireEmulatedCluster();
+
+  if (std::any_of(systems.begin(), systems.end(), [](const AccuracySystem& s) { return s.groups < 0; })) {
+    h.ddpScript = findDdpScript(a.ddpScript, "ddp_train.py");
+  }
+  h.prepare("poseidon-accuracy");
+
+  nlohmann::json result;
+  result["config"] = h.config(commandLine("poseidon bench --accuracy", args), rates);
+  result["config"].update({{"pad_jitter_ms", h.padJitterMs}, {"steps", h.steps}, {"curve_every", h.curveEvery}});
   bool allOk = true;
   auto t0 = std::chrono::steady_clock::now();
-  {
-    EmulatedCluster cluster(h.nodes, bench::LinkSpec{rates.front(), 0});
-    h.cluster = &cluster;
-    std::printf(
-        "poseidon bench --accuracy: %d-node emulated cluster, LeNet on Fashion-MNIST, batch %lld per worker, "
-        "compute padded to %g ms%s, %d steps per run\n",
-        h.nodes, static_cast<long long>(h.batch), h.padMs,
-        h.padJitterMs > 0 ? strCat(" + exponential jitter of mean ", h.padJitterMs, " ms").c_str() : "", h.steps);
-    for (double rate : rates) {
-      cluster.setLink({rate, 0});
-      for (const auto& s : systems) {
-        AccuracyRun r = h.run(s);
-        allOk = allOk && r.ok;
-        runs.push_back(r.toJson());
-      }
-    }
-    h.cluster = nullptr;
-  }
-  result["runs"] = runs;
+  result["runs"] = runAccuracy(h, systems, rates, allOk);
   result["wall_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!jsonPath.empty()) {
-    std::ofstream(jsonPath) << result.dump(2) << "\n";
-    std::printf("results: %s\n", jsonPath.c_str());
+  if (!a.jsonPath.empty()) {
+    std::ofstream(a.jsonPath) << result.dump(2) << "\n";
+    std::printf("results: %s\n", a.jsonPath.c_str());
   }
-  if (!mdPath.empty()) {
-    writeMarkdown(mdPath, result);
-    std::printf("table: %s\n", mdPath.c_str());
+  if (!a.mdPath.empty()) {
+    writeMarkdown(a.mdPath, result);
+    std::printf("table: %s\n", a.mdPath.c_str());
   }
-  if (!plotDir.empty()) {
-    writePlots(plotDir, result);
-    std::printf("plots: %s\n", plotDir.c_str());
+  if (!a.plotDir.empty()) {
+    writePlots(a.plotDir, result);
+    std::printf("plots: %s\n", a.plotDir.c_str());
   }
-  if (keep)
+  if (a.keep)
     std::printf("logs: %s\n", h.work.c_str());
   else
     fs::remove_all(h.work);

@@ -25,6 +25,7 @@
 #include "poseidon/bench/emulation.h"
 #include "poseidon/bench/ranks.h"
 #include "poseidon/bench/report.h"
+#include "poseidon/bench/systems.h"
 #include "poseidon/cli/bench_util.h"
 #include "poseidon/cli/commands.h"
 #include "poseidon/cli/flags.h"
@@ -78,6 +79,19 @@ std::string makeWorkDir(const std::string& prefix) {
   return tmpl;
 }
 
+std::vector<double> parseRates(const std::string& flag) {
+  std::vector<double> rates;
+  for (const auto& r : splitList(flag))
+    rates.push_back(parseRealIn("each --rates entry (Mbit/s)", r, RealRange::above(0)));
+  return rates;
+}
+
+std::string commandLine(const std::string& command, const std::vector<std::string>& args) {
+  std::string line = command;
+  for (const auto& a : args) line += " " + a;
+  return line;
+}
+
 std::atomic<int> gStop{0};
 
 namespace {
@@ -93,12 +107,23 @@ void installStopHandlers() {
   sigaction(SIGHUP, &sa, nullptr);
 }
 
+void requireEmulatedCluster() {
+  std::string why;
+  if (!EmulatedCluster::available(&why)) throw Error(why);
+}
+
+std::string startEmulatedRuns(const std::string& prefix) {
+  std::string work = makeWorkDir(prefix);
+  installStopHandlers();
+  return work;
+}
+
 namespace {
 
-const std::vector<std::string> kDdpSystems{"ddp", "ddp-tuned", "ddp-fp16", "ddp-powersgd1", "ddp-powersgd4"};
 // ddp-tuned's sweep of the bucket cap, MB at full width (scaled by s^2 like the default 25 MB).
 const std::vector<double> kTunedBucketsMb{1, 5, 25};
-bool isDdp(const std::string& s) { return s.rfind("ddp", 0) == 0; }
+// Whether a system (a valid name: bench/systems.h) is one of PyTorch DDP's.
+bool isDdp(const std::string& s) { return bench::parseBenchSystem(s).spec->ddp; }
 
 struct Harness {
   std::string exe, ddpScript, work;
@@ -338,6 +363,276 @@ struct Harness {
   }
 };
 
+// poseidon bench's settings, as its flags set them.
+struct BenchArgs {
+  std::string modelsFlag = "vgg19,vgg19-22k,googlenet,resnet-152,alexnet";
+  std::string systemsFlag = "poseidon,ps-wfbp,ps-naive,adam,ddp,ddp-fp16,ddp-powersgd1,ddp-powersgd4";
+  std::string nodesFlag = "1,2,4,8", ratesFlag = "1000,300,100,30", devicesFlag = "gpu";
+  std::string jsonPath, mdPath, plotDir, ddpScript, bisectSystems, reportFrom, traceDir;
+  double scale = 0.1, latencyMs = 0;
+  int iterations = 8, warmup = 3, timeoutS = 150, retries = 1, repeat = 1, rcvbuf = 0, sendWindow = 0;
+  int ioThreads = NodeOptions{}.ioThreads;
+  bool quick = false, keep = false, accuracyMode = false;
+};
+
+// What to run: models, systems, cluster sizes, links, iterations.
+void addWhatToRunFlags(FlagSet& flags, BenchArgs& a) {
+  flags.addBool("accuracy", &a.accuracyMode,  // handled by benchCommand before parsing; listed for --help
+                "time-to-accuracy mode: real training (LeNet on Fashion-MNIST) on the emulated cluster, padded "
+                "compute, Poseidon BSP, compute groups and DDP (see poseidon bench --accuracy --help)");
+  flags.addBool("quick", &a.quick, "vgg19, 1 and 8 nodes, 100 and 30 Mbit/s, poseidon vs ddp, 5 iterations (< 10 min)");
+  flags.addString("models", &a.modelsFlag, "comma-separated emulated models", "LIST");
+  flags.addString("systems", &a.systemsFlag, "comma-separated systems", "LIST");
+  flags.addString("nodes", &a.nodesFlag, "comma-separated cluster sizes in [1, 64] (1 is the speedup baseline)",
+                  "LIST");
+  flags.addString("rates", &a.ratesFlag, "comma-separated link rates in Mbit/s, > 0 (tc tbf)", "LIST");
+  flags.addDouble("latency-ms", &a.latencyMs, "added one-way latency per link (netem)", "MS", RealRange::atLeast(0));
+  flags.addDouble("scale", &a.scale, "width scale s (link rates represent rate / s^2 at full width)", "S",
+                  RealRange::leftOpen(0, 1));
+  flags.addInt("iterations", &a.iterations, "measured iterations per run", "N", IntRange::atLeast(1));
+  flags.addInt("warmup", &a.warmup, "warm-up iterations per run (not measured)", "N", IntRange::atLeast(0));
+  // The ranks get it in milliseconds (bench-worker --timeout), an int.
+  flags.addInt("run-timeout", &a.timeoutS, "seconds before a run is declared failed", "S",
+               IntRange::closed(1, std::numeric_limits<int>::max() / 1000));
+  flags.addInt("retries", &a.retries, "times a failed run is tried again (recorded in the results)", "N",
+               IntRange::atLeast(0));
+  flags.addString("bisect", &a.bisectSystems,
+                  "comma-separated systems: bisect the minimum link rate for 90% efficiency at the largest size "
+                  "(first model)",
+                  "LIST");
+}
+
+// Runs per point, where Poseidon's own work is charged, and the runtime's knobs.
+void addRuntimeFlags(FlagSet& flags, BenchArgs& a) {
+  flags.addInt("repeat", &a.repeat,
+               "runs per point: the tables give the median (the upper middle run for an even N), min and max, and "
+               "the slowest rank",
+               "N", IntRange::closed(1, 100));
+  flags.addString("device", &a.devicesFlag,
+                  "comma-separated device models on which the runtime's own work (SFB reconstruction, server sums, "
+                  "CURVE encryption) is charged at full width: gpu (Titan X GEMM; sums and encryption at this "
+                  "machine's one-core rates), cpu:C (C cores of this machine), none (real time at width s); "
+                  "Poseidon's systems run once per device, as SYSTEM@DEVICE after the first",
+                  "LIST");
+  flags.addInt("tcp-rcvbuf", &a.rcvbuf,
+               "TCP receive buffer per connection into each Poseidon rank, bytes at width s (0: the OS default); "
+               "bounds each sender's window against incast at 16-32 nodes (docs/bench.md)",
+               "BYTES", IntRange::closed(0, 1 << 30));
+  flags.addInt("send-window", &a.sendWindow,
+               "the poseidon-overlap systems' kernel send window per connection, bytes at width s (0: their "
+               "default, 1 MB x s^2; docs/scheduling.md)",
+               "BYTES", IntRange::closed(4096, 1 << 30).orOff(0));
+  flags.addInt("io-threads", &a.ioThreads,
+               "ZeroMQ I/O threads per Poseidon rank (the runtime's default); CURVE's encryption is charged on "
+               "them, each connection on one",
+               "N", IntRange::closed(1, 64));
+}
+
+// The results it writes.
+void addOutputFlags(FlagSet& flags, BenchArgs& a) {
+  flags.addString("json", &a.jsonPath, "write all results as JSON to FILE", "FILE");
+  flags.addString("markdown", &a.mdPath, "write the result tables as Markdown to FILE", "FILE");
+  flags.addString("plots", &a.plotDir, "write speedup and traffic plots (PNG, gnuplot) into DIR", "DIR");
+}
+
+// Reports from an earlier run, traces, the DDP script, the logs.
+void addReportFlags(FlagSet& flags, BenchArgs& a) {
+  flags.addString("report-from", &a.reportFrom,
+                  "run nothing: write --markdown and --plots from the results JSON of an earlier run", "FILE");
+  flags.addString("trace", &a.traceDir,
+                  "write one Chrome trace per Poseidon run into DIR (every rank: emulated compute, each layer's "
+                  "send and receive, the wait for the sync; chrome://tracing or Perfetto)",
+                  "DIR");
+  flags.addString("ddp-script", &a.ddpScript, "path to bench/ddp_worker.py", "FILE");
+  flags.addBool("keep", &a.keep, "keep the per-rank logs and results (printed path)");
+}
+
+// --report-from: the tables and plots of an earlier run's results.
+int reportFromFile(const BenchArgs& a) {
+  if (a.mdPath.empty() && a.plotDir.empty()) throw InvalidArgument("--report-from needs --markdown or --plots");
+  std::ifstream in(a.reportFrom);
+  if (!in) throw InvalidArgument("--report-from: cannot read " + a.reportFrom);
+  nlohmann::json result;
+  try {
+    result = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    throw InvalidArgument(strCat(a.reportFrom, " is not a results JSON of poseidon bench: ", e.what()));
+  }
+  if (!result.contains("config") || !result.contains("runs"))
+    throw InvalidArgument(a.reportFrom + " is not a results JSON of poseidon bench (no config or runs)");
+  if (!a.mdPath.empty()) bench::writeMarkdown(a.mdPath, result);
+  if (!a.plotDir.empty()) bench::writePlots(a.plotDir, result);
+  return 0;
+}
+
+// The run's lists, checked, and each device's model.
+struct BenchPlan {
+  std::vector<std::string> models, systems, devices, labels;  // labels: systems, once per device for Poseidon's
+  std::vector<int> nodes;
+  std::vector<double> rates;
+  bench::MachineRates machine;
+  bool charging = false;
+  std::map<std::string, DeviceModel> deviceModels;
+};
+
+BenchPlan planBench(const BenchArgs& a) {
+  BenchPlan p;
+  p.models = splitList(a.modelsFlag);
+  p.systems = splitList(a.systemsFlag);
+  for (const auto& n : splitList(a.nodesFlag)) {
+    p.nodes.push_back(static_cast<int>(parseIntIn("each --nodes entry", n, IntRange::closed(1, 64))));
+  }
+  std::sort(p.nodes.begin(), p.nodes.end());
+  p.rates = parseRates(a.ratesFlag);
+  for (const auto& s : p.systems) {
+    const bench::SystemChoice c = bench::parseBenchSystem(s);  // throws for unknown names
+    // Its iterations carry the previous one's tail: the first measured one needs one before it.
+    if (c.spec->overlapForward && a.warmup < 1) {
+      throw InvalidArgument(c.base() + " needs --warmup 1 or more (each iteration carries the one before's tail)");
+    }
+  }
+  p.devices = splitList(a.devicesFlag);
+  if (p.models.empty() || p.systems.empty() || p.nodes.empty() || p.rates.empty() || p.devices.empty())
+    throw InvalidArgument("empty list flag");
+  p.charging = std::any_of(p.devices.begin(), p.devices.end(), [](const std::string& d) { return d != "none"; });
+  for (const auto& d : p.devices) p.deviceModels[d] = bench::deviceFor(d, a.scale, p.machine);  // validates the names
+  if (p.charging) {
+    p.machine = bench::measureMachineRates();
+    for (const auto& d : p.devices) p.deviceModels[d] = bench::deviceFor(d, a.scale, p.machine);
+  }
+  // Poseidon's systems once per device: the first device's under the plain name.
+  for (const auto& s : p.systems) {
+    p.labels.push_back(s);
+    if (!isDdp(s))
+      for (size_t i = 1; i < p.devices.size(); ++i) p.labels.push_back(s + "@" + p.devices[i]);
+  }
+  for (const auto& m : p.models) bench::emulatedModel(m, a.scale);  // validate names early
+  return p;
+}
+
+nlohmann::json benchConfig(const BenchArgs& a, const BenchPlan& p, const std::vector<std::string>& args) {
+  nlohmann::json config = {{"command", commandLine("poseidon bench", args)},
+                           {"scale", a.scale},
+                           {"iterations", a.iterations},
+                           {"warmup", a.warmup},
+                           {"latency_ms", a.latencyMs},
+                           {"models", p.models},
+                           {"systems", p.labels},
+                           {"nodes", p.nodes},
+                           {"rates_mbit", p.rates},
+                           {"repeat", a.repeat},
+                           {"tcp_rcvbuf", a.rcvbuf},
+                           {"io_threads", a.ioThreads},
+                           {"send_window", a.sendWindow},
+                           // every emulated node ran here: what the planner's --check needs to know
+                           {"host_cores", std::max(1u, std::thread::hardware_concurrency())}};
+  nlohmann::json devicesJson = nlohmann::json::array();
+  for (const auto& d : p.devices) {
+    const DeviceModel& dm = p.deviceModels.at(d);
+    devicesJson.push_back({{"name", d}, {"gemm_flops", dm.gemmFlops}, {"sum_bytes_per_s", dm.sumBytes},
+                           {"crypto_bytes_per_s", dm.cryptoBytes}});
+  }
+  config["devices"] = devicesJson;
+  config["machine_one_core"] = {{"gemm_flops", p.machine.gemmFlops},
+                                {"sum_bytes_per_s", p.machine.sumBytes},
+                                {"crypto_bytes_per_s", p.machine.cryptoBytes}};
+  return config;
+}
+
+// --bisect: the minimum link rate for 90% efficiency at the largest size, for the first model.
+nlohmann::json bisectRates(Harness& h, EmulatedCluster& cluster, const BenchArgs& a, const BenchPlan& p,
+                           const std::vector<RunResult>& runs) {
+  const std::string& m = p.models.front();
+  const int n = p.nodes.back();
+  nlohmann::json mins;
+  for (const auto& s : splitList(a.bisectSystems)) {
+    double base = 0;
+    for (const auto& b : runs)
+      if (b.ok && b.nodes == 1 && b.model == m && b.system == s) base = b.iterSeconds;
+    if (base == 0) continue;
+    double lo = 5, hi = 2000;
+    std::printf("bisecting %s on %s at %d nodes\n", s.c_str(), m.c_str(), n);
+    for (int step = 0; step < 7; ++step) {
+      double mid = std::sqrt(lo * hi);
+      cluster.setLink({mid, a.latencyMs});
+      RunResult r = h.run(m, s, n);
+      bool good = r.ok && n * base / r.iterSeconds >= 0.9 * n;
+      (good ? hi : lo) = mid;
+    }
+    mins[s] = hi;
+  }
+  return {{"model", m}, {"nodes", n}, {"efficiency", 0.9}, {"min_mbit", mins}};
+}
+
+// Every point on one emulated cluster (removed when this returns or throws); the bisection, if asked.
+std::vector<RunResult> runAll(Harness& h, const BenchArgs& a, const BenchPlan& p, nlohmann::json& result) {
+  std::vector<RunResult> runs;
+  EmulatedCluster cluster(p.nodes.back(), bench::LinkSpec{p.rates.front(), a.latencyMs});
+  h.cluster = &cluster;
+  std::printf("poseidon bench: %d-node emulated cluster, models %s, systems %s, s = %g, %d run%s per point\n",
+              p.nodes.back(), a.modelsFlag.c_str(), a.systemsFlag.c_str(), a.scale, a.repeat, a.repeat > 1 ? "s" : "");
+  if (p.charging) {
+    std::printf("this machine, one core: GEMM %.1f GFLOP/s, server sums %.2f GB/s, CURVE encryption %.2f GB/s\n",
+                p.machine.gemmFlops / 1e9, p.machine.sumBytes / 1e9, p.machine.cryptoBytes / 1e9);
+    for (const auto& d : p.devices) {
+      const DeviceModel& dm = p.deviceModels.at(d);
+      std::printf("device %s: the runtime's own work charged at full width (GEMM %.1f GFLOP/s%s)\n", d.c_str(),
+                  dm.gemmFlops / 1e9, dm.charges() ? "" : "; nothing charged");
+    }
+  }
+  for (const auto& m : p.models) {
+    const EmulatedModel& em = h.model(m);
+    std::printf("%s: %lld params at s = %g, K = %lld per worker, %.3f s compute per iteration (%s)\n", m.c_str(),
+                static_cast<long long>(em.desc.numel()), a.scale, static_cast<long long>(em.batch), em.computeSeconds(),
+                em.timeSource.c_str());
+    std::fflush(stdout);
+    if (p.nodes.front() == 1)
+      for (const auto& s : p.labels) runs.push_back(h.run(m, s, 1));
+    for (double rate : p.rates) {
+      cluster.setLink({rate, a.latencyMs});
+      for (const auto& s : p.labels)
+        for (int n : p.nodes)
+          if (n > 1) runs.push_back(h.run(m, s, n));
+    }
+  }
+  bench::computeSpeedups(runs);
+  if (!a.bisectSystems.empty() && p.nodes.front() == 1 && p.nodes.back() > 1) {
+    result["bisection"] = bisectRates(h, cluster, a, p, runs);
+  }
+  h.cluster = nullptr;
+  return runs;
+}
+
+// The results: the headline lines, --json, --markdown, --plots; the work directory kept or removed.
+void writeBenchResults(const BenchArgs& a, const BenchPlan& p, const Harness& h, const std::vector<RunResult>& runs,
+                       nlohmann::json& result) {
+  nlohmann::json runsJson = nlohmann::json::array();
+  for (const auto& r : runs) runsJson.push_back(r.toJson());
+  result["runs"] = runsJson;
+  // Headline ratios at the largest size; per-node traffic there at the lowest rate, for the first model.
+  nlohmann::json headline = bench::headlineRatios(runs, p.models, p.rates, p.nodes.back());
+  result["headline"] = headline;
+  nlohmann::json histogram = bench::trafficHistogram(runs, p.models.front(), p.nodes.back(), p.rates.back());
+  if (!histogram.is_null()) result["histogram"] = histogram;
+  std::printf("\n");
+  for (const auto& l : headline) std::printf("%s\n", l.get<std::string>().c_str());
+  if (!a.jsonPath.empty()) {
+    std::ofstream(a.jsonPath) << result.dump(2) << "\n";
+    std::printf("results: %s\n", a.jsonPath.c_str());
+  }
+  if (!a.mdPath.empty()) {
+    bench::writeMarkdown(a.mdPath, result);
+    std::printf("table: %s\n", a.mdPath.c_str());
+  }
+  if (!a.plotDir.empty()) {
+    bench::writePlots(a.plotDir, result);
+    std::printf("plots: %s\n", a.plotDir.c_str());
+  }
+  if (a.keep)
+    std::printf("logs: %s\n", h.work.c_str());
+  else fs::remove_all(h.work);
+}
+
 }  // namespace
 
 int benchCommand(const std::vector<std::string>& args) {
@@ -348,14 +643,9 @@ int benchCommand(const std::vector<std::string>& args) {
       if (a != "--accuracy") rest.push_back(a);
     return benchAccuracyCommand(rest);
   }
-  std::string modelsFlag = "vgg19,vgg19-22k,googlenet,resnet-152,alexnet";
-  std::string systemsFlag = "poseidon,ps-wfbp,ps-naive,adam,ddp,ddp-fp16,ddp-powersgd1,ddp-powersgd4";
-  std::string nodesFlag = "1,2,4,8", ratesFlag = "1000,300,100,30";
-  std::string jsonPath, mdPath, plotDir, ddpScript, bisectSystems;
-  double scale = 0.1, latencyMs = 0;
-  int iterations = 8, warmup = 3, timeoutS = 150;
-  bool quick = false, keep = false;
-  FlagSet flags("bench", "poseidon bench [--quick] [--models LIST] [--systems LIST] [--nodes LIST] [--rates LIST] [flags]",
+  BenchArgs a;
+  FlagSet flags("bench",
+                "poseidon bench [--quick] [--models LIST] [--systems LIST] [--nodes LIST] [--rates LIST] [flags]",
                 "Emulated-cluster benchmark (needs root): one network namespace per node, links shaped with tc tbf,\n"
                 "trace-driven compute (each layer's forward/backward is a wait of its share of the model's published\n"
                 "single-GPU iteration time), real parameter shapes at width scale s. Runs Poseidon's systems and\n"
@@ -368,265 +658,53 @@ int benchCommand(const std::vector<std::string>& args) {
                 "e.g. poseidon-overlap-bf16.\n"
                 "Poseidon's own work is charged at full width on --device.\n"
                 "Everything it creates is removed on exit, Ctrl-C and failure.");
-  bool accuracyMode = false;  // handled above; listed for --help
-  flags.addBool("accuracy", &accuracyMode,
-                "time-to-accuracy mode: real training (LeNet on Fashion-MNIST) on the emulated cluster, padded "
-                "compute, Poseidon BSP, compute groups and DDP (see poseidon bench --accuracy --help)");
-  flags.addBool("quick", &quick, "vgg19, 1 and 8 nodes, 100 and 30 Mbit/s, poseidon vs ddp, 5 iterations (< 10 min)");
-  flags.addString("models", &modelsFlag, "comma-separated emulated models", "LIST");
-  flags.addString("systems", &systemsFlag, "comma-separated systems", "LIST");
-  flags.addString("nodes", &nodesFlag, "comma-separated cluster sizes in [1, 64] (1 is the speedup baseline)", "LIST");
-  flags.addString("rates", &ratesFlag, "comma-separated link rates in Mbit/s, > 0 (tc tbf)", "LIST");
-  flags.addDouble("latency-ms", &latencyMs, "added one-way latency per link (netem)", "MS", RealRange::atLeast(0));
-  flags.addDouble("scale", &scale, "width scale s (link rates represent rate / s^2 at full width)", "S",
-                  RealRange::leftOpen(0, 1));
-  flags.addInt("iterations", &iterations, "measured iterations per run", "N", IntRange::atLeast(1));
-  flags.addInt("warmup", &warmup, "warm-up iterations per run (not measured)", "N", IntRange::atLeast(0));
-  // The ranks get it in milliseconds (bench-worker --timeout), an int.
-  flags.addInt("run-timeout", &timeoutS, "seconds before a run is declared failed", "S",
-               IntRange::closed(1, std::numeric_limits<int>::max() / 1000));
-  int retries = 1;
-  flags.addInt("retries", &retries, "times a failed run is tried again (recorded in the results)", "N",
-               IntRange::atLeast(0));
-  flags.addString("bisect", &bisectSystems,
-                  "comma-separated systems: bisect the minimum link rate for 90% efficiency at the largest size "
-                  "(first model)", "LIST");
-  flags.addString("json", &jsonPath, "write all results as JSON to FILE", "FILE");
-  flags.addString("markdown", &mdPath, "write the result tables as Markdown to FILE", "FILE");
-  flags.addString("plots", &plotDir, "write speedup and traffic plots (PNG, gnuplot) into DIR", "DIR");
-  int repeat = 1;
-  flags.addInt("repeat", &repeat,
-               "runs per point: the tables give the median (the upper middle run for an even N), min and max, and "
-               "the slowest rank",
-               "N", IntRange::closed(1, 100));
-  std::string devicesFlag = "gpu";
-  flags.addString("device", &devicesFlag,
-                  "comma-separated device models on which the runtime's own work (SFB reconstruction, server sums, "
-                  "CURVE encryption) is charged at full width: gpu (Titan X GEMM; sums and encryption at this "
-                  "machine's one-core rates), cpu:C (C cores of this machine), none (real time at width s); "
-                  "Poseidon's systems run once per device, as SYSTEM@DEVICE after the first",
-                  "LIST");
-  int rcvbuf = 0;
-  flags.addInt("tcp-rcvbuf", &rcvbuf,
-               "TCP receive buffer per connection into each Poseidon rank, bytes at width s (0: the OS default); "
-               "bounds each sender's window against incast at 16-32 nodes (docs/bench.md)", "BYTES",
-               IntRange::closed(0, 1 << 30));
-  int sendWindow = 0;
-  flags.addInt("send-window", &sendWindow,
-               "the poseidon-overlap systems' kernel send window per connection, bytes at width s (0: their "
-               "default, 1 MB x s^2; docs/scheduling.md)", "BYTES", IntRange::closed(4096, 1 << 30).orOff(0));
-  int ioThreads = NodeOptions{}.ioThreads;
-  flags.addInt("io-threads", &ioThreads,
-               "ZeroMQ I/O threads per Poseidon rank (the runtime's default); CURVE's encryption is charged on "
-               "them, each connection on one", "N", IntRange::closed(1, 64));
-  std::string reportFrom;
-  flags.addString("report-from", &reportFrom,
-                  "run nothing: write --markdown and --plots from the results JSON of an earlier run", "FILE");
-  std::string traceDir;
-  flags.addString("trace", &traceDir,
-                  "write one Chrome trace per Poseidon run into DIR (every rank: emulated compute, each layer's "
-                  "send and receive, the wait for the sync; chrome://tracing or Perfetto)", "DIR");
-  flags.addString("ddp-script", &ddpScript, "path to bench/ddp_worker.py", "FILE");
-  flags.addBool("keep", &keep, "keep the per-rank logs and results (printed path)");
+  addWhatToRunFlags(flags, a);
+  addOutputFlags(flags, a);
+  addRuntimeFlags(flags, a);
+  addReportFlags(flags, a);
   flags.parse(args);
   if (flags.helpRequested()) {
     std::cout << flags.helpText();
     return 0;
   }
-  if (!reportFrom.empty()) {
-    if (mdPath.empty() && plotDir.empty()) throw InvalidArgument("--report-from needs --markdown or --plots");
-    std::ifstream in(reportFrom);
-    if (!in) throw InvalidArgument("--report-from: cannot read " + reportFrom);
-    nlohmann::json result;
-    try {
-      result = nlohmann::json::parse(in);
-    } catch (const std::exception& e) {
-      throw InvalidArgument(strCat(reportFrom, " is not a results JSON of poseidon bench: ", e.what()));
-    }
-    if (!result.contains("config") || !result.contains("runs"))
-      throw InvalidArgument(reportFrom + " is not a results JSON of poseidon bench (no config or runs)");
-    if (!mdPath.empty()) bench::writeMarkdown(mdPath, result);
-    if (!plotDir.empty()) bench::writePlots(plotDir, result);
-    return 0;
+  if (!a.reportFrom.empty()) return reportFromFile(a);
+  if (a.quick) {
+    if (!flags.wasSet("models")) a.modelsFlag = "vgg19";
+    if (!flags.wasSet("systems")) a.systemsFlag = "poseidon,ddp";
+    if (!flags.wasSet("nodes")) a.nodesFlag = "1,8";
+    if (!flags.wasSet("rates")) a.ratesFlag = "100,30";
+    if (!flags.wasSet("iterations")) a.iterations = 5;
+    if (!flags.wasSet("warmup")) a.warmup = 2;
   }
-  if (quick) {
-    if (!flags.wasSet("models")) modelsFlag = "vgg19";
-    if (!flags.wasSet("systems")) systemsFlag = "poseidon,ddp";
-    if (!flags.wasSet("nodes")) nodesFlag = "1,8";
-    if (!flags.wasSet("rates")) ratesFlag = "100,30";
-    if (!flags.wasSet("iterations")) iterations = 5;
-    if (!flags.wasSet("warmup")) warmup = 2;
-  }
-  std::vector<std::string> models = splitList(modelsFlag), systems = splitList(systemsFlag);
-  std::vector<int> nodes;
-  for (const auto& n : splitList(nodesFlag)) {
-    nodes.push_back(static_cast<int>(parseIntIn("each --nodes entry", n, IntRange::closed(1, 64))));
-  }
-  std::sort(nodes.begin(), nodes.end());
-  std::vector<double> rates;
-  for (const auto& r : splitList(ratesFlag)) {
-    rates.push_back(parseRealIn("each --rates entry (Mbit/s)", r, RealRange::above(0)));
-  }
-  for (const auto& s : systems) {
-    const bool ddp = std::find(kDdpSystems.begin(), kDdpSystems.end(), s) != kDdpSystems.end();
-    if (!ddp && isDdp(s)) throw InvalidArgument("unknown system '" + s + "'");
-    const std::string base = ddp ? s : bench::parsePoseidonSystem(s).base;  // throws for unknown names
-    // Its iterations carry the previous one's tail: the first measured one needs one before it.
-    if (base == "poseidon-overlap" && warmup < 1) {
-      throw InvalidArgument("poseidon-overlap needs --warmup 1 or more (each iteration carries the one before's tail)");
-    }
-  }
-  std::vector<std::string> devices = splitList(devicesFlag);
-  if (models.empty() || systems.empty() || nodes.empty() || rates.empty() || devices.empty())
-    throw InvalidArgument("empty list flag");
-  bench::MachineRates machine;
-  bool charging = std::any_of(devices.begin(), devices.end(), [](const std::string& d) { return d != "none"; });
-  std::map<std::string, DeviceModel> deviceModels;
-  for (const auto& d : devices) deviceModels[d] = bench::deviceFor(d, scale, machine);  // validates the names
-  if (charging) {
-    machine = bench::measureMachineRates();
-    for (const auto& d : devices) deviceModels[d] = bench::deviceFor(d, scale, machine);
-  }
-  // Poseidon's systems once per device: the first device's under the plain name.
-  std::vector<std::string> labels;
-  for (const auto& s : systems) {
-    labels.push_back(s);
-    if (!isDdp(s))
-      for (size_t i = 1; i < devices.size(); ++i) labels.push_back(s + "@" + devices[i]);
-  }
-  for (const auto& m : models) bench::emulatedModel(m, scale);  // validate names early
+  const BenchPlan p = planBench(a);
+  requireEmulatedCluster();
 
-  std::string why;
-  if (!EmulatedCluster::available(&why)) throw Error(why);
   Harness h;
   h.exe = selfExecutable();
-  h.scale = scale;
-  h.iterations = iterations;
-  h.warmup = warmup;
-  h.timeoutS = timeoutS;
-  h.retries = retries;
-  h.repeat = repeat;
-  h.rcvbuf = rcvbuf;
-  h.sendWindow = sendWindow;
-  h.ioThreads = ioThreads;
-  if (!traceDir.empty()) {
-    fs::create_directories(traceDir);
-    h.traceDir = fs::absolute(traceDir).string();
+  h.scale = a.scale;
+  h.iterations = a.iterations;
+  h.warmup = a.warmup;
+  h.timeoutS = a.timeoutS;
+  h.retries = a.retries;
+  h.repeat = a.repeat;
+  h.rcvbuf = a.rcvbuf;
+  h.sendWindow = a.sendWindow;
+  h.ioThreads = a.ioThreads;
+  if (!a.traceDir.empty()) {
+    fs::create_directories(a.traceDir);
+    h.traceDir = fs::absolute(a.traceDir).string();
   }
-  h.devices = devices;
-  h.deviceModels = deviceModels;
-  bool anyDdp = std::any_of(systems.begin(), systems.end(), isDdp);
-  if (anyDdp) {
-    h.ddpScript = findDdpScript(ddpScript, "ddp_worker.py");
-  }
-  h.work = makeWorkDir("poseidon-bench");
+  h.devices = p.devices;
+  h.deviceModels = p.deviceModels;
+  if (std::any_of(p.systems.begin(), p.systems.end(), isDdp)) h.ddpScript = findDdpScript(a.ddpScript, "ddp_worker.py");
+  h.work = startEmulatedRuns("poseidon-bench");
 
-  installStopHandlers();
-
-  std::string command = "poseidon bench";
-  for (const auto& a : args) command += " " + a;
   nlohmann::json result;
-  result["config"] = {{"command", command},   {"scale", scale},     {"iterations", iterations},
-                      {"warmup", warmup},     {"latency_ms", latencyMs}, {"models", models},
-                      {"systems", labels},    {"nodes", nodes},     {"rates_mbit", rates},
-                      {"repeat", repeat},     {"tcp_rcvbuf", rcvbuf}, {"io_threads", ioThreads},
-                      {"send_window", sendWindow},
-                      // every emulated node ran here: what the planner's --check needs to know
-                      {"host_cores", std::max(1u, std::thread::hardware_concurrency())}};
-  nlohmann::json devicesJson = nlohmann::json::array();
-  for (const auto& d : devices) {
-    const DeviceModel& dm = deviceModels[d];
-    devicesJson.push_back({{"name", d}, {"gemm_flops", dm.gemmFlops}, {"sum_bytes_per_s", dm.sumBytes},
-                           {"crypto_bytes_per_s", dm.cryptoBytes}});
-  }
-  result["config"]["devices"] = devicesJson;
-  result["config"]["machine_one_core"] = {{"gemm_flops", machine.gemmFlops}, {"sum_bytes_per_s", machine.sumBytes},
-                                          {"crypto_bytes_per_s", machine.cryptoBytes}};
-  std::vector<RunResult> runs;
+  result["config"] = benchConfig(a, p, args);
   auto t0 = std::chrono::steady_clock::now();
-  {
-    EmulatedCluster cluster(nodes.back(), bench::LinkSpec{rates.front(), latencyMs});
-    h.cluster = &cluster;
-    std::printf("poseidon bench: %d-node emulated cluster, models %s, systems %s, s = %g, %d run%s per point\n",
-                nodes.back(), modelsFlag.c_str(), systemsFlag.c_str(), scale, repeat, repeat > 1 ? "s" : "");
-    if (charging) {
-      std::printf("this machine, one core: GEMM %.1f GFLOP/s, server sums %.2f GB/s, CURVE encryption %.2f GB/s\n",
-                  machine.gemmFlops / 1e9, machine.sumBytes / 1e9, machine.cryptoBytes / 1e9);
-      for (const auto& d : devices) {
-        const DeviceModel& dm = deviceModels[d];
-        std::printf("device %s: the runtime's own work charged at full width (GEMM %.1f GFLOP/s%s)\n", d.c_str(),
-                    dm.gemmFlops / 1e9, dm.charges() ? "" : "; nothing charged");
-      }
-    }
-    for (const auto& m : models) {
-      const EmulatedModel& em = h.model(m);
-      std::printf("%s: %lld params at s = %g, K = %lld per worker, %.3f s compute per iteration (%s)\n", m.c_str(),
-                  static_cast<long long>(em.desc.numel()), scale, static_cast<long long>(em.batch),
-                  em.computeSeconds(), em.timeSource.c_str());
-      std::fflush(stdout);
-      if (nodes.front() == 1)
-        for (const auto& s : labels) runs.push_back(h.run(m, s, 1));
-      for (double rate : rates) {
-        cluster.setLink({rate, latencyMs});
-        for (const auto& s : labels)
-          for (int n : nodes)
-            if (n > 1) runs.push_back(h.run(m, s, n));
-      }
-    }
-    bench::computeSpeedups(runs);
-    // Bisection of the minimum rate for 90% efficiency at the largest size.
-    std::vector<std::string> bisect = splitList(bisectSystems);
-    if (!bisect.empty() && nodes.front() == 1 && nodes.back() > 1) {
-      const std::string& m = models.front();
-      int n = nodes.back();
-      nlohmann::json mins;
-      for (const auto& s : bisect) {
-        double base = 0;
-        for (const auto& b : runs)
-          if (b.ok && b.nodes == 1 && b.model == m && b.system == s) base = b.iterSeconds;
-        if (base == 0) continue;
-        double lo = 5, hi = 2000;
-        std::printf("bisecting %s on %s at %d nodes\n", s.c_str(), m.c_str(), n);
-        for (int step = 0; step < 7; ++step) {
-          double mid = std::sqrt(lo * hi);
-          cluster.setLink({mid, latencyMs});
-          RunResult r = h.run(m, s, n);
-          bool good = r.ok && n * base / r.iterSeconds >= 0.9 * n;
-          (good ? hi : lo) = mid;
-        }
-        mins[s] = hi;
-      }
-      result["bisection"] = {{"model", m}, {"nodes", n}, {"efficiency", 0.9}, {"min_mbit", mins}};
-    }
-    h.cluster = nullptr;
-  }  // the cluster is removed here (and on any exception)
-
-  nlohmann::json runsJson = nlohmann::json::array();
-  for (const auto& r : runs) runsJson.push_back(r.toJson());
-  result["runs"] = runsJson;
-  // Headline ratios at the largest size; per-node traffic there at the lowest rate, for the first model.
-  nlohmann::json headline = bench::headlineRatios(runs, models, rates, nodes.back());
-  result["headline"] = headline;
-  nlohmann::json histogram = bench::trafficHistogram(runs, models.front(), nodes.back(), rates.back());
-  if (!histogram.is_null()) result["histogram"] = histogram;
+  const std::vector<RunResult> runs = runAll(h, a, p, result);
   result["wall_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-
-  std::printf("\n");
-  for (const auto& l : headline) std::printf("%s\n", l.get<std::string>().c_str());
-  if (!jsonPath.empty()) {
-    std::ofstream(jsonPath) << result.dump(2) << "\n";
-    std::printf("results: %s\n", jsonPath.c_str());
-  }
-  if (!mdPath.empty()) {
-    bench::writeMarkdown(mdPath, result);
-    std::printf("table: %s\n", mdPath.c_str());
-  }
-  if (!plotDir.empty()) {
-    bench::writePlots(plotDir, result);
-    std::printf("plots: %s\n", plotDir.c_str());
-  }
-  if (keep) std::printf("logs: %s\n", h.work.c_str());
-  else fs::remove_all(h.work);
+  writeBenchResults(a, p, h, runs, result);
   bool allOk = std::all_of(runs.begin(), runs.end(), [](const RunResult& r) { return r.ok; });
   return allOk ? 0 : 1;
 }

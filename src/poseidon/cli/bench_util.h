@@ -14,6 +14,8 @@ extern std::atomic<int> gStop;
 void installStopHandlers();
 // "a,b,,c" -> {"a", "b", "c"}.
 std::vector<std::string> splitList(const std::string& s);
+// --rates: comma-separated link rates in Mbit/s, each > 0 (InvalidArgument naming the bad one).
+std::vector<double> parseRates(const std::string& flag);
 // bench/<name> next to the binary's source tree or under the current directory, or `flag` when
 // given; throws InvalidArgument naming it when none exists.
 std::string findBenchScript(const std::string& flag, const std::string& name);
@@ -21,6 +23,13 @@ std::string findBenchScript(const std::string& flag, const std::string& name);
 std::string findDdpScript(const std::string& flag, const std::string& name);
 // A fresh directory /tmp/<prefix>-XXXXXX for a run's logs and results (IoError if it cannot be made).
 std::string makeWorkDir(const std::string& prefix);
+// Error saying why the emulated cluster cannot be made here (not root, no ip or tc): the first check
+// of every command that runs on it.
+void requireEmulatedCluster();
+// Before the first run: the stop handlers installed, and a work directory /tmp/<prefix>-XXXXXX made.
+std::string startEmulatedRuns(const std::string& prefix);
+// The command line a results file records: `command` and its arguments as given.
+std::string commandLine(const std::string& command, const std::vector<std::string>& args);
 // poseidon bench --accuracy.
 int benchAccuracyCommand(const std::vector<std::string>& args);
 

@@ -16,6 +16,7 @@
 
 #include "poseidon/bench/device.h"
 #include "poseidon/bench/emulation.h"
+#include "poseidon/bench/systems.h"
 #include "poseidon/cli/commands.h"
 #include "poseidon/cli/flags.h"
 #include "poseidon/cli/limits.h"
@@ -135,31 +136,19 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
   // This rank's node charges its own work on it (common/work_charger.h).
   bench::ChargedDevice charger(dm);
   // A wire suffix (poseidon-bf16) picks the wire; the rest picks the scheme and the overlap.
-  const bench::PoseidonSystem parsed = bench::parsePoseidonSystem(system);
+  const bench::SystemChoice parsed = bench::parseBenchSystem(system);  // bench/systems.h
+  if (parsed.spec->ddp) {
+    throw InvalidArgument("unknown system '" + system + "' (bench-worker runs Poseidon's; DDP's run in ddp_worker.py)");
+  }
   if (flags.wasSet("wire") && parsed.wire != WirePrecision::kFp32) {
     throw InvalidArgument("--wire and a system with a wire suffix ('" + system + "') cannot be combined");
   }
   const WirePrecision wirePrecision = flags.wasSet("wire") ? parseWirePrecision(wireFlag) : parsed.wire;
   const std::string systemName = system;  // as asked, for the result
-  system = parsed.base;
-  SchemePolicy policy;
-  bool overlap = true;
-  if (system == "poseidon" || system == "poseidon-overlap") {
-    policy = SchemePolicy::kAuto;
-  } else if (system == "ps-wfbp") {
-    policy = SchemePolicy::kPS;
-  } else if (system == "ps-naive") {
-    policy = SchemePolicy::kPS;
-    overlap = false;
-  } else if (system == "adam") {
-    policy = SchemePolicy::kAdam;
-  } else if (system == "sfb") {
-    policy = SchemePolicy::kSFB;
-  } else {
-    throw InvalidArgument("unknown system '" + system +
-                          "' (poseidon, poseidon-overlap, ps-wfbp, ps-naive, adam, sfb)");
-  }
-  if (system == "poseidon-overlap") {
+  system = parsed.base();
+  const SchemePolicy policy = parsed.spec->policy;
+  const bool overlap = parsed.spec->wfbp;
+  if (parsed.spec->overlapForward) {
     // docs/scheduling.md: priority-scheduled links, each layer's next forward as soon as its sync
     // lands. The window: 1 MB at full width (half a KV pair), scaled by s^2 like the pairs.
     overlapForward = true;

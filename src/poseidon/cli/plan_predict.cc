@@ -11,11 +11,46 @@
 #include <tuple>
 
 #include "poseidon/bench/emulation.h"
+#include "poseidon/bench/systems.h"
 #include "poseidon/common/error.h"
 #include "poseidon/model/zoo.h"
 
 namespace poseidon::cli {
 namespace {
+
+// A --check's tally: each predicted point's error against the tolerance, and the closing report.
+struct CheckTally {
+  std::string path;
+  double tolerance = 0;
+  int cores = 0;
+  nlohmann::json rows = nlohmann::json::array();
+  int points = 0, beyond = 0, skipped = 0;
+  double worst = 0;
+
+  // A point predicted: its relative error, counted.
+  double add(double measured, double predicted) {
+    const double error = predicted / measured - 1;
+    ++points;
+    beyond += std::fabs(error) > tolerance;
+    worst = std::max(worst, std::fabs(error));
+    return error;
+  }
+  const char* mark(double error) const { return std::fabs(error) > tolerance ? "  BEYOND" : ""; }
+  // The file's JSON (--json) or its closing line; `skippedWhy` says what a skipped point was.
+  void report(bool json, const std::string& skippedWhy) const {
+    if (json) {
+      std::cout << nlohmann::json{{"file", path},           {"points", points},
+                                  {"skipped", skipped},     {"beyond", beyond},
+                                  {"tolerance", tolerance}, {"worst_error", worst},
+                                  {"host_cores", cores},    {"rows", rows}}
+                       .dump(2)
+                << "\n";
+    } else {
+      std::printf("\n%d points predicted (%d skipped%s); worst error %.1f%%; %d beyond %.0f%%; host of %d cores\n",
+                  points, skipped, skippedWhy.c_str(), worst * 100, beyond, tolerance * 100, cores);
+    }
+  }
+};
 
 using planner::Cluster;
 using planner::Prediction;
@@ -155,9 +190,7 @@ int planCheckAccuracy(const std::string& path, const nlohmann::json& results, co
   const double padSeconds = config.value("pad_ms", 0.0) / 1e3, jitterMs = config.value("pad_jitter_ms", 0.0);
   const planner::Workload w =
       planner::paddedWorkload(resolveModel("lenet"), config.value("batch", 32), std::max(padSeconds, 1e-9));
-  nlohmann::json rows = nlohmann::json::array();
-  int points = 0, beyond = 0, skipped = 0;
-  double worst = 0;
+  CheckTally t{path, tolerance, cores};
   int width = 8;  // the system column: the longest name (bsp-overlap-w16384)
   for (const auto& run : results["runs"]) width = std::max(width, static_cast<int>(run.value("system", "").size()));
   if (!json) {
@@ -174,7 +207,7 @@ int planCheckAccuracy(const std::string& path, const nlohmann::json& results, co
     if (why.empty() && !(measured > 0 && mbit > 0 && nodes > 1)) why = "incomplete run";
     if (why.empty() && system != "bsp" && system != "ddp" && groups < 1) why = "not modelled";
     if (!why.empty()) {
-      ++skipped;
+      ++t.skipped;
       if (!json)
         std::printf("%-*s %5d %8.0f %10s %10s  (%s)\n", width, system.c_str(), nodes, mbit, "-", "-", why.c_str());
       continue;
@@ -205,33 +238,20 @@ int planCheckAccuracy(const std::string& path, const nlohmann::json& results, co
     } else {
       predicted = planner::predictGroups(w, c, groups).stepSeconds;
     }
-    const double error = predicted / measured - 1;
-    ++points;
-    beyond += std::fabs(error) > tolerance;
-    worst = std::max(worst, std::fabs(error));
-    rows.push_back({{"system", system},
-                    {"groups", groups},
-                    {"nodes", nodes},
-                    {"link_mbit", mbit},
-                    {"measured_seconds", measured},
-                    {"predicted_seconds", predicted},
-                    {"error", error}});
+    const double error = t.add(measured, predicted);
+    t.rows.push_back({{"system", system},
+                      {"groups", groups},
+                      {"nodes", nodes},
+                      {"link_mbit", mbit},
+                      {"measured_seconds", measured},
+                      {"predicted_seconds", predicted},
+                      {"error", error}});
     if (!json) {
       std::printf("%-*s %5d %8.0f %10.3f %10.3f %+6.1f%%%s\n", width, system.c_str(), nodes, mbit, measured, predicted,
-                  error * 100, std::fabs(error) > tolerance ? "  BEYOND" : "");
+                  error * 100, t.mark(error));
     }
   }
-  if (json) {
-    std::cout << nlohmann::json{{"file", path},           {"points", points},
-                                {"skipped", skipped},     {"beyond", beyond},
-                                {"tolerance", tolerance}, {"worst_error", worst},
-                                {"host_cores", cores},    {"rows", rows}}
-                     .dump(2)
-              << "\n";
-  } else {
-    std::printf("\n%d points predicted (%d skipped); worst error %.1f%%; %d beyond %.0f%%; host of %d cores\n", points,
-                skipped, worst * 100, beyond, tolerance * 100, cores);
-  }
+  t.report(json, "");
   return 0;
 }
 
@@ -324,9 +344,7 @@ int planCheck(const std::string& path, const Cluster& calibration, int hostCores
       hostCores > 0 ? hostCores
                     : config.value("host_cores", static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   const nlohmann::json devices = config.value("devices", nlohmann::json::array());  // each device's measured rates
-  nlohmann::json rows = nlohmann::json::array();
-  int points = 0, beyond = 0, skipped = 0;
-  double worst = 0;
+  CheckTally t{path, tolerance, cores};
   if (!json) {
     std::printf("%-12s %-17s %5s %8s %9s %10s %7s\n", "model", "system", "nodes", "Mbit/s", "measured", "predicted",
                 "error");
@@ -339,13 +357,10 @@ int planCheck(const std::string& path, const Cluster& calibration, int hostCores
     System sys{};
     WirePrecision wire = WirePrecision::kFp32;
     try {
-      if (system == "ddp") {
-        sys = System::kDdp;
-      } else {
-        const bench::PoseidonSystem ps = bench::parsePoseidonSystem(system.substr(0, system.find('@')));
-        sys = planner::parseSystem(ps.base);
-        wire = ps.wire;
-      }
+      const bench::SystemChoice c = bench::parseBenchSystem(system.substr(0, system.find('@')));
+      if (!c.spec->planned) throw InvalidArgument(system + " has no model in the planner");
+      sys = *c.spec->planned;
+      wire = c.wire;
     } catch (const InvalidArgument&) {
       why = "not modelled";
     }
@@ -369,7 +384,7 @@ int planCheck(const std::string& path, const Cluster& calibration, int hostCores
       }
     }
     if (!why.empty()) {
-      ++skipped;
+      ++t.skipped;
       if (!json)
         std::printf("%-12s %-17s %5d %8.0f %9s %10s  (%s)\n", model.c_str(), system.c_str(), nodes, mbit, "-", "-",
                     why.c_str());
@@ -391,40 +406,25 @@ int planCheck(const std::string& path, const Cluster& calibration, int hostCores
       c.timedSchemes = true;
     }
     const Prediction p = planner::predict(w, c, sys);
-    const double error = p.iterationSeconds / measured - 1;
-    ++points;
-    beyond += std::fabs(error) > tolerance;
-    worst = std::max(worst, std::fabs(error));
-    rows.push_back({{"model", model},
-                    {"system", system},
-                    {"nodes", nodes},
-                    {"link_mbit", mbit},
-                    {"measured_seconds", measured},
-                    {"predicted_seconds", p.iterationSeconds},
-                    {"error", error},
-                    {"measured_max_node_tx_bytes",
-                     run.contains("tx_bytes_per_iteration")
-                         ? *std::max_element(run["tx_bytes_per_iteration"].begin(), run["tx_bytes_per_iteration"].end())
-                         : nlohmann::json(nullptr)},
-                    {"predicted_max_node_tx_bytes", p.maxNodeTxBytes}});
+    const double error = t.add(measured, p.iterationSeconds);
+    t.rows.push_back({{"model", model},
+                      {"system", system},
+                      {"nodes", nodes},
+                      {"link_mbit", mbit},
+                      {"measured_seconds", measured},
+                      {"predicted_seconds", p.iterationSeconds},
+                      {"error", error},
+                      {"measured_max_node_tx_bytes", run.contains("tx_bytes_per_iteration")
+                                                         ? *std::max_element(run["tx_bytes_per_iteration"].begin(),
+                                                                             run["tx_bytes_per_iteration"].end())
+                                                         : nlohmann::json(nullptr)},
+                      {"predicted_max_node_tx_bytes", p.maxNodeTxBytes}});
     if (!json) {
       std::printf("%-12s %-17s %5d %8.0f %9.3f %10.3f %+6.1f%%%s\n", model.c_str(), system.c_str(), nodes, mbit,
-                  measured, p.iterationSeconds, error * 100, std::fabs(error) > tolerance ? "  BEYOND" : "");
+                  measured, p.iterationSeconds, error * 100, t.mark(error));
     }
   }
-  if (json) {
-    std::cout << nlohmann::json{{"file", path},           {"points", points},
-                                {"skipped", skipped},     {"beyond", beyond},
-                                {"tolerance", tolerance}, {"worst_error", worst},
-                                {"host_cores", cores},    {"rows", rows}}
-                     .dump(2)
-              << "\n";
-  } else {
-    std::printf(
-        "\n%d points predicted (%d skipped: not modelled, failed, HOST-BOUND or incomplete); worst error %.1f%%; %d "
-        "beyond %.0f%%; host of %d cores\n",
-        points, skipped, worst * 100, beyond, tolerance * 100, cores);
-  }
+  t.report(json, ": not modelled, failed, HOST-BOUND or incomplete");
   return 0;
 }
 

@@ -591,38 +591,21 @@ int tuneCommand(const std::vector<std::string>& args) {
   }
   if (cfg.lrs.empty() || cfg.momenta.empty()) throw InvalidArgument("--lrs and --momenta must not be empty");
   if (cfg.momenta.front() != 0) throw InvalidArgument("--momenta must include 0 (it decides when to halve g)");
-  std::vector<double> rates;
-  for (const auto& r : splitList(ratesFlag))
-    rates.push_back(parseRealIn("each --rates entry (Mbit/s)", r, RealRange::above(0)));
+  std::vector<double> rates = parseRates(ratesFlag);
   if (rates.empty()) throw InvalidArgument("--rates must not be empty");
+  requireEmulatedCluster();
+  h.prepare("poseidon-tune");
 
-  std::string why;
-  if (!bench::EmulatedCluster::available(&why)) throw Error(why);
-  h.exe = selfExecutable();
-  h.work = makeWorkDir("poseidon-tune");
-  installStopHandlers();
-
-  std::string command = "poseidon tune";
-  for (const auto& a : args) command += " " + a;
   nlohmann::json result;
-  result["config"] = {{"command", command},
-                      {"nodes", h.nodes},
-                      {"batch", h.batch},
-                      {"pad_ms", h.padMs},
-                      {"pair_bytes", h.pairBytes},
-                      {"host_cores", static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))},
-                      {"steps", cfg.steps},
-                      {"epoch_steps", cfg.epochSteps},
-                      {"probe_steps", cfg.probeSteps},
-                      {"groups_list", cfg.groups},
-                      {"lrs", cfg.lrs},
-                      {"momenta", cfg.momenta},
-                      {"target_accuracy", h.targetAccuracy},
-                      {"target_loss", h.targetLoss},
-                      {"rates_mbit", rates},
-                      {"merged_fc", cfg.mergedFc},
-                      {"probe_samples", cfg.probeSamples},
-                      {"seed", seed}};
+  result["config"] = h.config(commandLine("poseidon tune", args), rates);
+  result["config"].update({{"steps", cfg.steps},
+                           {"epoch_steps", cfg.epochSteps},
+                           {"probe_steps", cfg.probeSteps},
+                           {"groups_list", cfg.groups},
+                           {"lrs", cfg.lrs},
+                           {"momenta", cfg.momenta},
+                           {"merged_fc", cfg.mergedFc},
+                           {"probe_samples", cfg.probeSamples}});
   nlohmann::json runs = nlohmann::json::array();
   {
     bench::EmulatedCluster cluster(h.nodes, bench::LinkSpec{rates.front(), 0});

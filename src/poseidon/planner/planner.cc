@@ -10,6 +10,7 @@
 #include <queue>
 
 #include "poseidon/bench/emulation.h"
+#include "poseidon/bench/systems.h"
 #include "poseidon/common/device_model.h"
 #include "poseidon/common/error.h"
 #include "poseidon/core/best_scheme.h"
@@ -20,12 +21,14 @@ namespace {
 
 using namespace detail;  // the event loop and the network model (sim.h)
 
+// The systems the planner models, by their names in the bench (bench/systems.h).
 const std::vector<std::pair<System, const char*>>& systemNames() {
-  static const std::vector<std::pair<System, const char*>> names{{System::kPoseidon, "poseidon"},
-                                                                 {System::kPoseidonOverlap, "poseidon-overlap"},
-                                                                 {System::kPsWfbp, "ps-wfbp"},
-                                                                 {System::kPsNaive, "ps-naive"},
-                                                                 {System::kDdp, "ddp"}};
+  static const std::vector<std::pair<System, const char*>> names = [] {
+    std::vector<std::pair<System, const char*>> v;
+    for (const bench::SystemSpec& s : bench::systemRegistry())
+      if (s.planned) v.emplace_back(*s.planned, s.name);
+    return v;
+  }();
   return names;
 }
 

@@ -1,0 +1,94 @@
+// Pieces shared by poseidon bench's two modes and poseidon tune (bench_util.h).
+#include "poseidon/cli/bench_util.h"
+
+#include <signal.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <sstream>
+
+#include "poseidon/bench/cluster.h"
+#include "poseidon/bench/ranks.h"
+#include "poseidon/cli/flags.h"
+#include "poseidon/common/error.h"
+#include "poseidon/launch/env.h"
+
+namespace poseidon::cli {
+namespace fs = std::filesystem;
+
+std::vector<std::string> splitList(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+std::string findBenchScript(const std::string& flag, const std::string& name) {
+  std::vector<fs::path> candidates;
+  if (!flag.empty()) candidates.push_back(flag);
+  fs::path exe = selfExecutable();
+  candidates.push_back(exe.parent_path() / "../../bench" / name);
+  candidates.push_back(fs::current_path() / "bench" / name);
+  for (const auto& c : candidates)
+    if (fs::exists(c)) return fs::canonical(c).string();
+  throw InvalidArgument("bench/" + name + " not found (run from the repository, or pass --ddp-script PATH)");
+}
+
+std::string findDdpScript(const std::string& flag, const std::string& name) {
+  std::string script = findBenchScript(flag, name);
+  try {
+    bench::run({"/usr/bin/python3", "-c", "import torch, torch.distributed"});
+  } catch (const Error&) {
+    throw Error("the DDP baselines need Debian's python3-torch (apt-get install python3-torch)");
+  }
+  return script;
+}
+
+std::string makeWorkDir(const std::string& prefix) {
+  std::string tmpl = "/tmp/" + prefix + "-XXXXXX";
+  if (!mkdtemp(tmpl.data())) throw IoError("cannot create a work directory in /tmp");
+  return tmpl;
+}
+
+std::vector<double> parseRates(const std::string& flag) {
+  std::vector<double> rates;
+  for (const auto& r : splitList(flag))
+    rates.push_back(parseRealIn("each --rates entry (Mbit/s)", r, RealRange::above(0)));
+  return rates;
+}
+
+std::string commandLine(const std::string& command, const std::vector<std::string>& args) {
+  std::string line = command;
+  for (const auto& a : args) line += " " + a;
+  return line;
+}
+
+std::atomic<int> gStop{0};
+
+namespace {
+void onStopSignal(int sig) { gStop = sig; }
+}  // namespace
+
+void installStopHandlers() {
+  struct sigaction sa {};
+  sa.sa_handler = onStopSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGHUP, &sa, nullptr);
+}
+
+void requireEmulatedCluster() {
+  std::string why;
+  if (!bench::EmulatedCluster::available(&why)) throw Error(why);
+}
+
+std::string startEmulatedRuns(const std::string& prefix) {
+  std::string work = makeWorkDir(prefix);
+  installStopHandlers();
+  return work;
+}
+
+}  // namespace poseidon::cli

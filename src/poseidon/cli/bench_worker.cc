@@ -62,9 +62,8 @@ uint64_t readCounter(const std::string& iface, const char* which) {
   return v;
 }
 
-}  // namespace
-
-int benchWorkerCommand(const std::vector<std::string>& args) {
+// bench-worker's settings, as the harness passes them.
+struct WorkerArgs {
   std::string model = "vgg19", system = "poseidon", out, iface, bind, wireFlag = "fp32";
   double scale = 0.1;
   int iterations = 8, warmup = 3, timeoutMs = 120000;
@@ -73,166 +72,150 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
   double gemmFlops = 0, sumBytes = 0, cryptoBytes = 0, linkMbit = 0;
   int rcvbuf = 0, sendWindow = 0, ioThreads = NodeOptions{}.ioThreads;
   bool overlapForward = false;
-  FlagSet flags("bench-worker", "poseidon bench-worker --model NAME --system SYS --out FILE [flags]",
-                "One rank of 'poseidon bench' (started by it; not meant to be run by hand).");
-  flags.addString("model", &model, "emulated model", "NAME");
-  flags.addDouble("scale", &scale, "width scale s", "S", RealRange::leftOpen(0, 1));
-  flags.addString("system", &system,
+};
+
+void addWorkerFlags(FlagSet& flags, WorkerArgs& a) {
+  flags.addString("model", &a.model, "emulated model", "NAME");
+  flags.addDouble("scale", &a.scale, "width scale s", "S", RealRange::leftOpen(0, 1));
+  flags.addString("system", &a.system,
                   "poseidon | poseidon-overlap | ps-wfbp | ps-naive | adam | sfb; all but adam optionally with "
-                  "-bf16 or -fp16", "SYS");
-  flags.addString("wire", &wireFlag, "what gradients travel as: fp32 | bf16 | fp16 (default: the system's suffix, "
-                  "else fp32)", "P");
-  flags.addInt("iterations", &iterations, "measured iterations", "N", IntRange::atLeast(1));
-  flags.addInt("warmup", &warmup, "unmeasured iterations first", "N", IntRange::atLeast(0));
-  flags.addString("out", &out, "result JSON file", "FILE");
-  flags.addString("iface", &iface, "network interface whose byte counters to read", "DEV");
-  flags.addString("bind", &bind, "data endpoint address", "ADDR");
-  flags.addInt("timeout", &timeoutMs, "timeout of every wait (ms)", "MS", IntRange::atLeast(1));
-  flags.addInt64("pair-bytes", &pairBytes, "KV pair size (default: 2 MB x s^2, the scaling rule)", "BYTES",
+                  "-bf16 or -fp16",
+                  "SYS");
+  flags.addString("wire", &a.wireFlag,
+                  "what gradients travel as: fp32 | bf16 | fp16 (default: the system's suffix, "
+                  "else fp32)",
+                  "P");
+  flags.addInt("iterations", &a.iterations, "measured iterations", "N", IntRange::atLeast(1));
+  flags.addInt("warmup", &a.warmup, "unmeasured iterations first", "N", IntRange::atLeast(0));
+  flags.addString("out", &a.out, "result JSON file", "FILE");
+  flags.addString("iface", &a.iface, "network interface whose byte counters to read", "DEV");
+  flags.addString("bind", &a.bind, "data endpoint address", "ADDR");
+  flags.addInt("timeout", &a.timeoutMs, "timeout of every wait (ms)", "MS", IntRange::atLeast(1));
+  flags.addInt64("pair-bytes", &a.pairBytes, "KV pair size (default: 2 MB x s^2, the scaling rule)", "BYTES",
                  IntRange::closed(kMinPairBytes, kMaxPairBytes));
   // The device model (bench/device.h): the harness measures the rates once and passes them on.
-  flags.addString("device", &device, "name of the device model (for the result)", "NAME");
-  flags.addDouble("gemm-flops", &gemmFlops, "charge the reconstruction GEMM at full width at this FLOP/s (0: not)",
+  flags.addString("device", &a.device, "name of the device model (for the result)", "NAME");
+  flags.addDouble("gemm-flops", &a.gemmFlops, "charge the reconstruction GEMM at full width at this FLOP/s (0: not)",
                   "R", RealRange::atLeast(0));
-  flags.addDouble("sum-bytes", &sumBytes, "charge the servers' sums at full width at this byte/s (0: not)", "R",
+  flags.addDouble("sum-bytes", &a.sumBytes, "charge the servers' sums at full width at this byte/s (0: not)", "R",
                   RealRange::atLeast(0));
-  flags.addDouble("crypto-bytes", &cryptoBytes, "charge CURVE encryption at full width at this byte/s (0: not)",
-                  "R", RealRange::atLeast(0));
-  flags.addString("trace", &tracePath, "write a Chrome trace of this rank (compute, sends, receives) to FILE",
+  flags.addDouble("crypto-bytes", &a.cryptoBytes, "charge CURVE encryption at full width at this byte/s (0: not)", "R",
+                  RealRange::atLeast(0));
+  flags.addString("trace", &a.tracePath, "write a Chrome trace of this rank (compute, sends, receives) to FILE",
                   "FILE");
-  flags.addInt("tcp-rcvbuf", &rcvbuf, "TCP receive buffer per connection into this rank (0: OS default)", "BYTES",
+  flags.addInt("tcp-rcvbuf", &a.rcvbuf, "TCP receive buffer per connection into this rank (0: OS default)", "BYTES",
                IntRange::closed(0, 1 << 30));
-  flags.addInt("io-threads", &ioThreads, "ZeroMQ I/O threads (encryption is charged on them)", "N",
+  flags.addInt("io-threads", &a.ioThreads, "ZeroMQ I/O threads (encryption is charged on them)", "N",
                IntRange::closed(1, 64));
-  flags.addInt("send-window", &sendWindow,
+  flags.addInt("send-window", &a.sendWindow,
                "priority scheduling of the links with this kernel send window per connection (0: FIFO)", "BYTES",
                IntRange::closed(0, 1 << 30));
-  flags.addBool("overlap-forward", &overlapForward,
+  flags.addBool("overlap-forward", &a.overlapForward,
                 "run each layer's next forward as soon as its sync is in, not after the whole barrier");
-  flags.addDouble("link-mbit", &linkMbit,
-                  "the link rate, for BestScheme to weigh the GEMM against the bytes (0: bytes alone decide)",
-                  "MBIT", RealRange::atLeast(0));
-  flags.parse(args);
-  if (flags.helpRequested()) {
-    std::cout << flags.helpText();
-    return 0;
-  }
-  if (out.empty()) throw InvalidArgument("--out is required");
-  if ((overlapForward || system.rfind("poseidon-overlap", 0) == 0) && warmup < 1) {
-    throw InvalidArgument("--overlap-forward needs --warmup 1 or more (each iteration carries the one before's tail)");
-  }
-  bench::EmulatedModel em = bench::emulatedModel(model, scale);
-  DeviceModel dm;
-  dm.name = device;
-  // K is rounded at scale s (vgg19: 32 x 0.1 -> 3): scale the GEMM back by the batch actually used.
-  dm.flopScale = static_cast<double>(em.fullBatch) / static_cast<double>(em.batch) / (scale * scale);
-  dm.byteScale = 1.0 / (scale * scale);
-  dm.gemmFlops = gemmFlops;
-  dm.sumBytes = sumBytes;
-  dm.cryptoBytes = cryptoBytes;
-  // The emulated link is the full-width one slowed by s^2: BestScheme compares full-width bytes.
-  dm.linkBytes = linkMbit * 1e6 / 8 * dm.byteScale;
-  dm.cryptoLanes = ioThreads;
-  // This rank's node charges its own work on it (common/work_charger.h).
-  bench::ChargedDevice charger(dm);
-  // A wire suffix (poseidon-bf16) picks the wire; the rest picks the scheme and the overlap.
-  const bench::SystemChoice parsed = bench::parseBenchSystem(system);  // bench/systems.h
-  if (parsed.spec->ddp) {
-    throw InvalidArgument("unknown system '" + system + "' (bench-worker runs Poseidon's; DDP's run in ddp_worker.py)");
-  }
-  if (flags.wasSet("wire") && parsed.wire != WirePrecision::kFp32) {
-    throw InvalidArgument("--wire and a system with a wire suffix ('" + system + "') cannot be combined");
-  }
-  const WirePrecision wirePrecision = flags.wasSet("wire") ? parseWirePrecision(wireFlag) : parsed.wire;
-  const std::string systemName = system;  // as asked, for the result
-  system = parsed.base();
-  const SchemePolicy policy = parsed.spec->policy;
-  const bool overlap = parsed.spec->wfbp;
-  if (parsed.spec->overlapForward) {
-    // docs/scheduling.md: priority-scheduled links, each layer's next forward as soon as its sync
-    // lands. The window: 1 MB at full width (half a KV pair), scaled by s^2 like the pairs.
-    overlapForward = true;
-    if (!flags.wasSet("send-window")) {
-      sendWindow = static_cast<int>(std::max(4096.0, std::round(1048576 * scale * scale)));
-    }
-  }
+  flags.addDouble("link-mbit", &a.linkMbit,
+                  "the link rate, for BestScheme to weigh the GEMM against the bytes (0: bytes alone decide)", "MBIT",
+                  RealRange::atLeast(0));
+}
 
-  RankEnv env = rankFromEnvironment();
-  setLogPrefix("rank " + std::to_string(env.rank));  // like every rank's: the harness drops it from its report
+// The device this rank charges its own work on (bench/device.h), at full width.
+DeviceModel workerDevice(const WorkerArgs& a, const bench::EmulatedModel& em) {
+  DeviceModel dm;
+  dm.name = a.device;
+  // K is rounded at scale s (vgg19: 32 x 0.1 -> 3): scale the GEMM back by the batch actually used.
+  dm.flopScale = static_cast<double>(em.fullBatch) / static_cast<double>(em.batch) / (a.scale * a.scale);
+  dm.byteScale = 1.0 / (a.scale * a.scale);
+  dm.gemmFlops = a.gemmFlops;
+  dm.sumBytes = a.sumBytes;
+  dm.cryptoBytes = a.cryptoBytes;
+  // The emulated link is the full-width one slowed by s^2: BestScheme compares full-width bytes.
+  dm.linkBytes = a.linkMbit * 1e6 / 8 * dm.byteScale;
+  dm.cryptoLanes = a.ioThreads;
+  return dm;
+}
+
+// This rank's node: the launcher's rank and rendezvous, the emulated model's batch and pairs, the
+// harness's network knobs (the system's policy, wire and the charger are the caller's).
+NodeOptions workerNodeOptions(const WorkerArgs& a, const RankEnv& env, const bench::EmulatedModel& em,
+                              bool pairBytesSet) {
   NodeOptions o;
   o.rank = env.rank;
   o.worldSize = env.worldSize;
   o.masterAddr = resolveHost(env.masterAddr);
   o.masterPort = env.masterPort;
-  o.bindHost = bind.empty() ? localAddressToward(o.masterAddr) : bind;
-  o.timeout = std::chrono::milliseconds(timeoutMs);
+  o.bindHost = a.bind.empty() ? localAddressToward(o.masterAddr) : a.bind;
+  o.timeout = std::chrono::milliseconds(a.timeoutMs);
   o.settings.batch = em.batch;
   // The paper's 2 MB pairs at full width; the same number of pairs per layer at scale s.
-  o.settings.pairBytes = flags.wasSet("pair-bytes")
-                             ? pairBytes
-                             : std::max<int64_t>(4096, std::llround(2.0 * 1024 * 1024 * scale * scale));
-  o.settings.policy = policy;
-  o.settings.wire = wirePrecision;
+  o.settings.pairBytes =
+      pairBytesSet ? a.pairBytes : std::max<int64_t>(4096, std::llround(2.0 * 1024 * 1024 * a.scale * a.scale));
   o.secret = jobSecretFromEnvironment();
-  o.receiveBufferBytes = rcvbuf;
-  o.ioThreads = ioThreads;
-  o.charger = &charger;
-  o.sendWindowBytes = sendWindow;
-  std::unique_ptr<Tracer> tracer;
-  if (!tracePath.empty()) tracer = std::make_unique<Tracer>(env.rank);
-  o.tracer = tracer.get();
-  auto node = Node::start(o, em.desc);
+  o.receiveBufferBytes = a.rcvbuf;
+  o.ioThreads = a.ioThreads;
+  o.sendWindowBytes = a.sendWindow;
+  return o;
+}
 
-  const auto& layers = em.desc.layers;
-  const int L = static_cast<int>(layers.size());
-  std::mt19937 rng(static_cast<unsigned>(env.rank + 1));
-  std::uniform_real_distribution<float> dist(-1e-3f, 1e-3f);
-  std::vector<std::vector<float>> grads(L), us(L), vs(L), outs(L);
-  for (int l = 0; l < L; ++l) {
-    grads[l].resize(static_cast<size_t>(layers[l].numel()));
-    for (auto& x : grads[l]) x = dist(rng);
-    if (layers[l].type == LayerType::kFC) {
-      us[l].resize(static_cast<size_t>(em.batch * layers[l].m));
-      vs[l].resize(static_cast<size_t>(em.batch * layers[l].n));
-      for (auto& x : us[l]) x = dist(rng);
-      for (auto& x : vs[l]) x = dist(rng);
-      outs[l].resize(grads[l].size());
+// What the counters said when the measured iterations began (or ended).
+struct Counters {
+  uint64_t tx = 0, rx = 0, retransmits = 0;
+  TrafficTotals ps, sfb, adam;
+  bench::ChargedSeconds charged;
+  double cpu = 0;
+  static Counters read(const std::string& iface, Node& node, const bench::ChargedDevice& charger) {
+    Counters c;
+    c.tx = readCounter(iface, "tx_bytes");
+    c.rx = readCounter(iface, "rx_bytes");
+    c.ps = node.counters().total(TrafficKind::kPS);
+    c.sfb = node.counters().total(TrafficKind::kSFB);
+    c.adam = node.counters().total(TrafficKind::kAdam);
+    c.charged = charger.charged();
+    c.cpu = cpuSeconds();
+    c.retransmits = tcpRetransmits();
+    return c;
+  }
+};
+
+// One rank's emulated model: random gradients and factors of the real scaled shapes, submitted
+// layer by layer as the emulated backward reaches them.
+class EmulatedRank {
+ public:
+  EmulatedRank(const bench::EmulatedModel& em, Node& node, int rank) : em_(em), node_(node), L_(em.desc.layers.size()) {
+    std::mt19937 rng(static_cast<unsigned>(rank + 1));
+    std::uniform_real_distribution<float> dist(-1e-3f, 1e-3f);
+    const auto& layers = em.desc.layers;
+    grads_.resize(L_), us_.resize(L_), vs_.resize(L_), outs_.resize(L_);
+    for (size_t l = 0; l < L_; ++l) {
+      grads_[l].resize(static_cast<size_t>(layers[l].numel()));
+      for (auto& x : grads_[l]) x = dist(rng);
+      if (layers[l].type == LayerType::kFC) {
+        us_[l].resize(static_cast<size_t>(em.batch * layers[l].m));
+        vs_[l].resize(static_cast<size_t>(em.batch * layers[l].n));
+        for (auto& x : us_[l]) x = dist(rng);
+        for (auto& x : vs_[l]) x = dist(rng);
+        outs_[l].resize(grads_[l].size());
+      }
     }
   }
-  auto submit = [&](int l) {
-    if (layers[l].type == LayerType::kFC && node->schemeFor(l) != Scheme::kPS) {
-      node->submitFactors(l, us[l].data(), vs[l].data(), em.batch,
-                          LayerBuffer::contiguous(outs[l].data(), static_cast<int64_t>(outs[l].size())));
-    } else {
-      node->submitDense(l, LayerBuffer::contiguous(grads[l].data(), static_cast<int64_t>(grads[l].size())));
-    }
-  };
 
-  using Clock = std::chrono::steady_clock;
-  auto toDuration = [](double s) { return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s)); };
-  double forwardTotal = 0;
-  for (double f : em.forwardSeconds) forwardTotal += f;
-  std::vector<double> times;
-  uint64_t tx0 = 0, rx0 = 0;
-  TrafficTotals psStart, sfbStart, adamStart;
-  bench::ChargedSeconds chargedStart;
-  double cpu0 = 0;
-  uint64_t retrans0 = 0;
-  // An iteration runs from the start of its forward pass to the end of its backward and, with the
-  // barrier, its sync. With --overlap-forward its forward waits layer by layer for the previous
-  // iteration's sync (so it carries that iteration's tail, as every iteration in a steady state
-  // does), and the last one's tail is drained unmeasured.
-  for (int it = 0; it < warmup + iterations; ++it) {
-    if (it == warmup) {  // with --overlap-forward, the warm-up's tail is in flight: counted, as a steady state's
-      tx0 = readCounter(iface, "tx_bytes");
-      rx0 = readCounter(iface, "rx_bytes");
-      psStart = node->counters().total(TrafficKind::kPS);
-      sfbStart = node->counters().total(TrafficKind::kSFB);
-      adamStart = node->counters().total(TrafficKind::kAdam);
-      chargedStart = charger.charged();
-      cpu0 = cpuSeconds();
-      retrans0 = tcpRetransmits();
+  void submit(int l) {
+    if (em_.desc.layers[l].type == LayerType::kFC && node_.schemeFor(l) != Scheme::kPS) {
+      node_.submitFactors(l, us_[l].data(), vs_[l].data(), em_.batch,
+                          LayerBuffer::contiguous(outs_[l].data(), static_cast<int64_t>(outs_[l].size())));
+    } else {
+      node_.submitDense(l, LayerBuffer::contiguous(grads_[l].data(), static_cast<int64_t>(grads_[l].size())));
     }
+  }
+
+  // One iteration, from the start of its forward pass to the end of its backward and, with the
+  // barrier, its sync; returns its seconds. With `overlapForward` its forward waits layer by layer
+  // for the previous iteration's sync (so it carries that iteration's tail, as every iteration in a
+  // steady state does). `overlap`: WFBP (each layer submitted as its backward ends).
+  double iteration(int it, bool overlap, bool overlapForward, Tracer* tracer) {
+    using Clock = std::chrono::steady_clock;
+    auto toDuration = [](double s) {
+      return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+    };
+    const int L = static_cast<int>(L_);
     auto t0 = Clock::now();
     const int64_t forwardUs = Tracer::nowMicros();
     auto deadline = t0;
@@ -240,18 +223,20 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
       for (int l = 0; l < L; ++l) {
         // Layer l's update of iteration it - 1. Only a real wait moves the emulated GPU's clock (an
         // oversleep of the previous layer must not add up over a few hundred layers).
-        if (!node->layerReady(l)) {
-          node->waitLayer(l);
+        if (!node_.layerReady(l)) {
+          node_.waitLayer(l);
           deadline = std::max(deadline, Clock::now());
         }
-        deadline += toDuration(em.forwardSeconds[l]);
+        deadline += toDuration(em_.forwardSeconds[l]);
         std::this_thread::sleep_until(deadline);
       }
     } else {
+      double forwardTotal = 0;
+      for (double f : em_.forwardSeconds) forwardTotal += f;
       deadline += toDuration(forwardTotal);
       std::this_thread::sleep_until(deadline);
     }
-    node->beginIteration(it);
+    node_.beginIteration(it);
     const int64_t backwardUs = Tracer::nowMicros();
     if (tracer) {
       tracer->span(overlapForward && it > 0 ? "forward (emulated, layer by layer as the sync lands)"
@@ -259,7 +244,7 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
                    "compute", 0, forwardUs, backwardUs, it);
     }
     for (int l = L - 1; l >= 0; --l) {
-      deadline += toDuration(em.backwardSeconds[l]);
+      deadline += toDuration(em_.backwardSeconds[l]);
       std::this_thread::sleep_until(deadline);
       if (overlap) submit(l);
     }
@@ -268,49 +253,123 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
     if (!overlap)
       for (int l = L - 1; l >= 0; --l) submit(l);
     if (!overlapForward) {
-      node->waitIteration();
+      node_.waitIteration();
       if (tracer) tracer->span("wait for the sync", "wait", 0, waitUs, Tracer::nowMicros(), it);
     }
-    times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    return std::chrono::duration<double>(Clock::now() - t0).count();
   }
+
+ private:
+  const bench::EmulatedModel& em_;
+  Node& node_;
+  const size_t L_;
+  std::vector<std::vector<float>> grads_, us_, vs_, outs_;
+};
+
+// The result file: times, bytes (interface and payload by scheme), CPU, retransmits and the charges
+// over the measured iterations (`end` - `start`).
+nlohmann::json workerResult(const WorkerArgs& a, const std::string& systemName, WirePrecision wire,
+                            const bench::EmulatedModel& em, Node& node, int rank, const std::vector<double>& times,
+                            const Counters& start, const Counters& end) {
   nlohmann::json schemes = nlohmann::json::object();
-  for (int l = 0; l < L; ++l)
-    if (layers[l].type == LayerType::kFC) schemes[layers[l].name] = schemeName(node->schemeFor(l));
-  uint64_t tx = readCounter(iface, "tx_bytes") - tx0, rx = readCounter(iface, "rx_bytes") - rx0;
-  bench::ChargedSeconds charged = charger.charged();
-  const double cpu = cpuSeconds() - cpu0;
-  auto delta = [](TrafficTotals a, TrafficTotals b) {
-    return nlohmann::json{{"sent", a.bytesSent - b.bytesSent}, {"received", a.bytesReceived - b.bytesReceived}};
+  for (size_t l = 0; l < em.desc.layers.size(); ++l) {
+    const auto& layer = em.desc.layers[l];
+    if (layer.type == LayerType::kFC) schemes[layer.name] = schemeName(node.schemeFor(static_cast<int>(l)));
+  }
+  auto delta = [](TrafficTotals x, TrafficTotals y) {
+    return nlohmann::json{{"sent", x.bytesSent - y.bytesSent}, {"received", x.bytesReceived - y.bytesReceived}};
   };
-  nlohmann::json result{{"rank", env.rank},
-                        {"system", systemName},
-                        {"wire", wirePrecisionName(wirePrecision)},
-                        {"model", model},
-                        {"batch", em.batch},
-                        {"iteration_seconds", times},
-                        {"warmup", warmup},
-                        {"tx_bytes", tx},
-                        {"rx_bytes", rx},
-                        {"cpu_seconds", cpu},  // over the measured iterations
-                        {"tcp_retransmits", tcpRetransmits() - retrans0},
-                        {"device", device},
-                        {"fc_schemes", schemes},
-                        // full-width seconds of the runtime's own work over the measured iterations
-                        {"charged_seconds",
-                         {{"gemm", charged.gemm - chargedStart.gemm},
-                          {"sum", charged.sum - chargedStart.sum},
-                          {"crypto", charged.crypto - chargedStart.crypto}}},
-                        {"payload", {{"ps", delta(node->counters().total(TrafficKind::kPS), psStart)},
-                                     {"sfb", delta(node->counters().total(TrafficKind::kSFB), sfbStart)},
-                                     {"adam", delta(node->counters().total(TrafficKind::kAdam), adamStart)}}}};
+  return {
+      {"rank", rank},
+      {"system", systemName},
+      {"wire", wirePrecisionName(wire)},
+      {"model", a.model},
+      {"batch", em.batch},
+      {"iteration_seconds", times},
+      {"warmup", a.warmup},
+      {"tx_bytes", end.tx - start.tx},
+      {"rx_bytes", end.rx - start.rx},
+      {"cpu_seconds", end.cpu - start.cpu},  // over the measured iterations
+      {"tcp_retransmits", end.retransmits - start.retransmits},
+      {"device", a.device},
+      {"fc_schemes", schemes},
+      // full-width seconds of the runtime's own work over the measured iterations
+      {"charged_seconds",
+       {{"gemm", end.charged.gemm - start.charged.gemm},
+        {"sum", end.charged.sum - start.charged.sum},
+        {"crypto", end.charged.crypto - start.charged.crypto}}},
+      {"payload",
+       {{"ps", delta(end.ps, start.ps)}, {"sfb", delta(end.sfb, start.sfb)}, {"adam", delta(end.adam, start.adam)}}}};
+}
+
+}  // namespace
+
+int benchWorkerCommand(const std::vector<std::string>& args) {
+  WorkerArgs a;
+  FlagSet flags("bench-worker", "poseidon bench-worker --model NAME --system SYS --out FILE [flags]",
+                "One rank of 'poseidon bench' (started by it; not meant to be run by hand).");
+  addWorkerFlags(flags, a);
+  flags.parse(args);
+  if (flags.helpRequested()) {
+    std::cout << flags.helpText();
+    return 0;
+  }
+  if (a.out.empty()) throw InvalidArgument("--out is required");
+  if ((a.overlapForward || a.system.rfind("poseidon-overlap", 0) == 0) && a.warmup < 1) {
+    throw InvalidArgument("--overlap-forward needs --warmup 1 or more (each iteration carries the one before's tail)");
+  }
+  bench::EmulatedModel em = bench::emulatedModel(a.model, a.scale);
+  // This rank's node charges its own work on it (common/work_charger.h).
+  bench::ChargedDevice charger(workerDevice(a, em));
+  // A wire suffix (poseidon-bf16) picks the wire; the rest picks the scheme and the overlap.
+  const bench::SystemChoice parsed = bench::parseBenchSystem(a.system);  // bench/systems.h
+  if (parsed.spec->ddp) {
+    throw InvalidArgument("unknown system '" + a.system +
+                          "' (bench-worker runs Poseidon's; DDP's run in ddp_worker.py)");
+  }
+  if (flags.wasSet("wire") && parsed.wire != WirePrecision::kFp32) {
+    throw InvalidArgument("--wire and a system with a wire suffix ('" + a.system + "') cannot be combined");
+  }
+  const WirePrecision wirePrecision = flags.wasSet("wire") ? parseWirePrecision(a.wireFlag) : parsed.wire;
+  const bool overlap = parsed.spec->wfbp;
+  if (parsed.spec->overlapForward) {
+    // docs/scheduling.md: priority-scheduled links, each layer's next forward as soon as its sync
+    // lands. The window: 1 MB at full width (half a KV pair), scaled by s^2 like the pairs.
+    a.overlapForward = true;
+    if (!flags.wasSet("send-window")) {
+      a.sendWindow = static_cast<int>(std::max(4096.0, std::round(1048576 * a.scale * a.scale)));
+    }
+  }
+
+  RankEnv env = rankFromEnvironment();
+  setLogPrefix("rank " + std::to_string(env.rank));  // like every rank's: the harness drops it from its report
+  NodeOptions o = workerNodeOptions(a, env, em, flags.wasSet("pair-bytes"));
+  o.settings.policy = parsed.spec->policy;
+  o.settings.wire = wirePrecision;
+  o.charger = &charger;
+  std::unique_ptr<Tracer> tracer;
+  if (!a.tracePath.empty()) tracer = std::make_unique<Tracer>(env.rank);
+  o.tracer = tracer.get();
+  auto node = Node::start(o, em.desc);
+
+  EmulatedRank rank(em, *node, env.rank);
+  std::vector<double> times;
+  Counters start;
+  for (int it = 0; it < a.warmup + a.iterations; ++it) {
+    // With --overlap-forward, the warm-up's tail is in flight: counted, as a steady state's.
+    if (it == a.warmup) start = Counters::read(a.iface, *node, charger);
+    times.push_back(rank.iteration(it, overlap, a.overlapForward, tracer.get()));
+  }
+  const Counters end = Counters::read(a.iface, *node, charger);
+  nlohmann::json result = workerResult(a, a.system, wirePrecision, em, *node, env.rank, times, start, end);
   // The last tail, unmeasured (its bytes and CPU are not counted either, as the warm-up's tail is
   // partly counted at the start: a steady state's share).
-  if (overlapForward) node->waitIteration();
+  if (a.overlapForward) node->waitIteration();
   node->finish();
-  if (tracer) tracer->writeFile(tracePath);
-  std::ofstream f(out);
+  if (tracer) tracer->writeFile(a.tracePath);
+  std::ofstream f(a.out);
   f << result.dump();
-  if (!f) throw IoError("cannot write " + out);
+  if (!f) throw IoError("cannot write " + a.out);
   return 0;
 }
 

@@ -323,7 +323,10 @@ int planPredict(const PredictRequest& r) {
   return 0;
 }
 
-int planCheck(const std::string& path, const Cluster& calibration, int hostCores, double tolerance, bool json) {
+namespace {
+
+// A bench results file (--check), read and checked for its config and runs.
+nlohmann::json readResults(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw InvalidArgument("--check: cannot open '" + path + "'");
   nlohmann::json results;
@@ -334,6 +337,43 @@ int planCheck(const std::string& path, const Cluster& calibration, int hostCores
   }
   if (!results.is_object() || !results.contains("config") || !results.contains("runs") || !results["runs"].is_array())
     throw InvalidArgument("--check: '" + path + "' is not a poseidon bench results file (no config and runs)");
+  return results;
+}
+
+// The measured rates of the results file's device `name` (config's "devices"), or nullptr.
+const nlohmann::json* deviceRates(const nlohmann::json& devices, const std::string& name) {
+  for (const auto& d : devices)
+    if (d.is_object() && d.value("name", "") == name) return &d;
+  return nullptr;
+}
+
+// The cluster one throughput run ran on: `nodes` on one host of `cores` at `mbit`, the file's scale,
+// send window and I/O threads, and (Poseidon's runs) its device's measured rates.
+Cluster runCluster(const Cluster& calibration, const nlohmann::json& config, int nodes, double mbit, int cores,
+                   WirePrecision wire, const nlohmann::json* rates) {
+  const double scale = config.value("scale", 0.1);
+  // The bench runs every node on one host: a message's loop time stretches as they share its cores.
+  Cluster c = planner::emulatedCluster(calibration, nodes, mbit, cores);
+  c.scale = scale;
+  c.wire = wire;
+  const double window = config.value("send_window", 0.0);
+  if (window > 0) c.sendWindowBytes = window / (scale * scale);
+  c.cryptoLanes = config.value("io_threads", 2);
+  c.cryptoBytes = c.gemmFlops = c.sumBytes = 0;
+  c.timedSchemes = false;
+  if (rates) {
+    c.cryptoBytes = rates->value("crypto_bytes_per_s", 0.0);
+    c.gemmFlops = rates->value("gemm_flops", 0.0);
+    c.sumBytes = rates->value("sum_bytes_per_s", 0.0);
+    c.timedSchemes = true;
+  }
+  return c;
+}
+
+}  // namespace
+
+int planCheck(const std::string& path, const Cluster& calibration, int hostCores, double tolerance, bool json) {
+  const nlohmann::json results = readResults(path);
   const auto& config = results["config"];
   if (config.contains("pad_ms")) return planCheckAccuracy(path, results, calibration, hostCores, tolerance, json);
   const double scale = config.value("scale", 0.1);
@@ -369,9 +409,7 @@ int planCheck(const std::string& path, const Cluster& calibration, int hostCores
     if (why.empty() && !(measured > 0)) why = "no iteration time";
     if (why.empty() && nodes < 1) why = "no node count";
     const std::string device = run.value("device", "gpu");
-    const nlohmann::json* rates = nullptr;
-    for (const auto& d : devices)
-      if (d.is_object() && d.value("name", "") == device) rates = &d;
+    const nlohmann::json* rates = deviceRates(devices, device);
     // Poseidon's runtime charged its own work on the run's device: the file must say how fast.
     if (why.empty() && sys != System::kDdp && device != "none" && !rates)
       why = "device '" + device + "' not in the file";
@@ -390,21 +428,7 @@ int planCheck(const std::string& path, const Cluster& calibration, int hostCores
                     why.c_str());
       continue;
     }
-    // The bench runs every node on one host: a message's loop time stretches as they share its cores.
-    Cluster c = planner::emulatedCluster(calibration, nodes, mbit, cores);
-    c.scale = scale;
-    c.wire = wire;
-    const double window = config.value("send_window", 0.0);
-    if (window > 0) c.sendWindowBytes = window / (scale * scale);
-    c.cryptoLanes = config.value("io_threads", 2);
-    c.cryptoBytes = c.gemmFlops = c.sumBytes = 0;
-    c.timedSchemes = false;
-    if (sys != System::kDdp && rates) {
-      c.cryptoBytes = rates->value("crypto_bytes_per_s", 0.0);
-      c.gemmFlops = rates->value("gemm_flops", 0.0);
-      c.sumBytes = rates->value("sum_bytes_per_s", 0.0);
-      c.timedSchemes = true;
-    }
+    const Cluster c = runCluster(calibration, config, nodes, mbit, cores, wire, sys != System::kDdp ? rates : nullptr);
     const Prediction p = planner::predict(w, c, sys);
     const double error = t.add(measured, p.iterationSeconds);
     t.rows.push_back({{"model", model},

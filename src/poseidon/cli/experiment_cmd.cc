@@ -50,6 +50,41 @@ std::string histogramText(const std::map<int64_t, int64_t>& h) {
   return s.empty() ? "-" : s;
 }
 
+// One group count's fit, as the results file holds it.
+nlohmann::json resultJson(int g, const pt::ImplicitMomentumResult& r) {
+  nlohmann::json hist = nlohmann::json::object();
+  for (const auto& [s, n] : r.staleness) hist[std::to_string(s)] = n;
+  return {{"groups", g},
+          {"updates", r.updates},
+          {"a", r.a},
+          {"predicted_a", r.predictedA},
+          {"b", r.b},
+          {"predicted_b", r.predictedB},
+          {"r2", r.r2},
+          {"a_iv", r.aIv},
+          {"b_iv", r.bIv},
+          {"mean_staleness", r.meanStaleness},
+          {"fresh_share", r.freshShare},
+          {"staleness_histogram", hist}};
+}
+
+// The results file: the experiment's settings and each group count's fit.
+void writeResults(const std::string& jsonPath, const pt::ImplicitMomentumOptions& o, const nlohmann::json& results) {
+  nlohmann::json out = {{"experiment", "implicit-momentum"},
+                        {"workers", o.workers},
+                        {"steps", o.steps},
+                        {"batch", o.batch},
+                        {"lr", o.lr},
+                        {"step_ms", o.stepMs},
+                        {"step_times", o.exponential ? "exponential" : "fixed"},
+                        {"seed", o.seed},
+                        {"runs", o.runs},
+                        {"burn_in", o.burnIn},
+                        {"results", results}};
+  writeFileAtomically(jsonPath, out.dump(2) + "\n", "the results file");
+  std::printf("results written to %s\n", jsonPath.c_str());
+}
+
 int implicitMomentum(const std::vector<std::string>& args) {
   pt::ImplicitMomentumOptions o;
   std::string groupsFlag = "1,2,4,8", jsonPath;
@@ -114,36 +149,9 @@ int implicitMomentum(const std::vector<std::string>& args) {
                 r.b, r.predictedB, r.r2, r.freshShare, 1.0 / g,
                 histogramText(r.staleness).c_str());
     std::fflush(stdout);
-    nlohmann::json hist = nlohmann::json::object();
-    for (const auto& [s, n] : r.staleness) hist[std::to_string(s)] = n;
-    results.push_back({{"groups", g},
-                       {"updates", r.updates},
-                       {"a", r.a},
-                       {"predicted_a", r.predictedA},
-                       {"b", r.b},
-                       {"predicted_b", r.predictedB},
-                       {"r2", r.r2},
-                       {"a_iv", r.aIv},
-                       {"b_iv", r.bIv},
-                       {"mean_staleness", r.meanStaleness},
-                       {"fresh_share", r.freshShare},
-                       {"staleness_histogram", hist}});
+    results.push_back(resultJson(g, r));
   }
-  if (!jsonPath.empty()) {
-    nlohmann::json out = {{"experiment", "implicit-momentum"},
-                          {"workers", o.workers},
-                          {"steps", o.steps},
-                          {"batch", o.batch},
-                          {"lr", o.lr},
-                          {"step_ms", o.stepMs},
-                          {"step_times", o.exponential ? "exponential" : "fixed"},
-                          {"seed", o.seed},
-                          {"runs", o.runs},
-                          {"burn_in", o.burnIn},
-                          {"results", results}};
-    writeFileAtomically(jsonPath, out.dump(2) + "\n", "the results file");
-    std::printf("results written to %s\n", jsonPath.c_str());
-  }
+  if (!jsonPath.empty()) writeResults(jsonPath, o, results);
   return 0;
 }
 

@@ -113,9 +113,10 @@ nlohmann::json trafficHistogram(const std::vector<RunResult>& runs, const std::s
   return {{"model", model}, {"nodes", nodes}, {"link_mbit", mbit}, {"bytes_per_node", perNode}};
 }
 
-void writeMarkdown(const std::string& path, const nlohmann::json& result) {
-  std::ostringstream md;
-  const auto& cfg = result["config"];
+namespace {
+
+// The results file's introduction: the command, the method, the columns, the device models.
+void writeIntro(std::ostringstream& md, const nlohmann::json& cfg) {
   md << "# poseidon bench results\n\n";
   md << "Command: `" << cfg["command"].get<std::string>() << "`\n\n";
   md << "Emulated cluster: one network namespace per node, tc tbf links both ways; width scale s = "
@@ -144,6 +145,67 @@ void writeMarkdown(const std::string& path, const nlohmann::json& result) {
     md << " a rate of 0 charges nothing. Poseidon's systems under a device other than the first are named "
           "SYSTEM@DEVICE. DDP's own work (Gloo's sums) is not charged.\n\n";
   }
+}
+
+// One system's row of a model-and-rate table: its speedup at each size, then the largest size's
+// iteration, slowest rank, bounds and charges.
+void writeSystemRow(std::ostringstream& md, const std::string& s, const std::vector<int>& nodes,
+                    const std::vector<nlohmann::json>& runs,
+                    const std::map<std::pair<std::string, std::string>, nlohmann::json>& one, const std::string& model,
+                    int repeat, double scale) {
+  md << "| " << s << " |";
+  nlohmann::json last;
+  for (int n : nodes) {
+    nlohmann::json hit;
+    if (n == 1) {
+      auto it = one.find({model, s});
+      if (it != one.end()) hit = it->second;
+    } else {
+      for (const auto& r : runs)
+        if (r["system"] == s && r["nodes"] == n) hit = r;
+    }
+    if (hit.is_null())
+      md << " - |";
+    else if (!hit["ok"].get<bool>())
+      md << " failed |";
+    else if (n > 1 && hit["speedup"].get<double>() <= 0)
+      md << " - |";  // no one-node run to compare with
+    else
+      md << " " << fmt("%.2fx", n == 1 ? 1.0 : hit["speedup"].get<double>()) << " |";
+    if (n == nodes.back()) last = hit;
+  }
+  if (!last.is_null() && last["ok"].get<bool>()) {
+    md << " " << fmt("%.3f", last["iteration_seconds"].get<double>());
+    if (repeat > 1) {
+      md << " (" << fmt("%.3f", last.value("min_seconds", 0.0)) << "-" << fmt("%.3f", last.value("max_seconds", 0.0))
+         << ")";
+    }
+    if (last.value("host_bound", false)) {
+      md << " HOST-BOUND (" << fmt("%.0f%%", 100 * last.value("host_cpu_share", 0.0)) << " of the host's CPU)";
+    }
+    if (last.contains("tuning") && last["tuning"].is_object()) {
+      md << ", " << fmt("%g MB", last.value("bucket_mb", 0.0) / scale / scale) << " buckets";
+    }
+    double charged = 0;
+    if (last.contains("charged_seconds_per_iteration") && last["charged_seconds_per_iteration"].is_object())
+      for (const auto& [k, v] : last["charged_seconds_per_iteration"].items()) charged += v.get<double>();
+    md << " | " << fmt("%.3f", last.value("slowest_rank_seconds", 0.0)) << " | "
+       << fmt("%.3f", last.value("own_bound_seconds", 0.0)) << " | "
+       << fmt("%.2f", last.value("measured_over_own_bound", 0.0)) << " | "
+       << fmt("%.2f", last["measured_over_ideal"].get<double>()) << " | "
+       << (last["charged_seconds_per_iteration"].is_object() ? fmt("%.3f", charged) : std::string("-")) << " |\n";
+  } else {
+    md << " - | - | - | - | - | - |\n";
+  }
+}
+
+}  // namespace
+
+void writeMarkdown(const std::string& path, const nlohmann::json& result) {
+  std::ostringstream md;
+  const auto& cfg = result["config"];
+  writeIntro(md, cfg);
+  const int repeat = cfg.value("repeat", 1);
   std::map<std::pair<std::string, double>, std::vector<nlohmann::json>> groups;
   for (const auto& r : result["runs"])
     if (r["nodes"].get<int>() > 1) groups[{r["model"].get<std::string>(), r["link_mbit"].get<double>()}].push_back(r);
@@ -169,47 +231,7 @@ void writeMarkdown(const std::string& path, const nlohmann::json& result) {
     for (size_t i = 0; i < nodes.size() + 6; ++i) md << "---|";
     md << "\n";
     for (const auto& s : systems) {
-      md << "| " << s << " |";
-      nlohmann::json last;
-      for (int n : nodes) {
-        nlohmann::json hit;
-        if (n == 1) {
-          auto it = one.find({key.first, s});
-          if (it != one.end()) hit = it->second;
-        } else {
-          for (const auto& r : runs)
-            if (r["system"] == s && r["nodes"] == n) hit = r;
-        }
-        if (hit.is_null()) md << " - |";
-        else if (!hit["ok"].get<bool>()) md << " failed |";
-        else if (n > 1 && hit["speedup"].get<double>() <= 0) md << " - |";  // no one-node run to compare with
-        else md << " " << fmt("%.2fx", n == 1 ? 1.0 : hit["speedup"].get<double>()) << " |";
-        if (n == nodes.back()) last = hit;
-      }
-      if (!last.is_null() && last["ok"].get<bool>()) {
-        md << " " << fmt("%.3f", last["iteration_seconds"].get<double>());
-        if (repeat > 1) {
-          md << " (" << fmt("%.3f", last.value("min_seconds", 0.0)) << "-"
-             << fmt("%.3f", last.value("max_seconds", 0.0))
-             << ")";
-        }
-        if (last.value("host_bound", false)) {
-          md << " HOST-BOUND (" << fmt("%.0f%%", 100 * last.value("host_cpu_share", 0.0)) << " of the host's CPU)";
-        }
-        if (last.contains("tuning") && last["tuning"].is_object()) {
-          md << ", " << fmt("%g MB", last.value("bucket_mb", 0.0) / scale / scale) << " buckets";
-        }
-        double charged = 0;
-        if (last.contains("charged_seconds_per_iteration") && last["charged_seconds_per_iteration"].is_object())
-          for (const auto& [k, v] : last["charged_seconds_per_iteration"].items()) charged += v.get<double>();
-        md << " | " << fmt("%.3f", last.value("slowest_rank_seconds", 0.0)) << " | "
-           << fmt("%.3f", last.value("own_bound_seconds", 0.0)) << " | "
-           << fmt("%.2f", last.value("measured_over_own_bound", 0.0)) << " | "
-           << fmt("%.2f", last["measured_over_ideal"].get<double>()) << " | "
-           << (last["charged_seconds_per_iteration"].is_object() ? fmt("%.3f", charged) : std::string("-")) << " |\n";
-      } else {
-        md << " - | - | - | - | - | - |\n";
-      }
+      writeSystemRow(md, s, nodes, runs, one, key.first, repeat, scale);
     }
     md << "\n";
   }

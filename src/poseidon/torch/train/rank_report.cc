@@ -26,7 +26,8 @@ std::string human(double bytes) {
 
 void RankRun::reportTraffic() {
   mode_->report();
-  c_.pad.report([this](const std::vector<double>& mine) { return c_.allSum(mine); }, steps_, rank_, world_, lead_);
+  c_.pad.report([this](const std::vector<double>& mine) { return c_.allSum(mine); }, steps_, c_.rank, c_.world,
+                c_.lead);
   if (!c_.dist) return;
   // Traffic over all ranks, against Table 1's prediction.
   Node& node = c_.dist->node();
@@ -40,7 +41,7 @@ void RankRun::reportTraffic() {
   predictedPs_ = total[4];
   predictedSfb_ = total[5];
   double moved = total[2] + total[3], predicted = total[4] + total[5];
-  if (lead_ && world_ > 1) {
+  if (c_.lead && c_.world > 1) {
     std::printf("\nbytes on the wire (all ranks, sent): ps %s, sfb %s\n", human(psBytes_).c_str(),
                 human(sfbBytes_).c_str());
     std::printf("bytes moved (sent + received) vs Table 1 prediction: %s vs %s (%.3fx)\n", human(moved).c_str(),
@@ -49,7 +50,7 @@ void RankRun::reportTraffic() {
 }
 
 void RankRun::printResult() const {
-  if (!lead_) return;
+  if (!c_.lead) return;
   std::printf("final test accuracy %.2f%%, %.0f images/s, %.1f s\n", 100 * accuracy_, imagesPerSecond(),
               secondsSince(wallStart_));
   if (modelDiverged_ && o_.allowDivergence) {
@@ -95,7 +96,9 @@ nlohmann::json RankRun::summaryJson() const {
   for (size_t l = 0, synced = 0; l < desc.layers.size(); ++l) {
     const auto& s = desc.layers[l];
     const bool onFcServer = mode_->onFcServer(s.name);
-    std::string scheme = onFcServer ? "fc-server" : world_ == 1 ? "local" : schemeName(c_.dist->lastSchemes()[synced]);
+    std::string scheme = onFcServer      ? "fc-server"
+                         : c_.world == 1 ? "local"
+                                         : schemeName(c_.dist->lastSchemes()[synced]);
     if (!onFcServer) ++synced;
     layers.push_back({{"name", s.name},
                       {"type", layerTypeName(s.type)},
@@ -108,7 +111,7 @@ nlohmann::json RankRun::summaryJson() const {
       {"test_accuracy", accuracy_},
       {"epochs", o_.epochs},
       {"epochs_run", epochsJson_},
-      {"workers", world_},
+      {"workers", c_.world},
       {"batch", o_.batch},
       {"lr", c_.lr},
       {"warmup_steps", warmupSteps_},
@@ -128,8 +131,8 @@ nlohmann::json RankRun::summaryJson() const {
       {"bytes_sent_by_scheme", {{"ps", psBytes_}, {"sfb", sfbBytes_}}},
       {"predicted_bytes_by_scheme", {{"ps", predictedPs_}, {"sfb", predictedSfb_}}},
       // The modes' results where they ran (TrainMode::addSummary), these where they did not.
-      {"dropped_contributions_per_rank", std::vector<double>(static_cast<size_t>(world_), 0.0)},
-      {"skipped_iterations_per_rank", std::vector<double>(static_cast<size_t>(world_), 0.0)},
+      {"dropped_contributions_per_rank", std::vector<double>(static_cast<size_t>(c_.world), 0.0)},
+      {"skipped_iterations_per_rank", std::vector<double>(static_cast<size_t>(c_.world), 0.0)},
       {"staleness_histogram", nlohmann::json::object()},
       {"max_group_lead", 0},
       {"fc_server_updates", 0},
@@ -148,9 +151,9 @@ nlohmann::json RankRun::summaryJson() const {
 }
 
 void RankRun::writeOutputs() const {
-  if (!o_.saveParamsPath.empty() && lead_) saveParams();
-  if (c_.tracer) c_.tracer->writeFile(o_.tracePath + ".rank" + std::to_string(rank_));
-  if (lead_ && !o_.summaryPath.empty()) writeFileAtomically(o_.summaryPath, summaryJson().dump(2) + "\n", "summary");
+  if (!o_.saveParamsPath.empty() && c_.lead) saveParams();
+  if (c_.tracer) c_.tracer->writeFile(o_.tracePath + ".rank" + std::to_string(c_.rank));
+  if (c_.lead && !o_.summaryPath.empty()) writeFileAtomically(o_.summaryPath, summaryJson().dump(2) + "\n", "summary");
 }
 
 }  // namespace poseidon::pt

@@ -90,18 +90,11 @@ struct RankRun::EpochStats {
 };
 
 RankRun::RankRun(const TrainOptions& o, const TrainHooks& hooks, const RankEnv& env)
-    : o_(o),
-      hooks_(hooks),
-      c_(o, hooks, env),
-      rank_(env.rank),
-      world_(env.worldSize),
-      lead_(env.rank == 0),
-      warmupSteps_(o.warmupSteps),
-      curve_(hooks, env.rank == 0) {
-  setLogPrefix("rank " + std::to_string(rank_));
-  validateOptions(o_, hooks_, world_);
-  checkOutputPaths(o_, rank_);
-  setTorchThreads(o_, world_);
+    : o_(o), hooks_(hooks), c_(o, hooks, env), warmupSteps_(o.warmupSteps), curve_(hooks, env.rank == 0) {
+  setLogPrefix("rank " + std::to_string(c_.rank));
+  validateOptions(o_, hooks_, c_.world);
+  checkOutputPaths(o_, c_.rank);
+  setTorchThreads(o_, c_.world);
   torch::manual_seed(static_cast<int64_t>(o_.seed));
 
   const std::string dataDir = o_.dataDir.empty() ? data::kDefaultFashionMnistDir : o_.dataDir;
@@ -109,14 +102,14 @@ RankRun::RankRun(const TrainOptions& o, const TrainHooks& hooks, const RankEnv& 
   test_ = data::loadFashionMnist(dataDir, false);
   if (o_.trainLimit > 0 && o_.trainLimit < train_.count) train_.count = o_.trainLimit;
 
-  c_.lr = o.lr > 0 ? o.lr : defaultLearningRate(world_, o.batch);
+  c_.lr = o.lr > 0 ? o.lr : defaultLearningRate(c_.world, o.batch);
   c_.net = makeModel(o_.model);
   mode_ = chooseMode(c_);
   const auto sgd = torch::optim::SGDOptions(c_.lr).momentum(o_.momentum).weight_decay(o_.weightDecay);
   c_.optimizer = std::make_unique<torch::optim::SGD>(mode_->trainedParameters(), sgd);
   mode_->optimizerBuilt(sgd);
 
-  const int64_t perRank = (train_.count + world_ - 1) / world_;
+  const int64_t perRank = (train_.count + c_.world - 1) / c_.world;
   stepsPerEpoch_ = (perRank + o_.batch - 1) / o_.batch;
 }
 
@@ -124,7 +117,7 @@ void RankRun::resume() {
   // Every rank reads the checkpoint (the directory must be visible to all
   // ranks); the rendezvous then checks that all ranks resume at the same iteration.
   meta_.model = o_.model;
-  meta_.workers = world_;
+  meta_.workers = c_.world;
   meta_.batch = o_.batch;
   meta_.seed = o_.seed;
   meta_.trainLimit = o_.trainLimit;
@@ -132,14 +125,14 @@ void RankRun::resume() {
   // A damaged checkpoint (a file that fails its checksum) is skipped for the
   // newest intact one; every rank decides alike from the same files.
   Resumed r = resumeFromNewest(o_.checkpointDir, meta_, *c_.net.module, mode_->stateOptimizer());
-  if (lead_) {
+  if (c_.lead) {
     for (const auto& w : r.warnings) POSEIDON_LOG(kWarning) << w;
   }
   if (r.path.empty()) return;
   c_.startIteration = r.meta.iteration;
   checkpointIteration_ = c_.startIteration;
   mode_->resumed(r);
-  if (lead_) {
+  if (c_.lead) {
     const auto start = c_.startIteration;
     std::printf("resuming from %s (iteration %lld: epoch %lld, step %lld)\n", r.path.c_str(),
                 static_cast<long long>(start), static_cast<long long>(start / stepsPerEpoch_ + 1),
@@ -149,17 +142,17 @@ void RankRun::resume() {
 }
 
 void RankRun::connect() {
-  if (!o_.tracePath.empty()) c_.tracer = std::make_unique<Tracer>(rank_);
+  if (!o_.tracePath.empty()) c_.tracer = std::make_unique<Tracer>(c_.rank);
   mode_->connect();
 }
 
 void RankRun::printPlan() const {
-  if (!lead_) return;
+  if (!c_.lead) return;
   ModelDesc desc = describeModule(*c_.net.module, c_.net.name);
   std::printf(
       "poseidon train: %s (%lld params) on Fashion-MNIST, %d worker%s x batch %lld, %d epochs, lr %g%s, "
       "momentum %g, scheme %s%s%s\n",
-      c_.net.name.c_str(), static_cast<long long>(desc.numel()), world_, world_ > 1 ? "s" : "",
+      c_.net.name.c_str(), static_cast<long long>(desc.numel()), c_.world, c_.world > 1 ? "s" : "",
       static_cast<long long>(o_.batch), o_.epochs, c_.lr,
       strCat(o_.lr > 0 ? "" : " (for the global batch)",
              warmupSteps_ > 0 ? strCat(", warmed up over ", warmupSteps_, " steps") : std::string())
@@ -170,7 +163,7 @@ void RankRun::printPlan() const {
     std::printf("\n%-8s %-5s %-12s %-6s %16s\n", "layer", "type", "shape", "scheme", "floats/iter/node");
     for (const auto& p : c_.dist->plan(o_.batch)) {
       std::printf("%-8s %-5s %-12s %-6s %16.0f\n", p.name.c_str(), layerTypeName(p.type), p.shape.c_str(),
-                  world_ == 1 ? "local" : schemeName(p.scheme), world_ == 1 ? 0.0 : p.floatsPerIteration);
+                  c_.world == 1 ? "local" : schemeName(p.scheme), c_.world == 1 ? 0.0 : p.floatsPerIteration);
     }
     mode_->printPlanNotes();
     std::printf("\n");
@@ -193,9 +186,9 @@ double RankRun::evaluate() {
   AnyNet& net = c_.net;
   net.module->eval();
   int64_t correct = 0, seen = 0;
-  std::vector<int64_t> idx = data::shardIndices(test_.count, world_, rank_, 0, 0, /*shuffle=*/false);
+  std::vector<int64_t> idx = data::shardIndices(test_.count, c_.world, c_.rank, 0, 0, /*shuffle=*/false);
   // Padding repeats a few samples on the last ranks; count each sample once.
-  size_t limit = std::min<size_t>(idx.size(), static_cast<size_t>((test_.count - rank_ + world_ - 1) / world_));
+  size_t limit = std::min<size_t>(idx.size(), static_cast<size_t>((test_.count - c_.rank + c_.world - 1) / c_.world));
   for (size_t b = 0; b < limit; b += kEvalBatch) {
     size_t e = std::min(limit, b + kEvalBatch);
     auto pred = net.forward(batchImages(test_, idx, b, e)).argmax(1);
@@ -211,13 +204,13 @@ double RankRun::evaluate() {
       !std::all_of(params.begin(), params.end(), [](const torch::Tensor& p) { return allFinite(p); })) {
     noteDivergence(iteration_);
   }
-  std::vector<double> mine(2 + static_cast<size_t>(world_), 0.0);
+  std::vector<double> mine(2 + static_cast<size_t>(c_.world), 0.0);
   mine[0] = static_cast<double>(correct);
   mine[1] = static_cast<double>(seen);
-  mine[2 + static_cast<size_t>(rank_)] = divergedAt_ >= 0 ? static_cast<double>(divergedAt_ + 1) : 0.0;
+  mine[2 + static_cast<size_t>(c_.rank)] = divergedAt_ >= 0 ? static_cast<double>(divergedAt_ + 1) : 0.0;
   const std::vector<double> total = c_.allSum(mine);
   modelDiverged_ = false;
-  for (int r = 0; r < world_; ++r) {
+  for (int r = 0; r < c_.world; ++r) {
     const auto step = static_cast<int64_t>(total[2 + static_cast<size_t>(r)]) - 1;
     if (step < 0 || (modelDiverged_ && step >= jobDivergedAt_)) continue;
     modelDiverged_ = true;
@@ -232,11 +225,11 @@ void RankRun::checkpoint(int64_t iteration) {
   settle();  // a checkpoint holds the last step's update (and the optimizer's state after it)
   mode_->beforeCheckpoint(meta_);
   const auto params = c_.net.module->parameters();
-  if (lead_ && !std::all_of(params.begin(), params.end(), [](const torch::Tensor& p) { return allFinite(p); })) {
+  if (c_.lead && !std::all_of(params.begin(), params.end(), [](const torch::Tensor& p) { return allFinite(p); })) {
     // A diverged model is not saved: the newest checkpoint stays the last finite one.
     std::printf("checkpoint at step %lld not saved: the model is not finite\n", static_cast<long long>(iteration));
     std::fflush(stdout);
-  } else if (lead_) {
+  } else if (c_.lead) {
     // Reported first, so that a restart after a failed save (a full disk) counts this iteration as lost.
     writeProgress(hooks_.progressPath, iteration, checkpointIteration_);
     meta_.iteration = iteration;
@@ -267,7 +260,7 @@ void RankRun::train() {
       if (divergedAt_ < 0) noteDivergence(iteration_);
       stop_ = true;
     }
-    if (lead_) {
+    if (c_.lead) {
       std::printf("epoch %d/%d done in %.1f s: train loss %.4f, test accuracy %.2f%%\n", epoch + 1, o_.epochs,
                   epochSeconds, stats.meanLoss(), 100 * accuracy_);
       std::fflush(stdout);
@@ -282,7 +275,7 @@ void RankRun::train() {
 }
 
 bool RankRun::trainEpoch(int epoch, EpochStats& stats) {
-  std::vector<int64_t> idx = data::shardIndices(train_.count, world_, rank_, o_.seed, epoch);
+  std::vector<int64_t> idx = data::shardIndices(train_.count, c_.world, c_.rank, o_.seed, epoch);
   stats.start = Clock::now();
   int nextReport = 1;
   const int64_t firstStep = epoch == startEpoch() ? c_.startIteration % stepsPerEpoch_ : 0;
@@ -325,7 +318,7 @@ bool RankRun::trainEpoch(int epoch, EpochStats& stats) {
     ++iteration_;
     if (curve_.due(iteration_)) recordCurvePoint(iteration_);
     checkpointIfDue();
-    if (lead_) writeProgress(hooks_.progressPath, iteration_, checkpointIteration_);
+    if (c_.lead) writeProgress(hooks_.progressPath, iteration_, checkpointIteration_);
     if (maxStepsReached()) return true;
     printProgress(epoch, s, stats, nextReport);
   }
@@ -336,7 +329,7 @@ void RankRun::noteDivergence(int64_t step, const std::string& what) {
   if (divergedAt_ >= 0) return;
   divergedAt_ = step;
   divergedWhat_ = what;
-  if (lead_ && o_.allowDivergence) {
+  if (c_.lead && o_.allowDivergence) {
     std::printf("step %lld: the training diverged (a NaN or an infinity): %s (--allow-divergence)\n",
                 static_cast<long long>(step), mode_->afterDivergence());
     std::fflush(stdout);
@@ -354,8 +347,8 @@ void RankRun::noteDivergence(int64_t step, const std::string& what) {
 }
 
 void RankRun::injectFault() const {
-  if (rank_ != hooks_.faultRank || iteration_ != hooks_.faultStep || hooks_.restartCount != 0) return;
-  std::fprintf(stderr, "rank %d: fault injection (POSEIDON_FAULT): signal %d at iteration %lld\n", rank_,
+  if (c_.rank != hooks_.faultRank || iteration_ != hooks_.faultStep || hooks_.restartCount != 0) return;
+  std::fprintf(stderr, "rank %d: fault injection (POSEIDON_FAULT): signal %d at iteration %lld\n", c_.rank,
                hooks_.faultSignal, static_cast<long long>(iteration_));
   std::fflush(stderr);
   std::raise(hooks_.faultSignal);
@@ -369,7 +362,7 @@ RankRun::StepOutcome RankRun::trainStep(const std::vector<int64_t>& idx, size_t 
   torch::Tensor loss;
   try {
     if (mode_->skipStep()) {
-      stats.images += static_cast<int64_t>(e - b) * world_;
+      stats.images += static_cast<int64_t>(e - b) * c_.world;
       return StepOutcome::kTrained;
     }
     torch::Tensor x = batchImages(train_, idx, b, e), y = batchLabels(train_, idx, b, e);
@@ -389,7 +382,7 @@ RankRun::StepOutcome RankRun::trainStep(const std::vector<int64_t>& idx, size_t 
     return StepOutcome::kDiverged;
   }
   addLoss(loss.item<double>(), stats);
-  stats.images += static_cast<int64_t>(e - b) * world_;
+  stats.images += static_cast<int64_t>(e - b) * c_.world;
   return StepOutcome::kTrained;
 }
 
@@ -401,7 +394,7 @@ void RankRun::addLoss(double loss, EpochStats& stats) {
 
 // A progress line at every tenth of the epoch (rank 0, unless --quiet).
 void RankRun::printProgress(int epoch, int64_t s, const EpochStats& stats, int& nextReport) const {
-  if (!lead_ || o_.quiet || (s + 1) * 10 < nextReport * stepsPerEpoch_) return;
+  if (!c_.lead || o_.quiet || (s + 1) * 10 < nextReport * stepsPerEpoch_) return;
   int pct = static_cast<int>(100 * (s + 1) / stepsPerEpoch_);
   std::string bar(static_cast<size_t>(pct / 5), '#');
   bar.resize(20, '.');
@@ -413,7 +406,7 @@ void RankRun::printProgress(int epoch, int64_t s, const EpochStats& stats, int& 
 
 void RankRun::recordCurvePoint(int64_t step) {
   settle();  // every rank alike: the copy is the model after this step
-  if (lead_ && !curve_.has(step))
+  if (c_.lead && !curve_.has(step))
     curve_.add(step, trainClock_, mode_->modelCopy());  // (settle may have noted a divergence)
 }
 

@@ -85,9 +85,7 @@ class RankRun {
   const TrainOptions& o_;
   const TrainHooks& hooks_;
   const Clock::time_point wallStart_ = Clock::now();
-  RankContext c_;  // the model, its optimizer and the job: what the mode works on
-  const int rank_, world_;
-  const bool lead_;
+  RankContext c_;              // the model, its optimizer and the job: what the mode works on
   const int64_t warmupSteps_;  // --warmup-steps
   data::Dataset train_, test_;
   std::unique_ptr<TrainMode> mode_;  // after c_: its MergedFc goes before c_'s DistributedModel

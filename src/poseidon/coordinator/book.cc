@@ -65,15 +65,16 @@ void InformationBook::derive() {
     }
     if (settings_.stragglerMode()) throw InvalidArgument("--groups and --drop-stragglers cannot be combined");
     if (settings_.policy == SchemePolicy::kAdam) throw InvalidArgument("--groups does not apply to the adam baseline");
-  }
-  if (settings_.wire != WirePrecision::kFp32) {
-    // The 16-bit wire covers BSP's PS pairs and SFB factors; the baseline and the groups' model
-    // traffic (pulls carry the model itself) stay exact.
-    const char* wire = wirePrecisionName(settings_.wire);
-    if (settings_.policy == SchemePolicy::kAdam) {
-      throw InvalidArgument(strCat("--wire ", wire, " does not apply to the adam baseline (use --wire fp32)"));
+    // The 16-bit wire covers BSP's PS pairs and SFB factors; the groups' model traffic (pulls carry
+    // the model itself) stays exact.
+    if (settings_.wire != WirePrecision::kFp32) {
+      throw InvalidArgument(strCat("--wire ", wirePrecisionName(settings_.wire), " and --groups cannot be combined"));
     }
-    if (settings_.groupMode()) throw InvalidArgument(strCat("--wire ", wire, " and --groups cannot be combined"));
+  }
+  if (settings_.wire != WirePrecision::kFp32 && settings_.policy == SchemePolicy::kAdam) {
+    // The baseline's traffic stays exact too.
+    throw InvalidArgument(
+        strCat("--wire ", wirePrecisionName(settings_.wire), " does not apply to the adam baseline (use --wire fp32)"));
   }
   layout_ = KvLayout(model_, static_cast<int>(servers_.size()), settings_.pairBytes);
 }

@@ -48,7 +48,7 @@ DistributedOptions DistributedOptions::fromEnvironment(const RankEnv& env, const
   // programs on one machine must not collide on the default port.
   d.node.masterPort = env.present || env.masterPortSet ? env.masterPort : freePort(d.node.masterAddr);
   d.node.masterPortChosen = env.masterPortSet;
-  d.node.bindHost = localAddressToward(d.node.masterAddr);
+  d.node.van.bindHost = localAddressToward(d.node.masterAddr);
   d.node.secret = secret;
   return d;
 }
@@ -88,8 +88,12 @@ void DistributedModel::init(ModelParts parts) {
   }
   tracer_ = options_.node.tracer;
   node_ = Node::start(options_.node, desc_);
+  if (node_->book().settings().groupMode())
+    sync_ = std::make_unique<GroupSync>(*this);
+  else
+    sync_ = std::make_unique<GradientSync>(*this);
   // One worker has nothing to synchronize, unless the shards hold the model (compute groups).
-  solo_ = node_->book().numWorkers() == 1 && node_->book().numServers() == 1 && !node_->book().settings().groupMode();
+  solo_ = node_->book().numWorkers() == 1 && node_->book().numServers() == 1 && !sync_->shardsHoldModel();
   for (auto& b : parts.buffers)
     if (bytesAsFloats(b)) buffers_.push_back(b);
 
@@ -115,7 +119,7 @@ void DistributedModel::init(ModelParts parts) {
   }
   lastSchemes_.assign(layers_.size(), Scheme::kPS);
 
-  if (groupMode()) initGroups();  // the shards take the model
+  sync_->start();
 
   // The hooks also run with one worker: they tell a step without backward from one with it.
   for (size_t l = 0; l < layers_.size(); ++l) {
@@ -163,8 +167,7 @@ void DistributedModel::throwIfDiverged(int layer, const char* what) {
   if (layer < 0) return;
   nonFiniteLayer_ = -1;
   // Not misuse(): every rank finds it by itself (BSP: the same mean; groups: the shards' model).
-  std::string subject = strCat(what, " of layer '", layers_[layer].spec->name, "'");
-  if (groupMode()) subject = strCat("layer '", layers_[layer].spec->name, "' of ", what);
+  const std::string subject = sync_->divergenceSubject(layers_[layer].spec->name, what);
   throw DivergenceError(strCat("step ", iteration_ + 1, ": ", subject,
                                " is not finite (a NaN or an infinity): the training diverged. Lower the learning "
                                "rate or warm it up (checkFinite = false / check_finite=False trains on instead)"),
@@ -243,23 +246,17 @@ void DistributedModel::beginForward() {
                           "accumulation passes first, then the synchronized one, then step()");
   }
   if (!syncEnabled_) {
-    if (groupMode()) misuse("noSync() is not available with compute groups: the shards apply every pass");
+    sync_->beginAccumulation();
     accumulating_ = true;
     return;
   }
   if (!inIteration_) beginIteration();
   forwarded_ = true;
-  if (groupMode() && pulledRound_ != iteration_) {
-    // The round's model, from the shards (every pair asked at once; the first layers arrive first).
-    node_->groups().startPull(iteration_);
-    node_->groups().waitPulled();
-    pulledRound_ = iteration_;
-    nonFiniteLayer_ = firstNonFinite(false);  // thrown at this round's step, once its push is out
-  }
+  sync_->beginForward();
 }
 
 void DistributedModel::endForward(const std::vector<torch::Tensor>& outputs) {
-  if (options_.captureFactors && !solo_ && !groupMode()) instrument(outputs, !syncEnabled_);
+  if (options_.captureFactors && !solo_ && sync_->capturesFactors()) instrument(outputs, !syncEnabled_);
 }
 
 // Finds, for each FC layer, the addmm (with bias) or mm (without) node that
@@ -389,10 +386,7 @@ void DistributedModel::onGradReady(int layer, int param) {
   if (solo_ || l.readyCount < static_cast<int>(l.params.size())) return;
   if (l.submitted) return;  // SFB already took this layer
   if (l.captured && l.scheme != Scheme::kPS) return;  // no-overlap: factors wait for synchronize()
-  if (options_.overlap) {
-    if (groupMode()) submitGroupPush(layer);
-    else submitDense(layer);
-  }
+  if (options_.overlap) sync_->layerReady(layer);
 }
 
 void DistributedModel::submitDense(int layer) {
@@ -440,16 +434,16 @@ void DistributedModel::synchronize() {
     return;
   }
   checkStep();
-  if (groupMode()) {
-    synchronizeGroup();
-    return;
-  }
-  submitRemaining();
-  if (!solo_) node_->waitIteration();
-  int64_t t0 = tracer_ ? Tracer::nowMicros() : 0;
-  for (auto& layer : layers_) applyLayer(layer);
-  endStep(t0, true);
-  throwIfDiverged(firstNonFinite(true), "the mean gradient");
+  sync_->synchronize();
+}
+
+void DistributedModel::GradientSync::synchronize() {
+  m_.submitRemaining();
+  if (!m_.solo_) m_.node_->waitIteration();
+  int64_t t0 = m_.tracer_ ? Tracer::nowMicros() : 0;
+  for (auto& layer : m_.layers_) m_.applyLayer(layer);
+  m_.endStep(t0, true);
+  m_.throwIfDiverged(m_.firstNonFinite(true), "the mean gradient");
 }
 
 void DistributedModel::submitRemaining() {
@@ -520,13 +514,13 @@ void DistributedModel::broadcastBuffers() {
 void DistributedModel::step(torch::optim::Optimizer& optimizer) {
   if (stepPending_) throw InvalidArgument("step() while an overlapped step is pending: finishStep() ends it");
   synchronize();
-  if (groupMode()) {  // the shards applied it; the optimizer only tells the learning rate
-    takeGroupOptimizer(optimizer);
-    return;
-  }
-  int64_t t0 = tracer_ ? Tracer::nowMicros() : 0;
+  sync_->step(optimizer);
+}
+
+void DistributedModel::GradientSync::step(torch::optim::Optimizer& optimizer) {
+  int64_t t0 = m_.tracer_ ? Tracer::nowMicros() : 0;
   optimizer.step();
-  if (tracer_) tracer_->span("apply (optimizer step)", "compute", 0, t0, Tracer::nowMicros(), iteration_);
+  if (m_.tracer_) m_.tracer_->span("apply (optimizer step)", "compute", 0, t0, Tracer::nowMicros(), m_.iteration_);
 }
 
 void DistributedModel::finish() {

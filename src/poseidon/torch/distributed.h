@@ -233,6 +233,8 @@ class DistributedModel {
   // Floats Table 1 predicts this node moved so far, by scheme (ps, sfb).
   std::pair<double, double> predictedFloats() const { return {predictedPs_, predictedSfb_}; }
   bool factorsCaptured(int layer) const;
+  // Whether this job trains in compute groups (the shards hold the model; merged FC builds on it).
+  bool computeGroups() const;
   void setTracer(Tracer* tracer) { tracer_ = tracer; }
 
  private:
@@ -252,13 +254,13 @@ class DistributedModel {
   void stepOnly(const std::vector<torch::Tensor>& params);  // the pending optimizer on these alone
   void beginIteration();
   void broadcastBuffers();
-  bool groupMode() const { return node_->book().settings().groupMode(); }
-  void submitGroupPush(int layer);
-  void initGroups();        // compute groups: the shards take the model (and a resumed state)
-  void synchronizeGroup();  // compute groups: the round's remaining pushes, then wait for them
-  // Compute-group mode: the optimizer must be SGD with the job's momentum and weight decay (the
-  // shards apply it); its learning rate is taken for the next round.
-  void takeGroupOptimizer(torch::optim::Optimizer& optimizer);
+  // How a step synchronizes, chosen once in init() (distributed_layer.h): GradientSync (every
+  // worker's mean gradient by PS or SFB: BSP and straggler dropping) or GroupSync (compute groups:
+  // rounds against the shards that hold the model, distributed_groups.cc).
+  class Sync;
+  class GradientSync;
+  class GroupSync;
+  GroupSync& groupSync(const char* caller);  // throws InvalidArgument without compute groups
   // A misuse found on this rank: every rank stops with this reason; throws InvalidArgument.
   [[noreturn]] void misuse(const std::string& why);
   // checkFinite: whether layer l's gradients (or parameters) are all finite; the first layer whose are
@@ -273,6 +275,7 @@ class DistributedModel {
   DistributedOptions options_;
   ModelDesc desc_;
   std::unique_ptr<Node> node_;
+  std::unique_ptr<Sync> sync_;
   std::vector<Layer> layers_;
   std::vector<torch::Tensor> buffers_;
   // Kept alive (our hooks live on them), with the keys of our hooks, removed again when the
@@ -290,11 +293,9 @@ class DistributedModel {
   std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> pendingOptions_;
   int64_t updatesInForward_ = 0;
   int64_t iteration_ = -1;
-  int64_t pulledRound_ = -1;  // compute-group mode: the round whose model the parameters hold
   // checkFinite: the overlapped step's first layer whose mean gradient was not finite (-1: none);
   // compute groups: the first layer of this round's pulled model that is not finite (-1: none).
   int nonFiniteLayer_ = -1;
-  float groupLr_ = 0;
   int64_t lastReadyUs_ = 0;
   std::vector<Scheme> lastSchemes_;
   double predictedPs_ = 0, predictedSfb_ = 0;

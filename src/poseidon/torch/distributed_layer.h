@@ -1,12 +1,15 @@
-// DistributedModel's per-layer state (distributed.h), shared by its three source files: the BSP
-// path (distributed.cc), compute groups (distributed_groups.cc) and the overlapped step
-// (distributed_overlap.cc). Not installed API.
+// DistributedModel's per-layer state and its synchronization strategies (distributed.h), shared by
+// its three source files: the BSP path (distributed.cc), compute groups (distributed_groups.cc) and
+// the overlapped step (distributed_overlap.cc). Not installed API.
 #pragma once
 
 #include <torch/torch.h>
 
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "poseidon/common/error.h"
 #include "poseidon/torch/distributed.h"
 
 namespace poseidon::pt {
@@ -31,6 +34,78 @@ struct DistributedModel::Layer {
   bool uncapturable = false;
   bool used() const { return readyCount > 0 || captured || accumulatedPasses > 0; }
   bool stashComplete() const { return !stashU.empty() && static_cast<int>(stashU.size()) == accumulatedPasses; }
+};
+
+// How a step synchronizes: one strategy per job, chosen once when the model joins (init()), so no
+// step path asks which mode the job runs in. The strategies are nested classes: they work on the
+// model's layers and its node as the model's own methods do.
+class DistributedModel::Sync {
+ public:
+  explicit Sync(DistributedModel& model) : m_(model) {}
+  virtual ~Sync() = default;
+  // The shards hold the model: even one worker has to talk to them.
+  virtual bool shardsHoldModel() const { return false; }
+  // After rank 0's parameters reached every rank, before the first forward.
+  virtual void start() {}
+  // A synchronized forward begins (its iteration has begun); an accumulation pass (noSync) begins.
+  virtual void beginForward() {}
+  virtual void beginAccumulation() {}
+  // Whether forward instruments the graph to capture FC layers' sufficient factors.
+  virtual bool capturesFactors() const { return true; }
+  // Every parameter of `layer` has its gradient (wait-free backpropagation sends it now).
+  virtual void layerReady(int layer) = 0;
+  // After backward: send what backward did not, wait for the result, put it into place.
+  virtual void synchronize() = 0;
+  // After synchronize(): the update. `optimizer` is the caller's.
+  virtual void step(torch::optim::Optimizer& optimizer) = 0;
+  // Names what was not finite at `layer` in the divergence error.
+  virtual std::string divergenceSubject(const std::string& layer, const char* what) const {
+    return strCat(what, " of layer '", layer, "'");
+  }
+  virtual GroupSync* groups() { return nullptr; }
+
+ protected:
+  DistributedModel& m_;
+};
+
+// Every worker's mean gradient, per layer by PS or SFB (BSP; straggler dropping adds skipIfBehind).
+class DistributedModel::GradientSync final : public Sync {
+ public:
+  using Sync::Sync;
+  void layerReady(int layer) override { m_.submitDense(layer); }
+  void synchronize() override;
+  void step(torch::optim::Optimizer& optimizer) override;
+};
+
+// Compute groups (Omnivore; docs/omnivore.md): the shards hold the model and run SGD; each round
+// pulls the model before its forward and pushes each layer's gradient as its backward ends.
+class DistributedModel::GroupSync final : public Sync {
+ public:
+  using Sync::Sync;
+  bool shardsHoldModel() const override { return true; }
+  void start() override;  // the shards take the model (and a resumed state)
+  void beginForward() override;
+  void beginAccumulation() override;
+  bool capturesFactors() const override { return false; }
+  void layerReady(int layer) override;
+  void synchronize() override;
+  // The optimizer must be SGD with the job's momentum and weight decay (the shards apply it); its
+  // learning rate is taken for the next round.
+  void step(torch::optim::Optimizer& optimizer) override;
+  std::string divergenceSubject(const std::string& layer, const char* what) const override {
+    return strCat("layer '", layer, "' of ", what);
+  }
+  GroupSync* groups() override { return this; }
+
+  // DistributedModel's public compute-group calls (distributed.h says what they do).
+  std::pair<std::vector<torch::Tensor>, int64_t> state();
+  void pullLatest();
+  void setLearningRate(float lr);
+
+ private:
+  void pull(int64_t round);
+  int64_t pulledRound_ = -1;  // the round whose model the parameters hold
+  float lr_ = 0;
 };
 
 }  // namespace poseidon::pt

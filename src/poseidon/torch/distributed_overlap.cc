@@ -12,7 +12,7 @@ namespace poseidon::pt {
 
 void DistributedModel::submitStep() {
   if (stepPending_) misuse("step() twice without a forward between them");
-  if (groupMode() || node_->book().settings().stragglerMode()) {
+  if (sync_->groups() || node_->book().settings().stragglerMode()) {
     throw InvalidArgument("the overlapped step is for BSP jobs (not with compute groups or straggler dropping)");
   }
   checkStep();

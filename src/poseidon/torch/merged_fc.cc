@@ -8,7 +8,7 @@ MergedFc::MergedFc(DistributedModel& features, std::function<torch::Tensor(torch
                    std::vector<torch::Tensor> classifierParams, double momentum, double weightDecay,
                    const std::vector<torch::Tensor>& momentumBuffers, std::vector<torch::Tensor> serverParams)
     : dist_(features), params_(std::move(classifierParams)) {
-  if (!features.node().book().settings().groupMode()) {
+  if (!features.computeGroups()) {
     throw InvalidArgument("merged FC runs the conv layers in compute groups: the job needs groups >= 1");
   }
   if (params_.empty()) throw InvalidArgument("merged FC: the classifier has no trainable parameters");

@@ -96,7 +96,7 @@ torch::Tensor MergedFcMode::compute(const torch::Tensor& x, const torch::Tensor&
   // The modeled device time (here the conv layers' forward and backward; the FC layers run on the
   // FC server) before anything is sent.
   c_.pad.beforeBackward(times.forwardMs);
-  // The optimizer's learning rate, as the shards take it for the conv layers (takeGroupOptimizer).
+  // The optimizer's learning rate, as the shards take it for the conv layers (GroupSync::step).
   const double lr = static_cast<torch::optim::SGDOptions&>(c_.optimizer->param_groups().at(0).options()).lr();
   MergedFc::Reply reply = mergedFc_->exchange(h, y, static_cast<float>(lr));
   auto backwardStart = Clock::now();

@@ -56,27 +56,152 @@ Coordinator::~Coordinator() {
   monitor_.reset();
 }
 
-void Coordinator::run() {
+namespace {
+
+// The rendezvous' state on the coordinator's thread: who joined from where, and once something is
+// fatal, the reason every rank gets.
+class Rendezvous {
+ public:
+  Rendezvous(zmq::socket_t& socket, int worldSize, const std::string& address, std::chrono::milliseconds timeout)
+      : s_(socket),
+        worldSize_(worldSize),
+        address_(address),
+        timeout_(timeout),
+        deadline_(std::chrono::steady_clock::now() + timeout) {}
+
+  // After the timeout, names the ranks that never came.
+  void checkDeadline() {
+    if (started_ || !fatal_.empty() || std::chrono::steady_clock::now() <= deadline_) return;
+    std::vector<int> missing;
+    for (int r = 0; r < worldSize_; ++r)
+      if (!joined_.count(r)) missing.push_back(r);
+    failAll(strCat("waited ", timeout_.count() / 1000.0, " s for rank", missing.size() > 1 ? "s " : " ",
+                   formatRanks(missing), " to join coordinator at ", address_,
+                   " (are they running, and do they use the same MASTER_ADDR/MASTER_PORT?)"));
+  }
+
+  // One message on the socket: a join (or something malformed, answered with its error).
+  void onMessage() {
+    std::vector<zmq::message_t> parts = recvMultipart(s_, 4);
+    if (parts.size() != 3) {
+      POSEIDON_LOG(kWarning) << "coordinator: ignored malformed message with " << parts.size() << " frames";
+      return;
+    }
+    std::string identity = parts[0].to_string();
+    JoinRequest req;
+    std::string why = decodeJoinMessage(parts[1], parts[2], &req);
+    if (!why.empty()) {
+      POSEIDON_LOG(kWarning) << "coordinator: rejected join message: " << why;
+      sendError(s_, identity, "malformed join message: " + why);
+      return;
+    }
+    if (admit(identity, req) && static_cast<int>(joined_.size()) == worldSize_) start();
+  }
+
+ private:
   struct Joined {
     std::string identity;
     JoinRequest req;
   };
-  std::map<int, Joined> joined;
-  std::string fatal;     // once set, every node gets this error
-  bool started = false;  // book sent
-  auto deadline = std::chrono::steady_clock::now() + timeout_;
-  zmq::socket_t& s = *socket_;
 
-  auto failAll = [&](const std::string& why) {
-    fatal = why;
+  static std::string decodeJoinMessage(const zmq::message_t& head, const zmq::message_t& payload, JoinRequest* req) {
+    FrameHeader h;
+    std::string why = decodeHeader(head.data(), head.size(), 256u << 20, &h);
+    if (why.empty() && h.type != MsgType::kJoin)
+      why = strCat("unexpected ", msgTypeName(h.type), " on the coordinator port");
+    if (why.empty() && h.payloadBytes != payload.size()) why = "payload length does not match its header";
+    if (!why.empty()) return why;
+    try {
+      *req = decodeJoin(payload.data(), payload.size());
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  }
+
+  void failAll(const std::string& why) {
+    fatal_ = why;
     POSEIDON_LOG(kError) << "rendezvous failed: " << why;
-    for (auto& [rank, j] : joined) sendError(s, j.identity, why);
-  };
+    for (auto& [rank, j] : joined_) sendError(s_, j.identity, why);
+  }
 
+  // Whether the rank is in; a refused one got its reason.
+  bool admit(const std::string& identity, const JoinRequest& req) {
+    if (!fatal_.empty()) {
+      sendError(s_, identity, fatal_);
+      return false;
+    }
+    if (started_) {
+      sendError(s_, identity,
+                strCat("rank ", req.rank, " tried to join coordinator at ", address_, " but the job already started"));
+      return false;
+    }
+    if (req.worldSize != worldSize_) {
+      joined_[req.rank] = {identity, req};
+      failAll(strCat("world size mismatch: rank ", req.rank, " was started with world size ", req.worldSize,
+                     " but the coordinator (rank 0) has world size ", worldSize_));
+      return false;
+    }
+    if (req.rank < 0 || req.rank >= worldSize_) {
+      sendError(s_, identity, strCat("rank ", req.rank, " is outside the world of ", worldSize_, " ranks"));
+      return false;
+    }
+    if (joined_.count(req.rank)) {
+      sendError(s_, identity, strCat("rank ", req.rank, " joined twice (two processes with the same RANK?)"));
+      return false;
+    }
+    joined_[req.rank] = {identity, req};
+    POSEIDON_LOG(kDebug) << "coordinator: rank " << req.rank << " joined from " << req.endpoint;
+    return true;
+  }
+
+  // Everyone is in: the model and the settings must agree; then every rank gets the book.
+  void start() {
+    const JoinRequest& ref = joined_.begin()->second.req;
+    for (auto& [rank, j] : joined_) {
+      if (auto diff = ModelDesc::firstDifference(ref.model, j.req.model)) {
+        failAll(strCat("model mismatch between rank ", ref.rank, " and rank ", rank, ": ", *diff));
+        return;
+      }
+      if (!(j.req.settings == ref.settings)) {
+        failAll(strCat("settings mismatch between rank ", ref.rank, " (", ref.settings.describe(), ") and rank ", rank,
+                       " (", j.req.settings.describe(), ")"));
+        return;
+      }
+    }
+    std::vector<NodeInfo> nodes;
+    for (auto& [rank, j] : joined_) nodes.push_back({rank, j.req.role, j.req.endpoint});
+    std::random_device rd;
+    uint64_t job = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+    if (job == 0) job = 1;
+    try {
+      InformationBook book(job, nodes, ref.model, ref.settings);
+      ByteWriter w;
+      book.write(w);
+      for (auto& [rank, j] : joined_) sendTo(s_, j.identity, wire::book(job), w.bytes());
+      started_ = true;
+    } catch (const Error& e) {
+      failAll(e.what());
+    }
+  }
+
+  zmq::socket_t& s_;
+  const int worldSize_;
+  const std::string address_;
+  const std::chrono::milliseconds timeout_;
+  const std::chrono::steady_clock::time_point deadline_;
+  std::map<int, Joined> joined_;
+  std::string fatal_;     // once set, every node gets this error
+  bool started_ = false;  // book sent
+};
+
+}  // namespace
+
+void Coordinator::run() {
+  Rendezvous rendezvous(*socket_, worldSize_, address_, timeout_);
   while (!stop_) {
-    zmq::pollitem_t items[] = {{s.handle(), 0, ZMQ_POLLIN, 0},
+    zmq::pollitem_t items[] = {{socket_->handle(), 0, ZMQ_POLLIN, 0},
                                {monitor_ ? monitor_->socket().handle() : nullptr, 0, ZMQ_POLLIN, 0}};
-    zmq::pollitem_t& item = items[0];
     try {
       zmq::poll(items, monitor_ ? 2 : 1, std::chrono::milliseconds(100));
       if (monitor_ && (items[1].revents & ZMQ_POLLIN)) monitor_->onReadable();
@@ -85,94 +210,8 @@ void Coordinator::run() {
       POSEIDON_LOG(kError) << "coordinator poll failed: " << e.what();
       return;
     }
-    if (!started && fatal.empty() && std::chrono::steady_clock::now() > deadline) {
-      std::vector<int> missing;
-      for (int r = 0; r < worldSize_; ++r)
-        if (!joined.count(r)) missing.push_back(r);
-      failAll(strCat("waited ", timeout_.count() / 1000.0, " s for rank", missing.size() > 1 ? "s " : " ",
-                     formatRanks(missing), " to join coordinator at ", address_,
-                     " (are they running, and do they use the same MASTER_ADDR/MASTER_PORT?)"));
-    }
-    if (!(item.revents & ZMQ_POLLIN)) continue;
-
-    std::vector<zmq::message_t> parts = recvMultipart(s, 4);
-    if (parts.size() != 3) {
-      POSEIDON_LOG(kWarning) << "coordinator: ignored malformed message with " << parts.size() << " frames";
-      continue;
-    }
-    std::string identity = parts[0].to_string();
-    FrameHeader h;
-    std::string why = decodeHeader(parts[1].data(), parts[1].size(), 256u << 20, &h);
-    if (why.empty() && h.type != MsgType::kJoin) why = strCat("unexpected ", msgTypeName(h.type), " on the coordinator port");
-    if (why.empty() && h.payloadBytes != parts[2].size()) why = "payload length does not match its header";
-    JoinRequest req;
-    if (why.empty()) {
-      try {
-        req = decodeJoin(parts[2].data(), parts[2].size());
-      } catch (const Error& e) {
-        why = e.what();
-      }
-    }
-    if (!why.empty()) {
-      POSEIDON_LOG(kWarning) << "coordinator: rejected join message: " << why;
-      sendError(s, identity, "malformed join message: " + why);
-      continue;
-    }
-    if (!fatal.empty()) {
-      sendError(s, identity, fatal);
-      continue;
-    }
-    if (started) {
-      sendError(s, identity, strCat("rank ", req.rank, " tried to join coordinator at ", address_,
-                                    " but the job already started"));
-      continue;
-    }
-    if (req.worldSize != worldSize_) {
-      joined[req.rank] = {identity, req};
-      failAll(strCat("world size mismatch: rank ", req.rank, " was started with world size ", req.worldSize,
-                     " but the coordinator (rank 0) has world size ", worldSize_));
-      continue;
-    }
-    if (req.rank < 0 || req.rank >= worldSize_) {
-      sendError(s, identity, strCat("rank ", req.rank, " is outside the world of ", worldSize_, " ranks"));
-      continue;
-    }
-    if (joined.count(req.rank)) {
-      sendError(s, identity, strCat("rank ", req.rank, " joined twice (two processes with the same RANK?)"));
-      continue;
-    }
-    joined[req.rank] = {identity, req};
-    POSEIDON_LOG(kDebug) << "coordinator: rank " << req.rank << " joined from " << req.endpoint;
-    if (static_cast<int>(joined.size()) < worldSize_) continue;
-
-    // Everyone is in: the model and the settings must agree.
-    const JoinRequest& ref = joined.begin()->second.req;
-    for (auto& [rank, j] : joined) {
-      if (auto diff = ModelDesc::firstDifference(ref.model, j.req.model)) {
-        failAll(strCat("model mismatch between rank ", ref.rank, " and rank ", rank, ": ", *diff));
-        break;
-      }
-      if (!(j.req.settings == ref.settings)) {
-        failAll(strCat("settings mismatch between rank ", ref.rank, " (", ref.settings.describe(), ") and rank ", rank,
-                       " (", j.req.settings.describe(), ")"));
-        break;
-      }
-    }
-    if (!fatal.empty()) continue;
-    std::vector<NodeInfo> nodes;
-    for (auto& [rank, j] : joined) nodes.push_back({rank, j.req.role, j.req.endpoint});
-    std::random_device rd;
-    uint64_t job = (static_cast<uint64_t>(rd()) << 32) ^ rd();
-    if (job == 0) job = 1;
-    try {
-      InformationBook book(job, nodes, ref.model, ref.settings);
-      ByteWriter w;
-      book.write(w);
-      for (auto& [rank, j] : joined) sendTo(s, j.identity, wire::book(job), w.bytes());
-      started = true;
-    } catch (const Error& e) {
-      failAll(e.what());
-    }
+    rendezvous.checkDeadline();
+    if (items[0].revents & ZMQ_POLLIN) rendezvous.onMessage();
   }
 }
 

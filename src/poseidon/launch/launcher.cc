@@ -58,52 +58,89 @@ void forward(std::string& buf, int fd, int rank, bool prefixed, std::deque<std::
   }
 }
 
-LaunchResult launchOnce(const LaunchOptions& options) {
-  std::string masterAddr = resolveHost(options.masterAddr);
-  int port = options.masterPort ? options.masterPort : freePort(masterAddr);
+// One launch: the ranks' processes, their output forwarded line by line, and the first failure,
+// which stops the others (SIGTERM, then SIGKILL after the grace period).
+class Launch {
+ public:
+  explicit Launch(const LaunchOptions& options)
+      : options_(options),
+        masterAddr_(resolveHost(options.masterAddr)),
+        port_(options.masterPort ? options.masterPort : freePort(masterAddr_)) {}
 
-  struct sigaction sa {};
-  sa.sa_handler = onSignal;
-  sigemptyset(&sa.sa_mask);
-  struct sigaction oldInt {}, oldTerm {};
-  sigaction(SIGINT, &sa, &oldInt);
-  sigaction(SIGTERM, &sa, &oldTerm);
-  gSignal = 0;
-
-  std::vector<Rank> children(options.ranks);
-  for (int r = 0; r < options.ranks; ++r) {
-    SpawnOptions so;
-    so.argv = options.command;
-    so.env = options.env;
-    so.env["RANK"] = std::to_string(r);
-    so.env["WORLD_SIZE"] = std::to_string(options.ranks);
-    so.env["LOCAL_RANK"] = std::to_string(r);
-    so.env["LOCAL_WORLD_SIZE"] = std::to_string(options.ranks);
-    so.env["MASTER_ADDR"] = masterAddr;
-    so.env["MASTER_PORT"] = std::to_string(port);
-    so.stdoutTo = Output::kPipe;
-    so.stderrTo = Output::kPipe;
-    children[r].rank = r;
-    children[r].process = ChildProcess::spawn(so);
+  void spawn() {
+    children_.resize(options_.ranks);
+    for (int r = 0; r < options_.ranks; ++r) {
+      SpawnOptions so;
+      so.argv = options_.command;
+      so.env = options_.env;
+      so.env["RANK"] = std::to_string(r);
+      so.env["WORLD_SIZE"] = std::to_string(options_.ranks);
+      so.env["LOCAL_RANK"] = std::to_string(r);
+      so.env["LOCAL_WORLD_SIZE"] = std::to_string(options_.ranks);
+      so.env["MASTER_ADDR"] = masterAddr_;
+      so.env["MASTER_PORT"] = std::to_string(port_);
+      so.stdoutTo = Output::kPipe;
+      so.stderrTo = Output::kPipe;
+      children_[r].rank = r;
+      children_[r].process = ChildProcess::spawn(so);
+    }
   }
 
-  LaunchResult result;
-  bool stopping = false;
-  auto stopDeadline = std::chrono::steady_clock::time_point::max();
-  auto allExitedSince = std::chrono::steady_clock::time_point::max();
-  auto stopAll = [&](int sig) {
-    for (auto& c : children) c.process.kill(sig);
-  };
-  for (;;) {
+  // Until every rank exited and its pipes closed (or 5 s after every rank exited: a grandchild may
+  // hold a pipe open).
+  LaunchResult run() {
+    auto allExitedSince = std::chrono::steady_clock::time_point::max();
+    for (;;) {
+      pumpOutput();
+      reapExits();
+      if (gSignal && !stopping_) {
+        result_.failure = strCat("interrupted by signal ", gSignal.load(), "; stopped all ranks");
+        result_.interrupted = true;
+        result_.exitCode = 128 + gSignal.load();
+        stopAll();
+      }
+      if (stopping_ && std::chrono::steady_clock::now() > stopDeadline_) {
+        for (auto& c : children_) c.process.kill(SIGKILL);
+        stopDeadline_ = std::chrono::steady_clock::time_point::max();
+      }
+      bool allDone = true, allExited = true;
+      for (auto& c : children_) {
+        allDone = allDone && c.process.exited() && c.process.stdoutFd() < 0 && c.process.stderrFd() < 0;
+        allExited = allExited && c.process.exited();
+      }
+      if (allDone) break;
+      if (allExited) {
+        if (allExitedSince == std::chrono::steady_clock::time_point::max())
+          allExitedSince = std::chrono::steady_clock::now();
+        if (std::chrono::steady_clock::now() - allExitedSince > std::chrono::seconds(5)) break;
+      }
+    }
+    if (result_.failedRank >= 0) {
+      const Rank& c = children_[result_.failedRank];
+      if (!c.lastErr.empty()) result_.failure += ": " + c.lastErr.back();
+    }
+    return result_;
+  }
+
+ private:
+  // SIGTERM to every rank now; SIGKILL once the grace period is over.
+  void stopAll() {
+    stopping_ = true;
+    stopDeadline_ = std::chrono::steady_clock::now() + options_.killGrace;
+    for (auto& c : children_) c.process.kill(SIGTERM);
+  }
+
+  // Waits up to 100 ms for output and forwards what came.
+  void pumpOutput() {
     std::vector<pollfd> fds;
     std::vector<std::pair<int, bool>> who;  // child index, is stderr
-    for (size_t i = 0; i < children.size(); ++i) {
-      if (children[i].process.stdoutFd() >= 0) {
-        fds.push_back({children[i].process.stdoutFd(), POLLIN, 0});
+    for (size_t i = 0; i < children_.size(); ++i) {
+      if (children_[i].process.stdoutFd() >= 0) {
+        fds.push_back({children_[i].process.stdoutFd(), POLLIN, 0});
         who.push_back({static_cast<int>(i), false});
       }
-      if (children[i].process.stderrFd() >= 0) {
-        fds.push_back({children[i].process.stderrFd(), POLLIN, 0});
+      if (children_[i].process.stderrFd() >= 0) {
+        fds.push_back({children_[i].process.stderrFd(), POLLIN, 0});
         who.push_back({static_cast<int>(i), true});
       }
     }
@@ -111,12 +148,12 @@ LaunchResult launchOnce(const LaunchOptions& options) {
     else usleep(20000);
     for (size_t k = 0; k < fds.size(); ++k) {
       if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      Rank& c = children[who[k].first];
+      Rank& c = children_[who[k].first];
       bool isErr = who[k].second;
       char buf[65536];
       ssize_t n = ::read(fds[k].fd, buf, sizeof buf);
       std::string& acc = isErr ? c.errBuf : c.outBuf;
-      const bool prefixed = c.rank != 0 || options.prefixRank0;
+      const bool prefixed = c.rank != 0 || options_.prefixRank0;
       const int fd = isErr ? STDERR_FILENO : STDOUT_FILENO;
       if (n > 0) {
         acc.append(buf, static_cast<size_t>(n));
@@ -127,63 +164,66 @@ LaunchResult launchOnce(const LaunchOptions& options) {
         else c.process.closeStdout();
       }
     }
-    for (auto& c : children) {
+  }
+
+  // Records the first rank that failed and stops the rest (unless it finished with one of
+  // finishedCodes: then a later failure stops them).
+  void reapExits() {
+    for (auto& c : children_) {
       if (c.process.exited() || !c.process.poll()) continue;
       const int status = c.process.status();
       bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-      const bool finished = WIFEXITED(status) && std::count(options.finishedCodes.begin(), options.finishedCodes.end(),
-                                                            WEXITSTATUS(status)) > 0;
-      if (!ok && result.failedRank < 0 && !stopping) {
-        result.failedRank = c.rank;
-        result.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        // Drain what is buffered so the error line is known.
-        result.failure = strCat("rank ", c.rank, " ", describeExit(status));
-        result.finished = finished;
-        if (!finished) {
-          stopping = true;
-          stopDeadline = std::chrono::steady_clock::now() + options.killGrace;
-          stopAll(SIGTERM);
-        }
-      } else if (!ok && !finished && result.finished && !stopping) {
-        // A rank that failed otherwise after one finished with such a code: stop the rest now.
-        stopping = true;
-        stopDeadline = std::chrono::steady_clock::now() + options.killGrace;
-        stopAll(SIGTERM);
+      const bool finished = WIFEXITED(status) && std::count(options_.finishedCodes.begin(),
+                                                            options_.finishedCodes.end(), WEXITSTATUS(status)) > 0;
+      if (!ok && result_.failedRank < 0 && !stopping_) {
+        result_.failedRank = c.rank;
+        result_.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        result_.failure = strCat("rank ", c.rank, " ", describeExit(status));
+        result_.finished = finished;
+        if (!finished) stopAll();
+      } else if (!ok && !finished && result_.finished && !stopping_) {
+        stopAll();  // a rank that failed otherwise after one finished with such a code
       }
     }
-    if (gSignal && !stopping) {
-      result.failure = strCat("interrupted by signal ", gSignal.load(), "; stopped all ranks");
-      result.interrupted = true;
-      result.exitCode = 128 + gSignal.load();
-      stopping = true;
-      stopDeadline = std::chrono::steady_clock::now() + options.killGrace;
-      stopAll(SIGTERM);
-    }
-    if (stopping && std::chrono::steady_clock::now() > stopDeadline) {
-      stopAll(SIGKILL);
-      stopDeadline = std::chrono::steady_clock::time_point::max();
-    }
-    bool allDone = true;
-    for (auto& c : children) {
-      allDone = allDone && c.process.exited() && c.process.stdoutFd() < 0 && c.process.stderrFd() < 0;
-    }
-    if (allDone) break;
-    // A child that exited may have left a grandchild holding the pipe open;
-    // do not wait for it forever.
-    bool allExited = true;
-    for (auto& c : children) allExited = allExited && c.process.exited();
-    if (allExited) {
-      if (allExitedSince == std::chrono::steady_clock::time_point::max()) allExitedSince = std::chrono::steady_clock::now();
-      if (std::chrono::steady_clock::now() - allExitedSince > std::chrono::seconds(5)) break;
-    }
   }
-  if (result.failedRank >= 0) {
-    const Rank& c = children[result.failedRank];
-    if (!c.lastErr.empty()) result.failure += ": " + c.lastErr.back();
+
+  const LaunchOptions& options_;
+  const std::string masterAddr_;
+  const int port_;
+  std::vector<Rank> children_;
+  LaunchResult result_;
+  bool stopping_ = false;
+  std::chrono::steady_clock::time_point stopDeadline_ = std::chrono::steady_clock::time_point::max();
+};
+
+// SIGINT and SIGTERM recorded in gSignal (the launch stops every rank) while it lives.
+class SignalsCaught {
+ public:
+  SignalsCaught() {
+    struct sigaction sa {};
+    sa.sa_handler = onSignal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &oldInt_);
+    sigaction(SIGTERM, &sa, &oldTerm_);
+    gSignal = 0;
   }
-  sigaction(SIGINT, &oldInt, nullptr);
-  sigaction(SIGTERM, &oldTerm, nullptr);
-  return result;
+  ~SignalsCaught() {
+    sigaction(SIGINT, &oldInt_, nullptr);
+    sigaction(SIGTERM, &oldTerm_, nullptr);
+  }
+  SignalsCaught(const SignalsCaught&) = delete;
+  SignalsCaught& operator=(const SignalsCaught&) = delete;
+
+ private:
+  struct sigaction oldInt_ {
+  }, oldTerm_{};
+};
+
+LaunchResult launchOnce(const LaunchOptions& options) {
+  Launch launch(options);
+  SignalsCaught signals;
+  launch.spawn();
+  return launch.run();
 }
 
 bool readProgress(const std::string& path, long long* iteration, long long* checkpoint) {

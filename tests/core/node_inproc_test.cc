@@ -32,7 +32,7 @@ std::vector<std::unique_ptr<Node>> startNodes(int n, SchemePolicy policy, std::v
     o.settings.batch = testing::kScenarioBatch;
     o.settings.pairBytes = testing::kScenarioPairBytes;
     o.settings.policy = policy;
-    o.sendWindowBytes = sendWindowBytes;
+    o.van.sendWindowBytes = sendWindowBytes;
     o.settings.wire = wire;
     futures.push_back(std::async(std::launch::async, [o] { return Node::start(o, scenarioModel()); }));
   }
@@ -137,7 +137,7 @@ TEST(NodeInProcess, PriorityLinksLayerByLayer) {
 TEST(NodeInProcess, PriorityLinksAreForBspJobsOnly) {
   NodeOptions o;
   o.settings.groups = 2;
-  o.sendWindowBytes = 4096;
+  o.van.sendWindowBytes = 4096;
   EXPECT_ERROR_CONTAINS(Node::start(o, scenarioModel()), InvalidArgument,
                         "priority scheduling (a send window) is for BSP jobs");
 }

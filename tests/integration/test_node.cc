@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
     o.masterAddr = env.masterAddr;
     o.masterPort = env.masterPort;
     o.masterAddr = resolveHost(env.masterAddr);
-    o.bindHost = std::getenv("POSEIDON_BIND") ? std::getenv("POSEIDON_BIND") : localAddressToward(o.masterAddr);
+    o.van.bindHost = std::getenv("POSEIDON_BIND") ? std::getenv("POSEIDON_BIND") : localAddressToward(o.masterAddr);
     o.timeout = std::chrono::milliseconds(timeoutMs);
     o.settings.batch = testing::kScenarioBatch;
     o.settings.pairBytes = testing::kScenarioPairBytes;
@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
     if (const char* role = std::getenv("POSEIDON_ROLE")) o.role = parseRole(role);
     o.secret = jobSecretFromEnvironment();
     // Priority-scheduled links with a 4 KB window: every 64 KB pair goes in 16 fragments.
-    if (scenario == "priority" || scenario == "bf16") o.sendWindowBytes = 4096;
+    if (scenario == "priority" || scenario == "bf16") o.van.sendWindowBytes = 4096;
     if (scenario == "bf16") o.settings.wire = WirePrecision::kBf16;
     if (scenario == "straggler" || scenario == "straggler-bf16") {
       o.settings.dropStragglers = 1;

@@ -142,16 +142,16 @@ NodeOptions workerNodeOptions(const WorkerArgs& a, const RankEnv& env, const ben
   o.worldSize = env.worldSize;
   o.masterAddr = resolveHost(env.masterAddr);
   o.masterPort = env.masterPort;
-  o.bindHost = a.bind.empty() ? localAddressToward(o.masterAddr) : a.bind;
+  o.van.bindHost = a.bind.empty() ? localAddressToward(o.masterAddr) : a.bind;
   o.timeout = std::chrono::milliseconds(a.timeoutMs);
   o.settings.batch = em.batch;
   // The paper's 2 MB pairs at full width; the same number of pairs per layer at scale s.
   o.settings.pairBytes =
       pairBytesSet ? a.pairBytes : std::max<int64_t>(4096, std::llround(2.0 * 1024 * 1024 * a.scale * a.scale));
   o.secret = jobSecretFromEnvironment();
-  o.receiveBufferBytes = a.rcvbuf;
+  o.van.receiveBufferBytes = a.rcvbuf;
   o.ioThreads = a.ioThreads;
-  o.sendWindowBytes = a.sendWindow;
+  o.van.sendWindowBytes = a.sendWindow;
   return o;
 }
 

@@ -26,7 +26,7 @@ void checkOptions(const NodeOptions& options) {
   if (options.ioThreads < 1 || options.ioThreads > 64) {
     throw InvalidArgument(strCat("ZeroMQ I/O threads must be in [1, 64], got ", options.ioThreads));
   }
-  if (options.sendWindowBytes > 0 && options.settings.groupMode()) {
+  if (options.van.sendWindowBytes > 0 && options.settings.groupMode()) {
     throw InvalidArgument("priority scheduling (a send window) is for BSP jobs; compute groups order their pulls and "
                           "pushes across layers, so they keep FIFO links");
   }
@@ -63,13 +63,8 @@ void Node::join(const ModelDesc& model) {
     coordinator_ = std::make_unique<Coordinator>(ctx_, options.masterAddr, options.masterPort, options.worldSize,
                                                  options.timeout, curve, options.masterPortChosen);
   }
-  VanOptions vo;
+  VanOptions vo = options.van;
   vo.curve = curve;
-  vo.bindHost = options.bindHost;
-  vo.port = options.dataPort;
-  vo.maxPayloadBytes = options.maxPayloadBytes;
-  vo.receiveBufferBytes = options.receiveBufferBytes;
-  vo.sendWindowBytes = options.sendWindowBytes;
   vo.charger = options.charger;
   van_ = std::make_unique<Van>(ctx_, vo);
 

@@ -91,8 +91,6 @@ struct NodeOptions {
   // The user chose masterPort (MASTER_PORT, --master-port): a port in use is then
   // not a missing setting, and the error says so.
   bool masterPortChosen = false;
-  std::string bindHost = "127.0.0.1";    // interface for this node's data endpoint
-  int dataPort = 0;                      // 0 picks a free port
   // Every wait (rendezvous, barrier, collectives) and the liveness check: a
   // peer not heard from for this long is declared lost.
   std::chrono::milliseconds timeout{30000};
@@ -104,11 +102,12 @@ struct NodeOptions {
   // two for a 10 GbE link's two directions.
   int ioThreads = 2;
   JobSettings settings;                      // must agree across nodes
-  uint64_t maxPayloadBytes = kDefaultMaxPayloadBytes;
-  int receiveBufferBytes = 0;  // per-connection TCP receive buffer (0: OS default); see VanOptions
-  // > 0: priority scheduling of the links with this kernel send window per connection (lower
-  // layers' data first; VanOptions::sendWindowBytes, docs/scheduling.md). BSP jobs only.
-  int sendWindowBytes = 0;
+  // This node's data endpoint and links (transport/van.h): the interface to bind (van.bindHost;
+  // never 0.0.0.0 by default), its port (0: a free one), the payload limit, the TCP receive buffer,
+  // and the send window (> 0: priority scheduling, lower layers' data first; docs/scheduling.md;
+  // BSP jobs only). Its curve and charger are the node's: the node derives the one from `secret`
+  // and passes `charger` below, whatever they hold here.
+  VanOptions van;
   Tracer* tracer = nullptr;  // optional, not owned; must outlive the node
   // The bench's charge for the runtime's own work at full width (common/work_charger.h,
   // bench/device.h). Null, as in production: nothing charged. Not owned; must outlive the node.

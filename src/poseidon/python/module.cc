@@ -40,13 +40,13 @@ py::dict optionsToDict(const pt::DistributedOptions& o) {
   d["master_addr"] = o.node.masterAddr;
   d["master_port"] = o.node.masterPort;
   d["master_port_chosen"] = o.node.masterPortChosen;
-  d["bind_host"] = o.node.bindHost;
+  d["bind_host"] = o.node.van.bindHost;
   d["secret"] = o.node.secret;
   d["timeout_ms"] = static_cast<int64_t>(o.node.timeout.count());
   d["sync_threads"] = o.node.threads;
-  d["tcp_rcvbuf"] = o.node.receiveBufferBytes;
+  d["tcp_rcvbuf"] = o.node.van.receiveBufferBytes;
   d["io_threads"] = o.node.ioThreads;
-  d["send_window"] = o.node.sendWindowBytes;
+  d["send_window"] = o.node.van.sendWindowBytes;
   d["batch"] = o.node.settings.batch;
   d["pair_bytes"] = o.node.settings.pairBytes;
   d["scheme"] = std::string(schemePolicyName(o.node.settings.policy));
@@ -82,13 +82,13 @@ pt::DistributedOptions optionsFromDict(const py::dict& d) {
   o.node.masterAddr = get("master_addr").cast<std::string>();
   o.node.masterPort = get("master_port").cast<int>();
   o.node.masterPortChosen = get("master_port_chosen").cast<bool>();
-  o.node.bindHost = get("bind_host").cast<std::string>();
+  o.node.van.bindHost = get("bind_host").cast<std::string>();
   o.node.secret = get("secret").cast<std::string>();
   o.node.timeout = std::chrono::milliseconds(get("timeout_ms").cast<int64_t>());
   o.node.threads = get("sync_threads").cast<int>();
-  o.node.receiveBufferBytes = get("tcp_rcvbuf").cast<int>();
+  o.node.van.receiveBufferBytes = get("tcp_rcvbuf").cast<int>();
   o.node.ioThreads = get("io_threads").cast<int>();
-  o.node.sendWindowBytes = get("send_window").cast<int>();
+  o.node.van.sendWindowBytes = get("send_window").cast<int>();
   o.node.settings.batch = get("batch").cast<int64_t>();
   o.node.settings.pairBytes = get("pair_bytes").cast<int64_t>();
   o.node.settings.policy = parseSchemePolicy(get("scheme").cast<std::string>());
@@ -112,12 +112,14 @@ pt::DistributedOptions optionsFromDict(const py::dict& d) {
   if (o.node.ioThreads < 1 || o.node.ioThreads > 64) {
     throw InvalidArgument(strCat("io_threads must be in [1, 64], got ", o.node.ioThreads));
   }
-  if (o.node.sendWindowBytes != 0 && (o.node.sendWindowBytes < 4096 || o.node.sendWindowBytes > (1 << 30))) {
-    throw InvalidArgument(strCat("send_window must be 0 (FIFO links) or in [4096, 1073741824] bytes, got ",
-                                 o.node.sendWindowBytes));
+  if (o.node.van.sendWindowBytes != 0 &&
+      (o.node.van.sendWindowBytes < 4096 || o.node.van.sendWindowBytes > (1 << 30))) {
+    throw InvalidArgument(
+        strCat("send_window must be 0 (FIFO links) or in [4096, 1073741824] bytes, got ", o.node.van.sendWindowBytes));
   }
-  if (o.node.receiveBufferBytes < 0) {
-    throw InvalidArgument(strCat("tcp_rcvbuf must be >= 0 bytes (0: the OS default), got ", o.node.receiveBufferBytes));
+  if (o.node.van.receiveBufferBytes < 0) {
+    throw InvalidArgument(
+        strCat("tcp_rcvbuf must be >= 0 bytes (0: the OS default), got ", o.node.van.receiveBufferBytes));
   }
   return o;
 }
@@ -227,26 +229,22 @@ py::list planOf(pt::DistributedModel& m, int64_t batch) {
   return out;
 }
 
-}  // namespace
-
-PYBIND11_MODULE(_poseidon, m) {
-  m.doc() = "Poseidon's runtime for PyTorch (see the poseidon package)";
-  // The base first: pybind11 tries the translators last-registered first, so the subclasses
-  // must come after it to keep their own Python types.
+// The exceptions, as Python classes under poseidon._poseidon. The base first: pybind11 tries the
+// translators last-registered first, so the subclasses must come after it to keep their own types.
+void defineErrors(py::module_& m) {
   auto base = py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
   py::register_exception<InvalidArgument>(m, "InvalidArgument", base.ptr());
   py::register_exception<TimeoutError>(m, "TimeoutError", base.ptr());
   py::register_exception<AbortedError>(m, "AbortedError", base.ptr());
   py::register_exception<IoError>(m, "IoError", base.ptr());
   py::register_exception<DivergenceError>(m, "DivergenceError", base.ptr());
+}
 
-  m.def("options_from_environment", [] { return optionsToDict(pt::DistributedOptions::fromEnvironment()); },
-        "The launcher's rank, world size, master address and port, bind interface and job secret");
+using ModelClass = py::class_<Model>;
 
-  py::class_<Model>(m, "Model")
-      .def(py::init<const std::string&, const py::list&, const std::vector<torch::Tensor>&,
-                    const std::vector<torch::Tensor>&, const py::dict&>(),
-           py::arg("name"), py::arg("layers"), py::arg("buffers"), py::arg("frozen"), py::arg("options"))
+// A training step: forward's two halves, the barrier, the overlapped step, straggler dropping.
+void defineStep(ModelClass& model) {
+  model
       .def(
           "begin_forward", [](Model& s) { s.model().beginForward(); }, py::call_guard<py::gil_scoped_release>())
       .def(
@@ -264,7 +262,16 @@ PYBIND11_MODULE(_poseidon, m) {
       .def_property_readonly("step_pending", [](Model& s) { return s.model().stepPending(); })
       .def(
           "skip_if_behind", [](Model& s) { return s.model().skipIfBehind(); }, py::call_guard<py::gil_scoped_release>())
-      .def("set_group_lr", [](Model& s, float lr) { s.model().setGroupLearningRate(lr); })
+      .def("set_sync_enabled", [](Model& s, bool on) { s.model().setSyncEnabled(on); })
+      .def(
+          "finish", [](Model& s) { s.model().finish(); }, py::call_guard<py::gil_scoped_release>())
+      .def("close", &Model::close, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("closed", &Model::closed);
+}
+
+// Compute groups and merged FC (Omnivore).
+void defineGroups(ModelClass& model) {
+  model.def("set_group_lr", [](Model& s, float lr) { s.model().setGroupLearningRate(lr); })
       .def(
           "pull_latest", [](Model& s) { s.model().pullLatest(); }, py::call_guard<py::gil_scoped_release>())
       // A compute-group checkpoint; every rank calls it at the same round. (is_first_worker, momentum
@@ -308,13 +315,12 @@ PYBIND11_MODULE(_poseidon, m) {
                                return server ? server->updates() : int64_t{-1};
                              })
       .def("staleness_histogram", [](Model& s) { return s.model().node().stalenessHistogram(); })
-      .def("max_group_lead", [](Model& s) { return s.model().node().maxGroupLead(); })
-      .def("set_sync_enabled", [](Model& s, bool on) { s.model().setSyncEnabled(on); })
-      .def(
-          "finish", [](Model& s) { s.model().finish(); }, py::call_guard<py::gil_scoped_release>())
-      .def("close", &Model::close, py::call_guard<py::gil_scoped_release>())
-      .def_property_readonly("closed", &Model::closed)
-      .def_property_readonly("rank", [](Model& s) { return s.model().rank(); })
+      .def("max_group_lead", [](Model& s) { return s.model().node().maxGroupLead(); });
+}
+
+// What the job is and what it moved.
+void defineInfo(ModelClass& model) {
+  model.def_property_readonly("rank", [](Model& s) { return s.model().rank(); })
       .def_property_readonly("world_size", [](Model& s) { return s.model().node().book().worldSize(); })
       .def_property_readonly("workers", [](Model& s) { return s.model().workers(); })
       .def("factors_captured", [](Model& s, int layer) { return s.model().factorsCaptured(layer); })
@@ -330,4 +336,22 @@ PYBIND11_MODULE(_poseidon, m) {
         d["sfb"] = c.total(TrafficKind::kSFB).bytesSent;
         return d;
       });
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_poseidon, m) {
+  m.doc() = "Poseidon's runtime for PyTorch (see the poseidon package)";
+  defineErrors(m);
+  m.def(
+      "options_from_environment", [] { return optionsToDict(pt::DistributedOptions::fromEnvironment()); },
+      "The launcher's rank, world size, master address and port, bind interface and job secret");
+
+  ModelClass model(m, "Model");
+  model.def(py::init<const std::string&, const py::list&, const std::vector<torch::Tensor>&,
+                     const std::vector<torch::Tensor>&, const py::dict&>(),
+            py::arg("name"), py::arg("layers"), py::arg("buffers"), py::arg("frozen"), py::arg("options"));
+  defineStep(model);
+  defineGroups(model);
+  defineInfo(model);
 }

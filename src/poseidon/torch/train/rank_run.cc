@@ -30,12 +30,12 @@ torch::Tensor batchLabels(const data::Dataset& d, const std::vector<int64_t>& id
 
 DistributedOptions RankContext::jobOptions() const {
   DistributedOptions d = DistributedOptions::fromEnvironment(env, o.secret);
-  if (!o.bindHost.empty()) d.node.bindHost = o.bindHost;
+  if (!o.bindHost.empty()) d.node.van.bindHost = o.bindHost;
   d.node.timeout = std::chrono::milliseconds(o.timeoutMs);
   d.node.threads = o.syncThreads;
-  d.node.receiveBufferBytes = o.tcpRcvbuf;
+  d.node.van.receiveBufferBytes = o.tcpRcvbuf;
   d.node.ioThreads = o.ioThreads;
-  d.node.sendWindowBytes = o.sendWindowBytes;
+  d.node.van.sendWindowBytes = o.sendWindowBytes;
   d.node.settings.batch = o.batch;
   d.node.settings.pairBytes = o.pairBytes;
   d.node.settings.policy = o.scheme;

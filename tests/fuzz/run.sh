@@ -15,7 +15,7 @@ if ! command -v clang++ >/dev/null; then
 fi
 src=(
   "$here/fuzz_decoders.cc"
-  "$root/src/poseidon/wire/frame.cc" "$root/src/poseidon/wire/message_table.cc" "$root/src/poseidon/model/layer.cc" "$root/src/poseidon/coordinator/book.cc"
+  "$root/src/poseidon/wire/frame.cc" "$root/src/poseidon/wire/message_table.cc" "$root/src/poseidon/wire/group_payloads.cc" "$root/src/poseidon/model/layer.cc" "$root/src/poseidon/coordinator/book.cc"
   "$root/src/poseidon/coordinator/rendezvous.cc" "$root/src/poseidon/core/kv_layout.cc"
   "$root/src/poseidon/core/cost_model.cc" "$root/src/poseidon/core/best_scheme.cc" "$root/src/poseidon/kvstore/kv_shard.cc"
   "$root/src/poseidon/kvstore/adam_server.cc" "$root/src/poseidon/sfb/sufficient_factors.cc"

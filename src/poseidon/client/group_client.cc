@@ -1,7 +1,7 @@
 #include "poseidon/client/group_client.h"
 
-#include "poseidon/common/bytes.h"
 #include "poseidon/common/error.h"
+#include "poseidon/wire/group_payloads.h"
 #include "poseidon/wire/messages.h"
 
 namespace poseidon {
@@ -30,9 +30,7 @@ void GroupClient::initModel(const std::vector<LayerBuffer>& momentum, int64_t ve
   if (clocks.size() != groups)
     throw InvalidArgument(strCat("initModel: ", clocks.size(), " clocks for ", groups, " groups"));
   const std::vector<LayerBuffer>& params = puller_.targets();
-  ByteWriter tail;
-  for (int64_t c : clocks) tail.i64(c);
-  const std::vector<uint8_t> clockBytes = tail.take();
+  const std::vector<uint8_t> clockBytes = wire::encodeClocks(clocks);
   std::vector<float> zeros;
   std::vector<Van::Part> parts;
   for (int l = 0; l < book_.layout().numLayers(); ++l) {

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "poseidon/common/bytes.h"
 #include "poseidon/common/error.h"
+#include "poseidon/wire/group_payloads.h"
 #include "poseidon/wire/messages.h"
 
 namespace poseidon {
@@ -95,14 +95,10 @@ const KvPair& Puller::pairOf(const FrameHeader& h, const char* what) const {
 void Puller::onStateReply(Message& msg) {
   const FrameHeader& h = msg.header;
   const KvPair& p = pairOf(h, "state reply");
-  const size_t floatBytes = static_cast<size_t>(p.length) * kFloatBytes;
   const size_t groups = static_cast<size_t>(std::max(1, book_.settings().groups));
-  if (msg.size() != 2 * floatBytes + groups * sizeof(int64_t)) {
-    throw ProtocolError(strCat("state reply for layer ", h.layer, " pair ", h.pair, " has ", msg.size(), " bytes"));
-  }
-  ByteReader r(msg.data() + 2 * floatBytes, groups * sizeof(int64_t));
-  std::vector<int64_t> clocks;
-  for (size_t g = 0; g < groups; ++g) clocks.push_back(r.i64());
+  const wire::ModelStateView state =
+      wire::decodeModelState(msg.data(), msg.size(), static_cast<size_t>(p.length), groups,
+                             strCat("state reply for layer ", h.layer, " pair ", h.pair));
   bool done = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -110,15 +106,15 @@ void Puller::onStateReply(Message& msg) {
     if (got_[h.layer][h.pair]) throw ProtocolError(strCat("duplicate state reply for layer ", h.layer, " pair ", h.pair));
     got_[h.layer][h.pair] = true;
     targets_[h.layer].forEach(p.offset, p.length, [&](float* dst, int64_t n, int64_t off) {
-      std::memcpy(dst, msg.data() + off * kFloatBytes, static_cast<size_t>(n) * kFloatBytes);
+      std::memcpy(dst, state.w + off * kFloatBytes, static_cast<size_t>(n) * kFloatBytes);
     });
     momentum_[h.layer].forEach(p.offset, p.length, [&](float* dst, int64_t n, int64_t off) {
-      std::memcpy(dst, msg.data() + floatBytes + off * kFloatBytes, static_cast<size_t>(n) * kFloatBytes);
+      std::memcpy(dst, state.v + off * kFloatBytes, static_cast<size_t>(n) * kFloatBytes);
     });
     // Every pair had as many updates when all groups stopped at the same round; keep the first.
     if (stateVersion_ < 0) {
       stateVersion_ = h.iteration;
-      stateClocks_ = clocks;
+      stateClocks_ = state.clocks;
     }
     if (--left_[h.layer] == 0) {
       --layersLeft_;
@@ -141,12 +137,9 @@ std::vector<int64_t> Puller::stateClocks() const {
 void Puller::onReply(Message& msg) {
   const FrameHeader& h = msg.header;
   const KvPair& p = pairOf(h, "pull reply");
-  const size_t floatBytes = static_cast<size_t>(p.length) * kFloatBytes;
-  if (msg.size() != floatBytes + sizeof(int64_t)) {
-    throw ProtocolError(strCat("pull reply for layer ", h.layer, " pair ", h.pair, " has ", msg.size(), " bytes"));
-  }
-  ByteReader r(msg.data() + floatBytes, sizeof(int64_t));
-  const int64_t version = r.i64();
+  const wire::PullReplyView reply = wire::decodePullReply(msg.data(), msg.size(), static_cast<size_t>(p.length),
+                                                          strCat("pull reply for layer ", h.layer, " pair ", h.pair));
+  const int64_t version = reply.version;
   bool layerDone = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -156,7 +149,7 @@ void Puller::onReply(Message& msg) {
     if (got_[h.layer][h.pair]) throw ProtocolError(strCat("duplicate pull reply for layer ", h.layer, " pair ", h.pair));
     got_[h.layer][h.pair] = true;
     targets_[h.layer].forEach(p.offset, p.length, [&](float* dst, int64_t n, int64_t done) {
-      std::memcpy(dst, msg.data() + done * kFloatBytes, static_cast<size_t>(n) * kFloatBytes);
+      std::memcpy(dst, reply.w + done * kFloatBytes, static_cast<size_t>(n) * kFloatBytes);
     });
     if (h.pair == 0) versions_[h.layer] = version;
     if (--left_[h.layer] == 0) {

@@ -8,6 +8,7 @@
 #include "poseidon/common/error.h"
 #include "poseidon/common/log.h"
 #include "poseidon/kvstore/contributors.h"
+#include "poseidon/wire/group_payloads.h"
 #include "poseidon/wire/messages.h"
 
 namespace poseidon {
@@ -135,6 +136,7 @@ void Syncer::submitGroupPush(int64_t round, LayerBuffer grad, float lr, std::sha
 void Syncer::sendGroupPush(int64_t round, const LayerBuffer& grad, float lr) {
   const int64_t startUs = host_.tracer() ? Tracer::nowMicros() : 0;
   std::vector<Van::Part> parts;
+  const std::vector<uint8_t> lrBytes = wire::encodeLearningRate(lr);
   try {
     for (const KvPair& p : pairs_) {
       {
@@ -145,7 +147,7 @@ void Syncer::sendGroupPush(int64_t round, const LayerBuffer& grad, float lr) {
       grad.forEach(p.offset, p.length, [&](float* ptr, int64_t n, int64_t) {
         parts.push_back({ptr, static_cast<size_t>(n) * kFloatBytes});
       });
-      parts.push_back({&lr, sizeof lr});
+      parts.push_back({lrBytes.data(), lrBytes.size()});
       host_.send(host_.book().shardRank(p.shard), wire::groupPush(layer_, round, p.index), parts);
     }
   } catch (const Error& e) {

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cstring>
 
-#include "poseidon/common/bytes.h"
 #include "poseidon/common/error.h"
 #include "poseidon/kvstore/contributors.h"
+#include "poseidon/wire/group_payloads.h"
 #include "poseidon/wire/message_table.h"
 #include "poseidon/wire/messages.h"
 
@@ -66,9 +66,7 @@ std::vector<KvServer::Outgoing> pullReplies(std::vector<ModelShard::Reply>&& rep
     o.header = wire::pullReply(r.layer, r.iteration, r.pair);
     o.length = static_cast<int64_t>(r.params->size());
     o.floats = std::move(r.params);
-    ByteWriter w;
-    w.i64(r.version);
-    o.trailer = w.take();
+    o.trailer = wire::encodeVersion(r.version);
     out.push_back(std::move(o));
   }
   return out;
@@ -91,9 +89,7 @@ std::vector<KvServer::Outgoing> KvServer::handle(Message& msg, Clock::time_point
       wv->insert(wv->end(), st.v.begin(), st.v.end());
       o.floats = wv;
       o.length = static_cast<int64_t>(2 * n);
-      ByteWriter w;
-      for (int64_t c : st.clocks) w.i64(c);
-      o.trailer = w.take();
+      o.trailer = wire::encodeClocks(st.clocks);
       out.push_back(std::move(o));
     }
     return out;
@@ -150,25 +146,20 @@ std::vector<KvServer::Outgoing> KvServer::handleGroup(Message& msg) {
       if (msg.size() != 0) throw ProtocolError("pull with a payload");
       return pullReplies(model_->pull(sender, layer, pair, h.iteration));
     case MsgType::kGroupPush: {
-      if (msg.size() != n * kFloatBytes + sizeof(float)) {
-        throw ProtocolError(strCat("group push for layer ", layer, " pair ", pair, " has ", msg.size(), " bytes"));
-      }
+      const wire::GroupPushView push =
+          wire::decodeGroupPush(msg.data(), msg.size(), n, strCat("group push for layer ", layer, " pair ", pair));
       std::vector<float> grad(n);
-      std::memcpy(grad.data(), msg.data(), n * kFloatBytes);
-      ByteReader r(msg.data() + n * kFloatBytes, sizeof(float));
-      return pullReplies(model_->push(sender, layer, pair, h.iteration, grad.data(), n, r.f32()));
+      std::memcpy(grad.data(), push.gradient, n * kFloatBytes);
+      return pullReplies(model_->push(sender, layer, pair, h.iteration, grad.data(), n, push.lr));
     }
-    default: {  // model init: W, V, then one clock per group
+    default: {  // model init
       const size_t groups = static_cast<size_t>(std::max(1, book_.settings().groups));
-      if (msg.size() != 2 * n * kFloatBytes + groups * sizeof(int64_t)) {
-        throw ProtocolError(strCat("model init for layer ", layer, " pair ", pair, " has ", msg.size(), " bytes"));
-      }
+      const wire::ModelStateView init = wire::decodeModelState(msg.data(), msg.size(), n, groups,
+                                                               strCat("model init for layer ", layer, " pair ", pair));
       std::vector<float> wv(2 * n);
-      std::memcpy(wv.data(), msg.data(), 2 * n * kFloatBytes);
-      ByteReader r(msg.data() + 2 * n * kFloatBytes, groups * sizeof(int64_t));
-      std::vector<int64_t> clocks;
-      for (size_t g = 0; g < groups; ++g) clocks.push_back(r.i64());
-      return pullReplies(model_->init(sender, layer, pair, wv.data(), wv.data() + n, h.iteration, clocks));
+      std::memcpy(wv.data(), init.w, n * kFloatBytes);
+      std::memcpy(wv.data() + n, init.v, n * kFloatBytes);
+      return pullReplies(model_->init(sender, layer, pair, wv.data(), wv.data() + n, h.iteration, init.clocks));
     }
   }
 }

@@ -4,7 +4,6 @@
 #include <atomic>
 #include <cstring>
 #include <functional>
-#include <limits>
 #include <thread>
 
 #include "poseidon/common/error.h"
@@ -28,12 +27,6 @@
 namespace poseidon {
 namespace {
 std::atomic<uint64_t> gLoopbackId{0};
-
-// Whether two fragments' headers describe the same message.
-bool sameMessage(const FrameHeader& a, const FrameHeader& b) {
-  return a.type == b.type && a.layer == b.layer && a.iteration == b.iteration && a.pair == b.pair && a.aux == b.aux &&
-         a.payloadBytes == b.payloadBytes;
-}
 }  // namespace
 
 void Van::rejected(const std::string& peer, const std::string& why) {
@@ -88,19 +81,11 @@ void Van::close() {
   if (crypto_) crypto_->stop();  // hands over what is being encrypted (sendNow refuses once closed_ is set)
   if (closed_.exchange(true)) return;
   int linger = options_.lingerMs;
-  if (sender_.joinable()) {
+  if (scheduler_) {
     // The sender hands over what is queued, then the sockets linger for what is left of lingerMs
     // (a queue to a dead peer never empties: lingerMs in all, as with FIFO links).
     const auto stopBy = std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max(0, linger));
-    {
-      std::lock_guard<std::mutex> lock(sendMutex_);
-      stopSender_ = true;
-      stopBy_ = stopBy;
-      wakeOut_.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::dontwait);
-    }
-    sender_.join();
-    wakeOut_.close();
-    wakeIn_.close();
+    scheduler_->stop(stopBy);
     linger = static_cast<int>(std::max<int64_t>(
         0, std::chrono::duration_cast<std::chrono::milliseconds>(stopBy - std::chrono::steady_clock::now()).count()));
   }
@@ -146,18 +131,10 @@ void Van::connectPeers(int selfRank, const std::vector<std::string>& endpoints, 
     peers_.push_back(std::move(peer));
   }
   if (options_.sendWindowBytes > 0) {
-    queues_.clear();
-    queues_.resize(endpoints.size());
-    blocked_.assign(endpoints.size(), false);
-    wakeIn_ = zmq::socket_t(ctx_, zmq::socket_type::pair);
-    wakeOut_ = zmq::socket_t(ctx_, zmq::socket_type::pair);
-    const std::string wake = "inproc://poseidon-wake-" + std::to_string(gLoopbackId.fetch_add(1));
-    wakeIn_.set(zmq::sockopt::linger, 0);
-    wakeOut_.set(zmq::sockopt::linger, 0);
-    wakeIn_.bind(wake);
-    wakeOut_.connect(wake);
-    scheduled_ = true;
-    sender_ = std::thread([this] { senderLoop(); });
+    std::vector<zmq::socket_t*> links;
+    for (auto& p : peers_) links.push_back(p->socket.get());
+    scheduler_ =
+        std::make_unique<PriorityScheduler>(ctx_, std::move(links), static_cast<size_t>(options_.sendWindowBytes));
   }
   if (options_.curve && options_.charger && options_.charger->chargesCrypto()) {
     crypto_ = std::make_unique<ChargedCrypto>(
@@ -167,136 +144,14 @@ void Van::connectPeers(int selfRank, const std::vector<std::string>& endpoints, 
   }
 }
 
-Van::Priority Van::priorityOf(const FrameHeader& header) {
-  constexpr int64_t kMin = std::numeric_limits<int64_t>::min(), kMax = std::numeric_limits<int64_t>::max();
-  switch (wire::messageInfo(header.type).sendClass) {
-    case wire::SendClass::kRound:
-      return {header.iteration, static_cast<int64_t>(header.layer)};
-    // Compute-group messages keep one class (FIFO among themselves); Node does not schedule those jobs.
-    case wire::SendClass::kGroup:
-      return {kMax, kMax};
-    case wire::SendClass::kControl:
-      break;
-  }
-  return {kMin, 0};
-}
-
-size_t Van::queuedMessages() {
-  std::lock_guard<std::mutex> lock(sendMutex_);
-  return queued_;
-}
+size_t Van::queuedMessages() { return scheduler_ ? scheduler_->queued() : 0; }
 
 bool Van::waitQueuedAtMost(size_t n, std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(sendMutex_);
-  return handedOver_.wait_for(lock, timeout, [&] { return queued_ <= n; });
+  return scheduler_ ? scheduler_->waitQueuedAtMost(n, timeout) : true;
 }
 
 void Van::holdSends(bool hold, size_t letThrough) {
-  std::lock_guard<std::mutex> lock(sendMutex_);
-  held_ = hold;
-  letThrough_ = letThrough;
-  if (scheduled_) wakeOut_.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::dontwait);
-}
-
-void Van::pumpLocked() {
-  const Later later;
-  for (;;) {
-    if (held_ && !stopSender_ && letThrough_ == 0) {
-      handedOver_.notify_all();  // waitQueuedAtMost
-      return;
-    }
-    int best = -1;
-    for (size_t d = 0; d < queues_.size(); ++d) {
-      if (blocked_[d] || queues_[d].empty()) continue;
-      if (best < 0 || later(queues_[best].front(), queues_[d].front())) best = static_cast<int>(d);
-    }
-    if (best < 0) {
-      handedOver_.notify_all();  // waitQueuedAtMost
-      return;
-    }
-    auto& q = queues_[static_cast<size_t>(best)];
-    Queued& m = *q.front();
-    zmq::socket_t& socket = *peers_[static_cast<size_t>(best)]->socket;
-    try {
-      if (!socket.send(m.head, zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
-        blocked_[static_cast<size_t>(best)] = true;  // its pipe is full: wait for POLLOUT
-        continue;
-      }
-      // The high-water mark counts whole messages: a started one's other parts are always taken.
-      if (m.fragment.size() != 0) {
-        socket.send(m.body, zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-        socket.send(m.fragment, zmq::send_flags::dontwait);
-      } else {
-        socket.send(m.body, zmq::send_flags::dontwait);
-      }
-    } catch (const zmq::error_t& e) {
-      if (sendError_.empty()) {
-        sendError_ = strCat("send of ", msgTypeName(m.header.type), " to rank ", best, " failed: ", e.what());
-      }
-      POSEIDON_LOG(kError) << sendError_;
-    }
-    std::pop_heap(q.begin(), q.end(), later);
-    q.pop_back();
-    --queued_;
-    if (held_ && letThrough_ > 0) --letThrough_;
-  }
-}
-
-void Van::senderLoop() {
-  try {
-    senderLoopBody();
-  } catch (const std::exception& e) {
-    // Nothing may escape the thread: record the failure (every later send() throws it) and drop
-    // what is queued, so that no caller waits on it.
-    std::lock_guard<std::mutex> lock(sendMutex_);
-    if (sendError_.empty()) sendError_ = strCat("send scheduler failed: ", e.what());
-    POSEIDON_LOG(kError) << sendError_;
-    for (auto& q : queues_) q.clear();
-    queued_ = 0;
-  }
-}
-
-void Van::senderLoopBody() {
-  std::vector<zmq::pollitem_t> items;
-  std::vector<size_t> waiting;
-  for (;;) {
-    items.assign(1, zmq::pollitem_t{wakeIn_.handle(), 0, ZMQ_POLLIN, 0});
-    waiting.clear();
-    std::chrono::milliseconds timeout{-1};
-    {
-      std::lock_guard<std::mutex> lock(sendMutex_);
-      pumpLocked();
-      if (stopSender_) {
-        const auto now = std::chrono::steady_clock::now();
-        if (queued_ == 0 || now >= stopBy_) {
-          if (queued_ != 0) {
-            POSEIDON_LOG(kWarning) << queued_ << " queued messages not sent before the transport closed";
-          }
-          return;
-        }
-        timeout = std::chrono::duration_cast<std::chrono::milliseconds>(stopBy_ - now) + std::chrono::milliseconds(1);
-      }
-      for (size_t d = 0; d < queues_.size(); ++d) {
-        if (!blocked_[d] || queues_[d].empty()) continue;
-        items.push_back(zmq::pollitem_t{peers_[d]->socket->handle(), 0, ZMQ_POLLOUT, 0});
-        waiting.push_back(d);
-      }
-    }
-    try {
-      zmq::poll(items.data(), items.size(), timeout);
-    } catch (const zmq::error_t& e) {
-      if (e.num() == EINTR) continue;
-      throw IoError(strCat("poll failed: ", e.what()));
-    }
-    if (items[0].revents & ZMQ_POLLIN) {
-      zmq::message_t drop;
-      while (wakeIn_.recv(drop, zmq::recv_flags::dontwait)) {
-      }
-    }
-    std::lock_guard<std::mutex> lock(sendMutex_);
-    for (size_t i = 1; i < items.size(); ++i)
-      if (items[i].revents & ZMQ_POLLOUT) blocked_[waiting[i - 1]] = false;
-  }
+  if (scheduler_) scheduler_->hold(hold, letThrough);
 }
 
 TrafficKind Van::kindOf(MsgType type) { return wire::messageInfo(type).traffic; }
@@ -344,44 +199,9 @@ void Van::send(int dest, FrameHeader header, const Part* partsBegin, size_t numP
 void Van::sendNow(int dest, const FrameHeader& header, zmq::message_t head, zmq::message_t body) {
   const size_t total = body.size();
   try {
-    if (scheduled_) {
-      // Whole, or in fragments of the window's size (each: the header, its slice, and where it goes).
-      const size_t chunk = static_cast<size_t>(options_.sendWindowBytes);
-      const size_t pieces = total <= chunk ? 1 : (total + chunk - 1) / chunk;
-      const Priority priority = priorityOf(header);
-      const uint64_t id = pieces > 1 ? nextFragmentId_.fetch_add(1) : 0;
-      std::vector<std::unique_ptr<Queued>> qs;
-      for (size_t i = 0; i < pieces; ++i) {
-        auto q = std::make_unique<Queued>();
-        q->priority = priority;
-        q->header = header;
-        if (pieces == 1) {
-          q->head = std::move(head);
-          q->body = std::move(body);
-        } else {
-          const size_t off = i * chunk, len = std::min(chunk, total - off);
-          q->head = zmq::message_t(head.data(), head.size());
-          q->body = zmq::message_t(static_cast<const uint8_t*>(body.data()) + off, len);
-          q->fragment = zmq::message_t(kFragmentBytes);
-          auto* f = static_cast<uint8_t*>(q->fragment.data());
-          const uint64_t where = off;
-          std::memcpy(f, &id, 8);
-          std::memcpy(f + 8, &where, 8);
-        }
-        qs.push_back(std::move(q));
-      }
-      std::lock_guard<std::mutex> lock(sendMutex_);
+    if (scheduler_) {
       if (closed_) throw IoError("transport closed");
-      if (!sendError_.empty()) throw IoError(sendError_);
-      auto& heap = queues_[static_cast<size_t>(dest)];
-      for (auto& q : qs) {
-        q->seq = nextSeq_++;
-        heap.push_back(std::move(q));
-        std::push_heap(heap.begin(), heap.end(), Later());
-        ++queued_;
-      }
-      // Wake the sender's poll (a full wake pipe means it is awake already).
-      wakeOut_.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::dontwait);
+      scheduler_->enqueue(dest, header, std::move(head), std::move(body));
       counters_.addSent(wire::trafficLayer(header), kindOf(header.type), kHeaderBytes + total);
       return;
     }
@@ -468,52 +288,17 @@ bool Van::decrypted(Message* out) {
   return false;
 }
 
-bool Van::addFragment(const FrameHeader& h, zmq::message_t& chunk, const zmq::message_t& where,
-                      const std::string& peer, Message* out) {
-  if (where.size() != kFragmentBytes) {
-    rejected(peer, strCat("fragment frame of ", where.size(), " bytes (expected ", kFragmentBytes, ")"));
-    return false;
-  }
-  uint64_t id = 0, offset = 0;
-  std::memcpy(&id, where.data(), 8);
-  std::memcpy(&offset, static_cast<const uint8_t*>(where.data()) + 8, 8);
-  const auto key = std::make_pair(h.sender, id);
-  auto it = partials_.find(key);
-  // A connection is FIFO: a message's fragments arrive in order, the first at offset 0.
-  const uint64_t expected = it == partials_.end() ? 0 : it->second.received;
+bool Van::addFragment(const FrameHeader& h, zmq::message_t& chunk, const zmq::message_t& where, const std::string& peer,
+                      Message* out) {
   std::string why;
-  if (offset != expected) why = strCat("fragment of message ", id, " at offset ", offset, ", expected ", expected);
-  else if (chunk.size() == 0 || offset + chunk.size() > h.payloadBytes) {
-    why = strCat("fragment of ", chunk.size(), " bytes at offset ", offset, " of a ", h.payloadBytes, "-byte message");
-  } else if (it == partials_.end() && partials_.size() >= kMaxPartials) {
-    why = strCat("more than ", kMaxPartials, " fragmented messages open at once");
-  } else if (it != partials_.end() && !sameMessage(it->second.header, h)) {
-    why = strCat("fragment of message ", id, " with another header than its first");
-  }
-  if (!why.empty()) {
-    if (it != partials_.end()) partials_.erase(it);
-    rejected(peer, why);
+  zmq::message_t payload;
+  if (!reassembler_.add(h, chunk, where, &payload, &why)) {
+    if (!why.empty()) rejected(peer, why);
     return false;
   }
-  if (it == partials_.end()) {
-    Partial p;
-    p.header = h;
-    try {
-      p.payload = zmq::message_t(h.payloadBytes);  // bounded by maxPayloadBytes (decodeHeader)
-    } catch (const std::exception& e) {
-      rejected(peer, strCat("no memory for a ", h.payloadBytes, "-byte fragmented message: ", e.what()));
-      return false;
-    }
-    it = partials_.emplace(key, std::move(p)).first;
-  }
-  Partial& p = it->second;
-  std::memcpy(static_cast<uint8_t*>(p.payload.data()) + offset, chunk.data(), chunk.size());
-  p.received += chunk.size();
-  if (p.received < h.payloadBytes) return false;
   out->header = h;
-  out->payload = std::move(p.payload);
+  out->payload = std::move(payload);
   out->peer = peer;
-  partials_.erase(it);
   counters_.addReceived(wire::trafficLayer(h), kindOf(h.type), kHeaderBytes + h.payloadBytes);
   return decrypted(out);
 }

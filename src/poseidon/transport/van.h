@@ -17,37 +17,41 @@
 // of the runtime: nothing is locked while one is held.
 //
 // Priority scheduling (VanOptions::sendWindowBytes > 0; docs/scheduling.md):
-// send() queues the message instead, and one sender thread, the only user of
-// the DEALERs then, hands ZeroMQ the most urgent queued message whose peer
-// can take one: control first, then data of an earlier iteration, then of a
-// lower layer (the next forward pass needs layer 0 first), FIFO within a
-// layer. Each connection holds one message in ZeroMQ's pipe (its encoder may
-// hold one more) and sendWindowBytes in the kernel (Linux doubles it), so a
-// late, urgent pair waits behind little; a message larger than the window
-// goes as fragments of the window's size (a third frame says which message
-// and where; the receiver reassembles them), so an urgent one can pass
+// send() queues the message in the PriorityScheduler (transport/scheduler.h)
+// instead, whose sender thread, the only user of the DEALERs then, hands ZeroMQ
+// the most urgent queued message whose peer can take one: control first, then
+// data of an earlier iteration, then of a lower layer (the next forward pass
+// needs layer 0 first), FIFO within a layer. Each connection holds one message
+// in ZeroMQ's pipe (its encoder may hold one more) and sendWindowBytes in the
+// kernel (Linux doubles it), so a late, urgent pair waits behind little; a
+// message larger than the window goes as fragments of the window's size (a
+// third frame says which message and where; the Van's Reassembler,
+// transport/fragments.h, puts them together), so an urgent one can pass
 // between them (P3's slicing). Only messages of different layers or
 // iterations (or control) are reordered; the BSP protocol never orders them
 // across layers. Not for compute-group jobs (their pulls and pushes are
 // ordered across layers): Node refuses the combination.
+//
+// The parts: this class is the socket transport and the frames' validation;
+// the scheduler and the reassembler are the two halves of priority
+// scheduling; ChargedCrypto (bench only) the charged encryption lanes.
 #pragma once
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 #include <zmq.hpp>
 
 #include "poseidon/common/work_charger.h"
 #include "poseidon/transport/charged_crypto.h"
 #include "poseidon/transport/counters.h"
+#include "poseidon/transport/fragments.h"
 #include "poseidon/transport/message.h"
+#include "poseidon/transport/scheduler.h"
 #include "poseidon/transport/security.h"
 #include "poseidon/wire/frame.h"
 
@@ -134,12 +138,9 @@ class Van {
   // Closes all sockets (flushing for up to lingerMs). Idempotent.
   void close();
 
-  // The scheduling rank of a message (smaller goes first): control and
-  // collectives before everything, then a BSP round's data by (iteration,
-  // layer): a node that is ahead must not delay the slower nodes' current
-  // iteration with its next one. Public for the tests.
-  using Priority = std::pair<int64_t, int64_t>;
-  static Priority priorityOf(const FrameHeader& header);
+  // The scheduling rank of a message (PriorityScheduler::priorityOf). Public for the tests.
+  using Priority = PriorityScheduler::Priority;
+  static Priority priorityOf(const FrameHeader& header) { return PriorityScheduler::priorityOf(header); }
   // Priority scheduling: messages (fragments) queued, not yet handed to ZeroMQ;
   // waitQueuedAtMost waits until at most n are (false: the timeout passed).
   size_t queuedMessages();
@@ -153,33 +154,10 @@ class Van {
     std::mutex mutex;
     std::unique_ptr<zmq::socket_t> socket;
   };
-  struct Queued {
-    Priority priority;
-    uint64_t seq = 0;
-    FrameHeader header;
-    zmq::message_t head, body, fragment;  // fragment: empty for a whole message
-  };
-  // A fragmented message being reassembled (receive thread only).
-  struct Partial {
-    FrameHeader header;
-    zmq::message_t payload;
-    uint64_t received = 0;
-  };
-  static constexpr size_t kFragmentBytes = 16;  // message id, offset (u64 each, host order = little-endian)
-  static constexpr size_t kMaxPartials = 4096;   // open fragmented messages, over every sender
-  struct Later {  // the min-heap order: lower priority first, then FIFO
-    bool operator()(const std::unique_ptr<Queued>& a, const std::unique_ptr<Queued>& b) const {
-      return a->priority != b->priority ? a->priority > b->priority : a->seq > b->seq;
-    }
-  };
   bool receiveFrom(zmq::socket_t& socket, bool loopback, Message* out);
-  // A fragment's checks and bookkeeping: true with *out filled when it completed a message.
+  // A fragment received: true with *out filled when it completed a message.
   bool addFragment(const FrameHeader& h, zmq::message_t& chunk, const zmq::message_t& where, const std::string& peer,
                    Message* out);
-  void senderLoop();
-  void senderLoopBody();
-  // Hands ZeroMQ what it takes, most urgent first; marks peers that took none.
-  void pumpLocked();
 
   static TrafficKind kindOf(MsgType type);
 
@@ -195,30 +173,15 @@ class Van {
   std::vector<std::unique_ptr<Peer>> peers_;
   TrafficCounters counters_;
   std::atomic<uint64_t> rejected_{0};
-  std::map<std::pair<uint32_t, uint64_t>, Partial> partials_;  // (sender, message id); receive thread only
+  Reassembler reassembler_;                    // receive thread only
   std::unique_ptr<HandshakeMonitor> monitor_;  // handshake failures (CURVE only)
   // Written by close() (any thread), read by send() under a peer's or the
   // loopback's mutex and by close() itself: atomic, so no reader needs them all.
   std::atomic<bool> closed_{false};
 
-  // Priority scheduling (sendWindowBytes > 0). sendMutex_ guards the queues,
-  // the wake socket's sending end, blocked_ and stopSender_; the sender thread
-  // alone touches the DEALERs then.
-  std::mutex sendMutex_;
-  std::condition_variable handedOver_;  // the sender handed something to ZeroMQ
-  std::vector<std::vector<std::unique_ptr<Queued>>> queues_;  // per peer, a heap by Later
-  std::vector<bool> blocked_;  // the peer's pipe was full; wait for POLLOUT
-  size_t queued_ = 0;
-  uint64_t nextSeq_ = 0;
-  std::atomic<uint64_t> nextFragmentId_{0};
-  bool stopSender_ = false;
-  std::chrono::steady_clock::time_point stopBy_{};  // with stopSender_: give up on the queues then
-  std::string sendError_;  // the sender's first failure; later send()s throw it
-  bool held_ = false;
-  size_t letThrough_ = 0;
-  bool scheduled_ = false;  // a sender thread runs (set in connectPeers, before any send)
-  zmq::socket_t wakeIn_, wakeOut_;  // inproc PAIR: a send() wakes the sender's poll
-  std::thread sender_;
+  // Priority scheduling (sendWindowBytes > 0): set in connectPeers, before any send; the only user
+  // of the DEALERs then.
+  std::unique_ptr<PriorityScheduler> scheduler_;
 
   // Hands a built message to the links (the priority queue or the peer's DEALER) and counts it.
   void sendNow(int dest, const FrameHeader& header, zmq::message_t head, zmq::message_t body);

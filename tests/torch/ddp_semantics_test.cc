@@ -80,7 +80,13 @@ double maxRelDiff(const std::vector<torch::Tensor>& a, const std::vector<torch::
 // Which ranks use the side branch at a step: all of them, none (step 3), or all but rank 1 (step 4).
 bool sideUsed(int rank, int step) { return step == 3 ? false : step == 4 ? rank != 1 : true; }
 
-TEST(DdpSemantics, LayersUnusedAtAnyStepOnAnyRanksAreExactAndNeverStall) {
+// In place (the node reads and writes .grad()) and staged through host buffers (a CUDA model's data
+// path, DistributedOptions::stageOnHost): the same outcomes.
+class DdpSemanticsStaged : public ::testing::TestWithParam<bool> {};
+INSTANTIATE_TEST_SUITE_P(InPlaceAndStaged, DdpSemanticsStaged, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "StagedOnHost" : "InPlace"; });
+
+TEST_P(DdpSemanticsStaged, LayersUnusedAtAnyStepOnAnyRanksAreExactAndNeverStall) {
   const int ranks = 2, steps = 6;
   // Each rank's data, drawn here in order (LibTorch's generator is process-wide).
   torch::manual_seed(7);
@@ -99,7 +105,9 @@ TEST(DdpSemantics, LayersUnusedAtAnyStepOnAnyRanksAreExactAndNeverStall) {
   const int port = freePort("127.0.0.1");
   auto got = onRanks(ranks, [&](int r) {
     auto net = nets[r];
-    DistributedModel dist(net, "branchy", optionsFor(r, ranks, port, kRows));
+    auto o = optionsFor(r, ranks, port, kRows);
+    o.stageOnHost = GetParam();
+    DistributedModel dist(net, "branchy", o);
     EXPECT_EQ(dist.node().schemeFor(0), Scheme::kSFB);  // trunk
     EXPECT_EQ(dist.node().schemeFor(1), Scheme::kSFB);  // sideBig
     EXPECT_EQ(dist.node().schemeFor(2), Scheme::kPS);   // sideSmall
@@ -219,7 +227,7 @@ struct WithBatchNorm : torch::nn::Module {
 };
 
 // Rank 0's buffers after 10 steps, and whether every rank holds exactly them.
-std::vector<std::vector<torch::Tensor>> batchNormRun(bool broadcast) {
+std::vector<std::vector<torch::Tensor>> batchNormRun(bool broadcast, bool staged = false) {
   const int ranks = 3;
   torch::manual_seed(3);
   std::vector<std::shared_ptr<WithBatchNorm>> nets;
@@ -233,6 +241,7 @@ std::vector<std::vector<torch::Tensor>> batchNormRun(bool broadcast) {
     auto net = nets[r];
     auto o = optionsFor(r, ranks, port, 6);
     o.broadcastBuffers = broadcast;
+    o.stageOnHost = staged;
     DistributedModel dist(net, "bn", o);
     torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05));
     for (int s = 0; s < 10; ++s) {
@@ -247,19 +256,23 @@ std::vector<std::vector<torch::Tensor>> batchNormRun(bool broadcast) {
   });
 }
 
-TEST(DdpSemantics, BatchNormBuffersAreEqualOnAllRanks) {
-  auto bufs = batchNormRun(true);
+TEST_P(DdpSemanticsStaged, BatchNormBuffersAreEqualOnAllRanks) {
+  auto bufs = batchNormRun(true, GetParam());
   ASSERT_EQ(bufs[0].size(), 3u);  // running_mean, running_var, num_batches_tracked
   EXPECT_EQ(bufs[0][2].item<int64_t>(), 10);
   for (size_t r = 1; r < bufs.size(); ++r)
     for (size_t i = 0; i < bufs[r].size(); ++i) EXPECT_TRUE(torch::equal(bufs[r][i], bufs[0][i])) << r << " " << i;
   // Without the broadcast (the option off) the running statistics drift apart: the data differ per rank.
-  auto apart = batchNormRun(false);
+  auto apart = batchNormRun(false, GetParam());
   EXPECT_FALSE(torch::equal(apart[1][0], apart[0][0]));
+  if (GetParam()) {  // through host copies, the same bits as in place
+    auto inPlace = batchNormRun(true, false);
+    for (size_t i = 0; i < bufs[0].size(); ++i) EXPECT_TRUE(torch::equal(bufs[0][i], inPlace[0][i])) << i;
+  }
 }
 
 // One step as 4 micro-batches (3 under noSync) equals one step with the 4x batch.
-TEST(DdpSemantics, GradientAccumulationEqualsOneStepWithTheLargerBatch) {
+TEST_P(DdpSemanticsStaged, GradientAccumulationEqualsOneStepWithTheLargerBatch) {
   const int ranks = 2, steps = 3, micro = 4;
   torch::manual_seed(11);
   std::vector<std::vector<torch::Tensor>> xs(ranks);
@@ -277,7 +290,9 @@ TEST(DdpSemantics, GradientAccumulationEqualsOneStepWithTheLargerBatch) {
         for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
       }
       // K is the rows one synchronized step carries in both runs, so BestScheme agrees.
-      DistributedModel dist(net, "branchy", optionsFor(r, ranks, port, micro * kRows));
+      auto o = optionsFor(r, ranks, port, micro * kRows);
+      o.stageOnHost = GetParam();
+      DistributedModel dist(net, "branchy", o);
       EXPECT_EQ(dist.node().schemeFor(0), Scheme::kSFB);
       torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
       auto loss = [&](const torch::Tensor& x) {

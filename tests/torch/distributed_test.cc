@@ -6,8 +6,10 @@
 
 #include <future>
 #include <limits>
+#include <map>
 
 #include "poseidon/launch/env.h"
+#include "poseidon/torch/device_staging.h"
 
 namespace poseidon::pt {
 namespace {
@@ -66,7 +68,7 @@ DistributedOptions rankOptions(int rank, int ranks, int port, int64_t batch) {
   return o;
 }
 
-void runRanks(int ranks, SchemePolicy policy, bool overlap) {
+void runRanks(int ranks, SchemePolicy policy, bool overlap, bool staged = false) {
   const int64_t rows = 4;
   int port = freePort("127.0.0.1");
   torch::manual_seed(1);
@@ -87,7 +89,9 @@ void runRanks(int ranks, SchemePolicy policy, bool overlap) {
       DistributedOptions o = rankOptions(r, ranks, port, rows);
       o.node.settings.policy = policy;
       o.overlap = overlap;
+      o.stageOnHost = staged;
       DistributedModel dist(net, "twobranch", o, [net](torch::Tensor x) { return net->forward(x); });
+      EXPECT_TRUE(dist.device().is_cpu());
       EXPECT_EQ(dist.description().layers.size(), 5u);
       net->zero_grad();
       dist.forward(inputs[r]).pow(2).mean().backward();
@@ -134,6 +138,10 @@ TEST(DistributedModel, AutoSchemeMatchesReferenceMean) { runRanks(3, SchemePolic
 TEST(DistributedModel, ForcedSfbMatchesReferenceMean) { runRanks(2, SchemePolicy::kSFB, true); }
 TEST(DistributedModel, ForcedPsMatchesReferenceMean) { runRanks(2, SchemePolicy::kPS, true); }
 TEST(DistributedModel, NoOverlapMatchesReferenceMean) { runRanks(2, SchemePolicy::kSFB, false); }
+// A CUDA model's data path (host buffers, the staging thread), run on the CPU.
+TEST(DistributedModel, StagedOnHostAutoMatchesReferenceMean) { runRanks(3, SchemePolicy::kAuto, true, true); }
+TEST(DistributedModel, StagedOnHostPsMatchesReferenceMean) { runRanks(2, SchemePolicy::kPS, true, true); }
+TEST(DistributedModel, StagedOnHostNoOverlapMatchesReferenceMean) { runRanks(2, SchemePolicy::kSFB, false, true); }
 
 // The overlapped step on a torch::nn::Sequential (forwardOverlapped / stepOverlapped) gives the
 // parameters of forward / backward / step bit for bit, with SGD's momentum, an SFB layer and a
@@ -149,7 +157,7 @@ TEST(DistributedModel, OverlappedSequentialStepEqualsTheBarrierPathBitForBit) {
       inputs[r].push_back(torch::randn({rows, 6}));
     }
   }
-  auto run = [&](bool overlapped) {
+  auto run = [&](bool overlapped, bool staged) {
     std::vector<torch::nn::Sequential> nets;
     for (int r = 0; r < ranks; ++r) {
       torch::manual_seed(7 + r);  // different on each rank: the broadcast makes them one
@@ -161,7 +169,9 @@ TEST(DistributedModel, OverlappedSequentialStepEqualsTheBarrierPathBitForBit) {
     for (int r = 0; r < ranks; ++r) {
       futures.push_back(std::async(std::launch::async, [&, r] {
         torch::nn::Sequential net = nets[r];
-        DistributedModel dist(net.ptr(), "seq", rankOptions(r, ranks, port, rows), [net](torch::Tensor x) mutable { return net->forward(x); });
+        DistributedOptions o = rankOptions(r, ranks, port, rows);
+        o.stageOnHost = staged;
+        DistributedModel dist(net.ptr(), "seq", o, [net](torch::Tensor x) mutable { return net->forward(x); });
         torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
         // Held across steps, as a scheduler holds it: the overlapped path must keep this object valid.
         auto& options = static_cast<torch::optim::SGDOptions&>(opt.param_groups()[0].options());
@@ -202,12 +212,16 @@ TEST(DistributedModel, OverlappedSequentialStepEqualsTheBarrierPathBitForBit) {
     for (auto& f : futures) out.push_back(f.get());
     return out;
   };
-  const auto barrier = run(false), overlap = run(true);
+  const auto barrier = run(false, false), overlap = run(true, false);
+  // A CUDA model's data path, run on the CPU: the same bits on both step paths.
+  const auto barrierStaged = run(false, true), overlapStaged = run(true, true);
   for (int r = 0; r < ranks; ++r) {
     ASSERT_EQ(barrier[r].size(), overlap[r].size());
     for (size_t i = 0; i < barrier[r].size(); ++i) {
       EXPECT_TRUE(torch::equal(barrier[r][i], overlap[r][i])) << "rank " << r << " param " << i;
       EXPECT_TRUE(torch::equal(overlap[r][i], overlap[0][i])) << "rank " << r << " param " << i;
+      EXPECT_TRUE(torch::equal(barrier[r][i], barrierStaged[r][i])) << "staged, rank " << r << " param " << i;
+      EXPECT_TRUE(torch::equal(barrier[r][i], overlapStaged[r][i])) << "staged, rank " << r << " param " << i;
     }
   }
 }
@@ -309,8 +323,57 @@ TEST(DistributedModel, RejectsNonFloatParameters) {
     DistributedModel dist(net, "double", o);
     FAIL() << "expected an error";
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("float32 CPU parameters"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("Poseidon synchronizes float32 parameters"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("a Double parameter on cpu (layer"), std::string::npos) << e.what();
   }
+}
+
+// A CUDA model's data path does not take compute groups or straggler dropping yet: one clear line,
+// before the rendezvous.
+TEST(DistributedModel, StagedModelRefusesComputeGroupsWithOneLine) {
+  auto net = std::make_shared<torch::nn::LinearImpl>(2, 2);
+  DistributedOptions o;
+  o.node.masterPort = freePort("127.0.0.1");
+  o.node.settings.groups = 1;
+  o.stageOnHost = true;
+  try {
+    DistributedModel dist(net, "staged", o);
+    FAIL() << "expected an error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "model 'staged' on cpu (stageOnHost): compute groups and straggler dropping "
+              "train CPU models only (docs/gpu.md)");
+  }
+}
+
+// One process per GPU: the launcher's local rank (torchrun's LOCAL_RANK, Slurm's SLURM_LOCALID, ...)
+// picks cuda:LOCAL_RANK; ranks beyond the node's GPUs share them round-robin.
+TEST(Devices, TheLocalRankPicksTheGpu) {
+  auto envOf = [](std::map<std::string, std::string> vars) {
+    return rankFromEnvironment([vars](const char* name) -> const char* {
+      auto it = vars.find(name);
+      return it == vars.end() ? nullptr : it->second.c_str();
+    });
+  };
+  const RankEnv torchrun = envOf({{"RANK", "11"}, {"WORLD_SIZE", "16"}, {"LOCAL_RANK", "3"}});
+  EXPECT_EQ(selectDevice("cuda", torchrun.localRank, 8), c10::Device(c10::kCUDA, 3));
+  const RankEnv slurm =
+      envOf({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "5"}, {"MASTER_ADDR", "h0"}});
+  EXPECT_EQ(selectDevice("cuda", slurm.localRank, 4), c10::Device(c10::kCUDA, 1));  // local rank 5 of 4 GPUs
+  EXPECT_EQ(selectDevice("auto", slurm.localRank, 4), c10::Device(c10::kCUDA, 1));
+  EXPECT_EQ(selectDevice("auto", slurm.localRank, 0), c10::Device(c10::kCPU));
+  EXPECT_EQ(selectDevice("cpu", slurm.localRank, 4), c10::Device(c10::kCPU));
+  try {
+    selectDevice("cuda", 0, 0);
+    FAIL() << "expected an error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "--device cuda: LibTorch sees no CUDA device here (a CPU-only build, or no GPU visible); use --device "
+              "cpu");
+  }
+  EXPECT_THROW(selectDevice("gpu", 0, 1), InvalidArgument);
+  // This process's count: a CPU-only LibTorch (CI) has none, so auto is the CPU there.
+  EXPECT_EQ(selectDevice("auto", 0).is_cuda(), torch::cuda::device_count() > 0);
 }
 
 }  // namespace

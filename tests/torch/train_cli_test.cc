@@ -2,12 +2,13 @@
 // dataset (a subset of it, to keep the suite fast).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <regex>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 
 #include "cli_helpers.h"
@@ -277,6 +278,16 @@ TEST(TrainCli, BadInputGetsOneLineErrors) {
   auto value = run({"train", "--batch", "many"}, dir.path + "/v", 60);
   EXPECT_EQ(value.exitCode(), 2);
   EXPECT_THAT(value.stderrText(), HasSubstr("--batch expects an integer, got 'many'"));
+  auto device = run({"train", "--device", "tpu"}, dir.path + "/d", 60);
+  EXPECT_EQ(device.exitCode(), 2);
+  EXPECT_THAT(device.stderrText(), HasSubstr("--device must be cpu, cuda or auto, got 'tpu'"));
+  if (torch::cuda::device_count() == 0) {  // CI: one line before any worker starts
+    auto cuda = run({"train", "--device", "cuda"}, dir.path + "/g", 60);
+    EXPECT_EQ(cuda.exitCode(), 2);
+    EXPECT_EQ(cuda.stderrText(),
+              "poseidon train: error: --device cuda: LibTorch sees no CUDA device here (a CPU-only build, "
+              "or no GPU visible); use --device cpu\n");
+  }
   auto model = run({"train", "--model", "resnet"}, dir.path + "/r", 60);
   EXPECT_NE(model.exitCode(), 0);
   EXPECT_THAT(model.stderrText(), HasSubstr("unknown model 'resnet' (expected lenet, cifar10-quick or mlp)"));

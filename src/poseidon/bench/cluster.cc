@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <sstream>
 
 #include "poseidon/common/error.h"
@@ -28,9 +29,18 @@ std::string run(const std::vector<std::string>& argv) {
 namespace {
 constexpr const char* kNsPrefix = "psd";
 
+// Where runCommand's execvp looks (PATH; a machine without the package may carry iproute2 in a
+// folder of its own, ../shared/gpu), and the system folders a root shell's PATH may lack.
 bool commandExists(const char* cmd) {
-  for (const char* dir : {"/usr/sbin/", "/sbin/", "/usr/bin/", "/bin/"}) {
-    if (access((std::string(dir) + cmd).c_str(), X_OK) == 0) return true;
+  std::vector<std::string> dirs;
+  if (const char* path = std::getenv("PATH")) {
+    std::stringstream s(path);
+    for (std::string d; std::getline(s, d, ':');)
+      if (!d.empty()) dirs.push_back(d + "/");
+  }
+  for (const char* d : {"/usr/sbin/", "/sbin/", "/usr/bin/", "/bin/"}) dirs.emplace_back(d);
+  for (const auto& dir : dirs) {
+    if (access((dir + cmd).c_str(), X_OK) == 0) return true;
   }
   return false;
 }

@@ -106,6 +106,11 @@ void addTrainingFlags(FlagSet& flags, TrainFlags& t) {
                "before it (0: FIFO links; BSP only; docs/scheduling.md)",
                "BYTES", IntRange::closed(0, 1 << 30));
   flags.addBool("plain", &t.o.plain, "run the plain LibTorch loop without Poseidon (overhead baseline; 1 worker)");
+  flags.addString("device", &t.o.device,
+                  "where each worker's model and batches live: cpu; cuda (cuda:LOCAL_RANK, one worker per GPU; "
+                  "workers beyond the GPUs share them); auto (cuda when LibTorch sees a GPU). Not with --groups or "
+                  "--drop-stragglers on a GPU (docs/gpu.md)",
+                  "cpu|cuda|auto");
 }
 
 // Outputs, checkpoints, restarts, the data and smoke-run limits.
@@ -200,6 +205,7 @@ void finishOptions(TrainFlags& t) {
                                  " and --groups cannot be combined (the groups' pulls carry the "
                                  "model itself)"));
   }
+  pt::checkDevice(o.device);
   o.overlap = !t.noOverlap;
   o.seed = static_cast<uint64_t>(t.seed);
   o.pairBytes = t.pairBytes;

@@ -17,10 +17,11 @@ void Tracer::span(const std::string& name, const std::string& category, int lane
 
 
 std::string Tracer::json() const {
-  static const char* kLanes[] = {"compute (forward/backward/apply)", "send", "receive"};
+  // Lane 3: a device model's copies to the host (torch/device_staging.h), from queueing to done.
+  static const char* kLanes[] = {"compute (forward/backward/apply)", "send", "receive", "device copies"};
   nlohmann::json events = nlohmann::json::array();
   events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid_}, {"args", {{"name", "rank " + std::to_string(pid_)}}}});
-  for (int lane = 0; lane < 3; ++lane) {
+  for (int lane = 0; lane < 4; ++lane) {
     events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid_}, {"tid", lane}, {"args", {{"name", kLanes[lane]}}}});
   }
   std::lock_guard<std::mutex> lock(mutex_);

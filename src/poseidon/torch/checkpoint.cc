@@ -341,14 +341,21 @@ CheckpointMeta loadCheckpoint(const std::string& path, const CheckpointMeta& exp
     warnings->push_back("checkpoint " + path +
                         " has no checksums (written by an older poseidon); resuming from it unverified");
   }
+  // Whatever device the tensors were saved from, they load onto the model's (a checkpoint written on a
+  // GPU resumes on the CPU and the other way round).
+  c10::optional<c10::Device> device;  // c10's: std::optional only from torch 2.x on
+  for (const auto& p : module.parameters()) {
+    device = p.device();
+    break;
+  }
   try {
     torch::serialize::InputArchive modelArchive, optimizerArchive;
     if (verified) {
-      modelArchive.load_from(modelBytes.data(), modelBytes.size());
-      optimizerArchive.load_from(optimizerBytes.data(), optimizerBytes.size());
+      modelArchive.load_from(modelBytes.data(), modelBytes.size(), device);
+      optimizerArchive.load_from(optimizerBytes.data(), optimizerBytes.size(), device);
     } else {
-      modelArchive.load_from((fs::path(path) / kDataFiles[0]).string());
-      optimizerArchive.load_from((fs::path(path) / kDataFiles[1]).string());
+      modelArchive.load_from((fs::path(path) / kDataFiles[0]).string(), device);
+      optimizerArchive.load_from((fs::path(path) / kDataFiles[1]).string(), device);
     }
     module.load(modelArchive);
     optimizer.load(optimizerArchive);

@@ -72,19 +72,72 @@ std::optional<FloatSpan> bytesAsFloats(const torch::Tensor& t) {
   }
   return FloatSpan{static_cast<float*>(t.data_ptr()), static_cast<int64_t>(t.nbytes() / sizeof(float))};
 }
+
+// Whether a tensor goes through host copies whole, as floats' worth of bytes.
+bool wholeFloats(const torch::Tensor& t) { return t.defined() && t.nbytes() % sizeof(float) == 0; }
+
+// The one device every parameter lives on. Refused: other dtypes than float32 (mixed precision through
+// autocast keeps float32 parameters), parameters on several devices, devices other than CPU and CUDA.
+c10::Device modelDevice(const ModelParts& parts) {
+  std::optional<c10::Device> device;
+  std::string first;
+  for (const auto& l : parts.layers) {
+    for (const auto& p : l.params) {
+      if (p.scalar_type() != torch::kFloat32) {
+        throw InvalidArgument(strCat("Poseidon synchronizes float32 parameters (autocast keeps them float32); model '",
+                                     parts.name, "' has a ", c10::toString(p.scalar_type()), " parameter on ",
+                                     p.device().str(), " (layer '", l.name, "')"));
+      }
+      if (!device) {
+        device = p.device();
+        first = l.name;
+      } else if (p.device() != *device) {
+        throw InvalidArgument(strCat("model '", parts.name, "' has parameters on ", device->str(), " (layer '", first,
+                                     "') and on ", p.device().str(), " (layer '", l.name,
+                                     "'): Poseidon synchronizes a model on one device (one process per GPU)"));
+      }
+    }
+  }
+  if (!device) return c10::Device(c10::kCPU);
+  if (!device->is_cpu() && !device->is_cuda()) {
+    throw InvalidArgument(strCat("model '", parts.name, "' has its parameters on ", device->str(),
+                                 ": Poseidon synchronizes models on the CPU or one CUDA device"));
+  }
+  return *device;
+}
 }  // namespace
+
+void DistributedModel::broadcastTensors(const std::vector<torch::Tensor>& tensors) {
+  torch::NoGradGuard guard;
+  std::vector<FloatSpan> spans;
+  if (!staging_) {
+    for (const auto& t : tensors) {
+      auto span = bytesAsFloats(t);
+      if (!span) throw InvalidArgument("DistributedModel: a parameter or buffer that is not contiguous");
+      spans.push_back(*span);
+    }
+    node_->broadcast(0, LayerBuffer(spans));
+    return;
+  }
+  std::vector<torch::Tensor> host;
+  for (const auto& t : tensors) {
+    host.push_back(staging_->hostTensor(t.numel(), t.scalar_type()));
+    host.back().copy_(t.reshape(-1));
+    spans.push_back({static_cast<float*>(host.back().data_ptr()), static_cast<int64_t>(t.nbytes() / sizeof(float))});
+  }
+  node_->broadcast(0, LayerBuffer(spans));
+  for (size_t i = 0; i < tensors.size(); ++i) tensors[i].copy_(host[i].view(tensors[i].sizes()));
+}
 
 void DistributedModel::init(ModelParts parts) {
   desc_ = describe(parts);
   if (desc_.layers.empty()) throw InvalidArgument("model '" + parts.name + "' has no trainable parameters");
-  for (const auto& l : parts.layers) {
-    for (const auto& p : l.params) {
-      if (p.scalar_type() != torch::kFloat32 || !p.device().is_cpu()) {
-        throw InvalidArgument("Poseidon synchronizes float32 CPU parameters; model '" + parts.name + "' has a " +
-                              std::string(c10::toString(p.scalar_type())) + " parameter on " + p.device().str() +
-                              " (layer '" + l.name + "')");
-      }
-    }
+  device_ = modelDevice(parts);
+  const bool staged = !device_.is_cpu() || options_.stageOnHost;
+  if (staged && (options_.node.settings.groupMode() || options_.node.settings.stragglerMode())) {
+    throw InvalidArgument(strCat("model '", parts.name, "' on ", device_.str(),
+                                 options_.stageOnHost && device_.is_cpu() ? " (stageOnHost)" : "",
+                                 ": compute groups and straggler dropping train CPU models only (docs/gpu.md)"));
   }
   tracer_ = options_.node.tracer;
   node_ = Node::start(options_.node, desc_);
@@ -94,19 +147,23 @@ void DistributedModel::init(ModelParts parts) {
     sync_ = std::make_unique<GradientSync>(*this);
   // One worker has nothing to synchronize, unless the shards hold the model (compute groups).
   solo_ = node_->book().numWorkers() == 1 && node_->book().numServers() == 1 && !sync_->shardsHoldModel();
+  if (staged) {
+    staging_ = std::make_unique<DeviceStaging>(device_, [this](std::exception_ptr e) { node_->failJob(e); });
+    staging_->setTracer(tracer_);
+  }
+  auto broadcastable = [&](const torch::Tensor& t) { return staged ? wholeFloats(t) : bytesAsFloats(t).has_value(); };
   for (auto& b : parts.buffers)
-    if (bytesAsFloats(b)) buffers_.push_back(b);
+    if (broadcastable(b)) buffers_.push_back(b);
 
   // Every replica starts from rank 0's parameters and buffers.
   {
-    torch::NoGradGuard guard;
-    std::vector<FloatSpan> spans;
+    std::vector<torch::Tensor> all;
     for (const auto& l : parts.layers)
-      for (const auto& p : l.params) spans.push_back({p.data_ptr<float>(), p.numel()});
+      for (const auto& p : l.params) all.push_back(p);
     for (const auto& t : parts.frozen)
-      if (auto s = bytesAsFloats(t)) spans.push_back(*s);
-    for (const auto& b : buffers_) spans.push_back(*bytesAsFloats(b));
-    node_->broadcast(0, LayerBuffer(spans));
+      if (broadcastable(t)) all.push_back(t);
+    all.insert(all.end(), buffers_.begin(), buffers_.end());
+    broadcastTensors(all);
   }
 
   layers_.resize(desc_.layers.size());
@@ -115,7 +172,11 @@ void DistributedModel::init(ModelParts parts) {
     layer.spec = &desc_.layers[l];
     layer.params = parts.layers[l].params;
     layer.ready.assign(layer.params.size(), false);
-    if (layer.spec->type == LayerType::kFC) layer.staging = torch::zeros({layer.spec->numel()});
+    if (layer.spec->type == LayerType::kFC) {
+      layer.staging =
+          staging_ ? staging_->hostTensor(layer.spec->numel()).zero_() : torch::zeros({layer.spec->numel()});
+    }
+    if (staging_) layer.host = staging_->hostTensor(layer.spec->numel());
   }
   lastSchemes_.assign(layers_.size(), Scheme::kPS);
 
@@ -361,8 +422,11 @@ void DistributedModel::submitFactors(int layer) {
   };
   auto keep = std::make_shared<Keep>(Keep{l.u, l.v});
   const int64_t rows = l.u.size(0);
-  node_->submitFactors(layer, l.u.data_ptr<float>(), l.v.data_ptr<float>(), rows,
-                       LayerBuffer::contiguous(l.staging.data_ptr<float>(), l.staging.numel()), keep);
+  if (staging_)
+    submitFactorsStaged(layer, keep);
+  else
+    node_->submitFactors(layer, l.u.data_ptr<float>(), l.v.data_ptr<float>(), rows,
+                         LayerBuffer::contiguous(l.staging.data_ptr<float>(), l.staging.numel()), keep);
   CostInputs c = costInputs(*l.spec, rows, workers(), node_->book().numServers());
   predictedSfb_ += l.scheme == Scheme::kAdam ? adamCostBoth(c) : sfbCost(c);
   lastSchemes_[layer] = l.scheme;
@@ -399,13 +463,16 @@ void DistributedModel::submitDense(int layer) {
     if (!g.defined()) {
       p.mutable_grad() = torch::zeros_like(p);  // unused this iteration: contribute zero
       g = p.grad();
-    } else if (!g.is_contiguous()) {
+    } else if (!g.is_contiguous() && !staging_) {
       p.mutable_grad() = g.contiguous();
       g = p.grad();
     }
-    spans.push_back({g.data_ptr<float>(), g.numel()});
+    if (!staging_) spans.push_back({g.data_ptr<float>(), g.numel()});
   }
-  node_->submitDense(layer, LayerBuffer(spans));
+  if (staging_)
+    submitDenseStaged(layer);
+  else
+    node_->submitDense(layer, LayerBuffer(spans));
   predictedPs_ += psCostBoth(costInputs(*l.spec, node_->book().settings().batch, workers(), node_->book().numServers()));
   lastSchemes_[layer] = Scheme::kPS;
   if (tracer_) {
@@ -413,6 +480,47 @@ void DistributedModel::submitDense(int layer) {
     tracer_->span("backward " + l.spec->name, "compute", 0, lastReadyUs_ ? lastReadyUs_ : now, now, iteration_);
     lastReadyUs_ = now;
   }
+}
+
+// A device model's layer: its gradient goes to the host on the side stream, and from there to the
+// node once it is there (the mean comes back into the same host buffer; applyLayer copies it up).
+void DistributedModel::submitDenseStaged(int layer) {
+  Layer& l = layers_[layer];
+  std::vector<torch::Tensor> src, dst;
+  int64_t off = 0;
+  for (auto& p : l.params) {
+    src.push_back(p.grad());
+    dst.push_back(l.host.narrow(0, off, p.numel()).view(p.sizes()));
+    off += p.numel();
+  }
+  l.meanOnHost = true;
+  staging_->toHost(
+      std::move(src), std::move(dst),
+      [this, layer] {
+        const torch::Tensor& host = layers_[layer].host;
+        node_->submitDense(layer, LayerBuffer::contiguous(host.data_ptr<float>(), host.numel()));
+      },
+      tracer_ ? "copy " + l.spec->name + " to host" : std::string(), iteration_);
+}
+
+// The same for its sufficient factors: U and V go to host buffers of their own; the reconstructed
+// mean gradient lands in the layer's (host) staging buffer as for a CPU model.
+void DistributedModel::submitFactorsStaged(int layer, const std::shared_ptr<void>& keep) {
+  Layer& l = layers_[layer];
+  struct Host {
+    std::shared_ptr<void> device;  // U and V on the device, until the copy is done
+    torch::Tensor u, v;
+  };
+  auto host = std::make_shared<Host>(Host{keep, staging_->hostTensor(l.u.numel()), staging_->hostTensor(l.v.numel())});
+  const int64_t rows = l.u.size(0);
+  staging_->toHost(
+      {l.u, l.v}, {host->u.view(l.u.sizes()), host->v.view(l.v.sizes())},
+      [this, layer, host, rows] {
+        const torch::Tensor& staging = layers_[layer].staging;
+        node_->submitFactors(layer, host->u.data_ptr<float>(), host->v.data_ptr<float>(), rows,
+                             LayerBuffer::contiguous(staging.data_ptr<float>(), staging.numel()), host);
+      },
+      tracer_ ? "copy " + l.spec->name + " factors to host" : std::string(), iteration_);
 }
 
 void DistributedModel::checkStep() {
@@ -440,6 +548,7 @@ void DistributedModel::synchronize() {
 void DistributedModel::GradientSync::synchronize() {
   m_.submitRemaining();
   if (!m_.solo_) m_.node_->waitIteration();
+  if (m_.staging_) m_.staging_->drain();
   int64_t t0 = m_.tracer_ ? Tracer::nowMicros() : 0;
   for (auto& layer : m_.layers_) m_.applyLayer(layer);
   m_.endStep(t0, true);
@@ -462,8 +571,8 @@ void DistributedModel::submitRemaining() {
       layer.scheme = node_->schemeFor(l);
     } else if (!layer.used() && sfbLayer && !layer.uncapturable) {
       // Unused: contribute zero by the layer's scheme, as every other rank expects.
-      layer.u = torch::zeros({1, layer.spec->m});
-      layer.v = torch::zeros({1, layer.spec->n});
+      layer.u = torch::zeros({1, layer.spec->m}, device_);
+      layer.v = torch::zeros({1, layer.spec->n}, device_);
       layer.captured = true;
       layer.scheme = node_->schemeFor(l);
     } else if (!layer.used()) {
@@ -482,12 +591,15 @@ void DistributedModel::applyLayer(Layer& layer) {
   layer.accumulatedPasses = 0;
   layer.stashU.clear();
   layer.stashV.clear();
-  if (layer.scheme == Scheme::kPS) return;
+  const bool psMean = layer.scheme == Scheme::kPS;
+  if (psMean && !layer.meanOnHost) return;  // the node wrote the mean into .grad() itself
+  layer.meanOnHost = false;
+  const torch::Tensor& from = psMean ? layer.host : layer.staging;
   int64_t off = 0;
   for (auto& p : layer.params) {
-    torch::Tensor src = layer.staging.narrow(0, off, p.numel()).view(p.sizes());
-    if (p.grad().defined()) p.mutable_grad().copy_(src);
-    else p.mutable_grad() = src.clone();
+    torch::Tensor src = from.narrow(0, off, p.numel()).view(p.sizes());
+    if (!p.grad().defined()) p.mutable_grad() = torch::empty_like(p);
+    DeviceStaging::fromHost(p.grad(), src);
     off += p.numel();
   }
   layer.scheme = Scheme::kPS;  // the default for the next iteration
@@ -506,9 +618,7 @@ void DistributedModel::broadcastBuffers() {
   // Straggler mode: a per-step broadcast would make rank 0 everyone's pace-setter again, so
   // buffers are left to each rank there (docs/torch.md).
   if (solo_ || !options_.broadcastBuffers || buffers_.empty() || node_->book().settings().stragglerMode()) return;
-  std::vector<FloatSpan> spans;
-  for (const auto& b : buffers_) spans.push_back(*bytesAsFloats(b));
-  node_->broadcast(0, LayerBuffer(spans));
+  broadcastTensors(buffers_);
 }
 
 void DistributedModel::step(torch::optim::Optimizer& optimizer) {

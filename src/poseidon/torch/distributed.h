@@ -74,6 +74,10 @@ struct DistributedOptions {
   // throws it from that round's step, after its push (the round stays whole for the shards). false:
   // nothing is checked (a NaN trains on).
   bool checkFinite = true;
+  // Run a CPU model's gradients through the host buffers and the staging thread a CUDA model uses
+  // (torch/device_staging.h) instead of handing the node .grad() itself: the tests run the GPU's data
+  // path this way on machines without one. A CUDA model always takes that path.
+  bool stageOnHost = false;
   // Compute-group mode (node.settings.groups > 0): the shards run SGD; this is its learning rate
   // until step(optimizer) reports the optimizer's (whose lr may follow a schedule).
   float learningRate = 0;
@@ -98,6 +102,8 @@ struct LayerPlan {
   Scheme scheme;        // BestScheme at the nominal batch (ps if factors cannot be captured)
   double floatsPerIteration;  // Table 1 cost for this node under that scheme
 };
+
+class DeviceStaging;
 
 class DistributedModel {
  public:
@@ -224,6 +230,8 @@ class DistributedModel {
   void finish();
 
   Node& node() { return *node_; }
+  // Where the model's parameters live (the CPU, or one CUDA device; docs/gpu.md).
+  c10::Device device() const { return device_; }
   const ModelDesc& description() const { return desc_; }
   int rank() const { return node_->rank(); }
   int workers() const { return node_->book().numWorkers(); }
@@ -254,6 +262,11 @@ class DistributedModel {
   void stepOnly(const std::vector<torch::Tensor>& params);  // the pending optimizer on these alone
   void beginIteration();
   void broadcastBuffers();
+  // Rank 0's values of these tensors on every rank: in place for host tensors, through host copies
+  // for a device model's (or under stageOnHost).
+  void broadcastTensors(const std::vector<torch::Tensor>& tensors);
+  void submitDenseStaged(int layer);
+  void submitFactorsStaged(int layer, const std::shared_ptr<void>& keep);
   // How a step synchronizes, chosen once in init() (distributed_layer.h): GradientSync (every
   // worker's mean gradient by PS or SFB: BSP and straggler dropping) or GroupSync (compute groups:
   // rounds against the shards that hold the model, distributed_groups.cc).
@@ -300,6 +313,10 @@ class DistributedModel {
   std::vector<Scheme> lastSchemes_;
   double predictedPs_ = 0, predictedSfb_ = 0;
   Tracer* tracer_ = nullptr;
+  c10::Device device_ = c10::Device(c10::kCPU);
+  // A device model's copies to the host (null: the node reads and writes .grad() in place). Last, so
+  // that it goes first: its thread calls the node and reads the layers.
+  std::unique_ptr<DeviceStaging> staging_;
 };
 
 }  // namespace poseidon::pt

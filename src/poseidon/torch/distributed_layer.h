@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "poseidon/common/error.h"
+#include "poseidon/torch/device_staging.h"
 #include "poseidon/torch/distributed.h"
 
 namespace poseidon::pt {
@@ -24,7 +25,11 @@ struct DistributedModel::Layer {
   Scheme scheme = Scheme::kPS;
   bool captured = false;  // the graph gave us this layer's factors this step
   torch::Tensor u, v;     // factors sent this step
-  torch::Tensor staging;  // SFB result: weight then bias, flat
+  torch::Tensor staging;  // SFB result: weight then bias, flat (on the host)
+  // A device model (DeviceStaging): the layer's gradient on the host, flat, weight then bias; the node
+  // writes the PS mean into it, which applyLayer() copies back into .grad().
+  torch::Tensor host;
+  bool meanOnHost = false;  // this step's PS mean is in `host`
   // Accumulation passes (noSync) since the last step.
   int accumulatedPasses = 0;                  // passes in which the layer's first parameter got a gradient
   std::vector<torch::Tensor> stashU, stashV;  // factors of those passes

@@ -41,6 +41,7 @@ void DistributedModel::finishLayer(int layer) {
 void DistributedModel::finishStep() {
   if (!stepPending_) throw InvalidArgument("finishStep: no overlapped step is pending");
   if (!solo_) node_->waitIteration();
+  if (staging_) staging_->drain();
   int64_t t0 = tracer_ ? Tracer::nowMicros() : 0;
   for (size_t l = 0; l < layers_.size(); ++l)
     if (!finishedLayers_[l]) finishLayer(static_cast<int>(l));

@@ -5,14 +5,13 @@
 
 #include "poseidon/common/error.h"
 #include "poseidon/common/log.h"
+#include "poseidon/torch/compat.h"
 
 namespace poseidon::pt {
 
 namespace {
 // As the shards' bound on a push's learning rate (kvstore/model_shard.h).
 constexpr float kMaxLearningRate = 1e6f;
-// SGD keys its state by the parameter's TensorImpl (as train/group_mode.cc's checkpoints do).
-std::string stateKey(const torch::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
 }  // namespace
 
 FcServer::FcServer(Node& node, std::function<torch::Tensor(torch::Tensor)> classifier,
@@ -23,11 +22,9 @@ FcServer::FcServer(Node& node, std::function<torch::Tensor(torch::Tensor)> class
       params_, torch::optim::SGDOptions(0.1).momentum(momentum).weight_decay(weightDecay));
   if (!momentumBuffers.empty()) {
     POSEIDON_ENFORCE_EQ(momentumBuffers.size(), params_.size(), "momentum buffers for the FC server's parameters");
-    for (size_t i = 0; i < params_.size(); ++i) {
-      auto state = std::make_unique<torch::optim::SGDParamState>();
-      state->momentum_buffer(momentumBuffers[i].view(params_[i].sizes()).clone());
-      optimizer_->state()[stateKey(params_[i])] = std::move(state);
-    }
+    std::vector<torch::Tensor> own;
+    for (const auto& b : momentumBuffers) own.push_back(b.clone());
+    setSgdMomentumBuffers(*optimizer_, own);
   }
   // A new thread's OpenMP team defaults to every core; the rank's own count (--threads, set on the
   // thread that builds the server) keeps ranks that share a host from oversubscribing it (its BLAS,
@@ -54,13 +51,8 @@ void FcServer::withModel(const std::function<void()>& fn) {
 
 std::vector<torch::Tensor> FcServer::momentumBuffers() {
   std::lock_guard<std::mutex> lock(modelMutex_);
-  std::vector<torch::Tensor> out;
-  for (const auto& p : params_) {
-    auto it = optimizer_->state().find(stateKey(p));
-    out.push_back(it == optimizer_->state().end()
-                      ? torch::zeros_like(p)
-                      : static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer().clone());
-  }
+  std::vector<torch::Tensor> out = sgdMomentumBuffers(*optimizer_);
+  for (auto& b : out) b = b.clone();  // the server goes on updating its own
   return out;
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "poseidon/torch/device_staging.h"
 #include "poseidon/torch/train/rank_run.h"
 
 namespace poseidon::pt {
@@ -18,6 +19,8 @@ double warmedUpLearningRate(double lr, int64_t warmupSteps, int64_t iteration) {
   if (warmupSteps <= 0 || iteration >= warmupSteps) return lr;
   return lr * static_cast<double>(iteration + 1) / static_cast<double>(warmupSteps);
 }
+
+void checkDevice(const std::string& device) { selectDevice(device, 0); }
 
 int trainRank(const TrainOptions& o, const TrainHooks& hooks, const RankEnv& env) {
   RankRun run(o, hooks, env);

@@ -23,6 +23,9 @@ constexpr int64_t kWarmupSteps = 50;
 double defaultLearningRate(int workers, int64_t batch);
 // The learning rate of step `iteration` (0-based, over the whole job): lr, warmed up over warmupSteps.
 double warmedUpLearningRate(double lr, int64_t warmupSteps, int64_t iteration);
+// Throws InvalidArgument (one line) when no rank could train on `device` here (--device cuda without
+// a CUDA device LibTorch can use, or another name): checked before any worker starts.
+void checkDevice(const std::string& device);
 
 // What the user sets: poseidon train's flags (TrainHooks holds the rest).
 struct TrainOptions {
@@ -57,6 +60,9 @@ struct TrainOptions {
   // which is what the overlapped step's next forward needs first. 0: FIFO links. BSP only.
   int sendWindowBytes = 0;
   bool plain = false;    // no Poseidon at all: the plain LibTorch loop (overhead baseline, 1 worker)
+  // Where each rank's model and batches live (--device): cpu, cuda (cuda:LOCAL_RANK, one process per
+  // GPU; ranks beyond the GPUs share them), or auto (cuda when there is one). docs/gpu.md.
+  std::string device = "cpu";
   std::string dataDir;   // default: the Debian package's directory
   std::string summaryPath, tracePath, checkpointDir;
   std::string saveParamsPath;  // raw float32 dump of the final parameters (tests)

@@ -49,6 +49,9 @@ struct RankContext {
   const int rank, world;
   const bool lead;  // rank 0: prints, writes the summary and checkpoints
   AnyNet net;
+  c10::Device device = c10::Device(c10::kCPU);  // --device: the model's and the batches'
+  // A batch onto the model's device (a no-op on the CPU).
+  torch::Tensor onDevice(const torch::Tensor& t) const { return device.is_cpu() ? t : t.to(device, true); }
   std::unique_ptr<torch::optim::SGD> optimizer;  // over the mode's trainedParameters()
   std::unique_ptr<Tracer> tracer;                // --trace
   std::unique_ptr<DistributedModel> dist;        // the job (nullptr: --plain)

@@ -41,6 +41,7 @@ void AccuracyCurve::evaluate(AnyNet& net, const data::Dataset& train, const data
   auto params = net.module->parameters();
   std::vector<torch::Tensor> final;
   for (const auto& t : params) final.push_back(t.detach().clone());
+  const c10::Device device = params.empty() ? c10::Device(c10::kCPU) : params[0].device();  // --device
   net.module->eval();
   std::vector<int64_t> idx(static_cast<size_t>(test.count));
   for (int64_t i = 0; i < test.count; ++i) idx[static_cast<size_t>(i)] = i;
@@ -53,7 +54,7 @@ void AccuracyCurve::evaluate(AnyNet& net, const data::Dataset& train, const data
     double sum = 0;
     for (size_t b = 0; b < which.size(); b += kEvalBatch) {
       size_t e = std::min(which.size(), b + kEvalBatch);
-      sum += fn(net.forward(batchImages(d, which, b, e)), batchLabels(d, which, b, e));
+      sum += fn(net.forward(batchImages(d, which, b, e).to(device)), batchLabels(d, which, b, e).to(device));
     }
     return sum;
   };

@@ -5,38 +5,10 @@
 #include <cstdio>
 
 #include "poseidon/common/error.h"
+#include "poseidon/torch/compat.h"
 #include "poseidon/torch/train/modes.h"
 
 namespace poseidon::pt {
-
-namespace {
-
-// SGD's momentum buffers, which LibTorch keys by the parameter's TensorImpl (compute-group mode keeps
-// the shards' buffers there, so a checkpoint saves them in optimizer.pt and a resume reads them back).
-std::string sgdStateKey(const torch::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
-
-void setMomentumBuffers(torch::optim::SGD& optimizer, const std::vector<torch::Tensor>& buffers) {
-  const auto& params = optimizer.param_groups().at(0).params();
-  POSEIDON_ENFORCE_EQ(params.size(), buffers.size(), "momentum buffers for the optimizer's parameters");
-  for (size_t i = 0; i < params.size(); ++i) {
-    auto state = std::make_unique<torch::optim::SGDParamState>();
-    state->momentum_buffer(buffers[i].view(params[i].sizes()));
-    optimizer.state()[sgdStateKey(params[i])] = std::move(state);
-  }
-}
-
-std::vector<torch::Tensor> momentumBuffers(torch::optim::SGD& optimizer) {
-  std::vector<torch::Tensor> out;
-  for (const auto& p : optimizer.param_groups().at(0).params()) {
-    auto it = optimizer.state().find(sgdStateKey(p));
-    out.push_back(it == optimizer.state().end()
-                      ? torch::zeros_like(p)
-                      : static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer().contiguous());
-  }
-  return out;
-}
-
-}  // namespace
 
 void GroupMode::describeCheckpoint(CheckpointMeta& meta) const {
   meta.groups = c_.o.groups;
@@ -45,7 +17,7 @@ void GroupMode::describeCheckpoint(CheckpointMeta& meta) const {
 
 void GroupMode::resumed(const Resumed& r) {
   // The shards start from this state: model.pt's parameters, optimizer.pt's momentum.
-  momentum_ = resumedMomentum(momentumBuffers(stateOptimizer()));
+  momentum_ = resumedMomentum(sgdMomentumBuffers(stateOptimizer()));
   version_ = r.meta.groupVersion;
 }
 
@@ -82,7 +54,7 @@ void GroupMode::beforeCheckpoint(CheckpointMeta& meta) {
   // server) while their state is read.
   auto [buffers, version] = c_.dist->groupState();
   if (!c_.lead) return;
-  setMomentumBuffers(stateOptimizer(), checkpointMomentum(std::move(buffers)));
+  setSgdMomentumBuffers(stateOptimizer(), checkpointMomentum(std::move(buffers)));
   meta.groupVersion = version;
 }
 

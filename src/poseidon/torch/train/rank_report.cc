@@ -84,7 +84,7 @@ std::string RankRun::divergenceLine() const {
 void RankRun::saveParams() const {
   std::ofstream f(o_.saveParamsPath, std::ios::binary);
   for (const auto& p : c_.net.module->parameters()) {
-    torch::Tensor t = p.detach().contiguous();
+    torch::Tensor t = p.detach().to(torch::kCPU).contiguous();
     f.write(reinterpret_cast<const char*>(t.data_ptr<float>()), static_cast<std::streamsize>(t.numel() * 4));
   }
   if (!f) throw IoError("cannot write " + o_.saveParamsPath);

@@ -8,6 +8,7 @@
 
 #include "poseidon/common/error.h"
 #include "poseidon/common/log.h"
+#include "poseidon/torch/device_staging.h"
 #include "poseidon/torch/finite.h"
 #include "poseidon/torch/train/outputs.h"
 
@@ -104,6 +105,8 @@ RankRun::RankRun(const TrainOptions& o, const TrainHooks& hooks, const RankEnv& 
 
   c_.lr = o.lr > 0 ? o.lr : defaultLearningRate(c_.world, o.batch);
   c_.net = makeModel(o_.model);
+  c_.device = selectDevice(o_.device, env.localRank);
+  if (!c_.device.is_cpu()) c_.net.module->to(c_.device);
   mode_ = chooseMode(c_);
   const auto sgd = torch::optim::SGDOptions(c_.lr).momentum(o_.momentum).weight_decay(o_.weightDecay);
   c_.optimizer = std::make_unique<torch::optim::SGD>(mode_->trainedParameters(), sgd);
@@ -191,8 +194,8 @@ double RankRun::evaluate() {
   size_t limit = std::min<size_t>(idx.size(), static_cast<size_t>((test_.count - c_.rank + c_.world - 1) / c_.world));
   for (size_t b = 0; b < limit; b += kEvalBatch) {
     size_t e = std::min(limit, b + kEvalBatch);
-    auto pred = net.forward(batchImages(test_, idx, b, e)).argmax(1);
-    correct += pred.eq(batchLabels(test_, idx, b, e)).sum().item<int64_t>();
+    auto pred = net.forward(c_.onDevice(batchImages(test_, idx, b, e))).argmax(1);
+    correct += pred.eq(c_.onDevice(batchLabels(test_, idx, b, e))).sum().item<int64_t>();
     seen += static_cast<int64_t>(e - b);
   }
   net.module->train();
@@ -365,7 +368,7 @@ RankRun::StepOutcome RankRun::trainStep(const std::vector<int64_t>& idx, size_t 
       stats.images += static_cast<int64_t>(e - b) * c_.world;
       return StepOutcome::kTrained;
     }
-    torch::Tensor x = batchImages(train_, idx, b, e), y = batchLabels(train_, idx, b, e);
+    torch::Tensor x = c_.onDevice(batchImages(train_, idx, b, e)), y = c_.onDevice(batchLabels(train_, idx, b, e));
     StepTimes times;
     loss = mode_->compute(x, y, times);
     c_.pad.record(times.forwardMs, times.backwardMs);

@@ -20,6 +20,7 @@ import atexit
 import contextlib
 import copy
 import math
+import os
 import weakref
 
 import torch
@@ -28,11 +29,27 @@ from . import _poseidon
 from ._poseidon import AbortedError, DivergenceError, Error, InvalidArgument, IoError, TimeoutError  # noqa: F401
 from .checkpoint import load_checkpoint, save_checkpoint  # noqa: F401
 
-__all__ = ["DistributedModel", "save_checkpoint", "load_checkpoint", "InvalidArgument", "TimeoutError",
+__all__ = ["DistributedModel", "local_device", "save_checkpoint", "load_checkpoint", "InvalidArgument", "TimeoutError",
            "AbortedError", "IoError", "DivergenceError", "Error"]
 
 _CONV = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
 _live = weakref.WeakSet()  # models whose runtime threads must stop before the interpreter does
+
+
+def local_device(device="auto"):
+    """This rank's device, one process per GPU: cuda:LOCAL_RANK (poseidon launch, torchrun; Slurm's
+    SLURM_LOCALID), ranks beyond the node's GPUs sharing them round-robin; the CPU where torch sees no
+    GPU. device: "auto", "cuda" (an error without a GPU) or "cpu"."""
+    if device not in ("auto", "cuda", "cpu"):
+        raise InvalidArgument("device must be auto, cuda or cpu, got %r" % (device,))
+    count = torch.cuda.device_count() if device != "cpu" else 0
+    if device == "cuda" and count == 0:
+        raise InvalidArgument("device cuda: torch sees no CUDA device here; use device='cpu'")
+    if count == 0:
+        return torch.device("cpu")
+    local = next((os.environ[v] for v in ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
+                  if v in os.environ), "0")
+    return torch.device("cuda", int(local) % count)
 
 
 def _kind(module):
@@ -80,6 +97,10 @@ class DistributedModel(torch.nn.Module):
     scheme: "auto" (BestScheme per layer), "ps" or "sfb" (force a scheme for Linear layers).
     overlap: wait-free backpropagation; False sends every layer after the whole backward.
     broadcast_buffers: rank 0's buffers (BatchNorm statistics) go to every rank after each step.
+    The module's float32 parameters live on the CPU or on one CUDA device (one process per GPU:
+        local_device() is this rank's); on a GPU each layer's gradient goes to page-locked host memory
+        on a side stream as its backward ends, and the mean comes back before the optimizer
+        (docs/gpu.md). stage_on_host: a CPU module takes that same path (for tests).
     check_finite: a step whose mean gradient is not finite (a NaN or an infinity: the training diverged)
         raises poseidon.DivergenceError from synchronize()/step(), before the optimizer runs, on every
         rank at that step (they hold the same mean; with overlap_forward at the end of the step, with
@@ -125,7 +146,7 @@ class DistributedModel(torch.nn.Module):
     def __init__(self, module, batch=None, *, name=None, scheme="auto", overlap=True, broadcast_buffers=True,
                  check_finite=True, timeout=30.0, sync_threads=2, pair_bytes=2 * 1024 * 1024, io_threads=2,
                  tcp_rcvbuf=0, wire="fp32", overlap_forward=False, send_window=0, groups=0, optimizer=None,
-                 staleness=None, merged_fc=None):
+                 staleness=None, merged_fc=None, stage_on_host=False):
         super().__init__()
         if not isinstance(module, torch.nn.Module):
             raise TypeError("DistributedModel wraps a torch.nn.Module, got %s" % type(module).__name__)
@@ -136,7 +157,7 @@ class DistributedModel(torch.nn.Module):
                        check_finite=bool(check_finite),
                        timeout_ms=int(round(timeout * 1000)), sync_threads=int(sync_threads),
                        pair_bytes=int(pair_bytes), io_threads=int(io_threads), tcp_rcvbuf=int(tcp_rcvbuf),
-                       wire=str(wire), send_window=int(send_window))
+                       wire=str(wire), send_window=int(send_window), stage_on_host=bool(stage_on_host))
         self.groups = int(groups)
         self._group_optimizer = None
         # Plain attributes, not submodules: the wrapper's state_dict stays the module's.

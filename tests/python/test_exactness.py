@@ -29,6 +29,34 @@ class Exactness(TempDirTest):
     def test_mlp(self):
         self.assertEqual(self.run_model("mlp"), {"fc1": "sfb", "fc2": "ps"})
 
+    def test_the_gpus_host_staged_path_on_the_cpu(self):
+        # A CUDA model's data path (host buffers, the staging thread), run on the CPU: exact against one
+        # process, a never-called SFB layer stays where it was, and the same bits as in place.
+        staged = launch(4, JOB, "unused", self.path("staged.pt"), "--device", "staged")
+        self.assertEqual(staged.code, 0, str(staged))
+        in_place = launch(4, JOB, "unused", self.path("in-place.pt"))
+        self.assertEqual(in_place.code, 0, str(in_place))
+        one = alone(JOB, "unused", self.path("one.pt"))
+        self.assertEqual(one.code, 0, str(one))
+        a, b, c = (torch.load(self.path(n)) for n in ("staged.pt", "in-place.pt", "one.pt"))
+        for p, q in zip(a["params"], b["params"]):
+            self.assertTrue(torch.equal(p, q))
+        worst = max(((p - q).abs().max() / q.abs().max().clamp(min=1e-6)).item()
+                    for p, q in zip(a["params"], c["params"]))
+        self.assertLess(worst, 1e-4)
+        # The spare layer has no gradient in one process (SGD skips it) and a zero mean one in four.
+        self.assertTrue(torch.equal(a["params"][2], c["params"][2]))
+        self.assertEqual({layer["name"]: layer["last_scheme"] for layer in a["plan"]},
+                         {"fc1": "sfb", "spare": "sfb", "fc2": "ps"})
+        # BatchNorm's buffers through host copies: every rank ends with rank 0's, as in place.
+        bn = [launch(2, JOB, "bnconv", self.path(n + ".pt"), *extra)
+              for n, extra in (("bn-staged", ["--device", "staged"]), ("bn", []))]
+        for run in bn:
+            self.assertEqual(run.code, 0, str(run))
+        s, i = torch.load(self.path("bn-staged.pt")), torch.load(self.path("bn.pt"))
+        for p, q in zip(s["params"] + s["buffers"], i["params"] + i["buffers"]):
+            self.assertTrue(torch.equal(p, q))
+
     def test_lenet(self):
         self.assertEqual(self.run_model("lenet"), {"conv1": "ps", "conv2": "ps", "ip1": "sfb", "ip2": "ps"})
 

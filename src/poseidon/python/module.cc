@@ -57,6 +57,7 @@ py::dict optionsToDict(const pt::DistributedOptions& o) {
   d["overlap"] = o.overlap;
   d["broadcast_buffers"] = o.broadcastBuffers;
   d["check_finite"] = o.checkFinite;
+  d["stage_on_host"] = o.stageOnHost;
   // Compute groups (Omnivore; docs/omnivore.md): 0 is BSP. The shards run SGD with this momentum and
   // weight decay; learning_rate is the first round's (the package sets each later round's).
   d["groups"] = o.node.settings.groups;
@@ -99,6 +100,7 @@ pt::DistributedOptions optionsFromDict(const py::dict& d) {
   o.overlap = get("overlap").cast<bool>();
   o.broadcastBuffers = get("broadcast_buffers").cast<bool>();
   o.checkFinite = get("check_finite").cast<bool>();
+  o.stageOnHost = get("stage_on_host").cast<bool>();
   o.node.settings.groups = get("groups").cast<int>();
   o.node.settings.staleness = get("staleness").cast<int64_t>();
   o.node.settings.momentum = get("momentum").cast<float>();

@@ -68,8 +68,35 @@ class Attention(torch.nn.Module):
         return self.out(a.mean(0))
 
 
+class BnConv(torch.nn.Module):
+    """A conv net with BatchNorm: its buffers go from rank 0 to every rank after each step. The batch
+    statistics are per rank, so its reference is the same ranks on another device, not one process."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, 8, 5)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.fc = torch.nn.Linear(8 * 12 * 12, 10)
+
+    def forward(self, x):
+        return self.fc(F.max_pool2d(F.relu(self.bn(self.conv(x))), 2).flatten(1))
+
+
+class Unused(torch.nn.Module):
+    """A Linear that goes by SFB and is never called: every rank contributes zero factors for it."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(784, 256)
+        self.spare = torch.nn.Linear(784, 256)
+        self.fc2 = torch.nn.Linear(256, 10)
+
+    def forward(self, x):
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
 MODELS = {"mlp": (Mlp, (1, 28, 28)), "attention": (Attention, (7 * 16,)), "lenet": (LeNet, (1, 28, 28)),
-          "sequence": (Sequence, (7 * 256,)),
+          "sequence": (Sequence, (7 * 256,)), "bnconv": (BnConv, (1, 28, 28)), "unused": (Unused, (1, 28, 28)),
           "tied": (Tied, (1, 28, 28))}
 
 
@@ -88,14 +115,19 @@ def main():
                    help="step(opt) returns at once; the next forward applies the update layer by layer")
     p.add_argument("--send-window", type=int, default=0, help="priority-scheduled links with this window")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds any wait on other ranks may last")
+    p.add_argument("--device", choices=["cpu", "cuda", "staged"], default="cpu",
+                   help="the model on cpu, on this rank's GPU (poseidon.local_device), or on the CPU through the "
+                        "GPU's host-staged data path")
     a = p.parse_args()
     make, shape = MODELS[a.model]
     torch.manual_seed(1)
     net = make()
+    device = poseidon.local_device("cuda") if a.device == "cuda" else torch.device("cpu")
+    net.to(device)
     # The sequence models join at their first forward, taking K from the input (the lazy form).
     model = poseidon.DistributedModel(net, batch=None if a.model.startswith("sequence") else GLOBAL // 4,
                                       overlap_forward=a.overlap_forward, send_window=a.send_window,
-                                      timeout=a.timeout)
+                                      timeout=a.timeout, stage_on_host=a.device == "staged")
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     # A learning-rate schedule stepped after every step: the overlapped step must use the rate it had.
     schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5) if a.schedule else None
@@ -110,6 +142,7 @@ def main():
         y = torch.randint(0, 10, (GLOBAL,), generator=g)
         rows = GLOBAL // model.world_size
         mine = slice(model.rank * rows, (model.rank + 1) * rows)
+        x, y = x.to(device), y.to(device)
         if model.rank == fail_rank and step == fail_step:
             raise RuntimeError("rank %d fails at step %d on purpose" % (fail_rank, fail_step))
         if a.overlap_forward:  # the wrapper owns the gradients; a zero_grad() (to None) is undone
@@ -131,7 +164,8 @@ def main():
         print("updates applied in the forward: %d" % model.updates_in_forward)
     model.finish()  # with overlap_forward, this applies the last step
     if model.rank == 0:
-        torch.save({"params": [t.detach().clone() for t in net.parameters()], "plan": plan,
+        torch.save({"params": [t.detach().cpu().clone() for t in net.parameters()],
+                    "buffers": [t.detach().cpu().clone() for t in net.buffers()], "plan": plan,
                     "workers": model.world_size}, a.out)
 
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <future>
+#include <iostream>
 #include <limits>
 #include <map>
 
@@ -343,6 +344,105 @@ TEST(DistributedModel, StagedModelRefusesComputeGroupsWithOneLine) {
     EXPECT_EQ(std::string(e.what()),
               "model 'staged' on cpu (stageOnHost): compute groups and straggler dropping "
               "train CPU models only (docs/gpu.md)");
+  }
+}
+
+// The device check's exactness (scripts/device-check.sh runs it on a GPU): 4 ranks x 16 rows against
+// one process x 64 rows on the CPU, 10 steps of SGD with momentum, for an MLP (SFB), a model with a
+// never-called SFB layer, and a conv net with BatchNorm (per-rank batch statistics: against the same 4
+// ranks on the CPU in place). The ranks run on this machine's GPU, sharing it; without one (CI) on the
+// CPU through the GPU's data path (stageOnHost).
+struct DeviceNet : torch::nn::Module {
+  explicit DeviceNet(const std::string& kind) : kind(kind) {
+    if (kind == "bnconv") {
+      conv = register_module("conv", torch::nn::Conv2d(1, 4, 3));
+      bn = register_module("bn", torch::nn::BatchNorm2d(4));
+      out = register_module("out", torch::nn::Linear(4 * 6 * 6, 10));
+      return;
+    }
+    fc1 = register_module("fc1", torch::nn::Linear(512, 256));
+    if (kind == "unused") spare = register_module("spare", torch::nn::Linear(512, 256));
+    out = register_module("out", torch::nn::Linear(256, 10));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    if (kind == "bnconv")
+      return out->forward(torch::relu(bn->forward(conv->forward(x.view({-1, 1, 8, 8})))).flatten(1));
+    return out->forward(torch::relu(fc1->forward(x)));
+  }
+  std::string kind;
+  torch::nn::Linear fc1{nullptr}, spare{nullptr}, out{nullptr};
+  torch::nn::Conv2d conv{nullptr};
+  torch::nn::BatchNorm2d bn{nullptr};
+};
+
+// Rank 0's parameters and buffers (on the CPU) after `steps` steps of `ranks` x (64 / ranks) rows.
+std::vector<torch::Tensor> deviceJob(const std::string& kind, int ranks, c10::Device device, bool staged) {
+  constexpr int64_t kGlobal = 64;
+  constexpr int kSteps = 10;
+  const int64_t rows = kGlobal / ranks, width = kind == "bnconv" ? 64 : 512;
+  std::vector<torch::Tensor> xs, ys;
+  for (int s = 0; s < kSteps; ++s) {
+    torch::manual_seed(1000 + s);
+    xs.push_back(torch::randn({kGlobal, width}));
+    ys.push_back(torch::randint(0, 10, {kGlobal}));
+  }
+  std::vector<std::shared_ptr<DeviceNet>> nets;
+  for (int r = 0; r < ranks; ++r) {
+    torch::manual_seed(1);
+    nets.push_back(std::make_shared<DeviceNet>(kind));
+    nets.back()->to(device);
+  }
+  const int port = freePort("127.0.0.1");
+  std::vector<std::future<std::vector<torch::Tensor>>> futures;
+  for (int r = 0; r < ranks; ++r) {
+    futures.push_back(std::async(std::launch::async, [&, r] {
+      auto net = nets[r];
+      DistributedOptions o = rankOptions(r, ranks, port, rows);
+      o.stageOnHost = staged;
+      DistributedModel dist(net, kind, o, [net](torch::Tensor x) { return net->forward(x); });
+      EXPECT_EQ(dist.device(), device);
+      torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+      for (int s = 0; s < kSteps; ++s) {
+        opt.zero_grad();
+        auto x = xs[s].narrow(0, r * rows, rows).to(device), y = ys[s].narrow(0, r * rows, rows).to(device);
+        torch::nn::functional::cross_entropy(dist.forward(x), y).backward();
+        dist.step(opt);
+      }
+      if (ranks > 1 && kind != "bnconv") EXPECT_EQ(dist.lastSchemes()[0], Scheme::kSFB) << kind;
+      std::vector<torch::Tensor> out;
+      for (auto& p : net->parameters()) out.push_back(p.detach().to(torch::kCPU).clone());
+      for (auto& b : net->buffers()) out.push_back(b.detach().to(torch::kCPU).clone());
+      dist.finish();
+      return out;
+    }));
+  }
+  std::vector<std::vector<torch::Tensor>> all;
+  for (auto& f : futures) all.push_back(f.get());
+  for (int r = 1; r < ranks; ++r)  // every replica alike (parameters by the same mean, buffers by broadcast)
+    for (size_t i = 0; i < all[0].size(); ++i) EXPECT_TRUE(torch::equal(all[r][i], all[0][i])) << r << " " << i;
+  return all[0];
+}
+
+TEST(DeviceExactness, FourRanksOnTheDeviceEqualOneProcessOnTheCpu) {
+  const bool gpu = torch::cuda::device_count() > 0;
+  const c10::Device device = gpu ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
+  for (const std::string kind : {"mlp", "unused", "bnconv"}) {
+    const auto got = deviceJob(kind, 4, device, !gpu);
+    const auto want = kind == "bnconv" ? deviceJob(kind, 4, c10::Device(c10::kCPU), false)
+                                       : deviceJob(kind, 1, c10::Device(c10::kCPU), false);
+    ASSERT_EQ(got.size(), want.size());
+    double worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (!got[i].is_floating_point()) {
+        EXPECT_TRUE(torch::equal(got[i], want[i])) << kind << " tensor " << i;  // num_batches_tracked
+        continue;
+      }
+      const double scale = std::max(1e-6, want[i].abs().max().item<double>());
+      worst = std::max(worst, (got[i] - want[i]).abs().max().item<double>() / scale);
+    }
+    std::cout << "device-exactness " << kind << " on " << device << ": max rel diff " << worst << "\n";
+    EXPECT_LE(worst, 1e-4) << kind;
+    if (kind == "unused") EXPECT_TRUE(torch::equal(got[2], want[2]));  // spare.weight: where it started
   }
 }
 

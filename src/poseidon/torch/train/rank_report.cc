@@ -112,6 +112,7 @@ nlohmann::json RankRun::summaryJson() const {
       {"epochs", o_.epochs},
       {"epochs_run", epochsJson_},
       {"workers", c_.world},
+      {"device", c_.device.str()},
       {"batch", o_.batch},
       {"lr", c_.lr},
       {"warmup_steps", warmupSteps_},

@@ -1,0 +1,152 @@
+#!/bin/bash
+# The GPU check of docs/gpu.md: what only a machine with an NVIDIA GPU can show. For the machine that
+# ../shared/gpu/README.md describes (pip torch 2.x with CUDA as python3, CMake, ninja, g++, no package
+# registry, no ZeroMQ, libsodium, gtest or iproute2).
+#
+#   scripts/device-check.sh --prepare   here, on a machine with Debian's registry: fills .device/ (the
+#                                       Debian packages the GPU machine lacks, their environment, the
+#                                       data set) and keeps it out of git; .device must travel along
+#   scripts/device-check.sh [OUT]       there: builds against the machine's torch, runs the core and
+#                                       torch tests, then on the GPU
+#     (a) exactness: 4 ranks sharing the GPU x 16 rows against one process x 64 rows on the CPU, 10 steps
+#         of SGD with momentum, for an MLP, a model with a never-called SFB layer and a conv net with
+#         BatchNorm (against the same 4 ranks on the CPU: its batch statistics are per rank); in C++
+#         (torch_tests' DeviceExactness) and in Python (tests/python/jobs/exact_job.py); max rel diff <= 1e-4
+#     (b) the main job with --device cuda: test accuracy >= 88%
+#     (c) a trace whose device-to-host copies run inside the backward (a copy done before the step's last
+#         layer's backward is)
+#     (d) per-iteration time of DistributedModel with 1 rank against the plain loop (--plain), and
+#         images/s with 4 ranks
+# It prints one table, writes its logs under OUT (default /tmp/device-check) and exits non-zero on any miss.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+if [[ "${1:-}" == "--prepare" ]]; then
+  set -e
+  SHARED=${SHARED:-$ROOT/../shared/gpu}
+  bash "$SHARED/fetch-debs.sh" .device/debs
+  cp "$SHARED/device-env.sh" .device/
+  mkdir -p .device/data
+  cp /usr/share/datasets/fashion-mnist/*.gz .device/data/
+  grep -qx '/.device/' .git/info/exclude 2>/dev/null || echo '/.device/' >>.git/info/exclude
+  echo "device-check: .device/ prepared ($(du -sh .device | cut -f1)); run scripts/device-check.sh on the GPU machine"
+  exit 0
+fi
+
+OUT=${1:-/tmp/device-check}
+mkdir -p "$OUT"
+BUILD=${BUILD:-/tmp/poseidon-device-build}
+PY=${PYTHON:-python3}
+declare -a ROWS
+FAILED=0
+row() {  # check, result, verdict
+  ROWS+=("$(printf '%-52s %-36s %s' "$1" "$2" "$3")")
+  [[ "$3" == ok ]] || FAILED=1
+}
+table() {
+  echo
+  echo "device check ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), torch $($PY -c 'import torch; print(torch.__version__)' 2>/dev/null))"
+  printf '%-52s %-36s %s\n' check result verdict
+  for r in "${ROWS[@]}"; do echo "$r"; done
+}
+trap table EXIT
+
+[[ -f .device/device-env.sh ]] || { echo "device-check: no .device/ here: run scripts/device-check.sh --prepare first"; exit 2; }
+DEBS=.device/debs source .device/device-env.sh
+PYBIND=$($PY -c 'import pybind11; print(pybind11.get_cmake_dir())' 2>/dev/null || true)
+
+# ---- build against this machine's torch ----
+if cmake -S . -B "$BUILD" "${POSEIDON_DEVICE_CMAKE_ARGS[@]}" -DPython_EXECUTABLE="$(command -v $PY)" \
+     ${PYBIND:+-Dpybind11_DIR=$PYBIND} -DPOSEIDON_WITH_PYTHON=$([[ -n "$PYBIND" ]] && echo ON || echo OFF) \
+     >"$OUT/configure.log" 2>&1 && cmake --build "$BUILD" -j"$(nproc)" >"$OUT/build.log" 2>&1; then
+  row "build against pip torch" "$(grep -c '' "$OUT/build.log") lines of log" ok
+else
+  row "build against pip torch" "see $OUT/build.log" MISS
+  tail -30 "$OUT/build.log"
+  exit 1
+fi
+BIN=$BUILD/bin
+export POSEIDON_CLI=$BIN/poseidon POSEIDON_PYTHONPATH=$BUILD/python POSEIDON_SOURCE=$ROOT
+
+# ---- the core and torch tests (the emulated-cluster ones need root and iproute2: left to CI) ----
+"$BIN/core_tests" --gtest_brief=1 >"$OUT/core_tests.log" 2>&1
+core_rc=$?
+row "core tests" "$(grep -Eo 'PASSED.*|[0-9]+ FAILED TESTS?' "$OUT/core_tests.log" | tail -1)" \
+  "$([[ $core_rc == 0 ]] && echo ok || echo MISS)"
+"$BIN/torch_tests" --gtest_brief=1 \
+  --gtest_filter='DistributedModel.*:*DdpSemantics*:DeviceExactness.*:Devices.*:Checkpoint.*' >"$OUT/torch_tests.log" 2>&1
+torch_rc=$?
+row "torch tests (DistributedModel, DDP semantics, devices)" "$(grep -Eo 'PASSED.*|[0-9]+ FAILED TESTS?' "$OUT/torch_tests.log" | tail -1)" \
+  "$([[ $torch_rc == 0 ]] && echo ok || echo MISS)"
+
+# ---- (a) exactness on the GPU ----
+for kind in mlp unused bnconv; do
+  d=$(grep -Eo "device-exactness $kind on cuda[^:]*: max rel diff [0-9.e+-]+" "$OUT/torch_tests.log" | grep -Eo '[0-9.e+-]+$')
+  row "(a) C++ $kind, 4 ranks on the GPU" "max rel diff ${d:-none}" \
+    "$([[ -n "$d" ]] && $PY -c "import sys; sys.exit(0 if float('$d') <= 1e-4 else 1)" && echo ok || echo MISS)"
+done
+if [[ -n "$PYBIND" ]]; then
+  JOB=$ROOT/tests/python/jobs/exact_job.py
+  for kind in mlp unused bnconv; do
+    PYTHONPATH=$BUILD/python "$BIN/poseidon" launch -n 4 -- $PY "$JOB" $kind "$OUT/$kind-gpu.pt" --device cuda \
+      >"$OUT/$kind-gpu.log" 2>&1
+    if [[ $kind == bnconv ]]; then
+      PYTHONPATH=$BUILD/python "$BIN/poseidon" launch -n 4 -- $PY "$JOB" $kind "$OUT/$kind-ref.pt" >"$OUT/$kind-ref.log" 2>&1
+    else
+      PYTHONPATH=$BUILD/python $PY "$JOB" $kind "$OUT/$kind-ref.pt" >"$OUT/$kind-ref.log" 2>&1
+    fi
+    d=$($PY - "$OUT/$kind-gpu.pt" "$OUT/$kind-ref.pt" <<'EOF' 2>>"$OUT/$kind-gpu.log"
+import sys, torch
+a, b = torch.load(sys.argv[1]), torch.load(sys.argv[2])
+print("%.3g" % max(((p - q).abs().max() / q.abs().max().clamp(min=1e-6)).item() for p, q in zip(a["params"], b["params"])))
+EOF
+)
+    row "(a) Python $kind, 4 ranks on the GPU" "max rel diff ${d:-none (see $kind-gpu.log)}" \
+      "$([[ -n "$d" ]] && $PY -c "import sys; sys.exit(0 if float('$d') <= 1e-4 else 1)" && echo ok || echo MISS)"
+  done
+else
+  row "(a) Python exactness" "no pybind11 for $PY" MISS
+fi
+
+# ---- (b) the main job on the GPU ----
+"$BIN/poseidon" train --device cuda --data .device/data --summary "$OUT/main.json" >"$OUT/main.log" 2>&1
+acc=$($PY -c "import json; print('%.4f' % json.load(open('$OUT/main.json'))['test_accuracy'])" 2>/dev/null)
+secs=$($PY -c "import json; print('%.1f' % json.load(open('$OUT/main.json'))['wall_seconds'])" 2>/dev/null)
+row "(b) main job --device cuda (4 workers, 5 epochs)" "accuracy ${acc:-none} in ${secs:-?} s" \
+  "$([[ -n "$acc" ]] && $PY -c "import sys; sys.exit(0 if $acc >= 0.88 else 1)" && echo ok || echo MISS)"
+
+# ---- (c) the copies inside the backward ----
+"$BIN/poseidon" train --device cuda --data .device/data --workers 2 --max-steps 30 --trace "$OUT/trace.json" \
+  --quiet >"$OUT/trace.log" 2>&1
+inside=$($PY - "$OUT/trace.json" <<'EOF' 2>>"$OUT/trace.log"
+import collections, json, sys
+events = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("ph") == "X"]
+copies, backward = collections.defaultdict(list), collections.defaultdict(list)
+for e in events:
+    key = (e["pid"], e.get("args", {}).get("iteration", -1))
+    if e["tid"] == 3 and e["name"].startswith("copy "):
+        copies[key].append(e)
+    elif e["tid"] == 0 and e["name"].startswith("backward "):
+        backward[key].append(e)
+steps = [k for k in copies if k in backward]
+inside = sum(1 for k in steps if min(c["ts"] + c["dur"] for c in copies[k]) < max(b["ts"] + b["dur"] for b in backward[k]))
+print("%d/%d" % (inside, len(steps)))
+EOF
+)
+row "(c) a copy done before the step's backward is" "${inside:-none} steps" \
+  "$([[ -n "$inside" && "${inside%%/*}" -gt 0 ]] && echo ok || echo MISS)"
+
+# ---- (d) overhead and throughput ----
+"$BIN/poseidon" train --device cuda --data .device/data --plain --workers 1 --epochs 1 --summary "$OUT/plain.json" \
+  --quiet >"$OUT/plain.log" 2>&1
+"$BIN/poseidon" train --device cuda --data .device/data --workers 1 --epochs 1 --summary "$OUT/one.json" \
+  --quiet >"$OUT/one.log" 2>&1
+"$BIN/poseidon" train --device cuda --data .device/data --workers 4 --epochs 1 --summary "$OUT/four.json" \
+  --quiet >"$OUT/four.log" 2>&1
+per_step() { $PY -c "import json; s = json.load(open('$1')); print('%.2f' % (1000 * s['train_seconds'] / s['steps']))" 2>/dev/null; }
+plain=$(per_step "$OUT/plain.json"); one=$(per_step "$OUT/one.json")
+four=$($PY -c "import json; print('%.0f' % json.load(open('$OUT/four.json'))['images_per_sec'])" 2>/dev/null)
+row "(d) ms/iteration: plain loop vs DistributedModel" "${plain:-?} vs ${one:-?}" "$([[ -n "$plain" && -n "$one" ]] && echo ok || echo MISS)"
+row "(d) images/s with 4 ranks on the GPU" "${four:-?}" "$([[ -n "$four" ]] && echo ok || echo MISS)"
+exit $FAILED

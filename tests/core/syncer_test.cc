@@ -162,6 +162,41 @@ TEST(Syncer, SfbRoundRebuildsTheMeanGradientFromEveryWorkersFactors) {
   EXPECT_EQ(s.contributors(0), (std::vector<std::vector<bool>>{{true, true, true}}));
 }
 
+// A CUDA layer's rebuild (FactorRebuild) gets every worker's factors in worker order and the scale,
+// in place of the host GEMM: the output buffer stays untouched and the layer is done once it returns.
+TEST(Syncer, SfbRoundWithTheCallersRebuildHandsItEveryWorkersFactors) {
+  FakeHost host(makeBook(), 1);
+  Syncer s(host, kFc);
+  std::vector<float> out(16, -1.0f);
+  std::vector<float> u{1, 2, 3, 4}, v{1, 0, 2};
+  std::vector<std::vector<float>> seenU, seenV;
+  float seenScale = 0;
+  s.submitFactors(0, Scheme::kSFB, u.data(), v.data(), 1, LayerBuffer::contiguous(out.data(), 16), nullptr,
+                  [&](const std::vector<FactorView>& workers, float scale) {
+                    for (const auto& w : workers) {
+                      seenU.emplace_back(w.u, w.u + w.rows * 4);
+                      seenV.emplace_back(w.v, w.v + w.rows * 3);
+                    }
+                    seenScale = scale;
+                  });
+  host.runTasks();
+  for (int w = 0; w < 3; ++w) {
+    std::vector<float> uv{float(w + 1), 0, 0, 0, 0, float(w), 0};
+    auto m = message(wire::sfbFactors(kFc, 0, 1), w, uv);
+    s.onFactors(m);
+  }
+  EXPECT_TRUE(host.done.empty());  // the rebuild runs on the pool
+  host.runTasks();
+  ASSERT_EQ(seenU.size(), 3u);
+  for (int w = 0; w < 3; ++w) {
+    EXPECT_EQ(seenU[w], (std::vector<float>{float(w + 1), 0, 0, 0})) << w;
+    EXPECT_EQ(seenV[w], (std::vector<float>{0, float(w), 0})) << w;
+  }
+  EXPECT_FLOAT_EQ(seenScale, 1.0f / 3);
+  EXPECT_EQ(out, std::vector<float>(16, -1.0f));
+  EXPECT_EQ(host.done, (std::vector<std::pair<int, int64_t>>{{kFc, 0}}));
+}
+
 TEST(Syncer, SchemeMismatchFailsTheJobWithTheReasonAndSendsNothing) {
   FakeHost host(makeBook(), 1);
   Syncer s(host, kFc);

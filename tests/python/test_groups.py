@@ -25,10 +25,14 @@ class ComputeGroups(TempDirTest):
         one = launch(4, JOB, self.path("one"), "--groups", 1, "--steps", STEPS)
         self.assertEqual(one.code, 0, str(one))
         self.assertClean(one)
-        a, b = self.params("bsp", 0), self.params("one", 0)
+        # The GPU's data path (pushes copied down to host buffers, pulls copied up), on the CPU.
+        staged = launch(4, JOB, self.path("staged"), "--groups", 1, "--steps", STEPS, "--stage-on-host")
+        self.assertEqual(staged.code, 0, str(staged))
+        a, b, c = self.params("bsp", 0), self.params("one", 0), self.params("staged", 0)
         self.assertEqual(len(a["params"]), 8)
-        for p, q, s in zip(a["params"], b["params"], b["start"]):
+        for p, q, s, t in zip(a["params"], b["params"], b["start"], c["params"]):
             self.assertTrue(torch.equal(p, q))
+            self.assertTrue(torch.equal(p, t))
             self.assertFalse(torch.equal(q, s))  # trained
         # One group: every update lands on the model it was computed on.
         counts = {}

@@ -329,21 +329,20 @@ TEST(DistributedModel, RejectsNonFloatParameters) {
   }
 }
 
-// A CUDA model's data path does not take compute groups or straggler dropping yet: one clear line,
-// before the rendezvous.
-TEST(DistributedModel, StagedModelRefusesComputeGroupsWithOneLine) {
+// A device model's data path does not take straggler dropping yet: one clear line, before the
+// rendezvous.
+TEST(DistributedModel, StagedModelRefusesStragglerDroppingWithOneLine) {
   auto net = std::make_shared<torch::nn::LinearImpl>(2, 2);
   DistributedOptions o;
   o.node.masterPort = freePort("127.0.0.1");
-  o.node.settings.groups = 1;
+  o.node.settings.dropStragglers = 1;
   o.stageOnHost = true;
   try {
     DistributedModel dist(net, "staged", o);
     FAIL() << "expected an error";
   } catch (const InvalidArgument& e) {
     EXPECT_EQ(std::string(e.what()),
-              "model 'staged' on cpu (stageOnHost): compute groups and straggler dropping "
-              "train CPU models only (docs/gpu.md)");
+              "model 'staged' on cpu (stageOnHost): straggler dropping trains CPU models only (docs/gpu.md)");
   }
 }
 
@@ -444,6 +443,56 @@ TEST(DeviceExactness, FourRanksOnTheDeviceEqualOneProcessOnTheCpu) {
     EXPECT_LE(worst, 1e-4) << kind;
     if (kind == "unused") EXPECT_TRUE(torch::equal(got[2], want[2]));  // spare.weight: where it started
   }
+}
+
+// A CUDA layer's SFB rebuild (one GEMM through LibTorch on the device) gives the host's Eigen GEMM's
+// mean gradient: the same stacked factors, the same scale. On the GPU where there is one, else the CPU.
+TEST(DeviceStaging, RebuildsTheMeanGradientAsTheHostGemmDoes) {
+  const c10::Device device = torch::cuda::device_count() > 0 ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
+  DeviceStaging staging(device, nullptr);
+  const int64_t m = 5, n = 7;
+  torch::manual_seed(4);
+  std::vector<torch::Tensor> us, vs;
+  std::vector<FactorView> views;
+  for (int64_t rows : {2, 3, 1}) {
+    us.push_back(torch::randn({rows, m}));
+    vs.push_back(torch::randn({rows, n}));
+    views.push_back({us.back().data_ptr<float>(), vs.back().data_ptr<float>(), rows});
+  }
+  DeviceRebuild into;
+  into.result = torch::empty({m * n + m}, torch::TensorOptions().device(device));
+  staging.rebuild(views, m, n, /*bias=*/true, 1.0f / 3, into);
+  EXPECT_TRUE(into.fresh);
+  std::vector<float> w(static_cast<size_t>(m * n)), b(static_cast<size_t>(m));
+  FactorScratch scratch;
+  reconstructGradient(views, m, n, 1.0f / 3, w.data(), b.data(), &scratch);
+  std::vector<torch::Tensor> grads{torch::zeros({m, n}, torch::TensorOptions().device(device)),
+                                   torch::zeros({m}, torch::TensorOptions().device(device))};
+  DeviceStaging::takeRebuilt(into, grads);
+  EXPECT_FALSE(into.fresh);
+  EXPECT_TRUE(torch::allclose(grads[0].cpu(), torch::from_blob(w.data(), {m, n}), 1e-5, 1e-6));
+  EXPECT_TRUE(torch::allclose(grads[1].cpu(), torch::from_blob(b.data(), {m}), 1e-5, 1e-6));
+}
+
+// A hand-off to the node that throws (the job failed) fails the job once, skips the later ones, and
+// drain() rethrows it; the copies themselves were made.
+TEST(DeviceStaging, AFailingHandOffFailsTheJobAndDrainSaysWhy) {
+  std::exception_ptr seen;
+  DeviceStaging staging(c10::Device(c10::kCPU), [&](std::exception_ptr e) { seen = e; });
+  torch::Tensor src = torch::arange(4, torch::kFloat32), dst = torch::zeros({4});
+  int ran = 0;
+  staging.toHost({src}, {dst}, [&] { ++ran; });
+  staging.toHost({src}, {dst}, [] { throw IoError("the node is gone"); });
+  staging.toHost({src}, {dst}, [&] { ++ran; });
+  try {
+    staging.drain();
+    FAIL() << "expected the hand-off's error";
+  } catch (const IoError& e) {
+    EXPECT_STREQ(e.what(), "the node is gone");
+  }
+  EXPECT_EQ(ran, 1);
+  EXPECT_TRUE(seen);
+  EXPECT_TRUE(torch::equal(dst, src));
 }
 
 // One process per GPU: the launcher's local rank (torchrun's LOCAL_RANK, Slurm's SLURM_LOCALID, ...)

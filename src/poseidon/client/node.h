@@ -141,8 +141,10 @@ class Node : private SyncHost {
   // batch, accumulated micro-batches) still go the way the job's K decided.
   Scheme schemeFor(int layer) const;
   void submitDense(int layer, LayerBuffer grad, std::shared_ptr<void> keepAlive = nullptr);
+  // `rebuild` (SFB only): the caller rebuilds the mean gradient from the gathered factors itself (a
+  // CUDA model: a GEMM on the device) instead of the host's GEMM into `out`.
   void submitFactors(int layer, const float* u, const float* v, int64_t rows, LayerBuffer out,
-                     std::shared_ptr<void> keepAlive = nullptr);
+                     std::shared_ptr<void> keepAlive = nullptr, FactorRebuild rebuild = nullptr);
   // Straggler mode: true when every layer of the current iteration already
   // completed without this worker (it fell behind). Then skipIteration()
   // writes those results into the given buffers (one per layer) instead of

@@ -50,7 +50,7 @@ void Node::submitDense(int layer, LayerBuffer grad, std::shared_ptr<void> keepAl
 }
 
 void Node::submitFactors(int layer, const float* u, const float* v, int64_t rows, LayerBuffer out,
-                         std::shared_ptr<void> keepAlive) {
+                         std::shared_ptr<void> keepAlive, FactorRebuild rebuild) {
   throwIfFailed();
   if (layer < 0 || layer >= static_cast<int>(syncers_.size())) {
     throw InvalidArgument(strCat("submitFactors: layer index ", layer, " out of range"));
@@ -61,7 +61,8 @@ void Node::submitFactors(int layer, const float* u, const float* v, int64_t rows
                                  "' at the job's batch of ", book_.settings().batch,
                                  "; submit its dense gradient instead"));
   }
-  syncers_[layer]->submitFactors(iteration_.load(), scheme, u, v, rows, std::move(out), std::move(keepAlive));
+  syncers_[layer]->submitFactors(iteration_.load(), scheme, u, v, rows, std::move(out), std::move(keepAlive),
+                                 scheme == Scheme::kSFB ? std::move(rebuild) : nullptr);
 }
 
 bool Node::alreadyComplete() const {

@@ -330,6 +330,16 @@ void Syncer::reconstruct(int64_t iteration, Round round, std::vector<bool> set) 
       views.push_back({base, base + f.rows[w] * m, f.rows[w]});
     }
     const float scale = 1.0f / static_cast<float>(views.size());
+    int64_t rows = 0;
+    for (const auto& v : views) rows += v.rows;
+    if (round.rebuild) {  // the caller's GEMM (a CUDA layer's, on its device)
+      round.rebuild(views, scale);
+      chargeGemm(host_.charger(), 2.0 * static_cast<double>(rows) * static_cast<double>(m) * static_cast<double>(n),
+                 workStart);
+      traceRebuilt(iteration, startUs);
+      host_.layerDone(layer_, iteration);
+      return;
+    }
     const bool bias = spec_.params.size() > 1;
     float* w = round.out.contiguousAt(0, m * n);
     float* b = bias ? round.out.contiguousAt(m * n, m) : nullptr;
@@ -342,8 +352,6 @@ void Syncer::reconstruct(int64_t iteration, Round round, std::vector<bool> set) 
     }
     if (!w) copyOut(round.out, 0, m * n, tmpW.data());
     if (bias && !b) copyOut(round.out, m * n, m, tmpB.data());
-    int64_t rows = 0;
-    for (const auto& v : views) rows += v.rows;
     chargeGemm(host_.charger(), 2.0 * static_cast<double>(rows) * static_cast<double>(m) * static_cast<double>(n),
                workStart);
   } catch (const std::exception& e) {
@@ -351,10 +359,14 @@ void Syncer::reconstruct(int64_t iteration, Round round, std::vector<bool> set) 
         Error(strCat("layer '", spec_.name, "' iteration ", iteration, ": reconstructing the gradient failed: ", e.what()))));
     return;
   }
+  traceRebuilt(iteration, startUs);
+  host_.layerDone(layer_, iteration);
+}
+
+void Syncer::traceRebuilt(int64_t iteration, int64_t startUs) {
   if (Tracer* tracer = host_.tracer()) {
     tracer->span(strCat("reconstruct ", spec_.name, " (sfb GEMM)"), "receive", 2, startUs, Tracer::nowMicros(), iteration);
   }
-  host_.layerDone(layer_, iteration);
 }
 
 void Syncer::traceSent(int64_t iteration, int64_t startUs, const char* scheme) {

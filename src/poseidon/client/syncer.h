@@ -113,9 +113,10 @@ class Syncer {
   // is written back into it in place.
   void submitDense(int64_t iteration, LayerBuffer grad, std::shared_ptr<void> keepAlive);
   // SFB or Adam (FC layers only): u is rows x M, v is rows x N, both
-  // row-major; the mean gradient (weight, then bias if any) goes to `out`.
+  // row-major; the mean gradient (weight, then bias if any) goes to `out`, or, for SFB with
+  // `rebuild`, wherever rebuild puts it (a device; `out` is then not written).
   void submitFactors(int64_t iteration, Scheme scheme, const float* u, const float* v, int64_t rows, LayerBuffer out,
-                     std::shared_ptr<void> keepAlive);
+                     std::shared_ptr<void> keepAlive, FactorRebuild rebuild = nullptr);
   // Compute-group mode: this worker's gradient for its group's `round` goes to
   // the shards, which hold the model (kvstore/model_shard.h) and apply the
   // group's mean with learning rate `lr`. The layer is done once the pushes
@@ -176,6 +177,7 @@ class Syncer {
     std::variant<std::monostate, Aggregates, Factors> kind;
     LayerBuffer out;
     std::shared_ptr<void> keepAlive;
+    FactorRebuild rebuild;  // SFB: the caller's rebuild instead of reconstructGradient into `out`
     int64_t sentAtUs = 0;  // for the receive span of the trace
   };
   // What to do once mutex_ is released.
@@ -211,6 +213,7 @@ class Syncer {
 
   void sendDense(int64_t iteration, int64_t gap, const LayerBuffer& grad, const std::vector<int>& pairs);
   void sendFactors(int64_t iteration, Scheme scheme, const float* u, const float* v, int64_t rows);
+  void traceRebuilt(int64_t iteration, int64_t startUs);  // the rebuild's span in the trace
   void sendFactorsOnce(int64_t iteration, Scheme scheme, const float* u, const float* v, int64_t rows);
   void sendGroupPush(int64_t round, const LayerBuffer& grad, float lr);
   void reconstruct(int64_t iteration, Round round, std::vector<bool> set);

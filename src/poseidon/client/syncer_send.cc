@@ -161,7 +161,7 @@ void Syncer::sendGroupPush(int64_t round, const LayerBuffer& grad, float lr) {
 }
 
 void Syncer::submitFactors(int64_t iteration, Scheme scheme, const float* u, const float* v, int64_t rows,
-                           LayerBuffer out, std::shared_ptr<void> keepAlive) {
+                           LayerBuffer out, std::shared_ptr<void> keepAlive, FactorRebuild rebuild) {
   if (spec_.type != LayerType::kFC) {
     throw InvalidArgument(strCat("layer '", spec_.name, "' is not fully connected; it cannot use SFB"));
   }
@@ -189,6 +189,7 @@ void Syncer::submitFactors(int64_t iteration, Scheme scheme, const float* u, con
       r.phase = Phase::kAwaiting;
       r.contributed = true;
       r.out = out;
+      r.rebuild = std::move(rebuild);
       // Decided without us (straggler mode): our factors would be ignored.
       send = !(f && f->decision && !(*f->decision)[me()]);
       r.factorsSending = send;

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace poseidon {
@@ -25,6 +26,12 @@ struct FactorView {
   const float* v = nullptr;
   int64_t rows = 0;
 };
+
+// A rebuild done elsewhere than reconstructGradient on this host: the torch layer's GEMM on the
+// parameter's device for a CUDA model (torch/device_staging.h). It gets every contributing worker's
+// factors (fp32; valid until it returns) and the scale, and puts the mean gradient where its caller
+// reads it. Runs on a pool thread; the layer's round is done when it returns.
+using FactorRebuild = std::function<void(const std::vector<FactorView>& workers, float scale)>;
 
 // Scratch buffers reused across iterations to avoid reallocating the stack.
 struct FactorScratch {

@@ -4,6 +4,8 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <cstring>
+
 #include "poseidon/common/error.h"
 #include "poseidon/torch/compat.h"
 
@@ -40,6 +42,7 @@ DeviceStaging::DeviceStaging(c10::Device device, std::function<void(std::excepti
   if (!device_.is_cpu()) {
     c10::impl::VirtualGuardImpl impl(device_.type());
     copyStream_ = impl.getStreamFromGlobalPool(device_, /*isHighPriority=*/false);
+    rebuildStream_ = impl.getStreamFromGlobalPool(device_, /*isHighPriority=*/false);
   }
   thread_ = std::thread([this] { loop(); });
 }
@@ -103,6 +106,64 @@ void DeviceStaging::fromHost(const torch::Tensor& dst, const torch::Tensor& src)
   // From page-locked memory a device copy is asynchronous on the current stream: the step that
   // follows there (the optimizer) sees it, and the host goes on.
   dst.copy_(src.view(dst.sizes()), /*non_blocking=*/!dst.device().is_cpu());
+}
+
+void DeviceStaging::rebuild(const std::vector<FactorView>& workers, int64_t m, int64_t n, bool bias, float scale,
+                            DeviceRebuild& into) {
+  int64_t rows = 0;
+  for (const auto& w : workers) rows += w.rows;
+  torch::Tensor u = hostTensor(rows * m), v = hostTensor(rows * n);
+  float *pu = u.data_ptr<float>(), *pv = v.data_ptr<float>();
+  for (const auto& w : workers) {  // stacked in the workers' order, as reconstructGradient stacks them
+    std::memcpy(pu, w.u, static_cast<size_t>(w.rows * m) * sizeof(float));
+    std::memcpy(pv, w.v, static_cast<size_t>(w.rows * n) * sizeof(float));
+    pu += w.rows * m;
+    pv += w.rows * n;
+  }
+  torch::NoGradGuard noGrad;
+  auto compute = [&] {
+    torch::Tensor du = u.view({rows, m}).to(device_, /*non_blocking=*/true);
+    torch::Tensor dv = v.view({rows, n}).to(device_, /*non_blocking=*/true);
+    torch::Tensor w = into.result.narrow(0, 0, m * n).view({m, n});
+    torch::mm_out(w, du.t(), dv);
+    w.mul_(scale);
+    if (bias) {
+      into.result.narrow(0, m * n, m).copy_(du.sum(0)).mul_(scale);
+    }
+  };
+  if (rebuildStream_) {
+    // Not over the result before the last step's copies out of it ran (straggler dropping may rebuild
+    // a round without this worker's factors, so nothing else orders the two).
+    if (into.consumed) into.consumed->block(*rebuildStream_);
+    c10::StreamGuard onRebuildStream(*rebuildStream_);
+    compute();
+    into.done.emplace(device_.type());
+    into.done->record(*rebuildStream_);
+  } else {
+    compute();
+  }
+  into.fresh = true;
+}
+
+void DeviceStaging::takeRebuilt(DeviceRebuild& from, const std::vector<torch::Tensor>& grads) {
+  torch::NoGradGuard noGrad;
+  const c10::Device device = from.result.device();
+  std::optional<c10::Stream> current;
+  if (!device.is_cpu()) {
+    c10::impl::VirtualGuardImpl impl(device.type());
+    current = impl.getStream(device);
+    if (from.done) from.done->block(*current);
+  }
+  int64_t off = 0;
+  for (const auto& g : grads) {
+    g.copy_(from.result.narrow(0, off, g.numel()).view(g.sizes()));
+    off += g.numel();
+  }
+  if (current) {
+    from.consumed.emplace(device.type());
+    from.consumed->record(*current);
+  }
+  from.fresh = false;
 }
 
 void DeviceStaging::loop() {

@@ -13,6 +13,7 @@
 // CPU the copies are made at once and only `then` goes to the thread.
 #pragma once
 
+#include <c10/core/Event.h>
 #include <torch/torch.h>
 
 #include <condition_variable>
@@ -27,6 +28,7 @@
 #include <vector>
 
 #include "poseidon/common/trace.h"
+#include "poseidon/sfb/sufficient_factors.h"
 
 namespace poseidon::pt {
 
@@ -37,6 +39,14 @@ namespace poseidon::pt {
 c10::Device selectDevice(const std::string& want, int localRank, int cudaDevices);
 // The same with this process's CUDA device count.
 c10::Device selectDevice(const std::string& want, int localRank);
+
+// An SFB layer's mean gradient rebuilt on the device from every worker's factors (DeviceStaging::rebuild).
+struct DeviceRebuild {
+  torch::Tensor result;                // on the device: weight (m x n) then bias (m), flat
+  std::optional<c10::Event> done;      // recorded on the rebuild stream after the GEMM
+  std::optional<c10::Event> consumed;  // recorded after takeRebuilt's copies: the next rebuild waits for it
+  bool fresh = false;                  // rebuilt this step, not yet taken into .grad()
+};
 
 class DeviceStaging {
  public:
@@ -64,6 +74,16 @@ class DeviceStaging {
   // there (non-blocking from page-locked memory). dst and src have the same number of elements.
   static void fromHost(const torch::Tensor& dst, const torch::Tensor& src);
 
+  // SFB for a CUDA layer: scale * sum over workers of U^T V (and the bias, scale * the column sums of
+  // U) as one GEMM on the device (cuBLAS through LibTorch) into `into.result`. The workers' host factors
+  // go up in one page-locked buffer each for U and V; the work runs on a rebuild stream of its own and
+  // `into.done` marks its end. Called on a pool thread (Node::submitFactors' FactorRebuild).
+  void rebuild(const std::vector<FactorView>& workers, int64_t m, int64_t n, bool bias, float scale,
+               DeviceRebuild& into);
+  // The rebuilt mean into each parameter's .grad() (`grads`: weight, then bias), after the current
+  // stream waits for the rebuild: device to device, nothing on the host.
+  static void takeRebuilt(DeviceRebuild& from, const std::vector<torch::Tensor>& grads);
+
   void setTracer(Tracer* tracer) { tracer_ = tracer; }
 
  private:
@@ -72,7 +92,8 @@ class DeviceStaging {
 
   const c10::Device device_;
   const std::function<void(std::exception_ptr)> onFailure_;
-  std::optional<c10::Stream> copyStream_;  // a device's side stream (none for the CPU)
+  std::optional<c10::Stream> copyStream_;     // a device's side stream for the copies down (none for the CPU)
+  std::optional<c10::Stream> rebuildStream_;  // and one for the SFB rebuilds
   Tracer* tracer_ = nullptr;
   std::mutex mutex_;
   std::condition_variable cv_;  // work queued, or a job done

@@ -134,10 +134,10 @@ void DistributedModel::init(ModelParts parts) {
   if (desc_.layers.empty()) throw InvalidArgument("model '" + parts.name + "' has no trainable parameters");
   device_ = modelDevice(parts);
   const bool staged = !device_.is_cpu() || options_.stageOnHost;
-  if (staged && (options_.node.settings.groupMode() || options_.node.settings.stragglerMode())) {
+  if (staged && options_.node.settings.stragglerMode()) {
     throw InvalidArgument(strCat("model '", parts.name, "' on ", device_.str(),
                                  options_.stageOnHost && device_.is_cpu() ? " (stageOnHost)" : "",
-                                 ": compute groups and straggler dropping train CPU models only (docs/gpu.md)"));
+                                 ": straggler dropping trains CPU models only (docs/gpu.md)"));
   }
   tracer_ = options_.node.tracer;
   node_ = Node::start(options_.node, desc_);
@@ -177,6 +177,9 @@ void DistributedModel::init(ModelParts parts) {
           staging_ ? staging_->hostTensor(layer.spec->numel()).zero_() : torch::zeros({layer.spec->numel()});
     }
     if (staging_) layer.host = staging_->hostTensor(layer.spec->numel());
+    if (layer.spec->type == LayerType::kFC && !device_.is_cpu()) {
+      layer.rebuilt.result = torch::empty({layer.spec->numel()}, torch::TensorOptions().device(device_));
+    }
   }
   lastSchemes_.assign(layers_.size(), Scheme::kPS);
 
@@ -513,12 +516,22 @@ void DistributedModel::submitFactorsStaged(int layer, const std::shared_ptr<void
   };
   auto host = std::make_shared<Host>(Host{keep, staging_->hostTensor(l.u.numel()), staging_->hostTensor(l.v.numel())});
   const int64_t rows = l.u.size(0);
+  // A CUDA layer rebuilds on its device (a GEMM through LibTorch); a CPU one by the host's Eigen GEMM
+  // into the staging buffer.
+  FactorRebuild rebuild;
+  if (l.rebuilt.result.defined()) {
+    const int64_t m = l.spec->m, n = l.spec->n;
+    const bool bias = l.params.size() > 1;
+    rebuild = [this, layer, m, n, bias](const std::vector<FactorView>& workers, float scale) {
+      staging_->rebuild(workers, m, n, bias, scale, layers_[layer].rebuilt);
+    };
+  }
   staging_->toHost(
       {l.u, l.v}, {host->u.view(l.u.sizes()), host->v.view(l.v.sizes())},
-      [this, layer, host, rows] {
+      [this, layer, host, rows, rebuild] {
         const torch::Tensor& staging = layers_[layer].staging;
         node_->submitFactors(layer, host->u.data_ptr<float>(), host->v.data_ptr<float>(), rows,
-                             LayerBuffer::contiguous(staging.data_ptr<float>(), staging.numel()), host);
+                             LayerBuffer::contiguous(staging.data_ptr<float>(), staging.numel()), host, rebuild);
       },
       tracer_ ? "copy " + l.spec->name + " factors to host" : std::string(), iteration_);
 }
@@ -594,6 +607,16 @@ void DistributedModel::applyLayer(Layer& layer) {
   const bool psMean = layer.scheme == Scheme::kPS;
   if (psMean && !layer.meanOnHost) return;  // the node wrote the mean into .grad() itself
   layer.meanOnHost = false;
+  if (!psMean && layer.rebuilt.fresh) {  // rebuilt on the device
+    std::vector<torch::Tensor> grads;
+    for (auto& p : layer.params) {
+      if (!p.grad().defined()) p.mutable_grad() = torch::empty_like(p);
+      grads.push_back(p.grad());
+    }
+    DeviceStaging::takeRebuilt(layer.rebuilt, grads);
+    layer.scheme = Scheme::kPS;
+    return;
+  }
   const torch::Tensor& from = psMean ? layer.host : layer.staging;
   int64_t off = 0;
   for (auto& p : layer.params) {

@@ -6,6 +6,7 @@
 
 #include "poseidon/common/error.h"
 #include "poseidon/core/cost_model.h"
+#include "poseidon/torch/device_staging.h"
 #include "poseidon/torch/distributed.h"
 #include "poseidon/torch/distributed_layer.h"
 #include "poseidon/torch/finite.h"
@@ -21,24 +22,37 @@ void DistributedModel::GroupSync::start() {
   lr_ = options.learningRate;
   // The shards hold the model from here on: they start from rank 0's parameters (just broadcast,
   // so every rank sends the same), and each round's pull writes the model into them.
+  // A device model's pulls land in host buffers (pulledIntoParameters copies them up).
   std::vector<LayerBuffer> params;
   for (auto& l : m_.layers_) {
     std::vector<FloatSpan> spans;
-    for (auto& p : l.params) spans.push_back({p.data_ptr<float>(), p.numel()});
+    if (m_.staging_) {
+      torch::NoGradGuard guard;
+      l.pulled = m_.staging_->hostTensor(l.spec->numel());
+      int64_t off = 0;
+      for (auto& p : l.params) {
+        l.pulled.narrow(0, off, p.numel()).copy_(p.reshape(-1));
+        off += p.numel();
+      }
+      spans.push_back({l.pulled.data_ptr<float>(), l.pulled.numel()});
+    } else {
+      for (auto& p : l.params) spans.push_back({p.data_ptr<float>(), p.numel()});
+    }
     params.emplace_back(spans);
   }
   node.groups().setModel(params);
   if (node.rank() == node.book().workerRanks().front()) {
     const int64_t start = node.book().settings().startIteration;
     std::vector<LayerBuffer> momentum;
-    const std::vector<torch::Tensor>& buffers = options.groupMomentum;
+    std::vector<torch::Tensor> buffers;  // on the host (a checkpoint may have loaded them onto the device)
+    for (const auto& b : options.groupMomentum) buffers.push_back(b.defined() ? b.to(torch::kCPU) : b);
     if (!buffers.empty()) {
       size_t i = 0;
       for (auto& l : m_.layers_) {
         std::vector<FloatSpan> spans;
         for (auto& p : l.params) {
-          if (i >= buffers.size() || buffers[i].numel() != p.numel() || buffers[i].scalar_type() != torch::kFloat32 ||
-              !buffers[i].is_contiguous()) {
+          if (i >= buffers.size() || !buffers[i].defined() || buffers[i].numel() != p.numel() ||
+              buffers[i].scalar_type() != torch::kFloat32 || !buffers[i].is_contiguous()) {
             throw InvalidArgument(strCat("groupMomentum: parameter ", i, " has no matching float32 buffer"));
           }
           spans.push_back({buffers[i].data_ptr<float>(), p.numel()});
@@ -57,6 +71,18 @@ void DistributedModel::GroupSync::pull(int64_t round) {
   m_.node_->groups().startPull(round);
   m_.node_->groups().waitPulled();
   pulledRound_ = round;
+  pulledIntoParameters();
+}
+
+void DistributedModel::GroupSync::pulledIntoParameters() {
+  if (!m_.staging_) return;  // the pull wrote into the parameters themselves
+  for (auto& l : m_.layers_) {
+    int64_t off = 0;
+    for (auto& p : l.params) {
+      DeviceStaging::fromHost(p, l.pulled.narrow(0, off, p.numel()));
+      off += p.numel();
+    }
+  }
 }
 
 void DistributedModel::GroupSync::beginForward() {
@@ -81,6 +107,7 @@ void DistributedModel::GroupSync::synchronize() {
     layerReady(l);
   }
   m_.node_->waitIteration();  // this round's pushes are out; the shards apply them
+  if (m_.staging_) m_.staging_->drain();
   m_.inIteration_ = false;
   m_.throwIfDiverged(m_.nonFiniteLayer_, "the model pulled from the shards");
 }
@@ -101,12 +128,14 @@ std::pair<std::vector<torch::Tensor>, int64_t> DistributedModel::GroupSync::stat
   for (auto& l : m_.layers_) {
     std::vector<FloatSpan> spans;
     for (auto& p : l.params) {
-      buffers.push_back(torch::zeros_like(p));
+      buffers.push_back(torch::zeros(p.sizes()));  // on the host: the node writes them
       spans.push_back({buffers.back().data_ptr<float>(), p.numel()});
     }
     momentum.emplace_back(spans);
   }
   auto [version, clocks] = node.groups().fetchModelState(momentum);
+  pulledIntoParameters();
+  for (size_t i = 0; !m_.device_.is_cpu() && i < buffers.size(); ++i) buffers[i] = buffers[i].to(m_.device_);
   return {std::move(buffers), version};
 }
 
@@ -125,13 +154,32 @@ void DistributedModel::GroupSync::layerReady(int layer) {
   l.submitted = true;
   l.scheme = Scheme::kPS;
   std::vector<FloatSpan> spans;
+  std::vector<torch::Tensor> src, dst;  // a device model: the gradient goes down to the host first
+  int64_t off = 0;
   for (auto& p : l.params) {
     if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);  // unused this round: zero
+    if (m_.staging_) {
+      src.push_back(p.grad());
+      dst.push_back(l.host.narrow(0, off, p.numel()).view(p.sizes()));
+      off += p.numel();
+      continue;
+    }
     if (!p.grad().is_contiguous()) p.mutable_grad() = p.grad().contiguous();
     spans.push_back({p.grad().data_ptr<float>(), p.grad().numel()});
   }
   Node& node = *m_.node_;
-  node.submitGroupPush(layer, LayerBuffer(spans), lr_);
+  if (m_.staging_) {
+    const float lr = lr_;
+    m_.staging_->toHost(
+        std::move(src), std::move(dst),
+        [this, layer, lr] {
+          const torch::Tensor& host = m_.layers_[layer].host;
+          m_.node_->submitGroupPush(layer, LayerBuffer::contiguous(host.data_ptr<float>(), host.numel()), lr);
+        },
+        m_.tracer_ ? "copy " + l.spec->name + " to host" : std::string(), m_.iteration_);
+  } else {
+    node.submitGroupPush(layer, LayerBuffer(spans), lr_);
+  }
   m_.predictedPs_ +=
       psCostBoth(costInputs(*l.spec, node.book().settings().batch, m_.workers(), node.book().numServers()));
   m_.lastSchemes_[layer] = Scheme::kPS;

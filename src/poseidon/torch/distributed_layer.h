@@ -30,6 +30,8 @@ struct DistributedModel::Layer {
   // writes the PS mean into it, which applyLayer() copies back into .grad().
   torch::Tensor host;
   bool meanOnHost = false;  // this step's PS mean is in `host`
+  DeviceRebuild rebuilt;    // a CUDA FC layer: its SFB mean, rebuilt on the device
+  torch::Tensor pulled;     // compute groups, a device model: the model pulled from the shards, on the host
   // Accumulation passes (noSync) since the last step.
   int accumulatedPasses = 0;                  // passes in which the layer's first parameter got a gradient
   std::vector<torch::Tensor> stashU, stashV;  // factors of those passes
@@ -109,6 +111,8 @@ class DistributedModel::GroupSync final : public Sync {
 
  private:
   void pull(int64_t round);
+  // A device model: the pulled model from the host buffers into the parameters.
+  void pulledIntoParameters();
   int64_t pulledRound_ = -1;  // the round whose model the parameters hold
   float lr_ = 0;
 };

@@ -11,6 +11,10 @@ MergedFc::MergedFc(DistributedModel& features, std::function<torch::Tensor(torch
   if (!features.computeGroups()) {
     throw InvalidArgument("merged FC runs the conv layers in compute groups: the job needs groups >= 1");
   }
+  if (!features.device().is_cpu()) {
+    throw InvalidArgument(
+        strCat("merged FC trains CPU models only (the model is on ", features.device().str(), "; docs/gpu.md)"));
+  }
   if (params_.empty()) throw InvalidArgument("merged FC: the classifier has no trainable parameters");
   for (const auto& p : params_) {
     if (p.scalar_type() != torch::kFloat32 || !p.is_contiguous()) {

@@ -110,6 +110,7 @@ def main():
     p.add_argument("--save-at", type=int, default=0)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--merged-fc", action="store_true")
+    p.add_argument("--stage-on-host", action="store_true", help="the GPU's host-staged data path, on the CPU")
     a = p.parse_args()
     if a.misuse:
         refusals()
@@ -122,7 +123,8 @@ def main():
         first = poseidon.load_checkpoint(a.checkpoint, net, opt)["iteration"]
     if a.groups:
         model = poseidon.DistributedModel(net, batch=GLOBAL // 4, groups=a.groups, optimizer=opt,
-                                          merged_fc=net.merged_fc() if a.merged_fc else None)
+                                          merged_fc=net.merged_fc() if a.merged_fc else None,
+                                          stage_on_host=a.stage_on_host)
     else:
         model = poseidon.DistributedModel(net, batch=GLOBAL // 4, scheme="ps")
     schedule = None if a.checkpoint else torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)

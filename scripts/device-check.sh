@@ -12,6 +12,7 @@
 #         of SGD with momentum, for an MLP, a model with a never-called SFB layer and a conv net with
 #         BatchNorm (against the same 4 ranks on the CPU: its batch statistics are per rank); in C++
 #         (torch_tests' DeviceExactness) and in Python (tests/python/jobs/exact_job.py); max rel diff <= 1e-4
+#     the README's Python example with only .cuda() added (model and data), 4 ranks
 #     (b) the main job with --device cuda: test accuracy >= 88%
 #     (c) a trace whose device-to-host copies run inside the backward (a copy done before the step's last
 #         layer's backward is)
@@ -107,6 +108,24 @@ EOF
   done
 else
   row "(a) Python exactness" "no pybind11 for $PY" MISS
+fi
+
+# ---- the README's Python example with the model and the data moved to the GPU, nothing else changed ----
+if [[ -n "$PYBIND" ]]; then
+  $PY - "$ROOT/examples/python/minimal.py" "$OUT/minimal_cuda.py" <<'EOF'
+import sys
+text = open(sys.argv[1]).read()
+for old, new in (("torch.nn.Linear(128, 4))", "torch.nn.Linear(128, 4)).cuda()"),
+                 ("y = x[:, :4].argmax(1)", "y = x[:, :4].argmax(1)\nx, y = x.cuda(), y.cuda()")):
+    assert old in text, old
+    text = text.replace(old, new, 1)
+open(sys.argv[2], "w").write(text)
+EOF
+  PYTHONPATH=$BUILD/python "$BIN/poseidon" launch -n 4 -- $PY "$OUT/minimal_cuda.py" >"$OUT/minimal.log" 2>&1
+  ex_rc=$?
+  done_ranks=$(grep -c "step 100 loss" "$OUT/minimal.log")
+  row "README Python example + .cuda(), 4 ranks" "exit $ex_rc, $done_ranks ranks at step 100" \
+    "$([[ $ex_rc == 0 && $done_ranks == 4 ]] && echo ok || echo MISS)"
 fi
 
 # ---- (b) the main job on the GPU ----

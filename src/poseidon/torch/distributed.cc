@@ -506,8 +506,8 @@ void DistributedModel::submitDenseStaged(int layer) {
       tracer_ ? "copy " + l.spec->name + " to host" : std::string(), iteration_);
 }
 
-// The same for its sufficient factors: U and V go to host buffers of their own; the reconstructed
-// mean gradient lands in the layer's (host) staging buffer as for a CPU model.
+// The same for its sufficient factors: U and V go to host buffers of their own. A CUDA layer's mean
+// gradient is rebuilt on its device (layer.rebuilt); a CPU layer's lands in its host staging buffer.
 void DistributedModel::submitFactorsStaged(int layer, const std::shared_ptr<void>& keep) {
   Layer& l = layers_[layer];
   struct Host {

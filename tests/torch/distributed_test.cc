@@ -8,8 +8,10 @@
 #include <iostream>
 #include <limits>
 #include <map>
+#include <sstream>
 
 #include "poseidon/launch/env.h"
+#include "poseidon/torch/compat.h"
 #include "poseidon/torch/device_staging.h"
 
 namespace poseidon::pt {
@@ -493,6 +495,39 @@ TEST(DeviceStaging, AFailingHandOffFailsTheJobAndDrainSaysWhy) {
   EXPECT_EQ(ran, 1);
   EXPECT_TRUE(seen);
   EXPECT_TRUE(torch::equal(dst, src));
+}
+
+// torch/compat.h's branches for the other LibTorch line compile and do what that line needs: the
+// state key as the TensorImpl pointer (2.x), a blocking wait where the event has synchronize() (2.x),
+// a poll where it has only query() (1.13).
+struct PolledEvent {
+  mutable int queries = 0;
+  bool query() const { return ++queries >= 3; }
+};
+struct BlockingEvent {
+  mutable bool waited = false;
+  bool query() const { return false; }
+  void synchronize() const { waited = true; }
+};
+
+TEST(TorchCompat, BothLinesStateKeysAndEventWaits) {
+  torch::Tensor p = torch::zeros({2});
+  EXPECT_EQ(optimizerStateKey<c10::TensorImpl*>(p), p.unsafeGetTensorImpl());
+  std::ostringstream printed;
+  printed << p.unsafeGetTensorImpl();
+  EXPECT_EQ(optimizerStateKey<std::string>(p), printed.str());
+  // This build's key finds what this build's SGD stores.
+  torch::optim::SGD sgd({p}, torch::optim::SGDOptions(0.1).momentum(0.9));
+  p.mutable_grad() = torch::ones({2});
+  sgd.step();
+  EXPECT_TRUE(sgd.state().count(optimizerStateKey(p)));
+  EXPECT_TRUE(torch::equal(sgdMomentumBuffers(sgd)[0], torch::ones({2})));
+  PolledEvent polled;
+  eventSynchronize(polled);
+  EXPECT_EQ(polled.queries, 3);
+  BlockingEvent blocking;
+  eventSynchronize(blocking);
+  EXPECT_TRUE(blocking.waited);
 }
 
 // One process per GPU: the launcher's local rank (torchrun's LOCAL_RANK, Slurm's SLURM_LOCALID, ...)

@@ -15,6 +15,14 @@
 
 namespace poseidon::pt {
 
+// The one device every parameter lives on (distributed_device.cc). InvalidArgument for parameters that
+// are not float32 (autocast keeps float32 parameters), parameters on several devices, and devices other
+// than the CPU and CUDA.
+c10::Device modelDevice(const ModelParts& parts);
+// Whether a buffer or frozen tensor is broadcast from rank 0: in place (staged false), a contiguous CPU
+// tensor of whole floats' worth of bytes; through host copies, any tensor of whole floats' worth.
+bool broadcastable(const torch::Tensor& t, bool staged);
+
 struct DistributedModel::Layer {
   const LayerSpec* spec = nullptr;
   std::vector<torch::Tensor> params;

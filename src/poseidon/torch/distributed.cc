@@ -405,10 +405,12 @@ void DistributedModel::submitDense(int layer) {
     }
     if (!staging_) spans.push_back({g.data_ptr<float>(), g.numel()});
   }
-  if (staging_)
-    submitDenseStaged(layer);
-  else
+  if (staging_) {
+    l.meanOnHost = true;  // the mean comes back into the host buffer; applyLayer copies it up
+    stageGradient(layer, [this, layer](LayerBuffer host) { node_->submitDense(layer, std::move(host)); });
+  } else {
     node_->submitDense(layer, LayerBuffer(spans));
+  }
   predictedPs_ += psCostBoth(costInputs(*l.spec, node_->book().settings().batch, workers(), node_->book().numServers()));
   lastSchemes_[layer] = Scheme::kPS;
   if (tracer_) {
@@ -499,13 +501,11 @@ void DistributedModel::applyLayer(Layer& layer) {
     layer.scheme = Scheme::kPS;
     return;
   }
-  const torch::Tensor& from = psMean ? layer.host : layer.staging;
-  int64_t off = 0;
-  for (auto& p : layer.params) {
-    torch::Tensor src = from.narrow(0, off, p.numel()).view(p.sizes());
+  const auto from = perParameter(psMean ? layer.host : layer.staging, layer.params);
+  for (size_t i = 0; i < layer.params.size(); ++i) {
+    torch::Tensor& p = layer.params[i];
     if (!p.grad().defined()) p.mutable_grad() = torch::empty_like(p);
-    DeviceStaging::fromHost(p.grad(), src);
-    off += p.numel();
+    DeviceStaging::fromHost(p.grad(), from[i]);
   }
   layer.scheme = Scheme::kPS;  // the default for the next iteration
 }

@@ -265,7 +265,9 @@ class DistributedModel {
   // Rank 0's values of these tensors on every rank: in place for host tensors, through host copies
   // for a device model's (or under stageOnHost).
   void broadcastTensors(const std::vector<torch::Tensor>& tensors);
-  void submitDenseStaged(int layer);
+  // A device model's layer gradient goes down to the layer's host buffer on the side stream; `submit`
+  // gets that buffer on the staging thread once the bytes are there (distributed_device.cc).
+  void stageGradient(int layer, std::function<void(LayerBuffer)> submit);
   void submitFactorsStaged(int layer, const std::shared_ptr<void>& keep);
   // How a step synchronizes, chosen once in init() (distributed_layer.h): GradientSync (every
   // worker's mean gradient by PS or SFB: BSP and straggler dropping) or GroupSync (compute groups:

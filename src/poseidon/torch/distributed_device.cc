@@ -80,23 +80,15 @@ void DistributedModel::broadcastTensors(const std::vector<torch::Tensor>& tensor
   for (size_t i = 0; i < tensors.size(); ++i) tensors[i].copy_(host[i].view(tensors[i].sizes()));
 }
 
-// A device model's layer: its gradient goes to the host on the side stream, and from there to the
-// node once it is there (the mean comes back into the same host buffer; applyLayer copies it up).
-void DistributedModel::submitDenseStaged(int layer) {
+void DistributedModel::stageGradient(int layer, std::function<void(LayerBuffer)> submit) {
   Layer& l = layers_[layer];
-  std::vector<torch::Tensor> src, dst;
-  int64_t off = 0;
-  for (auto& p : l.params) {
-    src.push_back(p.grad());
-    dst.push_back(l.host.narrow(0, off, p.numel()).view(p.sizes()));
-    off += p.numel();
-  }
-  l.meanOnHost = true;
+  std::vector<torch::Tensor> grads;
+  for (auto& p : l.params) grads.push_back(p.grad());
   staging_->toHost(
-      std::move(src), std::move(dst),
-      [this, layer] {
+      std::move(grads), perParameter(l.host, l.params),
+      [this, layer, submit = std::move(submit)] {
         const torch::Tensor& host = layers_[layer].host;
-        node_->submitDense(layer, LayerBuffer::contiguous(host.data_ptr<float>(), host.numel()));
+        submit(LayerBuffer::contiguous(host.data_ptr<float>(), host.numel()));
       },
       tracer_ ? "copy " + l.spec->name + " to host" : std::string(), iteration_);
 }

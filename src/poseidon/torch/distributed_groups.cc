@@ -29,11 +29,8 @@ void DistributedModel::GroupSync::start() {
     if (m_.staging_) {
       torch::NoGradGuard guard;
       l.pulled = m_.staging_->hostTensor(l.spec->numel());
-      int64_t off = 0;
-      for (auto& p : l.params) {
-        l.pulled.narrow(0, off, p.numel()).copy_(p.reshape(-1));
-        off += p.numel();
-      }
+      const auto views = perParameter(l.pulled, l.params);
+      for (size_t i = 0; i < views.size(); ++i) views[i].copy_(l.params[i]);
       spans.push_back({l.pulled.data_ptr<float>(), l.pulled.numel()});
     } else {
       for (auto& p : l.params) spans.push_back({p.data_ptr<float>(), p.numel()});
@@ -77,11 +74,8 @@ void DistributedModel::GroupSync::pull(int64_t round) {
 void DistributedModel::GroupSync::pulledIntoParameters() {
   if (!m_.staging_) return;  // the pull wrote into the parameters themselves
   for (auto& l : m_.layers_) {
-    int64_t off = 0;
-    for (auto& p : l.params) {
-      DeviceStaging::fromHost(p, l.pulled.narrow(0, off, p.numel()));
-      off += p.numel();
-    }
+    const auto pulled = perParameter(l.pulled, l.params);
+    for (size_t i = 0; i < pulled.size(); ++i) DeviceStaging::fromHost(l.params[i], pulled[i]);
   }
 }
 
@@ -154,29 +148,17 @@ void DistributedModel::GroupSync::layerReady(int layer) {
   l.submitted = true;
   l.scheme = Scheme::kPS;
   std::vector<FloatSpan> spans;
-  std::vector<torch::Tensor> src, dst;  // a device model: the gradient goes down to the host first
-  int64_t off = 0;
   for (auto& p : l.params) {
     if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);  // unused this round: zero
-    if (m_.staging_) {
-      src.push_back(p.grad());
-      dst.push_back(l.host.narrow(0, off, p.numel()).view(p.sizes()));
-      off += p.numel();
-      continue;
-    }
+    if (m_.staging_) continue;  // a device model: the gradient goes down to the host first
     if (!p.grad().is_contiguous()) p.mutable_grad() = p.grad().contiguous();
     spans.push_back({p.grad().data_ptr<float>(), p.grad().numel()});
   }
   Node& node = *m_.node_;
   if (m_.staging_) {
     const float lr = lr_;
-    m_.staging_->toHost(
-        std::move(src), std::move(dst),
-        [this, layer, lr] {
-          const torch::Tensor& host = m_.layers_[layer].host;
-          m_.node_->submitGroupPush(layer, LayerBuffer::contiguous(host.data_ptr<float>(), host.numel()), lr);
-        },
-        m_.tracer_ ? "copy " + l.spec->name + " to host" : std::string(), m_.iteration_);
+    m_.stageGradient(layer,
+                     [this, layer, lr](LayerBuffer host) { m_.node_->submitGroupPush(layer, std::move(host), lr); });
   } else {
     node.submitGroupPush(layer, LayerBuffer(spans), lr_);
   }

@@ -22,6 +22,16 @@ c10::Device modelDevice(const ModelParts& parts);
 // Whether a buffer or frozen tensor is broadcast from rank 0: in place (staged false), a contiguous CPU
 // tensor of whole floats' worth of bytes; through host copies, any tensor of whole floats' worth.
 bool broadcastable(const torch::Tensor& t, bool staged);
+// A flat buffer laid out as `params` (one after the other) as one view per parameter, shaped like it.
+inline std::vector<torch::Tensor> perParameter(const torch::Tensor& flat, const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> views;
+  int64_t off = 0;
+  for (const auto& p : params) {
+    views.push_back(flat.narrow(0, off, p.numel()).view(p.sizes()));
+    off += p.numel();
+  }
+  return views;
+}
 
 struct DistributedModel::Layer {
   const LayerSpec* spec = nullptr;

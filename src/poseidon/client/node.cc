@@ -99,6 +99,7 @@ void Node::assemble() {
     pool_ = std::make_unique<ThreadPool>(options_.threads);
   }
   iteration_ = book.settings().startIteration;
+  saidBye_.assign(static_cast<size_t>(book.worldSize()), false);
   liveness_ = std::make_unique<Liveness>(book.worldSize(), rank, options_.timeout, options_.heartbeat,
                                          book.settings().startIteration, std::chrono::steady_clock::now());
   // The node's parts record the job's failure through fail() and rethrow it through throwIfFailed().
@@ -216,6 +217,11 @@ void Node::receiveLoop() {
     }
     if (!got) continue;
     liveness_->heard(msg.header, std::chrono::steady_clock::now());
+    if (msg.header.type == MsgType::kBye && msg.header.sender < saidBye_.size()) {
+      std::lock_guard<std::mutex> lock(byeMutex_);
+      saidBye_[msg.header.sender] = true;
+      byeCv_.notify_all();
+    }
     try {
       route(msg);
     } catch (const ProtocolError& e) {
@@ -318,10 +324,22 @@ void Node::finish() {
   finished_ = true;
   // Say bye, so that peers still finishing do not take our silence for a failure.
   sendToPeers(wire::bye(iteration_.load()), {}, false);
+  // Wait for the peers' byes, at most the van's linger (what closing would spend anyway): a peer
+  // that said bye reads nothing more, so what is still queued to it is dropped at close instead of
+  // lingered on. Otherwise the last rank out waits the whole linger on its byes to peers that
+  // already closed (8 ranks in one process: 0.7 s more per job end).
+  std::vector<bool> quiet;
+  {
+    std::unique_lock<std::mutex> lock(byeMutex_);
+    byeCv_.wait_for(lock, std::chrono::milliseconds(std::max(0, options_.van.lingerMs)), [&] {
+      return error_.failed() || std::count(saidBye_.begin(), saidBye_.end(), true) == book_.worldSize() - 1;
+    });
+    quiet = saidBye_;
+  }
   stopLoop_ = true;
   if (loop_.joinable()) loop_.join();
   pool_.reset();
-  van_->close();
+  van_->close(quiet);
 }
 
 }  // namespace poseidon

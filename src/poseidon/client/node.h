@@ -58,9 +58,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <exception>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -285,6 +287,11 @@ class Node : private SyncHost {
   bool begun_ = false;   // user thread only
   int64_t skipped_ = 0;  // user thread only
   bool finished_ = false;
+  // finish(): which peers said bye (the receive loop records them; finish() waits for them, then
+  // closes without lingering on messages to peers that read nothing more).
+  std::mutex byeMutex_;
+  std::condition_variable byeCv_;
+  std::vector<bool> saidBye_;
 };
 
 }  // namespace poseidon

@@ -77,7 +77,7 @@ Van::Van(zmq::context_t& ctx, const VanOptions& options)
 
 Van::~Van() { close(); }
 
-void Van::close() {
+void Van::close(const std::vector<bool>& quiet) {
   if (crypto_) crypto_->stop();  // hands over what is being encrypted (sendNow refuses once closed_ is set)
   if (closed_.exchange(true)) return;
   int linger = options_.lingerMs;
@@ -89,10 +89,11 @@ void Van::close() {
     linger = static_cast<int>(std::max<int64_t>(
         0, std::chrono::duration_cast<std::chrono::milliseconds>(stopBy - std::chrono::steady_clock::now()).count()));
   }
-  for (auto& p : peers_) {
+  for (size_t r = 0; r < peers_.size(); ++r) {
+    auto& p = peers_[r];
     if (!p || !p->socket) continue;
     std::lock_guard<std::mutex> lock(p->mutex);
-    p->socket->set(zmq::sockopt::linger, linger);
+    p->socket->set(zmq::sockopt::linger, r < quiet.size() && quiet[r] ? 0 : linger);
     p->socket->close();
   }
   std::lock_guard<std::mutex> lock(loopOutMutex_);

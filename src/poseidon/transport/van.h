@@ -135,8 +135,9 @@ class Van {
   // flood the log too.
   void rejected(const std::string& peer, const std::string& why);
 
-  // Closes all sockets (flushing for up to lingerMs). Idempotent.
-  void close();
+  // Closes all sockets (flushing for up to lingerMs). Idempotent. Messages still queued to a peer
+  // marked in `quiet` (one flag per rank; a peer known to read nothing more) are dropped at once.
+  void close(const std::vector<bool>& quiet = {});
 
   // The scheduling rank of a message (PriorityScheduler::priorityOf). Public for the tests.
   using Priority = PriorityScheduler::Priority;

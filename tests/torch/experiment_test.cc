@@ -1,6 +1,7 @@
 // `poseidon experiment implicit-momentum` (docs/omnivore.md): the fit is right where the answer is
 // known (one group: synchronous SGD, a = 0 and b = lr), and with four asynchronous groups most
-// updates land on a model that moved since their pull.
+// updates land on a model that moved since their pull. The exact race (--exact-race) gives the
+// theorem's staleness law and its heavy-ball trajectory.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -43,6 +44,40 @@ TEST(ImplicitMomentum, OneGroupFitsPlainSgdAndFourGroupsAreStale) {
   EXPECT_LT(four["fresh_share"].get<double>(), 0.6) << four.dump();
 }
 
+TEST(ImplicitMomentum, TheExactRaceFollowsTheHeavyBallTrajectory) {
+  TempDir dir;
+  auto p = testing::runCli(
+      {"experiment", "implicit-momentum", "--exact-race", "--groups", "1,4", "--workers", "4", "--steps", "8",
+       "--batch", "64", "--runs", "16", "--fit-sample", "256", "--bootstrap", "200", "--json", dir.path + "/race.json"},
+      dir.path + "/race");
+  ASSERT_EQ(p.exitCode(), 0) << p.stderrText();
+  std::ifstream f(dir.path + "/race.json");
+  auto j = nlohmann::json::parse(f);
+  EXPECT_EQ(j["mode"], "exact-race");
+  EXPECT_EQ(j["g"], nlohmann::json({1, 4}));
+  EXPECT_EQ(j["one_minus_inv_g"], nlohmann::json({0.0, 0.75}));
+  const auto& one = j["results"][0];
+  EXPECT_EQ(one["updates"], 8);
+  EXPECT_EQ(one["staleness_histogram"], nlohmann::json({{"0", 128}}));  // 8 turns x 16 runs, all fresh
+  // One group is plain SGD: no momentum, and its heavy-ball model (momentum 0) is SGD itself.
+  EXPECT_NEAR(one["a"].get<double>(), 0.0, 0.1) << one.dump();
+  EXPECT_DOUBLE_EQ(one["heavy_ball_error"].get<double>(), one["sgd_error"].get<double>());
+  const auto& four = j["results"][1];
+  EXPECT_EQ(four["updates"], 32);  // 8 turns per group on average, 32 in all
+  int64_t updates = 0;
+  for (const auto& [staleness, n] : four["staleness_histogram"].items()) updates += n.get<int64_t>();
+  EXPECT_EQ(updates, 32 * 16);
+  // The drawn order gives the geometric law: a fresh update with probability 1/4 (512 updates:
+  // standard error 0.02), whatever the machine's timing.
+  EXPECT_NEAR(four["fresh_share"].get<double>(), 0.25, 0.08) << four.dump();
+  // The mean of 16 runs is near the heavy ball's trajectory, far from SGD's, and the fitted a with
+  // its interval lands near 1 - 1/4.
+  EXPECT_LT(four["heavy_ball_error"].get<double>(), 0.5 * four["sgd_error"].get<double>()) << four.dump();
+  EXPECT_NEAR(four["a"].get<double>(), 0.75, 0.15) << four.dump();
+  EXPECT_LE(four["a_ci95"][0].get<double>(), four["a"].get<double>());
+  EXPECT_GE(four["a_ci95"][1].get<double>(), four["a"].get<double>());
+}
+
 TEST(ImplicitMomentum, BadFlagsAreOneLineErrors) {
   TempDir dir;
   auto p = testing::runCli({"experiment", "implicit-momentum", "--groups", "3", "--workers", "4"}, dir.path + "/a");
@@ -55,6 +90,12 @@ TEST(ImplicitMomentum, BadFlagsAreOneLineErrors) {
                            dir.path + "/c");
   EXPECT_NE(r.exitCode(), 0);
   EXPECT_THAT(r.stderrText(), HasSubstr("results file"));
+  auto s = testing::runCli({"experiment", "implicit-momentum", "--exact-race", "--fixed-times"}, dir.path + "/d");
+  EXPECT_EQ(s.exitCode(), 2);
+  EXPECT_THAT(s.stderrText(), HasSubstr("--fixed-times is the wall-clock mode's"));
+  auto t = testing::runCli({"experiment", "implicit-momentum", "--exact-race", "--runs", "1"}, dir.path + "/e");
+  EXPECT_EQ(t.exitCode(), 2);
+  EXPECT_THAT(t.stderrText(), HasSubstr("--exact-race needs --runs >= 2"));
 }
 
 }  // namespace

@@ -1,10 +1,10 @@
 // poseidon experiment: measurements of the algorithms themselves (as opposed to
 // `poseidon bench`, which measures throughput). One so far:
 //
-//   implicit-momentum  Omnivore's Fig. 6 method: train with explicit momentum 0
-//                      in g asynchronous compute groups, fit
-//                      V(t+1) = a V(t) - b grad(W(t)) on the recorded updates,
-//                      and print a next to Theorem 1's 1 - 1/g.
+//   implicit-momentum  Omnivore's Theorem 1: train with explicit momentum 0 in g
+//                      asynchronous compute groups and compare the expected
+//                      update with momentum SGD at 1 - 1/g; --exact-race
+//                      imposes the theorem's assumptions (torch/experiments.h).
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -64,8 +64,40 @@ nlohmann::json resultJson(int g, const pt::ImplicitMomentumResult& r) {
           {"a_iv", r.aIv},
           {"b_iv", r.bIv},
           {"mean_staleness", r.meanStaleness},
+          {"staleness_a", r.stalenessA},
           {"fresh_share", r.freshShare},
           {"staleness_histogram", hist}};
+}
+
+// The exact race's fit and trajectory comparison, added to its result.
+void addRaceJson(const pt::ImplicitMomentumResult& r, nlohmann::json& j) {
+  j["a"] = r.aConstrained;
+  j["a_ci95"] = {r.aCi95[0], r.aCi95[1]};
+  j["b"] = r.lr * (1 - r.aConstrained);
+  j["lr"] = r.lr;
+  j["lambda_max"] = r.lambdaMax;
+  j["heavy_ball_error"] = r.heavyBallError;
+  j["sgd_error"] = r.sgdError;
+  j["trajectory_noise"] = r.noise;
+  for (const char* key : {"r2", "a_iv", "b_iv"}) j.erase(key);
+}
+
+// The summary's columns, one entry per group count: g, a, its interval (null in the wall-clock
+// mode, which has none), 1 - 1/g and the mean staleness's m / (1 + m).
+nlohmann::json columns(const nlohmann::json& results) {
+  nlohmann::json out = {{"g", nlohmann::json::array()},
+                        {"a", nlohmann::json::array()},
+                        {"a_ci95", nlohmann::json::array()},
+                        {"one_minus_inv_g", nlohmann::json::array()},
+                        {"staleness_a", nlohmann::json::array()}};
+  for (const auto& r : results) {
+    out["g"].push_back(r["groups"]);
+    out["a"].push_back(r["a"]);
+    out["a_ci95"].push_back(r.contains("a_ci95") ? r["a_ci95"] : nlohmann::json());
+    out["one_minus_inv_g"].push_back(r["predicted_a"]);
+    out["staleness_a"].push_back(r["staleness_a"]);
+  }
+  return out;
 }
 
 // The results file: the experiment's settings and each group count's fit.
@@ -74,84 +106,160 @@ void writeResults(const std::string& jsonPath, const pt::ImplicitMomentumOptions
                         {"workers", o.workers},
                         {"steps", o.steps},
                         {"batch", o.batch},
-                        {"lr", o.lr},
+                        {"lr", results.empty() || !o.exactRace ? nlohmann::json(o.lr) : results[0]["lr"]},
                         {"step_ms", o.stepMs},
-                        {"step_times", o.exponential ? "exponential" : "fixed"},
+                        {"mode", o.exactRace ? "exact-race" : "wall-clock"},
+                        {"problem", o.exactRace ? "least-squares" : "softmax-regression"},
+                        {"step_times", o.exactRace     ? "exponential race (drawn order)"
+                                       : o.exponential ? "exponential"
+                                                       : "fixed"},
                         {"seed", o.seed},
                         {"runs", o.runs},
                         {"burn_in", o.burnIn},
                         {"results", results}};
+  out.update(columns(results));
   writeFileAtomically(jsonPath, out.dump(2) + "\n", "the results file");
   std::printf("results written to %s\n", jsonPath.c_str());
 }
 
-int implicitMomentum(const std::vector<std::string>& args) {
+const char* kImplicitMomentumHelp =
+    "Measures the momentum that asynchrony adds (Omnivore, section IV-C, Theorem 1, Fig. 6). For each\n"
+    "G in --groups it trains a linear model on Fashion-MNIST with explicit momentum 0 in G asynchronous\n"
+    "compute groups (--workers real nodes on loopback, one thread each; the shards hold the model and\n"
+    "apply every group's update), records the model after every update, and compares the expected\n"
+    "update with Theorem 1's momentum SGD, E V(t+1) = (1 - 1/G) E V(t) - (lr/G) E grad(W(t)),\n"
+    "V(t+1) = W(t+1) - W(t). The expectations come from --runs independent runs (same initial model, own\n"
+    "batches and step order) averaged.\n"
+    "\n"
+    "--exact-race imposes the theorem's assumptions: the groups' step times are i.i.d. exponential, so\n"
+    "the next group to push is uniform over the groups and independent of the past; that order is drawn\n"
+    "and each push (and the pull after it) is gated to it, with no clock involved. The problem is least\n"
+    "squares on one-hot targets (a linear gradient, so E grad(W) = grad(E W)): the mean trajectory must\n"
+    "be the heavy-ball trajectory (momentum 1 - 1/G, rate lr/G), and the experiment reports its distance\n"
+    "from it and from plain SGD (both relative to how far the model moves; 'noise' is the mean's standard\n"
+    "error on that scale), and a from E V(t+1) + lr grad(W(t)) = a (E V(t) + lr grad(W(t))), i.e. with\n"
+    "b = lr (1 - a), with a bootstrap 95% interval over the runs. Defaults there: 128 runs, 16 turns per\n"
+    "group, lr = 0.5 / the Hessian's largest eigenvalue.\n"
+    "\n"
+    "Without it (the wall-clock control): softmax regression, each step padded to an exponential time\n"
+    "(mean --step-ms), and V(t+1) = a V(t) - b grad(W(t)) fitted by least squares (a) and with\n"
+    "grad(W(t-1)) as the instrument for V(t) (a_iv); the first --burn-in updates are left out.\n"
+    "Both print the staleness: m/(1+m) of its mean m is 1 - 1/G under the theorem's geometric law,\n"
+    "P(tau = j) = (1/G)(1 - 1/G)^j, and P0 (the share of fresh updates) is 1/G.";
+
+struct ImplicitMomentumFlags {
   pt::ImplicitMomentumOptions o;
-  std::string groupsFlag = "1,2,4,8", jsonPath;
+  std::vector<int> groups;
+  std::string jsonPath;
+};
+
+// The flags; false when --help was asked for (and printed).
+bool parseImplicitMomentum(const std::vector<std::string>& args, ImplicitMomentumFlags& f) {
+  pt::ImplicitMomentumOptions& o = f.o;
+  std::string groupsFlag = "1,2,4,8";
   bool fixedTimes = false;
   int64_t seed = static_cast<int64_t>(o.seed);
-  FlagSet flags("experiment implicit-momentum", "poseidon experiment implicit-momentum [flags]",
-                "Measures the momentum that asynchrony adds (Omnivore, section IV-C, Theorem 1, Fig. 6). For each\n"
-                "G in --groups it trains softmax regression on Fashion-MNIST with explicit momentum 0 in G\n"
-                "asynchronous compute groups (--workers real nodes on loopback, one thread each; the shards hold\n"
-                "the model and apply every group's update), records the model after every update, and fits\n"
-                "V(t+1) = a V(t) - b grad(W(t)) by least squares, V(t+1) = W(t+1) - W(t), grad at W(t) over a\n"
-                "fixed sample. Theorem 1 predicts a = 1 - 1/G and b = lr/G when step times are exponentially\n"
-                "distributed; each step is padded to such a time (mean --step-ms). Prints a next to 1 - 1/G with\n"
-                "the measured staleness of the updates. The expectations come from --runs independent runs\n"
-                "(same initial model, own batches and step times) averaged; the first --burn-in updates are left\n"
-                "out. a_iv is the same fit with grad(W(t-1)) as the instrument for V(t): unlike least squares it\n"
-                "is not pulled towards 0 by the noise the runs leave in V(t). P0 is the share of updates with\n"
-                "staleness 0: Theorem 1's staleness law is geometric, P(tau = j) = (1/G)(1 - 1/G)^j, so P0 = 1/G\n"
-                "where it holds.");
+  FlagSet flags("experiment implicit-momentum", "poseidon experiment implicit-momentum [flags]", kImplicitMomentumHelp);
   flags.addString("groups", &groupsFlag, "comma-separated group counts; each must divide --workers", "LIST");
   flags.addInt("workers", &o.workers, "workers (threads, each a node with a shard)", "N", IntRange::closed(1, 64));
-  flags.addInt64("steps", &o.steps, "steps per group", "N", IntRange::closed(3, 1000000));
+  flags.addInt64("steps", &o.steps, "steps per group (default 40; the exact race: 16, G x N turns in all)", "N",
+                 IntRange::closed(3, 1000000));
   flags.addInt64("batch", &o.batch, "per-worker batch size", "K", IntRange::closed(1, kMaxBatch));
-  flags.addDouble("lr", &o.lr, "learning rate eta", "LR", RealRange::above(0));
-  flags.addDouble("step-ms", &o.stepMs, "mean padded step time in milliseconds", "MS", RealRange::above(0));
+  flags.addDouble("lr", &o.lr, "learning rate eta (default 0.05; the exact race: --lr-curvature / lambda_max)", "LR",
+                  RealRange::above(0));
+  flags.addBool("exact-race", &o.exactRace, "impose the exponential race's order on least squares (above)");
+  flags.addDouble("lr-curvature", &o.lrCurvature,
+                  "the exact race's default rate times the Hessian's largest eigenvalue", "C", RealRange::above(0));
+  flags.addInt("bootstrap", &o.bootstrap, "resamples of the runs for a's 95% interval (exact race)", "B",
+               IntRange::closed(1, 1000000));
+  flags.addDouble("step-ms", &o.stepMs, "mean padded step time in milliseconds (wall clock)", "MS",
+                  RealRange::above(0));
   flags.addBool("fixed-times", &fixedTimes, "every step takes --step-ms (not exponential: breaks Theorem 1's assumption)");
-  flags.addInt("runs", &o.runs, "independent runs averaged into the expected updates", "R", IntRange::closed(1, 1000));
-  flags.addInt64("burn-in", &o.burnIn, "updates left out of the fit at the start (the groups start together)", "N",
+  flags.addInt("runs", &o.runs, "independent runs averaged into the expected updates (default 16; exact race 128)", "R",
+               IntRange::closed(1, 100000));
+  flags.addInt64("burn-in", &o.burnIn,
+                 "updates left out of the wall-clock fit at the start (the groups start together)", "N",
                  IntRange::atLeast(0));
-  flags.addInt64("fit-sample", &o.fitSample, "training images the full gradient at W(t) is taken over", "N",
-                 IntRange::closed(1, 60000));
+  flags.addInt64("fit-sample", &o.fitSample, "training images the batches are drawn from and the full gradient is over",
+                 "N", IntRange::closed(1, 60000));
   flags.addInt64("seed", &seed, "seed of the initial model, the batches and the step times", "S", IntRange::atLeast(0));
   flags.addString("data", &o.dataDir, "Fashion-MNIST directory (default: /usr/share/datasets/fashion-mnist)", "DIR");
   flags.addInt("timeout", &o.timeoutMs, "timeout of every distributed wait, in milliseconds", "MS", IntRange::atLeast(1));
-  flags.addString("json", &jsonPath, "write the results as JSON to FILE", "FILE");
+  flags.addString("json", &f.jsonPath, "write the results as JSON to FILE", "FILE");
   flags.parse(args);
   if (flags.helpRequested()) {
     std::cout << flags.helpText();
-    return 0;
+    return false;
   }
+  if (fixedTimes && o.exactRace)
+    throw InvalidArgument("--fixed-times is the wall-clock mode's; --exact-race draws the order");
   o.exponential = !fixedTimes;
   o.seed = static_cast<uint64_t>(seed);
-  const std::vector<int> groups = parseGroups(groupsFlag);
-  for (int g : groups) {
+  if (o.exactRace && !flags.wasSet("runs")) o.runs = 128;
+  if (o.exactRace && !flags.wasSet("steps")) o.steps = 16;
+  if (o.exactRace && !flags.wasSet("lr")) o.lr = 0;  // from the curvature
+  if (o.exactRace && o.runs < 2) throw InvalidArgument("--exact-race needs --runs >= 2 (its interval resamples them)");
+  f.groups = parseGroups(groupsFlag);
+  for (int g : f.groups) {
     if (o.workers % g != 0) throw InvalidArgument(strCat("--groups ", g, " does not divide --workers ", o.workers));
   }
-  if (!jsonPath.empty()) writeFileAtomically(jsonPath, "{}\n", "the results file");  // fail now, not after the runs
+  return true;
+}
 
-  std::printf("implicit momentum: softmax regression, %d workers, %lld steps per group, batch %lld, lr %g, "
-              "momentum 0, %s step times (mean %g ms), %d runs averaged, burn-in %lld\n",
-              o.workers, static_cast<long long>(o.steps), static_cast<long long>(o.batch), o.lr,
-              o.exponential ? "exponential" : "fixed", o.stepMs, o.runs, static_cast<long long>(o.burnIn));
-  std::printf("%6s %8s %10s %8s %8s %8s %10s %10s %6s %6s %6s  %s\n", "groups", "updates", "staleness", "1-1/g", "a",
-              "a_iv", "b", "lr/g", "R^2", "P0", "1/g", "staleness histogram (staleness:updates, all runs)");
+void printHeader(const pt::ImplicitMomentumOptions& o) {
+  if (o.exactRace) {
+    std::printf(
+        "implicit momentum, exact race: least squares, %d workers, %lld turns per group, batch %lld, "
+        "momentum 0, the next group to push drawn uniformly, %d runs averaged\n",
+        o.workers, static_cast<long long>(o.steps), static_cast<long long>(o.batch), o.runs);
+    std::printf("%6s %8s %10s %8s %8s %8s %17s %8s %8s %8s %6s %6s  %s\n", "groups", "updates", "staleness", "m/(1+m)",
+                "1-1/g", "a", "a 95% interval", "HB err", "SGD err", "noise", "P0", "1/g",
+                "staleness histogram (staleness:updates, all runs)");
+  } else {
+    std::printf(
+        "implicit momentum: softmax regression, %d workers, %lld steps per group, batch %lld, lr %g, "
+        "momentum 0, %s step times (mean %g ms), %d runs averaged, burn-in %lld\n",
+        o.workers, static_cast<long long>(o.steps), static_cast<long long>(o.batch), o.lr,
+        o.exponential ? "exponential" : "fixed", o.stepMs, o.runs, static_cast<long long>(o.burnIn));
+    std::printf("%6s %8s %10s %8s %8s %8s %8s %10s %10s %6s %6s %6s  %s\n", "groups", "updates", "staleness", "m/(1+m)",
+                "1-1/g", "a", "a_iv", "b", "lr/g", "R^2", "P0", "1/g",
+                "staleness histogram (staleness:updates, all runs)");
+  }
   std::fflush(stdout);
+}
+
+void printRow(const pt::ImplicitMomentumOptions& o, const pt::ImplicitMomentumResult& r) {
+  const int g = r.groups;
+  if (o.exactRace) {
+    std::printf("%6d %8lld %10.2f %8.3f %8.3f %8.3f   [%6.3f, %6.3f] %8.4f %8.4f %8.4f %6.3f %6.3f  %s\n", g,
+                static_cast<long long>(r.updates), r.meanStaleness, r.stalenessA, r.predictedA, r.aConstrained,
+                r.aCi95[0], r.aCi95[1], r.heavyBallError, r.sgdError, r.noise, r.freshShare, 1.0 / g,
+                histogramText(r.staleness).c_str());
+  } else {
+    std::printf("%6d %8lld %10.2f %8.3f %8.3f %8.3f %8.3f %10.3g %10.3g %6.3f %6.3f %6.3f  %s\n", g,
+                static_cast<long long>(r.updates), r.meanStaleness, r.stalenessA, r.predictedA, r.a, r.aIv, r.b,
+                r.predictedB, r.r2, r.freshShare, 1.0 / g, histogramText(r.staleness).c_str());
+  }
+  std::fflush(stdout);
+}
+
+int implicitMomentum(const std::vector<std::string>& args) {
+  ImplicitMomentumFlags f;
+  if (!parseImplicitMomentum(args, f)) return 0;
+  pt::ImplicitMomentumOptions& o = f.o;
+  if (!f.jsonPath.empty()) writeFileAtomically(f.jsonPath, "{}\n", "the results file");  // fail now, not after the runs
+  printHeader(o);
   nlohmann::json results = nlohmann::json::array();
-  for (int g : groups) {
+  for (int g : f.groups) {
     o.groups = g;
     pt::ImplicitMomentumResult r = pt::measureImplicitMomentum(o);
-    std::printf("%6d %8lld %10.2f %8.3f %8.3f %8.3f %10.3g %10.3g %6.3f %6.3f %6.3f  %s\n", g,
-                static_cast<long long>(r.updates), r.meanStaleness, r.predictedA, r.a, r.aIv,
-                r.b, r.predictedB, r.r2, r.freshShare, 1.0 / g,
-                histogramText(r.staleness).c_str());
-    std::fflush(stdout);
+    printRow(o, r);
     results.push_back(resultJson(g, r));
+    if (o.exactRace) addRaceJson(r, results.back());
   }
-  if (!jsonPath.empty()) writeResults(jsonPath, o, results);
+  if (o.exactRace && !results.empty())
+    std::printf("lr %g (lambda_max %g)\n", results[0]["lr"].get<double>(), results[0]["lambda_max"].get<double>());
+  if (!f.jsonPath.empty()) writeResults(f.jsonPath, o, results);
   return 0;
 }
 

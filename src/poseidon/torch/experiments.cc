@@ -2,6 +2,9 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <future>
 #include <mutex>
@@ -33,6 +36,72 @@ class Latch {
   int left_;
 };
 
+// The exponential race, imposed. Groups whose step times are i.i.d. exponential finish in a
+// memoryless order: the next group to push is uniform over the groups, independent of the past.
+// The turnstile draws that order and lets one group at a time take its turn (push its update,
+// pull the model its next one is computed on); the others wait. Every wait is bounded by the
+// run's timeout, and a worker that fails wakes the others with its error.
+class RaceTurnstile {
+ public:
+  RaceTurnstile(int groups, int members, int64_t turns, uint64_t seed, std::chrono::milliseconds timeout)
+      : groups_(groups),
+        members_(members),
+        turnsLeft_(turns),
+        waitingToStart_(groups * members),
+        rng_(seed),
+        timeout_(timeout) {}
+
+  // Every worker pulled W(0): the race starts once all have (they all start on W(0) together).
+  void started() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (--waitingToStart_ == 0) drawLocked();
+  }
+
+  // Blocks until `group` has a turn that this member has not taken yet (`taken`: the number of the
+  // member's last turn, updated); false once every turn is taken.
+  bool await(int group, int64_t& taken) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const bool ready = cv_.wait_for(lock, timeout_, [&] {
+      return !error_.empty() || turnsLeft_ < 0 || (waitingToStart_ == 0 && turn_ == group && number_ > taken);
+    });
+    if (!error_.empty()) throw Error(error_);
+    if (!ready) throw Error(strCat("exact race: group ", group, " waited for its turn longer than the timeout"));
+    taken = number_;
+    return turnsLeft_ >= 0;
+  }
+
+  // A member's turn is done; the last of the group's members draws the next group.
+  void done() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (++finished_ == members_) drawLocked();
+  }
+
+  void fail(const std::string& what) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (error_.empty()) error_ = what;
+    cv_.notify_all();
+  }
+
+ private:
+  void drawLocked() {
+    finished_ = 0;
+    --turnsLeft_;  // -1: the race is over
+    ++number_;
+    turn_ = std::uniform_int_distribution<int>(0, groups_ - 1)(rng_);
+    cv_.notify_all();
+  }
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  const int groups_, members_;
+  int64_t turnsLeft_;
+  int waitingToStart_, finished_ = 0, turn_ = -1;
+  int64_t number_ = 0;  // of the current turn
+  std::mt19937_64 rng_;
+  std::chrono::milliseconds timeout_;
+  std::string error_;
+};
+
 torch::Tensor imagesOf(const data::Dataset& d, const std::vector<int64_t>& idx) {
   const int64_t px = static_cast<int64_t>(d.rows) * d.cols;
   torch::Tensor x = torch::empty({static_cast<int64_t>(idx.size()), px});
@@ -51,25 +120,21 @@ struct WorkerResult {
   std::map<int64_t, int64_t> staleness;
 };
 
-// What every run shares: the options, the data and the initial softmax regression.
+// What every run shares: the options, the data and the initial linear model (softmax regression in
+// the wall-clock mode, least squares in the exact race: the same 784 x 10 layer).
 struct Setup {
+  Setup(const ImplicitMomentumOptions& options, const data::Dataset& data) : o(options), train(data) {}
   const ImplicitMomentumOptions& o;
   const data::Dataset& train;
   int64_t classes = 10, inputs = 0;
   torch::nn::Linear init{nullptr};
+  // The exact race: the fit's sample, its one-hot targets and the rate.
+  torch::Tensor sample, targets;
+  double lr = 0;
 };
 
-// One worker of run `run`: a real node in compute-group mode, training the shared initial model on
-// the fit's sample with padded step times.
-WorkerResult runWorker(const Setup& setup, int rank, int run, int port, Latch& ready) {
-  const ImplicitMomentumOptions& o = setup.o;
-  WorkerResult out;
-  torch::nn::Linear net(setup.inputs, setup.classes);
-  {
-    torch::NoGradGuard guard;
-    net->weight.copy_(setup.init->weight);
-    net->bias.copy_(setup.init->bias);
-  }
+// A worker's node: compute-group mode, explicit momentum 0, the shards' rate `lr`.
+DistributedOptions workerOptions(const ImplicitMomentumOptions& o, int rank, int port, double lr) {
   DistributedOptions d;
   d.node.rank = rank;
   d.node.worldSize = o.workers;
@@ -79,8 +144,25 @@ WorkerResult runWorker(const Setup& setup, int rank, int run, int port, Latch& r
   d.node.settings.batch = o.batch;
   d.node.settings.groups = o.groups;
   d.node.settings.momentum = 0;
-  d.learningRate = static_cast<float>(o.lr);
-  DistributedModel dist(net, "softmax", d);
+  d.learningRate = static_cast<float>(lr);
+  return d;
+}
+
+torch::nn::Linear copyOfInit(const Setup& setup) {
+  torch::nn::Linear net(setup.inputs, setup.classes);
+  torch::NoGradGuard guard;
+  net->weight.copy_(setup.init->weight);
+  net->bias.copy_(setup.init->bias);
+  return net;
+}
+
+// One worker of run `run` in the wall-clock mode: a real node in compute-group mode, training the
+// shared initial model on the fit's sample with padded step times.
+WorkerResult runWorker(const Setup& setup, int rank, int run, int port, Latch& ready) {
+  const ImplicitMomentumOptions& o = setup.o;
+  WorkerResult out;
+  torch::nn::Linear net = copyOfInit(setup);
+  DistributedModel dist(net, "softmax", workerOptions(o, rank, port, o.lr));
   const bool recorder = dist.node().recordModelUpdates(0, 0);
   ready.arriveAndWait();
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(o.lr));
@@ -110,14 +192,66 @@ WorkerResult runWorker(const Setup& setup, int rank, int run, int port, Latch& r
   return out;
 }
 
+// One worker of run `run` in the exact race: least squares on one-hot targets (a linear gradient),
+// batches uniform with replacement from the fit's sample, one turn at a time. A turn is the
+// group's push of the gradient it computed on the model of its last pull, then the pull of the
+// next model (which the shard answers only once this push is applied, and which no other group's
+// push can precede: they wait for the turn).
+WorkerResult runRaceWorker(const Setup& setup, int rank, int run, int port, Latch& ready, RaceTurnstile& race) {
+  const ImplicitMomentumOptions& o = setup.o;
+  WorkerResult out;
+  try {
+    torch::nn::Linear net = copyOfInit(setup);
+    DistributedModel dist(net, "least-squares", workerOptions(o, rank, port, setup.lr));
+    const bool recorder = dist.node().recordModelUpdates(0, 0);
+    ready.arriveAndWait();
+    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(setup.lr));
+    const int group = rank / (o.workers / o.groups);
+    std::mt19937_64 dataRng((o.seed + 1000003ull * static_cast<uint64_t>(run)) * 104729 + static_cast<uint64_t>(rank));
+    std::uniform_int_distribution<int64_t> pick(0, setup.sample.size(0) - 1);
+    auto nextLoss = [&] {  // pulls the round's model (forward), then the batch's loss on it
+      torch::Tensor idx = torch::empty({o.batch}, torch::kLong);
+      for (int64_t i = 0; i < o.batch; ++i) idx.data_ptr<int64_t>()[i] = pick(dataRng);
+      torch::Tensor err = dist.forward(setup.sample.index_select(0, idx)) - setup.targets.index_select(0, idx);
+      return err.pow(2).sum(1).mean().mul(0.5);
+    };
+    torch::Tensor loss = nextLoss();  // on W(0), as every group starts
+    race.started();
+    int64_t taken = 0;
+    while (race.await(group, taken)) {
+      opt.zero_grad();
+      loss.backward();
+      dist.step(opt);
+      loss = nextLoss();
+      race.done();
+    }
+    dist.finish();
+    if (recorder) out.recorded = dist.node().recordedModel();
+    out.staleness = dist.node().stalenessHistogram();
+  } catch (const std::exception& e) {
+    race.fail(e.what());
+    throw;
+  }
+  return out;
+}
+
 // One run: every worker a thread with a real node; returns the recorded W(0), W(1), ... of the
-// whole model (softmax regression has one layer: one pair holds it) and adds the staleness.
+// whole model (one layer: one pair holds it) and adds the staleness.
 std::vector<std::vector<float>> runOnce(const Setup& setup, int run, std::map<int64_t, int64_t>& staleness) {
+  const ImplicitMomentumOptions& o = setup.o;
   const int port = freePort("127.0.0.1");
-  Latch ready(setup.o.workers);
+  Latch ready(o.workers);
+  const uint64_t raceSeed = (o.seed + 1000003ull * static_cast<uint64_t>(run)) * 15485863ull;
+  RaceTurnstile race(o.groups, o.workers / o.groups, o.steps * o.groups, raceSeed,
+                     std::chrono::milliseconds(o.timeoutMs));
   std::vector<std::future<WorkerResult>> futures;
-  for (int r = 0; r < setup.o.workers; ++r) {
-    futures.push_back(std::async(std::launch::async, runWorker, std::cref(setup), r, run, port, std::ref(ready)));
+  for (int r = 0; r < o.workers; ++r) {
+    if (o.exactRace) {
+      futures.push_back(std::async(std::launch::async, runRaceWorker, std::cref(setup), r, run, port, std::ref(ready),
+                                   std::ref(race)));
+    } else {
+      futures.push_back(std::async(std::launch::async, runWorker, std::cref(setup), r, run, port, std::ref(ready)));
+    }
   }
   std::vector<std::vector<float>> w;
   for (auto& f : futures) {
@@ -137,6 +271,7 @@ void summarizeStaleness(ImplicitMomentumResult& result) {
     weighted += static_cast<double>(st) * static_cast<double>(n);
   }
   result.meanStaleness = updates > 0 ? weighted / updates : 0;
+  result.stalenessA = result.meanStaleness / (1 + result.meanStaleness);
   // Theorem 1 rests on a geometric staleness law, P(tau = j) = (1/g)(1 - 1/g)^j (exponential step
   // times: an update is fresh with probability 1/g). The mean, g - 1, holds for any steady
   // round-robin; P(tau = 0) tells whether the law itself holds.
@@ -227,6 +362,192 @@ void solveFit(const FitSums& f, ImplicitMomentumResult& result) {
   }
 }
 
+// Least squares in the [classes, inputs + 1] layout (a class's weights and its bias in one row):
+// grad(W) = W H - C with H = [x 1]^T [x 1] / N and C = Y^T [x 1] / N over the fit's sample.
+struct LeastSquares {
+  torch::Tensor h, c;  // float64
+  int64_t classes = 0, inputs = 0;
+
+  LeastSquares(const torch::Tensor& sample, const torch::Tensor& targets) {
+    classes = targets.size(1);
+    inputs = sample.size(1);
+    const double rows = static_cast<double>(sample.size(0));
+    torch::Tensor x = torch::cat({sample, torch::ones({sample.size(0), 1})}, 1).to(torch::kFloat64);
+    h = torch::mm(x.t(), x).div(rows);
+    c = torch::mm(targets.to(torch::kFloat64).t(), x).div(rows);
+  }
+
+  // The recorded flat models (weight row-major, then bias) as [T, classes, inputs + 1].
+  torch::Tensor layout(std::vector<std::vector<float>>& w) const {
+    const int64_t n = classes * (inputs + 1);
+    torch::Tensor out = torch::empty({static_cast<int64_t>(w.size()), classes, inputs + 1}, torch::kFloat64);
+    for (size_t t = 0; t < w.size(); ++t) {
+      torch::Tensor flat = torch::from_blob(w[t].data(), {n}, torch::kFloat32).to(torch::kFloat64);
+      out[static_cast<int64_t>(t)]
+          .narrow(1, 0, inputs)
+          .copy_(flat.narrow(0, 0, classes * inputs).view({classes, inputs}));
+      out[static_cast<int64_t>(t)].select(1, inputs).copy_(flat.narrow(0, classes * inputs, classes));
+    }
+    return out;
+  }
+
+  torch::Tensor grad(const torch::Tensor& w) const { return torch::matmul(w, h) - c; }
+
+  // The largest eigenvalue of H (power iteration; H is symmetric positive semi-definite).
+  double lambdaMax() const {
+    torch::Tensor v = torch::ones({h.size(0)}, torch::kFloat64);
+    double lambda = 0;
+    for (int i = 0; i < 1000; ++i) {
+      torch::Tensor next = torch::mv(h, v);
+      const double norm = next.norm().item<double>();
+      if (!(norm > 0)) break;
+      const bool settled = std::abs(norm - lambda) <= 1e-12 * norm;
+      lambda = norm;
+      v = next.div(norm);
+      if (settled) break;
+    }
+    return lambda;
+  }
+};
+
+// What the exact race keeps of its runs: per run the rows X_r(t) = V(t) + lr grad(W(t)) and
+// Y_r(t) = V(t+1) + lr grad(W(t)), t = 1 .. T-1 (the fit's regressor and response; theorem:
+// E Y = (1 - 1/g) E X), and the sums for the mean trajectory and its spread.
+struct RaceSums {
+  torch::Tensor x, y;        // [runs, (T - 1) * D] float32
+  torch::Tensor sumW;        // [T + 1, classes, inputs + 1] float64
+  torch::Tensor sumSquares;  // [T + 1] float64: sum over runs of |W_r(t)|^2
+  torch::Tensor w0;          // W(0), the same in every run
+  int runs = 0;
+  size_t total = 0;  // runs to come (the rows of x and y)
+
+  void add(const LeastSquares& ls, double lr, int run, std::vector<std::vector<float>>& recorded) {
+    torch::Tensor w = ls.layout(recorded);
+    const int64_t t = w.size(0) - 1;                           // updates
+    torch::Tensor v = w.narrow(0, 1, t) - w.narrow(0, 0, t);   // V(1) .. V(T)
+    torch::Tensor g = ls.grad(w.narrow(0, 1, t - 1)).mul(lr);  // lr grad(W(1)) .. lr grad(W(T-1))
+    torch::Tensor xr = (v.narrow(0, 0, t - 1) + g).flatten();
+    torch::Tensor yr = (v.narrow(0, 1, t - 1) + g).flatten();
+    if (!x.defined()) {
+      x = torch::empty({static_cast<int64_t>(total), xr.numel()}, torch::kFloat32);
+      y = torch::empty_like(x);
+      sumW = torch::zeros_like(w);
+      sumSquares = torch::zeros({t + 1}, torch::kFloat64);
+      w0 = w[0].clone();
+    }
+    if (xr.numel() != x.size(1)) throw Error("the runs recorded different numbers of updates");
+    x[run].copy_(xr);
+    y[run].copy_(yr);
+    sumW.add_(w);
+    sumSquares.add_(w.pow(2).sum({1, 2}));
+    ++runs;
+  }
+};
+
+// sum_ij M_ij over column chunks of a [runs, D] float32 pair, in float64: the Gram matrix a^T b.
+torch::Tensor gram(const torch::Tensor& a, const torch::Tensor& b) {
+  torch::Tensor out = torch::zeros({a.size(0), b.size(0)}, torch::kFloat64);
+  const int64_t chunk = int64_t{1} << 16;
+  for (int64_t at = 0; at < a.size(1); at += chunk) {
+    const int64_t len = std::min(chunk, a.size(1) - at);
+    out.add_(torch::mm(a.narrow(1, at, len), b.narrow(1, at, len).t()).to(torch::kFloat64));
+  }
+  return out;
+}
+
+// The fit of the one unknown, a = sum_t <E X, E Y> / sum_t |E X|^2, and its 95% interval from
+// resampling the runs. The inner products of the expectations are estimated from pairs of
+// different runs, sum_{r != s} <X_r, Y_s> / (R (R - 1)), which is unbiased: the mean's own
+// <X_mean, X_mean> would add the runs' variance / R to the denominator and pull a towards 0 (the
+// noise in a regressor). With resampled counts w the same sums are w^T M w - sum_r w_r^2 M_rr
+// (a run drawn twice is still one run).
+double pairRatio(const torch::Tensor& mxy, const torch::Tensor& mxx, const torch::Tensor& w) {
+  auto offDiagonal = [&](const torch::Tensor& m) {
+    return torch::dot(w, torch::mv(m, w)).item<double>() - torch::dot(w.pow(2), m.diagonal()).item<double>();
+  };
+  const double xx = offDiagonal(mxx);
+  return xx > 0 ? offDiagonal(mxy) / xx : std::nan("");
+}
+
+void fitConstrained(const RaceSums& sums, const ImplicitMomentumOptions& o, ImplicitMomentumResult& result) {
+  const torch::Tensor mxx = gram(sums.x, sums.x), mxy = gram(sums.x, sums.y);
+  result.aConstrained = pairRatio(mxy, mxx, torch::ones({sums.runs}, torch::kFloat64));
+  if (!std::isfinite(result.aConstrained)) {
+    throw Error("the implicit-momentum fit is degenerate (the mean trajectory did not move)");
+  }
+  std::mt19937_64 rng(o.seed * 2654435761ull + static_cast<uint64_t>(o.groups));
+  std::uniform_int_distribution<int> pick(0, sums.runs - 1);
+  std::vector<double> as;
+  for (int b = 0; b < o.bootstrap; ++b) {
+    torch::Tensor w = torch::zeros({sums.runs}, torch::kFloat64);
+    for (int i = 0; i < sums.runs; ++i) w.data_ptr<double>()[pick(rng)] += 1;
+    const double a = pairRatio(mxy, mxx, w);
+    if (std::isfinite(a)) as.push_back(a);
+  }
+  if (as.empty()) return;
+  std::sort(as.begin(), as.end());
+  auto quantile = [&](double q) { return as[static_cast<size_t>(q * static_cast<double>(as.size() - 1) + 0.5)]; };
+  result.aCi95[0] = quantile(0.025);
+  result.aCi95[1] = quantile(0.975);
+}
+
+// The mean trajectory against the deterministic models: heavy ball with momentum 1 - 1/g and rate
+// lr/g, started with V(0) = -lr grad(W(0)) (the first update is always fresh, so V(1) = -lr
+// grad(W(0)) as in the race), and plain SGD at lr. With a linear gradient the race's mean must be
+// the heavy ball's trajectory up to the runs' noise.
+void compareTrajectories(const RaceSums& sums, const LeastSquares& ls, double lr, int g,
+                         ImplicitMomentumResult& result) {
+  const int64_t steps = sums.sumW.size(0);
+  const double runs = static_cast<double>(sums.runs), q = 1.0 - 1.0 / g;
+  torch::Tensor mean = sums.sumW.div(runs);
+  torch::Tensor hb = sums.w0.clone(), sgd = sums.w0.clone();
+  torch::Tensor velocity = ls.grad(sums.w0).mul(-lr);
+  double scale = 0, hbError = 0, sgdError = 0, noise = 0;
+  for (int64_t t = 0; t < steps; ++t) {
+    if (t > 0) {
+      velocity = velocity.mul(q) - ls.grad(hb).mul(lr * (1 - q));
+      hb = hb + velocity;
+      sgd = sgd - ls.grad(sgd).mul(lr);
+    }
+    scale = std::max(scale, (hb - sums.w0).norm().item<double>());
+    hbError = std::max(hbError, (mean[t] - hb).norm().item<double>());
+    sgdError = std::max(sgdError, (mean[t] - sgd).norm().item<double>());
+    if (sums.runs > 1) {
+      const double spread = sums.sumSquares[t].item<double>() - runs * mean[t].pow(2).sum().item<double>();
+      noise = std::max(noise, std::sqrt(std::max(0.0, spread) / (runs * (runs - 1))));
+    }
+  }
+  if (!(scale > 0)) return;
+  result.heavyBallError = hbError / scale;
+  result.sgdError = sgdError / scale;
+  result.noise = noise / scale;
+}
+
+// The exact race: the runs, then the fit and the comparison on their mean.
+void measureExactRace(Setup& setup, ImplicitMomentumResult& result) {
+  const ImplicitMomentumOptions& o = setup.o;
+  const int64_t rows = std::min<int64_t>(o.fitSample, setup.train.count);
+  std::vector<int64_t> idx(static_cast<size_t>(rows));
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int64_t>(i);
+  setup.sample = imagesOf(setup.train, idx);
+  setup.targets = torch::one_hot(labelsOf(setup.train, idx), setup.classes).to(torch::kFloat32);
+  const LeastSquares ls(setup.sample, setup.targets);
+  result.lambdaMax = ls.lambdaMax();
+  setup.lr = o.lr > 0 ? o.lr : o.lrCurvature / result.lambdaMax;
+  result.lr = setup.lr;
+  RaceSums sums;
+  sums.total = static_cast<size_t>(o.runs);
+  for (int run = 0; run < o.runs; ++run) {
+    std::vector<std::vector<float>> w = runOnce(setup, run, result.staleness);
+    result.updates = static_cast<int64_t>(w.size()) - 1;
+    if (result.updates < 3) throw Error("the exact race recorded fewer than three updates");
+    sums.add(ls, setup.lr, run, w);
+  }
+  fitConstrained(sums, o, result);
+  compareTrajectories(sums, ls, setup.lr, o.groups, result);
+  result.predictedB = setup.lr / o.groups;
+}
+
 }  // namespace
 
 ImplicitMomentumResult measureImplicitMomentum(const ImplicitMomentumOptions& o) {
@@ -234,6 +555,8 @@ ImplicitMomentumResult measureImplicitMomentum(const ImplicitMomentumOptions& o)
     throw InvalidArgument(strCat("--groups ", o.groups, " must divide the ", o.workers, " workers"));
   }
   if (o.steps < 3) throw InvalidArgument("--steps must be at least 3");
+  if (o.exactRace && o.runs < 2)
+    throw InvalidArgument("the exact race needs at least 2 runs (its interval resamples them)");
   const std::string dir = o.dataDir.empty() ? data::kDefaultFashionMnistDir : o.dataDir;
   const data::Dataset train = data::loadFashionMnist(dir, true);
   torch::set_num_threads(1);
@@ -244,6 +567,14 @@ ImplicitMomentumResult measureImplicitMomentum(const ImplicitMomentumOptions& o)
 
   ImplicitMomentumResult result;
   result.groups = o.groups;
+  result.predictedA = 1.0 - 1.0 / o.groups;
+  if (o.exactRace) {
+    measureExactRace(setup, result);
+    summarizeStaleness(result);
+    return result;
+  }
+  setup.lr = o.lr;
+  result.lr = o.lr;
   std::vector<std::vector<std::vector<float>>> runs;
   for (int run = 0; run < o.runs; ++run) {
     runs.push_back(runOnce(setup, run, result.staleness));
@@ -254,7 +585,6 @@ ImplicitMomentumResult measureImplicitMomentum(const ImplicitMomentumOptions& o)
   // The first updates all come from groups that started on W(0) together: no stationary queue yet.
   const size_t burnIn = static_cast<size_t>(std::min<int64_t>(o.burnIn, result.updates - 3));
   solveFit(fitSums(setup, runs, burnIn), result);
-  result.predictedA = 1.0 - 1.0 / o.groups;
   result.predictedB = o.lr / o.groups;
   return result;
 }

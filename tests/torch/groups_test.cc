@@ -219,6 +219,38 @@ TEST(MergedFc, FourGroupsShareOneFcServer) {
   EXPECT_GT(s["test_accuracy"].get<double>(), 0.5);
 }
 
+// --group-batch B (the paper's setting): each group's batch split over its members. One group of four
+// with B = 64 is BSP with batch 16 per worker, bit for bit; two groups of two take 32 per worker each,
+// with the default rate for batch 64 (0.025 x sqrt(64 / 256)).
+TEST(ComputeGroups, GroupBatchSplitsEachGroupsBatchOverItsMembers) {
+  TempDir dir;
+  auto bsp = testing::runCli(
+      job({"--max-steps", "10", "--scheme", "ps", "--batch", "16", "--save-params", dir.path + "/bsp.bin"}),
+      dir.path + "/bsp");
+  ASSERT_EQ(bsp.exitCode(), 0) << bsp.stderrText();
+  auto one = testing::runCli(job({"--max-steps", "10", "--groups", "1", "--group-batch", "64", "--save-params",
+                                  dir.path + "/one.bin", "--summary", dir.path + "/one.json"}),
+                             dir.path + "/one");
+  ASSERT_EQ(one.exitCode(), 0) << one.stderrText();
+  auto a = readFloats(dir.path + "/bsp.bin"), b = readFloats(dir.path + "/one.bin");
+  ASSERT_EQ(a.size(), b.size());
+  size_t differ = 0;
+  for (size_t i = 0; i < a.size(); ++i) differ += a[i] != b[i];
+  EXPECT_EQ(differ, 0u) << "of " << a.size() << " parameters";
+  auto s = summaryOf(dir.path + "/one.json");
+  EXPECT_EQ(s["batch"], 16);
+  EXPECT_EQ(s["group_batch"], 64);
+  auto two =
+      testing::runCli({"train", "--workers", "4", "--train-limit", "2048", "--quiet", "--timeout", "60000", "--groups",
+                       "2", "--group-batch", "64", "--max-steps", "4", "--summary", dir.path + "/two.json"},
+                      dir.path + "/two");
+  ASSERT_EQ(two.exitCode(), 0) << two.stderrText();
+  auto t = summaryOf(dir.path + "/two.json");
+  EXPECT_EQ(t["batch"], 32);
+  EXPECT_EQ(t["group_batch"], 64);
+  EXPECT_DOUBLE_EQ(t["lr"].get<double>(), 0.0125);
+}
+
 TEST(ComputeGroups, FlagsThatDoNotFitAreOneLineErrors) {
   TempDir dir;
   auto p = testing::runCli(job({"--groups", "3"}), dir.path + "/three");
@@ -234,6 +266,18 @@ TEST(ComputeGroups, FlagsThatDoNotFitAreOneLineErrors) {
   auto mlp = testing::runCli(job({"--merged-fc", "--groups", "2", "--model", "mlp"}), dir.path + "/mlp");
   EXPECT_EQ(mlp.exitCode(), 2);
   EXPECT_THAT(mlp.stderrText(), HasSubstr("--merged-fc needs a model with conv features and an FC classifier"));
+  auto uneven = testing::runCli(job({"--groups", "2", "--group-batch", "63"}), dir.path + "/uneven");
+  EXPECT_EQ(uneven.exitCode(), 2);
+  EXPECT_THAT(
+      uneven.stderrText(),
+      HasSubstr("--group-batch 63 does not split evenly over the 2 workers of a group (4 workers in 2 groups)"));
+  auto bsp = testing::runCli(job({"--group-batch", "64"}), dir.path + "/gbsp");
+  EXPECT_EQ(bsp.exitCode(), 2);
+  EXPECT_THAT(bsp.stderrText(), HasSubstr("--group-batch splits each compute group's batch over its members: it needs "
+                                          "--groups"));
+  auto both = testing::runCli(job({"--groups", "2", "--group-batch", "64", "--batch", "8"}), dir.path + "/both");
+  EXPECT_EQ(both.exitCode(), 2);
+  EXPECT_THAT(both.stderrText(), HasSubstr("--batch is per worker and --group-batch per compute group"));
 }
 
 }  // namespace

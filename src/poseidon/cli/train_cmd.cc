@@ -77,6 +77,11 @@ void addTrainingFlags(FlagSet& flags, TrainFlags& t) {
                "shards hold the model and run SGD (momentum, weight decay, lr); G must divide --workers (0: off, "
                "plain BSP; docs/omnivore.md)",
                "G", IntRange::closed(0, kMaxRanks));
+  flags.addInt64("group-batch", &t.o.groupBatch,
+                 "with --groups: each group's batch B, split evenly over its workers/G members (Omnivore's setting: "
+                 "every update is the mean gradient of B images whatever G; the default lr is the one for batch B); "
+                 "instead of --batch, which is per worker",
+                 "B", IntRange::closed(1, kMaxBatch));
   flags.addBool("regroup", &t.o.regroup,
                 "with --groups and --checkpoint: resume a checkpoint written with another --groups (the shards' "
                 "parameters and momentum carry over; every group starts at its iteration; Omnivore's optimizer, "
@@ -272,8 +277,12 @@ int trainCommand(const std::vector<std::string>& args) {
     std::cout << flags.helpText();
     return 0;
   }
+  if (flags.wasSet("batch") && flags.wasSet("group-batch")) {
+    throw InvalidArgument("--batch is per worker and --group-batch per compute group: give one of them");
+  }
   finishOptions(t);
   const pt::TrainOptions& o = t.o;
+  pt::resolveGroupBatch(o, o.workers);  // its errors once, before any worker starts
   RankEnv env = rankFromEnvironment();
   if (env.present) {
     if (flags.wasSet("workers") && o.workers != env.worldSize) {

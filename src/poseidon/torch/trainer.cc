@@ -15,6 +15,23 @@ double defaultLearningRate(int workers, int64_t batch) {
   return kBaseLr * std::min(1.0, std::sqrt(global / static_cast<double>(kBaseBatch)));
 }
 
+TrainOptions resolveGroupBatch(TrainOptions o, int world) {
+  if (o.groupBatch <= 0) return o;
+  if (o.groups <= 0) {
+    throw InvalidArgument("--group-batch splits each compute group's batch over its members: it needs --groups");
+  }
+  if (world % o.groups != 0) return o;  // validateModeOptions says so
+  const int64_t members = world / o.groups;
+  if (o.groupBatch % members != 0) {
+    throw InvalidArgument(strCat("--group-batch ", o.groupBatch, " does not split evenly over the ", members,
+                                 " workers of a group (", world, " workers in ", o.groups, " groups)"));
+  }
+  o.batch = o.groupBatch / members;
+  // Each update is the mean gradient of groupBatch images: the default rate is the one for that batch.
+  if (o.lr <= 0) o.lr = defaultLearningRate(1, o.groupBatch);
+  return o;
+}
+
 double warmedUpLearningRate(double lr, int64_t warmupSteps, int64_t iteration) {
   if (warmupSteps <= 0 || iteration >= warmupSteps) return lr;
   return lr * static_cast<double>(iteration + 1) / static_cast<double>(warmupSteps);
@@ -22,7 +39,8 @@ double warmedUpLearningRate(double lr, int64_t warmupSteps, int64_t iteration) {
 
 void checkDevice(const std::string& device) { selectDevice(device, 0); }
 
-int trainRank(const TrainOptions& o, const TrainHooks& hooks, const RankEnv& env) {
+int trainRank(const TrainOptions& options, const TrainHooks& hooks, const RankEnv& env) {
+  const TrainOptions o = resolveGroupBatch(options, env.worldSize);
   RankRun run(o, hooks, env);
   run.resume();
   run.connect();

@@ -42,6 +42,10 @@ struct TrainOptions {
   double weightDecay = 0;
   // Omnivore's compute groups (0: off): the shards hold the model and run SGD; staleness -1: unbounded.
   int groups = 0;
+  // > 0 (with groups): each group's batch, split evenly over its workers / groups members, the
+  // paper's setting (batch becomes groupBatch / members; the default lr is the one for this batch).
+  // 0: batch is per worker, so a group's batch is members x batch.
+  int64_t groupBatch = 0;
   int64_t staleness = -1;
   bool regroup = false;  // resume a group-mode checkpoint written with another number of groups
   // Merged FC (Omnivore V-A, --merged-fc; needs groups): the model's FC layers run on rank 0's FC
@@ -133,6 +137,11 @@ struct TrainHooks {
 
 // The exit code of a rank (and of poseidon train) whose training diverged (TrainOptions::allowDivergence).
 constexpr int kExitDiverged = 3;
+
+// The options a rank of a world of `world` runs with: --group-batch resolved into the per-worker
+// batch (and the default learning rate for the group's batch). InvalidArgument when it cannot be
+// split evenly or there are no groups.
+TrainOptions resolveGroupBatch(TrainOptions o, int world);
 
 // Runs one rank. Returns the process exit code. Rank 0 prints the plan,
 // progress, accuracy and traffic, and writes the summary; every rank writes

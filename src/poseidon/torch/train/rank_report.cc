@@ -114,6 +114,7 @@ nlohmann::json RankRun::summaryJson() const {
       {"workers", c_.world},
       {"device", c_.device.str()},
       {"batch", o_.batch},
+      {"group_batch", o_.groupBatch > 0 ? nlohmann::json(o_.groupBatch) : nlohmann::json()},
       {"lr", c_.lr},
       {"warmup_steps", warmupSteps_},
       {"momentum", o_.momentum},

@@ -251,6 +251,43 @@ TEST(ComputeGroups, GroupBatchSplitsEachGroupsBatchOverItsMembers) {
   EXPECT_DOUBLE_EQ(t["lr"].get<double>(), 0.0125);
 }
 
+// --overlap-forward with compute groups: the next round's pull starts as soon as the round's pushes
+// are out and each layer is awaited just before it runs. One group's rounds are deterministic, so
+// the model is the one without it, bit for bit; four groups train with it.
+TEST(ComputeGroups, OverlappedForwardAwaitsEachLayerOfTheNextRoundsPull) {
+  TempDir dir;
+  for (const std::string name : {"plain", "overlap"}) {
+    std::vector<std::string> extra{"--max-steps",   "12",
+                                   "--groups",      "1",
+                                   "--save-params", dir.path + "/" + name + ".bin",
+                                   "--summary",     dir.path + "/" + name + ".json"};
+    if (name == "overlap") extra.push_back("--overlap-forward");
+    auto p = testing::runCli(job(extra), dir.path + "/" + name);
+    ASSERT_EQ(p.exitCode(), 0) << p.stderrText();
+  }
+  auto a = readFloats(dir.path + "/plain.bin"), b = readFloats(dir.path + "/overlap.bin");
+  ASSERT_EQ(a.size(), 431080u);
+  ASSERT_EQ(a.size(), b.size());
+  size_t differ = 0;
+  for (size_t i = 0; i < a.size(); ++i) differ += a[i] != b[i];
+  EXPECT_EQ(differ, 0u) << "of " << a.size() << " parameters";
+  auto plain = summaryOf(dir.path + "/plain.json"), overlap = summaryOf(dir.path + "/overlap.json");
+  EXPECT_EQ(plain["test_accuracy"], overlap["test_accuracy"]);
+  EXPECT_EQ(plain["staleness_histogram"], overlap["staleness_histogram"]);
+  EXPECT_EQ(overlap["overlap_forward"], true);
+  EXPECT_EQ(plain["updates_in_forward"], 0);
+  // 12 steps, 8 per epoch: the first forward and the one after the epoch's evaluation (which waits
+  // for the whole pull) have no pull pending; the other 10 await LeNet's 4 layers each.
+  EXPECT_EQ(overlap["updates_in_forward"], 10 * 4);
+  auto four = testing::runCli(job({"--max-steps", "40", "--groups", "4", "--momentum", "0", "--lr", "0.03",
+                                   "--overlap-forward", "--summary", dir.path + "/four.json"}),
+                              dir.path + "/four");
+  ASSERT_EQ(four.exitCode(), 0) << four.stderrText();
+  auto s = summaryOf(dir.path + "/four.json");
+  EXPECT_GT(s["updates_in_forward"].get<int64_t>(), 0);
+  EXPECT_GT(s["test_accuracy"].get<double>(), 0.5);
+}
+
 TEST(ComputeGroups, FlagsThatDoNotFitAreOneLineErrors) {
   TempDir dir;
   auto p = testing::runCli(job({"--groups", "3"}), dir.path + "/three");

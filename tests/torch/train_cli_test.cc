@@ -230,9 +230,10 @@ TEST(TrainCli, OverlappedStepEqualsTheBarrierPathBitForBit) {
   EXPECT_TRUE(fs::exists(dir.path + "/overlap-ck/step-000000012/model.pt"));
 
   auto refused =
-      run({"train", "--workers", "2", "--groups", "2", "--overlap-forward", "--max-steps", "1"}, dir.path + "/refused");
+      run({"train", "--workers", "2", "--groups", "2", "--merged-fc", "--overlap-forward", "--max-steps", "1"},
+          dir.path + "/refused");
   EXPECT_EQ(refused.exitCode(), 2);
-  EXPECT_THAT(refused.stderrText(), HasSubstr("--overlap-forward cannot be combined with --groups"));
+  EXPECT_THAT(refused.stderrText(), HasSubstr("--overlap-forward cannot be combined with --merged-fc"));
   // Checked by every rank; with --max-restarts the launcher does not restart a usage error (exit 2).
   auto small = run({"train", "--workers", "2", "--send-window", "100", "--max-steps", "1", "--max-restarts", "2"},
                    dir.path + "/small");

@@ -103,8 +103,9 @@ void addTrainingFlags(FlagSet& flags, TrainFlags& t) {
   flags.addBool("no-overlap", &t.noOverlap, "sync every layer after the whole backward (the naive baseline)");
   flags.addBool("overlap-forward", &t.o.overlapForward,
                 "the overlapped step: each layer's update is applied just before the next forward reaches it, as its "
-                "mean gradient lands, instead of after the whole barrier (bit-identical; not with --groups, "
-                "--drop-stragglers or --plain)");
+                "mean gradient lands, instead of after the whole barrier (bit-identical); with --groups the next "
+                "round's pull starts as soon as the round's pushes are out and each layer of it is awaited just "
+                "before it runs (not with --merged-fc, --drop-stragglers or --plain)");
   flags.addInt("send-window", &t.o.sendWindowBytes,
                "priority-scheduled links, for --overlap-forward: each connection holds BYTES in the kernel and "
                "larger messages go as fragments of it, so a lower layer's result passes the upper ones queued "

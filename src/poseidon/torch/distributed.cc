@@ -540,6 +540,9 @@ void DistributedModel::GradientSync::step(torch::optim::Optimizer& optimizer) {
 
 void DistributedModel::finish() {
   applyPending();
+  // An overlapped step's pull writes into the parameters: it lands before the caller reads them (the
+  // model then holds this group's last update).
+  if (sync_->groups()) sync_->groups()->awaitPrefetch();
   node_->finish();
 }
 

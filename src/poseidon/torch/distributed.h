@@ -167,6 +167,10 @@ class DistributedModel {
   // optimizers keep their options objects, so references to them stay valid). Do not
   // zero the gradients in between: the pending step still uses them. applyPending() (and finish(),
   // and an evaluation forwardOverlapped) applies a pending step at once, e.g. before saving the model.
+  // Compute groups: the shards apply the update, so stepOverlapped is step() followed by the next
+  // round's pull, and the next forward awaits each layer of the pulled model just before it runs
+  // (zero_grad() between them is fine: the pushes are out); pullLatest(), groupState(), finish() and
+  // an evaluation forward wait for the whole pull.
   void stepOverlapped(torch::optim::Optimizer& optimizer);
   torch::Tensor forwardOverlapped(torch::nn::Sequential& sequence, torch::Tensor x);
   // The same for a model whose layer order the caller declares (poseidon train's models): run(gate)
@@ -178,7 +182,8 @@ class DistributedModel {
   // forwardWith(run); an evaluation (module in eval mode, or no grad) applies the pending step first.
   torch::Tensor forwardGated(const std::function<torch::Tensor(const LayerGate& gate)>& run);
   void applyPending();
-  // Layer updates forwardOverlapped() applied just before the child that needed them.
+  // Layer updates forwardOverlapped() applied just before the child that needed them (compute
+  // groups: layers of the pulled model awaited there).
   int64_t updatesInForward() const { return updatesInForward_; }
 
   // Gradient accumulation (DDP's no_sync): while the guard lives, forward and

@@ -65,6 +65,7 @@ void DistributedModel::GroupSync::start() {
 
 void DistributedModel::GroupSync::pull(int64_t round) {
   // The round's model, from the shards (every pair asked at once; the first layers arrive first).
+  awaitPrefetch();  // the puller takes one round at a time
   m_.node_->groups().startPull(round);
   m_.node_->groups().waitPulled();
   pulledRound_ = round;
@@ -72,16 +73,46 @@ void DistributedModel::GroupSync::pull(int64_t round) {
 }
 
 void DistributedModel::GroupSync::pulledIntoParameters() {
+  for (size_t l = 0; l < m_.layers_.size(); ++l) layerIntoParameters(l);
+}
+
+void DistributedModel::GroupSync::layerIntoParameters(size_t layer) {
   if (!m_.staging_) return;  // the pull wrote into the parameters themselves
-  for (auto& l : m_.layers_) {
-    const auto pulled = perParameter(l.pulled, l.params);
-    for (size_t i = 0; i < pulled.size(); ++i) DeviceStaging::fromHost(l.params[i], pulled[i]);
-  }
+  Layer& l = m_.layers_[layer];
+  const auto pulled = perParameter(l.pulled, l.params);
+  for (size_t i = 0; i < pulled.size(); ++i) DeviceStaging::fromHost(l.params[i], pulled[i]);
+}
+
+void DistributedModel::GroupSync::prefetch() {
+  const int64_t next = m_.iteration_ + 1;
+  m_.node_->groups().startPull(next);
+  pulledRound_ = next;
+  prefetching_ = true;
+  arrived_.assign(m_.layers_.size(), false);
+}
+
+void DistributedModel::GroupSync::awaitLayer(int layer) {
+  if (!prefetching_ || arrived_[static_cast<size_t>(layer)]) return;
+  m_.node_->groups().waitPulled(layer);
+  layerIntoParameters(static_cast<size_t>(layer));
+  arrived_[static_cast<size_t>(layer)] = true;
+}
+
+void DistributedModel::GroupSync::awaitPrefetch() {
+  if (!prefetching_) return;
+  m_.node_->groups().waitPulled();
+  for (size_t l = 0; l < arrived_.size(); ++l)
+    if (!arrived_[l]) layerIntoParameters(l);
+  prefetching_ = false;
 }
 
 void DistributedModel::GroupSync::beginForward() {
-  if (pulledRound_ == m_.iteration_) return;  // pullLatest() took it
-  pull(m_.iteration_);
+  if (pulledRound_ == m_.iteration_ && !prefetching_) return;  // pullLatest() took it
+  if (pulledRound_ == m_.iteration_) {
+    awaitPrefetch();  // the gated forward took the layers it reached
+  } else {
+    pull(m_.iteration_);
+  }
   m_.nonFiniteLayer_ = m_.firstNonFinite(false);  // thrown at this round's step, once its push is out
 }
 
@@ -115,6 +146,7 @@ std::pair<std::vector<torch::Tensor>, int64_t> DistributedModel::GroupSync::stat
         "a compute-group checkpoint between a forward and its step: save it after step(), "
         "before the next forward");
   }
+  awaitPrefetch();  // the fetch writes into the same parameters
   node.settleBarrier();
   if (node.rank() != node.book().workerRanks().front()) return {};
   std::vector<torch::Tensor> buffers;
@@ -139,6 +171,10 @@ void DistributedModel::GroupSync::pullLatest() {
   // Between a forward and its step this rank's round is not pushed: the next round's model will not
   // come (a loop that ended after a forward, then finish()); the model stays the round's.
   if (m_.inIteration_) return;
+  // The overlapped step asked for the next round's model already: that is the model as it stands for
+  // this group (its own updates in; with g > 1 it may miss another group's update that landed after
+  // the shard answered).
+  awaitPrefetch();
   const int64_t next = m_.iteration_ < 0 ? node.book().settings().startIteration : m_.iteration_ + 1;
   if (pulledRound_ != next) pull(next);
 }

@@ -127,11 +127,22 @@ class DistributedModel::GroupSync final : public Sync {
   void pullLatest();
   void setLearningRate(float lr);
 
+  // The overlapped step (stepOverlapped): the next round's pull starts right after this round's
+  // pushes are out, and the gated forward awaits each layer just before it runs. The shard answers
+  // it once this group's update is applied, as it would the pull at the forward.
+  void prefetch();
+  bool prefetching() const { return prefetching_; }
+  void awaitLayer(int layer);  // that layer of the prefetched model is in the parameters
+  void awaitPrefetch();        // every layer is; no pull is pending after it
+
  private:
   void pull(int64_t round);
-  // A device model: the pulled model from the host buffers into the parameters.
+  // A device model: the pulled model from the host buffers into the parameters (one layer, or all).
   void pulledIntoParameters();
-  int64_t pulledRound_ = -1;  // the round whose model the parameters hold
+  void layerIntoParameters(size_t layer);
+  int64_t pulledRound_ = -1;  // the round whose model the parameters hold (or will: prefetching_)
+  bool prefetching_ = false;
+  std::vector<bool> arrived_;  // prefetching_: the layers awaited so far
   float lr_ = 0;
 };
 

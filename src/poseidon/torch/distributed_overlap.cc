@@ -51,6 +51,12 @@ void DistributedModel::finishStep() {
 }
 
 void DistributedModel::stepOverlapped(torch::optim::Optimizer& optimizer) {
+  if (GroupSync* groups = sync_->groups()) {
+    // Compute groups: the shards apply the update; what overlaps the next forward is the pull.
+    step(optimizer);
+    groups->prefetch();
+    return;
+  }
   submitStep();
   pendingOptimizer_ = &optimizer;
   pendingOptions_.clear();
@@ -145,14 +151,17 @@ void DistributedModel::applyPending() {
 }
 
 torch::Tensor DistributedModel::forwardOverlapped(torch::nn::Sequential& sequence, torch::Tensor x) {
-  if (pendingOptimizer_ && !sequence->is_training()) {  // an evaluation sees every update
+  GroupSync* groups = sync_->groups();
+  const bool prefetching = groups && groups->prefetching();
+  if ((pendingOptimizer_ || prefetching) && !sequence->is_training()) {  // an evaluation sees every update
     applyPending();
+    if (prefetching) groups->awaitPrefetch();
     return sequence->forward(x);
   }
   // A declared order (forwardGated): the children in turn, each gating the layers it holds. A layer
   // belongs to the child that holds its first parameter (however deep).
   std::unordered_map<const void*, int> layerOf;
-  if (pendingOptimizer_) {
+  if (pendingOptimizer_ || prefetching) {
     for (size_t l = 0; l < layers_.size(); ++l) {
       if (!layers_[l].params.empty()) layerOf[layers_[l].params[0].unsafeGetTensorImpl()] = static_cast<int>(l);
     }
@@ -171,6 +180,25 @@ torch::Tensor DistributedModel::forwardOverlapped(torch::nn::Sequential& sequenc
 
 torch::Tensor DistributedModel::forwardGated(const std::function<torch::Tensor(const LayerGate& gate)>& run) {
   const LayerGate none = [](int) {};
+  GroupSync* groups = sync_->groups();
+  if (groups && groups->prefetching()) {
+    if ((module_ && !module_->is_training()) || !torch::GradMode::is_enabled()) {  // an evaluation: every layer
+      groups->awaitPrefetch();
+      return run(none);
+    }
+    const LayerGate awaitLayer = [this, groups](int layer) {
+      if (layer < 0 || layer >= static_cast<int>(layers_.size())) {
+        throw InvalidArgument(
+            strCat("forwardGated: layer index ", layer, " out of range (", layers_.size(), " layers)"));
+      }
+      groups->awaitLayer(layer);
+      ++updatesInForward_;
+    };
+    torch::Tensor x = run(awaitLayer);
+    beginForward();  // the layers the forward did not reach, and the round's checks
+    endForward(x);
+    return x;
+  }
   if (!pendingOptimizer_) return forwardWith([&] { return run(none); });
   if ((module_ && !module_->is_training()) || !torch::GradMode::is_enabled()) {  // an evaluation sees every update
     applyPending();

@@ -1,6 +1,7 @@
 // --groups G [--staleness S]: Omnivore's compute groups (docs/omnivore.md). The shards hold the model
 // and its momentum and run SGD; each group pushes its gradients during the backward and pulls the
-// model before its next forward, at most S rounds ahead of the slowest group.
+// model before its next forward (--overlap-forward: as soon as its pushes are out, each layer awaited
+// just before it runs), at most S rounds ahead of the slowest group.
 #include <algorithm>
 #include <cstdio>
 
@@ -39,6 +40,19 @@ void GroupMode::beginStep(double lr) {
   // round (step() would tell them for the next round's pushes).
   c_.dist->setGroupLearningRate(static_cast<float>(lr));
   c_.optimizer->zero_grad();
+}
+
+TrainMode::Forward GroupMode::forward(const torch::Tensor& x) {
+  return c_.o.overlapForward ? gatedForward(x) : TrainMode::forward(x);
+}
+
+void GroupMode::update(int64_t iteration) {
+  // --overlap-forward: the next round's pull starts now and the next forward awaits it layer by layer.
+  if (c_.o.overlapForward) {
+    c_.dist->stepOverlapped(*c_.optimizer);
+  } else {
+    TrainMode::update(iteration);
+  }
 }
 
 void GroupMode::gatherModel() {

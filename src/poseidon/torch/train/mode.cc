@@ -81,8 +81,9 @@ void validateModeOptions(const TrainOptions& o, int world) {
         "--regroup resumes a compute-group checkpoint with another number of groups: it needs --groups");
   }
   if (o.overlapForward) {
-    // The overlapped step is BSP's (DistributedModel::submitStep): every rank applies the same mean.
-    const char* other = o.groups > 0           ? "--groups (each round's forward pulls the shards' model)"
+    // BSP: every rank applies the same mean layer by layer; compute groups: each layer of the next
+    // round's pulled model is awaited as the forward reaches it.
+    const char* other = o.mergedFc             ? "--merged-fc (the FC server's replies drive the forward)"
                         : o.dropStragglers > 0 ? "--drop-stragglers (a skipped step has no forward to apply it)"
                         : o.plain              ? "--plain (nothing is synchronized)"
                                                : nullptr;

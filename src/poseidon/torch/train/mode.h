@@ -116,6 +116,10 @@ class TrainMode {
     double ms = 0, modeledMs = 0;
   };
   virtual Forward forward(const torch::Tensor& x);
+  // --overlap-forward's forward (DistributedModel::forwardGated): each layer waits for its part of the
+  // last step (BSP: its update; compute groups: its pulled parameters) just before it runs, and
+  // --pad-ms's modeled forward is spent layer by layer right after each gate. overlapped_mode.cc
+  Forward gatedForward(const torch::Tensor& x);
 
   RankContext& c_;
 };

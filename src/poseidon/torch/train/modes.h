@@ -76,10 +76,13 @@ class GroupMode : public TrainMode {
   bool everyRankFindsDivergence() const override { return false; }
   const char* afterDivergence() const override;
   bool divergedModelSeenLater() const override { return true; }
+  void update(int64_t iteration) override;
   void report() override;
   void addSummary(nlohmann::json& summary) const override;
 
  protected:
+  // --overlap-forward: each layer of the next round's model is awaited just before it runs.
+  Forward forward(const torch::Tensor& x) override;
   // The job's options with the groups' settings and the shards' resumed state.
   DistributedOptions groupOptions() const;
   // The shards' momentum (in the shards' parameter order) as the checkpoint's optimizer holds it (in

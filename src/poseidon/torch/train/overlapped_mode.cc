@@ -16,7 +16,9 @@ void OverlappedMode::beginStep(double /*lr*/) {
   if (!c_.dist->stepPending()) c_.optimizer->zero_grad();
 }
 
-TrainMode::Forward OverlappedMode::forward(const torch::Tensor& x) {
+TrainMode::Forward OverlappedMode::forward(const torch::Tensor& x) { return gatedForward(x); }
+
+TrainMode::Forward TrainMode::gatedForward(const torch::Tensor& x) {
   Forward f;
   double gateMs = 0;           // waits for the last step's layers: network time, not compute
   std::vector<double> realMs;  // each gated layer's real forward time, this step

@@ -96,6 +96,11 @@ TEST(ImplicitMomentum, BadFlagsAreOneLineErrors) {
   auto t = testing::runCli({"experiment", "implicit-momentum", "--exact-race", "--runs", "1"}, dir.path + "/e");
   EXPECT_EQ(t.exitCode(), 2);
   EXPECT_THAT(t.stderrText(), HasSubstr("--exact-race needs --runs >= 2"));
+  auto u = testing::runCli({"experiment", "implicit-momentum", "--exact-race", "--groups", "8", "--runs", "5000",
+                            "--steps", "40"},
+                           dir.path + "/f");
+  EXPECT_EQ(u.exitCode(), 2);
+  EXPECT_THAT(u.stderrText(), HasSubstr("(2 x --runs 5000 x 319 updates x 7850 floats); the limit is 8 GiB"));
 }
 
 }  // namespace

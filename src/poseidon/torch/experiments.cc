@@ -531,6 +531,14 @@ void measureExactRace(Setup& setup, ImplicitMomentumResult& result) {
   for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int64_t>(i);
   setup.sample = imagesOf(setup.train, idx);
   setup.targets = torch::one_hot(labelsOf(setup.train, idx), setup.classes).to(torch::kFloat32);
+  // The fit keeps every run's X and Y rows (the bootstrap resamples runs): say so before running.
+  const int64_t updates = o.steps * o.groups - 1, floats = setup.classes * (setup.inputs + 1);
+  const double bytes = 2.0 * o.runs * static_cast<double>(updates) * static_cast<double>(floats) * sizeof(float);
+  if (bytes > 8.0 * (1 << 30)) {
+    throw InvalidArgument(strCat("the exact race would keep ", bytes / (1 << 30), " GiB of updates (2 x --runs ",
+                                 o.runs, " x ", updates, " updates x ", floats,
+                                 " floats); the limit is 8 GiB: lower --runs or --steps"));
+  }
   const LeastSquares ls(setup.sample, setup.targets);
   result.lambdaMax = ls.lambdaMax();
   setup.lr = o.lr > 0 ? o.lr : o.lrCurvature / result.lambdaMax;

@@ -90,8 +90,11 @@ TEST(Process, PollReapsAndKillReachesTheProcessGroup) {
   int status = c.wait();
   EXPECT_TRUE(WIFSIGNALED(status));
   EXPECT_EQ(describeExit(status), "was killed by signal 9 (Killed)");
+  // Polled until it is gone; the deadline only has to stay below the grandchild's own 30 s (past it,
+  // gone would not tell that kill() reached it), and is far above the milliseconds it takes.
   bool gone = false;
-  for (int i = 0; i < 100 && !gone; ++i) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!gone && std::chrono::steady_clock::now() < deadline) {
     // The grandchild is reparented (to init or a subreaper) and reaped there; until then it is a zombie.
     std::ifstream stat(strCat("/proc/", grandchild, "/stat"));
     std::string content;

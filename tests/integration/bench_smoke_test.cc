@@ -164,20 +164,18 @@ TEST(BenchSmoke, InterruptLeavesNothingBehind) {
                                                    "--nodes", "1,4", "--rates", "100", "--iterations", "30"},
                                                   {}, dir + "/log")};
   pid_t pid = procs[0].pid;
-  bool seen = false;
-  for (int i = 0; i < 300 && !seen; ++i) {
-    seen = namespacesOf(pid).size() == 5;  // 4 nodes + the switch
-    if (!seen) usleep(100000);
-  }
+  // Generous deadlines (the waits end at the event): building the cluster, then starting its ranks.
+  const bool seen = testing::waitFor([&] { return namespacesOf(pid).size() == 5; },  // 4 nodes + the switch
+                                     std::chrono::seconds(30));
   ASSERT_TRUE(seen) << "the harness never built its cluster: " << procs[0].stderrText();
   // Interrupt once ranks run inside the node namespaces (the harder case to clean up).
-  bool running = false;
-  for (int i = 0; i < 600 && !running; ++i) {
-    running = true;
-    for (const auto& ns : namespacesOf(pid))
-      if (ns.compare(ns.size() - 2, 2, "sw") != 0) running = running && !pidsIn(ns).empty();  // nodes, not the switch
-    if (!running) usleep(100000);
-  }
+  testing::waitFor(
+      [&] {
+        for (const auto& ns : namespacesOf(pid))
+          if (ns.compare(ns.size() - 2, 2, "sw") != 0 && pidsIn(ns).empty()) return false;  // nodes, not the switch
+        return true;
+      },
+      std::chrono::seconds(60));
   kill(pid, SIGINT);
   testing::waitAll(procs, std::chrono::seconds(60));
   EXPECT_FALSE(procs[0].killed);

@@ -27,6 +27,20 @@
 
 using namespace poseidon;
 
+namespace {
+
+// Waits for the test to create `gate` (a file), at most the job's timeout: past it the test has
+// given up on this rank anyway.
+void waitForGate(const char* gate, int timeoutMs, const char* what) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeoutMs);
+  while (!std::ifstream(gate).good()) {
+    if (std::chrono::steady_clock::now() > deadline) throw TimeoutError(strCat("the test never opened the ", what));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   if (argc < 5) {
     std::cerr << "usage: poseidon_test_node SCENARIO POLICY ITERATIONS OUT_DIR [TIMEOUT_MS]\n";
@@ -38,7 +52,7 @@ int main(int argc, char** argv) {
   int timeoutMs = argc > 5 ? std::atoi(argv[5]) : 20000;
   try {
     if (const char* gate = std::getenv("POSEIDON_TEST_START_AFTER")) {
-      while (!std::ifstream(gate).good()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      waitForGate(gate, timeoutMs, "start gate");
     }
     RankEnv env = rankFromEnvironment();
     setLogPrefix("rank " + std::to_string(env.rank));
@@ -76,11 +90,7 @@ int main(int argc, char** argv) {
       std::vector<testing::LayerCheck> checks;
       if (const char* gate = std::getenv("POSEIDON_TEST_TRAIN_AFTER")) {
         // The test opens the gate once its garbage is sent: the job is still running to take it.
-        const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeoutMs);
-        while (!std::ifstream(gate).good()) {
-          if (std::chrono::steady_clock::now() > deadline) throw TimeoutError("the test never opened the training gate");
-          std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        }
+        waitForGate(gate, timeoutMs, "training gate");
       }
       if (scenario == "straggler" || scenario == "straggler-bf16") {
         auto rep = testing::runStragglerScenario(*node, iterations, 20, 3);

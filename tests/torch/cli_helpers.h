@@ -40,4 +40,11 @@ inline std::vector<float> readFloats(const std::string& path) {
   return v;
 }
 
+// How many of two equally long parameter dumps' floats differ (0: bit for bit the same model).
+inline size_t countDiffering(const std::vector<float>& a, const std::vector<float>& b) {
+  size_t differ = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) differ += a[i] != b[i];
+  return differ;
+}
+
 }  // namespace poseidon::testing

@@ -50,9 +50,7 @@ TEST(ComputeGroups, OneGroupGivesTheBspParametersBitForBit) {
     auto a = readFloats(dir.path + "/bsp.bin"), b = readFloats(dir.path + "/one.bin");
     ASSERT_EQ(a.size(), 431080u);
     ASSERT_EQ(a.size(), b.size());
-    size_t differ = 0;
-    for (size_t i = 0; i < a.size(); ++i) differ += a[i] != b[i];
-    EXPECT_EQ(differ, 0u) << "of " << a.size() << " parameters";
+    EXPECT_EQ(testing::countDiffering(a, b), 0u) << "of " << a.size() << " parameters";
     auto s = summaryOf(dir.path + "/one.json");
     EXPECT_EQ(s["groups"], 1);
     EXPECT_EQ(s["staleness_histogram"], nlohmann::json({{"0", 80}}));  // 20 rounds x 4 layers, one pair each
@@ -234,9 +232,7 @@ TEST(ComputeGroups, GroupBatchSplitsEachGroupsBatchOverItsMembers) {
   ASSERT_EQ(one.exitCode(), 0) << one.stderrText();
   auto a = readFloats(dir.path + "/bsp.bin"), b = readFloats(dir.path + "/one.bin");
   ASSERT_EQ(a.size(), b.size());
-  size_t differ = 0;
-  for (size_t i = 0; i < a.size(); ++i) differ += a[i] != b[i];
-  EXPECT_EQ(differ, 0u) << "of " << a.size() << " parameters";
+  EXPECT_EQ(testing::countDiffering(a, b), 0u) << "of " << a.size() << " parameters";
   auto s = summaryOf(dir.path + "/one.json");
   EXPECT_EQ(s["batch"], 16);
   EXPECT_EQ(s["group_batch"], 64);
@@ -268,9 +264,7 @@ TEST(ComputeGroups, OverlappedForwardAwaitsEachLayerOfTheNextRoundsPull) {
   auto a = readFloats(dir.path + "/plain.bin"), b = readFloats(dir.path + "/overlap.bin");
   ASSERT_EQ(a.size(), 431080u);
   ASSERT_EQ(a.size(), b.size());
-  size_t differ = 0;
-  for (size_t i = 0; i < a.size(); ++i) differ += a[i] != b[i];
-  EXPECT_EQ(differ, 0u) << "of " << a.size() << " parameters";
+  EXPECT_EQ(testing::countDiffering(a, b), 0u) << "of " << a.size() << " parameters";
   auto plain = summaryOf(dir.path + "/plain.json"), overlap = summaryOf(dir.path + "/overlap.json");
   EXPECT_EQ(plain["test_accuracy"], overlap["test_accuracy"]);
   EXPECT_EQ(plain["staleness_histogram"], overlap["staleness_histogram"]);

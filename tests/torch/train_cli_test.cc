@@ -204,9 +204,7 @@ TEST(TrainCli, OverlappedStepEqualsTheBarrierPathBitForBit) {
   for (const char* name : {"overlap", "window"}) {
     auto b = readFloats(dir.path + "/" + name + ".bin");
     ASSERT_EQ(b.size(), a.size()) << name;
-    size_t differ = 0;
-    for (size_t i = 0; i < a.size(); ++i) differ += a[i] != b[i];
-    EXPECT_EQ(differ, 0u) << name << ": of " << a.size() << " parameters";
+    EXPECT_EQ(testing::countDiffering(a, b), 0u) << name << ": of " << a.size() << " parameters";
   }
   std::ifstream fw(dir.path + "/window.json");
   auto sw = nlohmann::json::parse(fw);

@@ -148,28 +148,52 @@ DistributedOptions workerOptions(const ImplicitMomentumOptions& o, int rank, int
   return d;
 }
 
-torch::nn::Linear copyOfInit(const Setup& setup) {
-  torch::nn::Linear net(setup.inputs, setup.classes);
-  torch::NoGradGuard guard;
-  net->weight.copy_(setup.init->weight);
-  net->bias.copy_(setup.init->bias);
-  return net;
-}
+// The random streams of run `run` (batches, step times, the race's order) all start from this.
+uint64_t runStream(const ImplicitMomentumOptions& o, int run) { return o.seed + 1000003ull * static_cast<uint64_t>(run); }
+
+// One worker's parts in either mode: the shared initial model, its node (the recorder keeps the
+// model after every update when its shard holds the pair), and the SGD that tells the shards the rate.
+struct Worker {
+  torch::nn::Linear net;
+  DistributedModel dist;
+  const bool recorder;
+  torch::optim::SGD opt;
+
+  Worker(const Setup& setup, int rank, int port, double lr, const char* name, Latch& ready)
+      : net(copyOf(setup)),
+        dist(net, name, workerOptions(setup.o, rank, port, lr)),
+        recorder(dist.node().recordModelUpdates(0, 0)),
+        opt(net->parameters(), torch::optim::SGDOptions(lr)) {
+    ready.arriveAndWait();  // every worker's node is up and the recording is set before any push
+  }
+
+  WorkerResult finish() {
+    dist.finish();
+    WorkerResult out;
+    if (recorder) out.recorded = dist.node().recordedModel();
+    out.staleness = dist.node().stalenessHistogram();
+    return out;
+  }
+
+ private:
+  static torch::nn::Linear copyOf(const Setup& setup) {
+    torch::nn::Linear net(setup.inputs, setup.classes);
+    torch::NoGradGuard guard;
+    net->weight.copy_(setup.init->weight);
+    net->bias.copy_(setup.init->bias);
+    return net;
+  }
+};
 
 // One worker of run `run` in the wall-clock mode: a real node in compute-group mode, training the
 // shared initial model on the fit's sample with padded step times.
 WorkerResult runWorker(const Setup& setup, int rank, int run, int port, Latch& ready) {
   const ImplicitMomentumOptions& o = setup.o;
-  WorkerResult out;
-  torch::nn::Linear net = copyOfInit(setup);
-  DistributedModel dist(net, "softmax", workerOptions(o, rank, port, o.lr));
-  const bool recorder = dist.node().recordModelUpdates(0, 0);
-  ready.arriveAndWait();
-  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(o.lr));
+  Worker w(setup, rank, port, o.lr, "softmax", ready);
   // A group's members draw the same step times (one stream per group): the group's step time is
   // then the drawn one, exponential under A2. Batches: uniform with replacement (A0), per worker.
   const int group = rank / (o.workers / o.groups);
-  const uint64_t stream = o.seed + 1000003ull * static_cast<uint64_t>(run);
+  const uint64_t stream = runStream(o, run);
   std::mt19937_64 timeRng(stream * 7919 + static_cast<uint64_t>(group));
   std::mt19937_64 dataRng(stream * 104729 + static_cast<uint64_t>(rank));
   std::exponential_distribution<double> expo(1.0 / o.stepMs);
@@ -179,17 +203,14 @@ WorkerResult runWorker(const Setup& setup, int rank, int run, int port, Latch& r
     std::vector<int64_t> idx(static_cast<size_t>(o.batch));
     for (auto& i : idx) i = pick(dataRng);
     const double padMs = o.exponential ? expo(timeRng) : o.stepMs;
-    opt.zero_grad();
+    w.opt.zero_grad();
     auto loss =
-        torch::nn::functional::cross_entropy(dist.forward(imagesOf(setup.train, idx)), labelsOf(setup.train, idx));
+        torch::nn::functional::cross_entropy(w.dist.forward(imagesOf(setup.train, idx)), labelsOf(setup.train, idx));
     std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(padMs));  // the padded compute
     loss.backward();
-    dist.step(opt);
+    w.dist.step(w.opt);
   }
-  dist.finish();
-  if (recorder) out.recorded = dist.node().recordedModel();
-  out.staleness = dist.node().stalenessHistogram();
-  return out;
+  return w.finish();
 }
 
 // One worker of run `run` in the exact race: least squares on one-hot targets (a linear gradient),
@@ -199,40 +220,32 @@ WorkerResult runWorker(const Setup& setup, int rank, int run, int port, Latch& r
 // push can precede: they wait for the turn).
 WorkerResult runRaceWorker(const Setup& setup, int rank, int run, int port, Latch& ready, RaceTurnstile& race) {
   const ImplicitMomentumOptions& o = setup.o;
-  WorkerResult out;
   try {
-    torch::nn::Linear net = copyOfInit(setup);
-    DistributedModel dist(net, "least-squares", workerOptions(o, rank, port, setup.lr));
-    const bool recorder = dist.node().recordModelUpdates(0, 0);
-    ready.arriveAndWait();
-    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(setup.lr));
+    Worker w(setup, rank, port, setup.lr, "least-squares", ready);
     const int group = rank / (o.workers / o.groups);
-    std::mt19937_64 dataRng((o.seed + 1000003ull * static_cast<uint64_t>(run)) * 104729 + static_cast<uint64_t>(rank));
+    std::mt19937_64 dataRng(runStream(o, run) * 104729 + static_cast<uint64_t>(rank));
     std::uniform_int_distribution<int64_t> pick(0, setup.sample.size(0) - 1);
     auto nextLoss = [&] {  // pulls the round's model (forward), then the batch's loss on it
       torch::Tensor idx = torch::empty({o.batch}, torch::kLong);
       for (int64_t i = 0; i < o.batch; ++i) idx.data_ptr<int64_t>()[i] = pick(dataRng);
-      torch::Tensor err = dist.forward(setup.sample.index_select(0, idx)) - setup.targets.index_select(0, idx);
+      torch::Tensor err = w.dist.forward(setup.sample.index_select(0, idx)) - setup.targets.index_select(0, idx);
       return err.pow(2).sum(1).mean().mul(0.5);
     };
     torch::Tensor loss = nextLoss();  // on W(0), as every group starts
     race.started();
     int64_t taken = 0;
     while (race.await(group, taken)) {
-      opt.zero_grad();
+      w.opt.zero_grad();
       loss.backward();
-      dist.step(opt);
+      w.dist.step(w.opt);
       loss = nextLoss();
       race.done();
     }
-    dist.finish();
-    if (recorder) out.recorded = dist.node().recordedModel();
-    out.staleness = dist.node().stalenessHistogram();
+    return w.finish();
   } catch (const std::exception& e) {
     race.fail(e.what());
     throw;
   }
-  return out;
 }
 
 // One run: every worker a thread with a real node; returns the recorded W(0), W(1), ... of the
@@ -241,7 +254,7 @@ std::vector<std::vector<float>> runOnce(const Setup& setup, int run, std::map<in
   const ImplicitMomentumOptions& o = setup.o;
   const int port = freePort("127.0.0.1");
   Latch ready(o.workers);
-  const uint64_t raceSeed = (o.seed + 1000003ull * static_cast<uint64_t>(run)) * 15485863ull;
+  const uint64_t raceSeed = runStream(o, run) * 15485863ull;
   RaceTurnstile race(o.groups, o.workers / o.groups, o.steps * o.groups, raceSeed,
                      std::chrono::milliseconds(o.timeoutMs));
   std::vector<std::future<WorkerResult>> futures;

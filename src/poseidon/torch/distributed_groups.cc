@@ -91,11 +91,12 @@ void DistributedModel::GroupSync::prefetch() {
   arrived_.assign(m_.layers_.size(), false);
 }
 
-void DistributedModel::GroupSync::awaitLayer(int layer) {
-  if (!prefetching_ || arrived_[static_cast<size_t>(layer)]) return;
+bool DistributedModel::GroupSync::awaitLayer(int layer) {
+  if (!prefetching_ || arrived_[static_cast<size_t>(layer)]) return false;
   m_.node_->groups().waitPulled(layer);
   layerIntoParameters(static_cast<size_t>(layer));
   arrived_[static_cast<size_t>(layer)] = true;
+  return true;
 }
 
 void DistributedModel::GroupSync::awaitPrefetch() {

@@ -132,7 +132,8 @@ class DistributedModel::GroupSync final : public Sync {
   // it once this group's update is applied, as it would the pull at the forward.
   void prefetch();
   bool prefetching() const { return prefetching_; }
-  void awaitLayer(int layer);  // that layer of the prefetched model is in the parameters
+  // That layer of the prefetched model is in the parameters; true when this call brought it.
+  bool awaitLayer(int layer);
   void awaitPrefetch();        // every layer is; no pull is pending after it
 
  private:

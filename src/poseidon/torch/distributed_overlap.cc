@@ -181,32 +181,22 @@ torch::Tensor DistributedModel::forwardOverlapped(torch::nn::Sequential& sequenc
 torch::Tensor DistributedModel::forwardGated(const std::function<torch::Tensor(const LayerGate& gate)>& run) {
   const LayerGate none = [](int) {};
   GroupSync* groups = sync_->groups();
-  if (groups && groups->prefetching()) {
-    if ((module_ && !module_->is_training()) || !torch::GradMode::is_enabled()) {  // an evaluation: every layer
-      groups->awaitPrefetch();
-      return run(none);
-    }
-    const LayerGate awaitLayer = [this, groups](int layer) {
-      if (layer < 0 || layer >= static_cast<int>(layers_.size())) {
-        throw InvalidArgument(
-            strCat("forwardGated: layer index ", layer, " out of range (", layers_.size(), " layers)"));
-      }
-      groups->awaitLayer(layer);
-      ++updatesInForward_;
-    };
-    torch::Tensor x = run(awaitLayer);
-    beginForward();  // the layers the forward did not reach, and the round's checks
-    endForward(x);
-    return x;
-  }
-  if (!pendingOptimizer_) return forwardWith([&] { return run(none); });
+  const bool prefetching = groups && groups->prefetching();
+  if (!pendingOptimizer_ && !prefetching) return forwardWith([&] { return run(none); });
   if ((module_ && !module_->is_training()) || !torch::GradMode::is_enabled()) {  // an evaluation sees every update
     applyPending();
+    if (prefetching) groups->awaitPrefetch();
     return run(none);
   }
-  const LayerGate gate = [this](int layer) {
+  // Each layer's part of the last step, just before the layer runs: BSP applies its update, compute
+  // groups await its pulled parameters.
+  const LayerGate gate = [this, groups, prefetching](int layer) {
     if (layer < 0 || layer >= static_cast<int>(layers_.size())) {
       throw InvalidArgument(strCat("forwardGated: layer index ", layer, " out of range (", layers_.size(), " layers)"));
+    }
+    if (prefetching) {
+      if (groups->awaitLayer(layer)) ++updatesInForward_;
+      return;
     }
     if (finishedLayers_[layer]) return;
     applyPendingLayer(layer);

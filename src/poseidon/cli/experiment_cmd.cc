@@ -50,36 +50,32 @@ std::string histogramText(const std::map<int64_t, int64_t>& h) {
   return s.empty() ? "-" : s;
 }
 
-// One group count's fit, as the results file holds it.
-nlohmann::json resultJson(int g, const pt::ImplicitMomentumResult& r) {
+// One group count's result, as the results file holds it: the staleness, and the fit of its mode
+// (the wall-clock two-parameter fit, or the exact race's constrained fit and trajectory comparison).
+nlohmann::json resultJson(int g, const pt::ImplicitMomentumResult& r, bool exactRace) {
   nlohmann::json hist = nlohmann::json::object();
   for (const auto& [s, n] : r.staleness) hist[std::to_string(s)] = n;
-  return {{"groups", g},
-          {"updates", r.updates},
-          {"a", r.a},
-          {"predicted_a", r.predictedA},
-          {"b", r.b},
-          {"predicted_b", r.predictedB},
-          {"r2", r.r2},
-          {"a_iv", r.aIv},
-          {"b_iv", r.bIv},
-          {"mean_staleness", r.meanStaleness},
-          {"staleness_a", r.stalenessA},
-          {"fresh_share", r.freshShare},
-          {"staleness_histogram", hist}};
-}
-
-// The exact race's fit and trajectory comparison, added to its result.
-void addRaceJson(const pt::ImplicitMomentumResult& r, nlohmann::json& j) {
-  j["a"] = r.aConstrained;
-  j["a_ci95"] = {r.aCi95[0], r.aCi95[1]};
-  j["b"] = r.lr * (1 - r.aConstrained);
-  j["lr"] = r.lr;
-  j["lambda_max"] = r.lambdaMax;
-  j["heavy_ball_error"] = r.heavyBallError;
-  j["sgd_error"] = r.sgdError;
-  j["trajectory_noise"] = r.noise;
-  for (const char* key : {"r2", "a_iv", "b_iv"}) j.erase(key);
+  nlohmann::json j = {{"groups", g},
+                      {"updates", r.updates},
+                      {"predicted_a", r.predictedA},
+                      {"predicted_b", r.predictedB},
+                      {"mean_staleness", r.meanStaleness},
+                      {"staleness_a", r.stalenessA},
+                      {"fresh_share", r.freshShare},
+                      {"staleness_histogram", hist}};
+  if (exactRace) {
+    j.update({{"a", r.aConstrained},
+              {"a_ci95", {r.aCi95[0], r.aCi95[1]}},
+              {"b", r.lr * (1 - r.aConstrained)},
+              {"lr", r.lr},
+              {"lambda_max", r.lambdaMax},
+              {"heavy_ball_error", r.heavyBallError},
+              {"sgd_error", r.sgdError},
+              {"trajectory_noise", r.noise}});
+  } else {
+    j.update({{"a", r.a}, {"b", r.b}, {"r2", r.r2}, {"a_iv", r.aIv}, {"b_iv", r.bIv}});
+  }
+  return j;
 }
 
 // The summary's columns, one entry per group count: g, a, its interval (null in the wall-clock
@@ -254,8 +250,7 @@ int implicitMomentum(const std::vector<std::string>& args) {
     o.groups = g;
     pt::ImplicitMomentumResult r = pt::measureImplicitMomentum(o);
     printRow(o, r);
-    results.push_back(resultJson(g, r));
-    if (o.exactRace) addRaceJson(r, results.back());
+    results.push_back(resultJson(g, r, o.exactRace));
   }
   if (o.exactRace && !results.empty())
     std::printf("lr %g (lambda_max %g)\n", results[0]["lr"].get<double>(), results[0]["lambda_max"].get<double>());

@@ -250,7 +250,19 @@ TEST(CliFlags, PlanModelsComputeGroupsAndChecksTimeToAccuracyFiles) {
 TEST(CliFlags, TuneRejectsInconsistentBudgets) {
   expectRejected(
       {{"tune", "--epoch-steps", "100", "--probe-steps", "30"}, "--probe-steps 30 must divide --epoch-steps 100"});
-  expectRejected({{"tune", "--steps", "255", "--epoch-steps", "100"}, "--probe-steps 10 (a tenth of --epoch-steps) must divide --steps 255"});
+  expectRejected({{"tune", "--steps", "255", "--epoch-steps", "120"},
+                  "--probe-steps 2 (1/60 of --epoch-steps, at least 2) must divide --steps 255"});
+  expectRejected({{"tune", "--steps", "300", "--epoch-steps", "120", "--cold-start-steps", "5"},
+                  "--probe-steps 2 (1/60 of --epoch-steps, at least 2) must divide --cold-start-steps 5"});
+  expectRejected({{"tune", "--steps", "300", "--epoch-steps", "120", "--cold-start-steps", "302"},
+                  "--cold-start-steps 302 exceeds --steps 300"});
+  expectRejected({{"tune", "--regret", "--ratios", "7"},
+                  "--ratios 7: a probe of --epoch-steps 600 / 7 must be a whole number of at least 2 steps that "
+                  "divides --steps 1800"});
+  expectRejected(
+      {{"tune", "--regret", "--groups-list", "2,4"}, "--groups-list must include 1 (the cold start is synchronous)"});
+  expectRejected({{"tune", "--regret", "--groups-list", "1,3"}, "--groups-list: 3 does not divide --nodes 8"});
+  expectRejected({{"tune", "--regret", "--epoch-steps", "3600"}, "--epoch-steps 3600 exceeds --steps 1800"});
   expectRejected({{"tune", "--steps", "100", "--epoch-steps", "200"}, "--epoch-steps 200 exceeds --steps 100"});
   expectRejected({{"tune", "--groups-list", "2,4"}, "--groups-list must include 1 (the cold start is synchronous)"});
   expectRejected({{"tune", "--groups-list", "1,3"}, "--groups-list: 3 does not divide --nodes 8"});

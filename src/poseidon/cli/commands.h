@@ -14,5 +14,7 @@ int benchCommand(const std::vector<std::string>& args);
 int benchWorkerCommand(const std::vector<std::string>& args);
 int experimentCommand(const std::vector<std::string>& args);
 int tuneCommand(const std::vector<std::string>& args);
+// poseidon tune --regret: the optimizer's regret on a virtual clock (cli/tune_regret.cc).
+int tuneRegretCommand(const std::vector<std::string>& args);
 
 }  // namespace poseidon::cli

@@ -12,4 +12,8 @@ int experimentCommand(const std::vector<std::string>&) {
   throw Error("this poseidon was built without LibTorch (-DPOSEIDON_WITH_TORCH=OFF); install libtorch-dev and rebuild");
 }
 
+int tuneRegretCommand(const std::vector<std::string>&) {
+  throw Error("this poseidon was built without LibTorch (-DPOSEIDON_WITH_TORCH=OFF); install libtorch-dev and rebuild");
+}
+
 }  // namespace poseidon::cli

@@ -40,8 +40,8 @@ void writeMarkdown(const std::string& path, const nlohmann::json& result) {
   md << "# Omnivore's optimizer on the emulated cluster (`poseidon tune`)\n\n`" << c["command"].get<std::string>()
      << "`\n\nLeNet on Fashion-MNIST, " << c["nodes"] << " nodes, batch " << c["batch"]
      << " per worker, compute padded to " << c["pad_ms"] << " ms per step; " << c["steps"]
-     << " steps of the trained model, epochs of " << c["epoch_steps"] << ", probes of " << c["probe_steps"]
-     << ". A run's loss is "
+     << " steps of the trained model, a cold start of " << c.value("cold_start_steps", 0) << ", epochs of "
+     << c["epoch_steps"] << ", probes of " << c["probe_steps"] << ". A run's loss is "
      << (c.value("probe_samples", 0) > 0
              ? strCat("its end model's mean loss on ", c["probe_samples"].get<int64_t>(), " fixed training images")
              : std::string("rank 0's mean training loss over its second half"))
@@ -78,7 +78,7 @@ struct TuneArgs {
   AccuracyHarness h;
   TuneConfig cfg;
   int64_t seed = 1;
-  int probeSteps = 0;
+  int probeSteps = 0, coldSteps = 0;
   bool keep = false;
 };
 
@@ -92,7 +92,12 @@ void addTuneFlags(FlagSet& flags, TuneArgs& a) {
                IntRange::atLeast(2));
   flags.addInt("epoch-steps", &a.cfg.epochSteps, "steps of an optimizer epoch (the paper: an hour)", "N",
                IntRange::atLeast(2));
-  flags.addInt("probe-steps", &a.probeSteps, "steps of a probe (default: a tenth of an epoch; the paper: a minute)",
+  flags.addInt("probe-steps", &a.probeSteps,
+               "steps of a probe (default: 1/60 of an epoch and at least 2; the paper: a minute per hour)", "N",
+               IntRange::atLeast(2));
+  flags.addInt("cold-start-steps", &a.coldSteps,
+               "steps of the synchronous cold start, its probes included (default: the first multiple of the probe "
+               "length from a tenth of an epoch)",
                "N", IntRange::atLeast(2));
   flags.addString("groups-list", &a.groupsFlag,
                   "the numbers of groups to choose from (default: 1, 2, 4, ... up to --nodes)", "LIST");
@@ -121,19 +126,30 @@ void addTuneFlags(FlagSet& flags, TuneArgs& a) {
 // The optimizer's settings from the flags: the probe length, the grids of g, eta and mu, checked.
 void finishConfig(TuneArgs& a) {
   a.h.seed = static_cast<uint64_t>(a.seed);
-  a.cfg.probeSteps = a.probeSteps > 0 ? a.probeSteps : std::max(2, a.cfg.epochSteps / 10);
-  if (a.cfg.epochSteps % a.cfg.probeSteps != 0) {
-    throw InvalidArgument(strCat("--probe-steps ", a.cfg.probeSteps,
-                                 a.probeSteps > 0 ? "" : " (a tenth of --epoch-steps)", " must divide --epoch-steps ",
-                                 a.cfg.epochSteps));
-  }
-  if (a.cfg.steps % a.cfg.probeSteps != 0) {
-    throw InvalidArgument(strCat("--probe-steps ", a.cfg.probeSteps,
-                                 a.probeSteps > 0 ? "" : " (a tenth of --epoch-steps)", " must divide --steps ",
-                                 a.cfg.steps));
-  }
   if (a.cfg.epochSteps > a.cfg.steps) {
     throw InvalidArgument(strCat("--epoch-steps ", a.cfg.epochSteps, " exceeds --steps ", a.cfg.steps));
+  }
+  const bool probeGiven = a.probeSteps > 0;
+  a.cfg.probeSteps = probeGiven ? a.probeSteps : std::max(2, a.cfg.epochSteps / 60);
+  const std::string probeText =
+      strCat("--probe-steps ", a.cfg.probeSteps, probeGiven ? "" : " (1/60 of --epoch-steps, at least 2)");
+  if (a.cfg.epochSteps % a.cfg.probeSteps != 0) {
+    throw InvalidArgument(strCat(probeText, " must divide --epoch-steps ", a.cfg.epochSteps));
+  }
+  if (a.cfg.steps % a.cfg.probeSteps != 0) {
+    throw InvalidArgument(strCat(probeText, " must divide --steps ", a.cfg.steps));
+  }
+  if (a.coldSteps > 0) {
+    if (a.coldSteps % a.cfg.probeSteps != 0) {
+      throw InvalidArgument(strCat(probeText, " must divide --cold-start-steps ", a.coldSteps));
+    }
+    a.cfg.coldSteps = a.coldSteps;
+  } else {
+    const int tenth = std::max(1, a.cfg.epochSteps / 10);
+    a.cfg.coldSteps = (tenth + a.cfg.probeSteps - 1) / a.cfg.probeSteps * a.cfg.probeSteps;
+  }
+  if (a.cfg.coldSteps > a.cfg.steps) {
+    throw InvalidArgument(strCat("--cold-start-steps ", a.cfg.coldSteps, " exceeds --steps ", a.cfg.steps));
   }
   if (a.groupsFlag.empty()) {
     for (int g = 1; g <= a.h.nodes; g *= 2)
@@ -176,8 +192,8 @@ void tuneAtEachRate(TuneArgs& a, const std::vector<double>& rates, nlohmann::jso
   h.cluster = &cluster;
   std::printf(
       "poseidon tune: %d-node emulated cluster, LeNet on Fashion-MNIST, batch %lld per worker, compute padded "
-      "to %g ms; %d steps, epochs of %d, probes of %d\n",
-      h.nodes, static_cast<long long>(h.batch), h.padMs, cfg.steps, cfg.epochSteps, cfg.probeSteps);
+      "to %g ms; %d steps, a cold start of %d, epochs of %d, probes of %d\n",
+      h.nodes, static_cast<long long>(h.batch), h.padMs, cfg.steps, cfg.coldSteps, cfg.epochSteps, cfg.probeSteps);
   for (double rate : rates) {
     cluster.setLink({rate, 0});
     std::printf("%g Mbit/s:\n", rate);
@@ -204,16 +220,25 @@ void tuneAtEachRate(TuneArgs& a, const std::vector<double>& rates, nlohmann::jso
 }  // namespace
 
 int tuneCommand(const std::vector<std::string>& args) {
+  if (std::find(args.begin(), args.end(), "--regret") != args.end()) {
+    std::vector<std::string> rest;
+    for (const auto& arg : args)
+      if (arg != "--regret") rest.push_back(arg);
+    return tuneRegretCommand(rest);
+  }
   TuneArgs a;
   AccuracyHarness& h = a.h;
   FlagSet flags("tune", "poseidon tune [--rates LIST] [--steps N] [--epoch-steps N] [flags]",
                 "Omnivore's automatic optimizer (Algorithm 1; docs/omnivore.md) on the time-to-accuracy mode:\n"
                 "real training of LeNet on Fashion-MNIST on the emulated cluster (needs root), compute padded to\n"
                 "--pad-ms per step. It picks the number of compute groups, the explicit momentum and the learning\n"
-                "rate by short probes of real training (a tenth of an epoch each), trains an epoch with the\n"
-                "winner, and repeats: a synchronous cold start over the learning rates; then the first g from the\n"
-                "planner's hardware-efficiency model; each epoch a grid over momentum and learning rate, halving\n"
-                "g while momentum 0 wins. Prints every probe and decision; --json writes them all.");
+                "rate by short probes of real training (1/60 of an epoch each, the paper's minute per hour), trains\n"
+                "an epoch with the winner, and repeats: a synchronous cold start over the learning rates; then the\n"
+                "first g from the planner's hardware-efficiency model; each epoch a grid over momentum and learning\n"
+                "rate, halving g while momentum 0 wins. Ties are decided by the probes' own spread. Prints every\n"
+                "probe and decision with its margin; --json writes them all.\n"
+                "With --regret (no root needed): the regret experiment on a virtual clock instead\n"
+                "(poseidon tune --regret --help).");
   addTuneFlags(flags, a);
   flags.parse(args);
   if (flags.helpRequested()) {
@@ -232,6 +257,7 @@ int tuneCommand(const std::vector<std::string>& args) {
   result["config"].update({{"steps", cfg.steps},
                            {"epoch_steps", cfg.epochSteps},
                            {"probe_steps", cfg.probeSteps},
+                           {"cold_start_steps", cfg.coldSteps},
                            {"groups_list", cfg.groups},
                            {"lrs", cfg.lrs},
                            {"momenta", cfg.momenta},

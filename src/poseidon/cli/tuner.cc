@@ -1,34 +1,38 @@
 // poseidon tune: Omnivore's automatic optimizer (Algorithm 1; appendix E-C and E-D of
-// omnivore-2016-arxiv.txt) on the time-to-accuracy mode (docs/omnivore.md): it picks the number of
-// compute groups g, the explicit momentum mu and the learning rate eta by short probes of real
-// training on the emulated cluster, trains with the winner for an epoch, and repeats.
+// omnivore-2016-arxiv.txt). It picks the number of compute groups g, the explicit momentum mu and
+// the learning rate eta by short probes of real training, trains with the winner for an epoch, and
+// repeats. It trains through a TuneBackend: real processes on the emulated cluster (HarnessBackend,
+// below) or the regret experiment's virtual clock (tune_regret.cc).
 //
 //   cold start   g = 1 (synchronous), mu = 0.9; eta over --lrs from the lowest up, each a probe from
 //                the initial model; stop at the first that is worse than the one before or
-//                diverges; then train the cold-start epoch with the best.
-//   first g      the smallest g whose predicted time per sample (the planner's HE model,
-//                planner::predictGroups) is within 5% of the best over --groups-list: where more
-//                asynchrony stops buying hardware efficiency (the paper: the smallest g that
-//                saturates the FC server; without a merged FC this is its analogue). With --merged-fc,
-//                the paper's rule: the smallest g whose predicted FC server load is at least 95% (the
-//                largest listed when none is), the server's time per sample measured in the cold start.
-//   each epoch   at the current g, probe mu in --momenta up to the last epoch's mu, and eta in
-//                {eta*, eta* / 10}, every probe from the epoch's starting model; if mu = 0 has the
-//                lowest loss, also probe mu = 0.1 and 0.2 (at its eta); then the lowest loss wins,
-//                and configurations within 5% of it are probed further (up to twice, never past
-//                the epoch's end); if mu = 0 still wins and g > 1, move to the largest listed g of
-//                at most g / 2 and search again. Then train the rest of the epoch from the
-//                winner's end state.
+//                diverges; then train the winner to the cold start's end (--cold-start-steps).
+//   first g      the smallest g whose predicted time per sample (the HE model) is within 5% of the
+//                best over --groups-list: where more asynchrony stops buying hardware efficiency
+//                (the paper: the smallest g that saturates the FC server; without a merged FC this
+//                is its analogue). With --merged-fc, the paper's rule: the smallest g whose
+//                predicted FC server load is at least 95% (the largest listed when none is), the
+//                server's time per sample measured in the cold start.
+//   each epoch   at the current g, probe eta in {eta*, eta* / 10} and mu in --momenta, except mu
+//                above the last epoch's mu at eta* (the paper prunes only there), every probe from
+//                the epoch's starting model. The lowest loss wins; configurations tied with it are
+//                probed further (below). If the winner has mu = 0, mu = 0.1 and 0.2 are probed at
+//                its eta, as long as it ran, and the three settled the same way; if mu = 0 still
+//                wins and g > 1, move to the largest listed g of at most g / 2 and search again.
+//                Then train the rest of the epoch from the winner's end state.
 //
-// A probe is a tenth of an epoch (the paper's ratio is 1 minute per hour; the issue keeps 1:10);
-// its loss is where it left the model: the end model's mean loss on --probe-samples fixed training
-// images (default 4096, evenly spaced; poseidon train --curve-loss-samples), scored after the run
-// and off the training clock: the paper's "lowest final loss". Rank 0's mean training loss over
-// the probe's second half (the signal with --probe-samples 0) moved more between windows of the
-// same configuration than between configurations (bench/results/tune-100mbit.log). The winner's
-// steps are kept (the epoch continues from its state), so what tuning costs is the losers' time.
-// Every decision is printed and written to the summary JSON. Time is the training clock: seconds
-// in training steps, summed over every run (probes and epochs), as `bench --accuracy` counts it.
+// A probe is 1/60 of an epoch by default (the paper: a minute per hour). A run's loss is scored
+// from its points in its second half (TuneRunResult::points; the harness: the end model's mean loss
+// on --probe-samples fixed training images, scored after the run and off the training clock, the
+// paper's "lowest final loss"): their mean (the paper decides on "the loss of the past 50
+// iterations"), with its standard error from the points' scatter about their least-squares line.
+// Two runs tie when their losses differ by at most 2 standard errors of the difference (the probes'
+// own spread, instead of the paper's fixed 5%, which decided on noise); with fewer than three points
+// a run has no spread and the 5% band applies. A tie is probed further once, the best with its two
+// closest challengers. Every decision is printed with its margin and band and kept in the summary's
+// "decisions". The winner's steps are kept (the epoch continues from its state), so what tuning
+// costs is the losers' time. Time is the training clock: seconds in training steps, summed over
+// every run (probes and epochs), as `bench --accuracy` counts it.
 //
 // Every run skips its remaining steps once its model is found not finite (poseidon train
 // --allow-divergence: the paper's early stop on divergence), so a diverged probe or epoch costs
@@ -37,6 +41,10 @@
 // every probe of a grid diverges, g is lowered as when mu = 0 wins (at g = 1 it is an error); an
 // epoch that diverges is run again from the winner's state at a tenth of its learning rate (at
 // most twice). The cold start probes g = 1 only (appendix E-D also searches every g there).
+// Beyond the paper, for the trade-off Algorithm 1 is meant to make (measured: poseidon tune --regret,
+// docs/omnivore.md): in the first grid after the cold start, while the winner is at eta*, ten times
+// its rate is probed too (the synchronous eta* is too low once groups add implicit momentum); and a
+// g lowered because mu = 0 won must beat that mu = 0 winner, run as long, to be kept.
 #include "poseidon/cli/tuner.h"
 
 #include <algorithm>
@@ -65,25 +73,26 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-constexpr double kTie = 0.05;           // losses within 5% of the best are a tie (the paper's threshold)
-constexpr int kMaxExtensions = 2;       // a tie is probed further at most this often
+constexpr double kTie = 0.05;           // without a spread, losses within 5% of the best tie (the paper's)
+constexpr double kTieZ = 2;             // with one, within 2 standard errors of the difference
+constexpr int kMaxExtensions = 1;       // a tie is probed further at most this often
+constexpr size_t kMaxChallengers = 2;   // and then the best with at most this many of those tied
 constexpr int kEpochRetries = 2;        // a diverged epoch is run again at lr / 10 at most this often
 constexpr double kHeSaturation = 0.05;  // the first g: within 5% of the best predicted time per sample
 
 // One run of the tuner: a probe or the rest of an epoch, from a saved state to a saved state.
 struct Stage {
-  std::string kind;  // "cold-start probe", "probe", "extension", "epoch"
+  std::string kind;  // "cold-start probe", "probe", "momentum check", "extension", "epoch"
   int groups = 0;
   double lr = 0, momentum = 0;
   int fromStep = 0, toStep = 0;
-  // The run's loss (inf: diverged): its end model's mean loss on --probe-samples fixed training images;
-  // with --probe-samples 0, rank 0's mean training loss over the run's second half.
-  double loss = kInf;
-  double clock = 0;     // training-clock seconds it took
-  int divergedAt = -1;  // the step its model was found not finite, where the run stopped (-1: it did not)
+  double loss = kInf;            // scoreRun's (inf: diverged)
+  double lossSe = std::nan("");  // its standard error (NaN: no spread)
+  double clock = 0;              // training-clock seconds it took
+  int divergedAt = -1;           // the step its model was found not finite, where the run stopped (-1: it did not)
   // Merged FC: the FC server's busy seconds and the samples it served in this run (0: none).
   double fcBusySeconds = 0, fcSamples = 0;
-  std::string state;  // checkpoint directory holding its end state
+  std::string state;  // the backend's handle of its end state
   nlohmann::json curve;
   std::vector<size_t> runs;  // the tuner's runs this stage is made of (a probe and its extensions)
   bool won = false;          // part of the trained model's path
@@ -95,6 +104,7 @@ struct Stage {
             {"from_step", fromStep},
             {"to_step", toStep},
             {"loss", std::isinf(loss) ? nlohmann::json("diverged") : nlohmann::json(loss)},
+            {"loss_se", std::isfinite(lossSe) ? nlohmann::json(lossSe) : nlohmann::json(nullptr)},
             {"diverged_at_step", divergedAt >= 0 ? nlohmann::json(divergedAt) : nlohmann::json(nullptr)},
             {"clock_seconds", clock},
             {"fc_server_busy_seconds", fcBusySeconds},
@@ -110,35 +120,66 @@ double curveNumber(const nlohmann::json& p, const char* key) {
                                                                                       : std::nan("");
 }
 
+std::pair<double, double> scoreRun(const std::vector<std::pair<double, double>>& points) {
+  if (points.empty()) return {kInf, std::nan("")};
+  for (const auto& [x, y] : points)
+    if (!std::isfinite(y) || y >= 1e3) return {kInf, std::nan("")};
+  const double n = static_cast<double>(points.size());
+  double mx = 0, my = 0;
+  for (const auto& [x, y] : points) {
+    mx += x / n;
+    my += y / n;
+  }
+  if (points.size() < 3) return {my, std::nan("")};
+  double sxx = 0, sxy = 0;
+  for (const auto& [x, y] : points) {
+    sxx += (x - mx) * (x - mx);
+    sxy += (x - mx) * (y - my);
+  }
+  if (!(sxx > 0)) return {my, std::nan("")};
+  // The spread: the points' scatter about their trend (a falling loss is not noise).
+  const double slope = sxy / sxx;
+  double rss = 0;
+  for (const auto& [x, y] : points) {
+    const double r = y - (my + slope * (x - mx));
+    rss += r * r;
+  }
+  return {my, std::sqrt(rss / (n - 2) / n)};
+}
+
 namespace {
 
-double number(const nlohmann::json& p, const char* key) { return curveNumber(p, key); }
-
-// A run's outcome for the terminal: "loss 0.5210", "diverged at step 23 (stopped)" or "loss diverged".
+// A run's outcome for the terminal: "loss 0.5210 +- 0.0031", "diverged at step 23 (stopped)" or
+// "loss diverged".
 std::string outcome(const Stage& s) {
   if (s.divergedAt >= 0) return strCat("diverged at step ", s.divergedAt, " (stopped)");
   if (std::isinf(s.loss)) return "loss diverged";
-  char b[32];
-  std::snprintf(b, sizeof b, "loss %.4f", s.loss);
+  char b[64];
+  if (std::isfinite(s.lossSe))
+    std::snprintf(b, sizeof b, "loss %.4f +- %.4f", s.loss, s.lossSe);
+  else
+    std::snprintf(b, sizeof b, "loss %.4f", s.loss);
   return b;
 }
 
+std::string name(const Stage& s) { return strCat("g=", s.groups, " lr=", s.lr, " momentum=", s.momentum); }
+
 class Tuner {
  public:
-  Tuner(AccuracyHarness* h, const TuneConfig& cfg, double mbit) : h_(h), cfg_(cfg), mbit_(mbit) {}
+  Tuner(TuneBackend* b, const TuneConfig& cfg) : b_(b), cfg_(cfg) {}
 
   nlohmann::json run() {
     // Merged FC's first g needs the FC server's time per sample, which the cold start measures.
     int first = cfg_.mergedFc ? 0 : firstGroups();
     // Cold start: synchronous, mu = 0.9, eta from the lowest up (appendix E-D).
     std::vector<Stage> cold;
-    std::printf("  cold start: g = 1, momentum 0.9, learning rates from %g up\n", cfg_.lrs.front());
+    say("  cold start: g = 1, momentum 0.9, learning rates from %g up, to step %d\n", cfg_.lrs.front(), cfg_.coldSteps);
     for (double lr : cfg_.lrs) {
       cold.push_back(probe("cold-start probe", "", 0, 1, lr, 0.9));
       const Stage& s = cold.back();
       if (std::isinf(s.loss) || (cold.size() > 1 && s.loss > cold[cold.size() - 2].loss)) break;
     }
-    Stage best = settle(cold, epochEnd(0));
+    Stage best = settle(cold, epochEnd(0), "cold start");
     if (std::isinf(best.loss)) throw Error("every cold-start learning rate diverged: try lower --lrs");
     if (cfg_.mergedFc) {
       // Pooled over the cold start's runs (one short probe's warm-up weighs by its samples only).
@@ -152,42 +193,39 @@ class Tuner {
       first = firstGroups();
     }
     keep(best);
-    Stage at = finishEpoch(best);  // the cold-start epoch, with the winner
+    Stage at = finishEpoch(best);  // the cold start, with the winner
     double mu = 0.9, eta = at.lr;
     int g = first;
     while (at.toStep < cfg_.steps) {
-      std::printf("  epoch from step %d: g = %d, momentum up to %g, learning rate %g or %g\n", at.toStep, g, mu, eta,
-                  eta / 10);
-      Stage won = search(at, &g, mu, eta);
+      say("  epoch from step %d: g = %d, learning rate %g (momentum up to %g) or %g\n", at.toStep, g, eta, mu,
+          eta / 10);
+      Stage won = search(at, &g, mu, eta, /*firstGrid=*/g != 1 && at.groups == 1);
       at = finishEpoch(won);
       mu = at.momentum;
       eta = at.lr;
     }
-    std::printf("  chose g = %d, momentum %g, learning rate %g\n", g, mu, eta);
+    say("  chose g = %d, momentum %g, learning rate %g\n", g, mu, eta);
     return summary(g, mu, eta);
   }
 
  private:
+  template <typename... A>
+  void say(const char* f, A... a) const {
+    if (!cfg_.verbose) return;
+    std::printf(f, a...);
+    std::fflush(stdout);
+  }
+
   // HE(g) for each g of CG: the smallest g within 5% of the best time per sample starts the search.
   // With merged FC (the paper's rule): the smallest g at which the FC server saturates (predicted load
   // of at least 95%; the largest g when it never does), its time per sample the one the cold start
   // measured.
   int firstGroups() {
-    // As `poseidon plan --check` models a time-to-accuracy run on the emulated cluster.
-    const planner::Workload whole = planner::paddedWorkload(resolveModel("lenet"), h_->batch, h_->padMs / 1e3);
-    planner::Workload w = whole;
-    planner::MergedFc fc;
-    if (cfg_.mergedFc) {
-      std::tie(w, fc) = planner::paddedMergedFc(resolveModel("lenet"), h_->batch, h_->padMs / 1e3, fcSecondsPerSample_);
-    }
-    planner::Cluster c = planner::emulatedCluster(planner::Cluster{}, h_->nodes, mbit_,
-                                                  static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
-    c.pairBytes = h_->pairBytes;
     double best = kInf;
     std::vector<double> perSample, busy;  // seconds per sample through the whole cluster; the FC server's load
     for (int g : cfg_.groups) {
-      const planner::GroupPrediction p = planner::predictGroups(w, c, g, cfg_.mergedFc ? &fc : nullptr);
-      perSample.push_back(1 / p.samplesPerSecond);
+      const TuneHe p = b_->predict(g, fcSecondsPerSample_);
+      perSample.push_back(p.secondsPerSample);
       busy.push_back(p.fcServerBusy);
       best = std::min(best, perSample.back());
       he_.push_back({{"groups", g}, {"predicted_step_seconds", p.stepSeconds}});
@@ -197,11 +235,13 @@ class Tuner {
       }
     }
     int first = cfg_.groups.back();
-    std::printf("  HE model (planner%s): HE(g)/HE(1)", cfg_.mergedFc ? ", merged FC" : "");
+    std::string line = strCat("  HE model (", b_->heSource(), cfg_.mergedFc ? ", merged FC" : "", "): HE(g)/HE(1)");
     for (size_t i = 0; i < cfg_.groups.size(); ++i) {
       he_[i]["he_ratio"] = perSample[i] / perSample.front();
-      std::printf("%s g%d %.3f", i ? "," : "", cfg_.groups[i], perSample[i] / perSample.front());
-      if (cfg_.mergedFc) std::printf(" (FC server %.0f%% busy)", 100 * busy[i]);
+      char b[96];
+      std::snprintf(b, sizeof b, "%s g%d %.3f", i ? "," : "", cfg_.groups[i], perSample[i] / perSample.front());
+      line += b;
+      if (cfg_.mergedFc) line += strCat(" (FC server ", static_cast<int>(std::lround(100 * busy[i])), "% busy)");
     }
     for (size_t i = 0; i < cfg_.groups.size(); ++i) {
       const bool saturated = cfg_.mergedFc ? busy[i] >= 1 - kHeSaturation : perSample[i] <= best * (1 + kHeSaturation);
@@ -210,49 +250,117 @@ class Tuner {
         break;
       }
     }
-    if (cfg_.mergedFc) std::printf("; FC server %.2f ms per sample (measured)", 1e3 * fcSecondsPerSample_);
-    std::printf("; first g = %d\n", first);
+    if (cfg_.mergedFc) {
+      char b[80];
+      std::snprintf(b, sizeof b, "; FC server %.2f ms per sample (measured)", 1e3 * fcSecondsPerSample_);
+      line += b;
+    }
+    say("%s; first g = %d\n", line.c_str(), first);
     return first;
   }
 
   // The grid at g (and smaller g while mu = 0 wins), every probe from `at`'s state.
-  Stage search(const Stage& at, int* g, double muLast, double eta) {
+  Stage search(const Stage& at, int* g, double muLast, double eta, bool firstGrid) {
     const int end = epochEnd(at.toStep);
+    std::vector<Stage> zeroWinners;  // mu = 0 winners at higher g, still candidates (below)
     for (;;) {
       std::vector<Stage> grid;
+      int incumbent = -1;  // the last epoch's (g, eta*, mu*), where the grid has it
       for (double lr : {eta, eta / 10}) {
         for (double mu : cfg_.momenta) {
-          if (mu <= muLast + 1e-12) grid.push_back(probe("probe", at.state, at.toStep, *g, lr, mu));
+          // The paper prunes mu > mu_last at eta* only: at eta* / 10 a higher momentum keeps the step.
+          if (lr == eta && mu > muLast + 1e-12) continue;
+          if (lr == eta && std::fabs(mu - muLast) < 1e-12 && *g == at.groups) incumbent = static_cast<int>(grid.size());
+          grid.push_back(probe("probe", at.state, at.toStep, *g, lr, mu));
         }
       }
-      const Stage& lowest =
-          *std::min_element(grid.begin(), grid.end(), [](const Stage& a, const Stage& b) { return a.loss < b.loss; });
-      if (lowest.momentum == 0 && !std::isinf(lowest.loss)) {
-        const double lr = lowest.lr;
-        for (double mu : {0.1, 0.2}) grid.push_back(probe("probe", at.state, at.toStep, *g, lr, mu));
+      Stage best = settle(grid, end, strCat("grid at g = ", *g), incumbent);
+      // Beyond the paper: an adaptive grid where the cold start's synchronous eta* meets the first
+      // asynchronous g. A winner at the top of the range says the range may be too low - the groups
+      // add implicit momentum, which a larger rate with less explicit momentum can match (Theorem 1) -
+      // and Algorithm 1's eta only goes down. Probe ten times the rate at the winner's momentum and
+      // the next lower one, as long as the winner ran, up to the largest --lrs.
+      for (double top = eta;
+           firstGrid && !std::isinf(best.loss) && best.lr == top && top * 10 <= cfg_.lrs.back() * (1 + 1e-9);) {
+        top *= 10;
+        std::vector<Stage> up{best};
+        const auto at_mu = std::find(cfg_.momenta.begin(), cfg_.momenta.end(), best.momentum);
+        std::vector<double> mus{best.momentum};
+        if (at_mu != cfg_.momenta.begin() && at_mu != cfg_.momenta.end()) mus.push_back(*(at_mu - 1));
+        for (double mu : mus) up.push_back(run("rate up", at.state, at.toStep, best.toStep, *g, top, mu));
+        best = settle(up, end, "rate up");
       }
-      Stage best = settle(grid, end);
+      if (!std::isinf(best.loss) && best.momentum == 0) {
+        // The paper: if the optimal mu is 0, try 0.1 and 0.2 as well - as long as the winner ran, so
+        // the three compare on equal terms.
+        std::vector<Stage> check{best};
+        for (double mu : {0.1, 0.2})
+          check.push_back(run("momentum check", at.state, at.toStep, best.toStep, *g, best.lr, mu));
+        best = settle(check, end, "momentum check");
+      }
       if (std::isinf(best.loss)) {
-        if (*g == 1) throw Error("every probe diverged at g = 1: try lower --lrs");
+        if (*g == 1 && zeroWinners.empty()) throw Error("every probe diverged at g = 1: try lower --lrs");
       } else if (best.momentum > 0 || *g == 1) {
+        // Beyond the paper: Algorithm 1 lowers g whenever mu = 0 wins, whatever the hardware
+        // efficiency it gives up. Here the lower g must also beat the mu = 0 winners above it, run as
+        // long as it (each a round of its own g: equal steps are about equal time, the HE ratio apart).
+        if (!zeroWinners.empty()) {
+          zeroWinners.push_back(best);
+          equalize(zeroWinners);
+          best = settle(zeroWinners, end, "against momentum 0 at more groups");
+          *g = best.groups;
+        }
         keep(best);
         return best;
       }
-      // Momentum 0 won (or every probe diverged): the implicit momentum is too high.
+      if (std::isinf(best.loss) && *g == 1) {  // every probe at g = 1 diverged: the best above wins
+        equalize(zeroWinners);
+        best = settle(zeroWinners, end, "against momentum 0 at more groups");
+        *g = best.groups;
+        keep(best);
+        return best;
+      }
+      // Momentum 0 won (or every probe diverged): the implicit momentum may be too high.
+      if (!std::isinf(best.loss)) zeroWinners.push_back(best);
       int lower = 1;
       for (int c : cfg_.groups)
         if (c <= *g / 2) lower = c;
       *g = lower;
-      std::printf("  momentum 0 %s: %d groups now\n", std::isinf(best.loss) ? "diverged too" : "won", *g);
+      say("  momentum 0 %s: %d groups now\n", std::isinf(best.loss) ? "diverged too" : "won", *g);
     }
   }
 
-  // The end of the epoch that step `from` is in (or the budget).
-  int epochEnd(int from) const { return std::min(cfg_.steps, (from / cfg_.epochSteps + 1) * cfg_.epochSteps); }
+  // Extends every stage by probes until all end at the same step (the latest end among them).
+  void equalize(std::vector<Stage>& stages) {
+    int to = 0;
+    for (const Stage& s : stages) to = std::max(to, s.toStep);
+    for (Stage& s : stages) {
+      while (s.toStep < to && !std::isinf(s.loss)) {
+        const Stage was = s;
+        s = probe("extension", was.state, was.toStep, was.groups, was.lr, was.momentum, &was);
+      }
+    }
+  }
 
-  // The lowest loss wins; those within 5% of it are probed further (each from its own state) while
-  // that stays within `end`. The caller keeps the final choice.
-  Stage settle(std::vector<Stage>& grid, int end) {
+  // The end of the phase that step `from` is in: the cold start ends at coldSteps, then an epoch every
+  // epochSteps (the last one cut at the budget).
+  int epochEnd(int from) const {
+    if (from < cfg_.coldSteps) return std::min(cfg_.steps, cfg_.coldSteps);
+    return std::min(cfg_.steps, cfg_.coldSteps + ((from - cfg_.coldSteps) / cfg_.epochSteps + 1) * cfg_.epochSteps);
+  }
+
+  // Whether `s` ties with `best`: within kTieZ standard errors of the difference when both have a
+  // spread, within kTie of the best loss otherwise. `band` gets the band's width in loss.
+  static bool ties(const Stage& s, const Stage& best, double* band) {
+    const bool spread = std::isfinite(s.lossSe) && std::isfinite(best.lossSe);
+    *band = spread ? kTieZ * std::hypot(s.lossSe, best.lossSe) : kTie * best.loss;
+    return !std::isinf(s.loss) && s.loss - best.loss <= *band;
+  }
+
+  // The lowest loss wins; those tied with it are probed further (each from its own state) while
+  // that stays within `end`. The caller keeps the final choice. Every round's decision is printed
+  // and recorded with its margin: the runner-up's loss above the winner's, and the band.
+  Stage settle(std::vector<Stage>& grid, int end, const std::string& what, int incumbent = -1) {
     // Only the configurations still tied go on, so the ones compared have always run equally long.
     std::vector<size_t> candidates(grid.size());
     for (size_t i = 0; i < grid.size(); ++i) candidates[i] = i;
@@ -260,12 +368,34 @@ class Tuner {
       size_t best = candidates.front();
       for (size_t i : candidates)
         if (grid[i].loss < grid[best].loss) best = i;
+      // The last epoch's configuration stays unless another is better beyond the band: a change must
+      // be earned (a short probe favours the lower rate, whose gain it cannot see the end of).
+      double incumbentBand = 0;
+      if (incumbent >= 0 && static_cast<size_t>(incumbent) != best &&
+          std::find(candidates.begin(), candidates.end(), static_cast<size_t>(incumbent)) != candidates.end() &&
+          ties(grid[incumbent], grid[best], &incumbentBand)) {
+        record(what + " (the last epoch's configuration kept)", grid[incumbent], &grid[best], incumbentBand, 1, false);
+        return grid[incumbent];
+      }
       std::vector<size_t> tied;
-      for (size_t i : candidates)
-        if (i != best && !std::isinf(grid[i].loss) && grid[i].loss <= grid[best].loss * (1 + kTie)) tied.push_back(i);
-      if (tied.empty() || round == kMaxExtensions || grid[best].toStep + cfg_.probeSteps > end) return grid[best];
+      size_t second = best;
+      double secondBand = 0;
+      for (size_t i : candidates) {
+        if (i == best) continue;
+        double band = 0;
+        if (ties(grid[i], grid[best], &band)) tied.push_back(i);
+        if (second == best || grid[i].loss < grid[second].loss) {
+          second = i;
+          secondBand = band;
+        }
+      }
+      const bool extend = !tied.empty() && round < kMaxExtensions && grid[best].toStep + cfg_.probeSteps <= end;
+      record(what, grid[best], second == best ? nullptr : &grid[second], secondBand, tied.size(), extend);
+      if (!extend) return grid[best];
+      // The closest challengers only: a probe longer for each costs the losers' time.
+      std::sort(tied.begin(), tied.end(), [&](size_t x, size_t y) { return grid[x].loss < grid[y].loss; });
+      if (tied.size() > kMaxChallengers) tied.resize(kMaxChallengers);
       tied.push_back(best);
-      std::printf("  %zu within %.0f%% of the best: probing them further\n", tied.size(), kTie * 100);
       for (size_t i : tied) {
         const Stage& s = grid[i];
         grid[i] = probe("extension", s.state, s.toStep, s.groups, s.lr, s.momentum, &s);
@@ -274,14 +404,39 @@ class Tuner {
     }
   }
 
-  // A probe of (g, lr, mu) for probeSteps from `from` (a state directory; "" for the initial model).
+  void record(const std::string& what, const Stage& best, const Stage* second, double band, size_t tied, bool extend) {
+    nlohmann::json d = {
+        {"what", what},      {"at_step", best.fromStep},  {"to_step", best.toStep}, {"groups", best.groups},
+        {"lr", best.lr},     {"momentum", best.momentum}, {"loss", best.loss},      {"tied", tied},
+        {"extended", extend}};
+    if (std::isfinite(best.lossSe)) d["loss_se"] = best.lossSe;
+    std::string line = strCat("    ", what, ": ", name(best), " wins");
+    if (second != nullptr && !std::isinf(best.loss)) {
+      const double margin = second->loss - best.loss;
+      d["runner_up"] = {{"groups", second->groups}, {"lr", second->lr}, {"momentum", second->momentum}};
+      if (!std::isinf(second->loss)) d["runner_up"]["loss"] = second->loss;
+      if (std::isfinite(second->lossSe)) d["runner_up"]["loss_se"] = second->lossSe;
+      d["margin"] = std::isinf(margin) ? nlohmann::json("diverged") : nlohmann::json(margin);
+      d["band"] = band;
+      d["band_from"] = std::isfinite(best.lossSe) && std::isfinite(second->lossSe) ? "spread" : "5%";
+      char b[160];
+      if (std::isinf(margin))
+        std::snprintf(b, sizeof b, "; runner-up %s diverged", name(*second).c_str());
+      else
+        std::snprintf(b, sizeof b, "; runner-up %s by %.4f (band %.4f, %s)", name(*second).c_str(), margin, band,
+                      d["band_from"].get<std::string>().c_str());
+      line += b;
+    }
+    if (tied > 0) line += strCat("; ", tied, " tied", extend ? ": probing them further" : ": no further probe");
+    decisions_.push_back(d);
+    say("%s\n", line.c_str());
+  }
+
+  // A probe of (g, lr, mu) for probeSteps from `from` (a state handle; "" for the initial model).
   // `extends`: the probe it continues (its steps and clock are counted with it).
   Stage probe(const std::string& kind, const std::string& from, int fromStep, int g, double lr, double mu,
               const Stage* extends = nullptr) {
-    Stage s = train(kind, from, fromStep, fromStep + cfg_.probeSteps, g, lr, mu);
-    std::printf("    %-16s g=%d lr=%-7g momentum=%-4g steps %d-%d: %s (%.1f s)\n", kind.c_str(), g, lr, mu, fromStep,
-                s.toStep, outcome(s).c_str(), s.clock);
-    std::fflush(stdout);
+    Stage s = run(kind, from, fromStep, fromStep + cfg_.probeSteps, g, lr, mu);
     if (extends) {  // one stage: the extension's clock runs on from the probe's
       s.fromStep = extends->fromStep;
       nlohmann::json curve = extends->curve;
@@ -304,10 +459,7 @@ class Tuner {
     // is run again from the winner's state at a tenth of it (the diverged run was tuning's cost).
     double lr = winner.lr;
     for (int tries = 0;; ++tries) {
-      Stage s = train("epoch", winner.state, winner.toStep, end, winner.groups, lr, winner.momentum);
-      std::printf("    %-16s g=%d lr=%-7g momentum=%-4g steps %d-%d: %s (%.1f s)\n", "epoch", s.groups, s.lr,
-                  s.momentum, s.fromStep, s.toStep, outcome(s).c_str(), s.clock);
-      std::fflush(stdout);
+      Stage s = run("epoch", winner.state, winner.toStep, end, winner.groups, lr, winner.momentum);
       if (!std::isinf(s.loss)) {
         keep(s);
         return s;
@@ -316,11 +468,11 @@ class Tuner {
         throw Error(strCat("the epoch from step ", winner.toStep, " diverged down to learning rate ", lr));
       }
       lr /= 10;
-      std::printf("  the epoch diverged: again from step %d at learning rate %g\n", winner.toStep, lr);
+      say("  the epoch diverged: again from step %d at learning rate %g\n", winner.toStep, lr);
     }
   }
 
-  Stage train(const std::string& kind, const std::string& from, int fromStep, int toStep, int g, double lr, double mu) {
+  Stage run(const std::string& kind, const std::string& from, int fromStep, int toStep, int g, double lr, double mu) {
     Stage s;
     s.kind = kind;
     s.groups = g;
@@ -328,59 +480,20 @@ class Tuner {
     s.momentum = mu;
     s.fromStep = fromStep;
     s.toStep = toStep;
-    s.state = strCat(h_->work, "/state-", mbit_, "-", ++runs_);
-    fs::create_directories(s.state);
-    if (!from.empty()) {
-      // Resume from `from`'s checkpoint at fromStep (poseidon train's step-NNNNNNNNN): a copy, so that
-      // other probes start from it too.
-      char name[32];
-      std::snprintf(name, sizeof name, "step-%09d", fromStep);
-      const fs::path src = fs::path(from) / name;
-      if (!fs::exists(src / "meta.json")) throw Error(strCat("no complete checkpoint ", src.string()));
-      fs::copy(src, fs::path(s.state) / name, fs::copy_options::recursive);
-    }
-    AccuracySystem sys;
-    sys.name = strCat("g", g, cfg_.mergedFc ? "fc" : "");
-    sys.groups = g;
-    sys.mergedFc = cfg_.mergedFc;
-    sys.lr = lr;
-    sys.momentum = mu;
-    RunExtras extra;
-    extra.tag = strCat("run", runs_);
-    extra.maxSteps = toStep;
-    extra.startStep = fromStep;
-    // Every run starts and ends on a multiple of the probe length: a probe's last curve point is its end
-    // model (with --probe-samples 0: its train_loss is the mean over the probe's second half, over the
-    // last probe length for an epoch), and its one checkpoint is at its end (toStep is the only multiple
-    // of itself in (fromStep, toStep]).
-    const int p = cfg_.probeSteps;
-    extra.curveEvery = kind == "epoch" || p % 2 != 0 ? p : p / 2;
-    extra.quiet = true;
-    // A run whose model goes non-finite skips the rest (the cold start's "early stop on divergence"):
-    // only the steps up to there are on the clock.
-    extra.trainArgs = {"--checkpoint",         s.state,     "--checkpoint-every",
-                       std::to_string(toStep), "--regroup", "--allow-divergence"};
-    if (cfg_.probeSamples > 0) {
-      extra.trainArgs.insert(extra.trainArgs.end(), {"--curve-loss-samples", std::to_string(cfg_.probeSamples)});
-    }
-    const double wall0 = wallSeconds();
-    AccuracyRun r = h_->run(sys, extra);
-    wall_ += wallSeconds() - wall0;
-    if (!r.ok) throw Error(strCat(kind, " g=", g, " lr=", lr, " momentum=", mu, " failed: ", r.error));
-    s.clock = r.summary.value("train_clock_seconds", 0.0);
-    const double fcUpdates = r.summary.value("fc_server_updates", 0.0);
-    if (fcUpdates > 0) {  // a group round is k members' batches
-      s.fcBusySeconds = r.summary.value("fc_server_busy_seconds", 0.0);
-      s.fcSamples = fcUpdates * static_cast<double>(h_->nodes / g) * static_cast<double>(h_->batch);
-    }
-    s.curve = r.summary["curve"];
-    const double loss = number(s.curve.back(), cfg_.probeSamples > 0 ? "sample_loss" : "train_loss");
-    const auto& diverged = r.summary["diverged_at_step"];
-    if (diverged.is_number()) s.divergedAt = diverged.get<int>();
-    s.loss = s.divergedAt < 0 && std::isfinite(loss) && loss < 1e3 ? loss : kInf;
+    TuneRunResult r = b_->train({kind, from, fromStep, toStep, g, lr, mu});
+    s.state = r.state;
+    s.clock = r.clock;
+    s.divergedAt = r.divergedAt;
+    s.fcBusySeconds = r.fcBusySeconds;
+    s.fcSamples = r.fcSamples;
+    s.curve = r.curve;
+    std::tie(s.loss, s.lossSe) = scoreRun(r.points);
+    if (s.divergedAt >= 0) s.loss = kInf;
     s.runs = {stages_.size()};
     stages_.push_back(s);
     clock_ += s.clock;
+    say("    %-16s g=%d lr=%-7g momentum=%-4g steps %d-%d: %s (%.1f s)\n", kind.c_str(), g, lr, mu, fromStep, toStep,
+        outcome(s).c_str(), s.clock);
     return s;
   }
 
@@ -396,6 +509,7 @@ class Tuner {
       nlohmann::json q = p;
       q["path_seconds"] = start + p["seconds"].get<double>();
       q["seconds"] = q["path_seconds"].get<double>() + tuning;
+      q["config"] = {{"groups", s.groups}, {"momentum", s.momentum}, {"lr", s.lr}};  // what trained it there
       path_.push_back(q);
     }
   }
@@ -403,54 +517,157 @@ class Tuner {
   nlohmann::json summary(int g, double mu, double eta) const {
     double accSeconds = -1, lossSeconds = -1;
     int64_t accSteps = -1, lossSteps = -1;
+    nlohmann::json atLoss;  // the configuration the path reached the loss target with
     for (const auto& p : path_) {
-      if (accSteps < 0 && number(p, "test_accuracy") >= h_->targetAccuracy) {
+      if (accSteps < 0 && curveNumber(p, "test_accuracy") >= cfg_.targetAccuracy) {
         accSteps = p["step"].get<int64_t>();
         accSeconds = p["seconds"].get<double>();
       }
-      if (lossSteps < 0 && number(p, "train_loss") <= h_->targetLoss) {
+      if (lossSteps < 0 && curveNumber(p, cfg_.lossKey.c_str()) <= cfg_.targetLoss) {
         lossSteps = p["step"].get<int64_t>();
         lossSeconds = p["seconds"].get<double>();
+        atLoss = p["config"];
       }
     }
     nlohmann::json stages = nlohmann::json::array();
     for (const auto& s : stages_) stages.push_back(s.toJson());
-    return {{"mbit", mbit_},
-            {"chosen", {{"groups", g}, {"momentum", mu}, {"lr", eta}}},
+    return {{"chosen", {{"groups", g}, {"momentum", mu}, {"lr", eta}}},
             {"he_model", he_},
             {"stages", stages},
+            {"decisions", decisions_},
             {"path", path_},
             {"steps", path_.empty() ? 0 : path_.back()["step"].get<int64_t>()},
             {"clock_seconds", clock_},
             {"path_clock_seconds", pathClock_},
             {"tuning_seconds", clock_ - pathClock_},
             {"tuning_share", clock_ > 0 ? (clock_ - pathClock_) / clock_ : 0.0},
-            {"wall_seconds", wall_},
-            {"final_test_accuracy", path_.empty() ? 0.0 : number(path_.back(), "test_accuracy")},
+            {"final_test_accuracy", path_.empty() ? 0.0 : curveNumber(path_.back(), "test_accuracy")},
             {"time_to_accuracy_s", accSeconds},
             {"steps_to_accuracy", accSteps},
             {"time_to_loss_s", lossSeconds},
-            {"steps_to_loss", lossSteps}};
+            {"steps_to_loss", lossSteps},
+            {"config_at_loss_target", atLoss}};
   }
 
-  static double wallSeconds() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  TuneBackend* b_;
+  TuneConfig cfg_;
+  std::vector<Stage> stages_;
+  nlohmann::json he_ = nlohmann::json::array(), path_ = nlohmann::json::array();
+  nlohmann::json decisions_ = nlohmann::json::array();
+  double clock_ = 0, pathClock_ = 0;
+  double fcSecondsPerSample_ = 0;  // merged FC: measured by the cold start
+};
+
+// Every run a real `poseidon train` per node on the harness's emulated cluster, from and to a
+// checkpoint directory under the harness's work directory.
+class HarnessBackend : public TuneBackend {
+ public:
+  HarnessBackend(AccuracyHarness* h, const TuneConfig& cfg, double mbit) : h_(h), cfg_(cfg), mbit_(mbit) {}
+
+  // As `poseidon plan --check` models a time-to-accuracy run on the emulated cluster.
+  TuneHe predict(int groups, double fcSecondsPerSample) override {
+    planner::Workload w = planner::paddedWorkload(resolveModel("lenet"), h_->batch, h_->padMs / 1e3);
+    planner::MergedFc fc;
+    if (cfg_.mergedFc) {
+      std::tie(w, fc) = planner::paddedMergedFc(resolveModel("lenet"), h_->batch, h_->padMs / 1e3, fcSecondsPerSample);
+    }
+    planner::Cluster c = planner::emulatedCluster(planner::Cluster{}, h_->nodes, mbit_,
+                                                  static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+    c.pairBytes = h_->pairBytes;
+    const planner::GroupPrediction p = planner::predictGroups(w, c, groups, cfg_.mergedFc ? &fc : nullptr);
+    return {p.stepSeconds, 1 / p.samplesPerSecond, p.fcServerBusy};
   }
 
+  std::string heSource() const override { return "planner"; }
+
+  TuneRunResult train(const TuneRunSpec& spec) override {
+    TuneRunResult out;
+    out.state = strCat(h_->work, "/state-", mbit_, "-", ++runs_);
+    fs::create_directories(out.state);
+    if (!spec.from.empty()) {
+      // Resume from `from`'s checkpoint at fromStep (poseidon train's step-NNNNNNNNN): a copy, so that
+      // other probes start from it too.
+      char name[32];
+      std::snprintf(name, sizeof name, "step-%09d", spec.fromStep);
+      const fs::path src = fs::path(spec.from) / name;
+      if (!fs::exists(src / "meta.json")) throw Error(strCat("no complete checkpoint ", src.string()));
+      fs::copy(src, fs::path(out.state) / name, fs::copy_options::recursive);
+    }
+    AccuracySystem sys;
+    sys.name = strCat("g", spec.groups, cfg_.mergedFc ? "fc" : "");
+    sys.groups = spec.groups;
+    sys.mergedFc = cfg_.mergedFc;
+    sys.lr = spec.lr;
+    sys.momentum = spec.momentum;
+    RunExtras extra;
+    extra.tag = strCat("run", runs_);
+    extra.maxSteps = spec.toStep;
+    extra.startStep = spec.fromStep;
+    // Every run starts and ends on a multiple of the probe length: a probe's last curve point is its end
+    // model (with --probe-samples 0: its train_loss is the mean over the probe's second half, over the
+    // last probe length for an epoch), and its one checkpoint is at its end (toStep is the only multiple
+    // of itself in (fromStep, toStep]). With --probe-samples, a probe of a multiple of 8 steps is
+    // scored at four points of its second half (the tuner's spread).
+    const int p = cfg_.probeSteps;
+    const bool isEpoch = spec.kind == "epoch";
+    extra.curveEvery = isEpoch ? p : cfg_.probeSamples > 0 && p % 8 == 0 ? p / 8 : p % 2 != 0 ? p : p / 2;
+    extra.quiet = true;
+    // A run whose model goes non-finite skips the rest (the cold start's "early stop on divergence"):
+    // only the steps up to there are on the clock.
+    extra.trainArgs = {"--checkpoint", out.state,           "--checkpoint-every", std::to_string(spec.toStep),
+                       "--regroup",    "--allow-divergence"};
+    if (cfg_.probeSamples > 0) {
+      extra.trainArgs.insert(extra.trainArgs.end(), {"--curve-loss-samples", std::to_string(cfg_.probeSamples)});
+    }
+    AccuracyRun r = h_->run(sys, extra);
+    if (!r.ok) {
+      throw Error(
+          strCat(spec.kind, " g=", spec.groups, " lr=", spec.lr, " momentum=", spec.momentum, " failed: ", r.error));
+    }
+    out.clock = r.summary.value("train_clock_seconds", 0.0);
+    const double fcUpdates = r.summary.value("fc_server_updates", 0.0);
+    if (fcUpdates > 0) {  // a group round is k members' batches
+      out.fcBusySeconds = r.summary.value("fc_server_busy_seconds", 0.0);
+      out.fcSamples = fcUpdates * static_cast<double>(h_->nodes / spec.groups) * static_cast<double>(h_->batch);
+    }
+    out.curve = r.summary["curve"];
+    const auto& diverged = r.summary["diverged_at_step"];
+    if (diverged.is_number()) out.divergedAt = diverged.get<int>();
+    // An epoch is scored by its end model only; a probe by its points past its middle.
+    const char* key = cfg_.probeSamples > 0 ? "sample_loss" : "train_loss";
+    const double middle = isEpoch ? spec.toStep - 0.5 : (spec.fromStep + spec.toStep) / 2.0;
+    for (const auto& q : out.curve) {
+      const double step = q["step"].get<double>();
+      if (step > middle) out.points.emplace_back(step, curveNumber(q, key));
+    }
+    if (out.points.empty() && !out.curve.empty()) {
+      out.points.emplace_back(out.curve.back()["step"].get<double>(), curveNumber(out.curve.back(), key));
+    }
+    return out;
+  }
+
+ private:
   AccuracyHarness* h_;
   TuneConfig cfg_;
   double mbit_;
   int runs_ = 0;
-  std::vector<Stage> stages_;
-  nlohmann::json he_ = nlohmann::json::array(), path_ = nlohmann::json::array();
-  double clock_ = 0, pathClock_ = 0, wall_ = 0;
-  double fcSecondsPerSample_ = 0;  // merged FC: measured by the cold start
 };
 
 }  // namespace
 
+nlohmann::json tune(TuneBackend* backend, const TuneConfig& cfg) { return Tuner(backend, cfg).run(); }
+
 nlohmann::json tune(AccuracyHarness* harness, const TuneConfig& cfg, double mbit) {
-  return Tuner(harness, cfg, mbit).run();
+  HarnessBackend backend(harness, cfg, mbit);
+  TuneConfig c = cfg;
+  c.targetAccuracy = harness->targetAccuracy;
+  c.targetLoss = harness->targetLoss;
+  c.lossKey = "train_loss";
+  const auto wall0 = std::chrono::steady_clock::now();
+  nlohmann::json r = tune(&backend, c);
+  r["mbit"] = mbit;
+  r["wall_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+  return r;
 }
 
 }  // namespace poseidon::cli

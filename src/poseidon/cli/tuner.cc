@@ -606,11 +606,18 @@ class HarnessBackend : public TuneBackend {
     // Every run starts and ends on a multiple of the probe length: a probe's last curve point is its end
     // model (with --probe-samples 0: its train_loss is the mean over the probe's second half, over the
     // last probe length for an epoch), and its one checkpoint is at its end (toStep is the only multiple
-    // of itself in (fromStep, toStep]). With --probe-samples, a probe of a multiple of 8 steps is
-    // scored at four points of its second half (the tuner's spread).
+    // of itself in (fromStep, toStep]). With --probe-samples, a probe is scored at the points of its
+    // second half (the tuner's spread): every d steps, the largest divisor d of the probe that leaves
+    // at least three of them there (the default probe of 10: steps 6, 8, 10).
     const int p = cfg_.probeSteps;
     const bool isEpoch = spec.kind == "epoch";
-    extra.curveEvery = isEpoch ? p : cfg_.probeSamples > 0 && p % 8 == 0 ? p / 8 : p % 2 != 0 ? p : p / 2;
+    int spreadEvery = 0;
+    for (int d = p; d >= 1 && cfg_.probeSamples > 0; --d)
+      if (p % d == 0 && p / d - p / (2 * d) >= 3) {
+        spreadEvery = d;
+        break;
+      }
+    extra.curveEvery = isEpoch ? p : spreadEvery > 0 ? spreadEvery : p % 2 != 0 ? p : p / 2;
     extra.quiet = true;
     // A run whose model goes non-finite skips the rest (the cold start's "early stop on divergence"):
     // only the steps up to there are on the clock.

@@ -27,8 +27,9 @@
 // paper's "lowest final loss"): their mean (the paper decides on "the loss of the past 50
 // iterations"), with its standard error from the points' scatter about their least-squares line.
 // Two runs tie when their losses differ by at most 2 standard errors of the difference (the probes'
-// own spread, instead of the paper's fixed 5%, which decided on noise); with fewer than three points
-// a run has no spread and the 5% band applies. A tie is probed further once, the best with its two
+// own spread, instead of the paper's fixed 5%, which decided on noise), capped at the 5% (a run
+// that swings wildly must not tie with everything); with fewer than three points a run has no spread
+// and the 5% band applies. A tie is probed further once, the best with its two
 // closest challengers. Every decision is printed with its margin and band and kept in the summary's
 // "decisions". The winner's steps are kept (the epoch continues from its state), so what tuning
 // costs is the losers' time. Time is the training clock: seconds in training steps, summed over
@@ -350,10 +351,12 @@ class Tuner {
   }
 
   // Whether `s` ties with `best`: within kTieZ standard errors of the difference when both have a
-  // spread, within kTie of the best loss otherwise. `band` gets the band's width in loss.
+  // spread, but never beyond kTie of the best loss (the paper's band): the spread narrows the band to
+  // what the probes can tell apart, and a run that swings wildly (an unstable rate) does not tie
+  // everything by its own noise. Without a spread, kTie. `band` gets the band's width in loss.
   static bool ties(const Stage& s, const Stage& best, double* band) {
     const bool spread = std::isfinite(s.lossSe) && std::isfinite(best.lossSe);
-    *band = spread ? kTieZ * std::hypot(s.lossSe, best.lossSe) : kTie * best.loss;
+    *band = spread ? std::min(kTieZ * std::hypot(s.lossSe, best.lossSe), kTie * best.loss) : kTie * best.loss;
     return !std::isinf(s.loss) && s.loss - best.loss <= *band;
   }
 

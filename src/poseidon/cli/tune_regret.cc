@@ -391,10 +391,8 @@ int tuneRegretCommand(const std::vector<std::string>& args) {
   if (!loaded) std::printf("grid: %zu configurations x %d seeds\n", configs.size(), a.seeds);
   std::fflush(stdout);
   if (!loaded)
-    parallelFor(configs.size() * a.seeds, a.threads, [&](size_t i) {
-      // Job i: configuration i / seeds, all its seeds in one job (their losses land in one result).
-      if (i % a.seeds != 0) return;
-      runFromScratch(configs[i / a.seeds], &grid[i / a.seeds]);
+    parallelFor(configs.size(), a.threads, [&](size_t i) {
+      runFromScratch(configs[i], &grid[i]);  // all its seeds in one job: their losses land in one result
       const size_t n = ++done;
       if (n % std::max<size_t>(1, configs.size() / 10) == 0 || n == configs.size()) {
         std::lock_guard<std::mutex> lock(printMutex);

@@ -108,6 +108,7 @@ TEST(TuneRegret, GridTargetTunerAndRegretAgree) {
     for (; i < stages.size(); ++i) {
       const auto& s = stages[i];
       if (s["kind"] == "epoch") {
+        if (s["loss"] == "diverged") continue;  // run again at a tenth of its rate: the next stage
         EXPECT_TRUE(s["won"].get<bool>());
         const int end = s["to_step"];
         EXPECT_TRUE(end == 4 || end == 44 || end == 84 || end == 120) << s.dump();  // the phases' ends
@@ -138,19 +139,20 @@ TEST(TuneRegret, GridTargetTunerAndRegretAgree) {
       }
     }
     // Every decision: the margin is the runner-up's loss over the winner's; the band is 2 standard
-    // errors of the difference (the probes' spread) capped at 5% of the winner's loss, or 5% without a
-    // spread;
+    // errors of the difference (the probes' spread) capped at 5% of the lower loss (the winner's, or
+    // the best's where the last epoch's configuration was kept on a tie), or 5% without a spread;
     // a runner-up inside the band is a tie.
     ASSERT_FALSE(t["decisions"].empty());
     for (const auto& d : t["decisions"]) {
       if (!d.contains("runner_up") || !d["runner_up"].contains("loss")) continue;
       const double margin = d["margin"].get<double>(), band = d["band"].get<double>();
+      const double lower = std::min(d["loss"].get<double>(), d["runner_up"]["loss"].get<double>());
       EXPECT_NEAR(margin, d["runner_up"]["loss"].get<double>() - d["loss"].get<double>(), 1e-12);
       if (d["band_from"] == "spread") {
         const double spread = 2 * std::hypot(d["loss_se"].get<double>(), d["runner_up"]["loss_se"].get<double>());
-        EXPECT_NEAR(band, std::min(spread, 0.05 * d["loss"].get<double>()), 1e-12);
+        EXPECT_NEAR(band, std::min(spread, 0.05 * lower), 1e-12);
       } else {
-        EXPECT_NEAR(band, 0.05 * d["loss"].get<double>(), 1e-12);
+        EXPECT_NEAR(band, 0.05 * lower, 1e-12);
       }
       if (margin <= band) {
         EXPECT_GT(d["tied"].get<int>(), 0) << d.dump();

@@ -152,7 +152,11 @@ class VirtualBackend : public TuneBackend {
     if (epoch) {
       r.evalEverySeconds = horizon_ / kGridPoints;  // the path's curve
     } else {
-      for (int j = 1; j <= 4; ++j) r.evalAtUpdates.push_back(updates / 2 + j * updates / 8);  // the score
+      // The score: four points of the second half, fewer where it is too short for four distinct ones.
+      for (int j = 1; j <= 4; ++j) {
+        const int64_t u = updates / 2 + (j * (updates - updates / 2) + 3) / 4;
+        if (r.evalAtUpdates.empty() || r.evalAtUpdates.back() != u) r.evalAtUpdates.push_back(u);
+      }
       if (average_) r.averageAfter = updates / 2;
     }
     const pt::VirtualRace::Result res = race_.run(r);
@@ -204,7 +208,7 @@ void addFlags(FlagSet& f, RegretArgs& a) {
   f.addInt("seeds", &a.seeds, "seeds of each grid configuration", "N", IntRange::closed(1, 100));
   f.addInt("tuner-seeds", &a.tunerSeeds, "tuner runs at each ratio", "N", IntRange::closed(1, 100));
   f.addDouble("target-at", &a.targetAt, "the target: the best median loss at this share of T", "F",
-              RealRange::leftOpen(0, 1));
+              RealRange::closed(0.01, 1));
   f.addInt("hidden", &a.hidden, "the MLP's hidden width", "H", IntRange::closed(1, 4096));
   f.addInt64("eval-samples", &a.evalSamples, "the fixed training images the loss is taken on", "N",
              IntRange::closed(1, 60000));
@@ -280,6 +284,17 @@ std::string fmt(double v, const char* f) {
 
 nlohmann::json num(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
 
+// The tuner's own time to the target, read as the grid's runs are: the first point of its path whose
+// mean with the 4 before it is at or below the target (-1: never).
+double pathTimeToTarget(const nlohmann::json& path, double target) {
+  std::vector<double> losses;
+  for (const auto& p : path) {
+    losses.push_back(curveNumber(p, "sample_loss"));
+    if (smoothed(losses).back() <= target) return p["seconds"].get<double>();
+  }
+  return -1;
+}
+
 }  // namespace
 
 int tuneRegretCommand(const std::vector<std::string>& args) {
@@ -344,7 +359,7 @@ int tuneRegretCommand(const std::vector<std::string>& args) {
       const auto res = race.run(r);
       for (const auto& p : res.points) out->losses[s].push_back(p.loss);
       if (res.divergedAtUpdate >= 0) out->diverged = true;
-      out->losses[s].resize(kGridPoints + 1, std::nan(""));  // a diverged run: NaN from there on
+      out->losses[s].resize(kGridPoints, std::nan(""));  // a diverged run: NaN from there on
     }
   };
   // What the grid's runs depend on: a grid from a file made with other settings is refused.
@@ -429,6 +444,10 @@ int tuneRegretCommand(const std::vector<std::string>& args) {
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return grid[x].time < grid[y].time; });
   const double best = grid[order.front()].time;
+  if (!std::isfinite(best)) {  // an even --seeds: the target is between two seeds', which one may not reach
+    throw Error(
+        strCat("no configuration's median over ", a.seeds, " seeds reaches the target loss; use an odd --seeds"));
+  }
   std::printf("target loss %.4f (the best median at %.0f%% of T); grid best %s: %.0f s; grid done in %.0f s\n", target,
               100 * a.targetAt, grid[order.front()].c.text().c_str(), best, elapsed());
   std::fflush(stdout);
@@ -505,7 +524,7 @@ int tuneRegretCommand(const std::vector<std::string>& args) {
       const ConfigResult& rf = fromScratch.at(kf);
       const double regret = r.time / best, finalRegret = rf.time / best,
                    share = t.summary["tuning_share"].get<double>();
-      const double path = t.summary["time_to_loss_s"].get<double>();
+      const double path = pathTimeToTarget(t.summary["path"], target);
       const double pathRegret = path >= 0 ? path / best : kInf;
       regrets.push_back(regret);
       finalRegrets.push_back(finalRegret);

@@ -131,7 +131,10 @@ std::pair<double, double> scoreRun(const std::vector<std::pair<double, double>>&
     mx += x / n;
     my += y / n;
   }
-  if (points.size() < 3) return {my, std::nan("")};
+  std::vector<double> xs;
+  for (const auto& [x, y] : points) xs.push_back(x);
+  std::sort(xs.begin(), xs.end());
+  if (std::unique(xs.begin(), xs.end()) - xs.begin() < 3) return {my, std::nan("")};  // a line needs 3 to spare one
   double sxx = 0, sxy = 0;
   for (const auto& [x, y] : points) {
     sxx += (x - mx) * (x - mx);
@@ -323,6 +326,7 @@ class Tuner {
       }
       // Momentum 0 won (or every probe diverged): the implicit momentum may be too high.
       if (!std::isinf(best.loss)) zeroWinners.push_back(best);
+      firstGrid = false;  // the rate-up is for the grid right after the cold start only
       int lower = 1;
       for (int c : cfg_.groups)
         if (c <= *g / 2) lower = c;
@@ -351,12 +355,13 @@ class Tuner {
   }
 
   // Whether `s` ties with `best`: within kTieZ standard errors of the difference when both have a
-  // spread, but never beyond kTie of the best loss (the paper's band): the spread narrows the band to
+  // spread, but never beyond kTie of the lower loss (the paper's band): the spread narrows the band to
   // what the probes can tell apart, and a run that swings wildly (an unstable rate) does not tie
   // everything by its own noise. Without a spread, kTie. `band` gets the band's width in loss.
   static bool ties(const Stage& s, const Stage& best, double* band) {
     const bool spread = std::isfinite(s.lossSe) && std::isfinite(best.lossSe);
-    *band = spread ? std::min(kTieZ * std::hypot(s.lossSe, best.lossSe), kTie * best.loss) : kTie * best.loss;
+    const double cap = kTie * std::min(s.loss, best.loss);  // 5% of the lower loss
+    *band = spread ? std::min(kTieZ * std::hypot(s.lossSe, best.lossSe), cap) : cap;
     return !std::isinf(s.loss) && s.loss - best.loss <= *band;
   }
 
@@ -449,6 +454,8 @@ class Tuner {
       }
       s.curve = curve;
       s.clock += extends->clock;
+      s.fcBusySeconds += extends->fcBusySeconds;
+      s.fcSamples += extends->fcSamples;
       s.runs.insert(s.runs.begin(), extends->runs.begin(), extends->runs.end());
     }
     return s;

@@ -78,7 +78,7 @@ nlohmann::json tune(AccuracyHarness* harness, const TuneConfig& cfg, double mbit
 // A curve point's number; NaN where a diverged run wrote null.
 double curveNumber(const nlohmann::json& point, const char* key);
 
-// A run's score from its points (TuneRunResult::points): their mean loss and, with three or more,
+// A run's score from its points (TuneRunResult::points): their mean loss and, with three or more steps,
 // its standard error from the points' scatter about their least-squares line (NaN with fewer: the
 // tie band is then the paper's 5%). Infinity when a loss is not finite.
 std::pair<double, double> scoreRun(const std::vector<std::pair<double, double>>& points);

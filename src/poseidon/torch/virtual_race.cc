@@ -140,7 +140,15 @@ VirtualRace::Result VirtualRace::run(const Run& r) const {
 
   Result res;
   int64_t updates = 0;
-  double now = 0, nextEval = r.evalEverySeconds > 0 ? r.evalEverySeconds : std::numeric_limits<double>::infinity();
+  double now = 0;
+  // Evaluations every evalEverySeconds, counted (k x every: no drift from adding it up); in a timed
+  // run the last is at untilSeconds when it is a multiple.
+  int64_t evals = 0;
+  auto nextEval = [&] {
+    return r.evalEverySeconds > 0 ? static_cast<double>(evals + 1) * r.evalEverySeconds
+                                  : std::numeric_limits<double>::infinity();
+  };
+  const double until = r.steps > 0 ? std::numeric_limits<double>::infinity() : r.untilSeconds * (1 + 1e-12);
   Params average;  // the tail average (Polyak's) of the models after updates averageAfter + 1, ...
   int64_t averaged = 0;
   auto evaluate = [&](double at) {
@@ -161,8 +169,7 @@ VirtualRace::Result VirtualRace::run(const Run& r) const {
     if (next < 0 || (r.steps == 0 && groups[next].finish > r.untilSeconds)) break;
     Group& g = groups[next];
     // The model is constant between pushes: the evaluations due before this one see it as it is.
-    for (; nextEval <= g.finish && (r.steps > 0 || nextEval <= r.untilSeconds); nextEval += r.evalEverySeconds)
-      evaluate(nextEval);
+    for (; nextEval() <= g.finish && nextEval() <= until; ++evals) evaluate(nextEval());
     now = g.finish;
     int64_t* p = idx.data_ptr<int64_t>();
     for (int64_t i = 0; i < o.batch; ++i) p[i] = pick(batchRng);
@@ -193,15 +200,16 @@ VirtualRace::Result VirtualRace::run(const Run& r) const {
       if (evalAt[nextAt] == updates) evaluate(now);
   }
   if (r.steps == 0 && res.divergedAtUpdate < 0) {
-    for (; nextEval <= r.untilSeconds; nextEval += r.evalEverySeconds) evaluate(nextEval);
+    for (; nextEval() <= until; ++evals) evaluate(nextEval());
     now = r.untilSeconds;
   }
   res.seconds = now;
   res.updates = updates;
   if (res.divergedAtUpdate >= 0) {
     res.points.push_back({now, updates, std::nan(""), std::nan("")});
-  } else if (res.points.empty() || res.points.back().updates != updates || res.points.back().seconds != now) {
-    evaluate(now);
+  } else if (res.points.empty() || res.points.back().updates != updates ||
+             std::fabs(res.points.back().seconds - now) > 1e-9 * std::max(1.0, now)) {
+    evaluate(now);  // the end model, unless the last evaluation was it
   }
   auto end = std::make_shared<State>();
   end->params = std::move(w);

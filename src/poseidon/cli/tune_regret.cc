@@ -22,6 +22,8 @@
 //                that time / the grid's best (and its rank in the grid); its tuning share is the
 //                losers' share of its clock. The tuner's own path (tuning included) to the target
 //                is reported beside it.
+#include "poseidon/cli/tune_regret.h"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -40,6 +42,7 @@
 #include "poseidon/cli/bench_util.h"
 #include "poseidon/cli/commands.h"
 #include "poseidon/cli/flags.h"
+#include "poseidon/cli/tune_virtual.h"
 #include "poseidon/cli/tuner.h"
 #include "poseidon/common/error.h"
 #include "poseidon/model/zoo.h"
@@ -124,70 +127,6 @@ void parallelFor(size_t n, int threads, const std::function<void(size_t)>& job) 
   for (auto& t : pool) t.join();
   if (!error.empty()) throw Error(error);
 }
-
-// The tuner's backend on the virtual clock: states kept in memory under handles "s1", "s2", ...
-class VirtualBackend : public TuneBackend {
- public:
-  VirtualBackend(const pt::VirtualRace& race, double horizon, int64_t batch, uint64_t seed, bool average)
-      : race_(race), horizon_(horizon), batch_(batch), seed_(seed), average_(average) {}
-
-  TuneHe predict(int groups, double) override {
-    const auto& o = race_.options();
-    const double step = o.computeSeconds + o.computeExpSeconds + race_.commSeconds(groups);
-    return {step, step / (groups * static_cast<double>(batch_)), 0};
-  }
-
-  std::string heSource() const override { return "virtual clock"; }
-
-  TuneRunResult train(const TuneRunSpec& spec) override {
-    pt::VirtualRace::Run r;
-    if (!spec.from.empty()) r.from = states_.at(spec.from);
-    r.groups = spec.groups;
-    r.lr = spec.lr;
-    r.momentum = spec.momentum;
-    r.steps = spec.toStep - spec.fromStep;
-    r.seed = seed_ * 1000003 + ++runs_;
-    const int64_t updates = r.steps * spec.groups;
-    const bool epoch = spec.kind == "epoch";
-    if (epoch) {
-      r.evalEverySeconds = horizon_ / kGridPoints;  // the path's curve
-    } else {
-      // The score: four points of the second half, fewer where it is too short for four distinct ones.
-      for (int j = 1; j <= 4; ++j) {
-        const int64_t u = updates / 2 + (j * (updates - updates / 2) + 3) / 4;
-        if (r.evalAtUpdates.empty() || r.evalAtUpdates.back() != u) r.evalAtUpdates.push_back(u);
-      }
-      if (average_) r.averageAfter = updates / 2;
-    }
-    const pt::VirtualRace::Result res = race_.run(r);
-    TuneRunResult out;
-    out.state = strCat("s", runs_);
-    states_[out.state] = res.end;
-    out.clock = res.seconds;
-    if (res.divergedAtUpdate >= 0)
-      out.divergedAt = spec.fromStep + static_cast<int>(res.divergedAtUpdate / spec.groups);
-    for (const auto& p : res.points) {
-      const int step = spec.fromStep + static_cast<int>(p.updates / spec.groups);
-      out.curve.push_back({{"step", step},
-                           {"seconds", p.seconds},
-                           {"sample_loss", std::isfinite(p.loss) ? nlohmann::json(p.loss) : nlohmann::json(nullptr)}});
-      const bool scored = epoch ? &p == &res.points.back() : p.updates > updates / 2;
-      // A probe's score: its tail average's loss (--probe-score average) or its model's.
-      const double score = !epoch && average_ ? p.averageLoss : p.loss;
-      if (scored) out.points.emplace_back(spec.fromStep + static_cast<double>(p.updates) / spec.groups, score);
-    }
-    return out;
-  }
-
- private:
-  const pt::VirtualRace& race_;
-  double horizon_;
-  int64_t batch_;
-  uint64_t seed_;
-  bool average_;
-  int runs_ = 0;
-  std::map<std::string, pt::VirtualRace::StatePtr> states_;
-};
 
 void addFlags(FlagSet& f, RegretArgs& a) {
   f.addDouble("mbit", &a.mbit, "the modelled cluster's links, Mbit/s (the planner's communication time)", "MBIT",
@@ -474,7 +413,7 @@ int tuneRegretCommand(const std::vector<std::string>& args) {
     cfg.targetLoss = target;
     cfg.lossKey = "sample_loss";
     cfg.verbose = false;
-    VirtualBackend backend(race, horizon, a.batch, static_cast<uint64_t>(1000 + 100 * t.ratio + t.seed),
+    VirtualBackend backend(race, horizon / kGridPoints, a.batch, static_cast<uint64_t>(1000 + 100 * t.ratio + t.seed),
                            a.probeScore == "average");
     t.summary = tune(&backend, cfg);
   });
@@ -626,23 +565,15 @@ int tuneRegretCommand(const std::vector<std::string>& args) {
                            {"chosen", chosen},
                            {"grid", gridJson},
                            {"config",
-                            {{"mbit", a.mbit},
-                             {"nodes", a.nodes},
-                             {"batch", a.batch},
-                             {"compute_ms", a.computeMs},
-                             {"compute_exp_ms", a.computeExpMs},
-                             {"steps", a.steps},
-                             {"epoch_steps", a.epochSteps},
-                             {"ratios", a.ratios},
-                             {"groups", a.groups},
-                             {"lrs", a.lrs},
-                             {"momenta", a.momenta},
-                             {"seeds", a.seeds},
-                             {"tuner_seeds", a.tunerSeeds},
-                             {"target_at", a.targetAt},
-                             {"hidden", a.hidden},
-                             {"eval_samples", a.evalSamples},
-                             {"probe_score", a.probeScore}}},
+                            [&] {
+                              nlohmann::json c = gridKey;
+                              c.update({{"epoch_steps", a.epochSteps},
+                                        {"ratios", a.ratios},
+                                        {"tuner_seeds", a.tunerSeeds},
+                                        {"target_at", a.targetAt},
+                                        {"probe_score", a.probeScore}});
+                              return c;
+                            }()},
                            {"grid_key", gridKey},
                            {"grid_curves", curves},
                            {"wall_seconds", elapsed()}};
@@ -654,38 +585,7 @@ int tuneRegretCommand(const std::vector<std::string>& args) {
     std::printf("results: %s\n", a.jsonPath.c_str());
   }
   if (!a.mdPath.empty()) {
-    std::ofstream md(a.mdPath);
-    md << "# The optimizer's regret on a virtual clock (`poseidon tune --regret`)\n\n`"
-       << result["command"].get<std::string>() << "`\n\nTarget loss " << fmt(target, "%.4f") << " (the best median at "
-       << 100 * a.targetAt << "% of T = " << fmt(horizon, "%.0f") << " virtual s). Grid best "
-       << grid[order.front()].c.text() << ": " << fmt(best, "%.0f")
-       << " s. The choice: what the tuner trained with when its model reached the target (its "
-       << "final configuration where it never did); from scratch: that configuration's median time over the grid's "
-       << "seeds; path: the tuner's own time to the target, tuning included.\n\n"
-       << "| ratio | seed | choice | from scratch s | regret | rank | final choice | regret | tuning share | path / "
-          "best |\n"
-       << "|---|---|---|---|---|---|---|---|---|---|\n";
-    auto cell = [](const nlohmann::json& v, const char* f) { return v.is_number() ? fmt(v.get<double>(), f) : "-"; };
-    for (const auto& c : chosen) {
-      const auto& fin = c["final"];
-      md << "| " << c["ratio"] << ":1 | " << c["seed"] << " | g=" << c["groups"] << " mu=" << c["momentum"]
-         << " lr=" << c["lr"] << (c["at_target"].get<bool>() ? "" : " (final)") << " | "
-         << cell(c["from_scratch_s"], "%.0f") << " | " << cell(c["regret"], "%.3f") << " | " << c["rank"]
-         << " | g=" << fin["groups"] << " mu=" << fin["momentum"] << " lr=" << fin["lr"] << " | "
-         << cell(fin["regret"], "%.3f") << " | " << fmt(100 * c["tuning_share"].get<double>(), "%.0f%%") << " | "
-         << cell(c["path_regret"], "%.3f") << " |\n";
-    }
-    md << "\n| g | momentum | lr | time s (median) | per seed | median loss at target time "
-          "|\n|---|---|---|---|---|---|\n";
-    for (const auto& g : gridJson) {
-      md << "| " << g["groups"] << " | " << g["momentum"] << " | " << g["lr"] << " | "
-         << (g["time_s"].is_number() ? fmt(g["time_s"].get<double>(), "%.0f") : "-") << " | ";
-      for (const auto& t : g["time_s_per_seed"]) md << (t.is_number() ? fmt(t.get<double>(), "%.0f") : "-") << " ";
-      md << "| "
-         << (g["median_loss_at_target_time"].is_number() ? fmt(g["median_loss_at_target_time"].get<double>(), "%.4f")
-                                                         : "diverged")
-         << " |\n";
-    }
+    writeRegretMarkdown(a.mdPath, result);
     std::printf("table: %s\n", a.mdPath.c_str());
   }
   return 0;

@@ -90,6 +90,15 @@ def cpu_seconds():
     return u.ru_utime + u.ru_stime
 
 
+def host_jiffies():
+    """(busy, total) jiffies of the whole host (/proc/stat's cpu line): kernel time included (the
+    shaped links' softirqs, the loopback copies), which no process's rusage shows."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + (v[4] if len(v) > 4 else 0)  # idle + iowait
+    return sum(v) - idle, sum(v)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-json", required=True)
@@ -128,10 +137,12 @@ def main():
     times = []
     tx0 = rx0 = 0
     cpu0 = 0.0
+    host0 = (0, 0)
     for it in range(a.warmup + a.iterations):
         if it == a.warmup:
             tx0, rx0 = read_counter(a.iface, "tx_bytes"), read_counter(a.iface, "rx_bytes")
             cpu0 = cpu_seconds()
+            host0 = host_jiffies()
         t0 = time.perf_counter()
         Clock.deadline = t0
         model(x).sum().backward()  # DDP's reducer waits for every bucket before backward returns
@@ -140,6 +151,7 @@ def main():
         "rank": rank, "system": a.variant, "model": table["name"], "batch": table["batch"],
         "iteration_seconds": times, "warmup": a.warmup,
         "cpu_seconds": cpu_seconds() - cpu0,
+        "host_busy_jiffies": host_jiffies()[0] - host0[0], "host_total_jiffies": host_jiffies()[1] - host0[1],
         "bucket_mb": a.bucket_mb, "first_bucket_mb": a.first_bucket_mb,
         "tx_bytes": read_counter(a.iface, "tx_bytes") - tx0,
         "rx_bytes": read_counter(a.iface, "rx_bytes") - rx0,

@@ -27,7 +27,7 @@ b=(bench --models vgg19-22k,googlenet,resnet-152,alexnet --systems poseidon,ps-w
    --nodes 1,8 --rates 300,100,30
    --json "$out/models.json" --markdown "$out/models.md" --plots "$out/plots")
 d=(bench --models vgg19,googlenet --systems poseidon,ddp,ddp-tuned,ddp-fp16 --nodes 1,8 --rates 100,30
-   --repeat 3 --device gpu,cpu:1 --json "$out/fair.json" --markdown "$out/fair.md" --plots "$out/plots/fair")
+   --repeat 3 --compute titanx,cpu:1 --json "$out/fair.json" --markdown "$out/fair.md" --plots "$out/plots/fair")
 e=(bench --models resnet-152,alexnet --systems poseidon,poseidon-overlap,ddp,ddp-fp16 --nodes 1,8 --rates 30,100
    --repeat 3 --trace "$out/traces" --json "$out/overlap.json" --markdown "$out/overlap.md"
    --plots "$out/plots/overlap")

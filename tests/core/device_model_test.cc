@@ -1,4 +1,4 @@
-// The device model: what `poseidon bench --device` charges (bench::ChargedDevice) for the runtime's
+// The device model: what `poseidon bench --compute` charges (bench::ChargedDevice) for the runtime's
 // own work at full width, and how its names parse. The charging inside a
 // real multi-process run is covered by integration/bench_smoke_test.cc.
 #include "poseidon/common/device_model.h"
@@ -6,7 +6,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include "poseidon/bench/device.h"
+#include "poseidon/bench/emulation.h"
 #include "poseidon/common/error.h"
 #include "poseidon/common/work_charger.h"
 #include "poseidon/core/best_scheme.h"
@@ -86,13 +89,22 @@ TEST(DeviceModel, TheDefaultChargesNothing) {
 
 TEST(DeviceModel, BenchDeviceNames) {
   bench::MachineRates rates{50e9, 10e9, 1.5e9};
-  DeviceModel gpu = bench::deviceFor("gpu", 0.1, rates);
+  DeviceModel gpu = bench::deviceFor("titanx", 0.1, rates);
   EXPECT_EQ(gpu.gemmFlops, bench::kTitanXGemmFlops);
+  EXPECT_TRUE(gpu.gemmOnGpu);
   EXPECT_EQ(gpu.sumBytes, 10e9);
   EXPECT_EQ(gpu.cryptoBytes, 1.5e9);
   EXPECT_NEAR(gpu.flopScale, 1000, 1e-9);
   EXPECT_NEAR(gpu.byteScale, 100, 1e-9);
+  for (const char* h200 : {"h200", "h200-bf16"}) {
+    const DeviceModel d = bench::deviceFor(h200, 0.1, rates);
+    EXPECT_EQ(d.gemmFlops, bench::h200SfbGemmFlops()) << h200;  // fp32 factors in both
+    EXPECT_TRUE(d.gemmOnGpu) << h200;
+  }
+  EXPECT_GT(bench::h200SfbGemmFlops(), 30e12);  // the file's fp32 shapes run at 30-53 TFLOP/s
+  EXPECT_LT(bench::h200SfbGemmFlops(), 54e12);
   EXPECT_EQ(bench::deviceFor("cpu:16", 0.1, rates).gemmFlops, 16 * 50e9);
+  EXPECT_FALSE(bench::deviceFor("cpu:16", 0.1, rates).gemmOnGpu);
   EXPECT_FALSE(bench::deviceFor("none", 0.1, rates).charges());
   for (const char* bad : {"cpu:0", "cpu:", "cpu:2x", "cpu:999"}) {
     try {
@@ -102,12 +114,73 @@ TEST(DeviceModel, BenchDeviceNames) {
       EXPECT_THAT(e.what(), HasSubstr("core count C in [1, 256]")) << bad;
     }
   }
-  try {
-    bench::deviceFor("tpu", 0.1, rates);
-    ADD_FAILURE() << "tpu was accepted";
-  } catch (const InvalidArgument& e) {
-    EXPECT_THAT(e.what(), HasSubstr("unknown --device 'tpu' (none, gpu, cpu:C)"));
+  for (const char* bad : {"tpu", "gpu"}) {  // gpu: the name before --compute
+    try {
+      bench::deviceFor(bad, 0.1, rates);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_THAT(e.what(),
+                  HasSubstr(std::string("unknown --compute '") + bad + "' (titanx, h200, h200-bf16, cpu:C, none)"));
+    }
   }
+}
+
+// --compute's list: one GPU for every system, the nodes Poseidon's work is charged on in order.
+TEST(DeviceModel, ComputeListNamesOneGpu) {
+  bench::ComputeChoice c = bench::parseComputeList("h200,cpu:1,none");
+  EXPECT_EQ(c.gpu, "h200");
+  EXPECT_EQ(c.nodes, (std::vector<std::string>{"h200", "cpu:1", "none"}));
+  c = bench::parseComputeList("cpu:4");
+  EXPECT_EQ(c.gpu, "titanx");  // no GPU named: the paper's
+  EXPECT_EQ(c.nodes, std::vector<std::string>{"cpu:4"});
+  auto rejected = [](const std::string& list, const std::string& why) {
+    try {
+      bench::parseComputeList(list);
+      ADD_FAILURE() << list << " was accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_THAT(e.what(), HasSubstr(why)) << list;
+    }
+  };
+  rejected("titanx,h200", "--compute names two GPUs, titanx and h200; one run models one GPU's compute");
+  rejected("h200,h200", "--compute names 'h200' twice");
+  rejected(",", "--compute needs at least one node");
+  rejected("h200,tpu", "unknown --compute 'tpu'");
+}
+
+// One stream: work queues behind what was admitted before it, and an idle timeline starts it at once.
+TEST(DeviceModel, TimelineServesInOrder) {
+  using std::chrono::milliseconds;
+  const WorkClock::time_point t0{};
+  bench::DeviceTimeline gpu;
+  EXPECT_EQ(gpu.admit(t0, milliseconds(30)), t0 + milliseconds(30));                      // a layer
+  EXPECT_EQ(gpu.admit(t0 + milliseconds(10), milliseconds(5)), t0 + milliseconds(35));    // a GEMM behind it
+  EXPECT_EQ(gpu.admit(t0 + milliseconds(30), milliseconds(30)), t0 + milliseconds(65));   // the next layer waits
+  EXPECT_EQ(gpu.admit(t0 + milliseconds(100), milliseconds(1)), t0 + milliseconds(101));  // idle by then
+}
+
+// On a GPU node the reconstruction delays the emulated layers after it; on cpu:C it does not, but
+// two reconstructions share the C cores one after the other.
+TEST(DeviceModel, TheGemmRunsOnTheGpusTimelineOrTheCoresOne) {
+  using std::chrono::milliseconds;
+  DeviceModel m;
+  m.gemmFlops = 1e12;  // 1e10 FLOPs: 10 ms
+  m.gemmOnGpu = true;
+  {
+    bench::ChargedDevice gpu(m);
+    const auto start = WorkClock::now();
+    gpu.chargeGemm(1e10, start);
+    EXPECT_GE(gpu.compute(start, milliseconds(20)), start + milliseconds(30));  // after the GEMM
+  }
+  m.gemmOnGpu = false;
+  bench::ChargedDevice cores(m);
+  const auto start = WorkClock::now();
+  const auto layerEnd = cores.compute(start, milliseconds(20));
+  EXPECT_EQ(layerEnd, start + milliseconds(20));
+  std::thread other([&] { cores.chargeGemm(1e10, start); });
+  cores.chargeGemm(1e10, start);
+  other.join();
+  EXPECT_GE(WorkClock::now(), start + milliseconds(20));                            // the second waited for the first
+  EXPECT_EQ(cores.compute(layerEnd, milliseconds(5)), layerEnd + milliseconds(5));  // the GPU never waited
 }
 
 // vgg19's fc6 at full width, 8 workers and 8 servers, K = 32: SFB saves 1.4 GB of

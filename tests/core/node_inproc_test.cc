@@ -3,6 +3,7 @@
 // the same scenario across real processes.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <future>
 #include <map>
 #include <thread>
@@ -19,7 +20,8 @@ using testing::runScenario;
 using testing::scenarioModel;
 
 std::vector<std::unique_ptr<Node>> startNodes(int n, SchemePolicy policy, std::vector<Role> roles = {},
-                                              int sendWindowBytes = 0, WirePrecision wire = WirePrecision::kFp32) {
+                                              int sendWindowBytes = 0, WirePrecision wire = WirePrecision::kFp32,
+                                              std::function<void(NodeOptions&)> adjust = nullptr) {
   int port = freePort("127.0.0.1");
   std::vector<std::future<std::unique_ptr<Node>>> futures;
   for (int r = 0; r < n; ++r) {
@@ -34,6 +36,7 @@ std::vector<std::unique_ptr<Node>> startNodes(int n, SchemePolicy policy, std::v
     o.settings.policy = policy;
     o.van.sendWindowBytes = sendWindowBytes;
     o.settings.wire = wire;
+    if (adjust) adjust(o);
     futures.push_back(std::async(std::launch::async, [o] { return Node::start(o, scenarioModel()); }));
   }
   std::vector<std::unique_ptr<Node>> nodes;
@@ -77,6 +80,22 @@ TEST(NodeInProcess, ThreeNodesAutoScheme) {
   EXPECT_EQ(nodes[0]->schemeFor(4), Scheme::kSFB);  // huge
   EXPECT_EQ(nodes[0]->schemeFor(2), Scheme::kPS);   // odd
   runAll(nodes, 3, SchemePolicy::kAuto);
+}
+
+// --transport-security none: no CURVE even with a secret. Each rank holds a different secret, which
+// under CURVE would keep every connection from completing its handshake (the job would time out);
+// without it they join and sync exactly.
+TEST(NodeInProcess, TransportSecurityNoneIgnoresTheSecret) {
+  auto nodes = startNodes(3, SchemePolicy::kAuto, {}, 0, WirePrecision::kFp32, [](NodeOptions& o) {
+    o.secret = "secret of rank " + std::to_string(o.rank);
+    o.security = TransportSecurity::kNone;
+  });
+  EXPECT_EQ(nodes[0]->schemeFor(4), Scheme::kSFB);
+  runAll(nodes, 2, SchemePolicy::kAuto);
+  EXPECT_EQ(parseTransportSecurity("none"), TransportSecurity::kNone);
+  EXPECT_EQ(std::string(transportSecurityName(TransportSecurity::kCurve)), "curve");
+  EXPECT_ERROR_CONTAINS(parseTransportSecurity("tls"), InvalidArgument,
+                        "transport security must be curve or none, got 'tls'");
 }
 
 TEST(NodeInProcess, AdamBaselineRebuildsOnTheLayerServer) {

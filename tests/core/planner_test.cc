@@ -147,6 +147,24 @@ TEST(Planner, SfbLayerIsFactorsEncryptedSentDecryptedAndAGemm) {
   EXPECT_EQ(predict(w, c, System::kPsWfbp).sfbLayers, 0);
 }
 
+// The reconstruction on the GPU that computes the layers (the bench's one stream, bench/device.h):
+// two SFB layers of 0.05 s forward, 0.2 s backward, their factors 0.032 s on the link, 0.1 s of GEMM.
+// Beside the GPU, fc1's GEMM runs during fc0's backward: fc1 in at 0.332, its GEMM to 0.432; fc0's
+// backward ends at 0.5, its factors in at 0.532, its GEMM to 0.632. On the GPU, fc1's GEMM waits
+// for fc0's backward (queued first, at 0.3): 0.5-0.6, then fc0's: 0.6-0.7.
+TEST(Planner, TheReconstructionOnTheGpuQueuesBehindTheBackward) {
+  const LayerSpec fc0 = LayerSpec::fc("fc0", 100, 100, /*bias=*/true), fc1 = LayerSpec::fc("fc1", 100, 100, true);
+  const Workload w = workload({fc0, fc1}, {0.05, 0.05}, {0.2, 0.2}, /*batch=*/4);
+  Cluster c = plain(2, 1e5);
+  c.gemmFlops = 1.6e6;  // 0.1 s per layer
+  c.gemmOnGpu = false;
+  Prediction p = predict(w, c, System::kPoseidon);
+  ASSERT_EQ(p.sfbLayers, 2);
+  EXPECT_NEAR(p.iterationSeconds, 0.632, 1e-9);
+  c.gemmOnGpu = true;
+  EXPECT_NEAR(predict(w, c, System::kPoseidon).iterationSeconds, 0.7, 1e-9);
+}
+
 // A shard's sums are its one thread's work: each push (fp32, whatever the wire) in turn. In the
 // steady state worker 0 runs ahead, its own push summed before worker 1's arrives: an iteration is
 // compute + push + one sum + pull.
@@ -228,6 +246,33 @@ TEST(Planner, ZooWorkloadIsTheBenchsEmulatedModel) {
   const Workload u = workloadFor(zooModel("vgg19", 1.0), 32, 0.9);
   EXPECT_NEAR(u.computeSeconds(), 0.9, 1e-9);
   EXPECT_NEAR(u.backwardSeconds[0], 2 * u.forwardSeconds[0], 1e-12);
+}
+
+// --compute h200: the per-layer times measured on an H200 (bench/data/README.md), layer for layer
+// where the zoo's layers are the measured ones (their parameter counts are checked), scaled to the
+// step measured without timing hooks; googlenet's totals split by MACs. Titan X's stay the paper's.
+TEST(Planner, H200WorkloadsAreTheMeasuredSteps) {
+  struct Step {
+    const char* model;
+    double fp32Ms, bf16Ms;
+  };
+  // fwd_bwd_ms_without_hooks in h200_layer_times.json.
+  for (const Step& s : {Step{"vgg19", 28.726832, 17.959520}, Step{"vgg19-22k", 29.386448, 18.898176},
+                        Step{"alexnet", 16.022241, 11.157696}, Step{"googlenet", 35.230848, 37.477425},
+                        Step{"resnet-152", 48.200239, 44.294529}, Step{"inception-v3", 51.210640, 53.324352}}) {
+    const Workload fp32 = zooWorkload(s.model, 0.1, "h200"), bf16 = zooWorkload(s.model, 0.1, "h200-bf16");
+    EXPECT_NEAR(fp32.computeSeconds(), s.fp32Ms * 1e-3, 1e-7) << s.model;  // the table keeps 6 digits
+    EXPECT_NEAR(bf16.computeSeconds(), s.bf16Ms * 1e-3, 1e-7) << s.model;
+    EXPECT_EQ(fp32.forwardSeconds.size(), zooModel(s.model, 1.0).layers.size()) << s.model;
+    EXPECT_EQ(fp32.batch, zooWorkload(s.model, 0.1).batch) << s.model;  // the same paper batch, scaled
+  }
+  // Layer for layer, not by MACs: vgg19's first conv takes 2.0 of the H200's 28.7 ms (its measured
+  // share, rescaled to the step without hooks), where a split by MACs would give it 0.5%.
+  const Workload v = zooWorkload("vgg19", 1.0, "h200");
+  EXPECT_NEAR(v.forwardSeconds[0] + v.backwardSeconds[0], (1.120064 + 0.872368) * 1e-3, 2e-5);
+  EXPECT_NEAR(zooWorkload("vgg19", 1.0).computeSeconds(), 32 / 35.5, 1e-9);
+  EXPECT_ERROR_CONTAINS(zooWorkload("vgg19", 0.1, "v100"), InvalidArgument,
+                        "unknown compute 'v100' (titanx, h200, h200-bf16)");
 }
 
 TEST(Planner, RefusesWhatItCannotModel) {

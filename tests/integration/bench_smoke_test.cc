@@ -46,11 +46,20 @@ void requireCluster() {
 TEST(BenchSmoke, TwoNodesOneIterationPoseidonAndDdp) {
   requireCluster();
   std::string dir = testing::makeTempDir("bench");
-  std::vector<testing::Proc> procs{testing::spawn(
-      {POSEIDON_CLI, "bench", "--models", "vgg19", "--systems", "poseidon,ddp,ddp-tuned", "--nodes", "1,2",
-       "--rates", "100", "--iterations", "1", "--warmup", "0", "--repeat", "2", "--device", "gpu,cpu:1", "--trace",
-       dir + "/traces", "--json", dir + "/r.json", "--markdown", dir + "/r.md", "--plots", dir + "/plots"},
-      {}, dir + "/log")};
+  std::vector<testing::Proc> procs{testing::spawn({POSEIDON_CLI,   "bench",
+                                                   "--models",     "vgg19",
+                                                   "--systems",    "poseidon,ddp,ddp-tuned",
+                                                   "--nodes",      "1,2",
+                                                   "--rates",      "100",
+                                                   "--iterations", "1",
+                                                   "--warmup",     "0",
+                                                   "--repeat",     "2",
+                                                   "--compute",    "titanx,cpu:1",
+                                                   "--trace",      dir + "/traces",
+                                                   "--json",       dir + "/r.json",
+                                                   "--markdown",   dir + "/r.md",
+                                                   "--plots",      dir + "/plots"},
+                                                  {}, dir + "/log")};
   testing::waitAll(procs, std::chrono::seconds(600));
   ASSERT_EQ(procs[0].exitCode(), 0) << procs[0].stdoutText() << procs[0].stderrText();
   std::ifstream f(dir + "/r.json");

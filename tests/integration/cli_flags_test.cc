@@ -287,8 +287,14 @@ TEST(CliFlags, BenchRejectsOutOfRangeValues) {
   expectRejected({{"bench", "--nodes", "1,65"}, "each --nodes entry must be in [1, 64], got 65"});
   expectRejected({{"bench", "--rates", "100,0"}, "each --rates entry (Mbit/s) must be > 0, got 0"});
   expectRejected({{"bench", "--repeat", "0"}, "--repeat must be in [1, 100], got 0"});
-  expectRejected({{"bench", "--device", "gpu,tpu"}, "unknown --device 'tpu' (none, gpu, cpu:C)"});
-  expectRejected({{"bench", "--device", "cpu:0"}, "--device cpu:C needs a core count C in [1, 256], got 'cpu:0'"});
+  expectRejected(
+      {{"bench", "--compute", "titanx,tpu"}, "unknown --compute 'tpu' (titanx, h200, h200-bf16, cpu:C, none)"});
+  expectRejected({{"bench", "--compute", "cpu:0"}, "--compute cpu:C needs a core count C in [1, 256], got 'cpu:0'"});
+  expectRejected({{"bench", "--compute", "h200,titanx"},
+                  "--compute names two GPUs, h200 and titanx; one run models one GPU's compute (run them separately)"});
+  expectRejected({{"bench", "--device", "gpu"},
+                  "--device is now --compute (titanx replaces gpu; cpu:C and none as before); --device names where a "
+                  "model's tensors live, in train"});
   expectRejected({{"bench", "--report-from", "/nonexistent/r.json", "--markdown", "/dev/null"},
                   "--report-from: cannot read /nonexistent/r.json"});
   expectRejected({{"bench", "--report-from", "/dev/null"}, "--report-from needs --markdown or --plots"});
@@ -300,6 +306,9 @@ TEST(CliFlags, BenchRejectsOutOfRangeValues) {
   expectRejected({{"bench", "--systems", "poseidon-fp8"}, "unknown system 'poseidon-fp8'"});
   expectRejected({{"bench", "--send-window", "100"}, "--send-window must be 0 or [4096, 1073741824], got 100"});
   expectRejected({{"bench", "--systems", "ddp-bf16"}, "unknown system 'ddp-bf16'"});
+  expectRejected({{"bench", "--systems", "ddp-nocurve"},
+                  "unknown system 'ddp-nocurve' (DDP's Gloo links are never encrypted: -nocurve is for Poseidon's)"});
+  expectRejected({{"bench", "--systems", "poseidon-nocurve-bf16"}, "unknown system 'poseidon-nocurve-bf16'"});
   expectRejected(
       {{"bench", "--systems", "adam-bf16"}, "unknown system 'adam-bf16' (the adam baseline has no 16-bit wire)"});
 }

@@ -477,6 +477,50 @@ TEST(LaunchCli, FailingRankStopsTheOthers) {
   EXPECT_THAT(p.stdoutText(), HasSubstr("[rank 0] hello from 0 of 3"));
 }
 
+// --transport-security none (launch sets POSEIDON_TRANSPORT_SECURITY for its ranks; train's flag
+// says the same): rank 0 says so once, loudly, and the training is the encrypted run's, bit for bit.
+TEST(LaunchCli, TransportSecurityNoneTrainsTheSameModelUnencrypted) {
+  TempDir dir;
+  std::map<std::string, std::vector<float>> params;
+  for (const std::string mode : {"curve", "none"}) {
+    auto p = run({"launch",
+                  "-n",
+                  "2",
+                  "--transport-security",
+                  mode,
+                  "--",
+                  POSEIDON_CLI,
+                  "train",
+                  "--max-steps",
+                  "3",
+                  "--train-limit",
+                  "256",
+                  "--quiet",
+                  "--batch",
+                  "16",
+                  "--scheme",
+                  "auto",
+                  "--model",
+                  "mlp",
+                  "--save-params",
+                  dir.path + "/" + mode + ".bin"},
+                 dir.path + "/" + mode, 120);
+    ASSERT_EQ(p.exitCode(), 0) << p.stderrText();
+    const std::string all = p.stdoutText() + p.stderrText();
+    EXPECT_EQ(all.find("TRANSPORT SECURITY OFF") != std::string::npos, mode == "none") << all;
+    EXPECT_EQ(all.find("TRANSPORT SECURITY OFF"), all.rfind("TRANSPORT SECURITY OFF")) << "said once: " << all;
+    params[mode] = readFloats(dir.path + "/" + mode + ".bin");
+  }
+  ASSERT_GT(params["none"].size(), 100000u);
+  EXPECT_EQ(params["none"], params["curve"]);
+  auto bad = run({"launch", "-n", "1", "--transport-security", "tls", "--", "true"}, dir.path + "/bad", 60);
+  EXPECT_EQ(bad.exitCode(), 2);
+  EXPECT_THAT(bad.stderrText(), HasSubstr("--transport-security must be curve or none, got 'tls'"));
+  auto train = run({"train", "--transport-security", "tls"}, dir.path + "/bad-train", 60);
+  EXPECT_EQ(train.exitCode(), 2);
+  EXPECT_THAT(train.stderrText(), HasSubstr("--transport-security must be curve or none, got 'tls'"));
+}
+
 TEST(LaunchCli, LaunchesTrainRanks) {
   TempDir dir;
   auto p = run({"launch", "-n", "2", "--", POSEIDON_CLI, "train", "--max-steps", "2", "--train-limit", "128", "--quiet",

@@ -6,9 +6,11 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <sstream>
 #include <thread>
 #include <vector>
 
+#include "poseidon/bench/emulation.h"
 #include "poseidon/common/error.h"
 #include "poseidon/sfb/sufficient_factors.h"
 
@@ -75,19 +77,47 @@ DeviceModel deviceFor(const std::string& spec, double scale, const MachineRates&
   d.byteScale = 1.0 / (scale * scale);
   d.sumBytes = rates.sumBytes;
   d.cryptoBytes = rates.cryptoBytes;
-  if (spec == "gpu") {
+  if (spec == "titanx") {
     d.gemmFlops = kTitanXGemmFlops;
+    d.gemmOnGpu = true;
+  } else if (spec == "h200" || spec == "h200-bf16") {
+    d.gemmFlops = h200SfbGemmFlops();  // the reconstruction runs on fp32 factors in both
+    d.gemmOnGpu = true;
   } else if (spec.rfind("cpu:", 0) == 0) {
     char* end = nullptr;
     long cores = std::strtol(spec.c_str() + 4, &end, 10);
     if (spec.size() == 4 || *end != '\0' || cores < 1 || cores > 256) {
-      throw InvalidArgument("--device cpu:C needs a core count C in [1, 256], got '" + spec + "'");
+      throw InvalidArgument("--compute cpu:C needs a core count C in [1, 256], got '" + spec + "'");
     }
     d.gemmFlops = rates.gemmFlops * static_cast<double>(cores);
   } else {
-    throw InvalidArgument("unknown --device '" + spec + "' (none, gpu, cpu:C)");
+    throw InvalidArgument("unknown --compute '" + spec + "' (titanx, h200, h200-bf16, cpu:C, none)");
   }
   return d;
+}
+
+ComputeChoice parseComputeList(const std::string& list) {
+  ComputeChoice c;
+  std::string item;
+  std::stringstream in(list);
+  while (std::getline(in, item, ',')) {
+    if (item.empty()) continue;
+    deviceFor(item, 1, MachineRates{});  // validates the name
+    if (std::find(c.nodes.begin(), c.nodes.end(), item) != c.nodes.end())
+      throw InvalidArgument("--compute names '" + item + "' twice");
+    if (isComputeName(item)) {
+      if (!c.gpu.empty() && c.gpu != item) {
+        throw InvalidArgument("--compute names two GPUs, " + c.gpu + " and " + item +
+                              "; one run models one GPU's compute (run them separately)");
+      }
+      c.gpu = item;
+    }
+    c.nodes.push_back(item);
+  }
+  if (c.nodes.empty())
+    throw InvalidArgument("--compute needs at least one node (titanx, h200, h200-bf16, cpu:C, none)");
+  if (c.gpu.empty()) c.gpu = "titanx";
+  return c;
 }
 
 void ChargedDevice::hold(double seconds, WorkClock::time_point start, std::atomic<int64_t>& tally) {
@@ -98,7 +128,21 @@ void ChargedDevice::hold(double seconds, WorkClock::time_point start, std::atomi
 }
 
 void ChargedDevice::chargeGemm(double scaledFlops, WorkClock::time_point start) {
-  if (model_.gemmFlops > 0) hold(scaledFlops * model_.flopScale / model_.gemmFlops, start, gemmNs_);
+  if (model_.gemmFlops <= 0) return;
+  const auto cost = std::chrono::duration_cast<WorkClock::duration>(
+      std::chrono::duration<double>(scaledFlops * model_.flopScale / model_.gemmFlops));
+  WorkClock::time_point done;
+  {
+    std::lock_guard<std::mutex> lock(timelineMutex_);
+    done = (model_.gemmOnGpu ? gpu_ : gemmCores_).admit(start, cost);  // after the work queued before it
+  }
+  gemmNs_ += std::chrono::duration_cast<std::chrono::nanoseconds>(cost).count();
+  std::this_thread::sleep_until(done);
+}
+
+WorkClock::time_point ChargedDevice::compute(WorkClock::time_point start, WorkClock::duration cost) {
+  std::lock_guard<std::mutex> lock(timelineMutex_);
+  return gpu_.admit(start, cost);
 }
 
 void ChargedDevice::chargeSum(double scaledBytes, WorkClock::time_point start) {

@@ -33,7 +33,94 @@ const Timing kTimings[] = {
      "derived: VGG19's 35.5 images/s on Titan X scaled by MACs (0.724G vs 19.63G per image)"},
 };
 
+// Per-layer times measured on an H200 (bench/data/gen_measured_compute.py).
+struct MeasuredLayer {
+  double forwardMs, backwardMs;
+  int64_t params;
+};
+struct MeasuredModel {
+  const char* model;
+  const char* precision;
+  int64_t batch;
+  double forwardMs, backwardMs, noHooksMs, optimizerMs;
+  std::vector<MeasuredLayer> layers;  // empty: totals only (googlenet)
+};
+#include "poseidon/bench/measured_compute.inc"
+
+const MeasuredModel& measured(const std::string& model, const std::string& precision) {
+  for (const auto& m : kMeasuredModels)
+    if (model == m.model && precision == m.precision) return m;
+  throw InvalidArgument("no measured H200 times for model '" + model + "' in " + precision);
+}
+
+// Titan X: the published iteration time split 1/3 : 2/3 and by MACs.
+void titanXTimes(const Timing& t, const ModelDesc& full, EmulatedModel& m) {
+  m.iterationSeconds = t.seconds;
+  m.timeSource = t.source;
+  double total = 0;
+  for (const auto& l : full.layers) total += static_cast<double>(l.macsPerSample);
+  for (const auto& l : full.layers) {
+    double share = total > 0 ? static_cast<double>(l.macsPerSample) / total : 1.0 / full.layers.size();
+    m.forwardSeconds.push_back(m.iterationSeconds * share / 3.0);
+    m.backwardSeconds.push_back(m.iterationSeconds * share * 2.0 / 3.0);
+  }
+}
+
+// H200: layer for layer where the measured layers are the zoo's (their parameter counts must
+// agree), else the measured totals split by MACs.
+void h200Times(const std::string& precision, const ModelDesc& full, EmulatedModel& m) {
+  const MeasuredModel& t = measured(m.name, precision);
+  if (t.batch != m.fullBatch) {
+    throw Error(strCat("measured H200 times for ", m.name, " are at batch ", t.batch, ", the zoo's is ", m.fullBatch));
+  }
+  // The shares were taken with timing hooks in: scaled so that they add up to the step measured
+  // without them.
+  double shares = t.forwardMs + t.backwardMs;
+  if (!t.layers.empty()) {
+    shares = 0;
+    for (const auto& l : t.layers) shares += l.forwardMs + l.backwardMs;
+  }
+  const double toSeconds = 1e-3 * t.noHooksMs / shares;
+  m.iterationSeconds = 1e-3 * t.noHooksMs;
+  if (t.layers.empty()) {
+    double total = 0;
+    for (const auto& l : full.layers) total += static_cast<double>(l.macsPerSample);
+    for (const auto& l : full.layers) {
+      double share = total > 0 ? static_cast<double>(l.macsPerSample) / total : 1.0 / full.layers.size();
+      m.forwardSeconds.push_back(t.forwardMs * toSeconds * share);
+      m.backwardSeconds.push_back(t.backwardMs * toSeconds * share);
+    }
+    m.timeSource = strCat("measured: H200 ", precision, " (torch 2.11), forward and backward totals split by MACs");
+    return;
+  }
+  if (t.layers.size() != full.layers.size()) {
+    throw Error(strCat("measured H200 times for ", m.name, " have ", t.layers.size(), " layers, the zoo's model ",
+                       full.layers.size()));
+  }
+  for (size_t i = 0; i < full.layers.size(); ++i) {
+    if (t.layers[i].params != full.layers[i].numel()) {
+      throw Error(strCat("measured H200 layer ", i, " of ", m.name, " has ", t.layers[i].params,
+                         " parameters, the zoo's '", full.layers[i].name, "' ", full.layers[i].numel()));
+    }
+    m.forwardSeconds.push_back(t.layers[i].forwardMs * toSeconds);
+    m.backwardSeconds.push_back(t.layers[i].backwardMs * toSeconds);
+  }
+  m.timeSource = strCat("measured: H200 ", precision, " (torch 2.11), layer by layer");
+}
+
 }  // namespace
+
+double h200SfbGemmFlops() { return kH200SfbGemmFlops; }
+
+const std::vector<std::string>& computeNames() {
+  static const std::vector<std::string> names{"titanx", "h200", "h200-bf16"};
+  return names;
+}
+
+bool isComputeName(const std::string& name) {
+  const auto& n = computeNames();
+  return std::find(n.begin(), n.end(), name) != n.end();
+}
 
 double EmulatedModel::computeSeconds() const {
   double t = 0;
@@ -50,7 +137,8 @@ const std::vector<std::string>& emulatedModelNames() {
   return names;
 }
 
-EmulatedModel emulatedModel(const std::string& name, double scale) {
+EmulatedModel emulatedModel(const std::string& name, double scale, const std::string& compute) {
+  if (!isComputeName(compute)) throw InvalidArgument("unknown compute '" + compute + "' (titanx, h200, h200-bf16)");
   const Timing* timing = nullptr;
   for (const auto& t : kTimings)
     if (name == t.name) timing = &t;
@@ -65,17 +153,12 @@ EmulatedModel emulatedModel(const std::string& name, double scale) {
   m.desc = zooModel(name, scale);
   m.batch = std::max<int64_t>(1, std::llround(static_cast<double>(timing->batch) * scale));
   m.fullBatch = timing->batch;
-  m.iterationSeconds = timing->seconds;
-  m.timeSource = timing->source;
-  // Split by the full-width model's MACs: compute time does not scale.
-  ModelDesc full = zooModel(name, 1.0);
-  double total = 0;
-  for (const auto& l : full.layers) total += static_cast<double>(l.macsPerSample);
-  for (const auto& l : full.layers) {
-    double share = total > 0 ? static_cast<double>(l.macsPerSample) / total : 1.0 / full.layers.size();
-    m.forwardSeconds.push_back(m.iterationSeconds * share / 3.0);
-    m.backwardSeconds.push_back(m.iterationSeconds * share * 2.0 / 3.0);
-  }
+  // The full-width model's layers: compute time does not scale.
+  const ModelDesc full = zooModel(name, 1.0);
+  if (compute == "titanx")
+    titanXTimes(*timing, full, m);
+  else
+    h200Times(compute == "h200" ? "fp32" : "bf16", full, m);
   return m;
 }
 

@@ -1,9 +1,14 @@
 // Trace-driven compute emulation for the emulated-cluster benchmark
 // (DESIGN.md section 4). Every layer keeps its real parameter shapes (at a
 // width scale s), while its forward and backward kernels become waits of the
-// time that layer takes on the modelled GPU: the model's published
-// single-GPU iteration time, split 1/3 forward, 2/3 backward, and over the
-// layers in proportion to their multiply-accumulates at full width.
+// time that layer takes on the modelled GPU (`--compute`):
+//   titanx     the paper's GPU: the model's published single-GPU iteration
+//              time, split 1/3 forward, 2/3 backward, and over the layers in
+//              proportion to their multiply-accumulates at full width;
+//   h200       measured on an NVIDIA H200 (bench/data/README.md), fp32, layer
+//              by layer (googlenet: its measured forward and backward totals
+//              split by MACs, as torchvision's GoogLeNet is not the zoo's);
+//   h200-bf16  the same in bf16 autocast.
 //
 // Scaling rule (keeps every ratio of the paper): widths x s, per-worker batch
 // x s, link rate x s^2, compute time unchanged.
@@ -29,10 +34,19 @@ struct EmulatedModel {
   double computeSeconds() const;  // sum of all waits
 };
 
+// The GPUs whose compute is tabled: titanx, h200, h200-bf16.
+const std::vector<std::string>& computeNames();
+bool isComputeName(const std::string& name);
+
 // Models with a known single-GPU time: vgg19, vgg19-22k, googlenet,
-// inception-v3, resnet-152, alexnet. Throws InvalidArgument otherwise.
-EmulatedModel emulatedModel(const std::string& name, double scale);
+// inception-v3, resnet-152, alexnet, on `compute` (computeNames()). Throws
+// InvalidArgument for an unknown model or compute.
+EmulatedModel emulatedModel(const std::string& name, double scale, const std::string& compute = "titanx");
 const std::vector<std::string>& emulatedModelNames();
+
+// The fp32 rate of the SFB reconstruction GEMM on the H200 (the median of the
+// measured shapes, bench/data/README.md).
+double h200SfbGemmFlops();
 
 // The layer table with per-layer waits, for bench/ddp_worker.py:
 // {"name", "batch", "layers": [{"name", "params": [[shape], ...], "forward_s", "backward_s"}]}

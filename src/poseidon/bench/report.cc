@@ -131,19 +131,22 @@ void writeIntro(std::ostringstream& md, const nlohmann::json& cfg) {
         "*/ own bound* says how close a system runs to what its own traffic allows; *poseidon's ideal* is the "
         "same floor with the fewest bytes any scheme needs (Table 1's hybrid), the one yardstick for every "
         "system; *charged* is the runtime's own work (SFB reconstruction, server sums, CURVE encryption) at "
-        "full width on the device model, per iteration: the sum over kinds of each kind's busiest rank. A run whose ranks together used more "
-        "than 80% of this machine's CPU over the measured iterations is marked HOST-BOUND: the host, not the "
+        "full width on the device model, per iteration: the sum over kinds of each kind's busiest rank. A run whose "
+        "ranks together used more "
+        "than 80% of this machine's CPU over the measured iterations, or whose host was that busy (/proc/stat, kernel "
+        "time included), is marked HOST-BOUND: the host, not the "
         "emulated network or compute, may have set its pace, and it does not count.\n\n";
   if (cfg.contains("devices")) {
-    md << "Device models:";
+    md << "Modelled nodes (--compute; every system computes on " << cfg.value("compute", std::string("titanx"))
+       << "'s tables):";
     for (const auto& d : cfg["devices"]) {
       md << " " << d["name"].get<std::string>() << " (GEMM "
          << fmt("%.0f GFLOP/s", d["gemm_flops"].get<double>() / 1e9) << ", sums "
          << fmt("%.2f GB/s", d["sum_bytes_per_s"].get<double>() / 1e9) << ", encryption "
          << fmt("%.2f GB/s", d["crypto_bytes_per_s"].get<double>() / 1e9) << ");";
     }
-    md << " a rate of 0 charges nothing. Poseidon's systems under a device other than the first are named "
-          "SYSTEM@DEVICE. DDP's own work (Gloo's sums) is not charged.\n\n";
+    md << " a rate of 0 charges nothing. Poseidon's systems charged on a node other than the first are named "
+          "SYSTEM@NODE. DDP's own work (Gloo's sums) is not charged.\n\n";
   }
 }
 

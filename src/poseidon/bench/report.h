@@ -36,9 +36,10 @@ struct RunResult {
   double bucketMb = 0, firstBucketMb = 0;  // DDP's bucket caps (MB at width s)
   nlohmann::json tuning;          // ddp-tuned: the sweep, bucket cap (MB at full width) -> s/iter
   nlohmann::json fcSchemes;       // Poseidon's systems: BestScheme's choice per FC layer (rank 0)
-  // The host: every rank's CPU seconds per iteration, and their sum over the measured stretch as a
-  // share of this machine's cores. Above kHostBoundShare the host, not the emulated network or
-  // compute, may have set the pace: such a run is flagged and does not count.
+  // The host: every rank's CPU seconds per iteration, and the larger of their sum over the measured
+  // stretch as a share of this machine's cores and the whole host's busy share then (/proc/stat,
+  // kernel time included). Above kHostBoundShare the host, not the emulated network or compute, may
+  // have set the pace: such a run is flagged and does not count.
   std::string tracePath;  // --trace: the merged trace of this run
   double tcpRetransmits = 0;  // segments all Poseidon ranks retransmitted in the measured iterations (drops)
   std::vector<double> cpuPerIter;

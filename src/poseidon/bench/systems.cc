@@ -37,8 +37,12 @@ const SystemSpec* findBenchSystem(const std::string& name) {
 
 }  // namespace
 
-SystemChoice parseBenchSystem(const std::string& name) {
-  SystemChoice c{findBenchSystem(name), WirePrecision::kFp32};
+SystemChoice parseBenchSystem(const std::string& fullName) {
+  static const std::string kNoCurve = "-nocurve";
+  const bool noCurve = fullName.size() > kNoCurve.size() &&
+                       fullName.compare(fullName.size() - kNoCurve.size(), kNoCurve.size(), kNoCurve) == 0;
+  const std::string name = noCurve ? fullName.substr(0, fullName.size() - kNoCurve.size()) : fullName;
+  SystemChoice c{findBenchSystem(name), WirePrecision::kFp32, noCurve};
   for (WirePrecision w : {WirePrecision::kBf16, WirePrecision::kFp16}) {
     const std::string suffix = std::string("-") + wirePrecisionName(w);
     if (c.spec || name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
@@ -46,9 +50,15 @@ SystemChoice parseBenchSystem(const std::string& name) {
     const SystemSpec* base = findBenchSystem(name.substr(0, name.size() - suffix.size()));
     if (base && !base->ddp) c = {base, w};
   }
-  if (!c.spec) throw InvalidArgument("unknown system '" + name + "'");
+  if (c.spec) c.noCurve = noCurve;
+  if (!c.spec) throw InvalidArgument("unknown system '" + fullName + "'");
   if (c.wire != WirePrecision::kFp32 && !c.spec->wireSuffix) {
-    throw InvalidArgument("unknown system '" + name + "' (the " + c.spec->name + " baseline has no 16-bit wire)");
+    throw InvalidArgument("unknown system '" + fullName + "' (the " + c.spec->name + " baseline has no 16-bit wire)");
+  }
+  if (c.noCurve && c.spec->ddp) {
+    throw InvalidArgument("unknown system '" + fullName +
+                          "' (DDP's Gloo links are never encrypted: -nocurve is "
+                          "for Poseidon's)");
   }
   return c;
 }

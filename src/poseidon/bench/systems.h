@@ -32,11 +32,14 @@ struct SystemSpec {
 // Every system, in the order the tables list them.
 const std::vector<SystemSpec>& systemRegistry();
 
-// A throughput-bench system as named (poseidon-overlap-bf16): its entry and wire. InvalidArgument
-// for a name that is not one ("unknown system 'X'"; the adam baseline has no 16-bit wire).
+// A throughput-bench system as named (poseidon-overlap-bf16, poseidon-nocurve): its entry, wire
+// and transport security (a -nocurve suffix, last, on Poseidon's: --transport-security none).
+// InvalidArgument for a name that is not one ("unknown system 'X'"; the adam baseline has no 16-bit
+// wire; DDP's links are never encrypted).
 struct SystemChoice {
   const SystemSpec* spec = nullptr;
   WirePrecision wire = WirePrecision::kFp32;
+  bool noCurve = false;
   std::string base() const { return spec->name; }
 };
 SystemChoice parseBenchSystem(const std::string& name);

@@ -50,7 +50,7 @@ namespace {
 struct BenchArgs {
   std::string modelsFlag = "vgg19,vgg19-22k,googlenet,resnet-152,alexnet";
   std::string systemsFlag = "poseidon,ps-wfbp,ps-naive,adam,ddp,ddp-fp16,ddp-powersgd1,ddp-powersgd4";
-  std::string nodesFlag = "1,2,4,8", ratesFlag = "1000,300,100,30", devicesFlag = "gpu";
+  std::string nodesFlag = "1,2,4,8", ratesFlag = "1000,300,100,30", computeFlag = "titanx";
   std::string jsonPath, mdPath, plotDir, ddpScript, bisectSystems, reportFrom, traceDir;
   double scale = 0.1, latencyMs = 0;
   int iterations = 8, warmup = 3, timeoutS = 150, retries = 1, repeat = 1, rcvbuf = 0, sendWindow = 0;
@@ -91,11 +91,14 @@ void addRuntimeFlags(FlagSet& flags, BenchArgs& a) {
                "runs per point: the tables give the median (the upper middle run for an even N), min and max, and "
                "the slowest rank",
                "N", IntRange::closed(1, 100));
-  flags.addString("device", &a.devicesFlag,
-                  "comma-separated device models on which the runtime's own work (SFB reconstruction, server sums, "
-                  "CURVE encryption) is charged at full width: gpu (Titan X GEMM; sums and encryption at this "
-                  "machine's one-core rates), cpu:C (C cores of this machine), none (real time at width s); "
-                  "Poseidon's systems run once per device, as SYSTEM@DEVICE after the first",
+  flags.addString("compute", &a.computeFlag,
+                  "the modelled node, a comma-separated list: titanx (the paper's GPU: published iteration times, "
+                  "5 TFLOP/s reconstruction GEMM), h200 or h200-bf16 (per-layer times measured on an H200 in fp32 "
+                  "or bf16 autocast, its measured fp32 GEMM), cpu:C (the list's GPU computes, the GEMM on C cores "
+                  "of this machine), none (nothing charged: our own work costs its real time at width s). Every "
+                  "system computes on the list's one GPU (titanx if it names none); Poseidon's own work "
+                  "(reconstruction, server sums, CURVE encryption at this machine's one-core rates) is charged at "
+                  "full width on each node in turn, as SYSTEM@NODE after the first",
                   "LIST");
   flags.addInt("tcp-rcvbuf", &a.rcvbuf,
                "TCP receive buffer per connection into each Poseidon rank, bytes at width s (0: the OS default); "
@@ -148,9 +151,10 @@ int reportFromFile(const BenchArgs& a) {
   return 0;
 }
 
-// The run's lists, checked, and each device's model.
+// The run's lists, checked, and each node's model.
 struct BenchPlan {
-  std::vector<std::string> models, systems, devices, labels;  // labels: systems, once per device for Poseidon's
+  std::vector<std::string> models, systems, devices, labels;  // labels: systems, once per node for Poseidon's
+  std::string gpu;                                            // the GPU every system computes on
   std::vector<int> nodes;
   std::vector<double> rates;
   bench::MachineRates machine;
@@ -174,8 +178,10 @@ BenchPlan planBench(const BenchArgs& a) {
       throw InvalidArgument(c.base() + " needs --warmup 1 or more (each iteration carries the one before's tail)");
     }
   }
-  p.devices = splitList(a.devicesFlag);
-  if (p.models.empty() || p.systems.empty() || p.nodes.empty() || p.rates.empty() || p.devices.empty())
+  const bench::ComputeChoice compute = bench::parseComputeList(a.computeFlag);  // throws on bad names
+  p.gpu = compute.gpu;
+  p.devices = compute.nodes;
+  if (p.models.empty() || p.systems.empty() || p.nodes.empty() || p.rates.empty())
     throw InvalidArgument("empty list flag");
   p.charging = std::any_of(p.devices.begin(), p.devices.end(), [](const std::string& d) { return d != "none"; });
   for (const auto& d : p.devices) p.deviceModels[d] = bench::deviceFor(d, a.scale, p.machine);  // validates the names
@@ -183,13 +189,13 @@ BenchPlan planBench(const BenchArgs& a) {
     p.machine = bench::measureMachineRates();
     for (const auto& d : p.devices) p.deviceModels[d] = bench::deviceFor(d, a.scale, p.machine);
   }
-  // Poseidon's systems once per device: the first device's under the plain name.
+  // Poseidon's systems once per node: the first node's under the plain name.
   for (const auto& s : p.systems) {
     p.labels.push_back(s);
     if (!isDdp(s))
       for (size_t i = 1; i < p.devices.size(); ++i) p.labels.push_back(s + "@" + p.devices[i]);
   }
-  for (const auto& m : p.models) bench::emulatedModel(m, a.scale);  // validate names early
+  for (const auto& m : p.models) bench::emulatedModel(m, a.scale, p.gpu);  // validate names early
   return p;
 }
 
@@ -200,6 +206,7 @@ nlohmann::json benchConfig(const BenchArgs& a, const BenchPlan& p, const std::ve
                            {"warmup", a.warmup},
                            {"latency_ms", a.latencyMs},
                            {"models", p.models},
+                           {"compute", p.gpu},
                            {"systems", p.labels},
                            {"nodes", p.nodes},
                            {"rates_mbit", p.rates},
@@ -259,7 +266,7 @@ std::vector<RunResult> runAll(Harness& h, const BenchArgs& a, const BenchPlan& p
                 p.machine.gemmFlops / 1e9, p.machine.sumBytes / 1e9, p.machine.cryptoBytes / 1e9);
     for (const auto& d : p.devices) {
       const DeviceModel& dm = p.deviceModels.at(d);
-      std::printf("device %s: the runtime's own work charged at full width (GEMM %.1f GFLOP/s%s)\n", d.c_str(),
+      std::printf("node %s: the runtime's own work charged at full width (GEMM %.1f GFLOP/s%s)\n", d.c_str(),
                   dm.gemmFlops / 1e9, dm.charges() ? "" : "; nothing charged");
     }
   }
@@ -326,20 +333,29 @@ int benchCommand(const std::vector<std::string>& args) {
       if (a != "--accuracy") rest.push_back(a);
     return benchAccuracyCommand(rest);
   }
+  for (const auto& arg : args) {
+    if (arg == "--device" || arg.rfind("--device=", 0) == 0) {
+      throw InvalidArgument(
+          "--device is now --compute (titanx replaces gpu; cpu:C and none as before); --device names where a "
+          "model's tensors live, in train");
+    }
+  }
   BenchArgs a;
   FlagSet flags("bench",
                 "poseidon bench [--quick] [--models LIST] [--systems LIST] [--nodes LIST] [--rates LIST] [flags]",
                 "Emulated-cluster benchmark (needs root): one network namespace per node, links shaped with tc tbf,\n"
-                "trace-driven compute (each layer's forward/backward is a wait of its share of the model's published\n"
-                "single-GPU iteration time), real parameter shapes at width scale s. Runs Poseidon's systems and\n"
+                "trace-driven compute (each layer's forward/backward is a wait of its time on the modelled GPU,\n"
+                "--compute), real parameter shapes at width scale s. Runs Poseidon's systems and\n"
                 "PyTorch DDP (Debian's python3-torch) on the identical model and network, in the same run, and\n"
                 "reports iteration time, speedup over one node, bytes per node, and measured / ideal time.\n"
                 "Systems: poseidon (WFBP + hybrid), poseidon-overlap (+ priority-scheduled links, next forward\n"
                 "overlapping the sync), ps-wfbp, ps-naive, adam, sfb (SFB forced on FC layers), ddp, ddp-tuned\n"
                 "(best bucket cap), ddp-fp16, ddp-powersgd1, ddp-powersgd4. A -bf16 or -fp16 suffix on a Poseidon\n"
                 "system (not adam) sends its gradients in 16 bits (like train's --wire; lossy, like ddp-fp16),\n"
-                "e.g. poseidon-overlap-bf16.\n"
-                "Poseidon's own work is charged at full width on --device.\n"
+                "e.g. poseidon-overlap-bf16. A -nocurve suffix, last, runs a Poseidon system without CURVE (train's\n"
+                "--transport-security none: unencrypted, as DDP's Gloo), e.g. poseidon-nocurve.\n"
+                "Poseidon's own work is charged at full width on --compute's node. A link of R Mbit/s stands for\n"
+                "R / s^2 at full width (s = 0.1: 100, 250, 1000 are 10, 25, 100 GbE).\n"
                 "Everything it creates is removed on exit, Ctrl-C and failure.");
   addWhatToRunFlags(flags, a);
   addOutputFlags(flags, a);
@@ -377,6 +393,7 @@ int benchCommand(const std::vector<std::string>& args) {
     fs::create_directories(a.traceDir);
     h.traceDir = fs::absolute(a.traceDir).string();
   }
+  h.compute = p.gpu;
   h.devices = p.devices;
   h.deviceModels = p.deviceModels;
   if (std::any_of(p.systems.begin(), p.systems.end(), isDdp)) h.ddpScript = findDdpScript(a.ddpScript, "ddp_worker.py");

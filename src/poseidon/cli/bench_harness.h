@@ -51,6 +51,7 @@ inline bool isDdp(const std::string& s) { return bench::parseBenchSystem(s).spec
 struct Harness {
   std::string exe, ddpScript, work;
   double scale = 0.1;
+  std::string compute = "titanx";  // the GPU whose compute tables every system runs on (--compute)
   int iterations = 8, warmup = 3, timeoutS = 300, retries = 1;
   EmulatedCluster* cluster = nullptr;
   std::map<std::string, EmulatedModel> models;
@@ -62,14 +63,14 @@ struct Harness {
   const EmulatedModel& model(const std::string& name) {
     auto it = models.find(name);
     if (it != models.end()) return it->second;
-    EmulatedModel m = bench::emulatedModel(name, scale);
+    EmulatedModel m = bench::emulatedModel(name, scale, compute);
     std::string path = work + "/" + name + ".json";
     std::ofstream(path) << bench::emulatedModelJson(m);
     modelJson[name] = path;
     return models.emplace(name, std::move(m)).first->second;
   }
 
-  // Repeats (--repeat), devices (--device) and DDP's bucket caps.
+  // Repeats (--repeat), nodes (--compute) and DDP's bucket caps.
   std::string traceDir;                     // --trace: one merged Chrome trace per Poseidon run
   int rcvbuf = 0;                           // --tcp-rcvbuf, for Poseidon's ranks
   int sendWindow = 0;                       // --send-window, for the poseidon-overlap systems (0: their default)
@@ -79,8 +80,8 @@ struct Harness {
   std::vector<std::string> devices{"none"};  // the first is the plain system name's
   std::map<std::string, DeviceModel> deviceModels;
 
-  // A system label: a system name, or for Poseidon's systems under a device
-  // other than the first, name@device (e.g. poseidon@cpu:16).
+  // A system label: a system name, or for Poseidon's systems charged on a node
+  // other than the first, name@node (e.g. poseidon@cpu:16).
   static std::pair<std::string, std::string> splitLabel(const std::string& label) {
     auto at = label.find('@');
     if (at == std::string::npos) return {label, ""};
@@ -216,7 +217,9 @@ struct Harness {
                    cluster->nodeAddress(i),
                    "--timeout",
                    std::to_string(timeoutS * 1000),
-                   "--device",
+                   "--compute",
+                   compute,
+                   "--charged-on",
                    device,
                    "--gemm-flops",
                    strCat(dm.gemmFlops),
@@ -244,7 +247,7 @@ struct Harness {
     }
     try {
       nlohmann::json charged = {{"gemm", 0.0}, {"sum", 0.0}, {"crypto", 0.0}};
-      double wall = 0, cpuTotal = 0;
+      double wall = 0, cpuTotal = 0, hostBusyShare = 0;
       for (int i = 0; i < nodes; ++i) {
         std::ifstream f(outBase(i) + ".json");
         nlohmann::json j = nlohmann::json::parse(f);
@@ -255,6 +258,8 @@ struct Harness {
         std::sort(t.begin(), t.end());
         double med = t.empty() ? 0 : t[t.size() / 2];
         double cpu = j.value("cpu_seconds", 0.0);
+        if (i == 0 && j.value("host_total_jiffies", 0.0) > 0)
+          hostBusyShare = j.value("host_busy_jiffies", 0.0) / j["host_total_jiffies"].get<double>();
         cpuTotal += cpu;
         r.cpuPerIter.push_back(cpu / std::max(1, iterations));
         r.tcpRetransmits += j.value("tcp_retransmits", 0.0);
@@ -276,7 +281,9 @@ struct Harness {
         Tracer::merge(parts, merged);
         r.tracePath = merged;
       }
-      r.hostCpuShare = wall > 0 ? cpuTotal / (wall * hostCores) : 0;
+      // The ranks' own CPU, or the whole host's over rank 0's measured iterations where that is more
+      // (kernel time: the shaped links' softirqs and copies are in no process's rusage).
+      r.hostCpuShare = std::max(wall > 0 ? cpuTotal / (wall * hostCores) : 0.0, hostBusyShare);
       r.imagesPerSec = r.iterSeconds > 0 ? nodes * m.batch / r.iterSeconds : 0;
       r.ownBoundSeconds = bench::ownBoundSeconds(r, m.computeSeconds());
       r.repeatSeconds = {r.iterSeconds};

@@ -1,7 +1,8 @@
 // poseidon bench-worker: one rank of the emulated-cluster benchmark on the
 // Poseidon side. Forward and backward are waits of the emulated model's
 // per-layer times (absolute deadlines, so sync work on other threads never
-// stretches the emulated GPU); gradients and factors have the real scaled
+// stretches the emulated GPU, except a reconstruction charged on that GPU:
+// bench/device.h's timeline); gradients and factors have the real scaled
 // shapes. Started by `poseidon bench` inside a node's network namespace with
 // the torchrun environment; writes one JSON result file.
 #include <sys/resource.h>
@@ -13,6 +14,7 @@
 #include <random>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "poseidon/bench/device.h"
 #include "poseidon/bench/emulation.h"
@@ -54,6 +56,20 @@ uint64_t tcpRetransmits() {
   return 0;
 }
 
+// Busy and total jiffies of the whole host so far (/proc/stat's cpu line): kernel time included
+// (the shaped links' softirqs, the loopback copies), which no process's rusage shows.
+std::pair<uint64_t, uint64_t> hostJiffies() {
+  std::ifstream f("/proc/stat");
+  std::string cpu;
+  f >> cpu;
+  uint64_t total = 0, idle = 0, v = 0;
+  for (int i = 0; i < 10 && f >> v; ++i) {
+    total += v;
+    if (i == 3 || i == 4) idle += v;  // idle, iowait
+  }
+  return {total - idle, total};
+}
+
 uint64_t readCounter(const std::string& iface, const char* which) {
   if (iface.empty()) return 0;
   std::ifstream f("/sys/class/net/" + iface + "/statistics/" + which);
@@ -68,7 +84,7 @@ struct WorkerArgs {
   double scale = 0.1;
   int iterations = 8, warmup = 3, timeoutMs = 120000;
   int64_t pairBytes = -1;
-  std::string device = "none", tracePath;
+  std::string compute = "titanx", chargedOn = "none", tracePath;
   double gemmFlops = 0, sumBytes = 0, cryptoBytes = 0, linkMbit = 0;
   int rcvbuf = 0, sendWindow = 0, ioThreads = NodeOptions{}.ioThreads;
   bool overlapForward = false;
@@ -76,6 +92,8 @@ struct WorkerArgs {
 
 void addWorkerFlags(FlagSet& flags, WorkerArgs& a) {
   flags.addString("model", &a.model, "emulated model", "NAME");
+  flags.addString("compute", &a.compute, "the GPU whose compute tables the model runs on (titanx, h200, h200-bf16)",
+                  "GPU");
   flags.addDouble("scale", &a.scale, "width scale s", "S", RealRange::leftOpen(0, 1));
   flags.addString("system", &a.system,
                   "poseidon | poseidon-overlap | ps-wfbp | ps-naive | adam | sfb; all but adam optionally with "
@@ -94,7 +112,10 @@ void addWorkerFlags(FlagSet& flags, WorkerArgs& a) {
   flags.addInt64("pair-bytes", &a.pairBytes, "KV pair size (default: 2 MB x s^2, the scaling rule)", "BYTES",
                  IntRange::closed(kMinPairBytes, kMaxPairBytes));
   // The device model (bench/device.h): the harness measures the rates once and passes them on.
-  flags.addString("device", &a.device, "name of the device model (for the result)", "NAME");
+  flags.addString("charged-on", &a.chargedOn,
+                  "name of the node its own work is charged on (for the result; a GPU name puts the GEMM on the "
+                  "emulated GPU's timeline)",
+                  "NAME");
   flags.addDouble("gemm-flops", &a.gemmFlops, "charge the reconstruction GEMM at full width at this FLOP/s (0: not)",
                   "R", RealRange::atLeast(0));
   flags.addDouble("sum-bytes", &a.sumBytes, "charge the servers' sums at full width at this byte/s (0: not)", "R",
@@ -120,7 +141,8 @@ void addWorkerFlags(FlagSet& flags, WorkerArgs& a) {
 // The device this rank charges its own work on (bench/device.h), at full width.
 DeviceModel workerDevice(const WorkerArgs& a, const bench::EmulatedModel& em) {
   DeviceModel dm;
-  dm.name = a.device;
+  dm.name = a.chargedOn;
+  dm.gemmOnGpu = bench::isComputeName(a.chargedOn);
   // K is rounded at scale s (vgg19: 32 x 0.1 -> 3): scale the GEMM back by the batch actually used.
   dm.flopScale = static_cast<double>(em.fullBatch) / static_cast<double>(em.batch) / (a.scale * a.scale);
   dm.byteScale = 1.0 / (a.scale * a.scale);
@@ -161,6 +183,7 @@ struct Counters {
   TrafficTotals ps, sfb, adam;
   bench::ChargedSeconds charged;
   double cpu = 0;
+  std::pair<uint64_t, uint64_t> host;  // busy, total jiffies
   static Counters read(const std::string& iface, Node& node, const bench::ChargedDevice& charger) {
     Counters c;
     c.tx = readCounter(iface, "tx_bytes");
@@ -170,6 +193,7 @@ struct Counters {
     c.adam = node.counters().total(TrafficKind::kAdam);
     c.charged = charger.charged();
     c.cpu = cpuSeconds();
+    c.host = hostJiffies();
     c.retransmits = tcpRetransmits();
     return c;
   }
@@ -179,7 +203,8 @@ struct Counters {
 // layer by layer as the emulated backward reaches them.
 class EmulatedRank {
  public:
-  EmulatedRank(const bench::EmulatedModel& em, Node& node, int rank) : em_(em), node_(node), L_(em.desc.layers.size()) {
+  EmulatedRank(const bench::EmulatedModel& em, Node& node, bench::ChargedDevice& gpu, int rank)
+      : em_(em), node_(node), gpu_(gpu), L_(em.desc.layers.size()) {
     std::mt19937 rng(static_cast<unsigned>(rank + 1));
     std::uniform_real_distribution<float> dist(-1e-3f, 1e-3f);
     const auto& layers = em.desc.layers;
@@ -227,13 +252,13 @@ class EmulatedRank {
           node_.waitLayer(l);
           deadline = std::max(deadline, Clock::now());
         }
-        deadline += toDuration(em_.forwardSeconds[l]);
+        deadline = gpu_.compute(deadline, toDuration(em_.forwardSeconds[l]));
         std::this_thread::sleep_until(deadline);
       }
     } else {
       double forwardTotal = 0;
       for (double f : em_.forwardSeconds) forwardTotal += f;
-      deadline += toDuration(forwardTotal);
+      deadline = gpu_.compute(deadline, toDuration(forwardTotal));
       std::this_thread::sleep_until(deadline);
     }
     node_.beginIteration(it);
@@ -244,7 +269,7 @@ class EmulatedRank {
                    "compute", 0, forwardUs, backwardUs, it);
     }
     for (int l = L - 1; l >= 0; --l) {
-      deadline += toDuration(em_.backwardSeconds[l]);
+      deadline = gpu_.compute(deadline, toDuration(em_.backwardSeconds[l]));
       std::this_thread::sleep_until(deadline);
       if (overlap) submit(l);
     }
@@ -262,6 +287,7 @@ class EmulatedRank {
  private:
   const bench::EmulatedModel& em_;
   Node& node_;
+  bench::ChargedDevice& gpu_;  // the emulated GPU's timeline (a reconstruction on it delays the layers)
   const size_t L_;
   std::vector<std::vector<float>> grads_, us_, vs_, outs_;
 };
@@ -290,8 +316,11 @@ nlohmann::json workerResult(const WorkerArgs& a, const std::string& systemName, 
       {"tx_bytes", end.tx - start.tx},
       {"rx_bytes", end.rx - start.rx},
       {"cpu_seconds", end.cpu - start.cpu},  // over the measured iterations
+      {"host_busy_jiffies", end.host.first - start.host.first},
+      {"host_total_jiffies", end.host.second - start.host.second},
       {"tcp_retransmits", end.retransmits - start.retransmits},
-      {"device", a.device},
+      {"device", a.chargedOn},
+      {"compute", a.compute},
       {"fc_schemes", schemes},
       // full-width seconds of the runtime's own work over the measured iterations
       {"charged_seconds",
@@ -318,7 +347,7 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
   if ((a.overlapForward || a.system.rfind("poseidon-overlap", 0) == 0) && a.warmup < 1) {
     throw InvalidArgument("--overlap-forward needs --warmup 1 or more (each iteration carries the one before's tail)");
   }
-  bench::EmulatedModel em = bench::emulatedModel(a.model, a.scale);
+  bench::EmulatedModel em = bench::emulatedModel(a.model, a.scale, a.compute);
   // This rank's node charges its own work on it (common/work_charger.h).
   bench::ChargedDevice charger(workerDevice(a, em));
   // A wire suffix (poseidon-bf16) picks the wire; the rest picks the scheme and the overlap.
@@ -346,13 +375,14 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
   NodeOptions o = workerNodeOptions(a, env, em, flags.wasSet("pair-bytes"));
   o.settings.policy = parsed.spec->policy;
   o.settings.wire = wirePrecision;
+  o.security = parsed.noCurve ? TransportSecurity::kNone : TransportSecurity::kCurve;
   o.charger = &charger;
   std::unique_ptr<Tracer> tracer;
   if (!a.tracePath.empty()) tracer = std::make_unique<Tracer>(env.rank);
   o.tracer = tracer.get();
   auto node = Node::start(o, em.desc);
 
-  EmulatedRank rank(em, *node, env.rank);
+  EmulatedRank rank(em, *node, charger, env.rank);
   std::vector<double> times;
   Counters start;
   for (int it = 0; it < a.warmup + a.iterations; ++it) {

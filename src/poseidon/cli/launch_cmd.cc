@@ -34,6 +34,12 @@ int launchCommand(const std::vector<std::string>& args) {
   flags.addInt("max-restarts", &maxRestarts,
                "after a failure, restart the whole job up to R times (it resumes from its newest checkpoint)", "R",
                IntRange::atLeast(0));
+  std::string security;
+  flags.addString("transport-security", &security,
+                  "curve (the default: every connection authenticated with the job secret and encrypted) or none "
+                  "(neither, as Gloo and NCCL; only inside a trusted network): POSEIDON_TRANSPORT_SECURITY for the "
+                  "ranks",
+                  "MODE");
   flags.parse(normalized);
   if (flags.helpRequested()) {
     std::cout << flags.helpText();
@@ -46,6 +52,14 @@ int launchCommand(const std::vector<std::string>& args) {
   opts.masterAddr = masterAddr;
   opts.masterPort = masterPort;
   opts.maxRestarts = maxRestarts;
+  if (flags.wasSet("transport-security")) {
+    try {
+      parseTransportSecurity(security);
+    } catch (const InvalidArgument&) {
+      throw InvalidArgument("--transport-security must be curve or none, got '" + security + "'");
+    }
+    opts.env["POSEIDON_TRANSPORT_SECURITY"] = security;
+  }
   LaunchResult r = launchLocal(opts);
   if (r.exitCode != 0) {
     std::cerr << "poseidon launch: " << r.failure << "; stopped the other ranks\n";

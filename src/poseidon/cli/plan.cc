@@ -7,6 +7,7 @@
 #include <sstream>
 #include <thread>
 
+#include "poseidon/bench/emulation.h"
 #include "poseidon/cli/bench_util.h"
 #include "poseidon/cli/commands.h"
 #include "poseidon/cli/flags.h"
@@ -54,6 +55,7 @@ struct PlanArgs {
   bool batchSet = false, serversSet = false;
   std::string scheme = "auto", wire = "fp32", sweep, groups, systems = "poseidon,poseidon-overlap,ps-wfbp,ps-naive,ddp",
               check;
+  std::string compute = "titanx";
   double rateGbit = 10, cryptoGBps = 1.75, gemmTflops = 5, efficiency = 0.9, computeSeconds = 0, tolerance = 0.15;
   planner::Cluster calibration;
   double ddpStepMs = calibration.ddpStepSeconds * 1e3, messageUs = calibration.messageSeconds * 1e6;
@@ -92,6 +94,11 @@ void addPredictFlags(FlagSet& flags, PlanArgs& a) {
                   "--predict: systems to model (poseidon, poseidon-overlap, ps-wfbp, ps-naive, ddp)", "LIST");
   flags.addDouble("efficiency", &a.efficiency, "--predict: the efficiency whose lowest link rate is reported", "E",
                   RealRange::leftOpen(0, 1));
+  flags.addString("compute", &a.compute,
+                  "--predict: the GPU whose compute tables a zoo model runs on: titanx (the paper's), h200 or "
+                  "h200-bf16 (measured per layer; the reconstruction GEMM then at the H200's measured rate unless "
+                  "--gemm-tflops says otherwise)",
+                  "GPU");
   flags.addDouble("compute-seconds", &a.computeSeconds,
                   "--predict: one worker's seconds per iteration (needed for a model without a zoo timing)", "T",
                   RealRange::atLeast(0));
@@ -132,10 +139,10 @@ void refuseOtherModesFlags(const FlagSet& flags, const PlanArgs& a) {
       if (flags.wasSet(name)) throw InvalidArgument(strCat("--", name, " ", why));
   };
   if (checking) {
-    refuse(
-        {"predict", "sweep", "groups", "merged-fc", "model", "workers", "servers", "batch", "pair-bytes", "width-scale",
-         "scheme", "wire", "rate", "systems", "efficiency", "compute-seconds", "crypto", "gemm-tflops", "send-window"},
-        "does not apply to --check: each run's model, cluster and rates come from the results file");
+    refuse({"predict",    "sweep",      "groups",          "merged-fc", "model",       "workers",    "servers",
+            "batch",      "pair-bytes", "width-scale",     "scheme",    "wire",        "rate",       "systems",
+            "efficiency", "compute",    "compute-seconds", "crypto",    "gemm-tflops", "send-window"},
+           "does not apply to --check: each run's model, cluster and rates come from the results file");
   } else if (predicting) {
     refuse({"servers", "scheme", "width-scale"},
            "is for the cost table; the planner models every node as a worker and a server shard, BestScheme's "
@@ -152,8 +159,8 @@ void refuseOtherModesFlags(const FlagSet& flags, const PlanArgs& a) {
       throw InvalidArgument(strCat("--predict models at most ", kMaxPlannedWorkers, " workers, got ", a.workers));
     }
   } else {
-    refuse({"rate", "groups", "merged-fc", "systems", "efficiency", "compute-seconds", "crypto", "gemm-tflops",
-            "link-overhead", "ddp-step-ms", "send-window", "message-us", "host-cores", "tolerance"},
+    refuse({"rate", "groups", "merged-fc", "systems", "efficiency", "compute", "compute-seconds", "crypto",
+            "gemm-tflops", "link-overhead", "ddp-step-ms", "send-window", "message-us", "host-cores", "tolerance"},
            "is for the planner (--predict, --sweep or --check)");
   }
 }
@@ -163,6 +170,11 @@ PredictRequest predictRequest(const FlagSet& flags, const PlanArgs& a) {
   PredictRequest r;
   r.model = a.model;
   r.computeSeconds = a.computeSeconds;
+  if (!bench::isComputeName(a.compute))
+    throw InvalidArgument("unknown --compute '" + a.compute + "' (titanx, h200, h200-bf16)");
+  if (flags.wasSet("compute") && flags.wasSet("compute-seconds"))
+    throw InvalidArgument("--compute and --compute-seconds both give the compute: choose one");
+  r.compute = a.compute;
   r.batch = a.batchSet ? a.batch : -1;
   r.efficiency = a.efficiency;
   r.json = a.json;
@@ -191,7 +203,8 @@ PredictRequest predictRequest(const FlagSet& flags, const PlanArgs& a) {
   r.cluster = a.calibration;
   r.cluster.linkBytes = a.rateGbit * 1e9 / 8;
   r.cluster.cryptoBytes = a.cryptoGBps * 1e9;
-  r.cluster.gemmFlops = a.gemmTflops * 1e12;
+  r.cluster.gemmFlops =
+      a.compute != "titanx" && !flags.wasSet("gemm-tflops") ? bench::h200SfbGemmFlops() : a.gemmTflops * 1e12;
   r.cluster.pairBytes = a.pairBytes;
   r.cluster.wire = parseWirePrecision(a.wire);
   return r;

@@ -72,7 +72,7 @@ planner::Workload workloadOf(const PredictRequest& r) {
                           "' has no single-GPU timing (those with one: " + names +
                           "); give --compute-seconds T, one worker's seconds per iteration");
   }
-  planner::Workload w = planner::zooWorkload(r.model, 1.0);
+  planner::Workload w = planner::zooWorkload(r.model, 1.0, r.compute);
   if (r.batch > 0 && r.batch != w.batch) {
     // The compute tables are per published batch: scale the time with the batch.
     const double k = static_cast<double>(r.batch) / static_cast<double>(w.batch);
@@ -215,6 +215,7 @@ int planCheckAccuracy(const std::string& path, const nlohmann::json& results, co
     Cluster c = planner::emulatedCluster(calibration, nodes, mbit, cores);
     c.pairBytes = config.value("pair_bytes", c.pairBytes);
     c.gemmFlops = kHostGemmFlops;
+    c.gemmOnGpu = false;     // poseidon train reconstructs on the host's cores
     c.timedSchemes = false;  // poseidon train picks schemes by bytes
     double predicted = 0;
     if (system == "bsp" || system == "ddp") {
@@ -263,6 +264,7 @@ int planPredict(const PredictRequest& r) {
   const bool sweep = r.sweep;
   nlohmann::json out{{"model", w.model.name},
                      {"batch", w.batch},
+                     {"compute", r.computeSeconds > 0 ? "--compute-seconds" : r.compute},
                      {"compute_seconds", w.computeSeconds()},
                      {"link_gbit", r.cluster.linkBytes * 8 / 1e9},
                      {"wire", wirePrecisionName(r.cluster.wire)},
@@ -276,8 +278,9 @@ int planPredict(const PredictRequest& r) {
     if (r.cluster.cryptoBytes > 0)
       std::snprintf(cryptoText, sizeof cryptoText, "at %.3g GB/s per I/O thread", r.cluster.cryptoBytes / 1e9);
     const std::string crypto = cryptoText;
-    std::printf("model %s, K=%lld per worker, %.3f s of compute per iteration on one worker\n", w.model.name.c_str(),
-                static_cast<long long>(w.batch), w.computeSeconds());
+    std::printf("model %s, K=%lld per worker, %.3f s of compute per iteration on one worker (%s)\n",
+                w.model.name.c_str(), static_cast<long long>(w.batch), w.computeSeconds(),
+                r.computeSeconds > 0 ? "--compute-seconds" : r.compute.c_str());
     std::printf("links %s Gbit/s each way per node; %s wire; CURVE %s; SFB GEMM at %.3g TFLOP/s\n",
                 gbit(r.cluster.linkBytes).c_str(), wirePrecisionName(r.cluster.wire), crypto.c_str(),
                 r.cluster.gemmFlops / 1e12);
@@ -364,6 +367,8 @@ Cluster runCluster(const Cluster& calibration, const nlohmann::json& config, int
   if (rates) {
     c.cryptoBytes = rates->value("crypto_bytes_per_s", 0.0);
     c.gemmFlops = rates->value("gemm_flops", 0.0);
+    // Before --compute (files with "gpu", "cpu:C"), the reconstruction was charged beside the GPU.
+    c.gemmOnGpu = bench::isComputeName(rates->value("name", ""));
     c.sumBytes = rates->value("sum_bytes_per_s", 0.0);
     c.timedSchemes = true;
   }
@@ -396,11 +401,13 @@ int planCheck(const std::string& path, const Cluster& calibration, int hostCores
     std::string why;
     System sys{};
     WirePrecision wire = WirePrecision::kFp32;
+    bool noCurve = false;
     try {
       const bench::SystemChoice c = bench::parseBenchSystem(system.substr(0, system.find('@')));
       if (!c.spec->planned) throw InvalidArgument(system + " has no model in the planner");
       sys = *c.spec->planned;
       wire = c.wire;
+      noCurve = c.noCurve;
     } catch (const InvalidArgument&) {
       why = "not modelled";
     }
@@ -416,7 +423,7 @@ int planCheck(const std::string& path, const Cluster& calibration, int hostCores
     planner::Workload w;
     if (why.empty()) {
       try {
-        w = planner::zooWorkload(model, scale);
+        w = planner::zooWorkload(model, scale, config.value("compute", "titanx"));
       } catch (const InvalidArgument&) {
         why = "no timing for model '" + model + "'";
       }
@@ -428,7 +435,8 @@ int planCheck(const std::string& path, const Cluster& calibration, int hostCores
                     why.c_str());
       continue;
     }
-    const Cluster c = runCluster(calibration, config, nodes, mbit, cores, wire, sys != System::kDdp ? rates : nullptr);
+    Cluster c = runCluster(calibration, config, nodes, mbit, cores, wire, sys != System::kDdp ? rates : nullptr);
+    if (noCurve) c.cryptoBytes = 0;  // its links ran without CURVE
     const Prediction p = planner::predict(w, c, sys);
     const double error = t.add(measured, p.iterationSeconds);
     t.rows.push_back({{"model", model},

@@ -11,6 +11,7 @@ namespace poseidon::cli {
 struct PredictRequest {
   std::string model;          // zoo name or JSON layer table
   double computeSeconds = 0;  // a JSON table's single-worker iteration (0: zoo timing)
+  std::string compute = "titanx";  // the zoo timing's GPU (bench/emulation.h)
   int64_t batch = -1;         // -1: the model's
   std::vector<int> workers;   // one entry (--predict) or the sweep
   bool sweep = false;         // a table over `workers`, without the lowest link rates

@@ -160,6 +160,10 @@ void addRuntimeFlags(FlagSet& flags, TrainFlags& t) {
   flags.addInt("io-threads", &t.o.ioThreads,
                "ZeroMQ I/O threads per rank (one per GB/s in or out; with the job secret they also encrypt)", "N",
                IntRange::closed(1, 64));
+  flags.addString("transport-security", &t.o.transportSecurity,
+                  "curve (the default: every connection authenticated with the job secret and encrypted) or none "
+                  "(neither, as Gloo and NCCL; only inside a trusted network; rank 0 says so loudly)",
+                  "MODE");
   flags.addInt64("pair-bytes", &t.pairBytes, "KV pair size of the parameter server", "BYTES",
                  IntRange::closed(kMinPairBytes, kMaxPairBytes));
   flags.addString("bind", &t.o.bindHost,
@@ -220,6 +224,13 @@ void finishOptions(TrainFlags& t) {
   }
   readReliabilityEnvironment(t.hooks);
   o.secret = jobSecretFromEnvironment();
+  if (!o.transportSecurity.empty()) {
+    try {
+      parseTransportSecurity(o.transportSecurity);
+    } catch (const InvalidArgument&) {
+      throw InvalidArgument("--transport-security must be curve or none, got '" + o.transportSecurity + "'");
+    }
+  }
 }
 
 // Merges the per-rank trace files into --trace.

@@ -51,7 +51,13 @@ std::unique_ptr<Node> Node::start(const NodeOptions& options, const ModelDesc& m
 void Node::join(const ModelDesc& model) {
   const NodeOptions& options = options_;
   const CurveKeys* curve = nullptr;
-  if (!options.secret.empty()) {
+  if (options.security == TransportSecurity::kNone) {
+    if (options.rank == 0 && options.worldSize > 1) {
+      POSEIDON_LOG(kWarning) << "TRANSPORT SECURITY OFF (--transport-security none): gradients travel unencrypted "
+                                "and any host that can reach this job's ports can join it; use it only inside a "
+                                "trusted network";
+    }
+  } else if (!options.secret.empty()) {
     keys_ = deriveCurveKeys(options.secret);
     zap_ = std::make_unique<ZapAuthenticator>(ctx_, keys_);
     curve = &keys_;

@@ -117,6 +117,9 @@ struct NodeOptions {
   // Job secret (see transport/security.h); every rank must have the same.
   // Empty: no authentication (a warning unless every address is loopback).
   std::string secret;
+  // kNone: no CURVE even with a secret: neither authentication nor encryption (one loud warning
+  // from rank 0). Every rank must have the same (transport/security_mode.h).
+  TransportSecurity security = TransportSecurity::kCurve;
 };
 
 class Node : private SyncHost {

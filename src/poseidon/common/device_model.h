@@ -14,6 +14,7 @@ struct DeviceModel {
   double flopScale = 1;    // scaled GEMM FLOPs -> full width (1 / s^3)
   double byteScale = 1;    // scaled bytes -> full width (1 / s^2)
   double gemmFlops = 0;    // FLOP/s of the reconstruction GEMM (0: not charged)
+  bool gemmOnGpu = false;  // the GEMM runs on the GPU that computes the layers (else on host cores)
   double sumBytes = 0;     // bytes/s of the servers' element-wise sums (0: not charged)
   double cryptoBytes = 0;  // bytes/s of CURVE's XSalsa20-Poly1305, each side of a link (0: not charged)
   // Bytes/s each way of a node's link (0: unknown). With it and a GEMM rate,

@@ -89,6 +89,20 @@ std::string jobSecretFromEnvironment() {
   return jobSecretFromEnvironment([](const char* name) { return static_cast<const char*>(std::getenv(name)); });
 }
 
+TransportSecurity transportSecurityFromEnvironment(const GetEnv& getenv) {
+  const char* s = getenv("POSEIDON_TRANSPORT_SECURITY");
+  if (!s || !*s) return TransportSecurity::kCurve;
+  try {
+    return parseTransportSecurity(s);
+  } catch (const InvalidArgument&) {
+    throw InvalidArgument(strCat("POSEIDON_TRANSPORT_SECURITY must be curve or none, got '", s, "'"));
+  }
+}
+
+TransportSecurity transportSecurityFromEnvironment() {
+  return transportSecurityFromEnvironment([](const char* name) { return static_cast<const char*>(std::getenv(name)); });
+}
+
 std::string resolveHost(const std::string& host) {
   in_addr probe{};
   if (inet_pton(AF_INET, host.c_str(), &probe) == 1) return host;

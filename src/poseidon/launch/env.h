@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "poseidon/transport/security_mode.h"
+
 namespace poseidon {
 
 constexpr int kDefaultMasterPort = 29500;
@@ -41,6 +43,11 @@ RankEnv rankFromEnvironment();
 // cannot be read or is empty.
 std::string jobSecretFromEnvironment(const GetEnv& getenv);
 std::string jobSecretFromEnvironment();
+
+// POSEIDON_TRANSPORT_SECURITY (curve | none; `poseidon launch --transport-security` sets it for its
+// ranks), else curve. Throws InvalidArgument for another value.
+TransportSecurity transportSecurityFromEnvironment(const GetEnv& getenv);
+TransportSecurity transportSecurityFromEnvironment();
 
 // Resolves a host name to an IPv4 address string (ZeroMQ binds need one).
 std::string resolveHost(const std::string& host);

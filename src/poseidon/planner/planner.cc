@@ -110,7 +110,7 @@ class PoseidonModel {
     }
     double f = 0;
     for (double s : w_.forwardSeconds) f += s;
-    sim_.at(sim_.now() + f, [this, n, it] { backward(n, it, L_ - 1); });
+    compute(n, f, [this, n, it] { backward(n, it, L_ - 1); });
   }
   // poseidon-overlap: layer l's forward waits for layer l's sync of the iteration before.
   void forwardLayer(int n, int it, int l) {
@@ -119,7 +119,7 @@ class PoseidonModel {
       return;
     }
     auto go = [this, n, it, l] {
-      sim_.at(sim_.now() + w_.forwardSeconds[static_cast<size_t>(l)], [this, n, it, l] { forwardLayer(n, it, l + 1); });
+      compute(n, w_.forwardSeconds[static_cast<size_t>(l)], [this, n, it, l] { forwardLayer(n, it, l + 1); });
     };
     if (doneThrough_[at(n, l)] >= it - 1) {
       go();
@@ -127,8 +127,17 @@ class PoseidonModel {
       waiting_[at(n, l)] = go;
     }
   }
+  // Node n's GPU computing for `seconds`, then `then`: in one stream with the reconstruction where
+  // that runs on the GPU (first come, first served), else at once.
+  void compute(int n, double seconds, Sim::Fn then) {
+    if (c_.gemmOnGpu) {
+      gemm_[static_cast<size_t>(n)].submitTimed([seconds] { return seconds; }, 0, std::move(then));
+    } else {
+      sim_.at(sim_.now() + seconds, std::move(then));
+    }
+  }
   void backward(int n, int it, int l) {
-    sim_.at(sim_.now() + w_.backwardSeconds[static_cast<size_t>(l)], [this, n, it, l] {
+    compute(n, w_.backwardSeconds[static_cast<size_t>(l)], [this, n, it, l] {
       if (wfbp_) submit(n, it, l);
       if (l > 0) {
         backward(n, it, l - 1);
@@ -290,8 +299,8 @@ double Workload::computeSeconds() const {
   return t;
 }
 
-Workload zooWorkload(const std::string& name, double scale) {
-  bench::EmulatedModel m = bench::emulatedModel(name, scale);
+Workload zooWorkload(const std::string& name, double scale, const std::string& compute) {
+  bench::EmulatedModel m = bench::emulatedModel(name, scale, compute);
   Workload w;
   w.model = std::move(m.desc);
   w.batch = m.batch;

@@ -63,8 +63,9 @@ struct Workload {
 };
 
 // The bench's emulated models (bench/emulation.h: vgg19, vgg19-22k, googlenet, inception-v3,
-// resnet-152, alexnet) at width scale s: the same shapes, batch and per-layer times the bench uses.
-Workload zooWorkload(const std::string& name, double scale = 1.0);
+// resnet-152, alexnet) at width scale s on `compute` (titanx, h200, h200-bf16): the same shapes,
+// batch and per-layer times the bench uses.
+Workload zooWorkload(const std::string& name, double scale = 1.0, const std::string& compute = "titanx");
 // Any layer table with a single-worker iteration time: split 1/3 forward, 2/3 backward and over
 // the layers by their MACs per sample (evenly where the table gives none), as the bench does.
 Workload workloadFor(ModelDesc model, int64_t batch, double iterationSeconds);
@@ -98,6 +99,9 @@ struct Cluster {
   double cryptoBytes = 1.75e9;           // CURVE, bytes/s per I/O thread (0: links without encryption)
   int cryptoLanes = 2;                   // I/O threads per process (NodeOptions::ioThreads)
   double gemmFlops = 5e12;               // SFB reconstruction; a Titan X by default
+  // The reconstruction runs on the GPU that computes the layers, in its one stream (the bench's
+  // timeline, bench/device.h), rather than on host cores beside it.
+  bool gemmOnGpu = true;
   double sumBytes = kSumBytesPerSecond;  // a shard's copy-and-add of each push
   bool timedSchemes = true;              // BestScheme weighs GEMM against bytes (it does where the rates are known)
   WirePrecision wire = WirePrecision::kFp32;

@@ -50,6 +50,7 @@ DistributedOptions DistributedOptions::fromEnvironment(const RankEnv& env, const
   d.node.masterPortChosen = env.masterPortSet;
   d.node.van.bindHost = localAddressToward(d.node.masterAddr);
   d.node.secret = secret;
+  d.node.security = transportSecurityFromEnvironment();
   return d;
 }
 

@@ -90,6 +90,7 @@ struct TrainOptions {
   int64_t pairBytes = 2 * 1024 * 1024;
   std::string bindHost;        // data endpoint interface (default: the route to MASTER_ADDR)
   std::string secret;          // job secret (POSEIDON_SECRET / POSEIDON_SECRET_FILE)
+  std::string transportSecurity;  // curve | none; empty: POSEIDON_TRANSPORT_SECURITY, else curve
   bool quiet = false;          // no progress lines
 };
 

@@ -10,6 +10,16 @@
 #include "poseidon/transport/multipart.h"
 
 namespace poseidon {
+
+TransportSecurity parseTransportSecurity(const std::string& text) {
+  if (text == "curve") return TransportSecurity::kCurve;
+  if (text == "none") return TransportSecurity::kNone;
+  throw InvalidArgument("transport security must be curve or none, got '" + text + "'");
+}
+
+const char* transportSecurityName(TransportSecurity security) {
+  return security == TransportSecurity::kNone ? "none" : "curve";
+}
 namespace {
 
 // BLAKE2b-256 of (label, secret): a distinct 32-byte CURVE secret key per label.

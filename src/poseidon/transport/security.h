@@ -15,11 +15,12 @@
 // wire as a bonus, and the secret itself never travels.
 #pragma once
 
-#include <zmq.hpp>
-
 #include <atomic>
 #include <string>
 #include <thread>
+#include <zmq.hpp>
+
+#include "poseidon/transport/security_mode.h"
 
 namespace poseidon {
 

@@ -31,6 +31,7 @@ torch::Tensor batchLabels(const data::Dataset& d, const std::vector<int64_t>& id
 
 DistributedOptions RankContext::jobOptions() const {
   DistributedOptions d = DistributedOptions::fromEnvironment(env, o.secret);
+  if (!o.transportSecurity.empty()) d.node.security = parseTransportSecurity(o.transportSecurity);
   if (!o.bindHost.empty()) d.node.van.bindHost = o.bindHost;
   d.node.timeout = std::chrono::milliseconds(o.timeoutMs);
   d.node.threads = o.syncThreads;

@@ -94,7 +94,7 @@ def host_jiffies():
     """(busy, total) jiffies of the whole host (/proc/stat's cpu line): kernel time included (the
     shaped links' softirqs, the loopback copies), which no process's rusage shows."""
     with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
+        v = [int(x) for x in f.readline().split()[1:9]]  # user .. steal (guest is inside user and nice)
     idle = v[3] + (v[4] if len(v) > 4 else 0)  # idle + iowait
     return sum(v) - idle, sum(v)
 
@@ -147,11 +147,12 @@ def main():
         Clock.deadline = t0
         model(x).sum().backward()  # DDP's reducer waits for every bucket before backward returns
         times.append(time.perf_counter() - t0)
+    host1 = host_jiffies()
     result = {
         "rank": rank, "system": a.variant, "model": table["name"], "batch": table["batch"],
         "iteration_seconds": times, "warmup": a.warmup,
         "cpu_seconds": cpu_seconds() - cpu0,
-        "host_busy_jiffies": host_jiffies()[0] - host0[0], "host_total_jiffies": host_jiffies()[1] - host0[1],
+        "host_busy_jiffies": host1[0] - host0[0], "host_total_jiffies": host1[1] - host0[1],
         "bucket_mb": a.bucket_mb, "first_bucket_mb": a.first_bucket_mb,
         "tx_bytes": read_counter(a.iface, "tx_bytes") - tx0,
         "rx_bytes": read_counter(a.iface, "rx_bytes") - rx0,

@@ -26,6 +26,32 @@ std::vector<uint8_t> bytesOf(const std::vector<float>& v) {
   return b;
 }
 
+// The shard's one pass per push (decoded a block at a time and added in place) gives the sum of
+// the decoded contributions in order, bit for bit, across block boundaries and on every wire.
+TEST(KvShard, AccumulatingInPlaceEqualsDecodeThenAdd) {
+  const int64_t n = 3 * 4096 + 17;
+  for (WirePrecision wire : {WirePrecision::kFp32, WirePrecision::kBf16, WirePrecision::kFp16}) {
+    std::vector<float> reference, sum;
+    bool started = false;
+    for (int w = 0; w < 3; ++w) {
+      std::vector<float> values(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i)
+        values[static_cast<size_t>(i)] = 0.001f * static_cast<float>((i * 7 + w * 13) % 101) - 0.05f;
+      std::vector<uint8_t> bytes(static_cast<size_t>(n) * wireElementBytes(wire));
+      encodeFloats(values.data(), n, wire, bytes.data());
+      std::vector<float> decoded(static_cast<size_t>(n));
+      decodeFloats(bytes.data(), n, wire, decoded.data());
+      if (w == 0)
+        reference = decoded;
+      else
+        for (size_t i = 0; i < decoded.size(); ++i) reference[i] += decoded[i];
+      accumulateContribution(sum, started, bytes.data(), n, wire);
+    }
+    ASSERT_EQ(sum.size(), reference.size());
+    EXPECT_EQ(0, std::memcmp(sum.data(), reference.data(), sum.size() * sizeof(float))) << wirePrecisionName(wire);
+  }
+}
+
 TEST(KvShard, SumsInWorkerOrderAndCompletesAtP1) {
   Fixture f;
   const KvPair& p = f.book.layout().pairsOf(0)[0];

@@ -308,7 +308,8 @@ TEST(CliFlags, BenchRejectsOutOfRangeValues) {
   expectRejected({{"bench", "--systems", "ddp-bf16"}, "unknown system 'ddp-bf16'"});
   expectRejected({{"bench", "--systems", "ddp-nocurve"},
                   "unknown system 'ddp-nocurve' (DDP's Gloo links are never encrypted: -nocurve is for Poseidon's)"});
-  expectRejected({{"bench", "--systems", "poseidon-nocurve-bf16"}, "unknown system 'poseidon-nocurve-bf16'"});
+  expectRejected(
+      {{"bench", "--systems", "poseidon-nocurve-bf16"}, "unknown system 'poseidon-nocurve-bf16' (-nocurve goes last)"});
   expectRejected(
       {{"bench", "--systems", "adam-bf16"}, "unknown system 'adam-bf16' (the adam baseline has no 16-bit wire)"});
 }

@@ -33,7 +33,7 @@ namespace poseidon::bench {
 
 struct MachineRates {
   double gemmFlops = 0;    // one core: the reconstruction GEMM (Eigen), m = n = 1024, K = 256
-  double sumBytes = 0;     // one core: a server's copy-and-add of a 2 MB pair
+  double sumBytes = 0;     // one core: a shard's decode-and-add of a 2 MB pair (accumulateContribution)
   double cryptoBytes = 0;  // one core: XSalsa20-Poly1305 (libsodium crypto_secretbox) over 2 MB
 };
 

@@ -51,7 +51,10 @@ SystemChoice parseBenchSystem(const std::string& fullName) {
     if (base && !base->ddp) c = {base, w};
   }
   if (c.spec) c.noCurve = noCurve;
-  if (!c.spec) throw InvalidArgument("unknown system '" + fullName + "'");
+  if (!c.spec) {
+    const bool misplaced = fullName.find("-nocurve") != std::string::npos;
+    throw InvalidArgument("unknown system '" + fullName + "'" + (misplaced ? " (-nocurve goes last)" : ""));
+  }
   if (c.wire != WirePrecision::kFp32 && !c.spec->wireSuffix) {
     throw InvalidArgument("unknown system '" + fullName + "' (the " + c.spec->name + " baseline has no 16-bit wire)");
   }

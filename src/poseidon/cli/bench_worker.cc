@@ -63,7 +63,7 @@ std::pair<uint64_t, uint64_t> hostJiffies() {
   std::string cpu;
   f >> cpu;
   uint64_t total = 0, idle = 0, v = 0;
-  for (int i = 0; i < 10 && f >> v; ++i) {
+  for (int i = 0; i < 8 && f >> v; ++i) {  // user .. steal (guest time is inside user and nice)
     total += v;
     if (i == 3 || i == 4) idle += v;  // idle, iowait
   }

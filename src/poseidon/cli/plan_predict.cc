@@ -364,6 +364,7 @@ Cluster runCluster(const Cluster& calibration, const nlohmann::json& config, int
   c.cryptoLanes = config.value("io_threads", 2);
   c.cryptoBytes = c.gemmFlops = c.sumBytes = 0;
   c.timedSchemes = false;
+  c.gemmOnGpu = false;
   if (rates) {
     c.cryptoBytes = rates->value("crypto_bytes_per_s", 0.0);
     c.gemmFlops = rates->value("gemm_flops", 0.0);
@@ -424,8 +425,8 @@ int planCheck(const std::string& path, const Cluster& calibration, int hostCores
     if (why.empty()) {
       try {
         w = planner::zooWorkload(model, scale, config.value("compute", "titanx"));
-      } catch (const InvalidArgument&) {
-        why = "no timing for model '" + model + "'";
+      } catch (const std::exception& e) {
+        why = e.what();
       }
     }
     if (!why.empty()) {

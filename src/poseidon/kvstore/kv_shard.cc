@@ -1,5 +1,6 @@
 #include "poseidon/kvstore/kv_shard.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "poseidon/common/error.h"
@@ -36,6 +37,26 @@ void addInto(std::vector<float>& sum, bool& started, std::vector<float>&& values
   for (size_t i = 0; i < sum.size(); ++i) sum[i] += values[i];
 }
 }  // namespace
+
+void accumulateContribution(std::vector<float>& sum, bool& started, const uint8_t* data, int64_t length,
+                            WirePrecision wire) {
+  if (!started) {
+    sum.resize(static_cast<size_t>(length));
+    decodeFloats(data, length, wire, sum.data());
+    started = true;
+    return;
+  }
+  // 16 KB blocks stay in the cache: the payload is read once and the sum read and written once.
+  constexpr int64_t kBlock = 4096;
+  float block[kBlock];
+  const size_t elementBytes = wireElementBytes(wire);
+  for (int64_t at = 0; at < length; at += kBlock) {
+    const int64_t n = std::min(kBlock, length - at);
+    decodeFloats(data + static_cast<size_t>(at) * elementBytes, n, wire, block);
+    float* s = sum.data() + at;
+    for (int64_t i = 0; i < n; ++i) s[i] += block[i];
+  }
+}
 
 std::optional<KvShard::Completed> KvShard::push(int senderRank, int layer, int pair, int64_t iteration,
                                                 const uint8_t* data, size_t bytes, Clock::time_point now,
@@ -76,15 +97,16 @@ std::optional<KvShard::Completed> KvShard::push(int senderRank, int layer, int p
   round.got[worker] = true;
   ++round.count;
 
-  // One pass over the contribution: the copy (widened to fp32 from a 16-bit wire) and the add,
-  // charged together at full width on the fp32 values.
+  // One pass over the contribution: decoded (widened to fp32 from a 16-bit wire) and added in
+  // place, charged together at full width on the fp32 values. Only an early arrival (out of
+  // worker order, so that every sum adds in the same order) is kept as a copy until its turn.
   const WorkClock::time_point workStart = WorkClock::now();
-  std::vector<float> values(length);
-  decodeFloats(data, length, wire, values.data());
   if (worker != round.next) {
+    std::vector<float> values(length);
+    decodeFloats(data, length, wire, values.data());
     round.early.emplace(worker, std::move(values));
   } else {
-    addInto(round.sum, round.started, std::move(values));
+    accumulateContribution(round.sum, round.started, data, length, wire);
     ++round.next;
     // Add early arrivals that are now in order.
     for (auto e = round.early.find(round.next); e != round.early.end(); e = round.early.find(round.next)) {

@@ -35,8 +35,15 @@
 
 #include "poseidon/common/work_charger.h"
 #include "poseidon/coordinator/book.h"
+#include "poseidon/wire/precision.h"
 
 namespace poseidon {
+
+// A shard's work on one in-order push: the first contribution decoded into the sum, each later one
+// decoded a block at a time and added in place (one pass over the payload and the sum, no
+// temporary of the pair's size). bench/device.h measures the rate the bench charges with it.
+void accumulateContribution(std::vector<float>& sum, bool& started, const uint8_t* data, int64_t length,
+                            WirePrecision wire);
 
 class KvShard {
  public:

@@ -102,7 +102,7 @@ struct Cluster {
   // The reconstruction runs on the GPU that computes the layers, in its one stream (the bench's
   // timeline, bench/device.h), rather than on host cores beside it.
   bool gemmOnGpu = true;
-  double sumBytes = kSumBytesPerSecond;  // a shard's copy-and-add of each push
+  double sumBytes = kSumBytesPerSecond;  // a shard's decode-and-add of each push
   bool timedSchemes = true;              // BestScheme weighs GEMM against bytes (it does where the rates are known)
   WirePrecision wire = WirePrecision::kFp32;
   int64_t pairBytes = kDefaultPairBytes;    // at full width; scaled by s^2 as the bench does

@@ -263,12 +263,26 @@ LaunchResult launchLocal(const LaunchOptions& options) {
   if (!withSecret.env.count("POSEIDON_SECRET") && jobSecretFromEnvironment().empty()) {
     withSecret.env["POSEIDON_SECRET"] = randomSecret();
   }
+  int portRetries = 0;
   for (int attempt = 0;; ++attempt) {
     LaunchOptions run = withSecret;
     run.env["POSEIDON_RESTART_COUNT"] = std::to_string(attempt);
     if (!progress.empty()) run.env["POSEIDON_PROGRESS_FILE"] = progress;
     if (attempt > 0) run.masterPort = 0;  // a fresh port: the old one may linger in TIME_WAIT
     result = launchOnce(run);
+    // A port this launcher picked (freePort) can be taken by another process between the pick and
+    // rank 0's bind: the launcher's own race, not the job's failure. A fresh port, up to twice,
+    // without counting a restart.
+    if (options.masterPort == 0 && portRetries < 2 && result.exitCode != 0 && !result.interrupted &&
+        result.failure.find("cannot start the coordinator") != std::string::npos &&
+        result.failure.find("Address already in use") != std::string::npos) {
+      ++portRetries;
+      --attempt;
+      writeAll(STDERR_FILENO, strCat(options.name,
+                                     ": the coordinator's port was taken before rank 0 bound it; "
+                                     "starting again on a fresh port\n"));
+      continue;
+    }
     if (result.exitCode == 0 || result.interrupted || result.finished || attempt >= options.maxRestarts) break;
     if (result.exitCode == 2) {
       // A usage error (bad flags, a configuration the ranks refuse): the same arguments fail again.

@@ -224,13 +224,7 @@ void finishOptions(TrainFlags& t) {
   }
   readReliabilityEnvironment(t.hooks);
   o.secret = jobSecretFromEnvironment();
-  if (!o.transportSecurity.empty()) {
-    try {
-      parseTransportSecurity(o.transportSecurity);
-    } catch (const InvalidArgument&) {
-      throw InvalidArgument("--transport-security must be curve or none, got '" + o.transportSecurity + "'");
-    }
-  }
+  if (!o.transportSecurity.empty()) parseTransportSecurity(o.transportSecurity, "--transport-security");
 }
 
 // Merges the per-rank trace files into --trace.

@@ -92,11 +92,7 @@ std::string jobSecretFromEnvironment() {
 TransportSecurity transportSecurityFromEnvironment(const GetEnv& getenv) {
   const char* s = getenv("POSEIDON_TRANSPORT_SECURITY");
   if (!s || !*s) return TransportSecurity::kCurve;
-  try {
-    return parseTransportSecurity(s);
-  } catch (const InvalidArgument&) {
-    throw InvalidArgument(strCat("POSEIDON_TRANSPORT_SECURITY must be curve or none, got '", s, "'"));
-  }
+  return parseTransportSecurity(s, "POSEIDON_TRANSPORT_SECURITY");
 }
 
 TransportSecurity transportSecurityFromEnvironment() {

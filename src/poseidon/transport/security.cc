@@ -11,10 +11,10 @@
 
 namespace poseidon {
 
-TransportSecurity parseTransportSecurity(const std::string& text) {
+TransportSecurity parseTransportSecurity(const std::string& text, const std::string& what) {
   if (text == "curve") return TransportSecurity::kCurve;
   if (text == "none") return TransportSecurity::kNone;
-  throw InvalidArgument("transport security must be curve or none, got '" + text + "'");
+  throw InvalidArgument(what + " must be curve or none, got '" + text + "'");
 }
 
 const char* transportSecurityName(TransportSecurity security) {

@@ -12,8 +12,9 @@ namespace poseidon {
 
 enum class TransportSecurity : uint8_t { kCurve = 0, kNone = 1 };
 
-// "curve" | "none"; throws InvalidArgument naming both otherwise.
-TransportSecurity parseTransportSecurity(const std::string& text);
+// "curve" | "none"; throws InvalidArgument naming both otherwise ("<what> must be curve or none, got
+// 'x'": `what` is the flag or variable the text came from).
+TransportSecurity parseTransportSecurity(const std::string& text, const std::string& what = "transport security");
 const char* transportSecurityName(TransportSecurity security);
 
 }  // namespace poseidon

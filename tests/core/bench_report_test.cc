@@ -16,6 +16,7 @@ namespace poseidon::bench {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 RunResult run(const std::string& system, int nodes, double mbit, double seconds) {
   RunResult r;
@@ -134,6 +135,31 @@ TEST(BenchReport, RepeatedRunsChargesAndTunedBucketsInTheTable) {
               HasSubstr("| poseidon@cpu:1 | 1.00x | 6.40x | 1.250 (1.200-1.300) | 1.280 | 1.000 | 1.25 | 1.25 | 0.260 |"));
   EXPECT_THAT(md, HasSubstr("| ddp-tuned | 1.00x | 4.00x | 2.000 (2.000-2.000), 5 MB buckets | 2.000 | 1.600 | 1.25 "
                                   "| 2.00 | - |"));
+}
+
+// What the scaling changes, said in the results' introduction: one run per point, Poseidon's receive
+// buffer, and a batch that rounds at scale s (vgg19: 32 x 0.1 = 3.2 -> 3 rows of factors; googlenet's
+// 128 x 0.1 = 12.8 -> 13), but not one that does not (alexnet's 256 x 0.125 = 32).
+TEST(BenchReport, IntroductionSaysWhatTheScalingChanges) {
+  std::vector<RunResult> runs{run("poseidon", 8, 30, 1.0)};
+  computeSpeedups(runs);
+  nlohmann::json batches{{"vgg19", {{"scaled", 3}, {"full", 32}}}, {"googlenet", {{"scaled", 13}, {"full", 128}}}};
+  const std::string md = markdownOf(resultOf(runs, {{"command", "poseidon bench"},
+                                                    {"scale", 0.1},
+                                                    {"iterations", 4},
+                                                    {"warmup", 2},
+                                                    {"tcp_rcvbuf", 16384},
+                                                    {"batches", batches}}));
+  EXPECT_THAT(md, HasSubstr("warm-up ones; iteration time is rank 0's median; one run per point."));
+  EXPECT_THAT(md, HasSubstr("Poseidon's ranks ran with a 16384-byte TCP receive buffer per connection"));
+  EXPECT_THAT(md, HasSubstr("vgg19's SFB factors carry K = 3 rows a worker where 32 x s is 3.2: 0.94x the bytes"));
+  EXPECT_THAT(md, HasSubstr("googlenet's SFB factors carry K = 13 rows a worker where 128 x s is 12.8: 1.02x"));
+  nlohmann::json whole = nlohmann::json::object();
+  whole["alexnet"] = {{"scaled", 32}, {"full", 256}};
+  const std::string exact = markdownOf(resultOf(
+      runs, {{"command", "poseidon bench"}, {"scale", 0.125}, {"iterations", 4}, {"warmup", 2}, {"batches", whole}}));
+  EXPECT_THAT(exact, Not(HasSubstr("SFB factors carry")));
+  EXPECT_THAT(exact, Not(HasSubstr("receive buffer")));
 }
 
 TEST(BenchReport, HostBoundRunsAreMarked) {

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "expect_error.h"
 #include "poseidon/core/cost_model.h"
 #include "poseidon/model/zoo.h"
@@ -198,6 +200,45 @@ TEST(Planner, DdpRingAllreducesItsBucketsInTurn) {
   EXPECT_NEAR(predict(w, c, System::kDdp).iterationSeconds, 0.3 + 1.5 * 150000 / 1e5 + 6 * 0.01, 1e-9);
   // One worker: compute only.
   EXPECT_NEAR(predict(w, plain(1, 1e5), System::kDdp).iterationSeconds, 0.3, 1e-12);
+  // The fp16 hook: the same buckets (filled by fp32 bytes), half of their bytes on the links.
+  c.ddpFirstBucketBytes = 50000;
+  const Prediction half = predict(w, c, System::kDdpFp16);
+  EXPECT_NEAR(half.iterationSeconds, 0.25 + d1 - 0.75 * 50000 / 1e5 + d2 - 0.75 * 100000 / 1e5, 1e-9);
+  EXPECT_NEAR(half.maxNodeTxBytes, 0.75 * 150000, 1e-6);
+  EXPECT_STREQ(systemName(System::kDdpFp16), "ddp-fp16");
+  EXPECT_EQ(parseSystem("ddp-fp16"), System::kDdpFp16);
+}
+
+// On a GPU node the layer's gradient goes to the host on the copy engine before its push (B / C),
+// and its sum comes back in the GPU's stream before the next forward (B / C): worker 1's
+// iteration is forward + backward + 2B / C + 2B / R, where a host-memory node's is 2B / R.
+TEST(Planner, HostCopiesFrameAGpuNodesSync) {
+  const LayerSpec conv = LayerSpec::conv("c", 100, 10, 5, 5, /*bias=*/false);  // 25,000 floats
+  const Workload w = workload({conv}, {0.1}, {0.2});
+  const double R = 1e6, C = 4e6, B = 4 * 25000;
+  Cluster c = plain(2, R);
+  c.copyBytes = C;
+  EXPECT_NEAR(predict(w, c, System::kPsWfbp).iterationSeconds, 0.3 + 2 * B / C + 2 * B / R, 1e-9);
+  EXPECT_TRUE(charges(c, Cost::kCopies));
+  EXPECT_NEAR(predict(w, withoutCost(c, Cost::kCopies), System::kPsWfbp).iterationSeconds, 0.3 + 2 * B / R, 1e-9);
+  EXPECT_FALSE(charges(withoutCost(c, Cost::kCopies), Cost::kCopies));
+}
+
+// CURVE on the same pair: the push is encrypted, decrypted at the shard, the sum encrypted and
+// decrypted at the worker (4B / X on top of 2B / R). Leaving it out is 5% faster once
+// 4B / X >= 0.05 (0.3 + 2B / R): from R = 0.1 B / (4B / X - 0.015) = 4e5 bytes/s at X = 1e7.
+TEST(Planner, CostBindsFromTheRateWhereLeavingItOutIsFivePercentFaster) {
+  const LayerSpec conv = LayerSpec::conv("c", 100, 10, 5, 5, /*bias=*/false);  // 25,000 floats
+  const Workload w = workload({conv}, {0.1}, {0.2});
+  const double B = 4 * 25000, X = 1e7;
+  Cluster c = plain(2, 1e6);
+  c.cryptoBytes = X;
+  EXPECT_NEAR(predict(w, c, System::kPsWfbp).iterationSeconds, 0.3 + 2 * B / 1e6 + 4 * B / X, 1e-9);
+  EXPECT_NEAR(costBindsFrom(w, c, System::kPsWfbp, Cost::kCrypto, 0.05, 1e3, 1e12), 4e5, 4e5 * 0.011);
+  EXPECT_EQ(costBindsFrom(w, c, System::kPsWfbp, Cost::kCrypto, 0.05, 1e6, 1e12), 0.0);           // binds at the lowest
+  EXPECT_TRUE(std::isinf(costBindsFrom(w, c, System::kPsWfbp, Cost::kCrypto, 0.05, 1e3, 1e5)));   // not up to 1e5
+  EXPECT_TRUE(std::isinf(costBindsFrom(w, c, System::kPsWfbp, Cost::kCopies, 0.05, 1e3, 1e12)));  // not charged
+  EXPECT_STREQ(costName(Cost::kCrypto), "CURVE encryption");
 }
 
 // WFBP overlaps the upper layers' syncs with the lower layers' backward; ps-naive cannot. Where the

@@ -120,7 +120,7 @@ TEST(CliFlags, PlanPredictsSweepsAndChecksAResultsFile) {
                            {"host_bound", false}, {"device", "gpu"}};
   nlohmann::json hostBound = run, other = run;
   hostBound["host_bound"] = true;
-  other["system"] = "ddp-fp16";
+  other["system"] = "sfb";
   const nlohmann::json results{
       {"config",
        {{"scale", 0.1},
@@ -143,7 +143,11 @@ TEST(CliFlags, PlanPredictsSweepsAndChecksAResultsFile) {
   std::filesystem::remove_all(dir);
 
   expectRejected({{"plan", "--predict", "--systems", "adam"},
-                  "unknown system 'adam' (the planner models poseidon, poseidon-overlap, ps-wfbp, ps-naive, ddp)"});
+                  "unknown system 'adam' (the planner models poseidon, poseidon-overlap, ps-wfbp, ps-naive, ddp, "
+                  "ddp-fp16)"});
+  expectRejected(
+      {{"plan", "--check", "r.json", "--limits"},
+       "--limits does not apply to --check: each run's model, cluster and rates come from the results file"});
   expectRejected({{"plan", "--sweep", "4,0"}, "each --sweep entry must be in [1, 4096], got 0"});
   expectRejected({{"plan", "--predict", "--rate", "0"}, "--rate must be > 0, got 0"});
   expectRejected({{"plan", "--check", "r.json", "--model", "vgg19"},
@@ -159,6 +163,40 @@ TEST(CliFlags, PlanPredictsSweepsAndChecksAResultsFile) {
                   "--predict needs the model's compute time: 'lenet' has no single-GPU timing (those with one: "
                   "vgg19, vgg19-22k, googlenet, inception-v3, resnet-152, alexnet); give --compute-seconds T, one "
                   "worker's seconds per iteration"});
+}
+
+// Today's hardware (docs/planner.md): H200 compute with its host copies, DDP's fp16 hook, and where
+// each of the runtime's own costs binds (--limits): CURVE on two I/O threads binds vgg19 at 8 nodes
+// below 100 GbE, and more I/O threads push that rate up.
+TEST(CliFlags, PlanSaysWhereTheRuntimesOwnCostsBind) {
+  auto limits = [](const std::string& ioThreads) {
+    return planJson({"--predict", "--model", "vgg19", "--compute", "h200", "--workers", "8", "--rate", "100",
+                     "--systems", "poseidon,ddp-fp16", "--limits", "--io-threads", ioThreads});
+  };
+  const nlohmann::json two = limits("2"), sixteen = limits("16");
+  EXPECT_DOUBLE_EQ(two["copy_gbytes_per_s"].get<double>(), 55);  // the H200's pinned rate by default
+  EXPECT_EQ(two["io_threads"], 2);
+  ASSERT_EQ(two["predictions"].size(), 2u);
+  EXPECT_EQ(two["predictions"][1]["system"], "ddp-fp16");
+  ASSERT_EQ(two["limits"].size(), 5u);  // poseidon's five costs; DDP's are not modelled
+  auto curve = [](const nlohmann::json& j) {
+    for (const auto& row : j["limits"])
+      if (row["cost"] == "CURVE encryption") return row;
+    return nlohmann::json();
+  };
+  EXPECT_EQ(curve(two)["charged"], true);
+  EXPECT_LT(curve(two)["binds_from_gbit"].get<double>(), 100);
+  EXPECT_GT(curve(sixteen)["binds_from_gbit"].is_null() ? 1e9 : curve(sixteen)["binds_from_gbit"].get<double>(),
+            curve(two)["binds_from_gbit"].get<double>());
+  EXPECT_LT(sixteen["predictions"][0]["iteration_seconds"].get<double>(),
+            two["predictions"][0]["iteration_seconds"].get<double>());
+  // Without CURVE that cost is off; no host copies on the paper's Titan X.
+  const nlohmann::json plain = planJson({"--predict", "--model", "vgg19", "--workers", "8", "--rate", "10", "--systems",
+                                         "poseidon", "--limits", "--crypto", "0"});
+  EXPECT_DOUBLE_EQ(plain["copy_gbytes_per_s"].get<double>(), 0);
+  for (const auto& row : plain["limits"])
+    if (row["cost"] == "CURVE encryption" || row["cost"] == "host copies") EXPECT_EQ(row["charged"], false) << row;
+  expectRejected({{"plan", "--predict", "--io-threads", "0"}, "--io-threads must be in [1, 64], got 0"});
 }
 
 // Compute groups (Omnivore's HE model): each g's step and update time, HE(g) / HE(1) against the

@@ -1,6 +1,7 @@
 #include "poseidon/bench/report.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -124,8 +125,30 @@ void writeIntro(std::ostringstream& md, const nlohmann::json& cfg) {
      << cfg["iterations"].get<int>() << " measured iterations after " << cfg["warmup"].get<int>()
      << " warm-up ones; iteration time is rank 0's median";
   const int repeat = cfg.value("repeat", 1);
-  if (repeat > 1) md << ", and the median of " << repeat << " runs per point (min and max beside it)";
-  md << ".\n\n";
+  if (repeat > 1)
+    md << ", and the median of " << repeat << " runs per point (min and max beside it)";
+  else
+    md << "; one run per point";
+  md << ".";
+  if (cfg.value("tcp_rcvbuf", 0) > 0)
+    md << " Poseidon's ranks ran with a " << cfg["tcp_rcvbuf"].get<int>()
+       << "-byte TCP receive buffer per connection (--tcp-rcvbuf); DDP's with the OS default.";
+  // What rounding the batch to whole samples at scale s does to SFB's bytes (its GEMM is charged at full width).
+  const double scale = cfg["scale"].get<double>();
+  const nlohmann::json batches = cfg.value("batches", nlohmann::json::object());
+  for (const auto& [model, b] : batches.items()) {
+    if (!b.is_object()) continue;
+    const double exact = b.value("full", 0) * scale, used = b.value("scaled", 0);
+    if (exact > 0 && std::fabs(used / exact - 1) > 0.005) {
+      char line[256];
+      std::snprintf(line, sizeof line,
+                    " %s's SFB factors carry K = %.0f rows a worker where %d x s is %.3g: %.2fx the bytes of full "
+                    "width's.",
+                    model.c_str(), used, b.value("full", 0), exact, used / exact);
+      md << line;
+    }
+  }
+  md << "\n\n";
   md << "Columns: *slowest rank* is the slowest rank's median iteration; *own bound* is each system's own floor, "
         "max(compute, its busiest node's bytes on the wire per iteration, headers included, / link rate), so "
         "*/ own bound* says how close a system runs to what its own traffic allows; *poseidon's ideal* is the "

@@ -19,7 +19,7 @@ const std::vector<SystemSpec>& systemRegistry() {
       {"sfb",              false, P::kSFB,  true,  false,      true,  std::nullopt,             ""},
       {"ddp",              true,  P::kAuto, false, false,      false, System::kDdp,             "ddp"},
       {"ddp-tuned",        true,  P::kAuto, false, false,      false, std::nullopt,             ""},
-      {"ddp-fp16",         true,  P::kAuto, false, false,      false, std::nullopt,             ""},
+      {"ddp-fp16",         true,  P::kAuto, false, false,      false, System::kDdpFp16,         ""},
       {"ddp-powersgd1",    true,  P::kAuto, false, false,      false, std::nullopt,             ""},
       {"ddp-powersgd4",    true,  P::kAuto, false, false,      false, std::nullopt,             ""},
   };

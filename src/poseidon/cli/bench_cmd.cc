@@ -223,6 +223,13 @@ nlohmann::json benchConfig(const BenchArgs& a, const BenchPlan& p, const std::ve
                            {"crypto_bytes_per_s", dm.cryptoBytes}});
   }
   config["devices"] = devicesJson;
+  // Each model's batch per worker at scale s and at full width: SFB's factors carry the rounded one.
+  nlohmann::json batches = nlohmann::json::object();
+  for (const auto& m : p.models) {
+    const bench::EmulatedModel em = bench::emulatedModel(m, a.scale, p.gpu);
+    batches[m] = {{"scaled", em.batch}, {"full", em.fullBatch}};
+  }
+  config["batches"] = batches;
   config["machine_one_core"] = {{"gemm_flops", p.machine.gemmFlops},
                                 {"sum_bytes_per_s", p.machine.sumBytes},
                                 {"crypto_bytes_per_s", p.machine.cryptoBytes}};

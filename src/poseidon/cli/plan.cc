@@ -56,7 +56,9 @@ struct PlanArgs {
   std::string scheme = "auto", wire = "fp32", sweep, groups, systems = "poseidon,poseidon-overlap,ps-wfbp,ps-naive,ddp",
               check;
   std::string compute = "titanx";
-  double rateGbit = 10, cryptoGBps = 1.75, gemmTflops = 5, efficiency = 0.9, computeSeconds = 0, tolerance = 0.15;
+  double rateGbit = 10, cryptoGBps = 1.75, gemmTflops = 5, efficiency = 0.9, computeSeconds = 0, tolerance = 0.15,
+         copyGBps = 0;
+  bool limits = false;
   planner::Cluster calibration;
   double ddpStepMs = calibration.ddpStepSeconds * 1e3, messageUs = calibration.messageSeconds * 1e6;
   int hostCores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -105,6 +107,19 @@ void addPredictFlags(FlagSet& flags, PlanArgs& a) {
   flags.addDouble("crypto", &a.cryptoGBps,
                   "--predict: CURVE encryption, GB/s per I/O thread (0: links without it; jobs use it by default)",
                   "GBPS", RealRange::atLeast(0));
+  flags.addInt("io-threads", &a.calibration.cryptoLanes,
+               "--predict: ZeroMQ I/O threads per process, which encrypt, each connection on one (poseidon train "
+               "--io-threads; --check reads the results file's)",
+               "N", IntRange::closed(1, 64));
+  flags.addDouble("host-copy", &a.copyGBps,
+                  "--predict: host <-> GPU copies, GB/s each way (default: 55 with --compute h200 or h200-bf16, the "
+                  "H200's pinned rate, which the runtime stages through; 6.8 is pageable memory; 0 with titanx: the "
+                  "paper's tables leave them out)",
+                  "GBPS", RealRange::atLeast(0));
+  flags.addBool("limits", &a.limits,
+                "--predict: for each Poseidon system, the lowest link rate from which each of the runtime's own costs "
+                "(CURVE, host copies, the receive loop, shard sums, the SFB reconstruction) makes its iteration at "
+                "least 5% slower");
   flags.addDouble("gemm-tflops", &a.gemmTflops, "--predict: the SFB reconstruction GEMM's rate (a Titan X: 5)",
                   "TFLOPS", RealRange::above(0));
   flags.addDouble("link-overhead", &a.calibration.linkOverhead,
@@ -139,9 +154,10 @@ void refuseOtherModesFlags(const FlagSet& flags, const PlanArgs& a) {
       if (flags.wasSet(name)) throw InvalidArgument(strCat("--", name, " ", why));
   };
   if (checking) {
-    refuse({"predict",    "sweep",      "groups",          "merged-fc", "model",       "workers",    "servers",
-            "batch",      "pair-bytes", "width-scale",     "scheme",    "wire",        "rate",       "systems",
-            "efficiency", "compute",    "compute-seconds", "crypto",    "gemm-tflops", "send-window"},
+    refuse({"predict",     "sweep",       "groups",     "merged-fc",   "model",           "workers",
+            "servers",     "batch",       "pair-bytes", "width-scale", "scheme",          "wire",
+            "rate",        "systems",     "efficiency", "compute",     "compute-seconds", "crypto",
+            "gemm-tflops", "send-window", "host-copy",  "limits",      "io-threads"},
            "does not apply to --check: each run's model, cluster and rates come from the results file");
   } else if (predicting) {
     refuse({"servers", "scheme", "width-scale"},
@@ -150,7 +166,7 @@ void refuseOtherModesFlags(const FlagSet& flags, const PlanArgs& a) {
     refuse({"host-cores", "tolerance"}, "is for --check");
     if (sweeping) refuse({"workers", "efficiency"}, "does not apply to --sweep (it gives the worker counts)");
     if (flags.wasSet("groups")) {
-      refuse({"sweep", "systems", "efficiency", "send-window", "wire"},
+      refuse({"sweep", "systems", "efficiency", "send-window", "wire", "host-copy", "limits", "io-threads"},
              "does not apply to --groups (group mode sends dense fp32 gradients and pulls through the shards)");
     }
     if (a.mergedFc && !flags.wasSet("groups"))
@@ -160,7 +176,8 @@ void refuseOtherModesFlags(const FlagSet& flags, const PlanArgs& a) {
     }
   } else {
     refuse({"rate", "groups", "merged-fc", "systems", "efficiency", "compute", "compute-seconds", "crypto",
-            "gemm-tflops", "link-overhead", "ddp-step-ms", "send-window", "message-us", "host-cores", "tolerance"},
+            "gemm-tflops", "link-overhead", "ddp-step-ms", "send-window", "message-us", "host-cores", "tolerance",
+            "host-copy", "limits", "io-threads"},
            "is for the planner (--predict, --sweep or --check)");
   }
 }
@@ -205,6 +222,9 @@ PredictRequest predictRequest(const FlagSet& flags, const PlanArgs& a) {
   r.cluster.cryptoBytes = a.cryptoGBps * 1e9;
   r.cluster.gemmFlops =
       a.compute != "titanx" && !flags.wasSet("gemm-tflops") ? bench::h200SfbGemmFlops() : a.gemmTflops * 1e12;
+  r.cluster.copyBytes =
+      flags.wasSet("host-copy") ? a.copyGBps * 1e9 : (a.compute != "titanx" ? planner::kH200PinnedCopyBytes : 0.0);
+  r.limits = a.limits;
   r.cluster.pairBytes = a.pairBytes;
   r.cluster.wire = parseWirePrecision(a.wire);
   return r;

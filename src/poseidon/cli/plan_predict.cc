@@ -256,6 +256,48 @@ int planCheckAccuracy(const std::string& path, const nlohmann::json& results, co
   return 0;
 }
 
+// --limits: the link rates from which each of the runtime's own costs sets the pace of each
+// Poseidon system (printed unless --json), as JSON rows.
+nlohmann::json costLimits(const PredictRequest& r, const planner::Workload& w) {
+  constexpr double kMargin = 0.05, kLowest = 0.1e9 / 8, kHighest = 3200e9 / 8;
+  nlohmann::json rows = nlohmann::json::array();
+  if (!r.json) {
+    std::printf(
+        "\nwhere the runtime's own costs bind: the lowest link rate (Gbit/s, %g to %g) from which leaving the cost "
+        "out makes the iteration at least %.0f%% faster\n%-8s %-17s",
+        kLowest * 8 / 1e9, kHighest * 8 / 1e9, kMargin * 100, "workers", "system");
+    for (planner::Cost cost : planner::allCosts()) std::printf(" %24s", planner::costName(cost));
+    std::printf("\n");
+  }
+  for (int P : r.workers) {
+    Cluster c = r.cluster;
+    c.workers = P;
+    for (System s : r.systems) {
+      if (s == System::kDdp || s == System::kDdpFp16 || P == 1) continue;
+      if (!r.json) std::printf("%-8d %-17s", P, planner::systemName(s));
+      for (planner::Cost cost : planner::allCosts()) {
+        const bool charged = planner::charges(c, cost);
+        const double from = charged ? planner::costBindsFrom(w, c, s, cost, kMargin, kLowest, kHighest) : 0;
+        nlohmann::json row{{"workers", P},
+                           {"system", planner::systemName(s)},
+                           {"cost", planner::costName(cost)},
+                           {"charged", charged}};
+        row["binds_from_gbit"] =
+            charged && !std::isinf(from) ? nlohmann::json(from * 8 / 1e9) : nlohmann::json(nullptr);
+        rows.push_back(row);
+        if (r.json) continue;
+        std::string text = "off";
+        if (charged) text = std::isinf(from) ? "beyond" : (from <= 0 ? "at any" : "from " + gbit(from));
+        std::printf(" %24s", text.c_str());
+      }
+      if (!r.json) std::printf("\n");
+    }
+  }
+  if (!r.json)
+    std::printf("(off: not charged here; at any: already at the lowest rate; beyond: not up to the highest)\n");
+  return rows;
+}
+
 }  // namespace
 
 int planPredict(const PredictRequest& r) {
@@ -269,21 +311,27 @@ int planPredict(const PredictRequest& r) {
                      {"link_gbit", r.cluster.linkBytes * 8 / 1e9},
                      {"wire", wirePrecisionName(r.cluster.wire)},
                      {"crypto_gbytes_per_s", r.cluster.cryptoBytes / 1e9},
+                     {"io_threads", r.cluster.cryptoLanes},
                      {"gemm_tflops", r.cluster.gemmFlops / 1e12},
+                     {"copy_gbytes_per_s", r.cluster.copyBytes / 1e9},
                      {"efficiency_target", r.efficiency}};
   nlohmann::json rows = nlohmann::json::array();
   char line[256];
   if (!r.json) {
     char cryptoText[64] = "off";
     if (r.cluster.cryptoBytes > 0)
-      std::snprintf(cryptoText, sizeof cryptoText, "at %.3g GB/s per I/O thread", r.cluster.cryptoBytes / 1e9);
+      std::snprintf(cryptoText, sizeof cryptoText, "at %.3g GB/s per I/O thread (%d)", r.cluster.cryptoBytes / 1e9,
+                    r.cluster.cryptoLanes);
     const std::string crypto = cryptoText;
     std::printf("model %s, K=%lld per worker, %.3f s of compute per iteration on one worker (%s)\n",
                 w.model.name.c_str(), static_cast<long long>(w.batch), w.computeSeconds(),
                 r.computeSeconds > 0 ? "--compute-seconds" : r.compute.c_str());
-    std::printf("links %s Gbit/s each way per node; %s wire; CURVE %s; SFB GEMM at %.3g TFLOP/s\n",
+    char copyText[64] = "none";
+    if (r.cluster.copyBytes > 0)
+      std::snprintf(copyText, sizeof copyText, "%.3g GB/s each way", r.cluster.copyBytes / 1e9);
+    std::printf("links %s Gbit/s each way per node; %s wire; CURVE %s; SFB GEMM at %.3g TFLOP/s; host copies %s\n",
                 gbit(r.cluster.linkBytes).c_str(), wirePrecisionName(r.cluster.wire), crypto.c_str(),
-                r.cluster.gemmFlops / 1e12);
+                r.cluster.gemmFlops / 1e12, copyText);
     if (sweep) {
       std::printf("\n%-8s", "workers");
       for (System s : r.systems) std::printf(" %26s", planner::systemName(s));
@@ -316,13 +364,13 @@ int planPredict(const PredictRequest& r) {
     if (sweep && !r.json) std::printf("\n");
   }
   out["predictions"] = rows;
-  if (r.json) {
-    std::cout << out.dump(2) << "\n";
-  } else {
+  if (!r.json) {
     std::printf(
         "\nspeedup: P x (one worker's compute) / iteration; own bound: max(compute, busiest node's bytes / "
         "link rate)\n");
   }
+  if (r.limits) out["limits"] = costLimits(r, w);
+  if (r.json) std::cout << out.dump(2) << "\n";
   return 0;
 }
 
@@ -419,8 +467,8 @@ int planCheck(const std::string& path, const Cluster& calibration, int hostCores
     const std::string device = run.value("device", "gpu");
     const nlohmann::json* rates = deviceRates(devices, device);
     // Poseidon's runtime charged its own work on the run's device: the file must say how fast.
-    if (why.empty() && sys != System::kDdp && device != "none" && !rates)
-      why = "device '" + device + "' not in the file";
+    const bool ddp = sys == System::kDdp || sys == System::kDdpFp16;
+    if (why.empty() && !ddp && device != "none" && !rates) why = "device '" + device + "' not in the file";
     planner::Workload w;
     if (why.empty()) {
       try {
@@ -436,7 +484,7 @@ int planCheck(const std::string& path, const Cluster& calibration, int hostCores
                     why.c_str());
       continue;
     }
-    Cluster c = runCluster(calibration, config, nodes, mbit, cores, wire, sys != System::kDdp ? rates : nullptr);
+    Cluster c = runCluster(calibration, config, nodes, mbit, cores, wire, ddp ? nullptr : rates);
     if (noCurve) c.cryptoBytes = 0;  // its links ran without CURVE
     const Prediction p = planner::predict(w, c, sys);
     const double error = t.add(measured, p.iterationSeconds);

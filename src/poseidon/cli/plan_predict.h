@@ -20,6 +20,7 @@ struct PredictRequest {
   bool mergedFc = false;     // --groups --merged-fc: the top FC layers on one FC server
   planner::Cluster cluster;  // link rate at full width, scale 1
   double efficiency = 0.9;   // for the minimum link rate
+  bool limits = false;       // for each Poseidon system, the link rate from which each of its own costs binds
   bool json = false;
 };
 int planPredict(const PredictRequest& request);

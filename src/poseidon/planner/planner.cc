@@ -64,7 +64,11 @@ class PoseidonModel {
           bestScheme(l, w.batch, P_, P_, policy, c.timedSchemes ? &device : nullptr, wireElementBytes(c.wire)));
       sfbLayers_ += schemes_.back() == Scheme::kSFB;
     }
-    for (int n = 0; n < P_; ++n) gemm_.emplace_back(&sim_, c.gemmFlops / w.flopScale);
+    for (int n = 0; n < P_; ++n) {
+      gemm_.emplace_back(&sim_, c.gemmFlops / w.flopScale);
+      toHost_.emplace_back(&sim_, c.copyBytes * c.scale * c.scale);
+    }
+    copyRate_ = c.copyBytes * c.scale * c.scale;
     sumRate_ = c.sumBytes * c.scale * c.scale;
     int64_t pairs = 0;
     for (int l = 0; l < L_; ++l) {
@@ -138,15 +142,43 @@ class PoseidonModel {
   }
   void backward(int n, int it, int l) {
     compute(n, w_.backwardSeconds[static_cast<size_t>(l)], [this, n, it, l] {
-      if (wfbp_) submit(n, it, l);
+      if (wfbp_) toHost(n, it, l);
       if (l > 0) {
         backward(n, it, l - 1);
         return;
       }
       if (!wfbp_)
-        for (int k = L_ - 1; k >= 0; --k) submit(n, it, k);
+        for (int k = L_ - 1; k >= 0; --k) toHost(n, it, k);
       if (overlap_) startForward(n, it + 1);
     });
+  }
+  // fp32 bytes a layer's sync moves between the GPU and the host each way: its gradient (PS), or
+  // one worker's factors (SFB; the reconstruction takes all P workers' back).
+  double stagedBytes(int l) const {
+    const LayerSpec& spec = w_.model.layers[static_cast<size_t>(l)];
+    if (schemes_[static_cast<size_t>(l)] == Scheme::kSFB)
+      return static_cast<double>(w_.batch) * static_cast<double>(spec.m + spec.n) * sizeof(float);
+    return static_cast<double>(spec.numel()) * sizeof(float);
+  }
+  // The layer's gradient to host memory on the node's copy engine (the runtime's copy stream), which
+  // runs beside the backward; then its sync.
+  void toHost(int n, int it, int l) {
+    if (copyRate_ <= 0) {
+      submit(n, it, l);
+      return;
+    }
+    toHost_[static_cast<size_t>(n)].submit(stagedBytes(l), 0, [this, n, it, l](double, double end, double, bool last) {
+      if (last) sim_.at(end, [this, n, it, l] { submit(n, it, l); });
+    });
+  }
+  // A host-to-GPU copy of `bytes` in the GPU's one stream (the runtime queues it there, before the
+  // step that reads it), then `then`.
+  void toDevice(int n, double bytes, Sim::Fn then) {
+    if (copyRate_ <= 0) {
+      then();
+      return;
+    }
+    compute(n, bytes / copyRate_, std::move(then));
   }
   void submit(int n, int it, int l) {
     const LayerSpec& spec = w_.model.layers[static_cast<size_t>(l)];
@@ -184,10 +216,13 @@ class PoseidonModel {
   }
   void aggregateIn(int n, int it, int l) {
     if (++arrived_[static_cast<size_t>(it)][at(n, l)] == static_cast<int>(layout_.pairsOf(l).size()))
-      layerDone(n, it, l);
+      toDevice(n, stagedBytes(l), [this, n, it, l] { layerDone(n, it, l); });
   }
   void factorsIn(int n, int it, int l) {
     if (++arrived_[static_cast<size_t>(it)][at(n, l)] < P_) return;
+    toDevice(n, stagedBytes(l) * P_, [this, n, it, l] { reconstruct(n, it, l); });
+  }
+  void reconstruct(int n, int it, int l) {
     const LayerSpec& spec = w_.model.layers[static_cast<size_t>(l)];
     if (c_.gemmFlops <= 0) {  // not charged: done at once, as the bench's charger returns at once
       layerDone(n, it, l);
@@ -221,7 +256,9 @@ class PoseidonModel {
   std::vector<Scheme> schemes_;
   int sfbLayers_ = 0;
   std::vector<Server> gemm_;
-  double sumRate_ = 0;  // the shards' sums, bytes/s at the workload's scale
+  std::vector<Server> toHost_;  // [node]: the GPU's copy engine, device to host
+  double copyRate_ = 0;         // host <-> GPU, bytes/s at the workload's scale (0: no copies)
+  double sumRate_ = 0;          // the shards' sums, bytes/s at the workload's scale
   std::vector<int64_t> firstPair_;
   std::vector<std::vector<int>> pushes_, arrived_,
       left_;                                       // [iteration][pair], [iteration][node, layer], [iteration][node]
@@ -231,7 +268,7 @@ class PoseidonModel {
 };
 
 // DDP: buckets in backward order, each ring-allreduced once its last gradient is ready, one at a time.
-Prediction predictDdp(const Workload& w, const Cluster& c) {
+Prediction predictDdp(const Workload& w, const Cluster& c, double elementBytes) {
   const int P = c.workers;
   const double s2 = c.scale * c.scale;
   const size_t L = w.model.layers.size();
@@ -250,6 +287,7 @@ Prediction predictDdp(const Workload& w, const Cluster& c) {
     for (size_t k = params.size(); k-- > 0;) {
       const double cap = (buckets.size() == 1 ? c.ddpFirstBucketBytes : c.ddpBucketBytes) * s2;
       if (buckets.back().bytes >= cap) buckets.emplace_back();
+      // Buckets fill by fp32 gradient bytes; the fp16 hook then sends half of them.
       buckets.back().bytes += static_cast<double>(params[k].numel()) * sizeof(float);
       buckets.back().ready = backwardEnd[l];
     }
@@ -259,7 +297,8 @@ Prediction predictDdp(const Workload& w, const Cluster& c) {
   if (P > 1) {
     double free = 0;
     for (const auto& b : buckets) {
-      const double onLink = 2.0 * (P - 1) / P * b.bytes * c.linkOverhead + 2.0 * (P - 1) * c.messageBytes;
+      const double wire = b.bytes * elementBytes / sizeof(float);
+      const double onLink = 2.0 * (P - 1) / P * wire * c.linkOverhead + 2.0 * (P - 1) * c.messageBytes;
       const double start = std::max(b.ready, free);
       free = start + onLink / c.linkBytes + 2.0 * (P - 1) * c.ddpStepSeconds;
       tx += onLink;
@@ -362,8 +401,8 @@ static void checkInputs(const Workload& workload, const Cluster& cluster) {
 Prediction predict(const Workload& workload, const Cluster& cluster, System system) {
   checkInputs(workload, cluster);
   Prediction p;
-  if (system == System::kDdp) {
-    p = predictDdp(workload, cluster);
+  if (system == System::kDdp || system == System::kDdpFp16) {
+    p = predictDdp(workload, cluster, system == System::kDdpFp16 ? 2.0 : 4.0);
   } else if (cluster.workers == 1) {
     p.iterationSeconds = workload.computeSeconds();
   } else {
@@ -418,6 +457,84 @@ GroupPrediction predictGroups(const Workload& workload, const Cluster& cluster, 
   }
   p.computeSeconds = workload.computeSeconds();
   return p;
+}
+
+const char* costName(Cost c) {
+  switch (c) {
+    case Cost::kCrypto:
+      return "CURVE encryption";
+    case Cost::kCopies:
+      return "host copies";
+    case Cost::kMessages:
+      return "receive loop per message";
+    case Cost::kSums:
+      return "shard sums";
+    case Cost::kGemm:
+      return "SFB reconstruction";
+  }
+  return "?";
+}
+
+const std::vector<Cost>& allCosts() {
+  static const std::vector<Cost> all{Cost::kCrypto, Cost::kCopies, Cost::kMessages, Cost::kSums, Cost::kGemm};
+  return all;
+}
+
+bool charges(const Cluster& c, Cost cost) {
+  switch (cost) {
+    case Cost::kCrypto:
+      return c.cryptoBytes > 0;
+    case Cost::kCopies:
+      return c.copyBytes > 0;
+    case Cost::kMessages:
+      return c.messageSeconds > 0;
+    case Cost::kSums:
+      return c.sumBytes > 0;
+    case Cost::kGemm:
+      return c.gemmFlops > 0;
+  }
+  return false;
+}
+
+Cluster withoutCost(Cluster c, Cost cost) {
+  switch (cost) {
+    case Cost::kCrypto:
+      c.cryptoBytes = 0;
+      break;
+    case Cost::kCopies:
+      c.copyBytes = 0;
+      break;
+    case Cost::kMessages:
+      c.messageSeconds = 0;
+      break;
+    case Cost::kSums:
+      c.sumBytes = 0;
+      break;
+    case Cost::kGemm:
+      c.gemmFlops = 0;
+      break;
+  }
+  return c;
+}
+
+double costBindsFrom(const Workload& workload, Cluster cluster, System system, Cost cost, double margin, double lo,
+                     double hi) {
+  if (cluster.workers == 1) return kInf;
+  if (!charges(cluster, cost)) return kInf;
+  const Cluster free = withoutCost(cluster, cost);
+  auto binds = [&](double rate) {
+    Cluster with = cluster, without = free;
+    with.linkBytes = without.linkBytes = rate;
+    return predict(workload, with, system).iterationSeconds >=
+           (1 + margin) * predict(workload, without, system).iterationSeconds;
+  };
+  if (!binds(hi)) return kInf;
+  if (binds(lo)) return 0;
+  while (hi / lo > 1.01) {
+    const double mid = std::sqrt(lo * hi);
+    (binds(mid) ? hi : lo) = mid;
+  }
+  return hi;
 }
 
 double minLinkBytesFor(const Workload& workload, Cluster cluster, System system, double efficiency) {

@@ -28,10 +28,15 @@
 //   BSP       a worker starts its next forward when all its layers are
 //             synchronized (poseidon-overlap: layer l's forward starts when
 //             layer l is);
+//   copies    on a GPU node (Cluster::copyBytes > 0) each layer's gradient (a
+//             PS layer's, or an SFB layer's factors) goes to host memory on
+//             the copy engine before its sync, and the result comes back in
+//             the GPU's stream before the layer counts as synchronized (an
+//             SFB layer's P factors before its reconstruction);
 //   DDP       gradients go in buckets (1 MB first, then 25 MB, in backward
 //             order); each bucket is ring-allreduced (2 (P-1)/P of its bytes
 //             over each link, 2 (P-1) steps) once its last gradient is ready,
-//             one bucket at a time.
+//             one bucket at a time (ddp-fp16: 2 bytes a float).
 // Several iterations are simulated (four, the overlap six) and the steady state's period reported:
 // the mean of the last two (four).
 #pragma once
@@ -46,8 +51,9 @@
 
 namespace poseidon::planner {
 
-enum class System : uint8_t { kPoseidon = 0, kPoseidonOverlap, kPsWfbp, kPsNaive, kDdp };
-const char* systemName(System s);             // "poseidon", "poseidon-overlap", "ps-wfbp", "ps-naive", "ddp"
+enum class System : uint8_t { kPoseidon = 0, kPoseidonOverlap, kPsWfbp, kPsNaive, kDdp, kDdpFp16 };
+// "poseidon", "poseidon-overlap", "ps-wfbp", "ps-naive", "ddp", "ddp-fp16" (its fp16 compression hook: half the bytes)
+const char* systemName(System s);
 System parseSystem(const std::string& text);  // throws InvalidArgument naming the known ones
 const std::vector<System>& allSystems();
 
@@ -88,6 +94,8 @@ constexpr double kSumBytesPerSecond = 22.5e9;
 // their nominal rate (fitted on DDP's ring at 2-16 nodes and 30-100 Mbit/s), and its P nodes share
 // the host's cores, so a message's loop time stretches by P / cores.
 constexpr double kEmulatedLinkEfficiency = 0.92;
+// An H200's host <-> device copies from pinned memory, each way (../shared/data/README.md).
+constexpr double kH200PinnedCopyBytes = 55e9;
 
 struct Cluster {
   int workers = 8;                      // P
@@ -103,6 +111,9 @@ struct Cluster {
   // timeline, bench/device.h), rather than on host cores beside it.
   bool gemmOnGpu = true;
   double sumBytes = kSumBytesPerSecond;  // a shard's decode-and-add of each push
+  // Host <-> GPU copies, bytes/s each way (pinned memory, as the runtime stages: an H200 measured 55 GB/s,
+  // pageable 6.8 / 13.6; ../shared/data); 0: none (the bench's emulated GPUs hold their tensors on the host).
+  double copyBytes = 0;
   bool timedSchemes = true;              // BestScheme weighs GEMM against bytes (it does where the rates are known)
   WirePrecision wire = WirePrecision::kFp32;
   int64_t pairBytes = kDefaultPairBytes;    // at full width; scaled by s^2 as the bench does
@@ -166,6 +177,20 @@ std::pair<Workload, MergedFc> paddedMergedFc(const ModelDesc& model, int64_t bat
 // `mergedFc`, the workload is the part left on the workers (splitMergedFc's first).
 GroupPrediction predictGroups(const Workload& workload, const Cluster& cluster, int groups,
                               const MergedFc* mergedFc = nullptr);
+
+// The runtime's own CPU- and copy-side costs, each of which the planner can leave out.
+enum class Cost : uint8_t { kCrypto = 0, kCopies, kMessages, kSums, kGemm };
+const char* costName(Cost c);  // "CURVE encryption", "host copies", ...
+const std::vector<Cost>& allCosts();
+// Whether `cluster` charges `cost` at all, and the cluster without it (its time 0).
+bool charges(const Cluster& cluster, Cost cost);
+Cluster withoutCost(Cluster cluster, Cost cost);
+// The lowest link rate (bytes/s at the workload's scale, between `lo` and `hi`) from which leaving
+// `cost` out makes `system`'s iteration at least `margin` faster: where that cost, not the link or
+// the compute, starts to set the pace. 0 when it does at `lo` already, infinity when not even at
+// `hi` or where the cluster does not charge it. Bisection on predict(), to 1%.
+double costBindsFrom(const Workload& workload, Cluster cluster, System system, Cost cost, double margin, double lo,
+                     double hi);
 
 // The lowest link rate (bytes/s at the workload's scale) at which `system` reaches `efficiency`
 // (bisection on predict(), to 0.5%); 0 when it does at any rate (P = 1), infinity when at none.

@@ -107,7 +107,7 @@ class DistributedModel(torch.nn.Module):
         compute groups at the step of a round whose pulled model is not finite). False: trains on.
     timeout: seconds any wait on other ranks may last before the job fails, naming what is missing.
     io_threads: ZeroMQ I/O threads of this rank (one per GB/s in or out; with a job secret they also
-        encrypt). tcp_rcvbuf: TCP receive buffer per connection into this rank in bytes (0: the OS
+        encrypt; 0, the default: half the host's cores, 2 to 16). tcp_rcvbuf: TCP receive buffer per connection into this rank in bytes (0: the OS
         default; a small one keeps many senders from overflowing a switch port).
     wire: what gradients travel as: "fp32" (exact), or "bf16" / "fp16" (half the bytes, summed in fp32;
         lossy, like DDP's fp16 compression hook). Every rank must pass the same.
@@ -144,7 +144,7 @@ class DistributedModel(torch.nn.Module):
     """
 
     def __init__(self, module, batch=None, *, name=None, scheme="auto", overlap=True, broadcast_buffers=True,
-                 check_finite=True, timeout=30.0, sync_threads=2, pair_bytes=2 * 1024 * 1024, io_threads=2,
+                 check_finite=True, timeout=30.0, sync_threads=2, pair_bytes=2 * 1024 * 1024, io_threads=0,
                  tcp_rcvbuf=0, wire="fp32", overlap_forward=False, send_window=0, groups=0, optimizer=None,
                  staleness=None, merged_fc=None, stage_on_host=False):
         super().__init__()

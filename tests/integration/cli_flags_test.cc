@@ -353,7 +353,7 @@ TEST(CliFlags, BenchRejectsOutOfRangeValues) {
 }
 
 TEST(CliFlags, TrainRejectsOutOfRangeNetworkKnobs) {
-  expectRejected({{"train", "--io-threads", "0"}, "--io-threads must be in [1, 64], got 0"});
+  expectRejected({{"train", "--io-threads", "-1"}, "--io-threads must be in [0, 64], got -1"});
   expectRejected({{"train", "--tcp-rcvbuf", "-1"}, "--tcp-rcvbuf must be in [0, 1073741824], got -1"});
   expectRejected({{"train", "--wire", "fp8"}, "unknown wire precision 'fp8' (expected fp32, bf16 or fp16)"});
   expectRejected(

@@ -29,6 +29,11 @@ struct SystemSpec {
   const char* accuracyName;                // its name in bench --accuracy ("": not run there)
 };
 
+// ZeroMQ I/O threads of each emulated Poseidon node, which its CURVE encryption is charged on
+// (bench --io-threads): 2, as in every table so far, not the runtime's default (half the host's
+// cores; here the host's few cores are every emulated node's).
+constexpr int kBenchIoThreads = 2;
+
 // Every system, in the order the tables list them.
 const std::vector<SystemSpec>& systemRegistry();
 

@@ -54,7 +54,7 @@ struct BenchArgs {
   std::string jsonPath, mdPath, plotDir, ddpScript, bisectSystems, reportFrom, traceDir;
   double scale = 0.1, latencyMs = 0;
   int iterations = 8, warmup = 3, timeoutS = 150, retries = 1, repeat = 1, rcvbuf = 0, sendWindow = 0;
-  int ioThreads = NodeOptions{}.ioThreads;
+  int ioThreads = bench::kBenchIoThreads;
   bool quick = false, keep = false, accuracyMode = false;
 };
 
@@ -109,8 +109,8 @@ void addRuntimeFlags(FlagSet& flags, BenchArgs& a) {
                "default, 1 MB x s^2; docs/scheduling.md)",
                "BYTES", IntRange::closed(4096, 1 << 30).orOff(0));
   flags.addInt("io-threads", &a.ioThreads,
-               "ZeroMQ I/O threads per Poseidon rank (the runtime's default); CURVE's encryption is charged on "
-               "them, each connection on one",
+               "ZeroMQ I/O threads per emulated Poseidon node (2; the runtime's default is half the host's cores); "
+               "CURVE's encryption is charged on them, each connection on one",
                "N", IntRange::closed(1, 64));
 }
 

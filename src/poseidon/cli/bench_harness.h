@@ -74,7 +74,7 @@ struct Harness {
   std::string traceDir;                     // --trace: one merged Chrome trace per Poseidon run
   int rcvbuf = 0;                           // --tcp-rcvbuf, for Poseidon's ranks
   int sendWindow = 0;                       // --send-window, for the poseidon-overlap systems (0: their default)
-  int ioThreads = NodeOptions{}.ioThreads;  // --io-threads, for Poseidon's ranks
+  int ioThreads = bench::kBenchIoThreads;   // --io-threads, for Poseidon's ranks
   int repeat = 1;
   unsigned hostCores = std::max(1u, std::thread::hardware_concurrency());
   std::vector<std::string> devices{"none"};  // the first is the plain system name's

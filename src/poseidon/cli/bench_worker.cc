@@ -86,7 +86,7 @@ struct WorkerArgs {
   int64_t pairBytes = -1;
   std::string compute = "titanx", chargedOn = "none", tracePath;
   double gemmFlops = 0, sumBytes = 0, cryptoBytes = 0, linkMbit = 0;
-  int rcvbuf = 0, sendWindow = 0, ioThreads = NodeOptions{}.ioThreads;
+  int rcvbuf = 0, sendWindow = 0, ioThreads = bench::kBenchIoThreads;
   bool overlapForward = false;
 };
 

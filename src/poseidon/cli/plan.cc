@@ -59,7 +59,12 @@ struct PlanArgs {
   double rateGbit = 10, cryptoGBps = 1.75, gemmTflops = 5, efficiency = 0.9, computeSeconds = 0, tolerance = 0.15,
          copyGBps = 0;
   bool limits = false;
-  planner::Cluster calibration;
+  // --io-threads: the runtime's default on a 16-core GPU node (half its cores); --check reads each file's.
+  planner::Cluster calibration = [] {
+    planner::Cluster c;
+    c.cryptoLanes = 8;
+    return c;
+  }();
   double ddpStepMs = calibration.ddpStepSeconds * 1e3, messageUs = calibration.messageSeconds * 1e6;
   int hostCores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 };
@@ -108,8 +113,8 @@ void addPredictFlags(FlagSet& flags, PlanArgs& a) {
                   "--predict: CURVE encryption, GB/s per I/O thread (0: links without it; jobs use it by default)",
                   "GBPS", RealRange::atLeast(0));
   flags.addInt("io-threads", &a.calibration.cryptoLanes,
-               "--predict: ZeroMQ I/O threads per process, which encrypt, each connection on one (poseidon train "
-               "--io-threads; --check reads the results file's)",
+               "--predict: ZeroMQ I/O threads per process, which encrypt, each connection on one (default 8: "
+               "poseidon train's default, half the cores, on a 16-core GPU node; --check reads the results file's)",
                "N", IntRange::closed(1, 64));
   flags.addDouble("host-copy", &a.copyGBps,
                   "--predict: host <-> GPU copies, GB/s each way (default: 55 with --compute h200 or h200-bf16, the "

@@ -1,6 +1,7 @@
 #include "poseidon/client/node.h"
 
 #include <algorithm>
+#include <thread>
 
 #include "poseidon/common/bytes.h"
 #include "poseidon/common/error.h"
@@ -11,7 +12,16 @@
 
 namespace poseidon {
 
-Node::Node(const NodeOptions& options) : options_(options), ctx_(options.ioThreads) {}
+int defaultIoThreads() { return std::clamp(static_cast<int>(std::thread::hardware_concurrency() / 2), 2, 16); }
+
+namespace {
+NodeOptions resolved(NodeOptions options) {
+  if (options.ioThreads == 0) options.ioThreads = defaultIoThreads();
+  return options;
+}
+}  // namespace
+
+Node::Node(const NodeOptions& options) : options_(resolved(options)), ctx_(options_.ioThreads) {}
 
 namespace {
 void checkOptions(const NodeOptions& options) {
@@ -23,8 +33,9 @@ void checkOptions(const NodeOptions& options) {
     throw InvalidArgument(strCat("the syncer thread pool needs at least 1 thread, got ", options.threads));
   }
   if (options.timeout.count() <= 0) throw InvalidArgument("the timeout must be positive");
-  if (options.ioThreads < 1 || options.ioThreads > 64) {
-    throw InvalidArgument(strCat("ZeroMQ I/O threads must be in [1, 64], got ", options.ioThreads));
+  if (options.ioThreads < 0 || options.ioThreads > 64) {
+    throw InvalidArgument(
+        strCat("ZeroMQ I/O threads must be in [0, 64] (0: half the host's cores), got ", options.ioThreads));
   }
   if (options.van.sendWindowBytes > 0 && options.settings.groupMode()) {
     throw InvalidArgument("priority scheduling (a send window) is for BSP jobs; compute groups order their pulls and "

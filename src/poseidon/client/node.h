@@ -84,6 +84,11 @@
 
 namespace poseidon {
 
+// ZeroMQ I/O threads when NodeOptions::ioThreads is 0: half this host's cores, at least 2 and at
+// most 16. The planner (docs/planner.md, --limits) shows CURVE on two threads binding an H200 node
+// from ~12 Gbit/s (vgg19, 8 nodes); idle I/O threads cost nothing.
+int defaultIoThreads();
+
 struct NodeOptions {
   int rank = 0;
   int worldSize = 1;
@@ -100,9 +105,9 @@ struct NodeOptions {
   std::chrono::milliseconds heartbeat{0};
   int threads = 2;                           // syncer thread pool
   // ZeroMQ I/O threads: they move (and with a secret, encrypt) every byte, each connection on one
-  // of them. libzmq's rule of thumb is one per GB/s in or out; CURVE at ~1.5 GB/s per core needs
-  // two for a 10 GbE link's two directions.
-  int ioThreads = 2;
+  // of them. libzmq's rule of thumb is one per GB/s in or out; CURVE at ~1.75 GB/s per core needs
+  // two for a 10 GbE link's two directions and ~16 for 100 GbE. 0: defaultIoThreads().
+  int ioThreads = 0;
   JobSettings settings;                      // must agree across nodes
   // This node's data endpoint and links (transport/van.h): the interface to bind (van.bindHost;
   // never 0.0.0.0 by default), its port (0: a free one), the payload limit, the TCP receive buffer,

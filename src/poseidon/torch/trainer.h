@@ -86,7 +86,7 @@ struct TrainOptions {
   int syncThreads = 2;         // Poseidon thread pool per worker
   int timeoutMs = 30000;
   int tcpRcvbuf = 0;           // TCP receive buffer per connection into a rank (0: OS default)
-  int ioThreads = 2;           // ZeroMQ I/O threads per rank (NodeOptions::ioThreads)
+  int ioThreads = 0;           // ZeroMQ I/O threads per rank (NodeOptions::ioThreads; 0: defaultIoThreads())
   int64_t pairBytes = 2 * 1024 * 1024;
   std::string bindHost;        // data endpoint interface (default: the route to MASTER_ADDR)
   std::string secret;          // job secret (POSEIDON_SECRET / POSEIDON_SECRET_FILE)

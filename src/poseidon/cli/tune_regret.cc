@@ -214,13 +214,6 @@ std::map<int, double> plannedComm(const RegretArgs& a) {
   return comm;
 }
 
-std::string fmt(double v, const char* f) {
-  if (!std::isfinite(v)) return "-";
-  char b[64];
-  std::snprintf(b, sizeof b, f, v);
-  return b;
-}
-
 nlohmann::json num(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
 
 // The tuner's own time to the target, read as the grid's runs are: the first point of its path whose
@@ -470,9 +463,10 @@ int tuneRegretCommand(const std::vector<std::string>& args) {
       shares.push_back(share);
       pathRegrets.push_back(pathRegret);
       std::printf("%-6s %-5d %-26s %8s %7s %5d %-26s %8s %7s %7.0f%% %7s\n", strCat(ratio, ":1").c_str(), t.seed,
-                  (k.text() + (reached ? "" : " (final)")).c_str(), fmt(r.time, "%.0f").c_str(),
-                  fmt(regret, "%.3f").c_str(), rankOf(r.time), kf.text().c_str(), fmt(rf.time, "%.0f").c_str(),
-                  fmt(finalRegret, "%.3f").c_str(), 100 * share, fmt(pathRegret, "%.3f").c_str());
+                  (k.text() + (reached ? "" : " (final)")).c_str(), fmtFinite(r.time, "%.0f").c_str(),
+                  fmtFinite(regret, "%.3f").c_str(), rankOf(r.time), kf.text().c_str(),
+                  fmtFinite(rf.time, "%.0f").c_str(), fmtFinite(finalRegret, "%.3f").c_str(), 100 * share,
+                  fmtFinite(pathRegret, "%.3f").c_str());
       chosen.push_back({{"ratio", ratio},
                         {"seed", t.seed},
                         {"groups", k.groups},
@@ -502,8 +496,8 @@ int tuneRegretCommand(const std::vector<std::string>& args) {
     std::printf(
         "  %d:1: regret median %s (the choice at the target), %s (the final choice); tuning share median %.0f%%; "
         "own path (tuning included) / grid best %s\n",
-        ratio, fmt(median(regrets), "%.3f").c_str(), fmt(median(finalRegrets), "%.3f").c_str(), 100 * median(shares),
-        fmt(median(pathRegrets), "%.3f").c_str());
+        ratio, fmtFinite(median(regrets), "%.3f").c_str(), fmtFinite(median(finalRegrets), "%.3f").c_str(),
+        100 * median(shares), fmtFinite(median(pathRegrets), "%.3f").c_str());
   }
 
   nlohmann::json gridJson = nlohmann::json::array();
@@ -577,9 +571,10 @@ int tuneRegretCommand(const std::vector<std::string>& args) {
                            {"grid_key", gridKey},
                            {"grid_curves", curves},
                            {"wall_seconds", elapsed()}};
-  std::printf("regret median %s (%s:1), tuning share median %.0f%%, grid best %.0f s; %.0f s wall\n",
-              fmt(result["regret_median"].is_number() ? result["regret_median"].get<double>() : kInf, "%.3f").c_str(),
-              first.c_str(), 100 * result["tuning_share_median"].get<double>(), best, elapsed());
+  std::printf(
+      "regret median %s (%s:1), tuning share median %.0f%%, grid best %.0f s; %.0f s wall\n",
+      fmtFinite(result["regret_median"].is_number() ? result["regret_median"].get<double>() : kInf, "%.3f").c_str(),
+      first.c_str(), 100 * result["tuning_share_median"].get<double>(), best, elapsed());
   if (!a.jsonPath.empty()) {
     std::ofstream(a.jsonPath) << result.dump(2) << "\n";
     std::printf("results: %s\n", a.jsonPath.c_str());
@@ -589,6 +584,13 @@ int tuneRegretCommand(const std::vector<std::string>& args) {
     std::printf("table: %s\n", a.mdPath.c_str());
   }
   return 0;
+}
+
+std::string fmtFinite(double v, const char* f) {
+  if (!std::isfinite(v)) return "-";
+  char b[64];
+  std::snprintf(b, sizeof b, f, v);
+  return b;
 }
 
 }  // namespace poseidon::cli

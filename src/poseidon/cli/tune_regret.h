@@ -10,4 +10,7 @@ namespace poseidon::cli {
 // the results JSON that `poseidon tune --regret --json` writes.
 void writeRegretMarkdown(const std::string& path, const nlohmann::json& result);
 
+// `v` printed with the printf format `f`, or "-" when it is not finite (a target never reached).
+std::string fmtFinite(double v, const char* f);
+
 }  // namespace poseidon::cli

@@ -107,8 +107,9 @@ class DistributedModel(torch.nn.Module):
         compute groups at the step of a round whose pulled model is not finite). False: trains on.
     timeout: seconds any wait on other ranks may last before the job fails, naming what is missing.
     io_threads: ZeroMQ I/O threads of this rank (one per GB/s in or out; with a job secret they also
-        encrypt; 0, the default: half the host's cores, 2 to 16). tcp_rcvbuf: TCP receive buffer per connection into this rank in bytes (0: the OS
-        default; a small one keeps many senders from overflowing a switch port).
+        encrypt; 0, the default: half the host's cores over the ranks on it, LOCAL_WORLD_SIZE, 2 to 16).
+        tcp_rcvbuf: TCP receive buffer per connection into this rank in bytes (0: the OS default; a
+        small one keeps many senders from overflowing a switch port).
     wire: what gradients travel as: "fp32" (exact), or "bf16" / "fp16" (half the bytes, summed in fp32;
         lossy, like DDP's fp16 compression hook). Every rank must pass the same.
     overlap_forward: step(optimizer) returns at once and the next forward applies each layer's update

@@ -70,6 +70,11 @@ TEST(BenchReport, SpeedupsHeadlineAndHistogram) {
   EXPECT_EQ(headline[0].get<std::string>(),
             "vgg19, 8 nodes, 30 Mbit/s: poseidon 6.40x speedup (80% efficiency), measured/ideal 1.25; vs ddp 2.00x "
             "throughput");
+  // Without one-node runs there is no speedup to state, only the ratios.
+  std::vector<RunResult> alone{run("poseidon", 8, 30, 1.25), run("ddp", 8, 30, 2.5)};
+  computeSpeedups(alone);
+  EXPECT_EQ(headlineRatios(alone, {"vgg19"}, {30}, 8)[0].get<std::string>(),
+            "vgg19, 8 nodes, 30 Mbit/s: poseidon measured/ideal 1.25; vs ddp 2.00x throughput");
 
   nlohmann::json h = trafficHistogram(runs, "vgg19", 8, 30);
   ASSERT_FALSE(h.is_null());
@@ -151,7 +156,15 @@ TEST(BenchReport, IntroductionSaysWhatTheScalingChanges) {
                                                     {"tcp_rcvbuf", 16384},
                                                     {"batches", batches}}));
   EXPECT_THAT(md, HasSubstr("warm-up ones; iteration time is rank 0's median; one run per point."));
-  EXPECT_THAT(md, HasSubstr("Poseidon's ranks ran with a 16384-byte TCP receive buffer per connection"));
+  EXPECT_THAT(md,
+              HasSubstr("Poseidon's ranks ran with a 16384-byte TCP receive buffer per connection (--tcp-rcvbuf)."));
+  EXPECT_THAT(markdownOf(resultOf(runs, {{"command", "poseidon bench"},
+                                         {"scale", 0.1},
+                                         {"iterations", 4},
+                                         {"warmup", 2},
+                                         {"tcp_rcvbuf", 16384},
+                                         {"systems", {"poseidon", "ddp-fp16"}}})),
+              HasSubstr("(--tcp-rcvbuf); DDP's with the OS default."));
   EXPECT_THAT(md, HasSubstr("vgg19's SFB factors carry K = 3 rows a worker where 32 x s is 3.2: 0.94x the bytes"));
   EXPECT_THAT(md, HasSubstr("googlenet's SFB factors carry K = 13 rows a worker where 128 x s is 12.8: 1.02x"));
   nlohmann::json whole = nlohmann::json::object();

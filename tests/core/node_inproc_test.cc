@@ -3,9 +3,12 @@
 // the same scenario across real processes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <functional>
 #include <future>
 #include <map>
+#include <string>
 #include <thread>
 
 #include "../integration/scenario.h"
@@ -159,6 +162,28 @@ TEST(NodeInProcess, PriorityLinksAreForBspJobsOnly) {
   o.van.sendWindowBytes = 4096;
   EXPECT_ERROR_CONTAINS(Node::start(o, scenarioModel()), InvalidArgument,
                         "priority scheduling (a send window) is for BSP jobs");
+}
+
+// The default ZeroMQ I/O threads: half the host's cores over the ranks sharing it (LOCAL_WORLD_SIZE),
+// 2 to 16; a malformed LOCAL_WORLD_SIZE counts as one rank; a negative count is refused.
+TEST(NodeInProcess, DefaultIoThreadsShareTheHostsCores) {
+  const char* saved = std::getenv("LOCAL_WORLD_SIZE");
+  const std::string keep = saved ? saved : "";
+  const int alone = std::clamp(static_cast<int>(std::thread::hardware_concurrency() / 2), 2, 16);
+  ::unsetenv("LOCAL_WORLD_SIZE");
+  EXPECT_EQ(defaultIoThreads(), alone);
+  ::setenv("LOCAL_WORLD_SIZE", "4096", 1);
+  EXPECT_EQ(defaultIoThreads(), 2);  // many ranks on a host: the floor
+  ::setenv("LOCAL_WORLD_SIZE", "two", 1);
+  EXPECT_EQ(defaultIoThreads(), alone);
+  if (saved)
+    ::setenv("LOCAL_WORLD_SIZE", keep.c_str(), 1);
+  else
+    ::unsetenv("LOCAL_WORLD_SIZE");
+  NodeOptions o;
+  o.ioThreads = -1;
+  EXPECT_ERROR_CONTAINS(Node::start(o, scenarioModel()), InvalidArgument,
+                        "ZeroMQ I/O threads must be in [0, 64] (0: half the host's cores per rank on it), got -1");
 }
 
 // A 16-bit wire: every PS result equals, bit for bit, each gradient rounded to 16 bits, summed in

@@ -225,9 +225,9 @@ TEST(Planner, HostCopiesFrameAGpuNodesSync) {
 }
 
 // CURVE on the same pair: the push is encrypted, decrypted at the shard, the sum encrypted and
-// decrypted at the worker (4B / X on top of 2B / R). Leaving it out is 5% faster once
+// decrypted at the worker (4B / X on top of 2B / R). It makes the iteration 5% slower once
 // 4B / X >= 0.05 (0.3 + 2B / R): from R = 0.1 B / (4B / X - 0.015) = 4e5 bytes/s at X = 1e7.
-TEST(Planner, CostBindsFromTheRateWhereLeavingItOutIsFivePercentFaster) {
+TEST(Planner, CostBindsFromTheRateWhereItMakesTheIterationFivePercentSlower) {
   const LayerSpec conv = LayerSpec::conv("c", 100, 10, 5, 5, /*bias=*/false);  // 25,000 floats
   const Workload w = workload({conv}, {0.1}, {0.2});
   const double B = 4 * 25000, X = 1e7;

@@ -79,8 +79,8 @@ class Lifecycle(TempDirTest):
                     "print('trained with one I/O thread')\n")
         run = alone(script)
         self.assertEqual(run.code, 0, str(run))
-        self.assertIn("refused: InvalidArgument io_threads must be in [0, 64] (0: half the host's cores, 2 to 16), "
-                      "got -1", run.out)
+        self.assertIn("refused: InvalidArgument io_threads must be in [0, 64] (0: half the host's cores per rank "
+                      "on it, 2 to 16), got -1", run.out)
         self.assertIn("refused: InvalidArgument tcp_rcvbuf must be >= 0 bytes (0: the OS default), got -1", run.out)
         self.assertIn("refused: InvalidArgument send_window must be 0 (FIFO links) or in [4096, 1073741824] bytes, "
                       "got 100", run.out)

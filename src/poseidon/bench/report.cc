@@ -89,9 +89,12 @@ nlohmann::json headlineRatios(const std::vector<RunResult>& runs, const std::vec
       for (const auto& r : runs)
         if (r.ok && r.model == m && r.mbit == rate && r.nodes == big && r.system == "poseidon") pos = &r;
       if (!pos) continue;
-      std::string line = strCat(m, ", ", big, " nodes, ", rate, " Mbit/s: poseidon ", fmt("%.2fx", pos->speedup),
-                                " speedup (", fmt("%.0f%%", 100 * pos->speedup / big), " efficiency), measured/ideal ",
-                                fmt("%.2f", pos->iterSeconds / pos->idealSeconds));
+      // Without a one-node run there is no speedup to state (computeSpeedups leaves it 0).
+      std::string line = strCat(m, ", ", big, " nodes, ", rate, " Mbit/s: poseidon ",
+                                pos->speedup > 0 ? strCat(fmt("%.2fx", pos->speedup), " speedup (",
+                                                          fmt("%.0f%%", 100 * pos->speedup / big), " efficiency), ")
+                                                 : std::string(),
+                                "measured/ideal ", fmt("%.2f", pos->iterSeconds / pos->idealSeconds));
       for (const auto& r : runs)
         if (r.ok && r.model == m && r.mbit == rate && r.nodes == big && r.system != "poseidon")
           line += strCat("; vs ", r.system, " ", fmt("%.2fx", pos->imagesPerSec / r.imagesPerSec), " throughput");
@@ -130,9 +133,13 @@ void writeIntro(std::ostringstream& md, const nlohmann::json& cfg) {
   else
     md << "; one run per point";
   md << ".";
-  if (cfg.value("tcp_rcvbuf", 0) > 0)
+  if (cfg.value("tcp_rcvbuf", 0) > 0) {
+    bool ddp = false;
+    for (const auto& s : cfg.value("systems", nlohmann::json::array()))
+      if (s.is_string()) ddp = ddp || s.get<std::string>().rfind("ddp", 0) == 0;
     md << " Poseidon's ranks ran with a " << cfg["tcp_rcvbuf"].get<int>()
-       << "-byte TCP receive buffer per connection (--tcp-rcvbuf); DDP's with the OS default.";
+       << "-byte TCP receive buffer per connection (--tcp-rcvbuf)" << (ddp ? "; DDP's with the OS default." : ".");
+  }
   // What rounding the batch to whole samples at scale s does to SFB's bytes (its GEMM is charged at full width).
   const double scale = cfg["scale"].get<double>();
   const nlohmann::json batches = cfg.value("batches", nlohmann::json::object());

@@ -142,6 +142,7 @@ nlohmann::json AccuracyHarness::config(const std::string& command, const std::ve
           {"batch", batch},
           {"pad_ms", padMs},
           {"pair_bytes", pairBytes},
+          {"io_threads", bench::kBenchIoThreads},
           {"host_cores", static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))},
           {"target_accuracy", targetAccuracy},
           {"target_loss", targetLoss},
@@ -182,13 +183,14 @@ AccuracyRun AccuracyHarness::run(const AccuracySystem& sys, const RunExtras& ext
     } else {
       so.argv = {exe, "train", "--model", "lenet"};
       so.argv.insert(so.argv.end(), shared.begin(), shared.end());
-      so.argv.insert(so.argv.end(),
-                     {"--epochs", std::to_string(epochsFor(maxSteps)), "--max-steps", std::to_string(maxSteps),
-                      "--pair-bytes", std::to_string(pairBytes), "--threads", "1", "--bind", cluster->nodeAddress(i),
-                      "--timeout", std::to_string(timeoutS * 1000), "--quiet",
-                      // Fixed hyperparameters, as DDP's runs have them (no warm-up); a run that diverges is a
-                      // result (it stops there; its JSON and line say so), not a failed run.
-                      "--warmup-steps", "0", "--allow-divergence", "--summary", base + ".json"});
+      so.argv.insert(
+          so.argv.end(),
+          {"--epochs", std::to_string(epochsFor(maxSteps)), "--max-steps", std::to_string(maxSteps), "--pair-bytes",
+           std::to_string(pairBytes), "--threads", "1", "--bind", cluster->nodeAddress(i), "--io-threads",
+           std::to_string(bench::kBenchIoThreads), "--timeout", std::to_string(timeoutS * 1000), "--quiet",
+           // Fixed hyperparameters, as DDP's runs have them (no warm-up); a run that diverges is a
+           // result (it stops there; its JSON and line say so), not a failed run.
+           "--warmup-steps", "0", "--allow-divergence", "--summary", base + ".json"});
       if (sys.groups > 0) so.argv.insert(so.argv.end(), {"--groups", std::to_string(sys.groups)});
       if (sys.mergedFc) so.argv.push_back("--merged-fc");
       if (sys.overlapForward) so.argv.push_back("--overlap-forward");

@@ -109,7 +109,8 @@ void addRuntimeFlags(FlagSet& flags, BenchArgs& a) {
                "default, 1 MB x s^2; docs/scheduling.md)",
                "BYTES", IntRange::closed(4096, 1 << 30).orOff(0));
   flags.addInt("io-threads", &a.ioThreads,
-               "ZeroMQ I/O threads per emulated Poseidon node (2; the runtime's default is half the host's cores); "
+               "ZeroMQ I/O threads per emulated Poseidon node (2; the runtime's default is half the host's cores over "
+               "its ranks); "
                "CURVE's encryption is charged on them, each connection on one",
                "N", IntRange::closed(1, 64));
 }

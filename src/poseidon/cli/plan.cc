@@ -171,7 +171,7 @@ void refuseOtherModesFlags(const FlagSet& flags, const PlanArgs& a) {
     refuse({"host-cores", "tolerance"}, "is for --check");
     if (sweeping) refuse({"workers", "efficiency"}, "does not apply to --sweep (it gives the worker counts)");
     if (flags.wasSet("groups")) {
-      refuse({"sweep", "systems", "efficiency", "send-window", "wire", "host-copy", "limits", "io-threads"},
+      refuse({"sweep", "systems", "efficiency", "send-window", "wire", "host-copy", "limits"},
              "does not apply to --groups (group mode sends dense fp32 gradients and pulls through the shards)");
     }
     if (a.mergedFc && !flags.wasSet("groups"))

@@ -159,7 +159,7 @@ void addRuntimeFlags(FlagSet& flags, TrainFlags& t) {
                "BYTES", IntRange::closed(0, 1 << 30));
   flags.addInt("io-threads", &t.o.ioThreads,
                "ZeroMQ I/O threads per rank (one per GB/s in or out; with the job secret they also encrypt; 0, the "
-               "default: half this host's cores, 2 to 16)",
+               "default: half this host's cores over its ranks (LOCAL_WORLD_SIZE), 2 to 16)",
                "N", IntRange::closed(0, 64));
   flags.addString("transport-security", &t.o.transportSecurity,
                   "curve (the default: every connection authenticated with the job secret and encrypted) or none "

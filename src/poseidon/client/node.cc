@@ -1,6 +1,7 @@
 #include "poseidon/client/node.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <thread>
 
 #include "poseidon/common/bytes.h"
@@ -12,7 +13,16 @@
 
 namespace poseidon {
 
-int defaultIoThreads() { return std::clamp(static_cast<int>(std::thread::hardware_concurrency() / 2), 2, 16); }
+int defaultIoThreads() {
+  // The ranks on one host share its cores: poseidon launch, train --workers and torchrun say how many.
+  long local = 1;
+  if (const char* e = std::getenv("LOCAL_WORLD_SIZE")) {
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    if (end != e && *end == '\0' && v > 0) local = v;
+  }
+  return static_cast<int>(std::clamp<long>(static_cast<long>(std::thread::hardware_concurrency()) / 2 / local, 2, 16));
+}
 
 namespace {
 NodeOptions resolved(NodeOptions options) {
@@ -34,8 +44,8 @@ void checkOptions(const NodeOptions& options) {
   }
   if (options.timeout.count() <= 0) throw InvalidArgument("the timeout must be positive");
   if (options.ioThreads < 0 || options.ioThreads > 64) {
-    throw InvalidArgument(
-        strCat("ZeroMQ I/O threads must be in [0, 64] (0: half the host's cores), got ", options.ioThreads));
+    throw InvalidArgument(strCat(
+        "ZeroMQ I/O threads must be in [0, 64] (0: half the host's cores per rank on it), got ", options.ioThreads));
   }
   if (options.van.sendWindowBytes > 0 && options.settings.groupMode()) {
     throw InvalidArgument("priority scheduling (a send window) is for BSP jobs; compute groups order their pulls and "

@@ -84,9 +84,9 @@
 
 namespace poseidon {
 
-// ZeroMQ I/O threads when NodeOptions::ioThreads is 0: half this host's cores, at least 2 and at
-// most 16. The planner (docs/planner.md, --limits) shows CURVE on two threads binding an H200 node
-// from ~12 Gbit/s (vgg19, 8 nodes); idle I/O threads cost nothing.
+// ZeroMQ I/O threads when NodeOptions::ioThreads is 0: half this host's cores over the ranks that
+// share it (LOCAL_WORLD_SIZE, when set), at least 2 and at most 16. The planner (docs/planner.md,
+// --limits) shows CURVE on two threads binding an H200 node from ~12 Gbit/s (vgg19, 8 nodes).
 int defaultIoThreads();
 
 struct NodeOptions {

@@ -112,8 +112,8 @@ pt::DistributedOptions optionsFromDict(const py::dict& d) {
   if (o.node.settings.batch < 1) throw InvalidArgument(strCat("batch must be at least 1, got ", o.node.settings.batch));
   if (o.node.timeout.count() < 1) throw InvalidArgument("timeout must be positive");
   if (o.node.ioThreads < 0 || o.node.ioThreads > 64) {
-    throw InvalidArgument(
-        strCat("io_threads must be in [0, 64] (0: half the host's cores, 2 to 16), got ", o.node.ioThreads));
+    throw InvalidArgument(strCat(
+        "io_threads must be in [0, 64] (0: half the host's cores per rank on it, 2 to 16), got ", o.node.ioThreads));
   }
   if (o.node.van.sendWindowBytes != 0 &&
       (o.node.van.sendWindowBytes < 4096 || o.node.van.sendWindowBytes > (1 << 30))) {

@@ -480,40 +480,25 @@ const std::vector<Cost>& allCosts() {
   return all;
 }
 
-bool charges(const Cluster& c, Cost cost) {
+namespace {
+// The cluster's rate (or time) of `cost`: each cost is one number, and 0 leaves it out.
+template <typename C>  // Cluster or const Cluster
+auto& costField(C& c, Cost cost) {
   switch (cost) {
-    case Cost::kCrypto:
-      return c.cryptoBytes > 0;
-    case Cost::kCopies:
-      return c.copyBytes > 0;
-    case Cost::kMessages:
-      return c.messageSeconds > 0;
-    case Cost::kSums:
-      return c.sumBytes > 0;
-    case Cost::kGemm:
-      return c.gemmFlops > 0;
+    case Cost::kCrypto: return c.cryptoBytes;
+    case Cost::kCopies: return c.copyBytes;
+    case Cost::kMessages: return c.messageSeconds;
+    case Cost::kSums: return c.sumBytes;
+    case Cost::kGemm: return c.gemmFlops;
   }
-  return false;
+  throw InvalidArgument("unknown cost");
 }
+}  // namespace
+
+bool charges(const Cluster& c, Cost cost) { return costField(c, cost) > 0; }
 
 Cluster withoutCost(Cluster c, Cost cost) {
-  switch (cost) {
-    case Cost::kCrypto:
-      c.cryptoBytes = 0;
-      break;
-    case Cost::kCopies:
-      c.copyBytes = 0;
-      break;
-    case Cost::kMessages:
-      c.messageSeconds = 0;
-      break;
-    case Cost::kSums:
-      c.sumBytes = 0;
-      break;
-    case Cost::kGemm:
-      c.gemmFlops = 0;
-      break;
-  }
+  costField(c, cost) = 0;
   return c;
 }
 

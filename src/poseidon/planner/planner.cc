@@ -485,11 +485,16 @@ namespace {
 template <typename C>  // Cluster or const Cluster
 auto& costField(C& c, Cost cost) {
   switch (cost) {
-    case Cost::kCrypto: return c.cryptoBytes;
-    case Cost::kCopies: return c.copyBytes;
-    case Cost::kMessages: return c.messageSeconds;
-    case Cost::kSums: return c.sumBytes;
-    case Cost::kGemm: return c.gemmFlops;
+    case Cost::kCrypto:
+      return c.cryptoBytes;
+    case Cost::kCopies:
+      return c.copyBytes;
+    case Cost::kMessages:
+      return c.messageSeconds;
+    case Cost::kSums:
+      return c.sumBytes;
+    case Cost::kGemm:
+      return c.gemmFlops;
   }
   throw InvalidArgument("unknown cost");
 }

@@ -33,6 +33,7 @@
 #include "poseidon/client/node.h"
 #include "poseidon/common/error.h"
 #include "poseidon/common/trace.h"
+#include "poseidon/core/kv_layout.h"
 #include "poseidon/launch/env.h"
 #include "poseidon/launch/launcher.h"
 #include "poseidon/launch/process.h"
@@ -55,6 +56,7 @@ struct BenchArgs {
   double scale = 0.1, latencyMs = 0;
   int iterations = 8, warmup = 3, timeoutS = 150, retries = 1, repeat = 1, rcvbuf = 0, sendWindow = 0;
   int ioThreads = bench::kBenchIoThreads;
+  int64_t pairBytes = kDefaultPairBytes;
   bool quick = false, keep = false, accuracyMode = false;
 };
 
@@ -108,6 +110,10 @@ void addRuntimeFlags(FlagSet& flags, BenchArgs& a) {
                "the poseidon-overlap systems' kernel send window per connection, bytes at width s (0: their "
                "default, 1 MB x s^2; docs/scheduling.md)",
                "BYTES", IntRange::closed(4096, 1 << 30).orOff(0));
+  flags.addInt64("pair-bytes", &a.pairBytes,
+                 "Poseidon's KV pair size at full width, bytes (train --pair-bytes); each rank gets it x s^2, at "
+                 "least 4096",
+                 "BYTES", IntRange::closed(4, 1 << 30));
   flags.addInt("io-threads", &a.ioThreads,
                "ZeroMQ I/O threads per emulated Poseidon node (2; the runtime's default is half the host's cores over "
                "its ranks); "
@@ -215,6 +221,7 @@ nlohmann::json benchConfig(const BenchArgs& a, const BenchPlan& p, const std::ve
                            {"tcp_rcvbuf", a.rcvbuf},
                            {"io_threads", a.ioThreads},
                            {"send_window", a.sendWindow},
+                           {"pair_bytes", a.pairBytes},  // full width
                            // every emulated node ran here: what the planner's --check needs to know
                            {"host_cores", std::max(1u, std::thread::hardware_concurrency())}};
   nlohmann::json devicesJson = nlohmann::json::array();
@@ -397,6 +404,7 @@ int benchCommand(const std::vector<std::string>& args) {
   h.rcvbuf = a.rcvbuf;
   h.sendWindow = a.sendWindow;
   h.ioThreads = a.ioThreads;
+  h.pairBytes = a.pairBytes;
   if (!a.traceDir.empty()) {
     fs::create_directories(a.traceDir);
     h.traceDir = fs::absolute(a.traceDir).string();

@@ -33,6 +33,7 @@
 #include "poseidon/client/node.h"
 #include "poseidon/common/error.h"
 #include "poseidon/common/trace.h"
+#include "poseidon/core/kv_layout.h"
 #include "poseidon/launch/env.h"
 #include "poseidon/launch/launcher.h"
 #include "poseidon/launch/process.h"
@@ -75,6 +76,7 @@ struct Harness {
   int rcvbuf = 0;                           // --tcp-rcvbuf, for Poseidon's ranks
   int sendWindow = 0;                       // --send-window, for the poseidon-overlap systems (0: their default)
   int ioThreads = bench::kBenchIoThreads;   // --io-threads, for Poseidon's ranks
+  int64_t pairBytes = kDefaultPairBytes;    // --pair-bytes at full width, for Poseidon's ranks (x s^2)
   int repeat = 1;
   unsigned hostCores = std::max(1u, std::thread::hardware_concurrency());
   std::vector<std::string> devices{"none"};  // the first is the plain system name's
@@ -211,6 +213,7 @@ struct Harness {
           so.argv.insert(so.argv.end(), {"--send-window", std::to_string(sendWindow)});
         }
         so.argv.insert(so.argv.end(), {"--io-threads", std::to_string(ioThreads)});
+        so.argv.insert(so.argv.end(), {"--pair-bytes", std::to_string(scaledPairBytes(pairBytes, scale))});
       }
       ranks.push_back(std::move(so));
     }

@@ -26,6 +26,7 @@
 #include "poseidon/common/error.h"
 #include "poseidon/common/log.h"
 #include "poseidon/common/trace.h"
+#include "poseidon/core/kv_layout.h"
 #include "poseidon/launch/env.h"
 
 namespace poseidon::cli {
@@ -168,8 +169,7 @@ NodeOptions workerNodeOptions(const WorkerArgs& a, const RankEnv& env, const ben
   o.timeout = std::chrono::milliseconds(a.timeoutMs);
   o.settings.batch = em.batch;
   // The paper's 2 MB pairs at full width; the same number of pairs per layer at scale s.
-  o.settings.pairBytes =
-      pairBytesSet ? a.pairBytes : std::max<int64_t>(4096, std::llround(2.0 * 1024 * 1024 * a.scale * a.scale));
+  o.settings.pairBytes = pairBytesSet ? a.pairBytes : scaledPairBytes(kDefaultPairBytes, a.scale);
   o.secret = jobSecretFromEnvironment();
   o.van.receiveBufferBytes = a.rcvbuf;
   o.ioThreads = a.ioThreads;

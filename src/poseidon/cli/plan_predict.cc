@@ -411,6 +411,8 @@ Cluster runCluster(const Cluster& calibration, const nlohmann::json& config, int
   c.wire = wire;
   const double window = config.value("send_window", 0.0);
   if (window > 0) c.sendWindowBytes = window / (scale * scale);
+  // bench --pair-bytes (full width, as the planner's); files without it ran the default
+  c.pairBytes = config.value("pair_bytes", c.pairBytes);
   c.cryptoLanes = config.value("io_threads", 2);
   c.cryptoBytes = c.gemmFlops = c.sumBytes = 0;
   c.timedSchemes = false;

@@ -1,10 +1,15 @@
 #include "poseidon/core/kv_layout.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "poseidon/common/error.h"
 
 namespace poseidon {
+
+int64_t scaledPairBytes(int64_t fullWidthBytes, double scale) {
+  return std::max<int64_t>(4096, std::llround(static_cast<double>(fullWidthBytes) * scale * scale));
+}
 
 KvLayout::KvLayout(const ModelDesc& model, int shards, int64_t pairBytes) : shards_(shards) {
   if (shards < 1) throw InvalidArgument(strCat("the KV store needs at least one shard, got ", shards));

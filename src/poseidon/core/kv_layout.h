@@ -19,6 +19,10 @@ namespace poseidon {
 constexpr int64_t kDefaultPairBytes = 2 * 1024 * 1024;
 constexpr int64_t kMaxPairs = int64_t{1} << 22;
 
+// The pair size a model built at width scale s uses for `fullWidthBytes` at full width: x s^2, so each
+// layer keeps its number of pairs (the bench's scaling rule), and at least 4096 bytes.
+int64_t scaledPairBytes(int64_t fullWidthBytes, double scale);
+
 struct KvPair {
   int layer = 0;
   int index = 0;        // pair index within the layer

@@ -96,6 +96,26 @@ TEST(Planner, ComputeGroupsStepAsynchronously) {
   EXPECT_ERROR_CONTAINS(predictGroups(w, plain(4, R), 3), InvalidArgument, "3 compute groups do not divide 4 workers");
 }
 
+// Omnivore's one model server (Cluster::servers = 1, train --servers 1): two workers, one conv layer
+// in two pairs of B / 2 bytes. On both nodes' shards, a group of two pulls and pushes half the layer
+// over each node's link at once: C + B / R a step. On node 0's shard alone, worker 1 pulls and pushes
+// the whole layer over its links, C + 2 B / R: the congestion that makes one synchronous group slow.
+// Two groups of one: worker 0's pulls and pushes are local, it never waits.
+TEST(Planner, OneModelServerCarriesTheWholeModel) {
+  const LayerSpec conv = LayerSpec::conv("c", 100, 10, 5, 5, /*bias=*/false);  // 25,000 floats
+  const Workload w = workload({conv}, {0.1}, {0.2});
+  const double R = 1e6, B = 4 * 25000, C = 0.3;
+  Cluster c = plain(2, R);
+  c.pairBytes = 50000;
+  EXPECT_NEAR(predictGroups(w, c, 1).stepSeconds, C + B / R, 1e-9);
+  c.servers = 1;
+  EXPECT_NEAR(predictGroups(w, c, 1).stepSeconds, C + 2 * B / R, 1e-9);
+  const GroupPrediction two = predictGroups(w, c, 2);
+  EXPECT_NEAR(two.samplesPerSecond, 4 / C + 4 / (C + 2 * B / R), 1e-6);  // batch 4
+  c.servers = 3;
+  EXPECT_ERROR_CONTAINS(predictGroups(w, c, 1), InvalidArgument, "shards are nodes: 3 servers for 2 workers");
+}
+
 // Merged FC: the top FC layer runs on the FC server (node 0). With one group of two, a round is the
 // conv model's pull, its forward, worker 1's activations to node 0 (A bytes; node 0's own go
 // locally), the server's k x batch rows, the gradient back (A), the backward and the conv push.

@@ -156,9 +156,8 @@ TEST(CliFlags, PlanPredictsSweepsAndChecksAResultsFile) {
   expectRejected({{"plan", "--sweep", "2,4", "--workers", "8"},
                   "--workers does not apply to --sweep (it gives the worker counts)"});
   expectRejected({{"plan", "--predict", "--workers", "5000"}, "--predict models at most 4096 workers, got 5000"});
-  expectRejected({{"plan", "--predict", "--servers", "2"},
-                  "--servers is for the cost table; the planner models every node as a worker and a server shard, "
-                  "BestScheme's choice, at full width"});
+  expectRejected({{"plan", "--predict", "--scheme", "ps"},
+                  "--scheme is for the cost table; the planner models BestScheme's choice at full width"});
   expectRejected({{"plan", "--predict", "--model", "lenet"},
                   "--predict needs the model's compute time: 'lenet' has no single-GPU timing (those with one: "
                   "vgg19, vgg19-22k, googlenet, inception-v3, resnet-152, alexnet); give --compute-seconds T, one "
@@ -194,8 +193,11 @@ TEST(CliFlags, PlanSaysWhereTheRuntimesOwnCostsBind) {
   const nlohmann::json plain = planJson({"--predict", "--model", "vgg19", "--workers", "8", "--rate", "10", "--systems",
                                          "poseidon", "--limits", "--crypto", "0"});
   EXPECT_DOUBLE_EQ(plain["copy_gbytes_per_s"].get<double>(), 0);
-  for (const auto& row : plain["limits"])
-    if (row["cost"] == "CURVE encryption" || row["cost"] == "host copies") EXPECT_EQ(row["charged"], false) << row;
+  for (const auto& row : plain["limits"]) {
+    if (row["cost"] == "CURVE encryption" || row["cost"] == "host copies") {
+      EXPECT_EQ(row["charged"], false) << row;
+    }
+  }
   expectRejected({{"plan", "--predict", "--io-threads", "0"}, "--io-threads must be in [1, 64], got 0"});
 }
 
@@ -221,6 +223,16 @@ TEST(CliFlags, PlanModelsComputeGroupsAndChecksTimeToAccuracyFiles) {
                      g1["samples_per_second"].get<double>() / row["samples_per_second"].get<double>());
   }
   EXPECT_EQ(groups["groups"][2]["group_size"], 1);
+
+  // One model server (train --servers 1, Omnivore's): every pull and push goes through node 0's link, so one
+  // synchronous group is slower than over every node's shard, and asynchrony wins more (HE(8) lower).
+  const nlohmann::json oneServer =
+      planJson({"--predict", "--model", "lenet", "--compute-seconds", "0.3", "--batch", "32", "--workers", "8",
+                "--rate", "0.03", "--pair-bytes", "65536", "--groups", "1,2,8", "--servers", "1"});
+  EXPECT_EQ(oneServer["servers"], 1);
+  EXPECT_EQ(groups["servers"], 8);
+  EXPECT_GT(oneServer["groups"][0]["step_seconds"].get<double>(), groups["groups"][0]["step_seconds"].get<double>());
+  EXPECT_LT(oneServer["groups"][2]["he_ratio"].get<double>(), groups["groups"][2]["he_ratio"].get<double>());
 
   // Merged FC: LeNet's ip1 and ip2 on one FC server, 800 floats of activations a sample each way instead of
   // their 405,510 parameters through the shards: every g steps faster at 30 Mbit/s, and the server's load
@@ -266,6 +278,15 @@ TEST(CliFlags, PlanModelsComputeGroupsAndChecksTimeToAccuracyFiles) {
   // The merged run moves activations instead of the FC layers' parameters: predicted faster than g2.
   EXPECT_EQ(check["rows"][2]["system"], "g2fc");
   EXPECT_LT(check["rows"][2]["predicted_seconds"].get<double>(), check["rows"][0]["predicted_seconds"].get<double>());
+  // With one server the file's mean-rate step (every worker's, bench --accuracy --servers) is what is checked.
+  nlohmann::json oneShard = config, g2rate = g2;
+  oneShard["servers"] = 1;
+  g2rate["mean_rate_seconds_per_step"] = 1.2;
+  std::ofstream(dir + "/one.json") << nlohmann::json{{"config", oneShard}, {"runs", {g2rate}}}.dump();
+  const nlohmann::json one = planJson({"--check", dir + "/one.json", "--host-cores", "2"});
+  ASSERT_EQ(one["rows"].size(), 1u);
+  EXPECT_DOUBLE_EQ(one["rows"][0]["measured_seconds"].get<double>(), 1.2);
+  EXPECT_GT(one["rows"][0]["predicted_seconds"].get<double>(), check["rows"][0]["predicted_seconds"].get<double>());
   nlohmann::json jittered = config;
   jittered["pad_jitter_ms"] = 300.0;
   std::ofstream(dir + "/jitter.json") << nlohmann::json{{"config", jittered}, {"runs", {g2}}}.dump();
@@ -283,6 +304,13 @@ TEST(CliFlags, PlanModelsComputeGroupsAndChecksTimeToAccuracyFiles) {
   expectRejected({{"plan", "--groups", "2"}, "--groups is for the planner (--predict, --sweep or --check)"});
   expectRejected({{"plan", "--predict", "--merged-fc"}, "--merged-fc is a compute-group mode: it needs --groups"});
   expectRejected({{"plan", "--merged-fc"}, "--merged-fc is for the planner (--predict, --sweep or --check)"});
+  expectRejected({{"plan", "--predict", "--servers", "2"},
+                  "--servers is for the cost table and --groups; the planner's other systems have every node a worker "
+                  "and a server shard"});
+  expectRejected({{"plan", "--predict", "--groups", "1", "--workers", "8", "--servers", "9"},
+                  "--servers 9 exceeds --workers 8 (shards are nodes)"});
+  expectRejected(
+      {{"bench", "--accuracy", "--nodes", "4", "--servers", "5"}, "--servers 5 exceeds --nodes 4 (shards are nodes)"});
 }
 
 TEST(CliFlags, TuneRejectsInconsistentBudgets) {
@@ -337,6 +365,7 @@ TEST(CliFlags, BenchRejectsOutOfRangeValues) {
                   "--report-from: cannot read /nonexistent/r.json"});
   expectRejected({{"bench", "--report-from", "/dev/null"}, "--report-from needs --markdown or --plots"});
   expectRejected({{"bench", "--io-threads", "0"}, "--io-threads must be in [1, 64], got 0"});
+  expectRejected({{"bench", "--pair-bytes", "2"}, "--pair-bytes must be in [4, 1073741824], got 2"});
   expectRejected({{"bench", "--systems", "poseidon,poseidon-overlap", "--warmup", "0"},
                   "poseidon-overlap needs --warmup 1 or more (each iteration carries the one before's tail)"});
   expectRejected({{"bench", "--systems", "poseidon-overlap-bf16", "--warmup", "0"},
@@ -350,6 +379,47 @@ TEST(CliFlags, BenchRejectsOutOfRangeValues) {
       {{"bench", "--systems", "poseidon-nocurve-bf16"}, "unknown system 'poseidon-nocurve-bf16' (-nocurve goes last)"});
   expectRejected(
       {{"bench", "--systems", "adam-bf16"}, "unknown system 'adam-bf16' (the adam baseline has no 16-bit wire)"});
+}
+
+// --report-from rewrites a `bench --accuracy` file's tables too: with one model server (--servers 1) the
+// groups' mean-rate step (every worker's) stands beside rank 0's, and the table says where the shards were.
+TEST(CliFlags, BenchRewritesAnAccuracyReport) {
+  std::string dir = testing::makeTempDir("accreport");
+  const nlohmann::json config{{"command", "poseidon bench --accuracy --servers 1"},
+                              {"nodes", 8},
+                              {"batch", 32},
+                              {"pad_ms", 300.0},
+                              {"pad_jitter_ms", 0.0},
+                              {"steps", 20},
+                              {"curve_every", 20},
+                              {"target_accuracy", 0.8},
+                              {"target_loss", 0.6},
+                              {"rates_mbit", {30.0}},
+                              {"servers", 1}};
+  const nlohmann::json run{{"system", "g8"},
+                           {"groups", 8},
+                           {"lr", 0.005},
+                           {"momentum", 0.6},
+                           {"mbit", 30.0},
+                           {"ok", true},
+                           {"seconds_per_step", 0.34},
+                           {"mean_rate_seconds_per_step", 1.755},
+                           {"time_to_accuracy_s", -1.0},
+                           {"steps_to_accuracy", -1},
+                           {"time_to_loss_s", -1.0},
+                           {"steps_to_loss", -1},
+                           {"final_test_accuracy", 0.428},
+                           {"pad_overruns", 1.0}};
+  std::ofstream(dir + "/acc.json") << nlohmann::json{{"config", config}, {"runs", {run}}}.dump();
+  std::vector<testing::Proc> procs{testing::spawn(
+      {POSEIDON_CLI, "bench", "--report-from", dir + "/acc.json", "--markdown", dir + "/acc.md"}, {}, dir + "/cli")};
+  testing::waitAll(procs, std::chrono::seconds(30));
+  ASSERT_EQ(procs[0].exitCode(), 0) << procs[0].stderrText();
+  std::ifstream in(dir + "/acc.md");
+  const std::string md((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(md, HasSubstr("Poseidon's shards on nodes 0..0 only (`--servers 1`"));
+  EXPECT_THAT(md, HasSubstr("| g8 | 0.005 | 0.6 | 0.340 | 1.755 | - | - | - | - | 42.8% | 1 | - | - |"));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(CliFlags, TrainRejectsOutOfRangeNetworkKnobs) {

@@ -58,6 +58,40 @@ TEST(ComputeGroups, OneGroupGivesTheBspParametersBitForBit) {
   }
 }
 
+TEST(ComputeGroups, OneModelServerGivesTheSameParametersAndCarriesEveryPushAndPull) {
+  TempDir dir;
+  // --servers 1: the whole model on rank 0's shard (Omnivore's one model server); the other ranks
+  // are workers only. Where the shards live changes no arithmetic: one group gives the parameters of
+  // one group over every rank's shard, bit for bit.
+  auto spread = testing::runCli(job({"--max-steps", "20", "--groups", "1", "--save-params", dir.path + "/spread.bin"}),
+                                dir.path + "/spread");
+  ASSERT_EQ(spread.exitCode(), 0) << spread.stderrText();
+  auto one = testing::runCli(job({"--max-steps", "20", "--groups", "1", "--servers", "1", "--save-params",
+                                  dir.path + "/one.bin", "--summary", dir.path + "/one.json"}),
+                             dir.path + "/one");
+  ASSERT_EQ(one.exitCode(), 0) << one.stderrText();
+  auto a = readFloats(dir.path + "/spread.bin"), b = readFloats(dir.path + "/one.bin");
+  ASSERT_EQ(a.size(), 431080u);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(testing::countDiffering(a, b), 0u) << "of " << a.size() << " parameters";
+  auto s = summaryOf(dir.path + "/one.json");
+  // Table 1 with P1 = 4, P2 = 1: three worker-only ranks move 2 MN each, rank 0 2 MN (P1 + P2 - 2) / P2 =
+  // 6 MN; every byte sent is received once, so moved = 2 x sent (frame headers on top).
+  const double sent = s["bytes_sent_by_scheme"]["ps"], predicted = s["predicted_bytes_by_scheme"]["ps"];
+  EXPECT_NEAR(2 * sent / predicted, 1.0, 0.05) << s["bytes_sent_by_scheme"] << s["predicted_bytes_by_scheme"];
+  // Every rank's clock and steps, for the rate through all workers (bench --accuracy's mean-rate step).
+  ASSERT_EQ(s["steps_per_rank"].size(), 4u);
+  ASSERT_EQ(s["train_clock_seconds_per_rank"].size(), 4u);
+  for (size_t r = 0; r < 4; ++r) {
+    EXPECT_EQ(s["steps_per_rank"][r].get<double>(), 20) << r;
+    EXPECT_GT(s["train_clock_seconds_per_rank"][r].get<double>(), 0) << r;
+  }
+  EXPECT_EQ(s["train_clock_seconds_per_rank"][0], s["train_clock_seconds"]);
+  auto tooMany = testing::runCli(job({"--max-steps", "1", "--servers", "5"}), dir.path + "/five");
+  EXPECT_NE(tooMany.exitCode(), 0);
+  EXPECT_THAT(tooMany.stderrText(), HasSubstr("--servers 5 exceeds the job's 4 ranks (each shard is a rank)"));
+}
+
 TEST(ComputeGroups, EveryWorkerItsOwnGroupRunsAsynchronouslyWithItsStalenessReported) {
   TempDir dir;
   // Four asynchronous groups carry an implicit momentum of about 1 - 1/4 (Omnivore, Sec. 4); on top

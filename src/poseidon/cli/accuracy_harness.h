@@ -37,6 +37,9 @@ struct AccuracyRun {
   std::string error;
   nlohmann::json summary;  // rank 0's
   double secondsPerStep = 0, finalAccuracy = 0, overruns = 0, maxComputeMs = 0;
+  // Every worker's step at the rate through all of them: workers / sum of each one's steps per second
+  // (compute groups step at their own paces; rank 0's clock alone misses the others). 0: not reported.
+  double meanRateSecondsPerStep = 0;
   // Time (training clock) and steps at the first curve point that reached the target; -1: never.
   double accuracySeconds = -1, lossSeconds = -1;
   int64_t accuracySteps = -1, lossSteps = -1;
@@ -59,6 +62,7 @@ struct AccuracyHarness {
   std::string exe, ddpScript, work, dataDir;
   bench::EmulatedCluster* cluster = nullptr;
   int nodes = 8, steps = 200, curveEvery = 10, timeoutS = 1800;
+  int servers = 0;  // --servers: Poseidon's shards on nodes 0..servers-1 only (0: every node)
   int64_t batch = 32, pairBytes = 64 * 1024;
   double padMs = 300, padJitterMs = 0, targetAccuracy = 0.8, targetLoss = 0.6;
   uint64_t seed = 1;

@@ -110,6 +110,7 @@ nlohmann::json AccuracyRun::toJson() const {
     return j;
   }
   j["seconds_per_step"] = secondsPerStep;
+  if (meanRateSecondsPerStep > 0) j["mean_rate_seconds_per_step"] = meanRateSecondsPerStep;
   j["final_test_accuracy"] = finalAccuracy;
   j["diverged_at_step"] = divergedAt >= 0 ? nlohmann::json(divergedAt) : nlohmann::json(nullptr);
   j["pad_overruns"] = overruns;
@@ -142,6 +143,7 @@ nlohmann::json AccuracyHarness::config(const std::string& command, const std::ve
           {"batch", batch},
           {"pad_ms", padMs},
           {"pair_bytes", pairBytes},
+          {"servers", servers},
           {"io_threads", bench::kBenchIoThreads},
           {"host_cores", static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))},
           {"target_accuracy", targetAccuracy},
@@ -193,6 +195,7 @@ AccuracyRun AccuracyHarness::run(const AccuracySystem& sys, const RunExtras& ext
            "--warmup-steps", "0", "--allow-divergence", "--summary", base + ".json"});
       if (sys.groups > 0) so.argv.insert(so.argv.end(), {"--groups", std::to_string(sys.groups)});
       if (sys.mergedFc) so.argv.push_back("--merged-fc");
+      if (servers > 0) so.argv.insert(so.argv.end(), {"--servers", std::to_string(servers)});
       if (sys.overlapForward) so.argv.push_back("--overlap-forward");
       if (sys.sendWindow > 0) so.argv.insert(so.argv.end(), {"--send-window", std::to_string(sys.sendWindow)});
       so.argv.insert(so.argv.end(), data.begin(), data.end());
@@ -232,6 +235,14 @@ void AccuracyHarness::read(AccuracyRun& r, int startStep) const {
   if (curve.empty()) throw Error("no curve points");
   r.secondsPerStep = s.at("train_clock_seconds").get<double>() / (curve.back().at("step").get<double>() - startStep);
   r.finalAccuracy = number(curve.back(), "test_accuracy");
+  if (s.contains("train_clock_seconds_per_rank") && s.contains("steps_per_rank")) {
+    const auto clocks = s["train_clock_seconds_per_rank"].get<std::vector<double>>();
+    const auto steps = s["steps_per_rank"].get<std::vector<double>>();
+    double stepsPerSecond = 0;
+    for (size_t i = 0; i < clocks.size() && i < steps.size(); ++i)
+      if (clocks[i] > 0) stepsPerSecond += steps[i] / clocks[i];
+    if (stepsPerSecond > 0) r.meanRateSecondsPerStep = static_cast<double>(clocks.size()) / stepsPerSecond;
+  }
   const auto diverged = s.value("diverged_at_step", nlohmann::json());
   r.divergedAt = diverged.is_number() ? diverged.get<int64_t>() : -1;
   for (double o : s.at("pad_overruns_per_rank").get<std::vector<double>>()) r.overruns += o;
@@ -290,11 +301,18 @@ void writeMarkdown(const std::string& path, const nlohmann::json& result) {
              : std::string())
      << ", " << c["steps"] << " steps per run; targets: test accuracy " << 100 * c["target_accuracy"].get<double>()
      << "%, training loss " << c["target_loss"] << " (rank 0's mean loss over the " << c["curve_every"]
-     << " steps before a curve point). Times are the training clock of rank 0 (seconds in training steps).\n\n";
+     << " steps before a curve point). Times are the training clock of rank 0 (seconds in training steps); *all "
+        "workers* is every worker's step at the rate through all of them (compute groups step at their own "
+        "paces).";
+  if (c.value("servers", 0) > 0)
+    md << " Poseidon's shards on nodes 0.." << c["servers"].get<int>() - 1 << " only (`--servers "
+       << c["servers"].get<int>() << "`; 1 is Omnivore's one model server).";
+  md << "\n\n";
   for (double rate : c["rates_mbit"].get<std::vector<double>>()) {
     md << "## " << rate << " Mbit/s\n\n"
-       << "| system | lr | momentum | s/step | time to acc. | steps | time to loss | steps | final acc. | overruns | "
-          "vs ddp (acc.) | vs bsp (acc.) |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+       << "| system | lr | momentum | s/step | all workers | time to acc. | steps | time to loss | steps | final acc. "
+          "| "
+          "overruns | vs ddp (acc.) | vs bsp (acc.) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     double ddp = -1, bsp = -1;
     for (const auto& r : result["runs"]) {
       if (r["mbit"].get<double>() != rate || !r["ok"].get<bool>()) continue;
@@ -305,20 +323,21 @@ void writeMarkdown(const std::string& path, const nlohmann::json& result) {
       if (r["mbit"].get<double>() != rate) continue;
       md << "| " << r["system"].get<std::string>() << " | " << r["lr"] << " | " << r["momentum"] << " | ";
       if (!r["ok"].get<bool>()) {
-        md << "failed: " << r["error"].get<std::string>() << " |||||||||\n";
+        md << "failed: " << r["error"].get<std::string>() << " ||||||||||\n";
         continue;
       }
       double t = r["time_to_accuracy_s"].get<double>();
-      md << cell(r["seconds_per_step"].get<double>(), "%.3f") << " | " << cell(t, "%.1f s") << " | "
+      md << cell(r["seconds_per_step"].get<double>(), "%.3f") << " | "
+         << cell(r.value("mean_rate_seconds_per_step", -1.0), "%.3f") << " | " << cell(t, "%.1f s") << " | "
          << cell(static_cast<double>(r["steps_to_accuracy"].get<int64_t>()), "%.0f") << " | "
          << cell(r["time_to_loss_s"].get<double>(), "%.1f s") << " | "
          << cell(static_cast<double>(r["steps_to_loss"].get<int64_t>()), "%.0f") << " | "
          << (r.value("diverged_at_step", nlohmann::json()).is_number()
                  ? strCat("diverged at step ", r["diverged_at_step"].get<int64_t>())
                  : cell(finiteOr(r["final_test_accuracy"], -0.01) * 100, "%.1f%%"))
-         << " | "
-         << cell(r["pad_overruns"].get<double>(), "%.0f") << " | " << (t > 0 && ddp > 0 ? cell(ddp / t, "%.2fx") : "-")
-         << " | " << (t > 0 && bsp > 0 ? cell(bsp / t, "%.2fx") : "-") << " |\n";
+         << " | " << cell(r["pad_overruns"].get<double>(), "%.0f") << " | "
+         << (t > 0 && ddp > 0 ? cell(ddp / t, "%.2fx") : "-") << " | "
+         << (t > 0 && bsp > 0 ? cell(bsp / t, "%.2fx") : "-") << " |\n";
     }
     md << "\n";
   }
@@ -382,6 +401,10 @@ void addAccuracyFlags(FlagSet& flags, AccuracyArgs& a) {
   flags.addInt64("pair-bytes", &a.h.pairBytes,
                  "Poseidon's KV pair size (in one 2 MB pair LeNet's ip1, 1.6 MB, would sit on one shard)", "BYTES",
                  IntRange::closed(kMinPairBytes, kMaxPairBytes));
+  flags.addInt("servers", &a.h.servers,
+               "Poseidon's shards on nodes 0..N-1 only, the rest workers only (1: the whole model on one server, "
+               "Omnivore's setting and its k-fold congestion; 0: every node a shard)",
+               "N", IntRange::closed(0, 64));
   flags.addDouble("pad-jitter-ms", &a.h.padJitterMs,
                   "add to each step's pad an exponential wait of this mean (per rank): varying step times, "
                   "stragglers, Theorem 1's assumption",
@@ -406,6 +429,8 @@ void addAccuracyFlags(FlagSet& flags, AccuracyArgs& a) {
 
 // --systems with their default hyperparameters, and --hyper's overrides.
 std::vector<AccuracySystem> accuracySystems(const AccuracyArgs& a) {
+  if (a.h.servers > a.h.nodes)
+    throw InvalidArgument(strCat("--servers ", a.h.servers, " exceeds --nodes ", a.h.nodes, " (shards are nodes)"));
   std::vector<AccuracySystem> systems;
   for (const auto& s : splitList(a.systemsFlag)) systems.push_back(defaultAccuracySystem(s, a.h.nodes));
   for (const auto& item : splitList(a.hyperFlag)) {
@@ -446,6 +471,11 @@ nlohmann::json runAccuracy(AccuracyHarness& h, const std::vector<AccuracySystem>
 }
 
 }  // namespace
+
+void writeAccuracyReport(const nlohmann::json& result, const std::string& mdPath, const std::string& plotDir) {
+  if (!mdPath.empty()) writeMarkdown(mdPath, result);
+  if (!plotDir.empty()) writePlots(plotDir, result);
+}
 
 int benchAccuracyCommand(const std::vector<std::string>& args) {
   AccuracyArgs a;

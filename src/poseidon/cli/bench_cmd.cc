@@ -130,8 +130,10 @@ void addOutputFlags(FlagSet& flags, BenchArgs& a) {
 
 // Reports from an earlier run, traces, the DDP script, the logs.
 void addReportFlags(FlagSet& flags, BenchArgs& a) {
-  flags.addString("report-from", &a.reportFrom,
-                  "run nothing: write --markdown and --plots from the results JSON of an earlier run", "FILE");
+  flags.addString(
+      "report-from", &a.reportFrom,
+      "run nothing: write --markdown and --plots from the results JSON of an earlier run (bench --accuracy's too)",
+      "FILE");
   flags.addString("trace", &a.traceDir,
                   "write one Chrome trace per Poseidon run into DIR (every rank: emulated compute, each layer's "
                   "send and receive, the wait for the sync; chrome://tracing or Perfetto)",
@@ -153,6 +155,10 @@ int reportFromFile(const BenchArgs& a) {
   }
   if (!result.contains("config") || !result.contains("runs"))
     throw InvalidArgument(a.reportFrom + " is not a results JSON of poseidon bench (no config or runs)");
+  if (result["config"].contains("pad_ms")) {  // a `bench --accuracy` file
+    writeAccuracyReport(result, a.mdPath, a.plotDir);
+    return 0;
+  }
   if (!a.mdPath.empty()) bench::writeMarkdown(a.mdPath, result);
   if (!a.plotDir.empty()) bench::writePlots(a.plotDir, result);
   return 0;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -32,5 +33,8 @@ std::string startEmulatedRuns(const std::string& prefix);
 std::string commandLine(const std::string& command, const std::vector<std::string>& args);
 // poseidon bench --accuracy.
 int benchAccuracyCommand(const std::vector<std::string>& args);
+// A `bench --accuracy` results file's tables (mdPath) and curves (plotDir), either may be empty
+// (poseidon bench --report-from).
+void writeAccuracyReport(const nlohmann::json& result, const std::string& mdPath, const std::string& plotDir);
 
 }  // namespace poseidon::cli

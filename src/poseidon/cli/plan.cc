@@ -73,8 +73,10 @@ struct PlanArgs {
 void addCostTableFlags(FlagSet& flags, PlanArgs& a) {
   flags.addString("model", &a.model, "zoo model name or path to a JSON layer table", "NAME|FILE");
   flags.addInt("workers", &a.workers, "P1, the number of workers", "P1", IntRange::closed(1, kMaxRanks));
-  flags.addInt("servers", &a.servers, "P2, the number of server shards (default: P1, every node is both)", "P2",
-               IntRange::closed(1, kMaxRanks));
+  flags.addInt("servers", &a.servers,
+               "P2, the number of server shards (default: P1, every node is both); with --groups, the shards on nodes "
+               "0..P2-1 only (poseidon train --servers; 1: Omnivore's one model server)",
+               "P2", IntRange::closed(1, kMaxRanks));
   flags.addInt64("batch", &a.batch, "K, the per-worker batch (default: the model's batch in the paper)", "K",
                  IntRange::closed(1, kMaxBatch));
   flags.addInt64("pair-bytes", &a.pairBytes, "KV pair size in bytes", "BYTES",
@@ -165,9 +167,11 @@ void refuseOtherModesFlags(const FlagSet& flags, const PlanArgs& a) {
             "gemm-tflops", "send-window", "host-copy",  "limits",      "io-threads"},
            "does not apply to --check: each run's model, cluster and rates come from the results file");
   } else if (predicting) {
-    refuse({"servers", "scheme", "width-scale"},
-           "is for the cost table; the planner models every node as a worker and a server shard, BestScheme's "
-           "choice, at full width");
+    refuse({"scheme", "width-scale"}, "is for the cost table; the planner models BestScheme's choice at full width");
+    if (!flags.wasSet("groups"))
+      refuse({"servers"},
+             "is for the cost table and --groups; the planner's other systems have every node a worker and a "
+             "server shard");
     refuse({"host-cores", "tolerance"}, "is for --check");
     if (sweeping) refuse({"workers", "efficiency"}, "does not apply to --sweep (it gives the worker counts)");
     if (flags.wasSet("groups")) {
@@ -231,6 +235,11 @@ PredictRequest predictRequest(const FlagSet& flags, const PlanArgs& a) {
       flags.wasSet("host-copy") ? a.copyGBps * 1e9 : (a.compute != "titanx" ? planner::kH200PinnedCopyBytes : 0.0);
   r.limits = a.limits;
   r.cluster.pairBytes = a.pairBytes;
+  if (a.serversSet) {
+    if (a.servers > a.workers)
+      throw InvalidArgument(strCat("--servers ", a.servers, " exceeds --workers ", a.workers, " (shards are nodes)"));
+    r.cluster.servers = a.servers;
+  }
   r.cluster.wire = parseWirePrecision(a.wire);
   return r;
 }

@@ -167,6 +167,10 @@ void addRuntimeFlags(FlagSet& flags, TrainFlags& t) {
                   "MODE");
   flags.addInt64("pair-bytes", &t.pairBytes, "KV pair size of the parameter server", "BYTES",
                  IntRange::closed(kMinPairBytes, kMaxPairBytes));
+  flags.addInt("servers", &t.o.servers,
+               "only ranks 0..N-1 hold the parameter server's shards, the rest are workers only (--servers 1: the "
+               "whole model on rank 0, Omnivore's one model server; 0, the default: every rank holds a shard)",
+               "N", IntRange::closed(0, 65536));
   flags.addString("bind", &t.o.bindHost,
                   "interface address for this rank's data endpoint (default: the route to MASTER_ADDR)", "ADDR");
   flags.addInt("drop-stragglers", &t.o.dropStragglers,

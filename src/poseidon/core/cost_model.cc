@@ -17,6 +17,12 @@ double psCostBoth(const CostInputs& c) {
   return 2.0 * mn(c) * (c.workers + c.servers - 2) / c.servers;
 }
 
+double psCostNode(const CostInputs& c, bool worker, bool server) {
+  if (worker && server) return psCostBoth(c);
+  if (worker) return psCostWorker(c);
+  return server ? psCostServer(c) : 0.0;
+}
+
 double sfbCost(const CostInputs& c) {
   return 2.0 * static_cast<double>(c.batch) * (c.workers - 1) * mPlusN(c);
 }

@@ -26,6 +26,8 @@ double psCostWorker(const CostInputs& c);
 double psCostServer(const CostInputs& c);
 // PS on a node that is both worker and server: 2 M N (P1 + P2 - 2) / P2.
 double psCostBoth(const CostInputs& c);
+// PS on a node of the given roles: one of the three above (0 for neither).
+double psCostNode(const CostInputs& c, bool worker, bool server);
 // SFB: 2 K (P1 - 1)(M + N).
 double sfbCost(const CostInputs& c);
 // Project Adam style (factors up, full matrix down), for comparison only.

@@ -6,7 +6,8 @@ namespace poseidon::planner::detail {
 namespace {
 
 // Omnivore's compute groups (kvstore/model_shard.h): g groups of k = P / g workers, every node a
-// worker and a shard that holds its pairs' parameters and runs SGD. A round of a member: it asks
+// worker and (nodes 0..servers-1 with Cluster::servers) a shard that holds its pairs' parameters and
+// runs SGD. A round of a member: it asks
 // every pair's shard for the parameters (a header-only pull), the shard answers the k members
 // once all k asked and the group's previous update of the pair is applied (encrypting a reply for
 // each member on its receive loop, as Node::sendAll), the member computes once the whole model is
@@ -23,8 +24,7 @@ class GroupModel {
         g_(groups),
         k_(c.workers / groups),
         L_(static_cast<int>(w.model.layers.size())),
-        layout_(w.model, c.workers,
-                std::max<int64_t>(4096, std::llround(static_cast<double>(c.pairBytes) * c.scale * c.scale))),
+        layout_(w.model, c.servers > 0 ? c.servers : c.workers, scaledPairBytes(c.pairBytes, c.scale)),
         net_(&sim_, c, /*prioritized=*/false, kWarmRounds, kRounds) {
     for (int l = 0; l < L_; ++l)
       for (const KvPair& p : layout_.pairsOf(l)) pairs_.push_back(p);

@@ -45,8 +45,7 @@ class PoseidonModel {
         wfbp_(system != System::kPsNaive),
         iterations_(overlap_ ? 6 : 4),
         warm_(2),
-        layout_(w.model, c.workers,
-                std::max<int64_t>(4096, std::llround(static_cast<double>(c.pairBytes) * c.scale * c.scale))),
+        layout_(w.model, c.servers > 0 ? c.servers : c.workers, scaledPairBytes(c.pairBytes, c.scale)),
         net_(&sim_, c, overlap_, warm_, iterations_),
         elementBytes_(static_cast<double>(wireElementBytes(c.wire))) {
     DeviceModel device;
@@ -390,6 +389,10 @@ Cluster emulatedCluster(const Cluster& calibration, int workers, double mbit, in
 
 static void checkInputs(const Workload& workload, const Cluster& cluster) {
   if (cluster.workers < 1) throw InvalidArgument("the planner needs at least one worker");
+  if (cluster.servers < 0 || cluster.servers > cluster.workers) {
+    throw InvalidArgument(
+        strCat("the planner's shards are nodes: ", cluster.servers, " servers for ", cluster.workers, " workers"));
+  }
   if (workload.forwardSeconds.size() != workload.model.layers.size() ||
       workload.backwardSeconds.size() != workload.model.layers.size()) {
     throw InvalidArgument("the workload's compute times do not match its layers");

@@ -412,7 +412,8 @@ void DistributedModel::submitDense(int layer) {
   } else {
     node_->submitDense(layer, LayerBuffer(spans));
   }
-  predictedPs_ += psCostBoth(costInputs(*l.spec, node_->book().settings().batch, workers(), node_->book().numServers()));
+  predictedPs_ += psCostNode(costInputs(*l.spec, node_->book().settings().batch, workers(), node_->book().numServers()),
+                             node_->isWorker(), node_->isServer());
   lastSchemes_[layer] = Scheme::kPS;
   if (tracer_) {
     int64_t now = Tracer::nowMicros();

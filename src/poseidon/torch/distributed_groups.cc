@@ -200,7 +200,8 @@ void DistributedModel::GroupSync::layerReady(int layer) {
     node.submitGroupPush(layer, LayerBuffer(spans), lr_);
   }
   m_.predictedPs_ +=
-      psCostBoth(costInputs(*l.spec, node.book().settings().batch, m_.workers(), node.book().numServers()));
+      psCostNode(costInputs(*l.spec, node.book().settings().batch, m_.workers(), node.book().numServers()),
+                 node.isWorker(), node.isServer());
   m_.lastSchemes_[layer] = Scheme::kPS;
 }
 

@@ -88,6 +88,9 @@ struct TrainOptions {
   int tcpRcvbuf = 0;           // TCP receive buffer per connection into a rank (0: OS default)
   int ioThreads = 0;           // ZeroMQ I/O threads per rank (NodeOptions::ioThreads; 0: defaultIoThreads())
   int64_t pairBytes = 2 * 1024 * 1024;
+  // > 0: only the first N ranks hold KV shards (the rest are workers only): --servers 1 puts the whole
+  // model on rank 0, Omnivore's one conv model server and its k-fold congestion. 0: every rank a shard.
+  int servers = 0;
   std::string bindHost;        // data endpoint interface (default: the route to MASTER_ADDR)
   std::string secret;          // job secret (POSEIDON_SECRET / POSEIDON_SECRET_FILE)
   std::string transportSecurity;  // curve | none; empty: POSEIDON_TRANSPORT_SECURITY, else curve

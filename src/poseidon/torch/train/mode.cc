@@ -61,6 +61,10 @@ void TrainMode::finish() {
 
 void validateModeOptions(const TrainOptions& o, int world) {
   if (o.plain && world != 1) throw InvalidArgument("--plain runs the plain LibTorch loop and needs --workers 1");
+  if (o.servers > world) {
+    throw InvalidArgument(
+        strCat("--servers ", o.servers, " exceeds the job's ", world, " ranks (each shard is a rank)"));
+  }
   if (o.groups > 0) {
     if (o.plain) throw InvalidArgument("--groups needs Poseidon; --plain is the loop without it");
     if (world % o.groups != 0) {

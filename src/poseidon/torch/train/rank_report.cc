@@ -28,6 +28,15 @@ void RankRun::reportTraffic() {
   mode_->report();
   c_.pad.report([this](const std::vector<double>& mine) { return c_.allSum(mine); }, steps_, c_.rank, c_.world,
                 c_.lead);
+  {
+    const size_t world = static_cast<size_t>(c_.world), me = static_cast<size_t>(c_.rank);
+    std::vector<double> mine(2 * world, 0.0);
+    mine[me] = trainClock_;
+    mine[world + me] = static_cast<double>(steps_);
+    const std::vector<double> all = c_.allSum(mine);
+    trainClockPerRank_.assign(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(world));
+    stepsPerRank_.assign(all.begin() + static_cast<std::ptrdiff_t>(world), all.end());
+  }
   if (!c_.dist) return;
   // Traffic over all ranks, against Table 1's prediction.
   Node& node = c_.dist->node();
@@ -145,6 +154,8 @@ nlohmann::json RankRun::summaryJson() const {
       {"max_compute_ms_per_rank", c_.pad.maxComputeMsPerRank()},
       {"mean_compute_ms", c_.pad.meanComputeMs()},
       {"train_clock_seconds", trainClock_},
+      {"train_clock_seconds_per_rank", trainClockPerRank_},
+      {"steps_per_rank", stepsPerRank_},
       {"curve", curve_.json()},
       {"layers", layers}};
   summary.update(modeOptionsJson(o_));

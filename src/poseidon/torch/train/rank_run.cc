@@ -40,6 +40,7 @@ DistributedOptions RankContext::jobOptions() const {
   d.node.van.sendWindowBytes = o.sendWindowBytes;
   d.node.settings.batch = o.batch;
   d.node.settings.pairBytes = o.pairBytes;
+  if (o.servers > 0) d.node.role = env.rank < o.servers ? Role::kBoth : Role::kWorker;
   d.node.settings.policy = o.scheme;
   d.node.settings.wire = o.wire;
   d.node.settings.startIteration = startIteration;

@@ -123,7 +123,7 @@ EmulatedCluster::EmulatedCluster(int nodes, const LinkSpec& link) : link_(link) 
       run({"ip", "-n", ns, "link", "set", "eth0", "up"});
       run({"ip", "-n", ns, "link", "set", "lo", "up"});
       shape(ns, "eth0", link);
-      shape(switchNs_, port, LinkSpec{link.mbit, 0});
+      shape(switchNs_, port, LinkSpec{link.mbit, 0, link.queueMs});
     }
   } catch (...) {
     destroy();
@@ -142,10 +142,11 @@ void EmulatedCluster::clearRoot(const std::string& ns, const std::string& dev) {
 }
 
 void EmulatedCluster::shape(const std::string& ns, const std::string& dev, const LinkSpec& link) {
-  // tbf needs a bucket of at least rate/HZ to reach its rate; 100 ms of queue.
+  // tbf needs a bucket of at least rate/HZ to reach its rate; link.queueMs of queue.
   double bytesPerSec = link.mbit * 1e6 / 8;
   long burst = std::max<long>(16 * 1024, std::lround(bytesPerSec / 250));
   std::string rate = strCat(link.mbit, "mbit"), burstText = strCat(burst, "b");
+  const std::string queue = strCat(link.queueMs, "ms");
   if (link.latencyMs > 0) {
     try {
       run({"ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem", "delay",
@@ -154,11 +155,11 @@ void EmulatedCluster::shape(const std::string& ns, const std::string& dev, const
       throw Error(strCat("--latency-ms needs the kernel's netem qdisc (sch_netem), which this machine lacks: ",
                          e.what()));
     }
-    run({"ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "parent", "1:", "handle", "2:", "tbf", "rate",
-         rate, "burst", burstText, "latency", "100ms"});
+    run({"ip", "netns",  "exec", ns,    "tc",   "qdisc", "add",   "dev",     dev,       "parent",
+         "1:", "handle", "2:",   "tbf", "rate", rate,    "burst", burstText, "latency", queue});
   } else {
-    run({"ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst",
-         burstText, "latency", "100ms"});
+    run({"ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", burstText,
+         "latency", queue});
   }
 }
 
@@ -169,7 +170,7 @@ void EmulatedCluster::setLink(const LinkSpec& link) {
     clearRoot(namespaces_[i], "eth0");
     shape(namespaces_[i], "eth0", link);
     clearRoot(switchNs_, switchPorts_[i]);
-    shape(switchNs_, switchPorts_[i], LinkSpec{link.mbit, 0});
+    shape(switchNs_, switchPorts_[i], LinkSpec{link.mbit, 0, link.queueMs});
   }
   link_ = link;
 }

@@ -21,6 +21,10 @@ namespace poseidon::bench {
 struct LinkSpec {
   double mbit = 100;       // tbf rate, both directions
   double latencyMs = 0;    // added one-way delay (netem) on each node's egress
+  // How much each tbf queues before it drops, in milliseconds of traffic at the rate (a switch port's
+  // buffer). 100 ms, every table's so far, is deep next to a datacenter switch's few ms.
+  double queueMs = kDefaultQueueMs;
+  static constexpr double kDefaultQueueMs = 100;
 };
 
 class EmulatedCluster {

@@ -123,10 +123,10 @@ namespace {
 void writeIntro(std::ostringstream& md, const nlohmann::json& cfg) {
   md << "# poseidon bench results\n\n";
   md << "Command: `" << cfg["command"].get<std::string>() << "`\n\n";
-  md << "Emulated cluster: one network namespace per node, tc tbf links both ways; width scale s = "
-     << cfg["scale"].get<double>() << " (link rates represent rate / s^2 at full width); "
-     << cfg["iterations"].get<int>() << " measured iterations after " << cfg["warmup"].get<int>()
-     << " warm-up ones; iteration time is rank 0's median";
+  md << "Emulated cluster: one network namespace per node, tc tbf links both ways, each queueing "
+     << cfg.value("queue_ms", 100.0) << " ms (--queue-ms); width scale s = " << cfg["scale"].get<double>()
+     << " (link rates represent rate / s^2 at full width); " << cfg["iterations"].get<int>()
+     << " measured iterations after " << cfg["warmup"].get<int>() << " warm-up ones; iteration time is rank 0's median";
   const int repeat = cfg.value("repeat", 1);
   if (repeat > 1)
     md << ", and the median of " << repeat << " runs per point (min and max beside it)";

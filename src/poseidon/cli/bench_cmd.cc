@@ -53,7 +53,7 @@ struct BenchArgs {
   std::string systemsFlag = "poseidon,ps-wfbp,ps-naive,adam,ddp,ddp-fp16,ddp-powersgd1,ddp-powersgd4";
   std::string nodesFlag = "1,2,4,8", ratesFlag = "1000,300,100,30", computeFlag = "titanx";
   std::string jsonPath, mdPath, plotDir, ddpScript, bisectSystems, reportFrom, traceDir;
-  double scale = 0.1, latencyMs = 0;
+  double scale = 0.1, latencyMs = 0, queueMs = bench::LinkSpec::kDefaultQueueMs;
   int iterations = 8, warmup = 3, timeoutS = 150, retries = 1, repeat = 1, rcvbuf = 0, sendWindow = 0;
   int ioThreads = bench::kBenchIoThreads;
   int64_t pairBytes = kDefaultPairBytes;
@@ -72,6 +72,10 @@ void addWhatToRunFlags(FlagSet& flags, BenchArgs& a) {
                   "LIST");
   flags.addString("rates", &a.ratesFlag, "comma-separated link rates in Mbit/s, > 0 (tc tbf)", "LIST");
   flags.addDouble("latency-ms", &a.latencyMs, "added one-way latency per link (netem)", "MS", RealRange::atLeast(0));
+  flags.addDouble("queue-ms", &a.queueMs,
+                  "each shaped link's queue (tbf latency), in milliseconds of traffic at its rate: a switch port's "
+                  "buffer; the default 100 is deep, a datacenter switch holds a few ms",
+                  "MS", RealRange::closed(1, 1000));
   flags.addDouble("scale", &a.scale, "width scale s (link rates represent rate / s^2 at full width)", "S",
                   RealRange::leftOpen(0, 1));
   flags.addInt("iterations", &a.iterations, "measured iterations per run", "N", IntRange::atLeast(1));
@@ -218,6 +222,7 @@ nlohmann::json benchConfig(const BenchArgs& a, const BenchPlan& p, const std::ve
                            {"iterations", a.iterations},
                            {"warmup", a.warmup},
                            {"latency_ms", a.latencyMs},
+                           {"queue_ms", a.queueMs},
                            {"models", p.models},
                            {"compute", p.gpu},
                            {"systems", p.labels},
@@ -265,7 +270,7 @@ nlohmann::json bisectRates(Harness& h, EmulatedCluster& cluster, const BenchArgs
     std::printf("bisecting %s on %s at %d nodes\n", s.c_str(), m.c_str(), n);
     for (int step = 0; step < 7; ++step) {
       double mid = std::sqrt(lo * hi);
-      cluster.setLink({mid, a.latencyMs});
+      cluster.setLink({mid, a.latencyMs, a.queueMs});
       RunResult r = h.run(m, s, n);
       bool good = r.ok && n * base / r.iterSeconds >= 0.9 * n;
       (good ? hi : lo) = mid;
@@ -278,7 +283,7 @@ nlohmann::json bisectRates(Harness& h, EmulatedCluster& cluster, const BenchArgs
 // Every point on one emulated cluster (removed when this returns or throws); the bisection, if asked.
 std::vector<RunResult> runAll(Harness& h, const BenchArgs& a, const BenchPlan& p, nlohmann::json& result) {
   std::vector<RunResult> runs;
-  EmulatedCluster cluster(p.nodes.back(), bench::LinkSpec{p.rates.front(), a.latencyMs});
+  EmulatedCluster cluster(p.nodes.back(), bench::LinkSpec{p.rates.front(), a.latencyMs, a.queueMs});
   h.cluster = &cluster;
   std::printf("poseidon bench: %d-node emulated cluster, models %s, systems %s, s = %g, %d run%s per point\n",
               p.nodes.back(), a.modelsFlag.c_str(), a.systemsFlag.c_str(), a.scale, a.repeat, a.repeat > 1 ? "s" : "");
@@ -300,7 +305,7 @@ std::vector<RunResult> runAll(Harness& h, const BenchArgs& a, const BenchPlan& p
     if (p.nodes.front() == 1)
       for (const auto& s : p.labels) runs.push_back(h.run(m, s, 1));
     for (double rate : p.rates) {
-      cluster.setLink({rate, a.latencyMs});
+      cluster.setLink({rate, a.latencyMs, a.queueMs});
       for (const auto& s : p.labels)
         for (int n : p.nodes)
           if (n > 1) runs.push_back(h.run(m, s, n));

@@ -113,7 +113,7 @@ TEST(Planner, OneModelServerCarriesTheWholeModel) {
   const GroupPrediction two = predictGroups(w, c, 2);
   EXPECT_NEAR(two.samplesPerSecond, 4 / C + 4 / (C + 2 * B / R), 1e-6);  // batch 4
   c.servers = 3;
-  EXPECT_ERROR_CONTAINS(predictGroups(w, c, 1), InvalidArgument, "shards are nodes: 3 servers for 2 workers");
+  EXPECT_ERROR_CONTAINS(predictGroups(w, c, 1), InvalidArgument, "3 server shards exceed its 2 nodes");
 }
 
 // Merged FC: the top FC layer runs on the FC server (node 0). With one group of two, a round is the

@@ -286,7 +286,16 @@ TEST(CliFlags, PlanModelsComputeGroupsAndChecksTimeToAccuracyFiles) {
   const nlohmann::json one = planJson({"--check", dir + "/one.json", "--host-cores", "2"});
   ASSERT_EQ(one["rows"].size(), 1u);
   EXPECT_DOUBLE_EQ(one["rows"][0]["measured_seconds"].get<double>(), 1.2);
+  EXPECT_EQ(one["rows"][0]["measured"], "mean_rate");
+  EXPECT_EQ(check["rows"][0]["measured"], "rank0");
   EXPECT_GT(one["rows"][0]["predicted_seconds"].get<double>(), check["rows"][0]["predicted_seconds"].get<double>());
+  // A shallow switch queue drops packets under incast, which the planner does not model.
+  nlohmann::json shallow = config;
+  shallow["queue_ms"] = 5.0;
+  std::ofstream(dir + "/shallow.json") << nlohmann::json{{"config", shallow}, {"runs", {g2}}}.dump();
+  expectRejected({{"plan", "--check", dir + "/shallow.json"},
+                  "--check: the planner models no drops, and the file's switch queue (queue_ms 5) drops packets "
+                  "under incast; it checks runs with the default 100 ms"});
   nlohmann::json jittered = config;
   jittered["pad_jitter_ms"] = 300.0;
   std::ofstream(dir + "/jitter.json") << nlohmann::json{{"config", jittered}, {"runs", {g2}}}.dump();

@@ -79,6 +79,14 @@ TEST(ComputeGroups, OneModelServerGivesTheSameParametersAndCarriesEveryPushAndPu
   // 6 MN; every byte sent is received once, so moved = 2 x sent (frame headers on top).
   const double sent = s["bytes_sent_by_scheme"]["ps"], predicted = s["predicted_bytes_by_scheme"]["ps"];
   EXPECT_NEAR(2 * sent / predicted, 1.0, 0.05) << s["bytes_sent_by_scheme"] << s["predicted_bytes_by_scheme"];
+  // Where the bytes went: rank 0's shard takes every push and answers every pull, so it sends what the
+  // three other ranks receive and receives what they send (over every rank's shard, about a quarter).
+  EXPECT_EQ(s["servers"], 1);
+  ASSERT_EQ(s["ps_bytes_received_per_rank"].size(), 4u);
+  const auto received = s["ps_bytes_received_per_rank"].get<std::vector<double>>();
+  const auto sentBy = s["ps_bytes_sent_per_rank"].get<std::vector<double>>();
+  EXPECT_NEAR(sentBy[0] / (received[1] + received[2] + received[3]), 1.0, 0.01) << s["ps_bytes_sent_per_rank"];
+  EXPECT_NEAR(received[0] / (sentBy[1] + sentBy[2] + sentBy[3]), 1.0, 0.01) << s["ps_bytes_received_per_rank"];
   // Every rank's clock and steps, for the rate through all workers (bench --accuracy's mean-rate step).
   ASSERT_EQ(s["steps_per_rank"].size(), 4u);
   ASSERT_EQ(s["train_clock_seconds_per_rank"].size(), 4u);

@@ -122,6 +122,8 @@ nlohmann::json AccuracyRun::toJson() const {
   j["curve"] = summary["curve"];
   if (summary.contains("staleness_histogram")) j["staleness_histogram"] = summary["staleness_histogram"];
   if (summary.contains("max_group_lead")) j["max_group_lead"] = summary["max_group_lead"];
+  for (const char* key : {"train_clock_seconds_per_rank", "steps_per_rank"})  // the mean-rate step's inputs
+    if (summary.contains(key)) j[key] = summary[key];
   const double fcUpdates = finiteOr(summary.value("fc_server_updates", nlohmann::json(0)), 0);
   if (fcUpdates > 0) {  // merged FC: the FC server's measured time per group round (Omnivore's t_fc)
     j["fc_server_ms_per_update"] =
@@ -144,6 +146,7 @@ nlohmann::json AccuracyHarness::config(const std::string& command, const std::ve
           {"pad_ms", padMs},
           {"pair_bytes", pairBytes},
           {"servers", servers},
+          {"queue_ms", queueMs},
           {"io_threads", bench::kBenchIoThreads},
           {"host_cores", static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))},
           {"target_accuracy", targetAccuracy},
@@ -307,6 +310,8 @@ void writeMarkdown(const std::string& path, const nlohmann::json& result) {
   if (c.value("servers", 0) > 0)
     md << " Poseidon's shards on nodes 0.." << c["servers"].get<int>() - 1 << " only (`--servers "
        << c["servers"].get<int>() << "`; 1 is Omnivore's one model server).";
+  if (c.value("queue_ms", 100.0) != 100.0)
+    md << " Each emulated port queues " << c["queue_ms"] << " ms (`--queue-ms`).";
   md << "\n\n";
   for (double rate : c["rates_mbit"].get<std::vector<double>>()) {
     md << "## " << rate << " Mbit/s\n\n"
@@ -405,6 +410,10 @@ void addAccuracyFlags(FlagSet& flags, AccuracyArgs& a) {
                "Poseidon's shards on nodes 0..N-1 only, the rest workers only (1: the whole model on one server, "
                "Omnivore's setting and its k-fold congestion; 0: every node a shard)",
                "N", IntRange::closed(0, 64));
+  flags.addDouble("queue-ms", &a.h.queueMs,
+                  "each shaped link's queue (tbf latency), in milliseconds of traffic at its rate (poseidon bench "
+                  "--queue-ms)",
+                  "MS", RealRange::closed(1, 1000));
   flags.addDouble("pad-jitter-ms", &a.h.padJitterMs,
                   "add to each step's pad an exponential wait of this mean (per rank): varying step times, "
                   "stragglers, Theorem 1's assumption",
@@ -451,7 +460,7 @@ std::vector<AccuracySystem> accuracySystems(const AccuracyArgs& a) {
 nlohmann::json runAccuracy(AccuracyHarness& h, const std::vector<AccuracySystem>& systems,
                            const std::vector<double>& rates, bool& allOk) {
   nlohmann::json runs = nlohmann::json::array();
-  EmulatedCluster cluster(h.nodes, bench::LinkSpec{rates.front(), 0});
+  EmulatedCluster cluster(h.nodes, bench::LinkSpec{rates.front(), 0, h.queueMs});
   h.cluster = &cluster;
   std::printf(
       "poseidon bench --accuracy: %d-node emulated cluster, LeNet on Fashion-MNIST, batch %lld per worker, "
@@ -459,7 +468,7 @@ nlohmann::json runAccuracy(AccuracyHarness& h, const std::vector<AccuracySystem>
       h.nodes, static_cast<long long>(h.batch), h.padMs,
       h.padJitterMs > 0 ? strCat(" + exponential jitter of mean ", h.padJitterMs, " ms").c_str() : "", h.steps);
   for (double rate : rates) {
-    cluster.setLink({rate, 0});
+    cluster.setLink({rate, 0, h.queueMs});
     for (const auto& s : systems) {
       AccuracyRun r = h.run(s);
       allOk = allOk && r.ok;

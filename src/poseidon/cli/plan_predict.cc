@@ -260,11 +260,12 @@ int planCheckAccuracy(const std::string& path, const nlohmann::json& results, co
                       {"nodes", nodes},
                       {"link_mbit", mbit},
                       {"measured_seconds", measured},
+                      {"measured", meanRate > 0 ? "mean_rate" : "rank0"},  // which step (see above)
                       {"predicted_seconds", predicted},
                       {"error", error}});
     if (!json) {
-      std::printf("%-*s %5d %8.0f %10.3f %10.3f %+6.1f%%%s\n", width, system.c_str(), nodes, mbit, measured, predicted,
-                  error * 100, t.mark(error));
+      std::printf("%-*s %5d %8.0f %10.3f %10.3f %+6.1f%%%s%s\n", width, system.c_str(), nodes, mbit, measured,
+                  predicted, error * 100, t.mark(error), meanRate > 0 ? "  (all workers)" : "");
     }
   }
   t.report(json, "");
@@ -446,6 +447,12 @@ Cluster runCluster(const Cluster& calibration, const nlohmann::json& config, int
 int planCheck(const std::string& path, const Cluster& calibration, int hostCores, double tolerance, bool json) {
   const nlohmann::json results = readResults(path);
   const auto& config = results["config"];
+  if (config.value("queue_ms", 100.0) < 100) {
+    throw InvalidArgument(strCat("--check: the planner models no drops, and the file's switch queue (queue_ms ",
+                                 config.value("queue_ms", 100.0),
+                                 ") drops packets under incast; it checks runs "
+                                 "with the default 100 ms"));
+  }
   if (config.contains("pad_ms")) return planCheckAccuracy(path, results, calibration, hostCores, tolerance, json);
   const double scale = config.value("scale", 0.1);
   if (config.value("latency_ms", 0.0) > 0)

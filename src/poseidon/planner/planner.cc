@@ -32,7 +32,8 @@ const std::vector<std::pair<System, const char*>>& systemNames() {
   return names;
 }
 
-// Poseidon's systems: every node a worker and a shard, BSP, each layer's sync by its scheme.
+// Poseidon's systems: every node a worker and a shard (nodes 0..servers-1 with Cluster::servers), BSP,
+// each layer's sync by its scheme.
 class PoseidonModel {
  public:
   PoseidonModel(const Workload& w, const Cluster& c, System system)
@@ -59,8 +60,8 @@ class PoseidonModel {
     const SchemePolicy policy =
         system == System::kPoseidon || system == System::kPoseidonOverlap ? SchemePolicy::kAuto : SchemePolicy::kPS;
     for (const auto& l : w.model.layers) {
-      schemes_.push_back(
-          bestScheme(l, w.batch, P_, P_, policy, c.timedSchemes ? &device : nullptr, wireElementBytes(c.wire)));
+      schemes_.push_back(bestScheme(l, w.batch, P_, c.servers > 0 ? c.servers : P_, policy,
+                                    c.timedSchemes ? &device : nullptr, wireElementBytes(c.wire)));
       sfbLayers_ += schemes_.back() == Scheme::kSFB;
     }
     for (int n = 0; n < P_; ++n) {
@@ -390,8 +391,8 @@ Cluster emulatedCluster(const Cluster& calibration, int workers, double mbit, in
 static void checkInputs(const Workload& workload, const Cluster& cluster) {
   if (cluster.workers < 1) throw InvalidArgument("the planner needs at least one worker");
   if (cluster.servers < 0 || cluster.servers > cluster.workers) {
-    throw InvalidArgument(
-        strCat("the planner's shards are nodes: ", cluster.servers, " servers for ", cluster.workers, " workers"));
+    throw InvalidArgument(strCat("the planner's ", cluster.servers, " server shards exceed its ", cluster.workers,
+                                 " nodes (the shards live on nodes 0..servers-1)"));
   }
   if (workload.forwardSeconds.size() != workload.model.layers.size() ||
       workload.backwardSeconds.size() != workload.model.layers.size()) {

@@ -99,8 +99,8 @@ constexpr double kH200PinnedCopyBytes = 55e9;
 
 struct Cluster {
   int workers = 8;                      // P
-  // Group mode: the KV shards live on nodes 0..servers-1 only (poseidon train --servers; 1 is Omnivore's
-  // one model server); 0: on every node.
+  // The KV shards live on nodes 0..servers-1 only (poseidon train --servers; 1 is Omnivore's one model
+  // server; plan offers it with --groups); 0: on every node.
   int servers = 0;
   double scale = 1.0;                   // the workload's width scale: the device rates below are full width
   double linkBytes = 0;                 // each node's link, each way, bytes/s, at the workload's scale

@@ -125,7 +125,8 @@ nlohmann::json modeOptionsJson(const TrainOptions& o) {
           {"drop_stragglers", o.dropStragglers},
           {"groups", o.groups},
           {"staleness_bound", o.staleness},
-          {"merged_fc", o.mergedFc}};
+          {"merged_fc", o.mergedFc},
+          {"servers", o.servers}};
 }
 
 }  // namespace poseidon::pt

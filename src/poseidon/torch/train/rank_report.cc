@@ -29,13 +29,26 @@ void RankRun::reportTraffic() {
   c_.pad.report([this](const std::vector<double>& mine) { return c_.allSum(mine); }, steps_, c_.rank, c_.world,
                 c_.lead);
   {
+    // Every rank's clock, steps and PS bytes (sent, received): compute groups' paces, and where the
+    // shards' traffic went (train --servers).
     const size_t world = static_cast<size_t>(c_.world), me = static_cast<size_t>(c_.rank);
-    std::vector<double> mine(2 * world, 0.0);
+    std::vector<double> mine(4 * world, 0.0);
     mine[me] = trainClock_;
     mine[world + me] = static_cast<double>(steps_);
+    if (c_.dist) {
+      const TrafficTotals ps = c_.dist->node().counters().total(TrafficKind::kPS);
+      mine[2 * world + me] = static_cast<double>(ps.bytesSent);
+      mine[3 * world + me] = static_cast<double>(ps.bytesReceived);
+    }
     const std::vector<double> all = c_.allSum(mine);
-    trainClockPerRank_.assign(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(world));
-    stepsPerRank_.assign(all.begin() + static_cast<std::ptrdiff_t>(world), all.end());
+    auto part = [&](size_t k) {
+      return std::vector<double>(all.begin() + static_cast<std::ptrdiff_t>(k * world),
+                                 all.begin() + static_cast<std::ptrdiff_t>((k + 1) * world));
+    };
+    trainClockPerRank_ = part(0);
+    stepsPerRank_ = part(1);
+    psSentPerRank_ = part(2);
+    psReceivedPerRank_ = part(3);
   }
   if (!c_.dist) return;
   // Traffic over all ranks, against Table 1's prediction.
@@ -156,6 +169,8 @@ nlohmann::json RankRun::summaryJson() const {
       {"train_clock_seconds", trainClock_},
       {"train_clock_seconds_per_rank", trainClockPerRank_},
       {"steps_per_rank", stepsPerRank_},
+      {"ps_bytes_sent_per_rank", psSentPerRank_},
+      {"ps_bytes_received_per_rank", psReceivedPerRank_},
       {"curve", curve_.json()},
       {"layers", layers}};
   summary.update(modeOptionsJson(o_));

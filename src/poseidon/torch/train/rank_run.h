@@ -99,9 +99,9 @@ class RankRun {
   int64_t steps_ = 0, images_ = 0, iteration_ = 0;
   bool stop_ = false;
   double trainClock_ = 0;       // the training clock: seconds in training steps (time-to-accuracy)
-  // Every rank's training clock and steps (reportTraffic): compute groups step at their own paces, so
-  // the rate through all workers (Omnivore's hardware efficiency) needs each rank's.
-  std::vector<double> trainClockPerRank_, stepsPerRank_;
+  // Every rank's training clock, steps and PS bytes (reportTraffic): compute groups step at their own
+  // paces, so the rate through all workers (Omnivore's hardware efficiency) needs each rank's.
+  std::vector<double> trainClockPerRank_, stepsPerRank_, psSentPerRank_, psReceivedPerRank_;
   int64_t divergedAt_ = -1;     // the step at which this rank found the training diverged (-1: it did not)
   std::string divergedWhat_;    // what it found there (DivergenceError::subject; empty: the model itself)
   bool modelDiverged_ = false;  // some rank found it by the last evaluate() (decided together there)

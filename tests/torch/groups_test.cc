@@ -32,6 +32,21 @@ nlohmann::json summaryOf(const std::string& path) {
   return nlohmann::json::parse(f);
 }
 
+// Runs job(extra) saving its final parameters as DIR/NAME.bin, and returns them (none after a failed run).
+std::vector<float> trainedParameters(const TempDir& dir, const std::string& name, std::vector<std::string> extra) {
+  extra.insert(extra.end(), {"--save-params", dir.path + "/" + name + ".bin"});
+  auto p = testing::runCli(job(extra), dir.path + "/" + name);
+  EXPECT_EQ(p.exitCode(), 0) << p.stderrText();
+  return p.exitCode() == 0 ? readFloats(dir.path + "/" + name + ".bin") : std::vector<float>{};
+}
+
+// The main job's LeNet (431,080 parameters) came out the same from both runs, bit for bit.
+void expectSameParameters(const std::vector<float>& a, const std::vector<float>& b) {
+  ASSERT_EQ(a.size(), 431080u);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(testing::countDiffering(a, b), 0u) << "of " << a.size() << " parameters";
+}
+
 TEST(ComputeGroups, OneGroupGivesTheBspParametersBitForBit) {
   TempDir dir;
   // BSP with every layer by PS (the shards take dense pushes in group mode too), and one group; then
@@ -39,18 +54,12 @@ TEST(ComputeGroups, OneGroupGivesTheBspParametersBitForBit) {
   // rate before its pushes, which go out during the backward).
   for (const std::string warmup : {"0", "20"}) {
     SCOPED_TRACE("--warmup-steps " + warmup);
-    auto bsp = testing::runCli(job({"--max-steps", "20", "--scheme", "ps", "--warmup-steps", warmup, "--save-params",
-                                    dir.path + "/bsp.bin"}),
-                               dir.path + "/bsp");
-    ASSERT_EQ(bsp.exitCode(), 0) << bsp.stderrText();
-    auto one = testing::runCli(job({"--max-steps", "20", "--groups", "1", "--warmup-steps", warmup, "--save-params",
-                                    dir.path + "/one.bin", "--summary", dir.path + "/one.json"}),
-                               dir.path + "/one");
-    ASSERT_EQ(one.exitCode(), 0) << one.stderrText();
-    auto a = readFloats(dir.path + "/bsp.bin"), b = readFloats(dir.path + "/one.bin");
-    ASSERT_EQ(a.size(), 431080u);
-    ASSERT_EQ(a.size(), b.size());
-    EXPECT_EQ(testing::countDiffering(a, b), 0u) << "of " << a.size() << " parameters";
+    const auto bsp = trainedParameters(dir, "bsp", {"--max-steps", "20", "--scheme", "ps", "--warmup-steps", warmup});
+    const auto one = trainedParameters(
+        dir, "one",
+        {"--max-steps", "20", "--groups", "1", "--warmup-steps", warmup, "--summary", dir.path + "/one.json"});
+    expectSameParameters(bsp, one);
+    ASSERT_FALSE(HasFailure());
     auto s = summaryOf(dir.path + "/one.json");
     EXPECT_EQ(s["groups"], 1);
     EXPECT_EQ(s["staleness_histogram"], nlohmann::json({{"0", 80}}));  // 20 rounds x 4 layers, one pair each
@@ -63,17 +72,11 @@ TEST(ComputeGroups, OneModelServerGivesTheSameParametersAndCarriesEveryPushAndPu
   // --servers 1: the whole model on rank 0's shard (Omnivore's one model server); the other ranks
   // are workers only. Where the shards live changes no arithmetic: one group gives the parameters of
   // one group over every rank's shard, bit for bit.
-  auto spread = testing::runCli(job({"--max-steps", "20", "--groups", "1", "--save-params", dir.path + "/spread.bin"}),
-                                dir.path + "/spread");
-  ASSERT_EQ(spread.exitCode(), 0) << spread.stderrText();
-  auto one = testing::runCli(job({"--max-steps", "20", "--groups", "1", "--servers", "1", "--save-params",
-                                  dir.path + "/one.bin", "--summary", dir.path + "/one.json"}),
-                             dir.path + "/one");
-  ASSERT_EQ(one.exitCode(), 0) << one.stderrText();
-  auto a = readFloats(dir.path + "/spread.bin"), b = readFloats(dir.path + "/one.bin");
-  ASSERT_EQ(a.size(), 431080u);
-  ASSERT_EQ(a.size(), b.size());
-  EXPECT_EQ(testing::countDiffering(a, b), 0u) << "of " << a.size() << " parameters";
+  const auto spread = trainedParameters(dir, "spread", {"--max-steps", "20", "--groups", "1"});
+  const auto one = trainedParameters(
+      dir, "one", {"--max-steps", "20", "--groups", "1", "--servers", "1", "--summary", dir.path + "/one.json"});
+  expectSameParameters(spread, one);
+  ASSERT_FALSE(HasFailure());
   auto s = summaryOf(dir.path + "/one.json");
   // Table 1 with P1 = 4, P2 = 1: three worker-only ranks move 2 MN each, rank 0 2 MN (P1 + P2 - 2) / P2 =
   // 6 MN; every byte sent is received once, so moved = 2 x sent (frame headers on top).

@@ -410,10 +410,7 @@ void addAccuracyFlags(FlagSet& flags, AccuracyArgs& a) {
                "Poseidon's shards on nodes 0..N-1 only, the rest workers only (1: the whole model on one server, "
                "Omnivore's setting and its k-fold congestion; 0: every node a shard)",
                "N", IntRange::closed(0, 64));
-  flags.addDouble("queue-ms", &a.h.queueMs,
-                  "each shaped link's queue (tbf latency), in milliseconds of traffic at its rate (poseidon bench "
-                  "--queue-ms)",
-                  "MS", RealRange::closed(1, 1000));
+  addQueueFlag(flags, &a.h.queueMs);
   flags.addDouble("pad-jitter-ms", &a.h.padJitterMs,
                   "add to each step's pad an exponential wait of this mean (per rank): varying step times, "
                   "stragglers, Theorem 1's assumption",

@@ -72,10 +72,7 @@ void addWhatToRunFlags(FlagSet& flags, BenchArgs& a) {
                   "LIST");
   flags.addString("rates", &a.ratesFlag, "comma-separated link rates in Mbit/s, > 0 (tc tbf)", "LIST");
   flags.addDouble("latency-ms", &a.latencyMs, "added one-way latency per link (netem)", "MS", RealRange::atLeast(0));
-  flags.addDouble("queue-ms", &a.queueMs,
-                  "each shaped link's queue (tbf latency), in milliseconds of traffic at its rate: a switch port's "
-                  "buffer; the default 100 is deep, a datacenter switch holds a few ms",
-                  "MS", RealRange::closed(1, 1000));
+  addQueueFlag(flags, &a.queueMs);
   flags.addDouble("scale", &a.scale, "width scale s (link rates represent rate / s^2 at full width)", "S",
                   RealRange::leftOpen(0, 1));
   flags.addInt("iterations", &a.iterations, "measured iterations per run", "N", IntRange::atLeast(1));

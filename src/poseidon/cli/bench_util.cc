@@ -59,6 +59,13 @@ std::vector<double> parseRates(const std::string& flag) {
   return rates;
 }
 
+void addQueueFlag(FlagSet& flags, double* queueMs) {
+  flags.addDouble("queue-ms", queueMs,
+                  "each shaped link's queue (tbf latency), in milliseconds of traffic at its rate: a switch port's "
+                  "buffer; the default 100 is deep, a datacenter switch holds a few ms",
+                  "MS", RealRange::closed(1, 1000));
+}
+
 std::string commandLine(const std::string& command, const std::vector<std::string>& args) {
   std::string line = command;
   for (const auto& a : args) line += " " + a;

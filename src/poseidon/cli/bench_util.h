@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "poseidon/cli/flags.h"
+
 namespace poseidon::cli {
 
 // The signal (SIGINT, SIGTERM, SIGHUP) that asked the harness to stop, 0 until one did; the
@@ -31,6 +33,8 @@ void requireEmulatedCluster();
 std::string startEmulatedRuns(const std::string& prefix);
 // The command line a results file records: `command` and its arguments as given.
 std::string commandLine(const std::string& command, const std::vector<std::string>& args);
+// --queue-ms: each shaped link's queue (bench and bench --accuracy).
+void addQueueFlag(FlagSet& flags, double* queueMs);
 // poseidon bench --accuracy.
 int benchAccuracyCommand(const std::vector<std::string>& args);
 // A `bench --accuracy` results file's tables (mdPath) and curves (plotDir), either may be empty

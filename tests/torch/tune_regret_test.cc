@@ -8,6 +8,7 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "cli_helpers.h"
@@ -105,6 +106,22 @@ TEST(TuneRegret, GridTargetTunerAndRegretAgree) {
       if (s["won"].get<bool>() && s["to_step"] == 4) etaLast = s["lr"];
     ASSERT_GT(etaLast, 0);
     int epochStart = 4;
+    // Each epoch's rate decision (beyond the paper): eta* / 10 is probed only where it says a plateau,
+    // which is where a line through the epoch's curve promises at most 5% over another epoch.
+    std::map<int, bool> lowerAt;  // epoch end -> a tenth of the rate probed
+    for (const auto& d : t["decisions"]) {
+      if (d["what"] != "rate") continue;
+      const bool lower = d["lower_rate_probed"];
+      lowerAt[d["at_step"].get<int>()] = lower;
+      if (d.contains("epoch_gain")) {
+        EXPECT_EQ(lower, !(d["epoch_gain"].get<double>() > 0.05)) << d.dump();
+        // The line's slope over the epoch's 40 steps, relative to the epoch's last loss.
+        EXPECT_NEAR(d["epoch_gain"].get<double>(),
+                    -d["slope_per_step"].get<double>() * 40 / d["last_loss"].get<double>(), 1e-9);
+      } else {
+        EXPECT_TRUE(lower) << d.dump();  // fewer than three points: Algorithm 1's search
+      }
+    }
     for (; i < stages.size(); ++i) {
       const auto& s = stages[i];
       if (s["kind"] == "epoch") {
@@ -125,6 +142,14 @@ TEST(TuneRegret, GridTargetTunerAndRegretAgree) {
           EXPECT_LE(s["momentum"].get<double>(), muLast + 1e-12) << s.dump();
         } else {
           EXPECT_NEAR(lr, etaLast / 10, 1e-12) << s.dump();
+          ASSERT_TRUE(lowerAt.count(epochStart)) << s.dump();
+          // Only on a plateau, or where every probe at eta* diverged (a grid of its own then).
+          bool divergedAtEta = true;
+          for (const auto& q : stages)
+            if (q["kind"] == "probe" && q["from_step"] == epochStart &&
+                std::fabs(q["lr"].get<double>() - etaLast) < 1e-12)
+              divergedAtEta = divergedAtEta && q["loss"] == "diverged";
+          EXPECT_TRUE(lowerAt[epochStart] || divergedAtEta) << s.dump();
         }
       }
       if (s["kind"] == "rate up") {  // the adaptive grid: only above the epoch's rate, from its start
@@ -145,6 +170,11 @@ TEST(TuneRegret, GridTargetTunerAndRegretAgree) {
     ASSERT_FALSE(t["decisions"].empty());
     for (const auto& d : t["decisions"]) {
       if (!d.contains("runner_up") || !d["runner_up"].contains("loss")) continue;
+      // The last epoch's configuration stays against anything within the paper's 5%, spread or not.
+      if (d["what"].get<std::string>().find("(the last epoch's configuration kept)") != std::string::npos) {
+        EXPECT_EQ(d["band_from"], "5%") << d.dump();
+        EXPECT_LE(d["margin"].get<double>(), 0) << d.dump();  // the runner-up had the lower loss
+      }
       const double margin = d["margin"].get<double>(), band = d["band"].get<double>();
       const double lower = std::min(d["loss"].get<double>(), d["runner_up"]["loss"].get<double>());
       EXPECT_NEAR(margin, d["runner_up"]["loss"].get<double>() - d["loss"].get<double>(), 1e-12);

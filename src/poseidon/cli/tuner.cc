@@ -13,12 +13,13 @@
 //                is its analogue). With --merged-fc, the paper's rule: the smallest g whose
 //                predicted FC server load is at least 95% (the largest listed when none is), the
 //                server's time per sample measured in the cold start.
-//   each epoch   at the current g, probe eta in {eta*, eta* / 10} and mu in --momenta, except mu
-//                above the last epoch's mu at eta* (the paper prunes only there), every probe from
-//                the epoch's starting model. The lowest loss wins; configurations tied with it are
-//                probed further (below). If the winner has mu = 0, mu = 0.1 and 0.2 are probed at
-//                its eta, as long as it ran, and the three settled the same way; if mu = 0 still
-//                wins and g > 1, move to the largest listed g of at most g / 2 and search again.
+//   each epoch   at the current g, probe eta in {eta*, eta* / 10} (eta* / 10 only on a plateau:
+//                below) and mu in --momenta, except mu above the last epoch's mu at eta* (the paper
+//                prunes only there), every probe from the epoch's starting model. The lowest loss
+//                wins, except that the last epoch's configuration (always in its grid) stays unless
+//                beaten by more than 5%; configurations tied with the winner are probed further (below). If the winner
+//                has mu = 0, mu = 0.1 and 0.2 are probed at its eta, as long as it ran, and the three settled the same
+//                way; if mu = 0 still wins and g > 1, move to the largest listed g of at most g / 2 and search again.
 //                Then train the rest of the epoch from the winner's end state.
 //
 // A probe is 1/60 of an epoch by default (the paper: a minute per hour). A run's loss is scored
@@ -46,6 +47,11 @@
 // docs/omnivore.md): in the first grid after the cold start, while the winner is at eta*, ten times
 // its rate is probed too (the synchronous eta* is too low once groups add implicit momentum); and a
 // g lowered because mu = 0 won must beat that mu = 0 winner, run as long, to be kept.
+// Beyond the paper, against the short-horizon bias of a probe (a lower rate wins 10 steps and loses
+// the epoch; measured, docs/omnivore.md): eta* / 10 is probed only once the epoch just trained says
+// eta* stopped paying (a line through its curve's second half promises under 5% over another epoch);
+// and the last epoch's configuration is kept unless a probe beats it by more than the paper's 5%,
+// not by the probes' own spread, which understates how a probe varies from run to run.
 #include "poseidon/cli/tuner.h"
 
 #include <algorithm>
@@ -141,6 +147,32 @@ std::pair<double, double> scoreRun(const std::vector<std::pair<double, double>>&
 }
 
 namespace {
+
+// The least-squares slope of (x, y) points and its standard error (NaN with fewer than three distinct x).
+std::pair<double, double> fitSlope(const std::vector<std::pair<double, double>>& points) {
+  const double n = static_cast<double>(points.size());
+  std::vector<double> xs;
+  for (const auto& [x, y] : points) xs.push_back(x);
+  std::sort(xs.begin(), xs.end());
+  if (std::unique(xs.begin(), xs.end()) - xs.begin() < 3) return {std::nan(""), std::nan("")};
+  double mx = 0, my = 0;
+  for (const auto& [x, y] : points) {
+    mx += x / n;
+    my += y / n;
+  }
+  double sxx = 0, sxy = 0;
+  for (const auto& [x, y] : points) {
+    sxx += (x - mx) * (x - mx);
+    sxy += (x - mx) * (y - my);
+  }
+  const double slope = sxy / sxx;
+  double rss = 0;
+  for (const auto& [x, y] : points) {
+    const double r = y - (my + slope * (x - mx));
+    rss += r * r;
+  }
+  return {slope, std::sqrt(rss / (n - 2) / sxx)};
+}
 
 // A run's outcome for the terminal: "loss 0.5210 +- 0.0031", "diverged at step 23 (stopped)" or
 // "loss diverged".
@@ -256,18 +288,31 @@ class Tuner {
   Stage search(const Stage& at, int* g, double muLast, double eta, bool firstGrid) {
     const int end = epochEnd(at.toStep);
     std::vector<Stage> zeroWinners;  // mu = 0 winners at higher g, still candidates (below)
+    // Beyond the paper: eta* / 10 is probed only once eta* has stopped paying (see improving()).
+    const bool lower = !improving(at);
     for (;;) {
       std::vector<Stage> grid;
-      int incumbent = -1;  // the last epoch's (g, eta*, mu*), where the grid has it
-      for (double lr : {eta, eta / 10}) {
-        for (double mu : cfg_.momenta) {
+      std::vector<double> lrs{eta};
+      if (lower) lrs.push_back(eta / 10);
+      for (double lr : lrs) {
+        std::vector<double> mus = cfg_.momenta;
+        // The last epoch's configuration is always in its grid (a momentum check's 0.1 or 0.2 is not listed).
+        if (lr == eta && *g == at.groups && std::find(mus.begin(), mus.end(), muLast) == mus.end()) {
+          mus.push_back(muLast);
+          std::sort(mus.begin(), mus.end());
+        }
+        for (double mu : mus) {
           // The paper prunes mu > mu_last at eta* only: at eta* / 10 a higher momentum keeps the step.
           if (lr == eta && mu > muLast + 1e-12) continue;
-          if (lr == eta && std::fabs(mu - muLast) < 1e-12 && *g == at.groups) incumbent = static_cast<int>(grid.size());
           grid.push_back(probe("probe", at.state, at.toStep, *g, lr, mu));
         }
       }
-      Stage best = settle(grid, end, strCat("grid at g = ", *g), incumbent);
+      Stage best = settle(grid, end, strCat("grid at g = ", *g), &at);
+      if (!lower && std::isinf(best.loss)) {  // every probe at eta* diverged: eta* / 10 after all
+        std::vector<Stage> down;
+        for (double mu : cfg_.momenta) down.push_back(probe("probe", at.state, at.toStep, *g, eta / 10, mu));
+        best = settle(down, end, strCat("grid at g = ", *g, ", a tenth of the rate"));
+      }
       // Beyond the paper: an adaptive grid where the cold start's synchronous eta* meets the first
       // asynchronous g. A winner at the top of the range says the range may be too low - the groups
       // add implicit momentum, which a larger rate with less explicit momentum can match (Theorem 1) -
@@ -289,7 +334,7 @@ class Tuner {
         std::vector<Stage> check{best};
         for (double mu : {0.1, 0.2})
           check.push_back(run("momentum check", at.state, at.toStep, best.toStep, *g, best.lr, mu));
-        best = settle(check, end, "momentum check");
+        best = settle(check, end, "momentum check", &at);
       }
       if (std::isinf(best.loss)) {
         if (*g == 1 && zeroWinners.empty()) throw Error("every probe diverged at g = 1: try lower --lrs");
@@ -300,7 +345,7 @@ class Tuner {
         if (!zeroWinners.empty()) {
           zeroWinners.push_back(best);
           equalize(zeroWinners);
-          best = settle(zeroWinners, end, "against momentum 0 at more groups");
+          best = settle(zeroWinners, end, "against momentum 0 at more groups", &at);
           *g = best.groups;
         }
         keep(best);
@@ -308,7 +353,7 @@ class Tuner {
       }
       if (std::isinf(best.loss) && *g == 1) {  // every probe at g = 1 diverged: the best above wins
         equalize(zeroWinners);
-        best = settle(zeroWinners, end, "against momentum 0 at more groups");
+        best = settle(zeroWinners, end, "against momentum 0 at more groups", &at);
         *g = best.groups;
         keep(best);
         return best;
@@ -322,6 +367,41 @@ class Tuner {
       *g = lower;
       say("  momentum 0 %s: %d groups now\n", std::isinf(best.loss) ? "diverged too" : "won", *g);
     }
+  }
+
+  // Whether the stage (the epoch just trained) was still gaining at its rate: its curve's losses over
+  // its second half (all of it where that has fewer than three points), fitted by a line, promise more
+  // than kTie (the paper's 5%) of the last loss over another epoch. Algorithm 1 probes eta* / 10 every
+  // epoch, and a short probe favours the lower rate: its first steps settle into the valley the higher
+  // rate bounces in, a gain the probe sees, while the higher rate's faster descent over an epoch is
+  // beyond the probe's horizon (measured: tune --regret, docs/omnivore.md). So the rate comes down only
+  // on a plateau, as a schedule on plateau does, judged from the whole epoch's curve rather than from a
+  // probe. Fewer than three points in all: Algorithm 1's search.
+  bool improving(const Stage& s) {
+    std::vector<std::pair<double, double>> all, tail;
+    for (const auto& p : s.curve) {
+      const double step = p["step"].get<double>(), loss = curveNumber(p, cfg_.lossKey.c_str());
+      if (!std::isfinite(loss)) continue;
+      all.emplace_back(step, loss);
+      if (step > (s.fromStep + s.toStep) / 2.0) tail.emplace_back(step, loss);
+    }
+    const auto& pts = tail.size() >= 3 ? tail : all;
+    const auto [slope, se] = fitSlope(pts);
+    const double gain = -slope * cfg_.epochSteps, last = pts.empty() ? kInf : pts.back().second;
+    const bool gaining = std::isfinite(se) && gain > kTie * last;
+    nlohmann::json d = {
+        {"what", "rate"}, {"at_step", s.toStep}, {"points", pts.size()}, {"lower_rate_probed", !gaining}};
+    if (std::isfinite(se)) {
+      d["slope_per_step"] = slope;
+      d["slope_se"] = se;
+      d["epoch_gain"] = gain / last;
+      d["last_loss"] = last;
+      say("    rate: over its last %d points the loss falls %.1f%% an epoch (a line through them): %s\n",
+          static_cast<int>(pts.size()), 100 * gain / last,
+          gaining ? "still gaining, a tenth of the rate is not probed" : "a plateau, a tenth is probed too");
+    }
+    decisions_.push_back(d);
+    return gaining;
   }
 
   // Extends every stage by probes until all end at the same step (the latest end among them).
@@ -357,7 +437,13 @@ class Tuner {
   // The lowest loss wins; those tied with it are probed further (each from its own state) while
   // that stays within `end`. The caller keeps the final choice. Every round's decision is printed
   // and recorded with its margin: the runner-up's loss above the winner's, and the band.
-  Stage settle(std::vector<Stage>& grid, int end, const std::string& what, int incumbent = -1) {
+  Stage settle(std::vector<Stage>& grid, int end, const std::string& what, const Stage* last = nullptr) {
+    int incumbent = -1;  // the last epoch's (g, lr, mu), where the grid has it
+    for (size_t i = 0; last != nullptr && i < grid.size(); ++i) {
+      if (grid[i].groups == last->groups && grid[i].lr == last->lr &&
+          std::fabs(grid[i].momentum - last->momentum) < 1e-12)
+        incumbent = static_cast<int>(i);
+    }
     // Only the configurations still tied go on, so the ones compared have always run equally long.
     std::vector<size_t> candidates(grid.size());
     for (size_t i = 0; i < grid.size(); ++i) candidates[i] = i;
@@ -365,13 +451,17 @@ class Tuner {
       size_t best = candidates.front();
       for (size_t i : candidates)
         if (grid[i].loss < grid[best].loss) best = i;
-      // The last epoch's configuration stays unless another is better beyond the band: a change must
-      // be earned (a short probe favours the lower rate, whose gain it cannot see the end of).
-      double incumbentBand = 0;
+      // The last epoch's configuration stays unless another is better by more than the paper's 5%: a
+      // change must be earned. The probes' own spread is not the band here: it is the scatter of one
+      // run's consecutive models, and understates how much a probe varies from run to run (standard
+      // errors of 1e-4 where replicate probes differ by percents, docs/omnivore.md).
+      const double incumbentBand =
+          incumbent >= 0 ? kTie * std::min(grid[static_cast<size_t>(incumbent)].loss, grid[best].loss) : 0;
       if (incumbent >= 0 && static_cast<size_t>(incumbent) != best &&
           std::find(candidates.begin(), candidates.end(), static_cast<size_t>(incumbent)) != candidates.end() &&
-          ties(grid[incumbent], grid[best], &incumbentBand)) {
-        record(what + " (the last epoch's configuration kept)", grid[incumbent], &grid[best], incumbentBand, 1, false);
+          !std::isinf(grid[incumbent].loss) && grid[incumbent].loss - grid[best].loss <= incumbentBand) {
+        record(what + " (the last epoch's configuration kept)", grid[incumbent], &grid[best], incumbentBand, 1, false,
+               /*paperBand=*/true);
         return grid[incumbent];
       }
       std::vector<size_t> tied;
@@ -401,7 +491,9 @@ class Tuner {
     }
   }
 
-  void record(const std::string& what, const Stage& best, const Stage* second, double band, size_t tied, bool extend) {
+  // paperBand: the band is the paper's 5% whatever the spread (the last epoch's configuration kept).
+  void record(const std::string& what, const Stage& best, const Stage* second, double band, size_t tied, bool extend,
+              bool paperBand = false) {
     nlohmann::json d = {
         {"what", what},      {"at_step", best.fromStep},  {"to_step", best.toStep}, {"groups", best.groups},
         {"lr", best.lr},     {"momentum", best.momentum}, {"loss", best.loss},      {"tied", tied},
@@ -415,7 +507,7 @@ class Tuner {
       if (std::isfinite(second->lossSe)) d["runner_up"]["loss_se"] = second->lossSe;
       d["margin"] = std::isinf(margin) ? nlohmann::json("diverged") : nlohmann::json(margin);
       d["band"] = band;
-      d["band_from"] = std::isfinite(best.lossSe) && std::isfinite(second->lossSe) ? "spread" : "5%";
+      d["band_from"] = !paperBand && std::isfinite(best.lossSe) && std::isfinite(second->lossSe) ? "spread" : "5%";
       char b[160];
       if (std::isinf(margin))
         std::snprintf(b, sizeof b, "; runner-up %s diverged", name(*second).c_str());

@@ -1,8 +1,6 @@
 // The bench report: speedups, headline ratios, the traffic histogram and the
 // Markdown tables, from runs made up here (the harness itself needs root and
 // is covered by integration/bench_smoke_test.cc).
-#include "poseidon/bench/report.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -10,6 +8,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "poseidon/bench/emulation.h"
+#include "poseidon/bench/report.h"
 #include "poseidon/common/error.h"
 
 namespace poseidon::bench {
@@ -173,6 +173,55 @@ TEST(BenchReport, IntroductionSaysWhatTheScalingChanges) {
       runs, {{"command", "poseidon bench"}, {"scale", 0.125}, {"iterations", 4}, {"warmup", 2}, {"batches", whole}}));
   EXPECT_THAT(exact, Not(HasSubstr("SFB factors carry")));
   EXPECT_THAT(exact, Not(HasSubstr("receive buffer")));
+  // Files that record each model's width (every bench since whole batches) say where it ran instead.
+  nlohmann::json scales{{"vgg19", 0.09375}, {"googlenet", 0.1015625}};
+  nlohmann::json wholeBatches{{"vgg19", {{"scaled", 3}, {"full", 32}}}, {"googlenet", {{"scaled", 13}, {"full", 128}}}};
+  const std::string widths = markdownOf(resultOf(runs, {{"command", "poseidon bench"},
+                                                        {"scale", 0.1},
+                                                        {"iterations", 4},
+                                                        {"warmup", 2},
+                                                        {"batches", wholeBatches},
+                                                        {"model_scales", scales}}));
+  EXPECT_THAT(widths, HasSubstr("vgg19 ran at width 0.09375, where its batch is whole (32 x 0.09375 = 3 rows a "
+                                "worker; 32 x 0.1 is 3.2), its links at 0.8789 x each rate"));
+  EXPECT_THAT(widths, HasSubstr("googlenet ran at width 0.101562, where its batch is whole (128 x 0.101562 = 13 "
+                                "rows a worker; 128 x 0.1 is 12.8), its links at 1.031 x each rate"));
+  EXPECT_THAT(widths, Not(HasSubstr("SFB factors carry")));
+}
+
+// A model whose batch x s is not whole runs at the width s' where it is, its links at rate x (s'/s)^2:
+// every message, SFB's factors included, is then s'^2 of full width's, where rounding K s to 3 left
+// vgg19's factors 6% light.
+TEST(BenchEmulation, AModelRunsAtTheWidthWhereItsBatchIsWhole) {
+  const EmulatedModel vgg = emulatedModel("vgg19", 0.1);
+  EXPECT_DOUBLE_EQ(vgg.scale, 3.0 / 32);
+  EXPECT_EQ(vgg.batch, 3);
+  EXPECT_EQ(vgg.fullBatch, 32);
+  EXPECT_DOUBLE_EQ(wholeBatchScale("vgg19", 0.1), 0.09375);
+  EXPECT_DOUBLE_EQ(emulatedMbit(vgg, 30, 0.1), 30 * 0.9375 * 0.9375);
+  // fc7 (4096 x 4096) at width 3/32 is 384 x 384: a worker's factors K (M + N) are s'^2 of full width's.
+  const ModelDesc full = emulatedModel("vgg19", 1.0).desc;
+  auto sfbFloats = [](const ModelDesc& d, int64_t batch) {
+    for (const auto& l : d.layers)
+      if (l.name == "fc7")
+        return static_cast<double>(batch) * static_cast<double>(l.params[0].shape[0] + l.params[0].shape[1]);
+    return 0.0;
+  };
+  const double ratio = sfbFloats(vgg.desc, vgg.batch) / sfbFloats(full, 32);
+  EXPECT_DOUBLE_EQ(ratio, vgg.scale * vgg.scale);
+  // The old rule (still how older results files are read): width s, the batch rounded, 6% light.
+  const EmulatedModel old = emulatedModel("vgg19", 0.1, "titanx", /*wholeBatch=*/false);
+  EXPECT_DOUBLE_EQ(old.scale, 0.1);
+  EXPECT_EQ(old.batch, 3);
+  EXPECT_NEAR(sfbFloats(old.desc, old.batch) / sfbFloats(full, 32) / (0.1 * 0.1), 0.9375, 0.01);
+  // Whole already: unchanged. Full width: unchanged.
+  EXPECT_DOUBLE_EQ(emulatedModel("vgg19", 0.125).scale, 0.125);
+  EXPECT_DOUBLE_EQ(emulatedModel("vgg19", 1.0).scale, 1.0);
+  EXPECT_DOUBLE_EQ(emulatedMbit(emulatedModel("vgg19", 0.125), 30, 0.125), 30);
+  // At least one row a worker.
+  EXPECT_DOUBLE_EQ(wholeBatchScale("vgg19", 0.001), 1.0 / 32);
+  EXPECT_THROW(emulatedModel("vgg19", 0), InvalidArgument);
+  EXPECT_THROW(emulatedModel("vgg19", 1.5), InvalidArgument);
 }
 
 TEST(BenchReport, HostBoundRunsAreMarked) {

@@ -137,16 +137,35 @@ const std::vector<std::string>& emulatedModelNames() {
   return names;
 }
 
-EmulatedModel emulatedModel(const std::string& name, double scale, const std::string& compute) {
-  if (!isComputeName(compute)) throw InvalidArgument("unknown compute '" + compute + "' (titanx, h200, h200-bf16)");
-  const Timing* timing = nullptr;
+namespace {
+
+const Timing& timingOf(const std::string& name) {
   for (const auto& t : kTimings)
-    if (name == t.name) timing = &t;
-  if (!timing) {
-    std::string known;
-    for (const auto& n : emulatedModelNames()) known += (known.empty() ? "" : ", ") + n;
-    throw InvalidArgument("no emulated timing for model '" + name + "' (bench models: " + known + ")");
-  }
+    if (name == t.name) return t;
+  std::string known;
+  for (const auto& n : emulatedModelNames()) known += (known.empty() ? "" : ", ") + n;
+  throw InvalidArgument("no emulated timing for model '" + name + "' (bench models: " + known + ")");
+}
+
+}  // namespace
+
+double wholeBatchScale(const std::string& name, double scale) {
+  const double k = static_cast<double>(timingOf(name).batch);
+  return std::max(1.0, std::round(k * scale)) / k;
+}
+
+double emulatedMbit(const EmulatedModel& m, double mbit, double scale) {
+  const double r = m.scale / scale;
+  return mbit * r * r;
+}
+
+EmulatedModel emulatedModel(const std::string& name, double requestedScale, const std::string& compute,
+                            bool wholeBatch) {
+  if (!isComputeName(compute)) throw InvalidArgument("unknown compute '" + compute + "' (titanx, h200, h200-bf16)");
+  const Timing* timing = &timingOf(name);
+  if (!(requestedScale > 0 && requestedScale <= 1))
+    throw InvalidArgument(strCat("width scale for model '", name, "' must be in (0, 1], got ", requestedScale));
+  const double scale = wholeBatch ? wholeBatchScale(name, requestedScale) : requestedScale;
   EmulatedModel m;
   m.name = name;
   m.scale = scale;

@@ -11,7 +11,13 @@
 //   h200-bf16  the same in bf16 autocast.
 //
 // Scaling rule (keeps every ratio of the paper): widths x s, per-worker batch
-// x s, link rate x s^2, compute time unchanged.
+// x s, link rate x s^2, compute time unchanged. A batch is whole samples, so a
+// model whose batch K x s is not whole runs at the nearest width s' that makes it
+// whole, s' = round(K s) / K (wholeBatchScale: vgg19's K = 32 at s = 0.1 runs at
+// 0.09375, 3 rows a worker), and its links at rate x (s'/s)^2 (emulatedMbit): the
+// same full-width rate, and SFB's factors (K s' (M + N) s' floats) carry exactly s'^2
+// of full width's bytes, like every other message. Rounding K s to 3 at s = 0.1 left
+// them 6% light before.
 #pragma once
 
 #include <string>
@@ -24,9 +30,9 @@ namespace poseidon::bench {
 
 struct EmulatedModel {
   std::string name;
-  double scale = 0.1;
+  double scale = 0.1;             // the width it runs at: wholeBatchScale of the one asked for
   ModelDesc desc;                 // scaled parameter shapes
-  int64_t batch = 0;              // round(published per-worker batch x s), at least 1
+  int64_t batch = 0;              // published per-worker batch x scale (whole), at least 1
   int64_t fullBatch = 0;          // the published per-worker batch
   double iterationSeconds = 0;    // single-GPU seconds per iteration
   std::string timeSource;         // where iterationSeconds comes from
@@ -39,9 +45,18 @@ const std::vector<std::string>& computeNames();
 bool isComputeName(const std::string& name);
 
 // Models with a known single-GPU time: vgg19, vgg19-22k, googlenet,
-// inception-v3, resnet-152, alexnet, on `compute` (computeNames()). Throws
-// InvalidArgument for an unknown model or compute.
-EmulatedModel emulatedModel(const std::string& name, double scale, const std::string& compute = "titanx");
+// inception-v3, resnet-152, alexnet, on `compute` (computeNames()), at width
+// wholeBatchScale(name, scale). wholeBatch = false: at `scale` itself with the batch
+// rounded (how results files without "model_scales" were made; plan --check reads
+// them so). Throws InvalidArgument for an unknown model or compute.
+EmulatedModel emulatedModel(const std::string& name, double scale, const std::string& compute = "titanx",
+                            bool wholeBatch = true);
+// The width at which the model's published batch K times it is whole: max(1, round(K s)) / K
+// (s itself at full width, or where K s is whole).
+double wholeBatchScale(const std::string& name, double scale);
+// The link rate that model runs at for the rate `mbit` at width `scale` (rate / scale^2 at full
+// width): mbit x (m.scale / scale)^2.
+double emulatedMbit(const EmulatedModel& m, double mbit, double scale);
 const std::vector<std::string>& emulatedModelNames();
 
 // The fp32 rate of the SFB reconstruction GEMM on the H200 (the median of the

@@ -27,29 +27,47 @@ std::string fmt(const char* f, double v) {
 }  // namespace
 
 nlohmann::json RunResult::toJson() const {
-  return {{"model", model},          {"system", system},       {"nodes", nodes},
-          {"link_mbit", mbit},       {"latency_ms", latencyMs}, {"ok", ok},
-          {"error", error},          {"iteration_seconds", iterSeconds},
-          {"images_per_sec", imagesPerSec}, {"speedup", speedup},
+  return {{"model", model},
+          {"system", system},
+          {"nodes", nodes},
+          {"link_mbit", mbit},
+          {"emulated_mbit", linkMbit()},
+          {"latency_ms", latencyMs},
+          {"ok", ok},
+          {"error", error},
+          {"iteration_seconds", iterSeconds},
+          {"images_per_sec", imagesPerSec},
+          {"speedup", speedup},
           {"ideal_seconds", idealSeconds},
           {"measured_over_ideal", idealSeconds > 0 ? iterSeconds / idealSeconds : 0.0},
-          {"tx_bytes_per_iteration", txPerIter}, {"rx_bytes_per_iteration", rxPerIter},
-          {"attempts", attempts},     {"earlier_errors", earlierErrors},
-          {"repeat_seconds", repeatSeconds}, {"min_seconds", minSeconds}, {"max_seconds", maxSeconds},
-          {"slowest_rank_seconds", slowestRankSeconds}, {"own_bound_seconds", ownBoundSeconds},
+          {"tx_bytes_per_iteration", txPerIter},
+          {"rx_bytes_per_iteration", rxPerIter},
+          {"attempts", attempts},
+          {"earlier_errors", earlierErrors},
+          {"repeat_seconds", repeatSeconds},
+          {"min_seconds", minSeconds},
+          {"max_seconds", maxSeconds},
+          {"slowest_rank_seconds", slowestRankSeconds},
+          {"own_bound_seconds", ownBoundSeconds},
           {"measured_over_own_bound", ownBoundSeconds > 0 ? iterSeconds / ownBoundSeconds : 0.0},
-          {"device", device},         {"charged_seconds_per_iteration", charged},
-          {"bucket_mb", bucketMb},    {"first_bucket_mb", firstBucketMb}, {"tuning", tuning},
-          {"fc_schemes", fcSchemes},  {"cpu_seconds_per_iteration", cpuPerIter},
-          {"host_cpu_share", hostCpuShare}, {"trace", tracePath},
-          {"tcp_retransmits", tcpRetransmits}, {"host_bound", hostBound()}};
+          {"device", device},
+          {"charged_seconds_per_iteration", charged},
+          {"bucket_mb", bucketMb},
+          {"first_bucket_mb", firstBucketMb},
+          {"tuning", tuning},
+          {"fc_schemes", fcSchemes},
+          {"cpu_seconds_per_iteration", cpuPerIter},
+          {"host_cpu_share", hostCpuShare},
+          {"trace", tracePath},
+          {"tcp_retransmits", tcpRetransmits},
+          {"host_bound", hostBound()}};
 }
 
 double ownBoundSeconds(const RunResult& r, double computeSeconds) {
   double busiest = 0;
   for (size_t i = 0; i < r.txPerIter.size(); ++i)
     busiest = std::max({busiest, r.txPerIter[i], i < r.rxPerIter.size() ? r.rxPerIter[i] : 0.0});
-  return std::max(computeSeconds, busiest * 8 / (r.mbit * 1e6));
+  return std::max(computeSeconds, busiest * 8 / (r.linkMbit() * 1e6));
 }
 
 double idealSeconds(const EmulatedModel& m, int nodes, double mbit) {
@@ -140,12 +158,28 @@ void writeIntro(std::ostringstream& md, const nlohmann::json& cfg) {
     md << " Poseidon's ranks ran with a " << cfg["tcp_rcvbuf"].get<int>()
        << "-byte TCP receive buffer per connection (--tcp-rcvbuf)" << (ddp ? "; DDP's with the OS default." : ".");
   }
-  // What rounding the batch to whole samples at scale s does to SFB's bytes (its GEMM is charged at full width).
+  // A model whose batch x s is not whole ran at the width that makes it whole, its links slowed to
+  // match (files with "model_scales"); before, it ran at s and SFB's factors carried the rounded batch.
   const double scale = cfg["scale"].get<double>();
   const nlohmann::json batches = cfg.value("batches", nlohmann::json::object());
+  const nlohmann::json scales = cfg.value("model_scales", nlohmann::json::object());
   for (const auto& [model, b] : batches.items()) {
     if (!b.is_object()) continue;
     const double exact = b.value("full", 0) * scale, used = b.value("scaled", 0);
+    if (scales.contains(model) && scales[model].is_number()) {
+      const double width = scales[model].get<double>();
+      if (std::fabs(width / scale - 1) > 1e-9) {
+        char line[320];
+        std::snprintf(line, sizeof line,
+                      " %s ran at width %g, where its batch is whole (%d x %g = %.0f rows a worker; %d x %g is "
+                      "%.3g), its links at %.4g x each rate: the same full-width rate, every message s'^2 of "
+                      "full width's.",
+                      model.c_str(), width, b.value("full", 0), width, used, b.value("full", 0), scale, exact,
+                      (width / scale) * (width / scale));
+        md << line;
+      }
+      continue;
+    }
     if (exact > 0 && std::fabs(used / exact - 1) > 0.005) {
       char line[256];
       std::snprintf(line, sizeof line,

@@ -17,7 +17,11 @@ namespace poseidon::bench {
 struct RunResult {
   std::string model, system;
   int nodes = 0;
-  double mbit = 0, latencyMs = 0;
+  double mbit = 0, latencyMs = 0;  // the column's rate (--rates): rate / s^2 at full width
+  // What the links ran at for this model: mbit x (s'/s)^2 where the model runs at width s'
+  // (bench::emulatedMbit); 0: mbit (results files from before).
+  double emulatedMbit = 0;
+  double linkMbit() const { return emulatedMbit > 0 ? emulatedMbit : mbit; }
   bool ok = false;
   std::string error;
   double iterSeconds = 0;      // median of the steady iterations (rank 0)

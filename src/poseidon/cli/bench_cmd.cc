@@ -73,8 +73,10 @@ void addWhatToRunFlags(FlagSet& flags, BenchArgs& a) {
   flags.addString("rates", &a.ratesFlag, "comma-separated link rates in Mbit/s, > 0 (tc tbf)", "LIST");
   flags.addDouble("latency-ms", &a.latencyMs, "added one-way latency per link (netem)", "MS", RealRange::atLeast(0));
   addQueueFlag(flags, &a.queueMs);
-  flags.addDouble("scale", &a.scale, "width scale s (link rates represent rate / s^2 at full width)", "S",
-                  RealRange::leftOpen(0, 1));
+  flags.addDouble("scale", &a.scale,
+                  "width scale s (link rates represent rate / s^2 at full width; a model whose batch x s is not "
+                  "whole runs at the nearest width s' where it is, its links at rate x (s'/s)^2)",
+                  "S", RealRange::leftOpen(0, 1));
   flags.addInt("iterations", &a.iterations, "measured iterations per run", "N", IntRange::atLeast(1));
   flags.addInt("warmup", &a.warmup, "warm-up iterations per run (not measured)", "N", IntRange::atLeast(0));
   // The ranks get it in milliseconds (bench-worker --timeout), an int.
@@ -239,13 +241,16 @@ nlohmann::json benchConfig(const BenchArgs& a, const BenchPlan& p, const std::ve
                            {"crypto_bytes_per_s", dm.cryptoBytes}});
   }
   config["devices"] = devicesJson;
-  // Each model's batch per worker at scale s and at full width: SFB's factors carry the rounded one.
-  nlohmann::json batches = nlohmann::json::object();
+  // Each model's batch per worker at its width and at full width, and the width it ran at (whole
+  // batches: bench::wholeBatchScale; its links at rate x (width / s)^2).
+  nlohmann::json batches = nlohmann::json::object(), scales = nlohmann::json::object();
   for (const auto& m : p.models) {
     const bench::EmulatedModel em = bench::emulatedModel(m, a.scale, p.gpu);
     batches[m] = {{"scaled", em.batch}, {"full", em.fullBatch}};
+    scales[m] = em.scale;
   }
   config["batches"] = batches;
+  config["model_scales"] = scales;
   config["machine_one_core"] = {{"gemm_flops", p.machine.gemmFlops},
                                 {"sum_bytes_per_s", p.machine.sumBytes},
                                 {"crypto_bytes_per_s", p.machine.cryptoBytes}};
@@ -267,7 +272,7 @@ nlohmann::json bisectRates(Harness& h, EmulatedCluster& cluster, const BenchArgs
     std::printf("bisecting %s on %s at %d nodes\n", s.c_str(), m.c_str(), n);
     for (int step = 0; step < 7; ++step) {
       double mid = std::sqrt(lo * hi);
-      cluster.setLink({mid, a.latencyMs, a.queueMs});
+      h.setRate(m, mid, a.latencyMs, a.queueMs);
       RunResult r = h.run(m, s, n);
       bool good = r.ok && n * base / r.iterSeconds >= 0.9 * n;
       (good ? hi : lo) = mid;
@@ -296,13 +301,22 @@ std::vector<RunResult> runAll(Harness& h, const BenchArgs& a, const BenchPlan& p
   for (const auto& m : p.models) {
     const EmulatedModel& em = h.model(m);
     std::printf("%s: %lld params at s = %g, K = %lld per worker, %.3f s compute per iteration (%s)\n", m.c_str(),
-                static_cast<long long>(em.desc.numel()), a.scale, static_cast<long long>(em.batch), em.computeSeconds(),
-                em.timeSource.c_str());
+                static_cast<long long>(em.desc.numel()), em.scale, static_cast<long long>(em.batch),
+                em.computeSeconds(), em.timeSource.c_str());
+    if (em.scale != a.scale) {
+      const double r = em.scale / a.scale;
+      std::printf(
+          "  (width %g, not %g: %lld x %g = %g rows a worker is not whole; its links run at %.4g x each "
+          "rate, the same full-width rate)\n",
+          em.scale, a.scale, static_cast<long long>(em.fullBatch), a.scale, static_cast<double>(em.fullBatch) * a.scale,
+          r * r);
+    }
     std::fflush(stdout);
+    h.setRate(m, p.rates.front(), a.latencyMs, a.queueMs);
     if (p.nodes.front() == 1)
       for (const auto& s : p.labels) runs.push_back(h.run(m, s, 1));
     for (double rate : p.rates) {
-      cluster.setLink({rate, a.latencyMs, a.queueMs});
+      h.setRate(m, rate, a.latencyMs, a.queueMs);
       for (const auto& s : p.labels)
         for (int n : p.nodes)
           if (n > 1) runs.push_back(h.run(m, s, n));

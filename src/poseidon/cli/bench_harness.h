@@ -90,8 +90,17 @@ struct Harness {
     return {label.substr(0, at), label.substr(at + 1)};
   }
 
-  // DDP's default caps (25 MB, first bucket 1 MB) scaled by s^2 like Poseidon's pairs.
-  double scaledMb(double fullWidthMb) const { return fullWidthMb * scale * scale; }
+  // DDP's default caps (25 MB, first bucket 1 MB) scaled by s^2 like Poseidon's pairs (s the model's
+  // width: bench::wholeBatchScale).
+  static double scaledMb(double fullWidthMb, const EmulatedModel& m) { return fullWidthMb * m.scale * m.scale; }
+
+  // The column's rate (--rates, or a bisection's): the links run at it for `modelName`, times
+  // (s'/s)^2 where the model runs at width s' (bench::emulatedMbit), the same full-width rate.
+  double rateMbit = 0;
+  void setRate(const std::string& modelName, double mbit, double latencyMs, double queueMs) {
+    rateMbit = mbit;
+    cluster->setLink({bench::emulatedMbit(model(modelName), mbit, scale), latencyMs, queueMs});
+  }
 
   // One point: `repeat` runs (each tried again on failure, up to `retries`
   // times); ddp-tuned first sweeps its bucket cap and repeats the best.
@@ -163,9 +172,10 @@ struct Harness {
     r.model = modelName;
     r.system = label;
     r.nodes = nodes;
-    r.mbit = cluster->link().mbit;
+    r.emulatedMbit = cluster->link().mbit;
+    r.mbit = rateMbit > 0 ? rateMbit : r.emulatedMbit;
     r.latencyMs = cluster->link().latencyMs;
-    r.idealSeconds = bench::idealSeconds(m, nodes, r.mbit);
+    r.idealSeconds = bench::idealSeconds(m, nodes, r.emulatedMbit);
     r.device = device;
     int p = port++;
     if (port > 29999) port = 29600;
@@ -175,8 +185,8 @@ struct Harness {
       std::string out = outBase(i);
       SpawnOptions so = bench::rankSpawn(*cluster, i, nodes, p, secret, out + ".log");
       if (isDdp(system)) {
-        r.bucketMb = scaledMb(bucketMb);
-        r.firstBucketMb = scaledMb(firstBucketMb);
+        r.bucketMb = scaledMb(bucketMb, m);
+        r.firstBucketMb = scaledMb(firstBucketMb, m);
         so.argv = {"/usr/bin/python3",
                    ddpScript,
                    "--model-json",
@@ -206,14 +216,14 @@ struct Harness {
                    "--gemm-flops", strCat(dm.gemmFlops), "--sum-bytes", strCat(dm.sumBytes), "--crypto-bytes",
                    // -nocurve: nothing is encrypted, and BestScheme must not weigh encryption either
                    strCat(bench::parseBenchSystem(system).noCurve ? 0.0 : dm.cryptoBytes), "--link-mbit",
-                   strCat(dm.charges() ? r.mbit : 0.0)};
+                   strCat(dm.charges() ? r.emulatedMbit : 0.0)};
         if (!traceDir.empty()) so.argv.insert(so.argv.end(), {"--trace", out + ".trace.json"});
         if (rcvbuf > 0) so.argv.insert(so.argv.end(), {"--tcp-rcvbuf", std::to_string(rcvbuf)});
         if (sendWindow > 0 && system.rfind("poseidon-overlap", 0) == 0) {
           so.argv.insert(so.argv.end(), {"--send-window", std::to_string(sendWindow)});
         }
         so.argv.insert(so.argv.end(), {"--io-threads", std::to_string(ioThreads)});
-        so.argv.insert(so.argv.end(), {"--pair-bytes", std::to_string(scaledPairBytes(pairBytes, scale))});
+        so.argv.insert(so.argv.end(), {"--pair-bytes", std::to_string(scaledPairBytes(pairBytes, m.scale))});
       }
       ranks.push_back(std::move(so));
     }
@@ -281,7 +291,8 @@ struct Harness {
                 r.system.c_str(), r.nodes, r.mbit, r.iterSeconds, r.repeatSeconds.size(), r.minSeconds, r.maxSeconds,
                 r.slowestRankSeconds);
     if (!r.tuning.is_null()) {
-      std::printf(", bucket cap %g MB at full width (sweep, MB -> s/iter: %s)", r.bucketMb / (scale * scale),
+      const double s = model(r.model).scale;
+      std::printf(", bucket cap %g MB at full width (sweep, MB -> s/iter: %s)", r.bucketMb / (s * s),
                   r.tuning.dump().c_str());
     }
     std::printf("\n");

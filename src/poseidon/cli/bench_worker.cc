@@ -144,13 +144,15 @@ DeviceModel workerDevice(const WorkerArgs& a, const bench::EmulatedModel& em) {
   DeviceModel dm;
   dm.name = a.chargedOn;
   dm.gemmOnGpu = bench::isComputeName(a.chargedOn);
-  // K is rounded at scale s (vgg19: 32 x 0.1 -> 3): scale the GEMM back by the batch actually used.
-  dm.flopScale = static_cast<double>(em.fullBatch) / static_cast<double>(em.batch) / (a.scale * a.scale);
-  dm.byteScale = 1.0 / (a.scale * a.scale);
+  // The model runs at width em.scale, where its batch is whole (bench::wholeBatchScale): the GEMM
+  // back to full width by the batch actually used and the widths, the bytes by the widths.
+  dm.flopScale = static_cast<double>(em.fullBatch) / static_cast<double>(em.batch) / (em.scale * em.scale);
+  dm.byteScale = 1.0 / (em.scale * em.scale);
   dm.gemmFlops = a.gemmFlops;
   dm.sumBytes = a.sumBytes;
   dm.cryptoBytes = a.cryptoBytes;
-  // The emulated link is the full-width one slowed by s^2: BestScheme compares full-width bytes.
+  // The emulated link (--link-mbit: what this model's links run at) is the full-width one slowed by
+  // s'^2: BestScheme compares full-width bytes.
   dm.linkBytes = a.linkMbit * 1e6 / 8 * dm.byteScale;
   dm.cryptoLanes = a.ioThreads;
   return dm;
@@ -169,7 +171,7 @@ NodeOptions workerNodeOptions(const WorkerArgs& a, const RankEnv& env, const ben
   o.timeout = std::chrono::milliseconds(a.timeoutMs);
   o.settings.batch = em.batch;
   // The paper's 2 MB pairs at full width; the same number of pairs per layer at scale s.
-  o.settings.pairBytes = pairBytesSet ? a.pairBytes : scaledPairBytes(kDefaultPairBytes, a.scale);
+  o.settings.pairBytes = pairBytesSet ? a.pairBytes : scaledPairBytes(kDefaultPairBytes, em.scale);
   o.secret = jobSecretFromEnvironment();
   o.van.receiveBufferBytes = a.rcvbuf;
   o.ioThreads = a.ioThreads;
@@ -366,7 +368,7 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
     // lands. The window: 1 MB at full width (half a KV pair), scaled by s^2 like the pairs.
     a.overlapForward = true;
     if (!flags.wasSet("send-window")) {
-      a.sendWindow = static_cast<int>(std::max(4096.0, std::round(1048576 * a.scale * a.scale)));
+      a.sendWindow = static_cast<int>(std::max(4096.0, std::round(1048576 * em.scale * em.scale)));
     }
   }
 

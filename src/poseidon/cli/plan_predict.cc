@@ -414,11 +414,11 @@ const nlohmann::json* deviceRates(const nlohmann::json& devices, const std::stri
   return nullptr;
 }
 
-// The cluster one throughput run ran on: `nodes` on one host of `cores` at `mbit`, the file's scale,
-// send window and I/O threads, and (Poseidon's runs) its device's measured rates.
-Cluster runCluster(const Cluster& calibration, const nlohmann::json& config, int nodes, double mbit, int cores,
-                   WirePrecision wire, const nlohmann::json* rates) {
-  const double scale = config.value("scale", 0.1);
+// The cluster one throughput run ran on: `nodes` on one host of `cores` at `mbit` (what its links ran
+// at), the model's width `scale`, the file's send window and I/O threads, and (Poseidon's runs) its
+// device's measured rates.
+Cluster runCluster(const Cluster& calibration, const nlohmann::json& config, int nodes, double mbit, double scale,
+                   int cores, WirePrecision wire, const nlohmann::json* rates) {
   // The bench runs every node on one host: a message's loop time stretches as they share its cores.
   Cluster c = planner::emulatedCluster(calibration, nodes, mbit, cores);
   c.scale = scale;
@@ -494,9 +494,14 @@ int planCheck(const std::string& path, const Cluster& calibration, int hostCores
     const bool ddp = sys == System::kDdp || sys == System::kDdpFp16;
     if (why.empty() && !ddp && device != "none" && !rates) why = "device '" + device + "' not in the file";
     planner::Workload w;
+    double modelScale = scale, linkMbit = run.value("emulated_mbit", mbit);
     if (why.empty()) {
       try {
-        w = planner::zooWorkload(model, scale, config.value("compute", "titanx"));
+        // Files with "model_scales" ran each model where its batch is whole, its links at
+        // emulated_mbit; older ones at the file's scale with the batch rounded.
+        const bool whole = config.contains("model_scales");
+        w = planner::zooWorkload(model, scale, config.value("compute", "titanx"), whole);
+        if (whole) modelScale = bench::wholeBatchScale(model, scale);
       } catch (const std::exception& e) {
         why = e.what();
       }
@@ -508,7 +513,7 @@ int planCheck(const std::string& path, const Cluster& calibration, int hostCores
                     why.c_str());
       continue;
     }
-    Cluster c = runCluster(calibration, config, nodes, mbit, cores, wire, ddp ? nullptr : rates);
+    Cluster c = runCluster(calibration, config, nodes, linkMbit, modelScale, cores, wire, ddp ? nullptr : rates);
     if (noCurve) c.cryptoBytes = 0;  // its links ran without CURVE
     const Prediction p = planner::predict(w, c, sys);
     const double error = t.add(measured, p.iterationSeconds);

@@ -342,8 +342,9 @@ double Workload::computeSeconds() const {
   return t;
 }
 
-Workload zooWorkload(const std::string& name, double scale, const std::string& compute) {
-  bench::EmulatedModel m = bench::emulatedModel(name, scale, compute);
+Workload zooWorkload(const std::string& name, double requestedScale, const std::string& compute, bool wholeBatch) {
+  bench::EmulatedModel m = bench::emulatedModel(name, requestedScale, compute, wholeBatch);
+  const double scale = m.scale;
   Workload w;
   w.model = std::move(m.desc);
   w.batch = m.batch;

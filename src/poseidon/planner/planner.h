@@ -70,8 +70,10 @@ struct Workload {
 
 // The bench's emulated models (bench/emulation.h: vgg19, vgg19-22k, googlenet, inception-v3,
 // resnet-152, alexnet) at width scale s on `compute` (titanx, h200, h200-bf16): the same shapes,
-// batch and per-layer times the bench uses.
-Workload zooWorkload(const std::string& name, double scale = 1.0, const std::string& compute = "titanx");
+// batch and per-layer times the bench uses, at the width where the batch is whole
+// (bench::wholeBatchScale; wholeBatch = false: at s with the batch rounded, as older results files).
+Workload zooWorkload(const std::string& name, double scale = 1.0, const std::string& compute = "titanx",
+                     bool wholeBatch = true);
 // Any layer table with a single-worker iteration time: split 1/3 forward, 2/3 backward and over
 // the layers by their MACs per sample (evenly where the table gives none), as the bench does.
 Workload workloadFor(ModelDesc model, int64_t batch, double iterationSeconds);

@@ -16,10 +16,11 @@
 //   each epoch   at the current g, probe eta in {eta*, eta* / 10} (eta* / 10 only on a plateau:
 //                below) and mu in --momenta, except mu above the last epoch's mu at eta* (the paper
 //                prunes only there), every probe from the epoch's starting model. The lowest loss
-//                wins, except that the last epoch's configuration (always in its grid) stays unless
-//                beaten by more than 5%; configurations tied with the winner are probed further (below). If the winner
-//                has mu = 0, mu = 0.1 and 0.2 are probed at its eta, as long as it ran, and the three settled the same
-//                way; if mu = 0 still wins and g > 1, move to the largest listed g of at most g / 2 and search again.
+//                wins, except that the last epoch's configuration (in its grid whenever g is unchanged)
+//                stays unless beaten by more than 5%; configurations tied with the winner are probed
+//                further (below). If the winner has mu = 0, mu = 0.1 and 0.2 are probed at its eta, as
+//                long as it ran, and the three settled the same way; if mu = 0 still wins and g > 1,
+//                move to the largest listed g of at most g / 2 and search again.
 //                Then train the rest of the epoch from the winner's end state.
 //
 // A probe is 1/60 of an epoch by default (the paper: a minute per hour). A run's loss is scored
@@ -49,7 +50,8 @@
 // g lowered because mu = 0 won must beat that mu = 0 winner, run as long, to be kept.
 // Beyond the paper, against the short-horizon bias of a probe (a lower rate wins 10 steps and loses
 // the epoch; measured, docs/omnivore.md): eta* / 10 is probed only once the epoch just trained says
-// eta* stopped paying (a line through its curve's second half promises under 5% over another epoch);
+// eta* stopped paying (a line through its curve's second half promises under 5% over another epoch;
+// when every probe at eta* diverges, eta* / 10 is probed after all);
 // and the last epoch's configuration is kept unless a probe beats it by more than the paper's 5%,
 // not by the probes' own spread, which understates how a probe varies from run to run.
 #include "poseidon/cli/tuner.h"
@@ -222,8 +224,8 @@ class Tuner {
     double mu = 0.9, eta = at.lr;
     int g = first;
     while (at.toStep < cfg_.steps) {
-      say("  epoch from step %d: g = %d, learning rate %g (momentum up to %g) or %g\n", at.toStep, g, eta, mu,
-          eta / 10);
+      say("  epoch from step %d: g = %d, learning rate %g (momentum up to %g), or %g on a plateau\n", at.toStep, g, eta,
+          mu, eta / 10);
       Stage won = search(at, &g, mu, eta, /*firstGrid=*/g != 1 && at.groups == 1);
       at = finishEpoch(won);
       mu = at.momentum;
@@ -289,14 +291,15 @@ class Tuner {
     const int end = epochEnd(at.toStep);
     std::vector<Stage> zeroWinners;  // mu = 0 winners at higher g, still candidates (below)
     // Beyond the paper: eta* / 10 is probed only once eta* has stopped paying (see improving()).
-    const bool lower = !improving(at);
+    const bool probeTenth = !improving(at);
     for (;;) {
       std::vector<Stage> grid;
       std::vector<double> lrs{eta};
-      if (lower) lrs.push_back(eta / 10);
+      if (probeTenth) lrs.push_back(eta / 10);
       for (double lr : lrs) {
         std::vector<double> mus = cfg_.momenta;
-        // The last epoch's configuration is always in its grid (a momentum check's 0.1 or 0.2 is not listed).
+        // The last epoch's configuration is in its grid whenever g is unchanged (a momentum check's 0.1 or
+        // 0.2 is not a listed momentum).
         if (lr == eta && *g == at.groups && std::find(mus.begin(), mus.end(), muLast) == mus.end()) {
           mus.push_back(muLast);
           std::sort(mus.begin(), mus.end());
@@ -308,7 +311,7 @@ class Tuner {
         }
       }
       Stage best = settle(grid, end, strCat("grid at g = ", *g), &at);
-      if (!lower && std::isinf(best.loss)) {  // every probe at eta* diverged: eta* / 10 after all
+      if (!probeTenth && std::isinf(best.loss)) {  // every probe at eta* diverged: eta* / 10 after all
         std::vector<Stage> down;
         for (double mu : cfg_.momenta) down.push_back(probe("probe", at.state, at.toStep, *g, eta / 10, mu));
         best = settle(down, end, strCat("grid at g = ", *g, ", a tenth of the rate"));
@@ -376,26 +379,32 @@ class Tuner {
   // rate bounces in, a gain the probe sees, while the higher rate's faster descent over an epoch is
   // beyond the probe's horizon (measured: tune --regret, docs/omnivore.md). So the rate comes down only
   // on a plateau, as a schedule on plateau does, judged from the whole epoch's curve rather than from a
-  // probe. Fewer than three points in all: Algorithm 1's search.
+  // probe. The gain is relative to the line's own loss at the last point (one point is noisy). Fewer
+  // than three points in all: Algorithm 1's search.
   bool improving(const Stage& s) {
     std::vector<std::pair<double, double>> all, tail;
     for (const auto& p : s.curve) {
-      const double step = p["step"].get<double>(), loss = curveNumber(p, cfg_.lossKey.c_str());
-      if (!std::isfinite(loss)) continue;
+      const double step = curveNumber(p, "step"), loss = curveNumber(p, cfg_.lossKey.c_str());
+      if (!std::isfinite(step) || !std::isfinite(loss)) continue;
       all.emplace_back(step, loss);
       if (step > (s.fromStep + s.toStep) / 2.0) tail.emplace_back(step, loss);
     }
     const auto& pts = tail.size() >= 3 ? tail : all;
     const auto [slope, se] = fitSlope(pts);
-    const double gain = -slope * cfg_.epochSteps, last = pts.empty() ? kInf : pts.back().second;
-    const bool gaining = std::isfinite(se) && gain > kTie * last;
+    double mx = 0, my = 0;
+    for (const auto& [x, y] : pts) {
+      mx += x / static_cast<double>(pts.size());
+      my += y / static_cast<double>(pts.size());
+    }
+    const double gain = -slope * cfg_.epochSteps, last = pts.empty() ? kInf : my + slope * (pts.back().first - mx);
+    const bool gaining = std::isfinite(se) && last > 0 && gain > kTie * last;
     nlohmann::json d = {
         {"what", "rate"}, {"at_step", s.toStep}, {"points", pts.size()}, {"lower_rate_probed", !gaining}};
     if (std::isfinite(se)) {
       d["slope_per_step"] = slope;
       d["slope_se"] = se;
       d["epoch_gain"] = gain / last;
-      d["last_loss"] = last;
+      d["end_loss"] = last;  // the line's at the last point
       say("    rate: over its last %d points the loss falls %.1f%% an epoch (a line through them): %s\n",
           static_cast<int>(pts.size()), 100 * gain / last,
           gaining ? "still gaining, a tenth of the rate is not probed" : "a plateau, a tenth is probed too");
@@ -440,7 +449,7 @@ class Tuner {
   Stage settle(std::vector<Stage>& grid, int end, const std::string& what, const Stage* last = nullptr) {
     int incumbent = -1;  // the last epoch's (g, lr, mu), where the grid has it
     for (size_t i = 0; last != nullptr && i < grid.size(); ++i) {
-      if (grid[i].groups == last->groups && grid[i].lr == last->lr &&
+      if (grid[i].groups == last->groups && std::fabs(grid[i].lr - last->lr) <= 1e-9 * last->lr &&
           std::fabs(grid[i].momentum - last->momentum) < 1e-12)
         incumbent = static_cast<int>(i);
     }

@@ -111,6 +111,9 @@ TEST(BenchReport, OwnBoundIsTheBusiestNodesBytesOrCompute) {
   r.rxPerIter = {1e6, 3.75e6};  // node 1 receives the most: 3.75 MB x 8 / 30 Mbit/s = 1.0 s
   EXPECT_DOUBLE_EQ(ownBoundSeconds(r, 0.5), 1.0);
   EXPECT_DOUBLE_EQ(ownBoundSeconds(r, 1.5), 1.5);  // compute-bound
+  // A model at its whole-batch width ran its links slower than the column's rate: its bound is theirs.
+  r.emulatedMbit = 24;
+  EXPECT_DOUBLE_EQ(ownBoundSeconds(r, 0.5), 1.25);
 }
 
 TEST(BenchReport, RepeatedRunsChargesAndTunedBucketsInTheTable) {
@@ -140,6 +143,16 @@ TEST(BenchReport, RepeatedRunsChargesAndTunedBucketsInTheTable) {
               HasSubstr("| poseidon@cpu:1 | 1.00x | 6.40x | 1.250 (1.200-1.300) | 1.280 | 1.000 | 1.25 | 1.25 | 0.260 |"));
   EXPECT_THAT(md, HasSubstr("| ddp-tuned | 1.00x | 4.00x | 2.000 (2.000-2.000), 5 MB buckets | 2.000 | 1.600 | 1.25 "
                                   "| 2.00 | - |"));
+  // A model that ran at its whole-batch width (model_scales) had its caps scaled by that width.
+  std::vector<RunResult> wide = runs;
+  wide[3].bucketMb = 5 * 0.09375 * 0.09375;
+  const std::string wideMd = markdownOf(resultOf(wide, {{"command", "poseidon bench"},
+                                                        {"scale", 0.1},
+                                                        {"iterations", 8},
+                                                        {"warmup", 3},
+                                                        {"repeat", 3},
+                                                        {"model_scales", {{wide[3].model, 0.09375}}}}));
+  EXPECT_THAT(wideMd, HasSubstr("2.000 (2.000-2.000), 5 MB buckets"));
 }
 
 // What the scaling changes, said in the results' introduction: one run per point, Poseidon's receive

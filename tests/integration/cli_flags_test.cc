@@ -136,6 +136,23 @@ TEST(CliFlags, PlanPredictsSweepsAndChecksAResultsFile) {
   EXPECT_GT(predicted, 0.9);  // vgg19's compute, at least
   EXPECT_DOUBLE_EQ(check["rows"][0]["error"].get<double>(), predicted / 9.0 - 1);
   EXPECT_EQ(check["beyond"], 1);  // 9 s measured is far from it
+  // A file made with whole batches: vgg19 at its recorded width 3/32, its links at emulated_mbit. A
+  // point at the same full-width rate predicts within a few percent of the old rule's (the same
+  // bytes per second of link, SFB's factors 6% heavier), and a width that is not vgg19's is refused.
+  nlohmann::json whole = results;
+  whole["config"]["model_scales"] = {{"vgg19", 0.09375}};
+  whole["runs"] = {run};
+  whole["runs"][0]["emulated_mbit"] = 30 * 0.9375 * 0.9375;
+  std::ofstream(dir + "/whole.json") << whole.dump();
+  const nlohmann::json wholeCheck = planJson({"--check", dir + "/whole.json"});
+  ASSERT_EQ(wholeCheck["rows"].size(), 1u) << wholeCheck.dump();
+  EXPECT_NEAR(wholeCheck["rows"][0]["predicted_seconds"].get<double>() / predicted, 1, 0.06);
+  EXPECT_DOUBLE_EQ(wholeCheck["rows"][0]["link_mbit"].get<double>(), 30);  // the column's rate
+  whole["config"]["model_scales"]["vgg19"] = 0.1;
+  std::ofstream(dir + "/wrong.json") << whole.dump();
+  const nlohmann::json wrongCheck = planJson({"--check", dir + "/wrong.json"});
+  EXPECT_EQ(wrongCheck["points"], 0) << wrongCheck.dump();
+  EXPECT_EQ(wrongCheck["skipped"], 1) << wrongCheck.dump();
   std::ofstream(dir + "/bad.json") << R"({"runs": []})";
   expectRejected({{"plan", "--check", dir + "/bad.json"},
                   "--check: '" + dir + "/bad.json' is not a poseidon bench results file (no config and runs)"});

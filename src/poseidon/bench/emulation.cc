@@ -150,6 +150,8 @@ const Timing& timingOf(const std::string& name) {
 }  // namespace
 
 double wholeBatchScale(const std::string& name, double scale) {
+  if (!(scale > 0 && scale <= 1))
+    throw InvalidArgument(strCat("width scale for model '", name, "' must be in (0, 1], got ", scale));
   const double k = static_cast<double>(timingOf(name).batch);
   return std::max(1.0, std::round(k * scale)) / k;
 }

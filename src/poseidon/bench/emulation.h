@@ -13,7 +13,8 @@
 // Scaling rule (keeps every ratio of the paper): widths x s, per-worker batch
 // x s, link rate x s^2, compute time unchanged. A batch is whole samples, so a
 // model whose batch K x s is not whole runs at the nearest width s' that makes it
-// whole, s' = round(K s) / K (wholeBatchScale: vgg19's K = 32 at s = 0.1 runs at
+// whole and at least one row, s' = max(1, round(K s)) / K (wholeBatchScale: vgg19's
+// K = 32 at s = 0.1 runs at
 // 0.09375, 3 rows a worker), and its links at rate x (s'/s)^2 (emulatedMbit): the
 // same full-width rate, and SFB's factors (K s' (M + N) s' floats) carry exactly s'^2
 // of full width's bytes, like every other message. Rounding K s to 3 at s = 0.1 left

@@ -219,7 +219,7 @@ void writeIntro(std::ostringstream& md, const nlohmann::json& cfg) {
 void writeSystemRow(std::ostringstream& md, const std::string& s, const std::vector<int>& nodes,
                     const std::vector<nlohmann::json>& runs,
                     const std::map<std::pair<std::string, std::string>, nlohmann::json>& one, const std::string& model,
-                    int repeat, double scale) {
+                    int repeat, double width) {
   md << "| " << s << " |";
   nlohmann::json last;
   for (int n : nodes) {
@@ -251,7 +251,7 @@ void writeSystemRow(std::ostringstream& md, const std::string& s, const std::vec
       md << " HOST-BOUND (" << fmt("%.0f%%", 100 * last.value("host_cpu_share", 0.0)) << " of the host's CPU)";
     }
     if (last.contains("tuning") && last["tuning"].is_object()) {
-      md << ", " << fmt("%g MB", last.value("bucket_mb", 0.0) / scale / scale) << " buckets";
+      md << ", " << fmt("%g MB", last.value("bucket_mb", 0.0) / width / width) << " buckets";
     }
     double charged = 0;
     if (last.contains("charged_seconds_per_iteration") && last["charged_seconds_per_iteration"].is_object())
@@ -283,6 +283,10 @@ void writeMarkdown(const std::string& path, const nlohmann::json& result) {
     double scale = cfg["scale"].get<double>();
     md << "## " << key.first << " at " << key.second << " Mbit/s (" << fmt("%g", key.second / scale / scale / 1000)
        << " Gbit/s at full width)\n\n";
+    // The width this model ran at (whole batches, "model_scales"), which its DDP caps were scaled by.
+    const nlohmann::json widths = cfg.value("model_scales", nlohmann::json::object());
+    const double width =
+        widths.contains(key.first) && widths[key.first].is_number() ? widths[key.first].get<double>() : scale;
     std::vector<int> nodes{1};
     std::vector<std::string> systems;
     for (const auto& r : runs) {
@@ -298,7 +302,7 @@ void writeMarkdown(const std::string& path, const nlohmann::json& result) {
     for (size_t i = 0; i < nodes.size() + 6; ++i) md << "---|";
     md << "\n";
     for (const auto& s : systems) {
-      writeSystemRow(md, s, nodes, runs, one, key.first, repeat, scale);
+      writeSystemRow(md, s, nodes, runs, one, key.first, repeat, width);
     }
     md << "\n";
   }

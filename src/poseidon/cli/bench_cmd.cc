@@ -75,7 +75,7 @@ void addWhatToRunFlags(FlagSet& flags, BenchArgs& a) {
   addQueueFlag(flags, &a.queueMs);
   flags.addDouble("scale", &a.scale,
                   "width scale s (link rates represent rate / s^2 at full width; a model whose batch x s is not "
-                  "whole runs at the nearest width s' where it is, its links at rate x (s'/s)^2)",
+                  "whole runs at the nearest width s' where it is, at least one row, its links at rate x (s'/s)^2)",
                   "S", RealRange::leftOpen(0, 1));
   flags.addInt("iterations", &a.iterations, "measured iterations per run", "N", IntRange::atLeast(1));
   flags.addInt("warmup", &a.warmup, "warm-up iterations per run (not measured)", "N", IntRange::atLeast(0));
@@ -110,12 +110,12 @@ void addRuntimeFlags(FlagSet& flags, BenchArgs& a) {
                "bounds each sender's window against incast at 16-32 nodes (docs/bench.md)",
                "BYTES", IntRange::closed(0, 1 << 30));
   flags.addInt("send-window", &a.sendWindow,
-               "the poseidon-overlap systems' kernel send window per connection, bytes at width s (0: their "
-               "default, 1 MB x s^2; docs/scheduling.md)",
+               "the poseidon-overlap systems' kernel send window per connection, bytes as the ranks use it (0: "
+               "their default, 1 MB x s'^2 at the model's width s'; docs/scheduling.md)",
                "BYTES", IntRange::closed(4096, 1 << 30).orOff(0));
   flags.addInt64("pair-bytes", &a.pairBytes,
-                 "Poseidon's KV pair size at full width, bytes (train --pair-bytes); each rank gets it x s^2, at "
-                 "least 4096",
+                 "Poseidon's KV pair size at full width, bytes (train --pair-bytes); each rank gets it x s'^2 "
+                 "(the model's width), at least 4096",
                  "BYTES", IntRange::closed(4, 1 << 30));
   flags.addInt("io-threads", &a.ioThreads,
                "ZeroMQ I/O threads per emulated Poseidon node (2; the runtime's default is half the host's cores over "
@@ -258,8 +258,7 @@ nlohmann::json benchConfig(const BenchArgs& a, const BenchPlan& p, const std::ve
 }
 
 // --bisect: the minimum link rate for 90% efficiency at the largest size, for the first model.
-nlohmann::json bisectRates(Harness& h, EmulatedCluster& cluster, const BenchArgs& a, const BenchPlan& p,
-                           const std::vector<RunResult>& runs) {
+nlohmann::json bisectRates(Harness& h, const BenchArgs& a, const BenchPlan& p, const std::vector<RunResult>& runs) {
   const std::string& m = p.models.front();
   const int n = p.nodes.back();
   nlohmann::json mins;
@@ -324,7 +323,7 @@ std::vector<RunResult> runAll(Harness& h, const BenchArgs& a, const BenchPlan& p
   }
   bench::computeSpeedups(runs);
   if (!a.bisectSystems.empty() && p.nodes.front() == 1 && p.nodes.back() > 1) {
-    result["bisection"] = bisectRates(h, cluster, a, p, runs);
+    result["bisection"] = bisectRates(h, a, p, runs);
   }
   h.cluster = nullptr;
   return runs;

@@ -44,7 +44,7 @@ using bench::EmulatedCluster;
 using bench::EmulatedModel;
 using bench::RunResult;
 
-// ddp-tuned's sweep of the bucket cap, MB at full width (scaled by s^2 like the default 25 MB).
+// ddp-tuned's sweep of the bucket cap, MB at full width (scaled by the model's width^2 like the default 25 MB).
 const std::vector<double> kTunedBucketsMb{1, 5, 25};
 // Whether a system (a valid name: bench/systems.h) is one of PyTorch DDP's.
 inline bool isDdp(const std::string& s) { return bench::parseBenchSystem(s).spec->ddp; }

@@ -110,7 +110,7 @@ void addWorkerFlags(FlagSet& flags, WorkerArgs& a) {
   flags.addString("iface", &a.iface, "network interface whose byte counters to read", "DEV");
   flags.addString("bind", &a.bind, "data endpoint address", "ADDR");
   flags.addInt("timeout", &a.timeoutMs, "timeout of every wait (ms)", "MS", IntRange::atLeast(1));
-  flags.addInt64("pair-bytes", &a.pairBytes, "KV pair size (default: 2 MB x s^2, the scaling rule)", "BYTES",
+  flags.addInt64("pair-bytes", &a.pairBytes, "KV pair size (default: 2 MB x s'^2 at the model's width s')", "BYTES",
                  IntRange::closed(kMinPairBytes, kMaxPairBytes));
   // The device model (bench/device.h): the harness measures the rates once and passes them on.
   flags.addString("charged-on", &a.chargedOn,

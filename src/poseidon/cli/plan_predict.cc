@@ -494,14 +494,22 @@ int planCheck(const std::string& path, const Cluster& calibration, int hostCores
     const bool ddp = sys == System::kDdp || sys == System::kDdpFp16;
     if (why.empty() && !ddp && device != "none" && !rates) why = "device '" + device + "' not in the file";
     planner::Workload w;
-    double modelScale = scale, linkMbit = run.value("emulated_mbit", mbit);
+    double modelScale = scale, linkMbit = mbit;
     if (why.empty()) {
       try {
-        // Files with "model_scales" ran each model where its batch is whole, its links at
-        // emulated_mbit; older ones at the file's scale with the batch rounded.
-        const bool whole = config.contains("model_scales");
+        // Files with "model_scales" ran each model at the width recorded there (its batch whole), its
+        // links at the run's emulated_mbit; older ones at the file's scale with the batch rounded.
+        const nlohmann::json widths = config.value("model_scales", nlohmann::json::object());
+        const bool whole = widths.contains(model);
         w = planner::zooWorkload(model, scale, config.value("compute", "titanx"), whole);
-        if (whole) modelScale = bench::wholeBatchScale(model, scale);
+        if (whole) {
+          modelScale = widths[model].get<double>();
+          if (std::fabs(modelScale - bench::wholeBatchScale(model, scale)) > 1e-12) {
+            throw InvalidArgument(strCat("the file's width for ", model, " (", modelScale,
+                                         ") is not where its batch is whole at s = ", scale));
+          }
+          linkMbit = run.value("emulated_mbit", mbit * (modelScale / scale) * (modelScale / scale));
+        }
       } catch (const std::exception& e) {
         why = e.what();
       }

@@ -111,71 +111,6 @@ struct Stage {
   }
 };
 
-}  // namespace
-
-double curveNumber(const nlohmann::json& p, const char* key) {
-  return p.contains(key) && p[key].is_number() && std::isfinite(p[key].get<double>()) ? p[key].get<double>()
-                                                                                      : std::nan("");
-}
-
-std::pair<double, double> scoreRun(const std::vector<std::pair<double, double>>& points) {
-  if (points.empty()) return {kInf, std::nan("")};
-  for (const auto& [x, y] : points)
-    if (!std::isfinite(y) || y >= 1e3) return {kInf, std::nan("")};
-  const double n = static_cast<double>(points.size());
-  double mx = 0, my = 0;
-  for (const auto& [x, y] : points) {
-    mx += x / n;
-    my += y / n;
-  }
-  std::vector<double> xs;
-  for (const auto& [x, y] : points) xs.push_back(x);
-  std::sort(xs.begin(), xs.end());
-  if (std::unique(xs.begin(), xs.end()) - xs.begin() < 3) return {my, std::nan("")};  // a line needs 3 to spare one
-  double sxx = 0, sxy = 0;
-  for (const auto& [x, y] : points) {
-    sxx += (x - mx) * (x - mx);
-    sxy += (x - mx) * (y - my);
-  }
-  if (!(sxx > 0)) return {my, std::nan("")};
-  // The spread: the points' scatter about their trend (a falling loss is not noise).
-  const double slope = sxy / sxx;
-  double rss = 0;
-  for (const auto& [x, y] : points) {
-    const double r = y - (my + slope * (x - mx));
-    rss += r * r;
-  }
-  return {my, std::sqrt(rss / (n - 2) / n)};
-}
-
-namespace {
-
-// The least-squares slope of (x, y) points and its standard error (NaN with fewer than three distinct x).
-std::pair<double, double> fitSlope(const std::vector<std::pair<double, double>>& points) {
-  const double n = static_cast<double>(points.size());
-  std::vector<double> xs;
-  for (const auto& [x, y] : points) xs.push_back(x);
-  std::sort(xs.begin(), xs.end());
-  if (std::unique(xs.begin(), xs.end()) - xs.begin() < 3) return {std::nan(""), std::nan("")};
-  double mx = 0, my = 0;
-  for (const auto& [x, y] : points) {
-    mx += x / n;
-    my += y / n;
-  }
-  double sxx = 0, sxy = 0;
-  for (const auto& [x, y] : points) {
-    sxx += (x - mx) * (x - mx);
-    sxy += (x - mx) * (y - my);
-  }
-  const double slope = sxy / sxx;
-  double rss = 0;
-  for (const auto& [x, y] : points) {
-    const double r = y - (my + slope * (x - mx));
-    rss += r * r;
-  }
-  return {slope, std::sqrt(rss / (n - 2) / sxx)};
-}
-
 // A run's outcome for the terminal: "loss 0.5210 +- 0.0031", "diverged at step 23 (stopped)" or
 // "loss diverged".
 std::string outcome(const Stage& s) {
@@ -390,13 +325,10 @@ class Tuner {
       if (step > (s.fromStep + s.toStep) / 2.0) tail.emplace_back(step, loss);
     }
     const auto& pts = tail.size() >= 3 ? tail : all;
-    const auto [slope, se] = fitSlope(pts);
-    double mx = 0, my = 0;
-    for (const auto& [x, y] : pts) {
-      mx += x / static_cast<double>(pts.size());
-      my += y / static_cast<double>(pts.size());
-    }
-    const double gain = -slope * cfg_.epochSteps, last = pts.empty() ? kInf : my + slope * (pts.back().first - mx);
+    const LineFit fit = fitLine(pts);
+    const double slope = fit.slope, se = fit.slopeSe;
+    const double gain = -slope * cfg_.epochSteps,
+                 last = pts.empty() ? kInf : fit.my + slope * (pts.back().first - fit.mx);
     const bool gaining = std::isfinite(se) && last > 0 && gain > kTie * last;
     nlohmann::json d = {
         {"what", "rate"}, {"at_step", s.toStep}, {"points", pts.size()}, {"lower_rate_probed", !gaining}};

@@ -4,6 +4,7 @@
 // the CLI.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -82,5 +83,13 @@ double curveNumber(const nlohmann::json& point, const char* key);
 // its standard error from the points' scatter about their least-squares line (NaN with fewer: the
 // tie band is then the paper's 5%). Infinity when a loss is not finite.
 std::pair<double, double> scoreRun(const std::vector<std::pair<double, double>>& points);
+
+// The least-squares line through (x, y) points: the means, the slope, and from the points' scatter
+// about it the standard errors of the slope and of the mean (NaN with fewer than three distinct x).
+struct LineFit {
+  double mx = 0, my = 0;
+  double slope = std::nan(""), slopeSe = std::nan(""), meanSe = std::nan("");
+};
+LineFit fitLine(const std::vector<std::pair<double, double>>& points);
 
 }  // namespace poseidon::cli

@@ -115,9 +115,10 @@ TEST(TuneRegret, GridTargetTunerAndRegretAgree) {
       lowerAt[d["at_step"].get<int>()] = lower;
       if (d.contains("epoch_gain")) {
         EXPECT_EQ(lower, !(d["epoch_gain"].get<double>() > 0.05)) << d.dump();
-        // The line's slope over the epoch's 40 steps, relative to the epoch's last loss.
+        // The line's slope over the epoch's 40 steps, relative to the line's loss at the epoch's end.
+        ASSERT_TRUE(d.contains("end_loss")) << d.dump();
         EXPECT_NEAR(d["epoch_gain"].get<double>(),
-                    -d["slope_per_step"].get<double>() * 40 / d["last_loss"].get<double>(), 1e-9);
+                    -d["slope_per_step"].get<double>() * 40 / d["end_loss"].get<double>(), 1e-9);
       } else {
         EXPECT_TRUE(lower) << d.dump();  // fewer than three points: Algorithm 1's search
       }

@@ -211,7 +211,7 @@ TEST(BenchEmulation, AModelRunsAtTheWidthWhereItsBatchIsWhole) {
   EXPECT_EQ(vgg.batch, 3);
   EXPECT_EQ(vgg.fullBatch, 32);
   EXPECT_DOUBLE_EQ(wholeBatchScale("vgg19", 0.1), 0.09375);
-  EXPECT_DOUBLE_EQ(emulatedMbit(vgg, 30, 0.1), 30 * 0.9375 * 0.9375);
+  EXPECT_DOUBLE_EQ(emulatedMbit(vgg.scale, 30, 0.1), 30 * 0.9375 * 0.9375);
   // fc7 (4096 x 4096) at width 3/32 is 384 x 384: a worker's factors K (M + N) are s'^2 of full width's.
   const ModelDesc full = emulatedModel("vgg19", 1.0).desc;
   auto sfbFloats = [](const ModelDesc& d, int64_t batch) {
@@ -230,7 +230,7 @@ TEST(BenchEmulation, AModelRunsAtTheWidthWhereItsBatchIsWhole) {
   // Whole already: unchanged. Full width: unchanged.
   EXPECT_DOUBLE_EQ(emulatedModel("vgg19", 0.125).scale, 0.125);
   EXPECT_DOUBLE_EQ(emulatedModel("vgg19", 1.0).scale, 1.0);
-  EXPECT_DOUBLE_EQ(emulatedMbit(emulatedModel("vgg19", 0.125), 30, 0.125), 30);
+  EXPECT_DOUBLE_EQ(emulatedMbit(emulatedModel("vgg19", 0.125).scale, 30, 0.125), 30);
   // At least one row a worker.
   EXPECT_DOUBLE_EQ(wholeBatchScale("vgg19", 0.001), 1.0 / 32);
   EXPECT_THROW(emulatedModel("vgg19", 0), InvalidArgument);

@@ -147,17 +147,21 @@ const Timing& timingOf(const std::string& name) {
   throw InvalidArgument("no emulated timing for model '" + name + "' (bench models: " + known + ")");
 }
 
+void checkScale(const std::string& name, double scale) {
+  if (!(scale > 0 && scale <= 1))
+    throw InvalidArgument(strCat("width scale for model '", name, "' must be in (0, 1], got ", scale));
+}
+
 }  // namespace
 
 double wholeBatchScale(const std::string& name, double scale) {
-  if (!(scale > 0 && scale <= 1))
-    throw InvalidArgument(strCat("width scale for model '", name, "' must be in (0, 1], got ", scale));
+  checkScale(name, scale);
   const double k = static_cast<double>(timingOf(name).batch);
   return std::max(1.0, std::round(k * scale)) / k;
 }
 
-double emulatedMbit(const EmulatedModel& m, double mbit, double scale) {
-  const double r = m.scale / scale;
+double emulatedMbit(double width, double mbit, double scale) {
+  const double r = width / scale;
   return mbit * r * r;
 }
 
@@ -165,8 +169,7 @@ EmulatedModel emulatedModel(const std::string& name, double requestedScale, cons
                             bool wholeBatch) {
   if (!isComputeName(compute)) throw InvalidArgument("unknown compute '" + compute + "' (titanx, h200, h200-bf16)");
   const Timing* timing = &timingOf(name);
-  if (!(requestedScale > 0 && requestedScale <= 1))
-    throw InvalidArgument(strCat("width scale for model '", name, "' must be in (0, 1], got ", requestedScale));
+  checkScale(name, requestedScale);
   const double scale = wholeBatch ? wholeBatchScale(name, requestedScale) : requestedScale;
   EmulatedModel m;
   m.name = name;

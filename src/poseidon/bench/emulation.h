@@ -55,9 +55,9 @@ EmulatedModel emulatedModel(const std::string& name, double scale, const std::st
 // The width at which the model's published batch K times it is whole: max(1, round(K s)) / K
 // (s itself at full width, or where K s is whole).
 double wholeBatchScale(const std::string& name, double scale);
-// The link rate that model runs at for the rate `mbit` at width `scale` (rate / scale^2 at full
-// width): mbit x (m.scale / scale)^2.
-double emulatedMbit(const EmulatedModel& m, double mbit, double scale);
+// The link rate a model at `width` (EmulatedModel::scale) runs at for the rate `mbit` at width
+// `scale` (rate / scale^2 at full width): mbit x (width / scale)^2.
+double emulatedMbit(double width, double mbit, double scale);
 const std::vector<std::string>& emulatedModelNames();
 
 // The fp32 rate of the SFB reconstruction GEMM on the H200 (the median of the

@@ -99,7 +99,7 @@ struct Harness {
   double rateMbit = 0;
   void setRate(const std::string& modelName, double mbit, double latencyMs, double queueMs) {
     rateMbit = mbit;
-    cluster->setLink({bench::emulatedMbit(model(modelName), mbit, scale), latencyMs, queueMs});
+    cluster->setLink({bench::emulatedMbit(model(modelName).scale, mbit, scale), latencyMs, queueMs});
   }
 
   // One point: `repeat` runs (each tried again on failure, up to `retries`

@@ -508,7 +508,7 @@ int planCheck(const std::string& path, const Cluster& calibration, int hostCores
             throw InvalidArgument(strCat("the file's width for ", model, " (", modelScale,
                                          ") is not where its batch is whole at s = ", scale));
           }
-          linkMbit = run.value("emulated_mbit", mbit * (modelScale / scale) * (modelScale / scale));
+          linkMbit = run.value("emulated_mbit", bench::emulatedMbit(modelScale, mbit, scale));
         }
       } catch (const std::exception& e) {
         why = e.what();

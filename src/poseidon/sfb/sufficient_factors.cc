@@ -1,6 +1,7 @@
 #include "poseidon/sfb/sufficient_factors.h"
 
 #include <Eigen/Core>
+#include <algorithm>
 #include <cstring>
 
 namespace poseidon {
@@ -38,8 +39,14 @@ void reconstructGradient(const std::vector<FactorView>& workers, int64_t m, int6
   Eigen::Map<const RowMatrix> V(v, total, n);
   W.noalias() = scale * (U.transpose() * V);
   if (gradB) {
-    Eigen::Map<Eigen::RowVectorXf> b(gradB, m);
-    b.noalias() = scale * U.colwise().sum();
+    // Row by row, each element summed in row order: Eigen's colwise().sum() splits its reduction by the
+    // buffers' alignment, which differs between ranks, so replicas would differ in the last bits.
+    std::fill(gradB, gradB + m, 0.f);
+    for (int64_t r = 0; r < total; ++r) {
+      const float* row = u + r * m;
+      for (int64_t i = 0; i < m; ++i) gradB[i] += row[i];
+    }
+    for (int64_t i = 0; i < m; ++i) gradB[i] *= scale;
   }
 }
 

@@ -11,7 +11,8 @@
 #     (a) exactness: 4 ranks sharing the GPU x 16 rows against one process x 64 rows on the CPU, 10 steps
 #         of SGD with momentum, for an MLP, a model with a never-called SFB layer and a conv net with
 #         BatchNorm (against the same 4 ranks on the CPU: its batch statistics are per rank); in C++
-#         (torch_tests' DeviceExactness) and in Python (tests/python/jobs/exact_job.py); max rel diff <= 1e-4
+#         (torch_tests' DeviceExactness) and in Python (tests/python/jobs/exact_job.py); max rel diff <= 1e-4;
+#         and the same in C++ as 2 machines x 2 local ranks (torch_tests' LocalRanks, --local-ranks 2)
 #     the README's Python example with only .cuda() added (model and data), 4 ranks
 #     (b) the main job with --device cuda: test accuracy >= 88%
 #     (c) a trace whose device-to-host copies run inside the backward (a copy done before the step's last
@@ -76,7 +77,7 @@ core_rc=$?
 row "core tests" "$(grep -Eo 'PASSED.*|[0-9]+ FAILED TESTS?' "$OUT/core_tests.log" | tail -1)" \
   "$([[ $core_rc == 0 ]] && echo ok || echo MISS)"
 "$BIN/torch_tests" --gtest_brief=1 \
-  --gtest_filter='DistributedModel.*:*DdpSemantics*:DeviceExactness.*:Devices.*:Checkpoint.*' >"$OUT/torch_tests.log" 2>&1
+  --gtest_filter='DistributedModel.*:*DdpSemantics*:DeviceExactness.*:Devices.*:Checkpoint.*:LocalRanks.*' >"$OUT/torch_tests.log" 2>&1
 torch_rc=$?
 row "torch tests (DistributedModel, DDP semantics, devices)" "$(grep -Eo 'PASSED.*|[0-9]+ FAILED TESTS?' "$OUT/torch_tests.log" | tail -1)" \
   "$([[ $torch_rc == 0 ]] && echo ok || echo MISS)"
@@ -85,6 +86,12 @@ row "torch tests (DistributedModel, DDP semantics, devices)" "$(grep -Eo 'PASSED
 for kind in mlp unused bnconv; do
   d=$(grep -Eo "device-exactness $kind on cuda[^:]*: max rel diff [0-9.e+-]+" "$OUT/torch_tests.log" | grep -Eo '[0-9.e+-]+$')
   row "(a) C++ $kind, 4 ranks on the GPU" "max rel diff ${d:-none}" \
+    "$([[ -n "$d" ]] && $PY -c "import sys; sys.exit(0 if float('$d') <= 1e-4 else 1)" && echo ok || echo MISS)"
+done
+# Several GPUs in one node (--local-ranks 2: 2 machines x 2 ranks, each pair meeting on its leader).
+for kind in mlp unused bnconv; do
+  d=$(grep -Eo "local-ranks 2 $kind on cuda[^:]*: max rel diff [0-9.e+-]+" "$OUT/torch_tests.log" | grep -Eo '[0-9.e+-]+$')
+  row "(a) C++ $kind, 2 x 2 local ranks on the GPU" "max rel diff ${d:-none}" \
     "$([[ -n "$d" ]] && $PY -c "import sys; sys.exit(0 if float('$d') <= 1e-4 else 1)" && echo ok || echo MISS)"
 done
 if [[ -n "$PYBIND" ]]; then

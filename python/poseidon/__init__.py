@@ -112,6 +112,11 @@ class DistributedModel(torch.nn.Module):
         small one keeps many senders from overflowing a switch port).
     wire: what gradients travel as: "fp32" (exact), or "bf16" / "fp16" (half the bytes, summed in fp32;
         lossy, like DDP's fp16 compression hook). Every rank must pass the same.
+    local_ranks: several ranks (GPUs) per machine, as the paper's nodes (docs/gpu.md): ranks r..r+L-1
+        (r a multiple of L) first meet on rank r, their leader, which alone synchronizes with the other
+        machines: the machine's PS update leaves it once, summed, and its SF sets once, stacked. L must
+        divide the world size; every rank passes the same; not with compute groups. 1 (the default):
+        every rank is its own node.
     overlap_forward: step(optimizer) returns at once and the next forward applies each layer's update
         just before that layer runs, as its synchronized gradient lands (docs/scheduling.md); exact for
         optimizers that update each parameter from its own gradient and state (SGD, Adam, ...). The
@@ -147,7 +152,7 @@ class DistributedModel(torch.nn.Module):
     def __init__(self, module, batch=None, *, name=None, scheme="auto", overlap=True, broadcast_buffers=True,
                  check_finite=True, timeout=30.0, sync_threads=2, pair_bytes=2 * 1024 * 1024, io_threads=0,
                  tcp_rcvbuf=0, wire="fp32", overlap_forward=False, send_window=0, groups=0, optimizer=None,
-                 staleness=None, merged_fc=None, stage_on_host=False):
+                 staleness=None, merged_fc=None, stage_on_host=False, local_ranks=1):
         super().__init__()
         if not isinstance(module, torch.nn.Module):
             raise TypeError("DistributedModel wraps a torch.nn.Module, got %s" % type(module).__name__)
@@ -158,7 +163,8 @@ class DistributedModel(torch.nn.Module):
                        check_finite=bool(check_finite),
                        timeout_ms=int(round(timeout * 1000)), sync_threads=int(sync_threads),
                        pair_bytes=int(pair_bytes), io_threads=int(io_threads), tcp_rcvbuf=int(tcp_rcvbuf),
-                       wire=str(wire), send_window=int(send_window), stage_on_host=bool(stage_on_host))
+                       wire=str(wire), send_window=int(send_window), stage_on_host=bool(stage_on_host),
+                       local_ranks=int(local_ranks))
         self.groups = int(groups)
         self._group_optimizer = None
         # Plain attributes, not submodules: the wrapper's state_dict stays the module's.

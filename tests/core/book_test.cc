@@ -62,8 +62,9 @@ TEST(Book, WirePrecisionTravelsAndIsCheckedAgainstTheJob) {
   auto bytes = w.take();
   ByteReader r(bytes.data(), bytes.size());
   EXPECT_EQ(InformationBook::read(r).settings().wire, WirePrecision::kBf16);
-  // The wire byte is the settings' last: an unknown format is a clean error.
-  bytes.back() = 3;
+  // The wire byte comes just before the settings' last field (local ranks, a u32): an unknown format
+  // is a clean error.
+  bytes[bytes.size() - 5] = 3;
   ByteReader bad(bytes.data(), bytes.size());
   EXPECT_ERROR_CONTAINS(InformationBook::read(bad), ProtocolError, "wire precision out of range");
   JobSettings fp32 = s;

@@ -457,6 +457,12 @@ TEST(CliFlags, TrainRejectsOutOfRangeNetworkKnobs) {
       {{"train", "--wire", "fp16", "--plain"}, "--wire fp16 and --plain cannot be combined (--plain sends nothing)"});
   expectRejected({{"train", "--wire", "bf16", "--groups", "2"},
                   "--wire bf16 and --groups cannot be combined (the groups' pulls carry the model itself)"});
+  expectRejected({{"train", "--local-ranks", "3"}, "--local-ranks 3 must divide --workers 4"});
+  expectRejected({{"train", "--local-ranks", "0"}, "--local-ranks must be in [1, 4096], got 0"});
+  expectRejected(
+      {{"train", "--local-ranks", "2", "--groups", "2"}, "--local-ranks 2 cannot be combined with --groups"});
+  expectRejected(
+      {{"train", "--local-ranks", "2", "--servers", "1"}, "--local-ranks 2 cannot be combined with --servers"});
 }
 
 TEST(CliFlags, BenchWorkerRejectsOutOfRangeValues) {

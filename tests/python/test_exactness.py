@@ -57,6 +57,21 @@ class Exactness(TempDirTest):
         for p, q in zip(s["params"] + s["buffers"], i["params"] + i["buffers"]):
             self.assertTrue(torch.equal(p, q))
 
+    def test_two_machines_of_two_ranks(self):
+        # local_ranks=2: ranks 1 and 3 hand their updates to leaders 0 and 2, the only workers on the
+        # network (ip1 by stacked factors, the rest summed); the same parameters as one process.
+        local = launch(4, JOB, "lenet", self.path("local.pt"), "--local-ranks", "2")
+        self.assertEqual(local.code, 0, str(local))
+        one = alone(JOB, "lenet", self.path("one.pt"))
+        self.assertEqual(one.code, 0, str(one))
+        a, b = torch.load(self.path("local.pt")), torch.load(self.path("one.pt"))
+        self.assertEqual((a["workers"], a["network_workers"]), (4, 2))
+        worst = max(((p - q).abs().max() / q.abs().max().clamp(min=1e-6)).item()
+                    for p, q in zip(a["params"], b["params"]))
+        print("lenet, 2 machines x 2 ranks vs 1 x 64 after 10 steps: max |diff| / max |param| = %.3g" % worst)
+        self.assertLess(worst, 1e-4)
+        self.assertEqual({layer["name"]: layer["last_scheme"] for layer in a["plan"]}["ip1"], "sfb")
+
     def test_lenet(self):
         self.assertEqual(self.run_model("lenet"), {"conv1": "ps", "conv2": "ps", "ip1": "sfb", "ip2": "ps"})
 

@@ -377,7 +377,8 @@ struct DeviceNet : torch::nn::Module {
 };
 
 // Rank 0's parameters and buffers (on the CPU) after `steps` steps of `ranks` x (64 / ranks) rows.
-std::vector<torch::Tensor> deviceJob(const std::string& kind, int ranks, c10::Device device, bool staged) {
+std::vector<torch::Tensor> deviceJob(const std::string& kind, int ranks, c10::Device device, bool staged,
+                                     int localRanks = 1) {
   constexpr int64_t kGlobal = 64;
   constexpr int kSteps = 10;
   const int64_t rows = kGlobal / ranks, width = kind == "bnconv" ? 64 : 512;
@@ -400,6 +401,7 @@ std::vector<torch::Tensor> deviceJob(const std::string& kind, int ranks, c10::De
       auto net = nets[r];
       DistributedOptions o = rankOptions(r, ranks, port, rows);
       o.stageOnHost = staged;
+      o.node.settings.localRanks = localRanks;
       DistributedModel dist(net, kind, o, [net](torch::Tensor x) { return net->forward(x); });
       EXPECT_EQ(dist.device(), device);
       torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
@@ -444,6 +446,35 @@ TEST(DeviceExactness, FourRanksOnTheDeviceEqualOneProcessOnTheCpu) {
     std::cout << "device-exactness " << kind << " on " << device << ": max rel diff " << worst << "\n";
     EXPECT_LE(worst, 1e-4) << kind;
     if (kind == "unused") EXPECT_TRUE(torch::equal(got[2], want[2]));  // spare.weight: where it started
+  }
+}
+
+// Two machines of two ranks (JobSettings::localRanks, client/local_group.h): each machine's leader
+// sums (PS) or stacks (SFB) its ranks' updates and sends the machine's mean to its member. The same
+// models and steps as above, against one process; staged on the host as a CUDA model would be, and not.
+// On the GPU where there is one (the device check runs this test there too).
+TEST(LocalRanks, TwoMachinesOfTwoRanksEqualOneProcess) {
+  const bool gpu = torch::cuda::device_count() > 0;
+  const c10::Device device = gpu ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
+  for (const bool staged : gpu ? std::vector<bool>{false} : std::vector<bool>{false, true}) {
+    for (const std::string kind : {"mlp", "unused", "bnconv"}) {
+      const auto got = deviceJob(kind, 4, device, staged, 2);
+      const auto want = kind == "bnconv" ? deviceJob(kind, 4, c10::Device(c10::kCPU), false)
+                                         : deviceJob(kind, 1, c10::Device(c10::kCPU), false);
+      ASSERT_EQ(got.size(), want.size());
+      double worst = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        if (!got[i].is_floating_point()) {
+          EXPECT_TRUE(torch::equal(got[i], want[i])) << kind << " tensor " << i;
+          continue;
+        }
+        const double scale = std::max(1e-6, want[i].abs().max().item<double>());
+        worst = std::max(worst, (got[i] - want[i]).abs().max().item<double>() / scale);
+      }
+      std::cout << "local-ranks 2 " << kind << " on " << device << (staged ? " staged" : "") << ": max rel diff "
+                << worst << "\n";
+      EXPECT_LE(worst, 1e-4) << kind;
+    }
   }
 }
 

@@ -116,14 +116,36 @@ void Node::assemble() {
   const int rank = options_.rank;
   const int layers = static_cast<int>(book.model().layers.size());
   van_->counters().resize(layers);
+  van_->counters().resizePeers(book.worldSize());
   std::vector<std::string> endpoints;
   for (const auto& n : book.nodes()) endpoints.push_back(n.endpoint);
   van_->connectPeers(rank, endpoints, book.jobId());
-  if (isServer()) server_ = std::make_unique<KvServer>(book, book.shardIndex(rank), options_.charger);
+  const bool member = isLocalMember();
+  if (isServer() && !member) server_ = std::make_unique<KvServer>(book, book.shardIndex(rank), options_.charger);
   if (isWorker()) {
-    for (int l = 0; l < layers; ++l) syncers_.push_back(std::make_unique<Syncer>(static_cast<SyncHost&>(*this), l));
+    if (!member) {
+      for (int l = 0; l < layers; ++l) syncers_.push_back(std::make_unique<Syncer>(static_cast<SyncHost&>(*this), l));
+    }
     barrier_ = std::make_unique<IterationBarrier>(layers, error_);
     pool_ = std::make_unique<ThreadPool>(options_.threads);
+  }
+  if (isWorker() && book.localRanks() > 1) {
+    LocalGroup::Host h;
+    h.send = [this](int dest, const FrameHeader& header, const std::vector<Van::Part>& parts) {
+      van_->send(dest, header, parts);
+    };
+    h.schedule = [this](std::function<void()> task) { pool_->schedule(std::move(task)); };
+    h.fail = [this](std::exception_ptr e) { this->fail(std::move(e)); };
+    h.iteration = [this] { return iteration_.load(); };
+    h.submitDense = [this](int layer, int64_t it, LayerBuffer grad, std::shared_ptr<void> keep) {
+      syncers_[layer]->submitDense(it, std::move(grad), std::move(keep));
+    };
+    h.submitFactors = [this](int layer, int64_t it, Scheme scheme, const float* u, const float* v, int64_t rows,
+                             LayerBuffer out, std::shared_ptr<void> keep) {
+      syncers_[layer]->submitFactors(it, scheme, u, v, rows, std::move(out), std::move(keep));
+    };
+    h.done = [this](int layer, int64_t it) { barrierDone(layer, it); };
+    local_ = std::make_unique<LocalGroup>(book, rank, std::move(h));
   }
   iteration_ = book.settings().startIteration;
   saidBye_.assign(static_cast<size_t>(book.worldSize()), false);
@@ -148,6 +170,7 @@ Node::~Node() {
   }
   // Queued sends and reconstructions must not touch the caller's buffers any more.
   for (auto& s : syncers_) s->close();
+  if (local_) local_->close();
   stopLoop_ = true;
   if (loop_.joinable()) loop_.join();
   pool_.reset();  // drains queued sends while the van is still open
@@ -188,6 +211,7 @@ void Node::sendToPeers(const FrameHeader& header, const std::string& payload, bo
 
 void Node::quiesce() {
   for (auto& s : syncers_) s->close();
+  if (local_) local_->close();
   if (pool_) pool_->waitIdle();
 }
 
@@ -298,6 +322,13 @@ void Node::route(Message& msg) {
       else s.onAggregate(msg);
       return;
     }
+    case wire::Handler::kLocal:
+      if (!local_) throw ProtocolError(strCat(msgTypeName(h.type), " to a rank without local aggregation"));
+      if (h.type == MsgType::kLocalPush)
+        local_->onPush(msg);
+      else
+        local_->onResult(msg);
+      return;
     case wire::Handler::kCollectives:
       collectives_->deliver(std::move(msg));
       return;

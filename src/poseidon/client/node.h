@@ -74,6 +74,7 @@
 #include "poseidon/client/iteration_barrier.h"
 #include "poseidon/client/layer_buffer.h"
 #include "poseidon/client/liveness.h"
+#include "poseidon/client/local_group.h"
 #include "poseidon/client/syncer.h"
 #include "poseidon/common/sticky_error.h"
 #include "poseidon/common/thread_pool.h"
@@ -139,6 +140,9 @@ class Node : private SyncHost {
   int rank() const override { return options_.rank; }
   bool isWorker() const { return poseidon::isWorker(options_.role); }
   bool isServer() const { return poseidon::isServer(options_.role); }
+  // Local aggregation (JobSettings::localRanks > 1): a machine's member hands its layers to its
+  // leader (client/local_group.h); on the network it is neither worker nor server.
+  bool isLocalMember() const { return book_.localRanks() > 1 && book_.isLocalMember(rank()); }
 
   // ---- worker API -------------------------------------------------------------
   // Starts iteration t; t must follow the previous one (or be the book's start).
@@ -247,6 +251,9 @@ class Node : private SyncHost {
   void send(int dest, const FrameHeader& header, const std::vector<Van::Part>& parts) override;
   void schedule(std::function<void()> task) override;
   void layerDone(int layer, int64_t iteration) override;
+  // The layer's mean is in this rank's buffer: the barrier's bit (a leader's Syncer reaches it through
+  // its LocalGroup, once the members have their copy).
+  void barrierDone(int layer, int64_t iteration);
   int64_t currentIteration() const override { return iteration_.load(); }
   Tracer* tracer() const override { return options_.tracer; }
   WorkCharger* charger() const override { return options_.charger; }
@@ -271,6 +278,9 @@ class Node : private SyncHost {
   void checkPeers();
   void route(Message& msg);
   void sendAll(const std::vector<KvServer::Outgoing>& out);
+  int layerCount() const { return static_cast<int>(book_.model().layers.size()); }
+  // What a layer of the iteration still waits for, for a timeout's message.
+  std::string pendingWhat(int layer, int64_t iteration) const;
 
   NodeOptions options_;
   zmq::context_t ctx_;
@@ -283,7 +293,8 @@ class Node : private SyncHost {
   std::unique_ptr<KvServer> server_;              // servers; used by the receive loop under serverMutex_
   mutable std::mutex serverMutex_;                // a leaf: also lets the user's thread read the statistics
   std::unique_ptr<GroupClient> groups_;           // workers in compute-group mode
-  std::vector<std::unique_ptr<Syncer>> syncers_;  // workers
+  std::vector<std::unique_ptr<Syncer>> syncers_;  // workers (not a machine's members)
+  std::unique_ptr<LocalGroup> local_;             // local aggregation (JobSettings::localRanks > 1)
   std::unique_ptr<IterationBarrier> barrier_;     // workers
   std::unique_ptr<Collectives> collectives_;
   std::unique_ptr<FcLink> fc_;          // merged FC: requests on the FC server, a worker's reply

@@ -42,17 +42,19 @@ Scheme Node::schemeFor(int layer) const {
 
 void Node::submitDense(int layer, LayerBuffer grad, std::shared_ptr<void> keepAlive) {
   throwIfFailed();
-  if (layer < 0 || layer >= static_cast<int>(syncers_.size())) {
+  if (!barrier_ || layer < 0 || layer >= layerCount()) {
     throw InvalidArgument(strCat("submitDense: layer index ", layer, " out of range (rank ", rank(), " has ",
-                                 syncers_.size(), " worker layers)"));
+                                 barrier_ ? layerCount() : 0, " worker layers)"));
   }
+  // Local aggregation: the machine's ranks meet on its leader first (client/local_group.h).
+  if (local_) return local_->submitDense(layer, iteration_.load(), std::move(grad), std::move(keepAlive));
   syncers_[layer]->submitDense(iteration_.load(), std::move(grad), std::move(keepAlive));
 }
 
 void Node::submitFactors(int layer, const float* u, const float* v, int64_t rows, LayerBuffer out,
                          std::shared_ptr<void> keepAlive, FactorRebuild rebuild) {
   throwIfFailed();
-  if (layer < 0 || layer >= static_cast<int>(syncers_.size())) {
+  if (!barrier_ || layer < 0 || layer >= layerCount()) {
     throw InvalidArgument(strCat("submitFactors: layer index ", layer, " out of range"));
   }
   Scheme scheme = schemeFor(layer);
@@ -60,6 +62,11 @@ void Node::submitFactors(int layer, const float* u, const float* v, int64_t rows
     throw InvalidArgument(strCat("submitFactors: BestScheme chose ps for layer '", book_.model().layers[layer].name,
                                  "' at the job's batch of ", book_.settings().batch,
                                  "; submit its dense gradient instead"));
+  }
+  if (local_) {
+    // The machine's mean goes to the members as a gradient, so each rank's lands in `out`.
+    if (rebuild) throw InvalidArgument("submitFactors: a device rebuild cannot be combined with local ranks");
+    return local_->submitFactors(layer, iteration_.load(), scheme, u, v, rows, std::move(out), std::move(keepAlive));
   }
   syncers_[layer]->submitFactors(iteration_.load(), scheme, u, v, rows, std::move(out), std::move(keepAlive),
                                  scheme == Scheme::kSFB ? std::move(rebuild) : nullptr);
@@ -94,6 +101,11 @@ std::vector<std::vector<bool>> Node::contributors(int layer, int64_t iteration) 
 }
 
 void Node::layerDone(int layer, int64_t iteration) {
+  if (local_) return local_->layerSynced(layer, iteration);  // the members' copy first
+  barrierDone(layer, iteration);
+}
+
+void Node::barrierDone(int layer, int64_t iteration) {
   if (!barrier_->layerDone(layer, iteration)) {
     // Cannot happen under BSP; treat it as a bug rather than corrupt state.
     fail(std::make_exception_ptr(Error(strCat("internal error: layer ", layer, " finished iteration ", iteration,
@@ -106,14 +118,20 @@ void Node::layerDone(int layer, int64_t iteration) {
 void Node::waitIteration() { waitIteration(waitTimeout()); }
 
 bool Node::layerReady(int layer) const {
-  return barrier_ && layer >= 0 && layer < static_cast<int>(syncers_.size()) && barrier_->isDone(layer);
+  return barrier_ && layer >= 0 && layer < layerCount() && barrier_->isDone(layer);
+}
+
+std::string Node::pendingWhat(int layer, int64_t iteration) const {
+  const std::string local = local_ ? local_->pending(layer, iteration) : std::string();
+  if (!local.empty() || syncers_.empty()) return local.empty() ? strCat("layer ", layer) : local;
+  return syncers_[layer]->pending(iteration);
 }
 
 void Node::waitLayer(int layer) {
   if (!barrier_) throw InvalidArgument(strCat("rank ", rank(), " is not a worker; it has no iterations"));
-  if (layer < 0 || layer >= static_cast<int>(syncers_.size())) {
+  if (layer < 0 || layer >= layerCount()) {
     throw InvalidArgument(strCat("waitLayer: layer index ", layer, " out of range (rank ", rank(), " has ",
-                                 syncers_.size(), " worker layers)"));
+                                 layerCount(), " worker layers)"));
   }
   bool done = false;
   try {
@@ -126,7 +144,7 @@ void Node::waitLayer(int layer) {
   const int64_t it = iteration_.load();
   fail(std::make_exception_ptr(
       TimeoutError(strCat("rank ", rank(), " iteration ", it, ": timed out after ", waitTimeout().count() / 1000.0,
-                          " s waiting for ", syncers_[layer]->pending(it)))));
+                          " s waiting for ", pendingWhat(layer, it)))));
   throwIfFailed();
 }
 
@@ -142,7 +160,7 @@ void Node::waitIteration(std::chrono::milliseconds timeout) {
   if (pending.empty()) return;
   const int64_t it = iteration_.load();
   std::string what;
-  for (size_t i = 0; i < pending.size() && i < 8; ++i) what += (i ? "; " : "") + syncers_[pending[i]]->pending(it);
+  for (size_t i = 0; i < pending.size() && i < 8; ++i) what += (i ? "; " : "") + pendingWhat(pending[i], it);
   if (pending.size() > 8) what += strCat("; and ", pending.size() - 8, " more layers");
   fail(std::make_exception_ptr(TimeoutError(strCat("rank ", rank(), " iteration ", it, ": timed out after ",
                                                    timeout.count() / 1000.0, " s waiting for ", what))));

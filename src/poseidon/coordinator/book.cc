@@ -24,7 +24,8 @@ std::string JobSettings::describe() const {
   return strCat("batch=", batch, " pair-bytes=", pairBytes, " start-iteration=", startIteration,
                 " scheme=", schemePolicyName(policy), " drop-stragglers=", dropStragglers,
                 " straggler-timeout=", stragglerTimeoutMs, "ms groups=", groups, " staleness=", staleness,
-                " momentum=", momentum, " weight-decay=", weightDecay, " wire=", wirePrecisionName(wire));
+                " momentum=", momentum, " weight-decay=", weightDecay, " wire=", wirePrecisionName(wire),
+                " local-ranks=", localRanks);
 }
 
 InformationBook::InformationBook(uint64_t jobId, std::vector<NodeInfo> nodes, ModelDesc model, JobSettings settings)
@@ -33,17 +34,40 @@ InformationBook::InformationBook(uint64_t jobId, std::vector<NodeInfo> nodes, Mo
 }
 
 void InformationBook::derive() {
+  const int L = settings_.localRanks;
+  if (L < 1) throw InvalidArgument(strCat("local ranks must be at least 1, got ", L));
+  if (L > 1) {
+    if (nodes_.size() % static_cast<size_t>(L) != 0) {
+      throw InvalidArgument(strCat("--local-ranks ", L, " must divide the ", nodes_.size(), " ranks"));
+    }
+    for (const auto& n : nodes_) {
+      if (n.role != Role::kBoth) {
+        throw InvalidArgument(strCat("--local-ranks ", L, ": every rank must be both worker and server (rank ", n.rank,
+                                     " is ", roleName(n.role), ")"));
+      }
+    }
+    // What the leader's aggregation does not cover (docs/gpu.md): each of these keeps per-rank
+    // state or timing on the network that a member does not have.
+    const char* refused = settings_.groupMode()                     ? "--groups"
+                          : settings_.stragglerMode()               ? "--drop-stragglers"
+                          : settings_.policy == SchemePolicy::kAdam ? "the adam baseline"
+                                                                    : nullptr;
+    if (refused) throw InvalidArgument(strCat("--local-ranks ", L, " cannot be combined with ", refused));
+  }
   workers_.clear();
   servers_.clear();
   workerIndex_.assign(nodes_.size(), -1);
   shardIndex_.assign(nodes_.size(), -1);
   for (size_t r = 0; r < nodes_.size(); ++r) {
     if (nodes_[r].rank != static_cast<int>(r)) throw ProtocolError(strCat("book lists rank ", nodes_[r].rank, " at slot ", r));
-    if (isWorker(nodes_[r].role)) {
+    // A machine's members hand their updates to its leader (client/local_group.h): on the network
+    // they are neither workers nor servers.
+    const bool member = settings_.localRanks > 1 && static_cast<int>(r) % settings_.localRanks != 0;
+    if (isWorker(nodes_[r].role) && !member) {
       workerIndex_[r] = static_cast<int>(workers_.size());
       workers_.push_back(static_cast<int>(r));
     }
-    if (isServer(nodes_[r].role)) {
+    if (isServer(nodes_[r].role) && !member) {
       shardIndex_[r] = static_cast<int>(servers_.size());
       servers_.push_back(static_cast<int>(r));
     }
@@ -88,8 +112,8 @@ int InformationBook::shardIndex(int rank) const {
 }
 
 Scheme InformationBook::bestScheme(int layer, int64_t batch) const {
-  return poseidon::bestScheme(model_.layers.at(layer), batch, numWorkers(), numServers(), settings_.policy, device_,
-                              wireElementBytes(settings_.wire));
+  return poseidon::bestScheme(model_.layers.at(layer), batch * settings_.localRanks, numWorkers(), numServers(),
+                              settings_.policy, device_, wireElementBytes(settings_.wire));
 }
 
 LayerQuery InformationBook::query(int layer) const {
@@ -180,6 +204,7 @@ void writeSettings(ByteWriter& w, const JobSettings& s) {
   w.f32(s.momentum);
   w.f32(s.weightDecay);
   w.u8(static_cast<uint8_t>(s.wire));
+  w.u32(static_cast<uint32_t>(s.localRanks));
 }
 
 JobSettings readSettings(ByteReader& r) {
@@ -206,6 +231,8 @@ JobSettings readSettings(ByteReader& r) {
   const uint8_t wire = r.u8();
   if (wire > static_cast<uint8_t>(WirePrecision::kFp16)) throw ProtocolError("wire precision out of range");
   s.wire = static_cast<WirePrecision>(wire);
+  s.localRanks = static_cast<int>(r.u32());
+  if (s.localRanks < 1 || s.localRanks > (1 << 12)) throw ProtocolError("local ranks out of range");
   return s;
 }
 

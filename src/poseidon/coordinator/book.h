@@ -58,10 +58,16 @@ struct JobSettings {
   // What gradients travel as (wire/precision.h): fp32 (exact, the default) or
   // a lossy 16-bit format for PS pairs and SFB factors, summed in fp32.
   WirePrecision wire = WirePrecision::kFp32;
+  // Several ranks (GPUs) per machine, aggregated on a leader (the paper's nodes; client/local_group.h,
+  // docs/gpu.md): ranks r..r+L-1 with r % L == 0 share a machine and rank r is their leader. Only
+  // leaders are workers and servers on the network; each carries its members' L x batch rows (SFB) or
+  // their summed gradient (PS). 1, the default: every rank is its own node.
+  int localRanks = 1;
   bool operator==(const JobSettings& o) const {
-    return batch == o.batch && pairBytes == o.pairBytes && startIteration == o.startIteration && policy == o.policy &&
-           dropStragglers == o.dropStragglers && stragglerTimeoutMs == o.stragglerTimeoutMs && groups == o.groups &&
-           staleness == o.staleness && momentum == o.momentum && weightDecay == o.weightDecay && wire == o.wire;
+    return localRanks == o.localRanks && batch == o.batch && pairBytes == o.pairBytes &&
+           startIteration == o.startIteration && policy == o.policy && dropStragglers == o.dropStragglers &&
+           stragglerTimeoutMs == o.stragglerTimeoutMs && groups == o.groups && staleness == o.staleness &&
+           momentum == o.momentum && weightDecay == o.weightDecay && wire == o.wire;
   }
   std::string describe() const;
 };
@@ -93,6 +99,11 @@ class InformationBook {
   int numWorkers() const { return static_cast<int>(workers_.size()); }
   int numServers() const { return static_cast<int>(servers_.size()); }
   int workerIndex(int rank) const;  // -1 if not a worker
+  // Local aggregation (JobSettings::localRanks = L): a rank's leader, and whether it is a member
+  // (a rank of a machine other than its leader: neither worker nor server on the network).
+  int localRanks() const { return settings_.localRanks; }
+  int leaderOf(int rank) const { return rank - rank % settings_.localRanks; }
+  bool isLocalMember(int rank) const { return rank % settings_.localRanks != 0; }
   // Group mode: the group of a worker index, and the workers per group (k = P1 / g).
   int groupOf(int worker) const { return settings_.groups > 0 ? worker / groupSize() : 0; }
   int groupSize() const { return settings_.groups > 0 ? numWorkers() / settings_.groups : numWorkers(); }
@@ -103,7 +114,8 @@ class InformationBook {
   // and, in straggler mode, the keeper of the layer's SFB rounds.
   int layerKeeperRank(int layer) const { return servers_.at(layout_.pairsOf(layer).at(0).shard); }
 
-  // BestScheme(l) with this cluster's P1, P2 and the given per-worker batch, weighing the
+  // BestScheme(l) with this cluster's P1, P2 and the given per-rank batch (times localRanks: a leader
+  // carries its machine's rows), weighing the
   // reconstruction against the bytes where a device model is set.
   Scheme bestScheme(int layer, int64_t batch) const;
   LayerQuery query(int layer) const;

@@ -51,6 +51,7 @@ py::dict optionsToDict(const pt::DistributedOptions& o) {
   d["pair_bytes"] = o.node.settings.pairBytes;
   d["scheme"] = std::string(schemePolicyName(o.node.settings.policy));
   d["wire"] = std::string(wirePrecisionName(o.node.settings.wire));
+  d["local_ranks"] = o.node.settings.localRanks;
   d["start_iteration"] = o.node.settings.startIteration;
   d["drop_stragglers"] = o.node.settings.dropStragglers;
   d["straggler_timeout_ms"] = o.node.settings.stragglerTimeoutMs;
@@ -94,6 +95,7 @@ pt::DistributedOptions optionsFromDict(const py::dict& d) {
   o.node.settings.pairBytes = get("pair_bytes").cast<int64_t>();
   o.node.settings.policy = parseSchemePolicy(get("scheme").cast<std::string>());
   o.node.settings.wire = parseWirePrecision(get("wire").cast<std::string>());
+  o.node.settings.localRanks = get("local_ranks").cast<int>();
   o.node.settings.startIteration = get("start_iteration").cast<int64_t>();
   o.node.settings.dropStragglers = get("drop_stragglers").cast<int>();
   o.node.settings.stragglerTimeoutMs = get("straggler_timeout_ms").cast<int64_t>();

@@ -81,7 +81,9 @@ void DistributedModel::init(ModelParts parts) {
   else
     sync_ = std::make_unique<GradientSync>(*this);
   // One worker has nothing to synchronize, unless the shards hold the model (compute groups).
-  solo_ = node_->book().numWorkers() == 1 && node_->book().numServers() == 1 && !sync_->shardsHoldModel();
+  // (Several local ranks on one machine are one worker on the network, but still have their mean to take.)
+  solo_ = node_->book().numWorkers() == 1 && node_->book().numServers() == 1 && node_->book().localRanks() == 1 &&
+          !sync_->shardsHoldModel();
   if (staged) {
     staging_ = std::make_unique<DeviceStaging>(device_, [this](std::exception_ptr e) { node_->failJob(e); });
     staging_->setTracer(tracer_);
@@ -111,7 +113,9 @@ void DistributedModel::init(ModelParts parts) {
           staging_ ? staging_->hostTensor(layer.spec->numel()).zero_() : torch::zeros({layer.spec->numel()});
     }
     if (staging_) layer.host = staging_->hostTensor(layer.spec->numel());
-    if (layer.spec->type == LayerType::kFC && !device_.is_cpu()) {
+    // With local ranks the leader sends each member the rebuilt mean itself (client/local_group.h), so a
+    // CUDA layer's mean comes through the host staging buffer.
+    if (layer.spec->type == LayerType::kFC && !device_.is_cpu() && node_->book().localRanks() == 1) {
       layer.rebuilt.result = torch::empty({layer.spec->numel()}, torch::TensorOptions().device(device_));
     }
   }
@@ -364,8 +368,11 @@ void DistributedModel::submitFactors(int layer) {
   else
     node_->submitFactors(layer, l.u.data_ptr<float>(), l.v.data_ptr<float>(), rows,
                          LayerBuffer::contiguous(l.staging.data_ptr<float>(), l.staging.numel()), keep);
-  CostInputs c = costInputs(*l.spec, rows, workers(), node_->book().numServers());
-  predictedSfb_ += l.scheme == Scheme::kAdam ? adamCostBoth(c) : sfbCost(c);
+  // Table 1 per network node: a machine's leader sends its ranks' stacked rows; its members, nothing.
+  if (!node_->isLocalMember()) {
+    CostInputs c = costInputs(*l.spec, rows * node_->book().localRanks(), workers(), node_->book().numServers());
+    predictedSfb_ += l.scheme == Scheme::kAdam ? adamCostBoth(c) : sfbCost(c);
+  }
   lastSchemes_[layer] = l.scheme;
   if (tracer_) {
     int64_t now = Tracer::nowMicros();
@@ -412,8 +419,11 @@ void DistributedModel::submitDense(int layer) {
   } else {
     node_->submitDense(layer, LayerBuffer(spans));
   }
-  predictedPs_ += psCostNode(costInputs(*l.spec, node_->book().settings().batch, workers(), node_->book().numServers()),
-                             node_->isWorker(), node_->isServer());
+  if (!node_->isLocalMember()) {
+    predictedPs_ +=
+        psCostNode(costInputs(*l.spec, node_->book().settings().batch, workers(), node_->book().numServers()),
+                   node_->isWorker(), node_->isServer());
+  }
   lastSchemes_[layer] = Scheme::kPS;
   if (tracer_) {
     int64_t now = Tracer::nowMicros();
@@ -558,7 +568,7 @@ std::vector<LayerPlan> DistributedModel::plan(int64_t batch) const {
     p.type = s.type;
     p.shape = s.shapeString();
     p.scheme = book.bestScheme(static_cast<int>(l), batch);
-    CostInputs c = costInputs(s, batch, book.numWorkers(), book.numServers());
+    CostInputs c = costInputs(s, batch * book.localRanks(), book.numWorkers(), book.numServers());
     p.floatsPerIteration = p.scheme == Scheme::kSFB ? sfbCost(c) : p.scheme == Scheme::kAdam ? adamCostBoth(c) : psCostBoth(c);
     out.push_back(p);
   }

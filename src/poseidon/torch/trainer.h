@@ -88,6 +88,9 @@ struct TrainOptions {
   int tcpRcvbuf = 0;           // TCP receive buffer per connection into a rank (0: OS default)
   int ioThreads = 0;           // ZeroMQ I/O threads per rank (NodeOptions::ioThreads; 0: defaultIoThreads())
   int64_t pairBytes = 2 * 1024 * 1024;
+  // Several ranks per machine (--local-ranks; JobSettings::localRanks): ranks r..r+L-1 meet on rank r,
+  // which alone synchronizes with the other machines. 1: every rank its own node.
+  int localRanks = 1;
   // > 0: only the first N ranks hold KV shards (the rest are workers only): --servers 1 puts the whole
   // model on rank 0, Omnivore's one conv model server and its k-fold congestion. 0: every rank a shard.
   int servers = 0;

@@ -47,6 +47,19 @@ class TrafficCounters {
     c.bytesReceived.fetch_add(bytes, std::memory_order_relaxed);
     c.messagesReceived.fetch_add(1, std::memory_order_relaxed);
   }
+  // Gradient data (PS, SFB, Adam; not control, not local aggregation) sent to each rank: with
+  // several ranks per machine, what leaves the machine is what goes to the other machines' ranks.
+  void resizePeers(int ranks) {
+    peers_ = ranks;
+    sentTo_.reset(new std::atomic<uint64_t>[static_cast<size_t>(ranks)]());
+  }
+  void addDataSentTo(int dest, TrafficKind kind, uint64_t bytes) {
+    if (kind == TrafficKind::kControl || kind == TrafficKind::kLocal || dest < 0 || dest >= peers_) return;
+    sentTo_[static_cast<size_t>(dest)].fetch_add(bytes, std::memory_order_relaxed);
+  }
+  uint64_t dataSentTo(int dest) const {
+    return dest >= 0 && dest < peers_ ? sentTo_[static_cast<size_t>(dest)].load(std::memory_order_relaxed) : 0;
+  }
   TrafficTotals layer(int layer, TrafficKind kind) const { return read(const_cast<TrafficCounters*>(this)->cell(layer, kind)); }
   TrafficTotals total(TrafficKind kind) const {
     TrafficTotals t;
@@ -73,6 +86,8 @@ class TrafficCounters {
     return t;
   }
   int layers_ = 0;
+  int peers_ = 0;
+  std::unique_ptr<std::atomic<uint64_t>[]> sentTo_;
   std::unique_ptr<Cell[]> cells_{new Cell[kTrafficKinds]};
 };
 

@@ -204,6 +204,7 @@ void Van::sendNow(int dest, const FrameHeader& header, zmq::message_t head, zmq:
       if (closed_) throw IoError("transport closed");
       scheduler_->enqueue(dest, header, std::move(head), std::move(body));
       counters_.addSent(wire::trafficLayer(header), kindOf(header.type), kHeaderBytes + total);
+      counters_.addDataSentTo(dest, kindOf(header.type), kHeaderBytes + total);
       return;
     }
     Peer& peer = *peers_[dest];
@@ -215,6 +216,7 @@ void Van::sendNow(int dest, const FrameHeader& header, zmq::message_t head, zmq:
     throw IoError(strCat("send of ", msgTypeName(header.type), " to rank ", dest, " failed: ", e.what()));
   }
   counters_.addSent(wire::trafficLayer(header), kindOf(header.type), kHeaderBytes + total);
+  counters_.addDataSentTo(dest, kindOf(header.type), kHeaderBytes + total);
 }
 
 bool Van::receiveFrom(zmq::socket_t& socket, bool loopback, Message* out) {

@@ -12,8 +12,10 @@
 namespace poseidon {
 
 // What the traffic counters count a message's bytes under (transport/counters.h).
-enum class TrafficKind : int { kPS = 0, kSFB = 1, kControl = 2, kAdam = 3 };
-constexpr int kTrafficKinds = 4;
+// kLocal: between the ranks of one machine (local aggregation, client/local_group.h), never on the
+// network between machines.
+enum class TrafficKind : int { kPS = 0, kSFB = 1, kControl = 2, kAdam = 3, kLocal = 4 };
+constexpr int kTrafficKinds = 5;
 
 namespace wire {
 
@@ -28,6 +30,7 @@ enum class Handler : uint8_t {
   kFcServer,     // merged FC: the FC server's inbox (client/fc_link.h)
   kFcWorker,     // merged FC: the worker's reply slot (client/fc_link.h)
   kNode,         // the node itself: abort, heartbeats, goodbyes
+  kLocal,        // local aggregation: the machine's leader or member side (client/local_group.h)
 };
 
 // How the Van's priority scheduler orders a message against others on one link

@@ -47,6 +47,14 @@ FrameHeader sfbFactors(int layer, int64_t iteration, int64_t rows) {
   return make(MsgType::kSfbFactors, layer, iteration, 0, rows);
 }
 
+FrameHeader localPush(int layer, int64_t iteration, int chunk, int64_t rows) {
+  return make(MsgType::kLocalPush, layer, iteration, chunk, rows);
+}
+
+FrameHeader localResult(int layer, int64_t iteration, int chunk) {
+  return make(MsgType::kLocalResult, layer, iteration, chunk);
+}
+
 FrameHeader adamFactors(int layer, int64_t iteration, int64_t rows) {
   return make(MsgType::kAdamFactors, layer, iteration, 0, rows);
 }

@@ -20,6 +20,8 @@
 //   model-init      layer             version             KV pair       -      (W, V, then a clock per group as i64)
 //   state-request   -                 -                   -             -
 //   state-reply     layer             version             KV pair       -      (as model-init)
+//   local-push      layer             iteration           chunk         rows (0: a dense gradient)
+//   local-result    layer             iteration           chunk         -
 //   broadcast       sequence number   total floats        chunk index   chunk count
 //   barrier         sequence number   -                   -             -
 //   heartbeat/abort/bye -             sender's iteration  -             -
@@ -66,6 +68,11 @@ FrameHeader modelInit(int layer, int pair, int64_t version);
 FrameHeader stateRequest();
 FrameHeader stateReply(int layer, int pair, int64_t version);
 
+// Local aggregation (client/local_group.h): a member's contribution to its leader, chunked like
+// KV pairs (JobSettings::pairBytes each); rows > 0: factors U then V of that many rows, 0: dense.
+FrameHeader localPush(int layer, int64_t iteration, int chunk, int64_t rows);
+FrameHeader localResult(int layer, int64_t iteration, int chunk);
+
 // Merged FC: iteration = the worker's round.
 FrameHeader fcForward(int64_t round);
 FrameHeader fcBackward(int64_t round);
@@ -89,7 +96,7 @@ FrameHeader abort(int64_t iteration);
 FrameHeader bye(int64_t iteration);
 
 // Readers of type-specific fields.
-int64_t factorRows(const FrameHeader& h);  // sfb-factors, adam-factors
+int64_t factorRows(const FrameHeader& h);  // sfb-factors, adam-factors, local-push
 // Whether the message carries a BSP round's data (PS, SFB, Adam, straggler
 // notices): those have a layer and an iteration, and only their order within
 // one layer matters (the Van's priority scheduling relies on it).

@@ -115,6 +115,8 @@ def main():
                    help="step(opt) returns at once; the next forward applies the update layer by layer")
     p.add_argument("--send-window", type=int, default=0, help="priority-scheduled links with this window")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds any wait on other ranks may last")
+    p.add_argument("--local-ranks", type=int, default=1,
+                   help="ranks per machine, meeting on a leader before the network (local_ranks=)")
     p.add_argument("--device", choices=["cpu", "cuda", "staged"], default="cpu",
                    help="the model on cpu, on this rank's GPU (poseidon.local_device), or on the CPU through the "
                         "GPU's host-staged data path")
@@ -127,7 +129,8 @@ def main():
     # The sequence models join at their first forward, taking K from the input (the lazy form).
     model = poseidon.DistributedModel(net, batch=None if a.model.startswith("sequence") else GLOBAL // 4,
                                       overlap_forward=a.overlap_forward, send_window=a.send_window,
-                                      timeout=a.timeout, stage_on_host=a.device == "staged")
+                                      timeout=a.timeout, stage_on_host=a.device == "staged",
+                                      local_ranks=a.local_ranks)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     # A learning-rate schedule stepped after every step: the overlapped step must use the rate it had.
     schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5) if a.schedule else None
@@ -160,13 +163,14 @@ def main():
         if a.checkpoint and (step + 1) % a.every == 0:
             poseidon.save_checkpoint(a.checkpoint, model, opt, step + 1)
     plan = model.plan()
+    network_workers = model.summary()["workers"]  # the workers on the network (leaders, with --local-ranks)
     if a.overlap_forward:
         print("updates applied in the forward: %d" % model.updates_in_forward)
     model.finish()  # with overlap_forward, this applies the last step
     if model.rank == 0:
         torch.save({"params": [t.detach().cpu().clone() for t in net.parameters()],
                     "buffers": [t.detach().cpu().clone() for t in net.buffers()], "plan": plan,
-                    "workers": model.world_size}, a.out)
+                    "workers": model.world_size, "network_workers": network_workers}, a.out)
 
 
 if __name__ == "__main__":

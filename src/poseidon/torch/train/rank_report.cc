@@ -56,8 +56,11 @@ void RankRun::reportTraffic() {
   TrafficTotals ps = node.counters().total(TrafficKind::kPS), sfb = node.counters().total(TrafficKind::kSFB);
   auto pred = c_.dist->predictedFloats();
   const double eb = static_cast<double>(wireElementBytes(o_.wire));  // Table 1's floats, as the wire sends them
+  const TrafficTotals local = node.counters().total(TrafficKind::kLocal);
   auto total = node.allSum({double(ps.bytesSent), double(sfb.bytesSent), double(ps.bytesSent + ps.bytesReceived),
-                            double(sfb.bytesSent + sfb.bytesReceived), pred.first * eb, pred.second * eb});
+                            double(sfb.bytesSent + sfb.bytesReceived), pred.first * eb, pred.second * eb,
+                            double(local.bytesSent)});
+  localBytes_ = total[6];
   psBytes_ = total[0];
   sfbBytes_ = total[1];
   predictedPs_ = total[4];
@@ -68,6 +71,10 @@ void RankRun::reportTraffic() {
                 human(sfbBytes_).c_str());
     std::printf("bytes moved (sent + received) vs Table 1 prediction: %s vs %s (%.3fx)\n", human(moved).c_str(),
                 human(predicted).c_str(), predicted > 0 ? moved / predicted : 0.0);
+    if (o_.localRanks > 1) {
+      std::printf("between the ranks of a machine (--local-ranks %d, not on the network): %s\n", o_.localRanks,
+                  human(localBytes_).c_str());
+    }
   }
 }
 
@@ -151,6 +158,8 @@ nlohmann::json RankRun::summaryJson() const {
       {"wall_seconds", secondsSince(wallStart_)},
       {"scheme_policy", schemePolicyName(o_.scheme)},
       {"wire", wirePrecisionName(o_.wire)},
+      {"local_ranks", o_.localRanks},
+      {"local_bytes_sent", localBytes_},
       {"updates_in_forward", c_.dist ? c_.dist->updatesInForward() : 0},
       {"bytes_sent_by_scheme", {{"ps", psBytes_}, {"sfb", sfbBytes_}}},
       {"predicted_bytes_by_scheme", {{"ps", predictedPs_}, {"sfb", predictedSfb_}}},

@@ -43,6 +43,7 @@ DistributedOptions RankContext::jobOptions() const {
   if (o.servers > 0) d.node.role = env.rank < o.servers ? Role::kBoth : Role::kWorker;
   d.node.settings.policy = o.scheme;
   d.node.settings.wire = o.wire;
+  d.node.settings.localRanks = o.localRanks;
   d.node.settings.startIteration = startIteration;
   d.node.tracer = tracer.get();
   d.node.settings.momentum = static_cast<float>(o.momentum);

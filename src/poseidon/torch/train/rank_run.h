@@ -113,6 +113,7 @@ class RankRun {
   int jobDivergedRank_ = -1;
   // Results of reportTraffic().
   double psBytes_ = 0, sfbBytes_ = 0, predictedPs_ = 0, predictedSfb_ = 0;
+  double localBytes_ = 0;  // between the ranks of a machine (--local-ranks), all ranks
 };
 
 }  // namespace poseidon::pt

@@ -116,7 +116,7 @@ class DistributedModel(torch.nn.Module):
         (r a multiple of L) first meet on rank r, their leader, which alone synchronizes with the other
         machines: the machine's PS update leaves it once, summed, and its SF sets once, stacked. L must
         divide the world size; every rank passes the same; not with compute groups. 1 (the default):
-        every rank is its own node.
+        every rank is its own node; 0: one node per host, found at rendezvous from the ranks' addresses.
     overlap_forward: step(optimizer) returns at once and the next forward applies each layer's update
         just before that layer runs, as its synchronized gradient lands (docs/scheduling.md); exact for
         optimizers that update each parameter from its own gradient and state (SGD, Adam, ...). The

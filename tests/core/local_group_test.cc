@@ -30,11 +30,14 @@ NodeOptions optionsFor(int rank, int world, int port, int localRanks, SchemePoli
   return o;
 }
 
-std::vector<std::unique_ptr<Node>> startNodes(int world, int localRanks, SchemePolicy policy) {
+// hosts: each rank's bind address (empty: 127.0.0.1 for all).
+std::vector<std::unique_ptr<Node>> startNodes(int world, int localRanks, SchemePolicy policy,
+                                              const std::vector<std::string>& hosts = {}) {
   const int port = freePort("127.0.0.1");
   std::vector<std::future<std::unique_ptr<Node>>> futures;
   for (int r = 0; r < world; ++r) {
     NodeOptions o = optionsFor(r, world, port, localRanks, policy);
+    if (!hosts.empty()) o.van.bindHost = hosts[static_cast<size_t>(r)];
     futures.push_back(std::async(std::launch::async, [o] { return Node::start(o, scenarioModel()); }));
   }
   std::vector<std::unique_ptr<Node>> nodes;
@@ -95,11 +98,12 @@ struct JobRun {
   std::vector<RankRun> ranks;
   std::vector<std::vector<uint64_t>> sentTo;  // [rank][dest]: gradient bytes, headers included
   std::vector<uint64_t> localBytes;           // per rank: local-push and local-result bytes sent
-  int workers = 0, servers = 0;
+  int workers = 0, servers = 0, localRanks = 0;
 };
 
-JobRun runJob(int world, int localRanks, SchemePolicy policy, int iterations) {
-  auto nodes = startNodes(world, localRanks, policy);
+JobRun runJob(int world, int localRanks, SchemePolicy policy, int iterations,
+              const std::vector<std::string>& hosts = {}) {
+  auto nodes = startNodes(world, localRanks, policy, hosts);
   std::vector<std::future<RankRun>> futures;
   for (auto& n : nodes) {
     Node* node = n.get();
@@ -119,6 +123,7 @@ JobRun runJob(int world, int localRanks, SchemePolicy policy, int iterations) {
   }
   job.workers = nodes[0]->book().numWorkers();
   job.servers = nodes[0]->book().numServers();
+  job.localRanks = nodes[0]->book().localRanks();
   return job;
 }
 
@@ -198,6 +203,44 @@ TEST(LocalRanks, SfbStacksTheMachinesFactorsAndStaysExact) {
   }
 }
 
+// --local-ranks 0: the ranks find their machine at rendezvous, by the host of their data endpoints.
+// Two loopback addresses make two hosts here.
+TEST(LocalRanks, ZeroFindsTheRanksOfEachHostAtRendezvous) {
+  const JobRun two = runJob(4, 0, SchemePolicy::kAuto, 2, {"127.0.0.1", "127.0.0.1", "127.0.0.2", "127.0.0.2"});
+  EXPECT_EQ(two.localRanks, 2);
+  EXPECT_EQ(two.workers, 2);
+  for (int r = 0; r < 4; ++r) EXPECT_LT(two.ranks[r].maxRelError, 1e-5) << r;
+  for (int d = 0; d < 4; ++d) EXPECT_EQ(two.sentTo[1][d], 0u);  // a member: nothing on the network
+  // One host: one node, whose leader syncs with no one else.
+  const JobRun one = runJob(3, 0, SchemePolicy::kAuto, 2);
+  EXPECT_EQ(one.localRanks, 3);
+  EXPECT_EQ(one.workers, 1);
+  for (int r = 0; r < 3; ++r) EXPECT_LT(one.ranks[r].maxRelError, 1e-5) << r;
+  JobSettings zero;
+  zero.localRanks = 0;
+  EXPECT_ERROR_CONTAINS(InformationBook(1,
+                                        {{0, Role::kBoth, "tcp://10.0.0.1:5"},
+                                         {1, Role::kBoth, "tcp://10.0.0.2:5"},
+                                         {2, Role::kBoth, "tcp://10.0.0.1:6"},
+                                         {3, Role::kBoth, "tcp://10.0.0.2:6"}},
+                                        scenarioModel(), zero),
+                        InvalidArgument,
+                        "--local-ranks 0 (one node per host): the ranks of host 10.0.0.1 are not consecutive (rank 2 "
+                        "follows ranks of host 10.0.0.2)");
+  EXPECT_ERROR_CONTAINS(InformationBook(1,
+                                        {{0, Role::kBoth, "tcp://10.0.0.1:5"},
+                                         {1, Role::kBoth, "tcp://10.0.0.1:6"},
+                                         {2, Role::kBoth, "tcp://10.0.0.2:5"}},
+                                        scenarioModel(), zero),
+                        InvalidArgument, "every host must hold as many ranks (10.0.0.1 has 2, 10.0.0.2 has 1)");
+  // Every host its own rank: 0 resolves to 1, and nothing is refused for it.
+  zero.groups = 1;
+  InformationBook spread(1, {{0, Role::kBoth, "tcp://10.0.0.1:5"}, {1, Role::kBoth, "tcp://10.0.0.2:5"}},
+                         scenarioModel(), zero);
+  EXPECT_EQ(spread.localRanks(), 1);
+  EXPECT_EQ(spread.numWorkers(), 2);
+}
+
 TEST(LocalRanks, RefusedSettings) {
   JobSettings two;
   two.localRanks = 2;
@@ -226,9 +269,9 @@ TEST(LocalRanks, RefusedSettings) {
   EXPECT_TRUE(back.isLocalMember(3));
   EXPECT_FALSE(back.isLocalMember(2));
   EXPECT_NE(back.settings().describe().find("local-ranks=2"), std::string::npos);
-  // The field is the settings' last: 0 is refused as it arrives.
+  // The field is the settings' last: a negative one is refused as it arrives.
   std::vector<uint8_t> bytes = w.bytes();
-  std::fill(bytes.end() - 4, bytes.end(), 0);
+  std::fill(bytes.end() - 4, bytes.end(), 0xff);
   ByteReader bad(bytes.data(), bytes.size());
   EXPECT_ERROR_CONTAINS(InformationBook::read(bad), ProtocolError, "local ranks out of range");
 }

@@ -458,7 +458,7 @@ TEST(CliFlags, TrainRejectsOutOfRangeNetworkKnobs) {
   expectRejected({{"train", "--wire", "bf16", "--groups", "2"},
                   "--wire bf16 and --groups cannot be combined (the groups' pulls carry the model itself)"});
   expectRejected({{"train", "--local-ranks", "3"}, "--local-ranks 3 must divide --workers 4"});
-  expectRejected({{"train", "--local-ranks", "0"}, "--local-ranks must be in [1, 4096], got 0"});
+  expectRejected({{"train", "--local-ranks", "-1"}, "--local-ranks must be in [0, 4096], got -1"});
   expectRejected(
       {{"train", "--local-ranks", "2", "--groups", "2"}, "--local-ranks 2 cannot be combined with --groups"});
   expectRejected(

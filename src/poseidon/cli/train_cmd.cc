@@ -167,12 +167,14 @@ void addRuntimeFlags(FlagSet& flags, TrainFlags& t) {
                   "MODE");
   flags.addInt64("pair-bytes", &t.pairBytes, "KV pair size of the parameter server", "BYTES",
                  IntRange::closed(kMinPairBytes, kMaxPairBytes));
-  flags.addInt("local-ranks", &t.o.localRanks,
-               "several ranks per machine, as the paper's multi-GPU nodes: ranks r..r+L-1 (r a multiple of L) first "
-               "meet on rank r, their leader, which alone synchronizes with the other machines (a machine's PS "
-               "update leaves it once, summed; its SF sets go out once, stacked); L must divide --workers; not with "
-               "--groups, --drop-stragglers or --servers (1, the default: every rank its own node; docs/gpu.md)",
-               "L", IntRange::closed(1, 4096));
+  flags.addInt(
+      "local-ranks", &t.o.localRanks,
+      "several ranks per machine, as the paper's multi-GPU nodes: ranks r..r+L-1 (r a multiple of L) first "
+      "meet on rank r, their leader, which alone synchronizes with the other machines (a machine's PS "
+      "update leaves it once, summed; its SF sets go out once, stacked); L must divide --workers; not with "
+      "--groups, --drop-stragglers or --servers (1, the default: every rank its own node; 0: one node per host, "
+      "found at rendezvous from the ranks' addresses; docs/gpu.md)",
+      "L", IntRange::closed(0, 4096));
   flags.addInt("servers", &t.o.servers,
                "only ranks 0..N-1 hold the parameter server's shards, the rest are workers only (--servers 1: the "
                "whole model on rank 0, Omnivore's one model server; 0, the default: every rank holds a shard)",

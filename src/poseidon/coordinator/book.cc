@@ -33,17 +33,61 @@ InformationBook::InformationBook(uint64_t jobId, std::vector<NodeInfo> nodes, Mo
   derive();
 }
 
+namespace {
+
+// "tcp://host:port" -> "host".
+std::string endpointHost(const std::string& endpoint) {
+  const size_t begin = endpoint.find("://") == std::string::npos ? 0 : endpoint.find("://") + 3;
+  const size_t colon = endpoint.rfind(':');
+  return endpoint.substr(begin, colon == std::string::npos || colon < begin ? std::string::npos : colon - begin);
+}
+
+// JobSettings::localRanks = 0: the ranks per host, from the data endpoints. Each host must hold a run of
+// consecutive ranks (as torchrun, Slurm and poseidon launch number them), every host as many.
+int ranksPerHost(const std::vector<NodeInfo>& nodes) {
+  std::vector<std::pair<std::string, int>> runs;  // host, ranks
+  for (const NodeInfo& n : nodes) {
+    const std::string host = endpointHost(n.endpoint);
+    if (!runs.empty() && runs.back().first == host) {
+      ++runs.back().second;
+      continue;
+    }
+    for (const auto& run : runs) {
+      if (run.first == host) {
+        throw InvalidArgument(strCat("--local-ranks 0 (one node per host): the ranks of host ", host,
+                                     " are not consecutive (rank ", n.rank, " follows ranks of host ",
+                                     runs.back().first, ")"));
+      }
+    }
+    runs.push_back({host, 1});
+  }
+  for (const auto& run : runs) {
+    if (run.second != runs.front().second) {
+      throw InvalidArgument(strCat("--local-ranks 0 (one node per host): every host must hold as many ranks (",
+                                   runs.front().first, " has ", runs.front().second, ", ", run.first, " has ",
+                                   run.second, ")"));
+    }
+  }
+  return runs.empty() ? 1 : runs.front().second;
+}
+
+}  // namespace
+
 void InformationBook::derive() {
-  const int L = settings_.localRanks;
-  if (L < 1) throw InvalidArgument(strCat("local ranks must be at least 1, got ", L));
+  if (settings_.localRanks < 0)
+    throw InvalidArgument(strCat("local ranks must be at least 0, got ", settings_.localRanks));
+  localRanks_ = settings_.localRanks == 0 ? ranksPerHost(nodes_) : settings_.localRanks;
+  const int L = localRanks_;
+  const std::string flag =
+      settings_.localRanks == 0 ? strCat("--local-ranks 0 (", L, " ranks per host)") : strCat("--local-ranks ", L);
   if (L > 1) {
     if (nodes_.size() % static_cast<size_t>(L) != 0) {
-      throw InvalidArgument(strCat("--local-ranks ", L, " must divide the ", nodes_.size(), " ranks"));
+      throw InvalidArgument(strCat(flag, " must divide the ", nodes_.size(), " ranks"));
     }
     for (const auto& n : nodes_) {
       if (n.role != Role::kBoth) {
-        throw InvalidArgument(strCat("--local-ranks ", L, ": every rank must be both worker and server (rank ", n.rank,
-                                     " is ", roleName(n.role), ")"));
+        throw InvalidArgument(
+            strCat(flag, ": every rank must be both worker and server (rank ", n.rank, " is ", roleName(n.role), ")"));
       }
     }
     // What the leader's aggregation does not cover (docs/gpu.md): each of these keeps per-rank
@@ -52,7 +96,7 @@ void InformationBook::derive() {
                           : settings_.stragglerMode()               ? "--drop-stragglers"
                           : settings_.policy == SchemePolicy::kAdam ? "the adam baseline"
                                                                     : nullptr;
-    if (refused) throw InvalidArgument(strCat("--local-ranks ", L, " cannot be combined with ", refused));
+    if (refused) throw InvalidArgument(strCat(flag, " cannot be combined with ", refused));
   }
   workers_.clear();
   servers_.clear();
@@ -62,7 +106,7 @@ void InformationBook::derive() {
     if (nodes_[r].rank != static_cast<int>(r)) throw ProtocolError(strCat("book lists rank ", nodes_[r].rank, " at slot ", r));
     // A machine's members hand their updates to its leader (client/local_group.h): on the network
     // they are neither workers nor servers.
-    const bool member = settings_.localRanks > 1 && static_cast<int>(r) % settings_.localRanks != 0;
+    const bool member = L > 1 && static_cast<int>(r) % L != 0;
     if (isWorker(nodes_[r].role) && !member) {
       workerIndex_[r] = static_cast<int>(workers_.size());
       workers_.push_back(static_cast<int>(r));
@@ -112,7 +156,7 @@ int InformationBook::shardIndex(int rank) const {
 }
 
 Scheme InformationBook::bestScheme(int layer, int64_t batch) const {
-  return poseidon::bestScheme(model_.layers.at(layer), batch * settings_.localRanks, numWorkers(), numServers(),
+  return poseidon::bestScheme(model_.layers.at(layer), batch * localRanks_, numWorkers(), numServers(),
                               settings_.policy, device_, wireElementBytes(settings_.wire));
 }
 
@@ -232,7 +276,7 @@ JobSettings readSettings(ByteReader& r) {
   if (wire > static_cast<uint8_t>(WirePrecision::kFp16)) throw ProtocolError("wire precision out of range");
   s.wire = static_cast<WirePrecision>(wire);
   s.localRanks = static_cast<int>(r.u32());
-  if (s.localRanks < 1 || s.localRanks > (1 << 12)) throw ProtocolError("local ranks out of range");
+  if (s.localRanks < 0 || s.localRanks > (1 << 12)) throw ProtocolError("local ranks out of range");
   return s;
 }
 

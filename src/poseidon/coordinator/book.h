@@ -61,7 +61,8 @@ struct JobSettings {
   // Several ranks (GPUs) per machine, aggregated on a leader (the paper's nodes; client/local_group.h,
   // docs/gpu.md): ranks r..r+L-1 with r % L == 0 share a machine and rank r is their leader. Only
   // leaders are workers and servers on the network; each carries its members' L x batch rows (SFB) or
-  // their summed gradient (PS). 1, the default: every rank is its own node.
+  // their summed gradient (PS). 1, the default: every rank is its own node. 0: one node per host,
+  // found at rendezvous from the ranks' data endpoints (each host a run of L consecutive ranks).
   int localRanks = 1;
   bool operator==(const JobSettings& o) const {
     return localRanks == o.localRanks && batch == o.batch && pairBytes == o.pairBytes &&
@@ -101,9 +102,10 @@ class InformationBook {
   int workerIndex(int rank) const;  // -1 if not a worker
   // Local aggregation (JobSettings::localRanks = L): a rank's leader, and whether it is a member
   // (a rank of a machine other than its leader: neither worker nor server on the network).
-  int localRanks() const { return settings_.localRanks; }
-  int leaderOf(int rank) const { return rank - rank % settings_.localRanks; }
-  bool isLocalMember(int rank) const { return rank % settings_.localRanks != 0; }
+  // The L in use (settings' localRanks, or the ranks per host when that is 0).
+  int localRanks() const { return localRanks_; }
+  int leaderOf(int rank) const { return rank - rank % localRanks_; }
+  bool isLocalMember(int rank) const { return rank % localRanks_ != 0; }
   // Group mode: the group of a worker index, and the workers per group (k = P1 / g).
   int groupOf(int worker) const { return settings_.groups > 0 ? worker / groupSize() : 0; }
   int groupSize() const { return settings_.groups > 0 ? numWorkers() / settings_.groups : numWorkers(); }
@@ -135,6 +137,7 @@ class InformationBook {
   std::vector<int> workers_, servers_, workerIndex_, shardIndex_;
   KvLayout layout_;
   const DeviceModel* device_ = nullptr;
+  int localRanks_ = 1;
 };
 
 // Model and settings serialization shared by join requests and the book.

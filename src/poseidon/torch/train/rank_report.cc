@@ -71,8 +71,8 @@ void RankRun::reportTraffic() {
                 human(sfbBytes_).c_str());
     std::printf("bytes moved (sent + received) vs Table 1 prediction: %s vs %s (%.3fx)\n", human(moved).c_str(),
                 human(predicted).c_str(), predicted > 0 ? moved / predicted : 0.0);
-    if (o_.localRanks > 1) {
-      std::printf("between the ranks of a machine (--local-ranks %d, not on the network): %s\n", o_.localRanks,
+    if (node.book().localRanks() > 1) {
+      std::printf("between the ranks of a machine (%d ranks each, not on the network): %s\n", node.book().localRanks(),
                   human(localBytes_).c_str());
     }
   }
@@ -158,7 +158,7 @@ nlohmann::json RankRun::summaryJson() const {
       {"wall_seconds", secondsSince(wallStart_)},
       {"scheme_policy", schemePolicyName(o_.scheme)},
       {"wire", wirePrecisionName(o_.wire)},
-      {"local_ranks", o_.localRanks},
+      {"local_ranks", c_.dist ? c_.dist->node().book().localRanks() : o_.localRanks},  // the L in use
       {"local_bytes_sent", localBytes_},
       {"updates_in_forward", c_.dist ? c_.dist->updatesInForward() : 0},
       {"bytes_sent_by_scheme", {{"ps", psBytes_}, {"sfb", sfbBytes_}}},

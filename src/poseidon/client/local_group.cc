@@ -73,14 +73,27 @@ void LocalGroup::ownSubmit(int layer, int64_t iteration, Round mine) {
       r.rows = mine.rows;
       r.result = mine.result;
       r.keepAlive = mine.keepAlive;
+      r.pushing = true;
       copy = r;
     }
-    host_.schedule([this, layer, iteration, copy = std::move(copy)] {
+    host_.schedule([this, key, copy = std::move(copy)] {
       try {
-        sendPush(layer, iteration, copy);
+        sendPush(key.second, key.first, copy);
       } catch (...) {
         host_.fail(std::current_exception());
+        return;
       }
+      bool done = false;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        auto it = rounds_.find(key);
+        if (it == rounds_.end()) return;
+        it->second.pushing = false;
+        if (it->second.mean.seen.empty() || it->second.mean.missing > 0) return;
+        done = writeMean(it->second);  // the mean came while the sends still read the buffer
+        rounds_.erase(it);
+      }
+      if (done) host_.done(key.second, key.first);
     });
     return;
   }
@@ -311,7 +324,7 @@ void LocalGroup::onResult(const Message& msg) {
   }
   const int layer = static_cast<int>(h.layer);
   const Key key{h.iteration, layer};
-  Round done;
+  bool written = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = rounds_.find(key);
@@ -321,15 +334,20 @@ void LocalGroup::onResult(const Message& msg) {
     }
     Round& r = it->second;
     if (!take(r.mean, r.result.size(), chunkFloats_, msg, strCat("local-result layer ", layer))) return;
-    done = std::move(r);
+    if (r.pushing) return;  // the pool writes it once its sends are done
+    written = writeMean(r);
     rounds_.erase(it);
-    if (closed_) return;
-    // Under the lock: once close() returns, the caller's buffer is not written any more.
-    done.result.forEach(0, done.result.size(), [&](float* p, int64_t n, int64_t off) {
-      std::memcpy(p, done.mean.data.data() + off, static_cast<size_t>(n) * kFloatBytes);
-    });
   }
-  host_.done(layer, h.iteration);
+  if (written) host_.done(layer, h.iteration);
+}
+
+bool LocalGroup::writeMean(Round& round) const {
+  // Under the lock: once close() returns, the caller's buffer is not written any more.
+  if (closed_) return false;
+  round.result.forEach(0, round.result.size(), [&](float* p, int64_t n, int64_t off) {
+    std::memcpy(p, round.mean.data.data() + off, static_cast<size_t>(n) * kFloatBytes);
+  });
+  return true;
 }
 
 void LocalGroup::close() {

@@ -90,6 +90,11 @@ class LocalGroup {
   // One layer's round of one iteration on this rank.
   struct Round {
     bool own = false;  // this rank submitted
+    // Member: its push is being read by the sends (pool). The leader's mean cannot come before the
+    // last chunk left, but the order runs through the network, which neither the mutex nor
+    // ThreadSanitizer sees: a mean complete meanwhile is held and written by the pool once its sends
+    // are done, as the Syncer holds a pair's result while its push is read.
+    bool pushing = false;
     bool factors = false;
     Scheme scheme = Scheme::kPS;
     const float* u = nullptr;
@@ -113,6 +118,8 @@ class LocalGroup {
   void combine(int layer, int64_t iteration, Round round);
   // Member: this rank's contribution to the leader, chunk by chunk (on the pool).
   void sendPush(int layer, int64_t iteration, const Round& round) const;
+  // Member: writes the complete mean into the caller's buffer (with mutex_ held); false when closed.
+  bool writeMean(Round& round) const;
   // Submits under the lock's protection, then runs what became ready, outside it.
   void ownSubmit(int layer, int64_t iteration, Round round);
 

@@ -98,6 +98,7 @@ struct JobRun {
   std::vector<RankRun> ranks;
   std::vector<std::vector<uint64_t>> sentTo;  // [rank][dest]: gradient bytes, headers included
   std::vector<uint64_t> localBytes;           // per rank: local-push and local-result bytes sent
+  std::vector<uint64_t> localHugeReceived;    // per rank: local bytes received for layer 4 ('huge')
   int workers = 0, servers = 0, localRanks = 0;
 };
 
@@ -120,6 +121,7 @@ JobRun runJob(int world, int localRanks, SchemePolicy policy, int iterations,
     for (int d = 0; d < world; ++d) to.push_back(n->counters().dataSentTo(d));
     job.sentTo.push_back(to);
     job.localBytes.push_back(n->counters().total(TrafficKind::kLocal).bytesSent);
+    job.localHugeReceived.push_back(n->counters().layer(4, TrafficKind::kLocal).bytesReceived);
   }
   job.workers = nodes[0]->book().numWorkers();
   job.servers = nodes[0]->book().numServers();
@@ -194,6 +196,12 @@ TEST(LocalRanks, SfbStacksTheMachinesFactorsAndStaysExact) {
     }
   }
   expectSameMeans(local, flat, 1e-5);
+  // A member gets every leader's stack (2 x 12 rows x (301 + 211) floats an iteration), not the
+  // 301 x 211 + 301 floats of the mean, and rebuilds the mean itself.
+  // 2 iterations, each one chunk (12288 floats < 16384) with its header.
+  const uint64_t stacks = 2 * (2 * 12 * (301 + 211) * 4 + kHeaderBytes);
+  EXPECT_EQ(local.localHugeReceived[1], stacks);
+  EXPECT_LT(local.localHugeReceived[1], 2u * (301 * 211 + 301) * 4);
   // 4 x 1: each rank's set to the other machine's 2 ranks (4 sets per machine); 2 x 2: one stacked set
   // of twice the rows to the other leader. The PS layers halve as above; only headers differ.
   for (int m = 0; m < 2; ++m) {

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "poseidon/common/error.h"
+#include "poseidon/sfb/sufficient_factors.h"
 #include "poseidon/wire/messages.h"
 
 namespace poseidon {
@@ -241,7 +242,7 @@ void LocalGroup::combine(int layer, int64_t iteration, Round round) {
   const float inv = 1.0f / static_cast<float>(L_);
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    syncing_[Key{iteration, layer}] = round.result;
+    syncing_[Key{iteration, layer}] = Syncing{round.result, round.factors && round.scheme == Scheme::kSFB};
   }
   if (!round.factors) {
     // The machine's sum in rank order, divided by L, in place in the leader's gradient.
@@ -254,6 +255,12 @@ void LocalGroup::combine(int layer, int64_t iteration, Round round) {
     });
     host_.submitDense(layer, iteration, round.result, round.keepAlive);
     return;
+  }
+  FactorRebuild rebuild;
+  if (round.scheme == Scheme::kSFB) {
+    rebuild = [this, layer, iteration, out = round.result](const std::vector<FactorView>& workers, float scale) {
+      forwardFactors(layer, iteration, workers, scale, out);
+    };
   }
   // One stacked factor set: the leader's rows, then each member's, U scaled by 1/L.
   struct Stack {
@@ -273,12 +280,57 @@ void LocalGroup::combine(int layer, int64_t iteration, Round round) {
   append(round.u, round.v, round.rows);
   for (const Chunks& c : round.members) append(c.data.data(), c.data.data() + c.rows * spec.m, c.rows);
   round.members.clear();  // the stack has them now
-  host_.submitFactors(layer, iteration, round.scheme, stack->u.data(), stack->v.data(), rows, round.result, stack);
+  host_.submitFactors(layer, iteration, round.scheme, stack->u.data(), stack->v.data(), rows, round.result, stack,
+                      std::move(rebuild));
+}
+
+namespace {
+
+// The mean gradient (weight, then bias) of one stacked factor set, by the host's GEMM, as the Syncer
+// rebuilds it.
+std::vector<float> rebuildMean(const LayerSpec& spec, const float* u, const float* v, int64_t rows, float scale) {
+  std::vector<float> mean(static_cast<size_t>(spec.numel()));
+  const bool bias = spec.params.size() > 1;
+  reconstructGradient({FactorView{u, v, rows}}, spec.m, spec.n, scale, mean.data(),
+                      bias ? mean.data() + spec.m * spec.n : nullptr, nullptr);
+  return mean;
+}
+
+}  // namespace
+
+void LocalGroup::forwardFactors(int layer, int64_t iteration, const std::vector<FactorView>& workers, float scale,
+                                const LayerBuffer& out) {
+  const LayerSpec& spec = book_.model().layers[layer];
+  int64_t rows = 0;
+  for (const FactorView& w : workers) rows += w.rows;
+  // One stack, U then V, in the Syncer's worker order: what its GEMM would have stacked.
+  std::vector<float> flat(static_cast<size_t>(rows * (spec.m + spec.n)));
+  float* u = flat.data();
+  float* v = flat.data() + rows * spec.m;
+  for (const FactorView& w : workers) {
+    u = std::copy(w.u, w.u + w.rows * spec.m, u);
+    v = std::copy(w.v, w.v + w.rows * spec.n, v);
+  }
+  const int64_t total = static_cast<int64_t>(flat.size());
+  for (int member = rank_ + 1; member < rank_ + L_; ++member) {
+    for (int64_t c = 0; c < chunks(total); ++c) {
+      const int64_t begin = c * chunkFloats_, n = std::min(chunkFloats_, total - begin);
+      host_.send(member, wire::localFactors(layer, iteration, static_cast<int>(c), rows),
+                 {Van::Part{flat.data() + begin, static_cast<size_t>(n) * kFloatBytes}});
+    }
+  }
+  const std::vector<float> mean = rebuildMean(spec, flat.data(), flat.data() + rows * spec.m, rows, scale);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (closed_) return;  // nothing touches the caller's buffer once close() returned
+  out.forEach(0, out.size(), [&](float* p, int64_t n, int64_t off) {
+    std::memcpy(p, mean.data() + off, static_cast<size_t>(n) * kFloatBytes);
+  });
 }
 
 // ---- leader -> members ---------------------------------------------------------------------------
 
 void LocalGroup::layerSynced(int layer, int64_t iteration) {
+  bool factorsDone = false;
   LayerBuffer result;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -288,8 +340,17 @@ void LocalGroup::layerSynced(int layer, int64_t iteration) {
           strCat("internal error: layer ", layer, " of iteration ", iteration, " synced without a local round"))));
       return;
     }
-    result = std::move(it->second);
+    const bool factors = it->second.factors;
+    result = std::move(it->second.result);
     syncing_.erase(it);
+    if (factors) {  // the members have the factors already (forwardFactors)
+      if (closed_) return;
+      factorsDone = true;
+    }
+  }
+  if (factorsDone) {
+    host_.done(layer, iteration);
+    return;
   }
   // The sends copy the mean before the layer counts as done: only then may the user's step touch it.
   host_.schedule([this, layer, iteration, result = std::move(result)] {
@@ -333,12 +394,72 @@ void LocalGroup::onResult(const Message& msg) {
           strCat("local-result for layer ", layer, " iteration ", h.iteration, ", which this rank has not submitted"));
     }
     Round& r = it->second;
+    if (r.factors) throw ProtocolError(strCat("local-result for layer ", layer, ", whose round is sfb"));
     if (!take(r.mean, r.result.size(), chunkFloats_, msg, strCat("local-result layer ", layer))) return;
     if (r.pushing) return;  // the pool writes it once its sends are done
     written = writeMean(r);
     rounds_.erase(it);
   }
   if (written) host_.done(layer, h.iteration);
+}
+
+void LocalGroup::onFactors(const Message& msg) {
+  const FrameHeader& h = msg.header;
+  if (leader() || static_cast<int>(h.sender) != leader_) {
+    throw ProtocolError(
+        strCat("local-factors from rank ", h.sender, " to rank ", rank_, ", whose leader is rank ", leader_));
+  }
+  const int layer = static_cast<int>(h.layer);
+  const Key key{h.iteration, layer};
+  const int64_t rows = wire::factorRows(h);
+  std::vector<float> stack;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = rounds_.find(key);
+    if (it == rounds_.end() || !it->second.own || !it->second.factors) {
+      throw ProtocolError(strCat("local-factors for layer ", layer, " iteration ", h.iteration,
+                                 ", which this rank has not submitted as factors"));
+    }
+    Round& r = it->second;
+    const LayerSpec& spec = book_.model().layers[layer];
+    if (rows < 1 || rows > kMaxFactorRows || (r.gathered.rows >= 0 && rows != r.gathered.rows)) {
+      throw ProtocolError(strCat("local-factors for layer ", layer, " with ", rows, " rows"));
+    }
+    r.gathered.rows = rows;
+    if (!take(r.gathered, rows * (spec.m + spec.n), chunkFloats_, msg, strCat("local-factors layer ", layer))) return;
+    stack = std::move(r.gathered.data);
+  }
+  // Every worker's factors are in: this rank's own GEMM, on the pool (the receive loop goes on).
+  host_.schedule([this, key, rows, stack = std::move(stack)] {
+    try {
+      const LayerSpec& spec = book_.model().layers[key.second];
+      std::vector<float> mean = rebuildMean(spec, stack.data(), stack.data() + rows * spec.m, rows,
+                                            1.0f / static_cast<float>(book_.numWorkers()));
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        auto it = rounds_.find(key);
+        if (it == rounds_.end()) return;
+        it->second.mean.data = std::move(mean);
+        it->second.mean.seen.assign(1, true);
+        it->second.mean.missing = 0;
+      }
+      meanComplete(key);
+    } catch (...) {
+      host_.fail(std::current_exception());
+    }
+  });
+}
+
+void LocalGroup::meanComplete(const Key& key) {
+  bool written = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = rounds_.find(key);
+    if (it == rounds_.end() || it->second.pushing) return;  // pushing: the pool writes it once its sends are done
+    written = writeMean(it->second);
+    rounds_.erase(it);
+  }
+  if (written) host_.done(key.second, key.first);
 }
 
 bool LocalGroup::writeMean(Round& round) const {

@@ -14,8 +14,11 @@
 //             SFB: stacks the L factor sets into one of the L rows counts added up (U scaled by 1/L,
 //                  V as it is) and submits that: one broadcast per machine, and the rebuild
 //                  sum U^T V / M over the leaders' stacks is the mean over all ranks.
-//           Once its Syncer has the layer's mean, it sends it to every member, then counts the layer
-//           as done (the user's step may overwrite the buffer only after the sends copied it).
+//           PS: once its Syncer has the layer's mean, it sends it to every member, then counts the
+//           layer as done (the user's step may overwrite the buffer only after the sends copied it).
+//           SFB: once its Syncer has every leader's stack, it sends them on to its members
+//           (local-factors, far fewer bytes than the mean of a large layer) and rebuilds its own mean;
+//           each member rebuilds the same bits from the same stack with the same GEMM.
 //
 // Threads: submit*() on the user's thread; onPush()/onResult() on the receive loop; the leader's
 // combine and every send on the pool (a layer can be hundreds of MB). mutex_ is a leaf: nothing is
@@ -34,6 +37,7 @@
 
 #include "poseidon/client/layer_buffer.h"
 #include "poseidon/coordinator/book.h"
+#include "poseidon/sfb/sufficient_factors.h"
 #include "poseidon/transport/van.h"
 
 namespace poseidon {
@@ -49,7 +53,7 @@ class LocalGroup {
     // Leader: the machine's combined contribution goes to the layer's Syncer.
     std::function<void(int layer, int64_t iteration, LayerBuffer grad, std::shared_ptr<void> keep)> submitDense;
     std::function<void(int layer, int64_t iteration, Scheme scheme, const float* u, const float* v, int64_t rows,
-                       LayerBuffer out, std::shared_ptr<void> keep)>
+                       LayerBuffer out, std::shared_ptr<void> keep, FactorRebuild rebuild)>
         submitFactors;
     // The layer's mean is in this rank's buffer (the barrier's layerDone).
     std::function<void(int layer, int64_t iteration)> done;
@@ -71,6 +75,7 @@ class LocalGroup {
   // iteration, chunk or size), before anything is stored.
   void onPush(const Message& msg);    // leader
   void onResult(const Message& msg);  // member
+  void onFactors(const Message& msg);  // member (SFB)
 
   // After the job failed: nothing touches the caller's buffers any more once this returns (the pool's
   // tasks still running are the node's to wait for; they find the group closed).
@@ -104,7 +109,14 @@ class LocalGroup {
     std::shared_ptr<void> keepAlive;
     std::vector<Chunks> members;  // leader: one per member, in rank order
     int membersIn = 0;
-    Chunks mean;  // member: the leader's reply
+    Chunks mean;      // member: the leader's reply (PS), or the mean it rebuilt (SFB)
+    Chunks gathered;  // member, SFB: every worker's factors, stacked, as the leader forwards them
+  };
+  // Leader: where a layer's mean is while its Syncer works on it, and whether the members get the
+  // factors (SFB) rather than the mean.
+  struct Syncing {
+    LayerBuffer result;
+    bool factors = false;
   };
   using Key = std::pair<int64_t, int>;  // (iteration, layer)
 
@@ -120,6 +132,12 @@ class LocalGroup {
   void sendPush(int layer, int64_t iteration, const Round& round) const;
   // Member: writes the complete mean into the caller's buffer (with mutex_ held); false when closed.
   bool writeMean(Round& round) const;
+  // Member: the mean is complete in round `key`'s `mean` (the caller holds no lock): writes it and
+  // counts the layer done, unless the push's sends still read the buffer (they write it when done).
+  void meanComplete(const Key& key);
+  // Leader, SFB: the Syncer's rebuild: forwards the gathered factors, then rebuilds into `out`.
+  void forwardFactors(int layer, int64_t iteration, const std::vector<FactorView>& workers, float scale,
+                      const LayerBuffer& out);
   // Submits under the lock's protection, then runs what became ready, outside it.
   void ownSubmit(int layer, int64_t iteration, Round round);
 
@@ -133,7 +151,7 @@ class LocalGroup {
   bool closed_ = false;
   std::map<Key, Round> rounds_;
   // Leader: the result buffer of each layer whose combined contribution is with its Syncer.
-  std::map<Key, LayerBuffer> syncing_;
+  std::map<Key, Syncing> syncing_;
 };
 
 }  // namespace poseidon

@@ -141,8 +141,8 @@ void Node::assemble() {
       syncers_[layer]->submitDense(it, std::move(grad), std::move(keep));
     };
     h.submitFactors = [this](int layer, int64_t it, Scheme scheme, const float* u, const float* v, int64_t rows,
-                             LayerBuffer out, std::shared_ptr<void> keep) {
-      syncers_[layer]->submitFactors(it, scheme, u, v, rows, std::move(out), std::move(keep));
+                             LayerBuffer out, std::shared_ptr<void> keep, FactorRebuild rebuild) {
+      syncers_[layer]->submitFactors(it, scheme, u, v, rows, std::move(out), std::move(keep), std::move(rebuild));
     };
     h.done = [this](int layer, int64_t it) { barrierDone(layer, it); };
     local_ = std::make_unique<LocalGroup>(book, rank, std::move(h));
@@ -326,6 +326,8 @@ void Node::route(Message& msg) {
       if (!local_) throw ProtocolError(strCat(msgTypeName(h.type), " to a rank without local aggregation"));
       if (h.type == MsgType::kLocalPush)
         local_->onPush(msg);
+      else if (h.type == MsgType::kLocalFactors)
+        local_->onFactors(msg);
       else
         local_->onResult(msg);
       return;

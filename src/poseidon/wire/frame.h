@@ -60,8 +60,9 @@ enum class MsgType : uint16_t {
   kFcForward = 56,   // worker -> FC server: its conv output and labels for its round
   kFcBackward = 57,  // FC server -> worker: the loss and its gradient w.r.t. that output
 
-  kLocalPush = 60,    // a machine's member -> its leader: one chunk of its gradient or factors
-  kLocalResult = 61,  // leader -> its members: one chunk of the layer's mean gradient
+  kLocalPush = 60,     // a machine's member -> its leader: one chunk of its gradient or factors
+  kLocalResult = 61,   // leader -> its members: one chunk of the layer's mean gradient
+  kLocalFactors = 62,  // leader -> its members: one chunk of every worker's factors, stacked (SFB)
   // collectives and control (data endpoint)
   kBroadcast = 30,  // root -> all: chunk of a broadcast buffer
   kBarrier = 31,    // all -> all: reached a named barrier

@@ -38,6 +38,7 @@ constexpr MessageInfo kMessages[] = {
     {M::kFcBackward,    "fc-backward",    H::kFcWorker,    T::kControl, S::kControl, false, false,   "round"},
     {M::kLocalPush,     "local-push",     H::kLocal,       T::kLocal,   S::kRound,   true,  true,    "iteration"},
     {M::kLocalResult,   "local-result",   H::kLocal,       T::kLocal,   S::kRound,   true,  false,   "iteration"},
+    {M::kLocalFactors,  "local-factors",  H::kLocal,       T::kLocal,   S::kRound,   true,  false,   "iteration"},
     {M::kBroadcast,     "broadcast",      H::kCollectives, T::kControl, S::kControl, false, false,   "total floats"},
     {M::kBarrier,       "barrier",        H::kCollectives, T::kControl, S::kControl, false, false,   ""},
     {M::kHeartbeat,     "heartbeat",      H::kNode,        T::kControl, S::kControl, false, true,    "iteration"},

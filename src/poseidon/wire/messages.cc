@@ -55,6 +55,10 @@ FrameHeader localResult(int layer, int64_t iteration, int chunk) {
   return make(MsgType::kLocalResult, layer, iteration, chunk);
 }
 
+FrameHeader localFactors(int layer, int64_t iteration, int chunk, int64_t rows) {
+  return make(MsgType::kLocalFactors, layer, iteration, chunk, rows);
+}
+
 FrameHeader adamFactors(int layer, int64_t iteration, int64_t rows) {
   return make(MsgType::kAdamFactors, layer, iteration, 0, rows);
 }

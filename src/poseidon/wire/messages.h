@@ -22,6 +22,7 @@
 //   state-reply     layer             version             KV pair       -      (as model-init)
 //   local-push      layer             iteration           chunk         rows (0: a dense gradient)
 //   local-result    layer             iteration           chunk         -
+//   local-factors   layer             iteration           chunk         rows (all workers' together)
 //   broadcast       sequence number   total floats        chunk index   chunk count
 //   barrier         sequence number   -                   -             -
 //   heartbeat/abort/bye -             sender's iteration  -             -
@@ -72,6 +73,8 @@ FrameHeader stateReply(int layer, int pair, int64_t version);
 // KV pairs (JobSettings::pairBytes each); rows > 0: factors U then V of that many rows, 0: dense.
 FrameHeader localPush(int layer, int64_t iteration, int chunk, int64_t rows);
 FrameHeader localResult(int layer, int64_t iteration, int chunk);
+// SFB: every worker's factors as the leader's Syncer gathered them, stacked: U (rows x M) then V.
+FrameHeader localFactors(int layer, int64_t iteration, int chunk, int64_t rows);
 
 // Merged FC: iteration = the worker's round.
 FrameHeader fcForward(int64_t round);
@@ -96,7 +99,7 @@ FrameHeader abort(int64_t iteration);
 FrameHeader bye(int64_t iteration);
 
 // Readers of type-specific fields.
-int64_t factorRows(const FrameHeader& h);  // sfb-factors, adam-factors, local-push
+int64_t factorRows(const FrameHeader& h);  // sfb-factors, adam-factors, local-push, local-factors
 // Whether the message carries a BSP round's data (PS, SFB, Adam, straggler
 // notices): those have a layer and an iteration, and only their order within
 // one layer matters (the Van's priority scheduling relies on it).

@@ -196,6 +196,7 @@ void LocalGroup::onPush(const Message& msg) {
   const LayerSpec& spec = book_.model().layers[layer];
   const int64_t rows = wire::factorRows(h);
   if (rows > 0 && spec.type != LayerType::kFC) throw ProtocolError(strCat("factors for layer '", spec.name, "'"));
+  if (rows > kMaxFactorRows) throw ProtocolError(strCat("local-push for layer ", layer, " with ", rows, " rows"));
   const int64_t total = rows > 0 ? rows * (spec.m + spec.n) : spec.numel();
   const Key key{h.iteration, layer};
   std::optional<Round> ready;

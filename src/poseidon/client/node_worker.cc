@@ -64,7 +64,7 @@ void Node::submitFactors(int layer, const float* u, const float* v, int64_t rows
                                  "; submit its dense gradient instead"));
   }
   if (local_) {
-    // The machine's mean goes to the members as a gradient, so each rank's lands in `out`.
+    // With local ranks every rank rebuilds its SFB mean into `out` by the host's GEMM (LocalGroup).
     if (rebuild) throw InvalidArgument("submitFactors: a device rebuild cannot be combined with local ranks");
     return local_->submitFactors(layer, iteration_.load(), scheme, u, v, rows, std::move(out), std::move(keepAlive));
   }

@@ -426,6 +426,22 @@ std::vector<torch::Tensor> deviceJob(const std::string& kind, int ranks, c10::De
   return all[0];
 }
 
+// max |got - want| / max |want| over the floating tensors; the others (num_batches_tracked) equal.
+double maxRelDiff(const std::vector<torch::Tensor>& got, const std::vector<torch::Tensor>& want,
+                  const std::string& kind) {
+  EXPECT_EQ(got.size(), want.size()) << kind;
+  double worst = 0;
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
+    if (!got[i].is_floating_point()) {
+      EXPECT_TRUE(torch::equal(got[i], want[i])) << kind << " tensor " << i;
+      continue;
+    }
+    const double scale = std::max(1e-6, want[i].abs().max().item<double>());
+    worst = std::max(worst, (got[i] - want[i]).abs().max().item<double>() / scale);
+  }
+  return worst;
+}
+
 TEST(DeviceExactness, FourRanksOnTheDeviceEqualOneProcessOnTheCpu) {
   const bool gpu = torch::cuda::device_count() > 0;
   const c10::Device device = gpu ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
@@ -434,15 +450,7 @@ TEST(DeviceExactness, FourRanksOnTheDeviceEqualOneProcessOnTheCpu) {
     const auto want = kind == "bnconv" ? deviceJob(kind, 4, c10::Device(c10::kCPU), false)
                                        : deviceJob(kind, 1, c10::Device(c10::kCPU), false);
     ASSERT_EQ(got.size(), want.size());
-    double worst = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      if (!got[i].is_floating_point()) {
-        EXPECT_TRUE(torch::equal(got[i], want[i])) << kind << " tensor " << i;  // num_batches_tracked
-        continue;
-      }
-      const double scale = std::max(1e-6, want[i].abs().max().item<double>());
-      worst = std::max(worst, (got[i] - want[i]).abs().max().item<double>() / scale);
-    }
+    const double worst = maxRelDiff(got, want, kind);
     std::cout << "device-exactness " << kind << " on " << device << ": max rel diff " << worst << "\n";
     EXPECT_LE(worst, 1e-4) << kind;
     if (kind == "unused") EXPECT_TRUE(torch::equal(got[2], want[2]));  // spare.weight: where it started
@@ -462,15 +470,7 @@ TEST(LocalRanks, TwoMachinesOfTwoRanksEqualOneProcess) {
       const auto want = kind == "bnconv" ? deviceJob(kind, 4, c10::Device(c10::kCPU), false)
                                          : deviceJob(kind, 1, c10::Device(c10::kCPU), false);
       ASSERT_EQ(got.size(), want.size());
-      double worst = 0;
-      for (size_t i = 0; i < got.size(); ++i) {
-        if (!got[i].is_floating_point()) {
-          EXPECT_TRUE(torch::equal(got[i], want[i])) << kind << " tensor " << i;
-          continue;
-        }
-        const double scale = std::max(1e-6, want[i].abs().max().item<double>());
-        worst = std::max(worst, (got[i] - want[i]).abs().max().item<double>() / scale);
-      }
+      const double worst = maxRelDiff(got, want, kind);
       std::cout << "local-ranks 2 " << kind << " on " << device << (staged ? " staged" : "") << ": max rel diff "
                 << worst << "\n";
       EXPECT_LE(worst, 1e-4) << kind;

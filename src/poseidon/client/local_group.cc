@@ -65,17 +65,12 @@ void LocalGroup::ownSubmit(int layer, int64_t iteration, Round mine) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       Round& r = rounds_[key];
+      // A member's round holds nothing before its own submit: the leader answers only after it.
       if (r.own) throw InvalidArgument(strCat("layer ", layer, " submitted twice in iteration ", iteration));
-      r.own = true;
-      r.factors = mine.factors;
-      r.scheme = mine.scheme;
-      r.u = mine.u;
-      r.v = mine.v;
-      r.rows = mine.rows;
-      r.result = mine.result;
-      r.keepAlive = mine.keepAlive;
-      r.pushing = true;
-      copy = r;
+      mine.own = true;
+      mine.pushing = true;
+      r = mine;
+      copy = std::move(mine);
     }
     host_.schedule([this, key, copy = std::move(copy)] {
       try {
@@ -378,12 +373,16 @@ void LocalGroup::layerSynced(int layer, int64_t iteration) {
   });
 }
 
-void LocalGroup::onResult(const Message& msg) {
-  const FrameHeader& h = msg.header;
+void LocalGroup::checkFromLeader(const FrameHeader& h) const {
   if (leader() || static_cast<int>(h.sender) != leader_) {
     throw ProtocolError(
-        strCat("local-result from rank ", h.sender, " to rank ", rank_, ", whose leader is rank ", leader_));
+        strCat(msgTypeName(h.type), " from rank ", h.sender, " to rank ", rank_, ", whose leader is rank ", leader_));
   }
+}
+
+void LocalGroup::onResult(const Message& msg) {
+  const FrameHeader& h = msg.header;
+  checkFromLeader(h);
   const int layer = static_cast<int>(h.layer);
   const Key key{h.iteration, layer};
   bool written = false;
@@ -406,10 +405,7 @@ void LocalGroup::onResult(const Message& msg) {
 
 void LocalGroup::onFactors(const Message& msg) {
   const FrameHeader& h = msg.header;
-  if (leader() || static_cast<int>(h.sender) != leader_) {
-    throw ProtocolError(
-        strCat("local-factors from rank ", h.sender, " to rank ", rank_, ", whose leader is rank ", leader_));
-  }
+  checkFromLeader(h);
   const int layer = static_cast<int>(h.layer);
   const Key key{h.iteration, layer};
   const int64_t rows = wire::factorRows(h);

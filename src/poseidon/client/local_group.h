@@ -124,6 +124,8 @@ class LocalGroup {
   int64_t chunks(int64_t floats) const { return (floats + chunkFloats_ - 1) / chunkFloats_; }
   int64_t numel(int layer) const { return book_.model().layers.at(static_cast<size_t>(layer)).numel(); }
   void checkLayer(int layer, const char* what) const;
+  // Member: a local-result or local-factors must come from this rank's leader (ProtocolError).
+  void checkFromLeader(const FrameHeader& h) const;
   // Takes one chunk into `c` (sized on its first chunk); true when it completed c.
   static bool take(Chunks& c, int64_t total, int64_t chunkFloats, const Message& msg, const std::string& what);
   // Leader: the round's members and own contribution are all in (called with the round taken out).

@@ -306,7 +306,9 @@ TEST(DistributedModel, ANonFiniteMeanGradientThrowsDivergenceOnEveryRankAtThatSt
         EXPECT_TRUE(torch::allclose(o.params[i], outs[0].params[i], 0, 0, /*equal_nan=*/true))
             << "rank " << r << " param " << i;
         // The barrier path never applied the NaN step: the model is the one after step 2.
-        if (!overlapped) EXPECT_TRUE(torch::equal(o.params[i], o.afterTwo[i])) << "rank " << r << " param " << i;
+        if (!overlapped) {
+          EXPECT_TRUE(torch::equal(o.params[i], o.afterTwo[i])) << "rank " << r << " param " << i;
+        }
       }
     }
   }
@@ -411,7 +413,9 @@ std::vector<torch::Tensor> deviceJob(const std::string& kind, int ranks, c10::De
         torch::nn::functional::cross_entropy(dist.forward(x), y).backward();
         dist.step(opt);
       }
-      if (ranks > 1 && kind != "bnconv") EXPECT_EQ(dist.lastSchemes()[0], Scheme::kSFB) << kind;
+      if (ranks > 1 && kind != "bnconv") {
+        EXPECT_EQ(dist.lastSchemes()[0], Scheme::kSFB) << kind;
+      }
       std::vector<torch::Tensor> out;
       for (auto& p : net->parameters()) out.push_back(p.detach().to(torch::kCPU).clone());
       for (auto& b : net->buffers()) out.push_back(b.detach().to(torch::kCPU).clone());
@@ -453,7 +457,9 @@ TEST(DeviceExactness, FourRanksOnTheDeviceEqualOneProcessOnTheCpu) {
     const double worst = maxRelDiff(got, want, kind);
     std::cout << "device-exactness " << kind << " on " << device << ": max rel diff " << worst << "\n";
     EXPECT_LE(worst, 1e-4) << kind;
-    if (kind == "unused") EXPECT_TRUE(torch::equal(got[2], want[2]));  // spare.weight: where it started
+    if (kind == "unused") {
+      EXPECT_TRUE(torch::equal(got[2], want[2]));  // spare.weight: where it started
+    }
   }
 }
 

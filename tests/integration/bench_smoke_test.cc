@@ -172,6 +172,51 @@ TEST(BenchSmoke, OverlapTwoNodes) {
   fs::remove_all(dir);
 }
 
+// --local-ranks 2: each node runs two ranks, each its own process. Poseidon's aggregate on the node's
+// first rank, so what leaves a node of 2 x 2 is what leaves a node of 2 x 1 (the PS pairs once per
+// node) but for vgg19's SFB factors, stacked from both ranks; a node's bytes are counted once, and
+// images/s counts every rank. One node of two ranks sends nothing over its link.
+TEST(BenchSmoke, LocalRanksAggregateOnTheNodeBeforeTheLink) {
+  requireCluster();
+  std::string dir = testing::makeTempDir("bench-local");
+  auto bench = [&](const std::string& name, std::vector<std::string> extra) {
+    std::vector<std::string> argv{POSEIDON_CLI,   "bench", "--models", "vgg19", "--rates", "100",
+                                  "--iterations", "1",     "--warmup", "0",     "--json",  dir + "/" + name + ".json"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    std::vector<testing::Proc> procs{testing::spawn(argv, {}, dir + "/" + name + ".log")};
+    testing::waitAll(procs, std::chrono::seconds(600));
+    EXPECT_EQ(procs[0].exitCode(), 0) << procs[0].stdoutText() << procs[0].stderrText();
+    EXPECT_TRUE(namespacesOf(procs[0].pid).empty());
+    std::ifstream f(dir + "/" + name + ".json");
+    return nlohmann::json::parse(f);
+  };
+  const nlohmann::json local = bench("local", {"--systems", "poseidon,ddp", "--nodes", "1,2", "--local-ranks", "2"});
+  const nlohmann::json flat = bench("flat", {"--systems", "poseidon", "--nodes", "2"});
+  EXPECT_EQ(local["config"]["local_ranks"], 2);
+  ASSERT_EQ(local["runs"].size(), 4u);
+  double localTx = 0;
+  for (const auto& r : local["runs"]) {
+    ASSERT_TRUE(r["ok"].get<bool>()) << r.dump();
+    EXPECT_EQ(r["local_ranks"], 2) << r.dump();
+    const int nodes = r["nodes"].get<int>();
+    ASSERT_EQ(r["cpu_seconds_per_iteration"].size(), static_cast<size_t>(2 * nodes)) << r.dump();  // every rank
+    ASSERT_EQ(r["tx_bytes_per_iteration"].size(), static_cast<size_t>(nodes)) << r.dump();         // every node
+    EXPECT_NEAR(r["images_per_sec"].get<double>(), 2 * nodes * 3 / r["iteration_seconds"].get<double>(), 1e-6)
+        << r.dump();
+    if (nodes == 1) {
+      EXPECT_LT(r["tx_bytes_per_iteration"][0].get<double>(), 1e4) << r.dump();
+    }
+    if (nodes == 2 && r["system"] == "poseidon") localTx = r["tx_bytes_per_iteration"][1].get<double>();
+  }
+  ASSERT_EQ(flat["runs"].size(), 1u);
+  const double flatTx = flat["runs"][0]["tx_bytes_per_iteration"][1].get<double>();
+  ASSERT_GT(flatTx, 1e5);
+  // Without the aggregation both ranks of a node would send their pushes and SFB factors: about twice.
+  EXPECT_GT(localTx / flatTx, 0.95);
+  EXPECT_LT(localTx / flatTx, 1.4);
+  fs::remove_all(dir);
+}
+
 TEST(BenchSmoke, InterruptLeavesNothingBehind) {
   requireCluster();
   std::string dir = testing::makeTempDir("bench-int");

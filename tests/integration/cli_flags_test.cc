@@ -379,6 +379,10 @@ TEST(CliFlags, BenchRejectsOutOfRangeValues) {
   expectRejected({{"bench", "--nodes", "1,65"}, "each --nodes entry must be in [1, 64], got 65"});
   expectRejected({{"bench", "--rates", "100,0"}, "each --rates entry (Mbit/s) must be > 0, got 0"});
   expectRejected({{"bench", "--repeat", "0"}, "--repeat must be in [1, 100], got 0"});
+  expectRejected({{"bench", "--local-ranks", "0"}, "--local-ranks must be in [1, 16], got 0"});
+  expectRejected({{"bench", "--local-ranks", "2", "--systems", "poseidon,adam"},
+                  "--local-ranks 2: the adam baseline has no local aggregation (its one server per layer takes "
+                  "every rank's factors); run it without --local-ranks"});
   expectRejected(
       {{"bench", "--compute", "titanx,tpu"}, "unknown --compute 'tpu' (titanx, h200, h200-bf16, cpu:C, none)"});
   expectRejected({{"bench", "--compute", "cpu:0"}, "--compute cpu:C needs a core count C in [1, 256], got 'cpu:0'"});

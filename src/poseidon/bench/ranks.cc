@@ -20,13 +20,13 @@ std::string lastLine(const std::string& path) {
   return last;
 }
 
-SpawnOptions rankSpawn(const EmulatedCluster& cluster, int rank, int nodes, int port, const std::string& secret,
-                       const std::string& logFile) {
+SpawnOptions rankSpawn(const EmulatedCluster& cluster, int rank, int worldSize, int port, const std::string& secret,
+                       const std::string& logFile, int localRanks) {
   SpawnOptions so;
-  so.netns = cluster.nodeNamespace(rank);
+  so.netns = cluster.nodeNamespace(rank / localRanks);
   so.env = {{"RANK", std::to_string(rank)},
-            {"WORLD_SIZE", std::to_string(nodes)},
-            {"LOCAL_RANK", "0"},
+            {"WORLD_SIZE", std::to_string(worldSize)},
+            {"LOCAL_RANK", std::to_string(rank % localRanks)},
             {"MASTER_ADDR", cluster.nodeAddress(0)},
             {"MASTER_PORT", std::to_string(port)},
             {"GLOO_SOCKET_IFNAME", EmulatedCluster::nodeInterface()},

@@ -12,11 +12,12 @@
 
 namespace poseidon::bench {
 
-// How one rank of a job on `cluster` is started (argv left to the caller): in node `rank`'s
-// namespace, with torchrun's variables (the master is node 0 at `port`), Gloo on the node's
-// interface, one OpenMP thread, the job secret, and stdout and stderr into `logFile`.
-SpawnOptions rankSpawn(const EmulatedCluster& cluster, int rank, int nodes, int port, const std::string& secret,
-                       const std::string& logFile);
+// How one rank of a job of `worldSize` ranks on `cluster` is started (argv left to the caller): in
+// its node's namespace (node rank / localRanks: each node runs localRanks ranks, its GPUs), with
+// torchrun's variables (the master is node 0 at `port`), Gloo on the node's interface, one OpenMP
+// thread, the job secret, and stdout and stderr into `logFile`.
+SpawnOptions rankSpawn(const EmulatedCluster& cluster, int rank, int worldSize, int port, const std::string& secret,
+                       const std::string& logFile, int localRanks = 1);
 
 // Starts every rank (each in its own process group, so that a kill also reaches what it started)
 // and waits. The first rank to fail, the deadline (timeoutS from the start) or a nonzero `stop`

@@ -30,6 +30,7 @@ nlohmann::json RunResult::toJson() const {
   return {{"model", model},
           {"system", system},
           {"nodes", nodes},
+          {"local_ranks", localRanks},
           {"link_mbit", mbit},
           {"emulated_mbit", linkMbit()},
           {"latency_ms", latencyMs},
@@ -70,11 +71,12 @@ double ownBoundSeconds(const RunResult& r, double computeSeconds) {
   return std::max(computeSeconds, busiest * 8 / (r.linkMbit() * 1e6));
 }
 
-double idealSeconds(const EmulatedModel& m, int nodes, double mbit) {
+double idealSeconds(const EmulatedModel& m, int nodes, double mbit, int localRanks) {
   double floats = 0;
   if (nodes > 1) {
     for (const auto& l : m.desc.layers) {
-      CostInputs c = costInputs(l, m.batch, nodes, nodes);
+      // A node's ranks leave it as one worker of their batches together (client/local_group.h).
+      CostInputs c = costInputs(l, m.batch * localRanks, nodes, nodes);
       double ps = psCostBoth(c);
       floats += l.type == LayerType::kFC ? std::min(ps, sfbCost(c)) : ps;
     }
@@ -157,6 +159,14 @@ void writeIntro(std::ostringstream& md, const nlohmann::json& cfg) {
       if (s.is_string()) ddp = ddp || s.get<std::string>().rfind("ddp", 0) == 0;
     md << " Poseidon's ranks ran with a " << cfg["tcp_rcvbuf"].get<int>()
        << "-byte TCP receive buffer per connection (--tcp-rcvbuf)" << (ddp ? "; DDP's with the OS default." : ".");
+  }
+  if (cfg.value("local_ranks", 1) > 1) {
+    const int l = cfg["local_ranks"].get<int>();
+    md << " Each node ran " << l << " ranks (" << l
+       << " GPUs, --local-ranks), each its own process and emulated GPU: Poseidon's aggregate on the node's first "
+          "rank before anything leaves the node (train --local-ranks), DDP's reach each other over the node's own "
+          "address, off the shaped link. Images/s counts every rank; bytes, the own bound and poseidon's ideal "
+          "are each node's.";
   }
   // A model whose batch x s is not whole ran at the width that makes it whole, its links slowed to
   // match (files with "model_scales"); before, it ran at s and SFB's factors carried the rounded batch.

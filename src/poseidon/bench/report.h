@@ -17,6 +17,7 @@ namespace poseidon::bench {
 struct RunResult {
   std::string model, system;
   int nodes = 0;
+  int localRanks = 1;  // ranks (GPUs) per node (--local-ranks); images/s counts them all, bytes are per node
   double mbit = 0, latencyMs = 0;  // the column's rate (--rates): rate / s^2 at full width
   // What the links ran at for this model: mbit x (s'/s)^2 where the model runs at width s'
   // (bench::emulatedMbit); 0: mbit (results files from before).
@@ -59,8 +60,9 @@ struct RunResult {
 double ownBoundSeconds(const RunResult& r, double computeSeconds);
 
 // Ideal iteration time: max(compute, min-scheme bytes per node / link rate),
-// full duplex (half of Table 1's send + receive floats each way).
-double idealSeconds(const EmulatedModel& m, int nodes, double mbit);
+// full duplex (half of Table 1's send + receive floats each way). With localRanks ranks a node, a
+// node's traffic is one worker's of their batches together.
+double idealSeconds(const EmulatedModel& m, int nodes, double mbit, int localRanks = 1);
 
 // Sets every successful run's speedup over the same model and system on one
 // node (1 for the one-node runs themselves).

@@ -56,6 +56,7 @@ struct BenchArgs {
   double scale = 0.1, latencyMs = 0, queueMs = bench::LinkSpec::kDefaultQueueMs;
   int iterations = 8, warmup = 3, timeoutS = 150, retries = 1, repeat = 1, rcvbuf = 0, sendWindow = 0;
   int ioThreads = bench::kBenchIoThreads;
+  int localRanks = 1;
   int64_t pairBytes = kDefaultPairBytes;
   bool quick = false, keep = false, accuracyMode = false;
 };
@@ -122,6 +123,12 @@ void addRuntimeFlags(FlagSet& flags, BenchArgs& a) {
                "its ranks); "
                "CURVE's encryption is charged on them, each connection on one",
                "N", IntRange::closed(1, 64));
+  flags.addInt("local-ranks", &a.localRanks,
+               "ranks (GPUs) per emulated node, each its own process with its own emulated GPU: Poseidon's "
+               "aggregate on the node's first rank before they leave it (train --local-ranks; not adam), DDP's "
+               "reach each other over the node's own address, off the shaped link; --nodes counts nodes, "
+               "images/s every rank, bytes are each node's (docs/gpu.md)",
+               "L", IntRange::closed(1, 16));
 }
 
 // The results it writes.
@@ -193,6 +200,11 @@ BenchPlan planBench(const BenchArgs& a) {
     if (c.spec->overlapForward && a.warmup < 1) {
       throw InvalidArgument(c.base() + " needs --warmup 1 or more (each iteration carries the one before's tail)");
     }
+    if (a.localRanks > 1 && !c.spec->ddp && c.spec->policy == SchemePolicy::kAdam) {
+      throw InvalidArgument("--local-ranks " + std::to_string(a.localRanks) +
+                            ": the adam baseline has no local aggregation (its one server per layer takes every "
+                            "rank's factors); run it without --local-ranks");
+    }
   }
   const bench::ComputeChoice compute = bench::parseComputeList(a.computeFlag);  // throws on bad names
   p.gpu = compute.gpu;
@@ -230,6 +242,7 @@ nlohmann::json benchConfig(const BenchArgs& a, const BenchPlan& p, const std::ve
                            {"repeat", a.repeat},
                            {"tcp_rcvbuf", a.rcvbuf},
                            {"io_threads", a.ioThreads},
+                           {"local_ranks", a.localRanks},
                            {"send_window", a.sendWindow},
                            {"pair_bytes", a.pairBytes},  // full width
                            // every emulated node ran here: what the planner's --check needs to know
@@ -425,6 +438,7 @@ int benchCommand(const std::vector<std::string>& args) {
   h.rcvbuf = a.rcvbuf;
   h.sendWindow = a.sendWindow;
   h.ioThreads = a.ioThreads;
+  h.localRanks = a.localRanks;
   h.pairBytes = a.pairBytes;
   if (!a.traceDir.empty()) {
     fs::create_directories(a.traceDir);

@@ -77,6 +77,10 @@ struct Harness {
   int sendWindow = 0;                       // --send-window, for the poseidon-overlap systems (0: their default)
   int ioThreads = bench::kBenchIoThreads;   // --io-threads, for Poseidon's ranks
   int64_t pairBytes = kDefaultPairBytes;    // --pair-bytes at full width, for Poseidon's ranks (x s^2)
+  // --local-ranks: ranks (GPUs) per node, each its own process in the node's namespace. Poseidon's
+  // aggregate on the node's first (train --local-ranks); DDP's reach each other over the node's own
+  // address, off the shaped link, as NCCL's would inside a node.
+  int localRanks = 1;
   int repeat = 1;
   unsigned hostCores = std::max(1u, std::thread::hardware_concurrency());
   std::vector<std::string> devices{"none"};  // the first is the plain system name's
@@ -172,18 +176,20 @@ struct Harness {
     r.model = modelName;
     r.system = label;
     r.nodes = nodes;
+    r.localRanks = localRanks;
     r.emulatedMbit = cluster->link().mbit;
     r.mbit = rateMbit > 0 ? rateMbit : r.emulatedMbit;
     r.latencyMs = cluster->link().latencyMs;
-    r.idealSeconds = bench::idealSeconds(m, nodes, r.emulatedMbit);
+    r.idealSeconds = bench::idealSeconds(m, nodes, r.emulatedMbit, localRanks);
     r.device = device;
     int p = port++;
     if (port > 29999) port = 29600;
     std::vector<SpawnOptions> ranks;
     auto outBase = [&](int i) { return strCat(work, "/", modelName, "-", p, "-", nodes, "-", i); };
-    for (int i = 0; i < nodes; ++i) {
+    const int world = nodes * localRanks;
+    for (int i = 0; i < world; ++i) {
       std::string out = outBase(i);
-      SpawnOptions so = bench::rankSpawn(*cluster, i, nodes, p, secret, out + ".log");
+      SpawnOptions so = bench::rankSpawn(*cluster, i, world, p, secret, out + ".log", localRanks);
       if (isDdp(system)) {
         r.bucketMb = scaledMb(bucketMb, m);
         r.firstBucketMb = scaledMb(firstBucketMb, m);
@@ -211,9 +217,10 @@ struct Harness {
         const DeviceModel& dm = deviceModels.at(device);
         so.argv = {exe, "bench-worker", "--model", modelName, "--scale", strCat(scale), "--system", system,
                    "--iterations", std::to_string(iterations), "--warmup", std::to_string(warmup), "--out",
-                   out + ".json", "--iface", EmulatedCluster::nodeInterface(), "--bind", cluster->nodeAddress(i),
-                   "--timeout", std::to_string(timeoutS * 1000), "--compute", compute, "--charged-on", device,
-                   "--gemm-flops", strCat(dm.gemmFlops), "--sum-bytes", strCat(dm.sumBytes), "--crypto-bytes",
+                   out + ".json", "--iface", EmulatedCluster::nodeInterface(), "--bind",
+                   cluster->nodeAddress(i / localRanks), "--local-ranks", std::to_string(localRanks), "--timeout",
+                   std::to_string(timeoutS * 1000), "--compute", compute, "--charged-on", device, "--gemm-flops",
+                   strCat(dm.gemmFlops), "--sum-bytes", strCat(dm.sumBytes), "--crypto-bytes",
                    // -nocurve: nothing is encrypted, and BestScheme must not weigh encryption either
                    strCat(bench::parseBenchSystem(system).noCurve ? 0.0 : dm.cryptoBytes), "--link-mbit",
                    strCat(dm.charges() ? r.emulatedMbit : 0.0)};
@@ -237,7 +244,9 @@ struct Harness {
     try {
       nlohmann::json charged = {{"gemm", 0.0}, {"sum", 0.0}, {"crypto", 0.0}};
       double wall = 0, cpuTotal = 0, hostBusyShare = 0;
-      for (int i = 0; i < nodes; ++i) {
+      for (int i = 0; i < world; ++i) {
+        // A node's ranks share its interface and its TCP counters: its first rank reads them for it.
+        const bool nodeFirst = i % localRanks == 0;
         std::ifstream f(outBase(i) + ".json");
         nlohmann::json j = nlohmann::json::parse(f);
         std::vector<double> t = j["iteration_seconds"].get<std::vector<double>>();
@@ -251,12 +260,14 @@ struct Harness {
           hostBusyShare = j.value("host_busy_jiffies", 0.0) / j["host_total_jiffies"].get<double>();
         cpuTotal += cpu;
         r.cpuPerIter.push_back(cpu / std::max(1, iterations));
-        r.tcpRetransmits += j.value("tcp_retransmits", 0.0);
+        if (nodeFirst) r.tcpRetransmits += j.value("tcp_retransmits", 0.0);
         if (i == 0) r.iterSeconds = med;
         if (i == 0 && j.contains("fc_schemes")) r.fcSchemes = j["fc_schemes"];
         r.slowestRankSeconds = std::max(r.slowestRankSeconds, med);
-        r.txPerIter.push_back(j["tx_bytes"].get<double>() / std::max(1, iterations));
-        r.rxPerIter.push_back(j["rx_bytes"].get<double>() / std::max(1, iterations));
+        if (nodeFirst) {
+          r.txPerIter.push_back(j["tx_bytes"].get<double>() / std::max(1, iterations));
+          r.rxPerIter.push_back(j["rx_bytes"].get<double>() / std::max(1, iterations));
+        }
         if (j.contains("charged_seconds"))
           for (auto& [kind, v] : charged.items())
             v = std::max(v.get<double>(), j["charged_seconds"][kind].get<double>() / std::max(1, iterations));
@@ -264,7 +275,7 @@ struct Harness {
       if (!isDdp(system)) r.charged = charged;
       if (!isDdp(system) && !traceDir.empty()) {
         std::vector<std::string> parts;
-        for (int i = 0; i < nodes; ++i) parts.push_back(outBase(i) + ".trace.json");
+        for (int i = 0; i < world; ++i) parts.push_back(outBase(i) + ".trace.json");
         std::string merged =
             strCat(traceDir, "/", modelName, "-", label, "-", nodes, "n-", r.mbit, "mbit-", p, ".json");
         Tracer::merge(parts, merged);
@@ -273,7 +284,7 @@ struct Harness {
       // The ranks' own CPU, or the whole host's over rank 0's measured iterations where that is more
       // (kernel time: the shaped links' softirqs and copies are in no process's rusage).
       r.hostCpuShare = std::max(wall > 0 ? cpuTotal / (wall * hostCores) : 0.0, hostBusyShare);
-      r.imagesPerSec = r.iterSeconds > 0 ? nodes * m.batch / r.iterSeconds : 0;
+      r.imagesPerSec = r.iterSeconds > 0 ? world * m.batch / r.iterSeconds : 0;
       r.ownBoundSeconds = bench::ownBoundSeconds(r, m.computeSeconds());
       r.repeatSeconds = {r.iterSeconds};
       r.minSeconds = r.maxSeconds = r.iterSeconds;
@@ -285,11 +296,21 @@ struct Harness {
     return r;
   }
 
+  // "8 nodes", or "4 nodes x 2 ranks" with --local-ranks.
+  static std::string nodesLabel(const RunResult& r) {
+    char b[64];
+    if (r.localRanks > 1)
+      std::snprintf(b, sizeof b, "%2d nodes x %d ranks", r.nodes, r.localRanks);
+    else
+      std::snprintf(b, sizeof b, "%2d nodes", r.nodes);
+    return b;
+  }
+
   void printPoint(const RunResult& r) {
     if (!verbose || !r.ok) return;
-    std::printf("  %-14s %2d nodes @ %6g Mbit/s: median %.3f s/iter of %zu (min %.3f, max %.3f), slowest rank %.3f",
-                r.system.c_str(), r.nodes, r.mbit, r.iterSeconds, r.repeatSeconds.size(), r.minSeconds, r.maxSeconds,
-                r.slowestRankSeconds);
+    std::printf("  %-14s %s @ %6g Mbit/s: median %.3f s/iter of %zu (min %.3f, max %.3f), slowest rank %.3f",
+                r.system.c_str(), nodesLabel(r).c_str(), r.mbit, r.iterSeconds, r.repeatSeconds.size(), r.minSeconds,
+                r.maxSeconds, r.slowestRankSeconds);
     if (!r.tuning.is_null()) {
       const double s = model(r.model).scale;
       std::printf(", bucket cap %g MB at full width (sweep, MB -> s/iter: %s)", r.bucketMb / (s * s),
@@ -303,7 +324,8 @@ struct Harness {
   void printRun(const RunResult& r) {
     if (!verbose) return;
     if (!r.ok) {
-      std::printf("  %-14s %2d nodes @ %6g Mbit/s: FAILED: %s\n", r.system.c_str(), r.nodes, r.mbit, r.error.c_str());
+      std::printf("  %-14s %s @ %6g Mbit/s: FAILED: %s\n", r.system.c_str(), nodesLabel(r).c_str(), r.mbit,
+                  r.error.c_str());
     } else {
       double tx = 0;
       for (double x : r.txPerIter) tx = std::max(tx, x);
@@ -311,12 +333,12 @@ struct Harness {
       if (r.charged.is_object())
         for (const auto& [kind, v] : r.charged.items()) charged += v.get<double>();
       std::printf(
-          "  %-14s %2d nodes @ %6g Mbit/s: %.3f s/iter (own bound %.3f, x%.2f; poseidon's %.3f), "
+          "  %-14s %s @ %6g Mbit/s: %.3f s/iter (own bound %.3f, x%.2f; poseidon's %.3f), "
           "%.1f images/s, max node tx %.2f MB/iter, charged %.3f s/iter, host CPU %.0f%%, "
           "%.0f TCP retransmits%s\n",
-          r.system.c_str(), r.nodes, r.mbit, r.iterSeconds, r.ownBoundSeconds, r.iterSeconds / r.ownBoundSeconds,
-          r.idealSeconds, r.imagesPerSec, tx / 1e6, charged, 100 * r.hostCpuShare, r.tcpRetransmits,
-          r.hostBound() ? " HOST-BOUND: does not count" : "");
+          r.system.c_str(), nodesLabel(r).c_str(), r.mbit, r.iterSeconds, r.ownBoundSeconds,
+          r.iterSeconds / r.ownBoundSeconds, r.idealSeconds, r.imagesPerSec, tx / 1e6, charged, 100 * r.hostCpuShare,
+          r.tcpRetransmits, r.hostBound() ? " HOST-BOUND: does not count" : "");
     }
     std::fflush(stdout);
   }

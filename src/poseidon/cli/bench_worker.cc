@@ -88,6 +88,7 @@ struct WorkerArgs {
   std::string compute = "titanx", chargedOn = "none", tracePath;
   double gemmFlops = 0, sumBytes = 0, cryptoBytes = 0, linkMbit = 0;
   int rcvbuf = 0, sendWindow = 0, ioThreads = bench::kBenchIoThreads;
+  int localRanks = 1;
   bool overlapForward = false;
 };
 
@@ -134,6 +135,9 @@ void addWorkerFlags(FlagSet& flags, WorkerArgs& a) {
                IntRange::closed(0, 1 << 30));
   flags.addBool("overlap-forward", &a.overlapForward,
                 "run each layer's next forward as soon as its sync is in, not after the whole barrier");
+  flags.addInt("local-ranks", &a.localRanks,
+               "ranks on this rank's node, aggregated on its first before they leave it (train --local-ranks)", "L",
+               IntRange::closed(1, 4096));
   flags.addDouble("link-mbit", &a.linkMbit,
                   "the link rate, for BestScheme to weigh the GEMM against the bytes (0: bytes alone decide)", "MBIT",
                   RealRange::atLeast(0));
@@ -176,6 +180,7 @@ NodeOptions workerNodeOptions(const WorkerArgs& a, const RankEnv& env, const ben
   o.van.receiveBufferBytes = a.rcvbuf;
   o.ioThreads = a.ioThreads;
   o.van.sendWindowBytes = a.sendWindow;
+  o.settings.localRanks = a.localRanks;
   return o;
 }
 

@@ -336,6 +336,59 @@ TEST(Planner, H200WorkloadsAreTheMeasuredSteps) {
                         "unknown compute 'v100' (titanx, h200, h200-bf16)");
 }
 
+// Several GPUs a node (Cluster::localRanks): the node's ranks meet on its first before the network.
+// On free links and threads, 2 nodes x 2 ranks move what 2 x 1 move (one copy of a PS layer; an SFB
+// layer's factors of twice the rows) and run as fast, with twice the speedup. With encryption (B / C
+// = 0.1 s a copy) one node of L ranks pays the local step: the members encrypt their pushes at once
+// (0.1), the leader's one I/O thread decrypts them in turn ((L - 1) x 0.1), then encrypts the mean for
+// each member in turn ((L - 1) x 0.1) and the last member decrypts its copy (0.1).
+TEST(Planner, LocalRanksMeetOnTheirNodesLeaderBeforeTheLink) {
+  const LayerSpec conv = LayerSpec::conv("c", 100, 10, 5, 5, /*bias=*/false);  // 25,000 floats
+  const Workload w = workload({conv}, {0.1}, {0.2});
+  const double R = 1e6;
+  Cluster c = plain(2, R);
+  const Prediction flat = predict(w, c, System::kPsWfbp);
+  c.localRanks = 2;
+  const Prediction local = predict(w, c, System::kPsWfbp);
+  EXPECT_NEAR(local.iterationSeconds, 0.3 + 8 * 25000 / R, 1e-9);
+  EXPECT_NEAR(local.iterationSeconds, flat.iterationSeconds, 1e-12);
+  EXPECT_NEAR(local.maxNodeTxBytes, flat.maxNodeTxBytes, 1e-9);
+  EXPECT_NEAR(local.speedup, 2 * flat.speedup, 1e-9);
+
+  const LayerSpec fc = LayerSpec::fc("fc", 100, 100, /*bias=*/true);
+  const Workload sfb = workload({fc}, {0.1}, {0.2}, /*batch=*/4);
+  c.localRanks = 1;
+  const Prediction oneRank = predict(sfb, c, System::kPoseidon);
+  c.localRanks = 2;
+  const Prediction twoRanks = predict(sfb, c, System::kPoseidon);
+  ASSERT_EQ(twoRanks.sfbLayers, 1);
+  EXPECT_NEAR(oneRank.maxNodeTxBytes, 4.0 * 4 * 200, 1e-9);
+  EXPECT_NEAR(twoRanks.maxNodeTxBytes, 2 * oneRank.maxNodeTxBytes, 1e-9);  // 8 rows: both ranks' stacked
+
+  Cluster one = plain(1, R);
+  one.cryptoBytes = 1e6;  // 100,000 bytes: 0.1 s
+  one.cryptoLanes = 1;
+  for (int ranks : {2, 3}) {
+    one.localRanks = ranks;
+    EXPECT_NEAR(predict(w, one, System::kPsWfbp).iterationSeconds, 0.3 + 0.1 + 2 * (ranks - 1) * 0.1 + 0.1, 1e-9)
+        << ranks;
+  }
+}
+
+// DDP's ring runs over every rank, one hop of it on each node's link: 2 nodes x 2 ranks is the
+// ring of 4.
+TEST(Planner, DdpWithLocalRanksIsTheRingOfEveryRank) {
+  const LayerSpec conv = LayerSpec::conv("c", 100, 10, 5, 5, false);
+  const Workload w = workload({conv}, {0.1}, {0.2});
+  Cluster c = plain(2, 1e5);
+  c.localRanks = 2;
+  const Prediction local = predict(w, c, System::kDdp);
+  const Prediction ring = predict(w, plain(4, 1e5), System::kDdp);
+  EXPECT_NEAR(local.iterationSeconds, 0.3 + 1.5 * 100000 / 1e5, 1e-9);
+  EXPECT_NEAR(local.iterationSeconds, ring.iterationSeconds, 1e-12);
+  EXPECT_NEAR(local.speedup, ring.speedup, 1e-9);
+}
+
 TEST(Planner, RefusesWhatItCannotModel) {
   const Workload w = zooWorkload("alexnet", 0.1);
   Cluster c;
@@ -349,6 +402,10 @@ TEST(Planner, RefusesWhatItCannotModel) {
   EXPECT_THAT(errorMessage<InvalidArgument>([] { parseSystem("adam"); }),
               testing::HasSubstr("poseidon, poseidon-overlap, ps-wfbp, ps-naive, ddp"));
   EXPECT_THAT(errorMessage<InvalidArgument>([] { workloadFor(ModelDesc{}, 1, 1.0); }), testing::HasSubstr("no layers"));
+  c.linkBytes = 1e6;
+  c.localRanks = 0;
+  EXPECT_THAT(errorMessage<InvalidArgument>([&] { predict(w, c, System::kPoseidon); }),
+              testing::HasSubstr("at least one rank per node"));
 }
 
 }  // namespace

@@ -40,6 +40,9 @@ TEST(CliFlags, PlanRejectsOutOfRangeValues) {
   expectRejected({{"plan", "--batch", "0"}, "--batch must be in [1, 16777216], got 0"});
   expectRejected({{"plan", "--pair-bytes", "0"}, "--pair-bytes must be in [4, 1073741824], got 0"});
   expectRejected({{"plan", "--width-scale", "1.5"}, "--width-scale must be in (0, 1], got 1.5"});
+  expectRejected({{"plan", "--predict", "--local-ranks", "0"}, "--local-ranks must be in [1, 64], got 0"});
+  expectRejected({{"plan", "--predict", "--groups", "2", "--local-ranks", "2"},
+                  "--local-ranks and --groups cannot be combined (compute groups have no local aggregation)"});
 }
 
 // --wire changes the byte totals only: the same floats and schemes at 2 bytes each.

@@ -138,6 +138,10 @@ void addPredictFlags(FlagSet& flags, PlanArgs& a) {
                   "--predict: poseidon-overlap's fragment (the kernel send window per connection), bytes (--check: "
                   "the results file's)",
                   "BYTES", RealRange::atLeast(4096));
+  flags.addInt("local-ranks", &a.calibration.localRanks,
+               "--predict: GPUs (ranks) per node, meeting on the node's first before the network (train "
+               "--local-ranks; --workers counts nodes, speedup every rank); --check: each run's",
+               "L", IntRange::closed(1, 64));
   flags.addDouble("message-us", &a.messageUs, "microseconds a node's receive loop spends per message, decryption aside",
                   "US", RealRange::atLeast(0));
 }
@@ -222,6 +226,9 @@ PredictRequest predictRequest(const FlagSet& flags, const PlanArgs& a) {
       r.groups.push_back(g);
     }
     if (r.groups.empty()) throw InvalidArgument("--groups needs at least one group count");
+    if (a.calibration.localRanks > 1) {
+      throw InvalidArgument("--local-ranks and --groups cannot be combined (compute groups have no local aggregation)");
+    }
   } else {
     for (const auto& item : splitList(a.systems)) r.systems.push_back(planner::parseSystem(item));
     if (r.systems.empty()) throw InvalidArgument("--systems needs at least one system");

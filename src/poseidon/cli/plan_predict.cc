@@ -328,6 +328,7 @@ int planPredict(const PredictRequest& r) {
                      {"wire", wirePrecisionName(r.cluster.wire)},
                      {"crypto_gbytes_per_s", r.cluster.cryptoBytes / 1e9},
                      {"io_threads", r.cluster.cryptoLanes},
+                     {"local_ranks", r.cluster.localRanks},
                      {"gemm_tflops", r.cluster.gemmFlops / 1e12},
                      {"copy_gbytes_per_s", r.cluster.copyBytes / 1e9},
                      {"efficiency_target", r.efficiency}};
@@ -348,6 +349,12 @@ int planPredict(const PredictRequest& r) {
     std::printf("links %s Gbit/s each way per node; %s wire; CURVE %s; SFB GEMM at %.3g TFLOP/s; host copies %s\n",
                 gbit(r.cluster.linkBytes).c_str(), wirePrecisionName(r.cluster.wire), crypto.c_str(),
                 r.cluster.gemmFlops / 1e12, copyText);
+    if (r.cluster.localRanks > 1) {
+      std::printf(
+          "%d GPUs (ranks) per node, meeting on its first before the network (--local-ranks); workers "
+          "count nodes, speedup every GPU\n",
+          r.cluster.localRanks);
+    }
     if (sweep) {
       std::printf("\n%-8s", "workers");
       for (System s : r.systems) std::printf(" %26s", planner::systemName(s));
@@ -470,6 +477,8 @@ int planCheck(const std::string& path, const Cluster& calibration, int hostCores
   for (const auto& run : results["runs"]) {
     const std::string system = run.value("system", ""), model = run.value("model", "");
     const int nodes = run.value("nodes", 0);
+    const int localRanks = run.value("local_ranks", config.value("local_ranks", 1));
+    const std::string nodesText = localRanks > 1 ? strCat(nodes, "x", localRanks) : std::to_string(nodes);
     const double mbit = run.value("link_mbit", 0.0), measured = run.value("iteration_seconds", 0.0);
     std::string why;
     System sys{};
@@ -517,17 +526,22 @@ int planCheck(const std::string& path, const Cluster& calibration, int hostCores
     if (!why.empty()) {
       ++t.skipped;
       if (!json)
-        std::printf("%-12s %-17s %5d %8.0f %9s %10s  (%s)\n", model.c_str(), system.c_str(), nodes, mbit, "-", "-",
-                    why.c_str());
+        std::printf("%-12s %-17s %5s %8.0f %9s %10s  (%s)\n", model.c_str(), system.c_str(), nodesText.c_str(), mbit,
+                    "-", "-", why.c_str());
       continue;
     }
     Cluster c = runCluster(calibration, config, nodes, linkMbit, modelScale, cores, wire, ddp ? nullptr : rates);
     if (noCurve) c.cryptoBytes = 0;  // its links ran without CURVE
+    // bench --local-ranks: L processes a node, all sharing the host's cores.
+    c.localRanks = localRanks;
+    c.messageSeconds =
+        calibration.messageSeconds * std::max(1.0, static_cast<double>(nodes * c.localRanks) / std::max(1, cores));
     const Prediction p = planner::predict(w, c, sys);
     const double error = t.add(measured, p.iterationSeconds);
     t.rows.push_back({{"model", model},
                       {"system", system},
                       {"nodes", nodes},
+                      {"local_ranks", localRanks},
                       {"link_mbit", mbit},
                       {"measured_seconds", measured},
                       {"predicted_seconds", p.iterationSeconds},
@@ -538,8 +552,8 @@ int planCheck(const std::string& path, const Cluster& calibration, int hostCores
                                                          : nlohmann::json(nullptr)},
                       {"predicted_max_node_tx_bytes", p.maxNodeTxBytes}});
     if (!json) {
-      std::printf("%-12s %-17s %5d %8.0f %9.3f %10.3f %+6.1f%%%s\n", model.c_str(), system.c_str(), nodes, mbit,
-                  measured, p.iterationSeconds, error * 100, t.mark(error));
+      std::printf("%-12s %-17s %5s %8.0f %9.3f %10.3f %+6.1f%%%s\n", model.c_str(), system.c_str(), nodesText.c_str(),
+                  mbit, measured, p.iterationSeconds, error * 100, t.mark(error));
     }
   }
   t.report(json, ": not modelled, failed, HOST-BOUND or incomplete");

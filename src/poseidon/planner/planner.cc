@@ -41,6 +41,8 @@ class PoseidonModel {
         c_(c),
         system_(system),
         P_(c.workers),
+        G_(std::max(1, c.localRanks)),
+        rows_(w.batch * G_),
         L_(static_cast<int>(w.model.layers.size())),
         overlap_(system == System::kPoseidonOverlap),
         wfbp_(system != System::kPsNaive),
@@ -60,7 +62,7 @@ class PoseidonModel {
     const SchemePolicy policy =
         system == System::kPoseidon || system == System::kPoseidonOverlap ? SchemePolicy::kAuto : SchemePolicy::kPS;
     for (const auto& l : w.model.layers) {
-      schemes_.push_back(bestScheme(l, w.batch, P_, c.servers > 0 ? c.servers : P_, policy,
+      schemes_.push_back(bestScheme(l, rows_, P_, c.servers > 0 ? c.servers : P_, policy,
                                     c.timedSchemes ? &device : nullptr, wireElementBytes(c.wire)));
       sfbLayers_ += schemes_.back() == Scheme::kSFB;
     }
@@ -70,6 +72,10 @@ class PoseidonModel {
     }
     copyRate_ = c.copyBytes * c.scale * c.scale;
     sumRate_ = c.sumBytes * c.scale * c.scale;
+    cryptoRate_ = c.cryptoBytes * c.scale * c.scale;
+    chunkBytes_ = static_cast<double>(scaledPairBytes(c.pairBytes, c.scale));
+    memberOut_.assign(static_cast<size_t>(P_ * G_), 0.0);
+    memberIn_.assign(static_cast<size_t>(P_ * G_), 0.0);
     int64_t pairs = 0;
     for (int l = 0; l < L_; ++l) {
       firstPair_.push_back(pairs);
@@ -180,10 +186,71 @@ class PoseidonModel {
     }
     compute(n, bytes / copyRate_, std::move(then));
   }
+  // fp32 bytes one local message of layer l carries: a member's gradient or factors to its leader,
+  // or (back) the node's mean (PS) or every node's factor stack (SFB) to each member.
+  double localBytes(int l, bool back) const {
+    const LayerSpec& spec = w_.model.layers[static_cast<size_t>(l)];
+    if (schemes_[static_cast<size_t>(l)] != Scheme::kSFB) return static_cast<double>(spec.numel()) * sizeof(float);
+    const double rows = back ? static_cast<double>(rows_) * P_ : static_cast<double>(w_.batch);
+    return rows * static_cast<double>(spec.m + spec.n) * sizeof(float);
+  }
+  // One I/O thread's encryption of `bytes`, after what it already has: seconds from now.
+  double lane(double& free, double bytes) {
+    if (cryptoRate_ <= 0) return 0;
+    free = std::max(free, sim_.now()) + bytes / cryptoRate_;
+    return free - sim_.now();
+  }
+  // Local aggregation (Cluster::localRanks): the node's members' pushes of layer l reach the leader,
+  // each encrypted by its member's I/O thread, decrypted by the leader's and added on its receive
+  // loop (one message per pair-sized chunk); then `then`.
+  void gatherLocal(int n, int it, int l, Sim::Fn then) {
+    const double bytes = localBytes(l, false);
+    const double chunks = std::max(1.0, std::ceil(bytes / chunkBytes_));
+    const bool sums = schemes_[static_cast<size_t>(l)] != Scheme::kSFB;
+    auto left = std::make_shared<int>(G_ - 1);
+    auto done = std::make_shared<Sim::Fn>(std::move(then));
+    for (int j = 1; j < G_; ++j) {
+      const double encrypted = lane(memberOut_[static_cast<size_t>(n * G_ + j)], bytes);
+      sim_.at(sim_.now() + encrypted, [this, n, j, bytes, chunks, sums, left, done] {
+        const double decrypted = net_.encryption(n, 2 * (P_ + j) + 1, bytes);
+        sim_.at(sim_.now() + decrypted, [this, n, bytes, chunks, sums, left, done] {
+          net_.onLoop(
+              n,
+              [this, bytes, chunks, sums] {
+                return chunks * c_.messageSeconds + (sums && sumRate_ > 0 ? bytes / sumRate_ : 0.0);
+              },
+              [left, done] {
+                if (--*left == 0) (*done)();
+              });
+        });
+      });
+    }
+  }
+  // The leader's result of layer l to each member (encrypted on the leader's I/O threads, decrypted on
+  // the member's); `then` once the last member has it: the node is paced by its slowest rank.
+  void scatterLocal(int n, int l, Sim::Fn then) {
+    const double bytes = localBytes(l, true);
+    double last = 0;
+    for (int j = 1; j < G_; ++j) {
+      const double encrypted = net_.encryption(n, 2 * (P_ + j), bytes);
+      double& in = memberIn_[static_cast<size_t>(n * G_ + j)];
+      in = std::max(in, sim_.now() + encrypted);
+      last = std::max(last, lane(in, bytes));
+    }
+    sim_.at(sim_.now() + last, std::move(then));
+  }
   void submit(int n, int it, int l) {
+    if (G_ > 1) {
+      gatherLocal(n, it, l, [this, n, it, l] { submitNode(n, it, l); });
+      return;
+    }
+    submitNode(n, it, l);
+  }
+  // The node's contribution of layer l to the network (its leader's, with local ranks).
+  void submitNode(int n, int it, int l) {
     const LayerSpec& spec = w_.model.layers[static_cast<size_t>(l)];
     if (schemes_[static_cast<size_t>(l)] == Scheme::kSFB) {
-      const double bytes = static_cast<double>(w_.batch) * static_cast<double>(spec.m + spec.n) * elementBytes_;
+      const double bytes = static_cast<double>(rows_) * static_cast<double>(spec.m + spec.n) * elementBytes_;
       for (int v = 0; v < P_; ++v) {
         if (v != n) net_.send(it, n, v, bytes, priority(it, l), [this, v, it, l] { factorsIn(v, it, l); });
       }
@@ -220,7 +287,7 @@ class PoseidonModel {
   }
   void factorsIn(int n, int it, int l) {
     if (++arrived_[static_cast<size_t>(it)][at(n, l)] < P_) return;
-    toDevice(n, stagedBytes(l) * P_, [this, n, it, l] { reconstruct(n, it, l); });
+    toDevice(n, stagedBytes(l) * P_ * G_, [this, n, it, l] { reconstruct(n, it, l); });
   }
   void reconstruct(int n, int it, int l) {
     const LayerSpec& spec = w_.model.layers[static_cast<size_t>(l)];
@@ -229,12 +296,19 @@ class PoseidonModel {
       return;
     }
     const double flops =
-        2.0 * static_cast<double>(w_.batch) * P_ * static_cast<double>(spec.m) * static_cast<double>(spec.n);
+        2.0 * static_cast<double>(rows_) * P_ * static_cast<double>(spec.m) * static_cast<double>(spec.n);
     gemm_[static_cast<size_t>(n)].submit(flops, 0, [this, n, it, l](double, double end, double, bool) {
       sim_.at(end, [this, n, it, l] { layerDone(n, it, l); });
     });
   }
   void layerDone(int n, int it, int l) {
+    if (G_ > 1) {
+      scatterLocal(n, l, [this, n, it, l] { nodeDone(n, it, l); });
+      return;
+    }
+    nodeDone(n, it, l);
+  }
+  void nodeDone(int n, int it, int l) {
     doneThrough_[at(n, l)] = it;
     if (Sim::Fn go = std::move(waiting_[at(n, l)])) {
       waiting_[at(n, l)] = nullptr;
@@ -246,7 +320,10 @@ class PoseidonModel {
   const Workload& w_;
   const Cluster& c_;
   System system_;
-  int P_, L_;
+  int P_;
+  int G_;         // ranks per node (Cluster::localRanks)
+  int64_t rows_;  // the node's factor rows, G_ x K
+  int L_;
   bool overlap_, wfbp_;
   int iterations_, warm_;
   Sim sim_;
@@ -259,6 +336,9 @@ class PoseidonModel {
   std::vector<Server> toHost_;  // [node]: the GPU's copy engine, device to host
   double copyRate_ = 0;         // host <-> GPU, bytes/s at the workload's scale (0: no copies)
   double sumRate_ = 0;          // the shards' sums, bytes/s at the workload's scale
+  double cryptoRate_ = 0;       // CURVE per I/O thread, bytes/s at the workload's scale
+  double chunkBytes_ = 0;       // a local message's most bytes: the pair size
+  std::vector<double> memberOut_, memberIn_;  // [node, rank]: a member's I/O threads, busy until
   std::vector<int64_t> firstPair_;
   std::vector<std::vector<int>> pushes_, arrived_,
       left_;                                       // [iteration][pair], [iteration][node, layer], [iteration][node]
@@ -391,6 +471,7 @@ Cluster emulatedCluster(const Cluster& calibration, int workers, double mbit, in
 
 static void checkInputs(const Workload& workload, const Cluster& cluster) {
   if (cluster.workers < 1) throw InvalidArgument("the planner needs at least one worker");
+  if (cluster.localRanks < 1) throw InvalidArgument("the planner needs at least one rank per node");
   if (cluster.servers < 0 || cluster.servers > cluster.workers) {
     throw InvalidArgument(strCat("the planner's ", cluster.servers, " server shards exceed its ", cluster.workers,
                                  " nodes (the shards live on nodes 0..servers-1)"));
@@ -406,9 +487,12 @@ static void checkInputs(const Workload& workload, const Cluster& cluster) {
 Prediction predict(const Workload& workload, const Cluster& cluster, System system) {
   checkInputs(workload, cluster);
   Prediction p;
+  const int ranks = cluster.workers * cluster.localRanks;
   if (system == System::kDdp || system == System::kDdpFp16) {
-    p = predictDdp(workload, cluster, system == System::kDdpFp16 ? 2.0 : 4.0);
-  } else if (cluster.workers == 1) {
+    Cluster ring = cluster;  // every rank in the ring; each node's link carries one hop of it
+    ring.workers = ranks;
+    p = predictDdp(workload, ring, system == System::kDdpFp16 ? 2.0 : 4.0);
+  } else if (ranks == 1) {
     p.iterationSeconds = workload.computeSeconds();
   } else {
     p = PoseidonModel(workload, cluster, system).run();
@@ -417,8 +501,8 @@ Prediction predict(const Workload& workload, const Cluster& cluster, System syst
   p.workers = cluster.workers;
   p.computeSeconds = workload.computeSeconds();
   p.iterationSeconds = std::max(p.iterationSeconds, p.computeSeconds);
-  p.speedup = cluster.workers * p.computeSeconds / p.iterationSeconds;
-  p.efficiency = p.speedup / cluster.workers;
+  p.speedup = ranks * p.computeSeconds / p.iterationSeconds;
+  p.efficiency = p.speedup / ranks;
   p.boundSeconds = std::max(p.computeSeconds, cluster.workers > 1 ? p.maxNodeTxBytes / cluster.linkBytes : 0.0);
   return p;
 }

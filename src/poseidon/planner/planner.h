@@ -100,7 +100,14 @@ constexpr double kEmulatedLinkEfficiency = 0.92;
 constexpr double kH200PinnedCopyBytes = 55e9;
 
 struct Cluster {
-  int workers = 8;                      // P
+  int workers = 8;  // P: nodes
+  // GPUs (ranks) per node (poseidon train --local-ranks): they meet on the node's first rank before
+  // the network, whose traffic is then one worker's of their L x K rows (PS: the node's mean; SFB: its
+  // stacked factors). The local step goes over the loopback: each member's push encrypted on its own
+  // I/O thread, decrypted on the leader's and added on its receive loop; the result back to each
+  // member encrypted on the leader's. The members compute beside the leader, as fast. DDP's ring
+  // runs over all P x L ranks, one hop of it on each node's link.
+  int localRanks = 1;
   // The KV shards live on nodes 0..servers-1 only (poseidon train --servers; 1 is Omnivore's one model
   // server; plan offers it with --groups); 0: on every node.
   int servers = 0;

@@ -389,8 +389,9 @@ int planPredict(const PredictRequest& r) {
   out["predictions"] = rows;
   if (!r.json) {
     std::printf(
-        "\nspeedup: P x (one worker's compute) / iteration; own bound: max(compute, busiest node's bytes / "
-        "link rate)\n");
+        "\nspeedup: %s x (one worker's compute) / iteration; own bound: max(compute, busiest node's bytes / "
+        "link rate)\n",
+        r.cluster.localRanks > 1 ? strCat("P x ", r.cluster.localRanks, " GPUs").c_str() : "P");
   }
   if (r.limits) out["limits"] = costLimits(r, w);
   if (r.json) std::cout << out.dump(2) << "\n";

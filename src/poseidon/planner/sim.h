@@ -1,5 +1,5 @@
 // The planner's internals: a discrete-event loop and the network model every prediction runs on
-// (planner.cc's PoseidonModel and group_model.cc's GroupModel build on them). Not installed API.
+// (poseidon_model.cc's PoseidonModel and group_model.cc's GroupModel build on them). Not installed API.
 #pragma once
 
 #include <algorithm>
@@ -306,6 +306,9 @@ class Network {
   std::vector<Server> ingress_, loop_;
   std::vector<std::vector<double>> laneFree_;  // [node][I/O thread]: busy until
 };
+
+// Poseidon's systems on the simulated cluster (poseidon_model.cc), for P > 1 or several GPUs a node.
+Prediction runPoseidonModel(const Workload& workload, const Cluster& cluster, System system);
 
 // Omnivore's compute groups on the simulated cluster (group_model.cc).
 GroupPrediction runGroupModel(const Workload& workload, const Cluster& cluster, int groups, const MergedFc* mergedFc);

@@ -376,7 +376,7 @@ TEST(Planner, LocalRanksMeetOnTheirNodesLeaderBeforeTheLink) {
 }
 
 // DDP's ring runs over every rank, one hop of it on each node's link: 2 nodes x 2 ranks is the
-// ring of 4.
+// ring of 4; on one node it never crosses a link.
 TEST(Planner, DdpWithLocalRanksIsTheRingOfEveryRank) {
   const LayerSpec conv = LayerSpec::conv("c", 100, 10, 5, 5, false);
   const Workload w = workload({conv}, {0.1}, {0.2});
@@ -387,6 +387,12 @@ TEST(Planner, DdpWithLocalRanksIsTheRingOfEveryRank) {
   EXPECT_NEAR(local.iterationSeconds, 0.3 + 1.5 * 100000 / 1e5, 1e-9);
   EXPECT_NEAR(local.iterationSeconds, ring.iterationSeconds, 1e-12);
   EXPECT_NEAR(local.speedup, ring.speedup, 1e-9);
+  // One node: the ring never leaves it.
+  Cluster one = plain(1, 1e5);
+  one.localRanks = 4;
+  const Prediction node = predict(w, one, System::kDdp);
+  EXPECT_NEAR(node.iterationSeconds, 0.3, 1e-12);
+  EXPECT_NEAR(node.speedup, 4.0, 1e-12);
 }
 
 TEST(Planner, RefusesWhatItCannotModel) {

@@ -173,11 +173,13 @@ Prediction predict(const Workload& workload, const Cluster& cluster, System syst
   checkInputs(workload, cluster);
   Prediction p;
   const int ranks = cluster.workers * cluster.localRanks;
-  if (system == System::kDdp || system == System::kDdpFp16) {
+  const bool ddp = system == System::kDdp || system == System::kDdpFp16;
+  if (ddp && (cluster.workers > 1 || cluster.localRanks == 1)) {
     Cluster ring = cluster;  // every rank in the ring; each node's link carries one hop of it
     ring.workers = ranks;
     p = predictDdp(workload, ring, system == System::kDdpFp16 ? 2.0 : 4.0);
-  } else if (ranks == 1) {
+  } else if (ranks == 1 || ddp) {
+    // One rank, or DDP's ranks on one node: nothing crosses a link (its hops inside the node are free).
     p.iterationSeconds = workload.computeSeconds();
   } else {
     p = runPoseidonModel(workload, cluster, system);

@@ -174,11 +174,9 @@ class PoseidonModel {
     const double rows = back ? static_cast<double>(rows_) * P_ : static_cast<double>(w_.batch);
     return rows * static_cast<double>(spec.m + spec.n) * sizeof(float);
   }
-  // One I/O thread's encryption of `bytes`, after what it already has: seconds from now.
+  // A member's I/O thread encrypting (or decrypting) `bytes` after what it already has: seconds from now.
   double lane(double& free, double bytes) {
-    if (cryptoRate_ <= 0) return 0;
-    free = std::max(free, sim_.now()) + bytes / cryptoRate_;
-    return free - sim_.now();
+    return cryptoRate_ > 0 ? occupy(free, sim_.now(), bytes / cryptoRate_) : 0;
   }
   // Local aggregation (Cluster::localRanks): the node's members' pushes of layer l reach the leader,
   // each encrypted by its member's I/O thread, decrypted by the leader's and added on its receive

@@ -60,6 +60,13 @@ class Sim {
   uint64_t seq_ = 0;
 };
 
+// A thread that works one job after another, busy until `free`: `seconds` more of work queued
+// behind what it has; returns the seconds from `now` to that work's end.
+inline double occupy(double& free, double now, double seconds) {
+  free = std::max(free, now) + seconds;
+  return free - now;
+}
+
 // Queued work goes by (priority, arrival): a lower priority value first, FIFO among equals.
 struct Order {
   int64_t priority;
@@ -287,9 +294,7 @@ class Network {
   double encryption(int node, int connection, double bytes) {
     if (crypto_ <= 0) return 0;
     auto& lanes = laneFree_[static_cast<size_t>(node)];
-    double& free = lanes[static_cast<size_t>(connection) % lanes.size()];
-    free = std::max(free, sim_->now()) + bytes / crypto_;
-    return free - sim_->now();
+    return occupy(lanes[static_cast<size_t>(connection) % lanes.size()], sim_->now(), bytes / crypto_);
   }
   double headered(double payload) const { return payload + c_.messageBytes; }
   // Link bytes each node sent in the measured iterations.

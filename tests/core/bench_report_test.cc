@@ -168,7 +168,14 @@ TEST(BenchReport, IntroductionSaysWhatTheScalingChanges) {
                                                     {"warmup", 2},
                                                     {"tcp_rcvbuf", 16384},
                                                     {"batches", batches}}));
-  EXPECT_THAT(md, HasSubstr("warm-up ones; iteration time is rank 0's median; one run per point."));
+  EXPECT_THAT(md, HasSubstr("warm-up ones; iteration time is rank 0's median; one run per point. Every node's TCP "
+                            "ran the host's default congestion control (not recorded;"));
+  EXPECT_THAT(markdownOf(resultOf(runs, {{"command", "poseidon bench"},
+                                         {"scale", 0.1},
+                                         {"iterations", 4},
+                                         {"warmup", 2},
+                                         {"tcp_congestion_control", "reno"}})),
+              HasSubstr("one run per point. Every node's TCP ran reno (`--tcp-cc`)."));
   EXPECT_THAT(md,
               HasSubstr("Poseidon's ranks ran with a 16384-byte TCP receive buffer per connection (--tcp-rcvbuf)."));
   EXPECT_THAT(markdownOf(resultOf(runs, {{"command", "poseidon bench"},

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "poseidon/bench/cluster.h"
+#include "poseidon/common/error.h"
 #include "process.h"
 
 namespace poseidon {
@@ -66,6 +67,7 @@ TEST(BenchSmoke, TwoNodesOneIterationPoseidonAndDdp) {
   auto result = nlohmann::json::parse(f);
   // poseidon, poseidon@cpu:1, ddp, ddp-tuned at 1 and 2 nodes.
   ASSERT_EQ(result["runs"].size(), 8u);
+  EXPECT_EQ(result["config"]["tcp_congestion_control"], "cubic");
   // vgg19's 32 x 0.1 = 3.2 rows a worker is not whole: it runs at width 3/32, its links at
   // (0.09375 / 0.1)^2 of the column's rate, the same full-width rate.
   const double width = result["config"]["model_scales"]["vgg19"].get<double>(), s2 = width * width;
@@ -257,6 +259,37 @@ TEST(BenchSmoke, LeftoversOfADeadHarnessAreSwept) {
   // (A harness running beside this test may sweep it first; either way it goes.)
   bench::EmulatedCluster::sweepLeftovers();
   EXPECT_TRUE(namespacesOf(dead).empty());
+}
+
+// Every node's TCP runs the congestion control asked for (cubic unless told), whatever the host's is,
+// and one the kernel lacks is refused with the kernel's list before anything is made.
+TEST(BenchSmoke, NodesRunTheNamedCongestionControl) {
+  requireCluster();
+  auto nodeCc = [](const bench::EmulatedCluster& c, int i) {
+    std::string out =
+        bench::run({"ip", "netns", "exec", c.nodeNamespace(i), "sysctl", "-n", "net.ipv4.tcp_congestion_control"});
+    return out.substr(0, out.find_last_not_of(" \n") + 1);
+  };
+  {
+    bench::EmulatedCluster cubic(2, bench::LinkSpec{100});
+    EXPECT_EQ(cubic.tcpCongestion(), "cubic");
+    EXPECT_EQ(nodeCc(cubic, 0), "cubic");
+    EXPECT_EQ(nodeCc(cubic, 1), "cubic");
+  }
+  {
+    bench::EmulatedCluster reno(2, bench::LinkSpec{100}, "reno");  // reno is built into every kernel
+    EXPECT_EQ(nodeCc(reno, 0), "reno");
+    EXPECT_EQ(nodeCc(reno, 1), "reno");
+  }
+  try {
+    bench::EmulatedCluster none(2, bench::LinkSpec{100}, "nosuchcc");
+    ADD_FAILURE() << "a congestion control the kernel lacks was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("TCP congestion control 'nosuchcc' is not available on this kernel "
+                                    "(/proc/sys/net/ipv4/tcp_available_congestion_control: "));
+    EXPECT_THAT(e.what(), HasSubstr("reno"));
+  }
+  EXPECT_TRUE(namespacesOf(getpid()).empty());
 }
 
 TEST(BenchSmoke, WithoutRootItSaysSo) {

@@ -400,6 +400,10 @@ TEST(CliFlags, BenchRejectsOutOfRangeValues) {
   expectRejected({{"bench", "--io-threads", "0"}, "--io-threads must be in [1, 64], got 0"});
   expectRejected({{"bench", "--pair-bytes", "2"}, "--pair-bytes must be in [4, 1073741824], got 2"});
   expectRejected({{"bench", "--queue-ms", "0"}, "--queue-ms must be in [1, 1000], got 0"});
+  expectRejected({{"bench", "--tcp-cc", "cubic;reboot"},
+                  "--tcp-cc: 'cubic;reboot' is not a congestion-control name (e.g. cubic, reno, bbr)"});
+  expectRejected({{"bench", "--accuracy", "--tcp-cc", ""},
+                  "--tcp-cc: '' is not a congestion-control name (e.g. cubic, reno, bbr)"});
   expectRejected({{"bench", "--systems", "poseidon,poseidon-overlap", "--warmup", "0"},
                   "poseidon-overlap needs --warmup 1 or more (each iteration carries the one before's tail)"});
   expectRejected({{"bench", "--systems", "poseidon-overlap-bf16", "--warmup", "0"},

@@ -4,9 +4,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <sstream>
 
 #include "poseidon/common/error.h"
@@ -98,11 +100,13 @@ int EmulatedCluster::sweepLeftovers() {
 
 std::string EmulatedCluster::nodeAddress(int i) const { return strCat("10.77.0.", i + 1); }
 
-EmulatedCluster::EmulatedCluster(int nodes, const LinkSpec& link) : link_(link) {
+EmulatedCluster::EmulatedCluster(int nodes, const LinkSpec& link, const std::string& tcpCongestion)
+    : link_(link), tcpCongestion_(tcpCongestion) {
   std::string why;
   if (!available(&why)) throw Error(why);
   if (nodes < 1 || nodes > 200) throw InvalidArgument(strCat("cluster size must be 1..200, got ", nodes));
   if (!(link.mbit > 0)) throw InvalidArgument(strCat("link rate must be positive, got ", link.mbit, " Mbit/s"));
+  allowTcpCongestion();
   sweepLeftovers();
   prefix_ = strCat(kNsPrefix, getpid());
   switchNs_ = prefix_ + "sw";
@@ -123,6 +127,7 @@ EmulatedCluster::EmulatedCluster(int nodes, const LinkSpec& link) : link_(link) 
       run({"ip", "-n", ns, "link", "set", "eth0", "up"});
       run({"ip", "-n", ns, "link", "set", "lo", "up"});
       shape(ns, "eth0", link);
+      run({"ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv4.tcp_congestion_control=" + tcpCongestion_});
       shape(switchNs_, port, LinkSpec{link.mbit, 0, link.queueMs});
     }
   } catch (...) {
@@ -132,6 +137,41 @@ EmulatedCluster::EmulatedCluster(int nodes, const LinkSpec& link) : link_(link) 
 }
 
 EmulatedCluster::~EmulatedCluster() { destroy(); }
+
+namespace {
+
+std::vector<std::string> readWords(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> words;
+  for (std::string w; in >> w;) words.push_back(w);
+  return words;
+}
+
+bool contains(const std::vector<std::string>& words, const std::string& w) {
+  return std::find(words.begin(), words.end(), w) != words.end();
+}
+
+}  // namespace
+
+void EmulatedCluster::allowTcpCongestion() const {
+  const std::string dir = "/proc/sys/net/ipv4/";
+  const std::vector<std::string> available = readWords(dir + "tcp_available_congestion_control");
+  if (!contains(available, tcpCongestion_)) {
+    std::string list;
+    for (const auto& a : available) list += (list.empty() ? "" : " ") + a;
+    throw InvalidArgument(strCat("TCP congestion control '", tcpCongestion_, "' is not available on this kernel (", dir,
+                                 "tcp_available_congestion_control: ", list.empty() ? "unreadable" : list, ")"));
+  }
+  std::vector<std::string> allowed = readWords(dir + "tcp_allowed_congestion_control");
+  if (contains(allowed, tcpCongestion_)) return;
+  // Only an allowed algorithm may be a namespace's default; adding one changes no socket's.
+  allowed.push_back(tcpCongestion_);
+  std::string list;
+  for (const auto& a : allowed) list += (list.empty() ? "" : " ") + a;
+  run({"sysctl", "-q", "-w", "net.ipv4.tcp_allowed_congestion_control=" + list});
+  POSEIDON_LOG(kInfo) << "allowed TCP congestion control " << tcpCongestion_ << " for the emulated nodes ("
+                      << "net.ipv4.tcp_allowed_congestion_control = " << list << ")";
+}
 
 void EmulatedCluster::clearRoot(const std::string& ns, const std::string& dev) {
   try {

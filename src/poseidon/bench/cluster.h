@@ -1,7 +1,10 @@
 // An emulated cluster on one machine (DESIGN.md section 4): one network
 // namespace per node, joined through a bridge in a switch namespace; each
 // node's link shaped in both directions with tc tbf (node egress = upload,
-// switch-port egress = download) and an optional netem delay.
+// switch-port egress = download) and an optional netem delay. Every node's
+// TCP runs one named congestion control (default cubic, Linux's and Debian's),
+// not whatever the host happens to use: the emulated cluster is a cluster of
+// stock hosts, and the algorithm decides how pushes and replies share a link.
 //
 //   [psd<pid>n0] eth0 10.77.0.1 --veth-- p<pid>v0 ┐
 //   [psd<pid>n1] eth0 10.77.0.2 --veth-- p<pid>v1 ├─ br0 in [psd<pid>sw]
@@ -29,8 +32,11 @@ struct LinkSpec {
 
 class EmulatedCluster {
  public:
-  // Throws Error with a clear reason when not root or iproute2 is missing.
-  EmulatedCluster(int nodes, const LinkSpec& link);
+  // Linux's default congestion control, and Debian's: what a stock cluster node runs.
+  static constexpr const char* kDefaultTcpCongestion = "cubic";
+  // Throws Error with a clear reason when not root, iproute2 is missing or the kernel has no
+  // tcpCongestion (net.ipv4.tcp_available_congestion_control).
+  EmulatedCluster(int nodes, const LinkSpec& link, const std::string& tcpCongestion = kDefaultTcpCongestion);
   ~EmulatedCluster();
   EmulatedCluster(const EmulatedCluster&) = delete;
   EmulatedCluster& operator=(const EmulatedCluster&) = delete;
@@ -42,6 +48,7 @@ class EmulatedCluster {
   // Reshapes every link (tc qdisc replace).
   void setLink(const LinkSpec& link);
   const LinkSpec& link() const { return link_; }
+  const std::string& tcpCongestion() const { return tcpCongestion_; }
   // Removes everything this cluster created. Idempotent.
   void destroy();
 
@@ -56,11 +63,15 @@ class EmulatedCluster {
   // Adds a tbf (under a netem delay when link.latencyMs > 0) as the root qdisc of dev.
   void shape(const std::string& ns, const std::string& dev, const LinkSpec& link);
   void clearRoot(const std::string& ns, const std::string& dev);  // errors ignored
+  // Makes tcpCongestion_ one a namespace may choose (the kernel lets a namespace other than the
+  // host's pick only an allowed one), or throws saying the kernel lacks it.
+  void allowTcpCongestion() const;
   std::string prefix_;
   std::string switchNs_;
   std::vector<std::string> namespaces_;
   std::vector<std::string> switchPorts_;
   LinkSpec link_;
+  std::string tcpCongestion_;
   bool destroyed_ = false;
 };
 

@@ -137,6 +137,13 @@ nlohmann::json trafficHistogram(const std::vector<RunResult>& runs, const std::s
   return {{"model", model}, {"nodes", nodes}, {"link_mbit", mbit}, {"bytes_per_node", perNode}};
 }
 
+std::string tcpCongestionSentence(const nlohmann::json& config) {
+  if (config.contains("tcp_congestion_control") && config["tcp_congestion_control"].is_string())
+    return "Every node's TCP ran " + config["tcp_congestion_control"].get<std::string>() + " (`--tcp-cc`).";
+  return "Every node's TCP ran the host's default congestion control (not recorded; bbr on the machine where the "
+         "committed tables were made).";
+}
+
 namespace {
 
 // The results file's introduction: the command, the method, the columns, the device models.
@@ -152,7 +159,7 @@ void writeIntro(std::ostringstream& md, const nlohmann::json& cfg) {
     md << ", and the median of " << repeat << " runs per point (min and max beside it)";
   else
     md << "; one run per point";
-  md << ".";
+  md << ". " << tcpCongestionSentence(cfg);
   if (cfg.value("tcp_rcvbuf", 0) > 0) {
     bool ddp = false;
     for (const auto& s : cfg.value("systems", nlohmann::json::array()))

@@ -64,6 +64,10 @@ double ownBoundSeconds(const RunResult& r, double computeSeconds);
 // node's traffic is one worker's of their batches together.
 double idealSeconds(const EmulatedModel& m, int nodes, double mbit, int localRanks = 1);
 
+// The results file's sentence on the nodes' TCP congestion control (config "tcp_congestion_control";
+// files from before it was set say it was the host's).
+std::string tcpCongestionSentence(const nlohmann::json& config);
+
 // Sets every successful run's speedup over the same model and system on one
 // node (1 for the one-node runs themselves).
 void computeSpeedups(std::vector<RunResult>& runs);

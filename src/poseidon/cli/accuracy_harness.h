@@ -64,6 +64,7 @@ struct AccuracyHarness {
   int nodes = 8, steps = 200, curveEvery = 10, timeoutS = 1800;
   int servers = 0;  // --servers: Poseidon's shards on nodes 0..servers-1 only (0: every node)
   double queueMs = bench::LinkSpec::kDefaultQueueMs;  // --queue-ms: each emulated port's queue
+  std::string tcpCongestion = bench::EmulatedCluster::kDefaultTcpCongestion;  // --tcp-cc: every node's TCP
   int64_t batch = 32, pairBytes = 64 * 1024;
   double padMs = 300, padJitterMs = 0, targetAccuracy = 0.8, targetLoss = 0.6;
   uint64_t seed = 1;

@@ -20,6 +20,7 @@
 
 #include "poseidon/bench/cluster.h"
 #include "poseidon/bench/ranks.h"
+#include "poseidon/bench/report.h"
 #include "poseidon/bench/systems.h"
 #include "poseidon/cli/accuracy_harness.h"
 #include "poseidon/cli/bench_util.h"
@@ -147,6 +148,7 @@ nlohmann::json AccuracyHarness::config(const std::string& command, const std::ve
           {"pair_bytes", pairBytes},
           {"servers", servers},
           {"queue_ms", queueMs},
+          {"tcp_congestion_control", tcpCongestion},
           {"io_threads", bench::kBenchIoThreads},
           {"host_cores", static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))},
           {"target_accuracy", targetAccuracy},
@@ -312,6 +314,7 @@ void writeMarkdown(const std::string& path, const nlohmann::json& result) {
        << c["servers"].get<int>() << "`; 1 is Omnivore's one model server).";
   if (c.value("queue_ms", 100.0) != 100.0)
     md << " Each emulated port queues " << c["queue_ms"] << " ms (`--queue-ms`).";
+  md << " " << bench::tcpCongestionSentence(c);
   md << "\n\n";
   for (double rate : c["rates_mbit"].get<std::vector<double>>()) {
     md << "## " << rate << " Mbit/s\n\n"
@@ -411,6 +414,7 @@ void addAccuracyFlags(FlagSet& flags, AccuracyArgs& a) {
                "Omnivore's setting and its k-fold congestion; 0: every node a shard)",
                "N", IntRange::closed(0, 64));
   addQueueFlag(flags, &a.h.queueMs);
+  addTcpCongestionFlag(flags, &a.h.tcpCongestion);
   flags.addDouble("pad-jitter-ms", &a.h.padJitterMs,
                   "add to each step's pad an exponential wait of this mean (per rank): varying step times, "
                   "stragglers, Theorem 1's assumption",
@@ -435,6 +439,7 @@ void addAccuracyFlags(FlagSet& flags, AccuracyArgs& a) {
 
 // --systems with their default hyperparameters, and --hyper's overrides.
 std::vector<AccuracySystem> accuracySystems(const AccuracyArgs& a) {
+  checkTcpCongestionName(a.h.tcpCongestion);
   if (a.h.servers > a.h.nodes)
     throw InvalidArgument(strCat("--servers ", a.h.servers, " exceeds --nodes ", a.h.nodes, " (shards are nodes)"));
   std::vector<AccuracySystem> systems;
@@ -457,7 +462,7 @@ std::vector<AccuracySystem> accuracySystems(const AccuracyArgs& a) {
 nlohmann::json runAccuracy(AccuracyHarness& h, const std::vector<AccuracySystem>& systems,
                            const std::vector<double>& rates, bool& allOk) {
   nlohmann::json runs = nlohmann::json::array();
-  EmulatedCluster cluster(h.nodes, bench::LinkSpec{rates.front(), 0, h.queueMs});
+  EmulatedCluster cluster(h.nodes, bench::LinkSpec{rates.front(), 0, h.queueMs}, h.tcpCongestion);
   h.cluster = &cluster;
   std::printf(
       "poseidon bench --accuracy: %d-node emulated cluster, LeNet on Fashion-MNIST, batch %lld per worker, "

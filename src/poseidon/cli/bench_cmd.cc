@@ -54,6 +54,7 @@ struct BenchArgs {
   std::string nodesFlag = "1,2,4,8", ratesFlag = "1000,300,100,30", computeFlag = "titanx";
   std::string jsonPath, mdPath, plotDir, ddpScript, bisectSystems, reportFrom, traceDir;
   double scale = 0.1, latencyMs = 0, queueMs = bench::LinkSpec::kDefaultQueueMs;
+  std::string tcpCongestion = bench::EmulatedCluster::kDefaultTcpCongestion;
   int iterations = 8, warmup = 3, timeoutS = 150, retries = 1, repeat = 1, rcvbuf = 0, sendWindow = 0;
   int ioThreads = bench::kBenchIoThreads;
   int localRanks = 1;
@@ -74,6 +75,7 @@ void addWhatToRunFlags(FlagSet& flags, BenchArgs& a) {
   flags.addString("rates", &a.ratesFlag, "comma-separated link rates in Mbit/s, > 0 (tc tbf)", "LIST");
   flags.addDouble("latency-ms", &a.latencyMs, "added one-way latency per link (netem)", "MS", RealRange::atLeast(0));
   addQueueFlag(flags, &a.queueMs);
+  addTcpCongestionFlag(flags, &a.tcpCongestion);
   flags.addDouble("scale", &a.scale,
                   "width scale s (link rates represent rate / s^2 at full width; a model whose batch x s is not "
                   "whole runs at the nearest width s' where it is, at least one row, its links at rate x (s'/s)^2)",
@@ -186,6 +188,7 @@ struct BenchPlan {
 };
 
 BenchPlan planBench(const BenchArgs& a) {
+  checkTcpCongestionName(a.tcpCongestion);
   BenchPlan p;
   p.models = splitList(a.modelsFlag);
   p.systems = splitList(a.systemsFlag);
@@ -234,6 +237,7 @@ nlohmann::json benchConfig(const BenchArgs& a, const BenchPlan& p, const std::ve
                            {"warmup", a.warmup},
                            {"latency_ms", a.latencyMs},
                            {"queue_ms", a.queueMs},
+                           {"tcp_congestion_control", a.tcpCongestion},
                            {"models", p.models},
                            {"compute", p.gpu},
                            {"systems", p.labels},
@@ -297,7 +301,7 @@ nlohmann::json bisectRates(Harness& h, const BenchArgs& a, const BenchPlan& p, c
 // Every point on one emulated cluster (removed when this returns or throws); the bisection, if asked.
 std::vector<RunResult> runAll(Harness& h, const BenchArgs& a, const BenchPlan& p, nlohmann::json& result) {
   std::vector<RunResult> runs;
-  EmulatedCluster cluster(p.nodes.back(), bench::LinkSpec{p.rates.front(), a.latencyMs, a.queueMs});
+  EmulatedCluster cluster(p.nodes.back(), bench::LinkSpec{p.rates.front(), a.latencyMs, a.queueMs}, a.tcpCongestion);
   h.cluster = &cluster;
   std::printf("poseidon bench: %d-node emulated cluster, models %s, systems %s, s = %g, %d run%s per point\n",
               p.nodes.back(), a.modelsFlag.c_str(), a.systemsFlag.c_str(), a.scale, a.repeat, a.repeat > 1 ? "s" : "");

@@ -4,6 +4,8 @@
 #include <signal.h>
 #include <stdlib.h>
 
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <sstream>
 
@@ -64,6 +66,21 @@ void addQueueFlag(FlagSet& flags, double* queueMs) {
                   "each shaped link's queue (tbf latency), in milliseconds of traffic at its rate: a switch port's "
                   "buffer; the default 100 is deep, a datacenter switch holds a few ms",
                   "MS", RealRange::closed(1, 1000));
+}
+
+void addTcpCongestionFlag(FlagSet& flags, std::string* name) {
+  flags.addString("tcp-cc", name,
+                  "every emulated node's TCP congestion control (default cubic: Linux's and Debian's default; the "
+                  "host's own, e.g. bbr, would decide how a link's two directions share it)",
+                  "NAME");
+}
+
+void checkTcpCongestionName(const std::string& name) {
+  const bool ok = !name.empty() && name.size() <= 15 && std::all_of(name.begin(), name.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+  });
+  if (!ok)
+    throw InvalidArgument(strCat("--tcp-cc: '", name, "' is not a congestion-control name (e.g. cubic, reno, bbr)"));
 }
 
 std::string commandLine(const std::string& command, const std::vector<std::string>& args) {

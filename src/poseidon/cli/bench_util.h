@@ -35,6 +35,10 @@ std::string startEmulatedRuns(const std::string& prefix);
 std::string commandLine(const std::string& command, const std::vector<std::string>& args);
 // --queue-ms: each shaped link's queue (bench and bench --accuracy).
 void addQueueFlag(FlagSet& flags, double* queueMs);
+// --tcp-cc: the emulated nodes' TCP congestion control (bench and bench --accuracy).
+void addTcpCongestionFlag(FlagSet& flags, std::string* name);
+// InvalidArgument unless name looks like a kernel congestion-control name (the cluster checks it is there).
+void checkTcpCongestionName(const std::string& name);
 // poseidon bench --accuracy.
 int benchAccuracyCommand(const std::vector<std::string>& args);
 // A `bench --accuracy` results file's tables (mdPath) and curves (plotDir), either may be empty

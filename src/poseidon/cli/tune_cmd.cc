@@ -188,7 +188,7 @@ void tuneAtEachRate(TuneArgs& a, const std::vector<double>& rates, nlohmann::jso
   const TuneConfig& cfg = a.cfg;
   const std::string &jsonPath = a.jsonPath, &mdPath = a.mdPath;
   nlohmann::json runs = nlohmann::json::array();
-  bench::EmulatedCluster cluster(h.nodes, bench::LinkSpec{rates.front(), 0});
+  bench::EmulatedCluster cluster(h.nodes, bench::LinkSpec{rates.front(), 0}, h.tcpCongestion);
   h.cluster = &cluster;
   std::printf(
       "poseidon tune: %d-node emulated cluster, LeNet on Fashion-MNIST, batch %lld per worker, compute padded "

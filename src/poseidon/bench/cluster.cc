@@ -151,23 +151,27 @@ bool contains(const std::vector<std::string>& words, const std::string& w) {
   return std::find(words.begin(), words.end(), w) != words.end();
 }
 
+std::string spaced(const std::vector<std::string>& words) {
+  std::string out;
+  for (const auto& w : words) out += (out.empty() ? "" : " ") + w;
+  return out;
+}
+
 }  // namespace
 
 void EmulatedCluster::allowTcpCongestion() const {
   const std::string dir = "/proc/sys/net/ipv4/";
   const std::vector<std::string> available = readWords(dir + "tcp_available_congestion_control");
   if (!contains(available, tcpCongestion_)) {
-    std::string list;
-    for (const auto& a : available) list += (list.empty() ? "" : " ") + a;
-    throw InvalidArgument(strCat("TCP congestion control '", tcpCongestion_, "' is not available on this kernel (", dir,
-                                 "tcp_available_congestion_control: ", list.empty() ? "unreadable" : list, ")"));
+    throw InvalidArgument(
+        strCat("TCP congestion control '", tcpCongestion_, "' is not available on this kernel (", dir,
+               "tcp_available_congestion_control: ", available.empty() ? "unreadable" : spaced(available), ")"));
   }
   std::vector<std::string> allowed = readWords(dir + "tcp_allowed_congestion_control");
   if (contains(allowed, tcpCongestion_)) return;
   // Only an allowed algorithm may be a namespace's default; adding one changes no socket's.
   allowed.push_back(tcpCongestion_);
-  std::string list;
-  for (const auto& a : allowed) list += (list.empty() ? "" : " ") + a;
+  const std::string list = spaced(allowed);
   run({"sysctl", "-q", "-w", "net.ipv4.tcp_allowed_congestion_control=" + list});
   POSEIDON_LOG(kInfo) << "allowed TCP congestion control " << tcpCongestion_ << " for the emulated nodes ("
                       << "net.ipv4.tcp_allowed_congestion_control = " << list << ")";

@@ -98,9 +98,12 @@ TEST(Planner, ComputeGroupsStepAsynchronously) {
 
 // Omnivore's one model server (Cluster::servers = 1, train --servers 1): two workers, one conv layer
 // in two pairs of B / 2 bytes. On both nodes' shards, a group of two pulls and pushes half the layer
-// over each node's link at once: C + B / R a step. On node 0's shard alone, worker 1 pulls and pushes
-// the whole layer over its links, C + 2 B / R: the congestion that makes one synchronous group slow.
-// Two groups of one: worker 0's pulls and pushes are local, it never waits.
+// over each node's link at once: C + B / R a step. On node 0's shard alone, worker 1 pushes and pulls
+// the whole layer over its links: the congestion that makes one synchronous group slow. The next
+// round's pull was asked with the first push, so pair 0's reply leaves once its push is in (B / 2R)
+// while pair 1's push arrives: C + B / 2R + B / R, where a pull asked after the backward (both
+// pushes in, then both replies) would take C + 2 B / R. Two groups of one: worker 0's pulls and
+// pushes are local, it never waits.
 TEST(Planner, OneModelServerCarriesTheWholeModel) {
   const LayerSpec conv = LayerSpec::conv("c", 100, 10, 5, 5, /*bias=*/false);  // 25,000 floats
   const Workload w = workload({conv}, {0.1}, {0.2});
@@ -109,9 +112,9 @@ TEST(Planner, OneModelServerCarriesTheWholeModel) {
   c.pairBytes = 50000;
   EXPECT_NEAR(predictGroups(w, c, 1).stepSeconds, C + B / R, 1e-9);
   c.servers = 1;
-  EXPECT_NEAR(predictGroups(w, c, 1).stepSeconds, C + 2 * B / R, 1e-9);
+  EXPECT_NEAR(predictGroups(w, c, 1).stepSeconds, C + B / (2 * R) + B / R, 1e-9);
   const GroupPrediction two = predictGroups(w, c, 2);
-  EXPECT_NEAR(two.samplesPerSecond, 4 / C + 4 / (C + 2 * B / R), 1e-6);  // batch 4
+  EXPECT_NEAR(two.samplesPerSecond, 4 / C + 4 / (C + B / (2 * R) + B / R), 1e-6);  // batch 4
   c.servers = 3;
   EXPECT_ERROR_CONTAINS(predictGroups(w, c, 1), InvalidArgument, "3 server shards exceed its 2 nodes");
 }

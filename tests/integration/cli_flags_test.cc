@@ -255,8 +255,9 @@ TEST(CliFlags, PlanModelsComputeGroupsAndChecksTimeToAccuracyFiles) {
   EXPECT_LT(oneServer["groups"][2]["he_ratio"].get<double>(), groups["groups"][2]["he_ratio"].get<double>());
 
   // Merged FC: LeNet's ip1 and ip2 on one FC server, 800 floats of activations a sample each way instead of
-  // their 405,510 parameters through the shards: every g steps faster at 30 Mbit/s, and the server's load
-  // grows with g.
+  // their 405,510 parameters through the shards: asynchronous groups step faster at 30 Mbit/s, and the
+  // server's load grows with g. (One group of 8 is not faster: the server's work on its 8 x 32 rows waits
+  // between the forward and the backward, while the shards' replies overlap the pushes, wait-free.)
   const nlohmann::json fcServer =
       planJson({"--predict", "--model", "lenet", "--compute-seconds", "0.3", "--batch", "32", "--workers", "8",
                 "--rate", "0.03", "--pair-bytes", "65536", "--groups", "1,2,8", "--merged-fc"});
@@ -265,7 +266,9 @@ TEST(CliFlags, PlanModelsComputeGroupsAndChecksTimeToAccuracyFiles) {
   ASSERT_EQ(fcServer["groups"].size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
     const auto& row = fcServer["groups"][i];
-    EXPECT_LT(row["step_seconds"].get<double>(), groups["groups"][i]["step_seconds"].get<double>()) << row;
+    if (i > 0) {
+      EXPECT_LT(row["step_seconds"].get<double>(), groups["groups"][i]["step_seconds"].get<double>()) << row;
+    }
     EXPECT_GT(row["fc_server_busy"].get<double>(), 0) << row;
     EXPECT_LE(row["fc_server_busy"].get<double>(), 1) << row;
     if (i > 0) {

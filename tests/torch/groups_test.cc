@@ -121,6 +121,10 @@ TEST(ComputeGroups, EveryWorkerItsOwnGroupRunsAsynchronouslyWithItsStalenessRepo
   }
   EXPECT_EQ(updates, 640);                                 // 40 rounds x 4 groups x 4 layers
   EXPECT_GT(stale, 0) << s["staleness_histogram"].dump();  // asynchronous: updates land on a moved model
+  // Each worker asks for rounds 1..40 with its round's first push, ahead of every push of the round
+  // on the same connection: each of those pulls reaches its shard before the update it waits for.
+  // Asked after the step (behind the pushes), a group of one would have none.
+  EXPECT_EQ(s["early_pulls"], 640);
   EXPECT_GT(s["test_accuracy"].get<double>(), 0.5) << "it learns; staleness " << s["staleness_histogram"].dump();
 }
 

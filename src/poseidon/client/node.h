@@ -193,9 +193,11 @@ class Node : private SyncHost {
   // The gradient of the worker's round goes to the shards, which apply the group's mean with `lr`.
   void submitGroupPush(int layer, LayerBuffer grad, float lr, std::shared_ptr<void> keepAlive = nullptr);
   // This node's shard: how many other updates landed between each update's pull and its
-  // application (count by staleness), and the largest lead of a group over the slowest one.
+  // application (count by staleness), the largest lead of a group over the slowest one, and the
+  // pulls that came before their group's previous update was applied (ModelShard::earlyPulls).
   std::map<int64_t, int64_t> stalenessHistogram() const;
   int64_t maxGroupLead() const;
+  int64_t groupEarlyPulls() const;
   // Experiments: when this node's shard holds the pair, keep its parameters after every update
   // (true), so recordedModel() returns W(0), W(1), ... in the order they were applied.
   bool recordModelUpdates(int layer, int pair);

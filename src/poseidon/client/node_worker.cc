@@ -207,4 +207,9 @@ int64_t Node::maxGroupLead() const {
   return server_ && server_->model() ? server_->model()->maxLead() : 0;
 }
 
+int64_t Node::groupEarlyPulls() const {
+  std::lock_guard<std::mutex> lock(serverMutex_);
+  return server_ && server_->model() ? server_->model()->earlyPulls() : 0;
+}
+
 }  // namespace poseidon

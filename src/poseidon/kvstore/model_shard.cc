@@ -87,6 +87,7 @@ std::vector<ModelShard::Reply> ModelShard::pull(int senderRank, int layer, int p
   }
   r.pulled[static_cast<size_t>(member)] = true;
   ++r.pulls;
+  if (iteration == c + 1) ++earlyPulls_;
   std::vector<Reply> out;
   answer(st, &out);
   return out;

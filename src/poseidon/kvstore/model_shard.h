@@ -73,6 +73,9 @@ class ModelShard {
   // The largest lead of a group over the slowest one when a pull was answered (SSP's bound holds
   // when it is at most the staleness setting).
   int64_t maxLead() const { return maxLead_; }
+  // Pulls that came before their group's previous update of the pair was applied (a member asks the
+  // next round with its first push, GroupSync::layerReady): answered as soon as it is.
+  int64_t earlyPulls() const { return earlyPulls_; }
 
   // A pair's whole state, for checkpoints (v: the momentum buffer buf).
   struct PairState {
@@ -124,6 +127,7 @@ class ModelShard {
   std::map<uint64_t, PairState_> pairs_;
   std::map<int64_t, int64_t> staleness_;
   int64_t maxLead_ = 0;
+  int64_t earlyPulls_ = 0;
   const PairState_* recordedPair_ = nullptr;
   std::vector<std::vector<float>> recorded_;
 };

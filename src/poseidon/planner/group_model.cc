@@ -11,8 +11,10 @@ namespace {
 // every pair's shard for the parameters (a header-only pull), the shard answers the k members
 // once all k asked and the group's previous update of the pair is applied (encrypting a reply for
 // each member on its receive loop, as Node::sendAll), the member computes once the whole model is
-// in (the eager pull), pushes each layer's dense gradient as its backward ends (WFBP), and asks for
-// the next round's parameters as soon as the backward is done. A shard sums each push on its loop
+// in (the eager pull) and its previous backward is done, and pushes each layer's dense gradient as
+// its backward ends (WFBP). It asks for the next round's parameters with its first push
+// (GroupSync::layerReady), so a pair's reply leaves as soon as its update is applied, while the
+// later pairs' pushes still arrive. A shard sums each push on its loop
 // and, with the k-th, applies the update (SGD with momentum: a few passes over the pair) and
 // answers the next round's pulls. Groups are asynchronous: nothing waits for another group.
 class GroupModel {
@@ -33,7 +35,8 @@ class GroupModel {
     pushed_ = asked_;
     applied_.assign(G, std::vector<int>(N, -1));
     answered_.assign(G, std::vector<int>(N, -1));
-    got_.assign(static_cast<size_t>(P_), 0);
+    got_.assign(static_cast<size_t>(P_), std::vector<int>(R, 0));
+    ready_ = got_;
     roundStart_.assign(static_cast<size_t>(P_), std::vector<double>(R, 0.0));
     fcArrived_.assign(G, std::vector<int>(R, 0));
     sumRate_ = c.sumBytes * c.scale * c.scale;
@@ -75,10 +78,15 @@ class GroupModel {
   int groupOf(int n) const { return n / k_; }
   double pairBytes(size_t i) const { return static_cast<double>(pairs_[i].length) * sizeof(float); }
 
+  // Round r - 1's backward is done (r = 0: the start). The forward also waits for round r's
+  // replies, asked with round r - 1's first push.
   void startRound(int n, int r) {
     roundStart_[static_cast<size_t>(n)][static_cast<size_t>(r)] = sim_.now();
     if (r == kRounds) return;
-    got_[static_cast<size_t>(n)] = 0;
+    if (r == 0) ask(n, 0);
+    ready(n, r);
+  }
+  void ask(int n, int r) {
     const int G = groupOf(n);
     for (size_t i = 0; i < pairs_.size(); ++i)
       net_.send(r, n, pairs_[i].shard, 0, 0, [this, G, r, i] {
@@ -100,7 +108,11 @@ class GroupModel {
     }
   }
   void replyIn(int n, int r) {
-    if (++got_[static_cast<size_t>(n)] < static_cast<int>(pairs_.size())) return;
+    if (++got_[static_cast<size_t>(n)][static_cast<size_t>(r)] == static_cast<int>(pairs_.size())) ready(n, r);
+  }
+  // The forward of round r starts with the second of: the round's last reply, the previous backward's end.
+  void ready(int n, int r) {
+    if (++ready_[static_cast<size_t>(n)][static_cast<size_t>(r)] < 2) return;
     double forward = 0;
     for (double f : w_.forwardSeconds) forward += f;
     if (!fc_) {
@@ -128,6 +140,7 @@ class GroupModel {
   void backward(int n, int r, int l) {
     sim_.at(sim_.now() + w_.backwardSeconds[static_cast<size_t>(l)], [this, n, r, l] {
       const int G = groupOf(n);
+      if (l == L_ - 1 && r + 1 < kRounds) ask(n, r + 1);  // with the first push, ahead of it
       for (size_t i = 0; i < pairs_.size(); ++i) {
         if (pairs_[i].layer != l) continue;
         net_.send(r, n, pairs_[i].shard, pairBytes(i), 0, [this, G, r, i] { pushIn(G, r, i); });
@@ -167,7 +180,8 @@ class GroupModel {
   std::vector<KvPair> pairs_;                                  // every pair of the model, in layer order
   std::vector<std::vector<std::vector<int>>> asked_, pushed_;  // [group][round][pair]
   std::vector<std::vector<int>> applied_, answered_;           // [group][pair]: the last round applied / answered
-  std::vector<int> got_;                                       // [node]: replies in for its current round
+  std::vector<std::vector<int>> got_;                          // [node][round]: replies in
+  std::vector<std::vector<int>> ready_;                        // [node][round]: of replies in, backward done
   std::vector<std::vector<double>> roundStart_;                // [node][round]
   std::vector<std::vector<int>> fcArrived_;                    // [group][round]: activations at the FC server
   double fcFree_ = 0;                                          // when the FC server is next free

@@ -21,21 +21,17 @@ void DistributedModel::GroupSync::start() {
   }
   lr_ = options.learningRate;
   // The shards hold the model from here on: they start from rank 0's parameters (just broadcast,
-  // so every rank sends the same), and each round's pull writes the model into them.
-  // A device model's pulls land in host buffers (pulledIntoParameters copies them up).
+  // so every rank sends the same). Each round's pull lands in host buffers, one per layer, and is
+  // copied into the parameters before the forward (pulledIntoParameters; a device model's goes up
+  // to the device): the next round's pull is asked during this round's backward (layerReady), and
+  // its replies must not overwrite what the backward, the optimizer's step or the caller still read.
   std::vector<LayerBuffer> params;
   for (auto& l : m_.layers_) {
-    std::vector<FloatSpan> spans;
-    if (m_.staging_) {
-      torch::NoGradGuard guard;
-      l.pulled = m_.staging_->hostTensor(l.spec->numel());
-      const auto views = perParameter(l.pulled, l.params);
-      for (size_t i = 0; i < views.size(); ++i) views[i].copy_(l.params[i]);
-      spans.push_back({l.pulled.data_ptr<float>(), l.pulled.numel()});
-    } else {
-      for (auto& p : l.params) spans.push_back({p.data_ptr<float>(), p.numel()});
-    }
-    params.emplace_back(spans);
+    torch::NoGradGuard guard;
+    l.pulled = m_.staging_ ? m_.staging_->hostTensor(l.spec->numel()) : torch::empty({l.spec->numel()});
+    const auto views = perParameter(l.pulled, l.params);
+    for (size_t i = 0; i < views.size(); ++i) views[i].copy_(l.params[i]);
+    params.emplace_back(std::vector<FloatSpan>{{l.pulled.data_ptr<float>(), l.pulled.numel()}});
   }
   node.groups().setModel(params);
   if (node.rank() == node.book().workerRanks().front()) {
@@ -77,14 +73,19 @@ void DistributedModel::GroupSync::pulledIntoParameters() {
 }
 
 void DistributedModel::GroupSync::layerIntoParameters(size_t layer) {
-  if (!m_.staging_) return;  // the pull wrote into the parameters themselves
   Layer& l = m_.layers_[layer];
   const auto pulled = perParameter(l.pulled, l.params);
-  for (size_t i = 0; i < pulled.size(); ++i) DeviceStaging::fromHost(l.params[i], pulled[i]);
+  if (m_.staging_) {
+    for (size_t i = 0; i < pulled.size(); ++i) DeviceStaging::fromHost(l.params[i], pulled[i]);
+    return;
+  }
+  torch::NoGradGuard guard;
+  for (size_t i = 0; i < pulled.size(); ++i) l.params[i].copy_(pulled[i]);
 }
 
 void DistributedModel::GroupSync::prefetch() {
   const int64_t next = m_.iteration_ + 1;
+  if (prefetching_ && pulledRound_ == next) return;  // asked during the backward already
   m_.node_->groups().startPull(next);
   pulledRound_ = next;
   prefetching_ = true;
@@ -181,6 +182,11 @@ void DistributedModel::GroupSync::pullLatest() {
 }
 
 void DistributedModel::GroupSync::layerReady(int layer) {
+  // Wait-free pulls: the next round's model is asked with the round's first push, not after its
+  // step. The shard answers each pair as soon as this group's update of it is applied, so the
+  // replies of the pairs already summed leave the server while the later pushes still arrive, where
+  // a pull asked after the step queued behind every push of the round (docs/omnivore.md).
+  prefetch();
   Layer& l = m_.layers_[layer];
   l.submitted = true;
   l.scheme = Scheme::kPS;

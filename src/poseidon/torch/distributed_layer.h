@@ -49,7 +49,7 @@ struct DistributedModel::Layer {
   torch::Tensor host;
   bool meanOnHost = false;  // this step's PS mean is in `host`
   DeviceRebuild rebuilt;    // a CUDA FC layer: its SFB mean, rebuilt on the device
-  torch::Tensor pulled;     // compute groups, a device model: the model pulled from the shards, on the host
+  torch::Tensor pulled;     // compute groups: the model pulled from the shards, on the host
   // Accumulation passes (noSync) since the last step.
   int accumulatedPasses = 0;                  // passes in which the layer's first parameter got a gradient
   std::vector<torch::Tensor> stashU, stashV;  // factors of those passes
@@ -127,9 +127,9 @@ class DistributedModel::GroupSync final : public Sync {
   void pullLatest();
   void setLearningRate(float lr);
 
-  // The overlapped step (stepOverlapped): the next round's pull starts right after this round's
-  // pushes are out, and the gated forward awaits each layer just before it runs. The shard answers
-  // it once this group's update is applied, as it would the pull at the forward.
+  // The next round's pull, asked with this round's first push (layerReady; stepOverlapped asks it
+  // if nothing did): the shard answers each pair once this group's update of it is applied, as it
+  // would the pull at the forward. The forward awaits it (the gated forward, layer by layer).
   void prefetch();
   bool prefetching() const { return prefetching_; }
   // That layer of the prefetched model is in the parameters; true when this call brought it.
@@ -138,7 +138,7 @@ class DistributedModel::GroupSync final : public Sync {
 
  private:
   void pull(int64_t round);
-  // A device model: the pulled model from the host buffers into the parameters (one layer, or all).
+  // The pulled model from the host buffers into the parameters (one layer, or all).
   void pulledIntoParameters();
   void layerIntoParameters(size_t layer);
   int64_t pulledRound_ = -1;  // the round whose model the parameters hold (or will: prefetching_)

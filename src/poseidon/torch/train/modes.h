@@ -94,6 +94,7 @@ class GroupMode : public TrainMode {
   int64_t version_ = 0;                  // the shards' version clock, from the checkpoint resumed
   nlohmann::json stalenessHistogram_ = nlohmann::json::object();  // from report()
   int64_t maxGroupLead_ = 0;
+  int64_t earlyPulls_ = 0;
 };
 
 // --merged-fc: Omnivore's merged FC (V-A). The conv layers train in compute groups; the FC layers

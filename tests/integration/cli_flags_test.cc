@@ -407,6 +407,7 @@ TEST(CliFlags, BenchRejectsOutOfRangeValues) {
                   "--tcp-cc: 'cubic;reboot' is not a congestion-control name (e.g. cubic, reno, bbr)"});
   expectRejected({{"bench", "--accuracy", "--tcp-cc", ""},
                   "--tcp-cc: '' is not a congestion-control name (e.g. cubic, reno, bbr)"});
+  expectRejected({{"bench", "--accuracy", "--tcp-rcvbuf", "-1"}, "--tcp-rcvbuf must be in [0, 1073741824], got -1"});
   expectRejected({{"bench", "--systems", "poseidon,poseidon-overlap", "--warmup", "0"},
                   "poseidon-overlap needs --warmup 1 or more (each iteration carries the one before's tail)"});
   expectRejected({{"bench", "--systems", "poseidon-overlap-bf16", "--warmup", "0"},

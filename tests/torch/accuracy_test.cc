@@ -312,6 +312,8 @@ TEST(TimeToAccuracy, BenchTrainsPoseidonGroupsAndDdpOnTheEmulatedCluster) {
                             "g2=0.02:0.3",
                             "--target-accuracy",
                             "0.2",
+                            "--tcp-rcvbuf",
+                            "32768",
                             "--json",
                             dir.path + "/r.json",
                             "--markdown",
@@ -344,12 +346,17 @@ TEST(TimeToAccuracy, BenchTrainsPoseidonGroupsAndDdpOnTheEmulatedCluster) {
     EXPECT_EQ(r["runs"][0]["curve"][i]["test_accuracy"], r["runs"][1]["curve"][i]["test_accuracy"]) << i;
     EXPECT_EQ(r["runs"][0]["curve"][i]["train_loss"], r["runs"][1]["curve"][i]["train_loss"]) << i;
   }
+  // --tcp-rcvbuf reaches every Poseidon rank (their summaries say what they ran with), not DDP's.
+  EXPECT_EQ(r["config"]["tcp_rcvbuf"], 32768);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(r["runs"][i]["tcp_rcvbuf"], 32768) << i;
+  EXPECT_FALSE(r["runs"][3].contains("tcp_rcvbuf"));
   EXPECT_EQ(r["runs"][2]["lr"], 0.02);
   EXPECT_EQ(r["runs"][2]["momentum"], 0.3);
   EXPECT_TRUE(r["runs"][2].contains("staleness_histogram"));
   std::ifstream md(dir.path + "/r.md");
   std::string table((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
   EXPECT_THAT(table, HasSubstr("| g2 | 0.02 | 0.3 |"));
+  EXPECT_THAT(table, HasSubstr("Poseidon's ranks ran with a 32768-byte TCP receive buffer per connection"));
   EXPECT_TRUE(fs::exists(dir.path + "/plots/accuracy-100mbit.png"));
 }
 

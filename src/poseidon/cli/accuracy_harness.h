@@ -63,6 +63,7 @@ struct AccuracyHarness {
   bench::EmulatedCluster* cluster = nullptr;
   int nodes = 8, steps = 200, curveEvery = 10, timeoutS = 1800;
   int servers = 0;  // --servers: Poseidon's shards on nodes 0..servers-1 only (0: every node)
+  int rcvbuf = 0;   // --tcp-rcvbuf: Poseidon's TCP receive buffer per connection (0: the OS default)
   double queueMs = bench::LinkSpec::kDefaultQueueMs;  // --queue-ms: each emulated port's queue
   std::string tcpCongestion = bench::EmulatedCluster::kDefaultTcpCongestion;  // --tcp-cc: every node's TCP
   int64_t batch = 32, pairBytes = 64 * 1024;

@@ -122,7 +122,8 @@ nlohmann::json AccuracyRun::toJson() const {
   j["steps_to_loss"] = lossSteps;
   j["curve"] = summary["curve"];
   if (summary.contains("staleness_histogram")) j["staleness_histogram"] = summary["staleness_histogram"];
-  if (summary.contains("max_group_lead")) j["max_group_lead"] = summary["max_group_lead"];
+  for (const char* key : {"max_group_lead", "early_pulls", "tcp_rcvbuf"})  // Poseidon's ranks only
+    if (summary.contains(key)) j[key] = summary[key];
   for (const char* key : {"train_clock_seconds_per_rank", "steps_per_rank"})  // the mean-rate step's inputs
     if (summary.contains(key)) j[key] = summary[key];
   const double fcUpdates = finiteOr(summary.value("fc_server_updates", nlohmann::json(0)), 0);
@@ -147,6 +148,7 @@ nlohmann::json AccuracyHarness::config(const std::string& command, const std::ve
           {"pad_ms", padMs},
           {"pair_bytes", pairBytes},
           {"servers", servers},
+          {"tcp_rcvbuf", rcvbuf},
           {"queue_ms", queueMs},
           {"tcp_congestion_control", tcpCongestion},
           {"io_threads", bench::kBenchIoThreads},
@@ -201,6 +203,7 @@ AccuracyRun AccuracyHarness::run(const AccuracySystem& sys, const RunExtras& ext
       if (sys.groups > 0) so.argv.insert(so.argv.end(), {"--groups", std::to_string(sys.groups)});
       if (sys.mergedFc) so.argv.push_back("--merged-fc");
       if (servers > 0) so.argv.insert(so.argv.end(), {"--servers", std::to_string(servers)});
+      if (rcvbuf > 0) so.argv.insert(so.argv.end(), {"--tcp-rcvbuf", std::to_string(rcvbuf)});
       if (sys.overlapForward) so.argv.push_back("--overlap-forward");
       if (sys.sendWindow > 0) so.argv.insert(so.argv.end(), {"--send-window", std::to_string(sys.sendWindow)});
       so.argv.insert(so.argv.end(), data.begin(), data.end());
@@ -314,6 +317,9 @@ void writeMarkdown(const std::string& path, const nlohmann::json& result) {
        << c["servers"].get<int>() << "`; 1 is Omnivore's one model server).";
   if (c.value("queue_ms", 100.0) != 100.0)
     md << " Each emulated port queues " << c["queue_ms"] << " ms (`--queue-ms`).";
+  if (c.value("tcp_rcvbuf", 0) > 0)
+    md << " Poseidon's ranks ran with a " << c["tcp_rcvbuf"].get<int>()
+       << "-byte TCP receive buffer per connection (`--tcp-rcvbuf`); DDP's with the OS default.";
   md << " " << bench::tcpCongestionSentence(c);
   md << "\n\n";
   for (double rate : c["rates_mbit"].get<std::vector<double>>()) {
@@ -415,6 +421,11 @@ void addAccuracyFlags(FlagSet& flags, AccuracyArgs& a) {
                "N", IntRange::closed(0, 64));
   addQueueFlag(flags, &a.h.queueMs);
   addTcpCongestionFlag(flags, &a.h.tcpCongestion);
+  flags.addInt("tcp-rcvbuf", &a.h.rcvbuf,
+               "TCP receive buffer per connection into each Poseidon rank (0: the OS default; DDP keeps it): a "
+               "small one gives the k pushers into one model server (--servers 1) equal windows, where the OS "
+               "default lets a few of them starve the rest (docs/omnivore.md)",
+               "BYTES", IntRange::closed(0, 1 << 30));
   flags.addDouble("pad-jitter-ms", &a.h.padJitterMs,
                   "add to each step's pad an exponential wait of this mean (per rank): varying step times, "
                   "stragglers, Theorem 1's assumption",

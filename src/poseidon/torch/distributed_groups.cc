@@ -173,12 +173,38 @@ void DistributedModel::GroupSync::pullLatest() {
   // Between a forward and its step this rank's round is not pushed: the next round's model will not
   // come (a loop that ended after a forward, then finish()); the model stays the round's.
   if (m_.inIteration_) return;
-  // The overlapped step asked for the next round's model already: that is the model as it stands for
-  // this group (its own updates in; with g > 1 it may miss another group's update that landed after
-  // the shard answered).
   awaitPrefetch();
   const int64_t next = m_.iteration_ < 0 ? node.book().settings().startIteration : m_.iteration_ + 1;
-  if (pulledRound_ != next) pull(next);
+  if (pulledRound_ != next) {
+    pull(next);
+    return;
+  }
+  // The next round's pull was asked with this round's first push (wait-free) and answered once this
+  // group's update was applied: with g > 1 another group's later update may be missing from it.
+  if (node.book().settings().groups > 1) refreshFromShards();
+}
+
+void DistributedModel::GroupSync::refreshFromShards() {
+  // Every rank is here and nothing is in flight (settleBarrier), so the first worker reads the
+  // shards' model as it stands (the checkpoint's fetch; its momentum is not needed) and every rank
+  // takes it from there: all end on one model, with every group's updates. The shards still count
+  // the next round's staleness from the version they answered, which overstates it by the updates
+  // that landed in between.
+  Node& node = *m_.node_;
+  const int first = node.book().workerRanks().front();
+  if (node.rank() == first) {
+    std::vector<torch::Tensor> scratch;
+    std::vector<LayerBuffer> momentum;
+    for (auto& l : m_.layers_) {
+      scratch.push_back(torch::empty({l.spec->numel()}));
+      momentum.emplace_back(std::vector<FloatSpan>{{scratch.back().data_ptr<float>(), scratch.back().numel()}});
+    }
+    node.groups().fetchModelState(std::move(momentum));  // the parameters into the pull buffers
+  }
+  for (auto& l : m_.layers_) {
+    node.broadcast(first, LayerBuffer(std::vector<FloatSpan>{{l.pulled.data_ptr<float>(), l.pulled.numel()}}));
+  }
+  pulledIntoParameters();
 }
 
 void DistributedModel::GroupSync::layerReady(int layer) {

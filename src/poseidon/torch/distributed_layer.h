@@ -138,6 +138,8 @@ class DistributedModel::GroupSync final : public Sync {
 
  private:
   void pull(int64_t round);
+  // pullLatest with g > 1: the model as the shards hold it now, read by the first worker, on every rank.
+  void refreshFromShards();
   // The pulled model from the host buffers into the parameters (one layer, or all).
   void pulledIntoParameters();
   void layerIntoParameters(size_t layer);

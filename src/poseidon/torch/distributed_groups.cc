@@ -31,7 +31,7 @@ void DistributedModel::GroupSync::start() {
     l.pulled = m_.staging_ ? m_.staging_->hostTensor(l.spec->numel()) : torch::empty({l.spec->numel()});
     const auto views = perParameter(l.pulled, l.params);
     for (size_t i = 0; i < views.size(); ++i) views[i].copy_(l.params[i]);
-    params.emplace_back(std::vector<FloatSpan>{{l.pulled.data_ptr<float>(), l.pulled.numel()}});
+    params.push_back(LayerBuffer::contiguous(l.pulled.data_ptr<float>(), l.pulled.numel()));
   }
   node.groups().setModel(params);
   if (node.rank() == node.book().workerRanks().front()) {
@@ -197,12 +197,12 @@ void DistributedModel::GroupSync::refreshFromShards() {
     std::vector<LayerBuffer> momentum;
     for (auto& l : m_.layers_) {
       scratch.push_back(torch::empty({l.spec->numel()}));
-      momentum.emplace_back(std::vector<FloatSpan>{{scratch.back().data_ptr<float>(), scratch.back().numel()}});
+      momentum.push_back(LayerBuffer::contiguous(scratch.back().data_ptr<float>(), scratch.back().numel()));
     }
     node.groups().fetchModelState(std::move(momentum));  // the parameters into the pull buffers
   }
   for (auto& l : m_.layers_) {
-    node.broadcast(first, LayerBuffer(std::vector<FloatSpan>{{l.pulled.data_ptr<float>(), l.pulled.numel()}}));
+    node.broadcast(first, LayerBuffer::contiguous(l.pulled.data_ptr<float>(), l.pulled.numel()));
   }
   pulledIntoParameters();
 }

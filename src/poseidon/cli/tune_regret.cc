@@ -18,6 +18,8 @@
 //                past 50 iterations"), so that a noisy run does not reach the target on a dip.
 //   the tuner    --tuner-seeds runs at each --ratios epoch:probe ratio (the paper's 60:1, and 10:1),
 //                with the budget --steps, epochs of --epoch-steps, the grid's lrs, momenta and g.
+//                Its runs from step k draw the same batches (tune_virtual.cc), as poseidon train
+//                resumed at step k reads the same data order.
 //                Its choice at the end, run from scratch with the grid's seeds, gives the regret:
 //                that time / the grid's best (and its rank in the grid); its tuning share is the
 //                losers' share of its clock. The tuner's own path (tuning included) to the target

@@ -21,6 +21,9 @@ TuneRunResult VirtualBackend::train(const TuneRunSpec& spec) {
   r.momentum = spec.momentum;
   r.steps = spec.toStep - spec.fromStep;
   r.seed = seed_ * 1000003 + ++runs_;
+  // The batches from step k on are the same in every run from step k, as poseidon train's data
+  // order is a function of the seed and the step: probes from one checkpoint see the same data.
+  r.batchSeed = seed_ * 1000003 + 7919 * static_cast<uint64_t>(spec.fromStep + 1);
   const int64_t updates = r.steps * spec.groups;
   const bool epoch = spec.kind == "epoch";
   if (epoch) {

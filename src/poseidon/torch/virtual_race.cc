@@ -121,7 +121,8 @@ VirtualRace::Result VirtualRace::run(const Run& r) const {
   Params w = cloneAll(from->params), buf = cloneAll(from->buffers);
 
   // Separate streams for the step times and the batches: the same seed races alike at any lr.
-  std::mt19937_64 timeRng(r.seed * 0x9E3779B97F4A7C15ull + 1), batchRng(r.seed * 0xD1B54A32D192ED03ull + 2);
+  std::mt19937_64 timeRng(r.seed * 0x9E3779B97F4A7C15ull + 1),
+      batchRng((r.batchSeed ? r.batchSeed : r.seed) * 0xD1B54A32D192ED03ull + 2);
   std::exponential_distribution<double> expTime(o.computeExpSeconds > 0 ? 1 / o.computeExpSeconds : 1);
   auto roundTime = [&] { return o.computeSeconds + (o.computeExpSeconds > 0 ? expTime(timeRng) : 0) + comm; };
   std::uniform_int_distribution<int64_t> pick(0, d_->images.size(0) - 1);

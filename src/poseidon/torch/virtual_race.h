@@ -47,6 +47,7 @@ class VirtualRace {
     int64_t steps = 0;                   // every group makes this many rounds (the run ends with the last) ...
     double untilSeconds = 0;             // ... or (steps = 0) the race runs until this virtual time
     uint64_t seed = 1;                   // the batches and the step times
+    uint64_t batchSeed = 0;              // the batches' own seed (0: from `seed`)
     double evalEverySeconds = 0;         // the loss every this many virtual seconds (0: never)
     std::vector<int64_t> evalAtUpdates;  // and after these numbers of updates
     // >= 0: from this many updates on, also keep the running mean of the models after each update (the

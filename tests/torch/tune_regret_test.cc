@@ -106,15 +106,19 @@ TEST(TuneRegret, GridTargetTunerAndRegretAgree) {
       if (s["won"].get<bool>() && s["to_step"] == 4) etaLast = s["lr"];
     ASSERT_GT(etaLast, 0);
     int epochStart = 4;
-    // Each epoch's rate decision (beyond the paper): eta* / 10 is probed only where it says a plateau,
-    // which is where a line through the epoch's curve promises at most 5% over another epoch.
+    // Each epoch's rate decision (beyond the paper): eta* / 10 is probed only where it shows a plateau,
+    // which is where a line through the epoch's curve, 2 standard errors steeper, promises at most 5%
+    // over another epoch.
     std::map<int, bool> lowerAt;  // epoch end -> a tenth of the rate probed
     for (const auto& d : t["decisions"]) {
       if (d["what"] != "rate") continue;
       const bool lower = d["lower_rate_probed"];
       lowerAt[d["at_step"].get<int>()] = lower;
       if (d.contains("epoch_gain")) {
-        EXPECT_EQ(lower, !(d["epoch_gain"].get<double>() > 0.05)) << d.dump();
+        EXPECT_EQ(lower, !(d["epoch_gain_upper"].get<double>() > 0.05)) << d.dump();
+        EXPECT_NEAR(d["epoch_gain_upper"].get<double>(),
+                    d["epoch_gain"].get<double>() + 2 * d["slope_se"].get<double>() * 40 / d["end_loss"].get<double>(),
+                    1e-9);
         // The line's slope over the epoch's 40 steps, relative to the line's loss at the epoch's end.
         ASSERT_TRUE(d.contains("end_loss")) << d.dump();
         EXPECT_NEAR(d["epoch_gain"].get<double>(),
@@ -175,6 +179,15 @@ TEST(TuneRegret, GridTargetTunerAndRegretAgree) {
       if (d["what"].get<std::string>().find("(the last epoch's configuration kept)") != std::string::npos) {
         EXPECT_EQ(d["band_from"], "5%") << d.dump();
         EXPECT_LE(d["margin"].get<double>(), 0) << d.dump();  // the runner-up had the lower loss
+      }
+      // A lower g stays out unless it beats the higher by more than 5% (groups 1, 2: two candidates).
+      if (d["what"] == "against momentum 0 at more groups (the higher g kept)") {
+        EXPECT_EQ(d["band_from"], "5%") << d.dump();
+        EXPECT_LE(d["margin"].get<double>(), 0) << d.dump();
+        EXPECT_GT(d["groups"], d["runner_up"]["groups"]) << d.dump();
+      } else if (d["what"] == "against momentum 0 at more groups" && !d["extended"].get<bool>() &&
+                 d["groups"] < d["runner_up"]["groups"]) {
+        EXPECT_GT(d["margin"].get<double>(), 0.05 * d["loss"].get<double>()) << d.dump();
       }
       const double margin = d["margin"].get<double>(), band = d["band"].get<double>();
       const double lower = std::min(d["loss"].get<double>(), d["runner_up"]["loss"].get<double>());

@@ -33,7 +33,9 @@
 // that swings wildly must not tie with everything); with fewer than three points a run has no spread
 // and the 5% band applies. A tie is probed further once, the best with its two
 // closest challengers. Every decision is printed with its margin and band and kept in the summary's
-// "decisions". The winner's steps are kept (the epoch continues from its state), so what tuning
+// "decisions". A probe and its extensions make one stage, scored by the mean of its runs' scores (an
+// extension adds evidence, it does not replace it); stages are compared only at equal steps, made of
+// equal runs. The winner's steps are kept (the epoch continues from its state), so what tuning
 // costs is the losers' time. Time is the training clock: seconds in training steps, summed over
 // every run (probes and epochs), as `bench --accuracy` counts it.
 //
@@ -47,11 +49,14 @@
 // Beyond the paper, for the trade-off Algorithm 1 is meant to make (measured: poseidon tune --regret,
 // docs/omnivore.md): in the first grid after the cold start, while the winner is at eta*, ten times
 // its rate is probed too (the synchronous eta* is too low once groups add implicit momentum); and a
-// g lowered because mu = 0 won must beat that mu = 0 winner, run as long, to be kept.
+// g lowered because mu = 0 won challenges that mu = 0 winner, run as long, right after its grid: it
+// is kept only if it beats it by more than the paper's 5%, else the higher g stays and the search
+// ends there (before the lower g's momentum check).
 // Beyond the paper, against the short-horizon bias of a probe (a lower rate wins 10 steps and loses
 // the epoch; measured, docs/omnivore.md): eta* / 10 is probed only once the epoch just trained says
-// eta* stopped paying (a line through its curve's second half promises under 5% over another epoch;
-// when every probe at eta* diverges, eta* / 10 is probed after all);
+// eta* stopped paying (a line through its curve's second half, steepened by 2 standard errors,
+// promises under 5% over another epoch; when every probe at eta* diverges, eta* / 10 is probed
+// after all);
 // and the last epoch's configuration is kept unless a probe beats it by more than the paper's 5%,
 // not by the probes' own spread, which understates how a probe varies from run to run.
 #include "poseidon/cli/tuner.h"
@@ -263,41 +268,43 @@ class Tuner {
         const auto at_mu = std::find(cfg_.momenta.begin(), cfg_.momenta.end(), best.momentum);
         std::vector<double> mus{best.momentum};
         if (at_mu != cfg_.momenta.begin() && at_mu != cfg_.momenta.end()) mus.push_back(*(at_mu - 1));
-        for (double mu : mus) up.push_back(run("rate up", at.state, at.toStep, best.toStep, *g, top, mu));
+        for (double mu : mus) up.push_back(probe("rate up", at.state, at.toStep, *g, top, mu));
+        equalize(up);
         best = settle(up, end, "rate up");
+      }
+      // Beyond the paper: Algorithm 1 lowers g whenever mu = 0 wins, whatever the hardware efficiency
+      // it gives up. Here a lower g challenges the mu = 0 winner it was lowered from, run as long as it
+      // (each a round of its own g: equal steps are about equal time, the HE ratio apart), and is kept
+      // only if it beats it by more than the paper's 5%: a 10-step probe cannot tell g apart more
+      // finely (the lowest of three noisy probes wins otherwise, measured: tune --regret,
+      // docs/omnivore.md). Where it does not, the higher g stays and the search stops there, before
+      // the lower g's momentum check. Where every probe at the lower g diverged, the one above wins.
+      if (!zeroWinners.empty()) {
+        if (!std::isinf(best.loss)) zeroWinners.push_back(best);
+        equalize(zeroWinners);
+        best = settle(zeroWinners, end, "against momentum 0 at more groups", &zeroWinners.front(), "the higher g kept");
+        zeroWinners.clear();
+        if (best.groups != *g) {
+          *g = best.groups;
+          keep(best);
+          return best;
+        }
       }
       if (!std::isinf(best.loss) && best.momentum == 0) {
         // The paper: if the optimal mu is 0, try 0.1 and 0.2 as well - as long as the winner ran, so
         // the three compare on equal terms.
         std::vector<Stage> check{best};
-        for (double mu : {0.1, 0.2})
-          check.push_back(run("momentum check", at.state, at.toStep, best.toStep, *g, best.lr, mu));
+        for (double mu : {0.1, 0.2}) check.push_back(probe("momentum check", at.state, at.toStep, *g, best.lr, mu));
+        equalize(check);
         best = settle(check, end, "momentum check", &at);
       }
-      if (std::isinf(best.loss)) {
-        if (*g == 1 && zeroWinners.empty()) throw Error("every probe diverged at g = 1: try lower --lrs");
-      } else if (best.momentum > 0 || *g == 1) {
-        // Beyond the paper: Algorithm 1 lowers g whenever mu = 0 wins, whatever the hardware
-        // efficiency it gives up. Here the lower g must also beat the mu = 0 winners above it, run as
-        // long as it (each a round of its own g: equal steps are about equal time, the HE ratio apart).
-        if (!zeroWinners.empty()) {
-          zeroWinners.push_back(best);
-          equalize(zeroWinners);
-          best = settle(zeroWinners, end, "against momentum 0 at more groups", &at);
-          *g = best.groups;
-        }
-        keep(best);
-        return best;
-      }
-      if (std::isinf(best.loss) && *g == 1) {  // every probe at g = 1 diverged: the best above wins
-        equalize(zeroWinners);
-        best = settle(zeroWinners, end, "against momentum 0 at more groups", &at);
-        *g = best.groups;
+      if (std::isinf(best.loss) && *g == 1) throw Error("every probe diverged at g = 1: try lower --lrs");
+      if (!std::isinf(best.loss) && (best.momentum > 0 || *g == 1)) {
         keep(best);
         return best;
       }
       // Momentum 0 won (or every probe diverged): the implicit momentum may be too high.
-      if (!std::isinf(best.loss)) zeroWinners.push_back(best);
+      if (!std::isinf(best.loss)) zeroWinners = {best};
       firstGrid = false;  // the rate-up is for the grid right after the cold start only
       int lower = 1;
       for (int c : cfg_.groups)
@@ -308,8 +315,11 @@ class Tuner {
   }
 
   // Whether the stage (the epoch just trained) was still gaining at its rate: its curve's losses over
-  // its second half (all of it where that has fewer than three points), fitted by a line, promise more
-  // than kTie (the paper's 5%) of the last loss over another epoch. Algorithm 1 probes eta* / 10 every
+  // its second half (all of it where that has fewer than three points), fitted by a line, may promise
+  // more than kTie (the paper's 5%) of the last loss over another epoch: the slope kTieZ standard
+  // errors steeper than fitted does, so a plateau is called only where the curve shows one (the cold
+  // start's three noisy points do not: they rose in 2 of 5 runs and lowered the rate, measured:
+  // tune --regret). Algorithm 1 probes eta* / 10 every
   // epoch, and a short probe favours the lower rate: its first steps settle into the valley the higher
   // rate bounces in, a gain the probe sees, while the higher rate's faster descent over an epoch is
   // beyond the probe's horizon (measured: tune --regret, docs/omnivore.md). So the rate comes down only
@@ -329,16 +339,20 @@ class Tuner {
     const double slope = fit.slope, se = fit.slopeSe;
     const double gain = -slope * cfg_.epochSteps,
                  last = pts.empty() ? kInf : fit.my + slope * (pts.back().first - fit.mx);
-    const bool gaining = std::isfinite(se) && last > 0 && gain > kTie * last;
+    // A plateau must be shown, not merely not excluded: the gain's upper bound (kTieZ standard errors
+    // above the fit) under kTie. A few noisy points (the cold start's) leave the rate alone.
+    const double upper = gain + kTieZ * se * cfg_.epochSteps;
+    const bool gaining = std::isfinite(se) && last > 0 && upper > kTie * last;
     nlohmann::json d = {
         {"what", "rate"}, {"at_step", s.toStep}, {"points", pts.size()}, {"lower_rate_probed", !gaining}};
     if (std::isfinite(se)) {
       d["slope_per_step"] = slope;
       d["slope_se"] = se;
       d["epoch_gain"] = gain / last;
+      d["epoch_gain_upper"] = upper / last;  // kTieZ standard errors above: a plateau is under kTie
       d["end_loss"] = last;  // the line's at the last point
-      say("    rate: over its last %d points the loss falls %.1f%% an epoch (a line through them): %s\n",
-          static_cast<int>(pts.size()), 100 * gain / last,
+      say("    rate: over its last %d points the loss falls %.1f%% an epoch (up to %.1f%%; a line through them): %s\n",
+          static_cast<int>(pts.size()), 100 * gain / last, 100 * upper / last,
           gaining ? "still gaining, a tenth of the rate is not probed" : "a plateau, a tenth is probed too");
     }
     decisions_.push_back(d);
@@ -378,7 +392,9 @@ class Tuner {
   // The lowest loss wins; those tied with it are probed further (each from its own state) while
   // that stays within `end`. The caller keeps the final choice. Every round's decision is printed
   // and recorded with its margin: the runner-up's loss above the winner's, and the band.
-  Stage settle(std::vector<Stage>& grid, int end, const std::string& what, const Stage* last = nullptr) {
+  // `last`: the incumbent, kept unless beaten by more than the paper's 5% (`kept` says why).
+  Stage settle(std::vector<Stage>& grid, int end, const std::string& what, const Stage* last = nullptr,
+               const std::string& kept = "the last epoch's configuration kept") {
     int incumbent = -1;  // the last epoch's (g, lr, mu), where the grid has it
     for (size_t i = 0; last != nullptr && i < grid.size(); ++i) {
       if (grid[i].groups == last->groups && std::fabs(grid[i].lr - last->lr) <= 1e-9 * last->lr &&
@@ -401,7 +417,7 @@ class Tuner {
       if (incumbent >= 0 && static_cast<size_t>(incumbent) != best &&
           std::find(candidates.begin(), candidates.end(), static_cast<size_t>(incumbent)) != candidates.end() &&
           !std::isinf(grid[incumbent].loss) && grid[incumbent].loss - grid[best].loss <= incumbentBand) {
-        record(what + " (the last epoch's configuration kept)", grid[incumbent], &grid[best], incumbentBand, 1, false,
+        record(strCat(what, " (", kept, ")"), grid[incumbent], &grid[best], incumbentBand, 1, false,
                /*paperBand=*/true);
         return grid[incumbent];
       }
@@ -465,8 +481,8 @@ class Tuner {
   // A probe of (g, lr, mu) for probeSteps from `from` (a state handle; "" for the initial model).
   // `extends`: the probe it continues (its steps and clock are counted with it).
   Stage probe(const std::string& kind, const std::string& from, int fromStep, int g, double lr, double mu,
-              const Stage* extends = nullptr) {
-    Stage s = run(kind, from, fromStep, fromStep + cfg_.probeSteps, g, lr, mu);
+              const Stage* extends = nullptr, int steps = 0) {
+    Stage s = run(kind, from, fromStep, fromStep + (steps > 0 ? steps : cfg_.probeSteps), g, lr, mu);
     if (extends) {  // one stage: the extension's clock runs on from the probe's
       s.fromStep = extends->fromStep;
       nlohmann::json curve = extends->curve;
@@ -479,6 +495,14 @@ class Tuner {
       s.fcBusySeconds += extends->fcBusySeconds;
       s.fcSamples += extends->fcSamples;
       s.runs.insert(s.runs.begin(), extends->runs.begin(), extends->runs.end());
+      // The stage's score: the mean of its runs' (the probe's and each extension's), so that an
+      // extension adds evidence instead of replacing it. Stages compare only at equal steps, made of
+      // equal runs (equalize), so the earlier runs' higher losses weigh alike in each.
+      if (!std::isinf(s.loss) && !std::isinf(extends->loss)) {
+        const double n = static_cast<double>(s.runs.size());
+        s.loss = (s.loss + (n - 1) * extends->loss) / n;
+        s.lossSe = std::hypot(s.lossSe, (n - 1) * extends->lossSe) / n;
+      }
     }
     return s;
   }

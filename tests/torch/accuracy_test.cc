@@ -314,6 +314,8 @@ TEST(TimeToAccuracy, BenchTrainsPoseidonGroupsAndDdpOnTheEmulatedCluster) {
                             "0.2",
                             "--tcp-rcvbuf",
                             "32768",
+                            "--group-push-window",
+                            "2",
                             "--json",
                             dir.path + "/r.json",
                             "--markdown",
@@ -350,6 +352,12 @@ TEST(TimeToAccuracy, BenchTrainsPoseidonGroupsAndDdpOnTheEmulatedCluster) {
   EXPECT_EQ(r["config"]["tcp_rcvbuf"], 32768);
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(r["runs"][i]["tcp_rcvbuf"], 32768) << i;
   EXPECT_FALSE(r["runs"][3].contains("tcp_rcvbuf"));
+  // --group-push-window reaches the compute groups' ranks only, which say how many pushes it paced.
+  EXPECT_EQ(r["config"]["group_push_window"], 2);
+  EXPECT_EQ(r["runs"][0]["group_push_window"], 0);
+  EXPECT_EQ(r["runs"][2]["group_push_window"], 2);
+  EXPECT_TRUE(r["runs"][2]["paced_pushes"].is_number()) << r["runs"][2].dump();
+  EXPECT_FALSE(r["runs"][3].contains("group_push_window"));
   EXPECT_EQ(r["runs"][2]["lr"], 0.02);
   EXPECT_EQ(r["runs"][2]["momentum"], 0.3);
   EXPECT_TRUE(r["runs"][2].contains("staleness_histogram"));

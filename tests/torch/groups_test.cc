@@ -103,6 +103,38 @@ TEST(ComputeGroups, OneModelServerGivesTheSameParametersAndCarriesEveryPushAndPu
   EXPECT_THAT(tooMany.stderrText(), HasSubstr("--servers 5 exceeds the job's 4 ranks (each shard is a rank)"));
 }
 
+TEST(ComputeGroups, PushesPacedByTheRepliesKeepTheParametersExact) {
+  TempDir dir;
+  // 64 KB pairs: ip1's 1.6 MB is 25 of them, so with --group-push-window 4 a member sends its pair i
+  // once the reply to pair i - 4 is back. Pacing changes when a pair leaves, not what is summed: one
+  // group on one server gives BSP's parameters bit for bit, paced or not (the default).
+  auto args = [](std::vector<std::string> extra) {
+    extra.insert(extra.end(), {"--max-steps", "10", "--pair-bytes", "65536"});
+    return extra;
+  };
+  const auto bsp = trainedParameters(dir, "bsp", args({"--scheme", "ps"}));
+  const auto paced = trainedParameters(
+      dir, "paced",
+      args({"--groups", "1", "--servers", "1", "--group-push-window", "4", "--summary", dir.path + "/paced.json"}));
+  const auto unpaced = trainedParameters(
+      dir, "unpaced", args({"--groups", "1", "--servers", "1", "--summary", dir.path + "/unpaced.json"}));
+  expectSameParameters(bsp, paced);
+  expectSameParameters(bsp, unpaced);
+  ASSERT_FALSE(HasFailure());
+  const auto s = summaryOf(dir.path + "/paced.json"), u = summaryOf(dir.path + "/unpaced.json");
+  EXPECT_EQ(s["group_push_window"], 4);
+  // Only ip1's pairs 4..24 can wait: at most 10 rounds x 4 workers x 21; the first of them always
+  // does (its reply needs every worker's pair 0 at rank 0 and back), so some must have waited.
+  EXPECT_GT(s["paced_pushes"].get<int64_t>(), 0);
+  EXPECT_LE(s["paced_pushes"].get<int64_t>(), 10 * 4 * 21);
+  EXPECT_EQ(u["group_push_window"], 0);
+  EXPECT_EQ(u["paced_pushes"], 0);
+  auto bad =
+      testing::runCli(job({"--max-steps", "1", "--groups", "1", "--group-push-window", "-1"}), dir.path + "/bad");
+  EXPECT_NE(bad.exitCode(), 0);
+  EXPECT_THAT(bad.stderrText(), HasSubstr("--group-push-window"));
+}
+
 TEST(ComputeGroups, EveryWorkerItsOwnGroupRunsAsynchronouslyWithItsStalenessReported) {
   TempDir dir;
   // Four asynchronous groups carry an implicit momentum of about 1 - 1/4 (Omnivore, Sec. 4); on top

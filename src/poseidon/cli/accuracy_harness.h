@@ -64,6 +64,7 @@ struct AccuracyHarness {
   int nodes = 8, steps = 200, curveEvery = 10, timeoutS = 1800;
   int servers = 0;  // --servers: Poseidon's shards on nodes 0..servers-1 only (0: every node)
   int rcvbuf = 0;   // --tcp-rcvbuf: Poseidon's TCP receive buffer per connection (0: the OS default)
+  int pushWindow = 0;  // --group-push-window: compute groups' pairs pushed ahead of the replies (0: off)
   double queueMs = bench::LinkSpec::kDefaultQueueMs;  // --queue-ms: each emulated port's queue
   std::string tcpCongestion = bench::EmulatedCluster::kDefaultTcpCongestion;  // --tcp-cc: every node's TCP
   int64_t batch = 32, pairBytes = 64 * 1024;

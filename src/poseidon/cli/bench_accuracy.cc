@@ -122,7 +122,8 @@ nlohmann::json AccuracyRun::toJson() const {
   j["steps_to_loss"] = lossSteps;
   j["curve"] = summary["curve"];
   if (summary.contains("staleness_histogram")) j["staleness_histogram"] = summary["staleness_histogram"];
-  for (const char* key : {"max_group_lead", "early_pulls", "tcp_rcvbuf"})  // Poseidon's ranks only
+  for (const char* key :
+       {"max_group_lead", "early_pulls", "paced_pushes", "group_push_window", "tcp_rcvbuf"})  // Poseidon's ranks only
     if (summary.contains(key)) j[key] = summary[key];
   for (const char* key : {"train_clock_seconds_per_rank", "steps_per_rank"})  // the mean-rate step's inputs
     if (summary.contains(key)) j[key] = summary[key];
@@ -149,6 +150,7 @@ nlohmann::json AccuracyHarness::config(const std::string& command, const std::ve
           {"pair_bytes", pairBytes},
           {"servers", servers},
           {"tcp_rcvbuf", rcvbuf},
+          {"group_push_window", pushWindow},
           {"queue_ms", queueMs},
           {"tcp_congestion_control", tcpCongestion},
           {"io_threads", bench::kBenchIoThreads},
@@ -204,6 +206,7 @@ AccuracyRun AccuracyHarness::run(const AccuracySystem& sys, const RunExtras& ext
       if (sys.mergedFc) so.argv.push_back("--merged-fc");
       if (servers > 0) so.argv.insert(so.argv.end(), {"--servers", std::to_string(servers)});
       if (rcvbuf > 0) so.argv.insert(so.argv.end(), {"--tcp-rcvbuf", std::to_string(rcvbuf)});
+      if (sys.groups > 0) so.argv.insert(so.argv.end(), {"--group-push-window", std::to_string(pushWindow)});
       if (sys.overlapForward) so.argv.push_back("--overlap-forward");
       if (sys.sendWindow > 0) so.argv.insert(so.argv.end(), {"--send-window", std::to_string(sys.sendWindow)});
       so.argv.insert(so.argv.end(), data.begin(), data.end());
@@ -320,6 +323,9 @@ void writeMarkdown(const std::string& path, const nlohmann::json& result) {
   if (c.value("tcp_rcvbuf", 0) > 0)
     md << " Poseidon's ranks ran with a " << c["tcp_rcvbuf"].get<int>()
        << "-byte TCP receive buffer per connection (`--tcp-rcvbuf`); DDP's with the OS default.";
+  if (c.value("group_push_window", 0) > 0)
+    md << " Compute groups pushed a layer's pairs at most " << c["group_push_window"].get<int>()
+       << " ahead of the replies to them (`--group-push-window`).";
   md << " " << bench::tcpCongestionSentence(c);
   md << "\n\n";
   for (double rate : c["rates_mbit"].get<std::vector<double>>()) {
@@ -426,6 +432,12 @@ void addAccuracyFlags(FlagSet& flags, AccuracyArgs& a) {
                "small one gives the k pushers into one model server (--servers 1) equal windows, where the OS "
                "default lets a few of them starve the rest (docs/omnivore.md)",
                "BYTES", IntRange::closed(0, 1 << 30));
+  flags.addInt("group-push-window", &a.h.pushWindow,
+               "compute groups: each member pushes a layer's KV pairs at most this many ahead of the replies to "
+               "the group's updates of them (train --group-push-window; 0: all at once, the default): the pushers "
+               "into one model server then keep pace, where TCP lets a few of them starve the rest "
+               "(docs/omnivore.md)",
+               "PAIRS", IntRange::closed(0, 1 << 20));
   flags.addDouble("pad-jitter-ms", &a.h.padJitterMs,
                   "add to each step's pad an exponential wait of this mean (per rank): varying step times, "
                   "stragglers, Theorem 1's assumption",

@@ -157,6 +157,11 @@ void addRuntimeFlags(FlagSet& flags, TrainFlags& t) {
                "TCP receive buffer per connection into each rank (0: the OS default); a small one keeps many "
                "senders from overflowing a switch port (incast, docs/bench.md)",
                "BYTES", IntRange::closed(0, 1 << 30));
+  flags.addInt("group-push-window", &t.o.groupPushWindow,
+               "compute groups: a layer's KV pairs pushed ahead of the replies to the group's updates of them (0, "
+               "the default: all at once); keeps each member's pushes at its group's slowest pace, where TCP "
+               "sharing one server's link starves some (docs/omnivore.md)",
+               "PAIRS", IntRange::closed(0, 1 << 20));
   flags.addInt("io-threads", &t.o.ioThreads,
                "ZeroMQ I/O threads per rank (one per GB/s in or out; with the job secret they also encrypt; 0, the "
                "default: half this host's cores over its ranks (LOCAL_WORLD_SIZE), 2 to 16)",

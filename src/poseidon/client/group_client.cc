@@ -70,6 +70,16 @@ void GroupClient::waitPulled(int layer) {
   throwIfFailed_();
 }
 
+void GroupClient::waitPairPulled(int layer, int pair, int64_t round) {
+  if (!puller_.waitPair(layer, pair, round, waitTimeout_)) {
+    fail_(std::make_exception_ptr(
+        TimeoutError(strCat("rank ", rank_, " group ", group(), ": timed out after ", waitTimeout_.count() / 1000.0,
+                            " s waiting for the reply to pair ", pair, " of layer '", book_.model().layers[layer].name,
+                            "' before pushing more of it"))));
+  }
+  throwIfFailed_();
+}
+
 void GroupClient::waitPulled() {
   if (!puller_.waitAll(waitTimeout_)) {
     std::string layers;

@@ -47,6 +47,10 @@ class GroupClient {
   void startPull(int64_t round);
   void waitPulled(int layer);
   void waitPulled();
+  // Waits until the pull of `round` has the layer's pair (at once where that pull is not the one
+  // open); a timeout fails the job (TimeoutError naming the pair), as does the job's error.
+  void waitPairPulled(int layer, int pair, int64_t round);
+  int64_t pacedPushes() const { return puller_.pairWaits(); }  // pushes that waited for a reply
   // The version (updates applied) each layer's first pair had when this round's pull was answered.
   std::vector<int64_t> pulledVersions() const { return puller_.versions(); }
   // The first worker, after every rank's barrier: the shards' whole state (the parameters into

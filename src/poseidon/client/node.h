@@ -126,6 +126,12 @@ struct NodeOptions {
   // kNone: no CURVE even with a secret: neither authentication nor encryption (one loud warning
   // from rank 0). Every rank must have the same (transport/security_mode.h).
   TransportSecurity security = TransportSecurity::kCurve;
+  // Compute groups: a layer's pairs go out at most this many ahead of the replies to the group's
+  // updates of them (0: all at once, the default). The replies pace each member's pushes to its
+  // group's slowest, where TCP, sharing one server's link among many pushers, starves some of them
+  // (docs/omnivore.md: with 4, one group on one server steps as the planner says; several groups'
+  // staleness grows, so it is not the default). Local to the node: ranks may differ.
+  int groupPushWindow = 0;
 };
 
 class Node : private SyncHost {
@@ -198,6 +204,8 @@ class Node : private SyncHost {
   std::map<int64_t, int64_t> stalenessHistogram() const;
   int64_t maxGroupLead() const;
   int64_t groupEarlyPulls() const;
+  // This worker's pair pushes that waited for a reply (NodeOptions::groupPushWindow); 0 without groups.
+  int64_t groupPacedPushes() const;
   // Experiments: when this node's shard holds the pair, keep its parameters after every update
   // (true), so recordedModel() returns W(0), W(1), ... in the order they were applied.
   bool recordModelUpdates(int layer, int pair);
@@ -259,6 +267,8 @@ class Node : private SyncHost {
   int64_t currentIteration() const override { return iteration_.load(); }
   Tracer* tracer() const override { return options_.tracer; }
   WorkCharger* charger() const override { return options_.charger; }
+  int groupPushWindow() const override { return groups_ ? options_.groupPushWindow : 0; }
+  void waitGroupPull(int layer, int pair, int64_t round) override;
   // The one place that records the job's failure: keeps the first error with
   // its type, logs it, wakes every waiter, and (unless it came from a peer's
   // abort) tells every peer. Call it with no lock held.

@@ -183,6 +183,10 @@ void Node::submitGroupPush(int layer, LayerBuffer grad, float lr, std::shared_pt
   syncers_[layer]->submitGroupPush(iteration_.load(), std::move(grad), lr, std::move(keepAlive));
 }
 
+void Node::waitGroupPull(int layer, int pair, int64_t round) { groups_->waitPairPulled(layer, pair, round); }
+
+int64_t Node::groupPacedPushes() const { return groups_ ? groups_->pacedPushes() : 0; }
+
 std::map<int64_t, int64_t> Node::stalenessHistogram() const {
   std::lock_guard<std::mutex> lock(serverMutex_);
   return server_ && server_->model() ? server_->model()->stalenessHistogram() : std::map<int64_t, int64_t>{};

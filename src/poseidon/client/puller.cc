@@ -140,9 +140,10 @@ void Puller::onReply(Message& msg) {
   const wire::PullReplyView reply = wire::decodePullReply(msg.data(), msg.size(), static_cast<size_t>(p.length),
                                                           strCat("pull reply for layer ", h.layer, " pair ", h.pair));
   const int64_t version = reply.version;
-  bool layerDone = false;
+  bool layerDone = false, pairWaiters = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    pairWaiters = pairWaiters_ > 0;
     if (!open_ || stateMode_ || h.iteration != round_) {
       throw ProtocolError(strCat("pull reply for round ", h.iteration, ", this worker pulls round ", round_));
     }
@@ -157,7 +158,7 @@ void Puller::onReply(Message& msg) {
       layerDone = true;
     }
   }
-  if (layerDone) cv_.notify_all();
+  if (layerDone || pairWaiters) cv_.notify_all();
 }
 
 bool Puller::waitLayer(int layer, std::chrono::milliseconds timeout) {
@@ -168,6 +169,26 @@ bool Puller::waitLayer(int layer, std::chrono::milliseconds timeout) {
     error_.check();
   }
   return ok;
+}
+
+bool Puller::waitPair(int layer, int pair, int64_t round, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  auto ready = [&] { return error_.failed() || !open_ || stateMode_ || round_ != round || got_.at(layer).at(pair); };
+  if (ready()) return true;
+  ++pairWaits_;
+  ++pairWaiters_;
+  const bool ok = cv_.wait_for(lock, timeout, ready);
+  --pairWaiters_;
+  if (error_.failed()) {
+    lock.unlock();
+    error_.check();
+  }
+  return ok;
+}
+
+int64_t Puller::pairWaits() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return pairWaits_;
 }
 
 bool Puller::waitAll(std::chrono::milliseconds timeout) {

@@ -45,6 +45,10 @@ class Puller {
   std::vector<int64_t> stateClocks() const;
   // Wait until the layer (or every layer) is in; false on timeout. Rethrow the sticky error.
   bool waitLayer(int layer, std::chrono::milliseconds timeout);
+  // Waits until the pull of `round` has the layer's pair; at once where another pull (or none) is
+  // open. False on timeout. Rethrows the sticky error.
+  bool waitPair(int layer, int pair, int64_t round, std::chrono::milliseconds timeout);
+  int64_t pairWaits() const;  // waitPair calls that had to wait
   bool waitAll(std::chrono::milliseconds timeout);
   // The layers still missing (for a timeout's message), and the version each layer's first pair had.
   std::vector<int> missing() const;
@@ -66,6 +70,8 @@ class Puller {
   std::vector<std::vector<bool>> got_;  // by layer, by pair
   std::vector<int> left_;               // pairs missing, by layer
   int layersLeft_ = 0;
+  int pairWaiters_ = 0;  // waitPair callers: every reply wakes them
+  int64_t pairWaits_ = 0;
   std::vector<int64_t> versions_;
   // State fetches (startState).
   bool stateMode_ = false;

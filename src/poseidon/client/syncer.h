@@ -97,6 +97,10 @@ class SyncHost {
   virtual Tracer* tracer() const = 0;
   // The bench's charge for the reconstruction GEMM (common/work_charger.h); null: none.
   virtual WorkCharger* charger() const { return nullptr; }
+  // Compute groups: a layer's pair i of round r is pushed once the pull of round r + 1 has its pair
+  // i - groupPushWindow() (0: no wait; NodeOptions::groupPushWindow). Throws the job's error.
+  virtual int groupPushWindow() const { return 0; }
+  virtual void waitGroupPull(int /*layer*/, int /*pair*/, int64_t /*round*/) {}
 };
 
 class Syncer {

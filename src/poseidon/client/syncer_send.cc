@@ -137,8 +137,14 @@ void Syncer::sendGroupPush(int64_t round, const LayerBuffer& grad, float lr) {
   const int64_t startUs = host_.tracer() ? Tracer::nowMicros() : 0;
   std::vector<Van::Part> parts;
   const std::vector<uint8_t> lrBytes = wire::encodeLearningRate(lr);
+  const size_t window = static_cast<size_t>(std::max(0, host_.groupPushWindow()));
   try {
-    for (const KvPair& p : pairs_) {
+    for (size_t i = 0; i < pairs_.size(); ++i) {
+      const KvPair& p = pairs_[i];
+      // Paced by the replies (NodeOptions::groupPushWindow): a pair of this layer goes once the
+      // group's update of the pair `window` before it is back, so this worker's pushes keep pace
+      // with its group's slowest, whose link share TCP may starve (docs/omnivore.md).
+      if (window > 0 && i >= window) host_.waitGroupPull(layer_, pairs_[i - window].index, round + 1);
       {
         std::lock_guard<std::mutex> lock(mutex_);
         if (closed_) return;  // the job failed: the caller's buffer may be gone

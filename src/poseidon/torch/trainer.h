@@ -86,6 +86,7 @@ struct TrainOptions {
   int syncThreads = 2;         // Poseidon thread pool per worker
   int timeoutMs = 30000;
   int tcpRcvbuf = 0;           // TCP receive buffer per connection into a rank (0: OS default)
+  int groupPushWindow = 0;     // compute groups: pairs pushed ahead of the replies (NodeOptions::groupPushWindow)
   int ioThreads = 0;           // ZeroMQ I/O threads per rank (NodeOptions::ioThreads; 0: defaultIoThreads())
   int64_t pairBytes = 2 * 1024 * 1024;
   // Several ranks per machine (--local-ranks; JobSettings::localRanks): ranks r..r+L-1 meet on rank r,

@@ -80,16 +80,19 @@ const char* GroupMode::afterDivergence() const {
 
 void GroupMode::report() {
   // Every shard's count of updates by staleness, in buckets 0..kBuckets-1 and the rest; the largest
-  // lead of a group over the slowest (per rank, then the maximum); the early pulls (summed).
+  // lead of a group over the slowest (per rank, then the maximum); the early pulls and the pushes
+  // that waited for a reply (NodeOptions::groupPushWindow), summed.
   constexpr int kBuckets = 64;
   const int world = c_.world;
   Node& node = c_.dist->node();
-  std::vector<double> mine(kBuckets + 2 + world, 0.0);
+  std::vector<double> mine(kBuckets + 3 + world, 0.0);
   for (const auto& [s, n] : node.stalenessHistogram()) mine[std::min<int64_t>(s, kBuckets)] += static_cast<double>(n);
   mine[kBuckets + 1 + c_.rank] = static_cast<double>(node.maxGroupLead());
   mine[kBuckets + 1 + world] = static_cast<double>(node.groupEarlyPulls());
+  mine[kBuckets + 2 + world] = static_cast<double>(node.groupPacedPushes());
   auto all = node.allSum(mine);
   earlyPulls_ = static_cast<int64_t>(all[kBuckets + 1 + world]);
+  pacedPushes_ = static_cast<int64_t>(all[kBuckets + 2 + world]);
   stalenessHistogram_ = nlohmann::json::object();
   double updates = 0, weighted = 0;
   for (int s = 0; s <= kBuckets; ++s) {
@@ -116,6 +119,7 @@ void GroupMode::addSummary(nlohmann::json& summary) const {
   summary["staleness_histogram"] = stalenessHistogram_;
   summary["max_group_lead"] = maxGroupLead_;
   summary["early_pulls"] = earlyPulls_;
+  summary["paced_pushes"] = pacedPushes_;
 }
 
 }  // namespace poseidon::pt

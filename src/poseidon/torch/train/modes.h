@@ -95,6 +95,7 @@ class GroupMode : public TrainMode {
   nlohmann::json stalenessHistogram_ = nlohmann::json::object();  // from report()
   int64_t maxGroupLead_ = 0;
   int64_t earlyPulls_ = 0;
+  int64_t pacedPushes_ = 0;
 };
 
 // --merged-fc: Omnivore's merged FC (V-A). The conv layers train in compute groups; the FC layers

@@ -161,6 +161,7 @@ nlohmann::json RankRun::summaryJson() const {
       {"local_ranks", c_.dist ? c_.dist->node().book().localRanks() : o_.localRanks},  // the L in use
       {"local_bytes_sent", localBytes_},
       {"tcp_rcvbuf", o_.tcpRcvbuf},
+      {"group_push_window", o_.groupPushWindow},
       {"updates_in_forward", c_.dist ? c_.dist->updatesInForward() : 0},
       {"bytes_sent_by_scheme", {{"ps", psBytes_}, {"sfb", sfbBytes_}}},
       {"predicted_bytes_by_scheme", {{"ps", predictedPs_}, {"sfb", predictedSfb_}}},

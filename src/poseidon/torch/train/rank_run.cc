@@ -36,6 +36,7 @@ DistributedOptions RankContext::jobOptions() const {
   d.node.timeout = std::chrono::milliseconds(o.timeoutMs);
   d.node.threads = o.syncThreads;
   d.node.van.receiveBufferBytes = o.tcpRcvbuf;
+  d.node.groupPushWindow = o.groupPushWindow;
   d.node.ioThreads = o.ioThreads;
   d.node.van.sendWindowBytes = o.sendWindowBytes;
   d.node.settings.batch = o.batch;

@@ -90,6 +90,15 @@ def cpu_seconds():
     return u.ru_utime + u.ru_stime
 
 
+def timer_slack_ns():
+    """This process's timer slack (poseidon bench sets it for every rank, bench/ranks.h); -1 if unreadable."""
+    try:
+        with open("/proc/self/timerslack_ns") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return -1
+
+
 def host_jiffies():
     """(busy, total) jiffies of the whole host (/proc/stat's cpu line): kernel time included (the
     shaped links' softirqs, the loopback copies), which no process's rusage shows."""
@@ -156,6 +165,7 @@ def main():
         "bucket_mb": a.bucket_mb, "first_bucket_mb": a.first_bucket_mb,
         "tx_bytes": read_counter(a.iface, "tx_bytes") - tx0,
         "rx_bytes": read_counter(a.iface, "rx_bytes") - rx0,
+        "timer_slack_ns": timer_slack_ns(),
     }
     dist.barrier()
     dist.destroy_process_group()

@@ -176,6 +176,12 @@ TEST(BenchReport, IntroductionSaysWhatTheScalingChanges) {
                                          {"warmup", 2},
                                          {"tcp_congestion_control", "reno"}})),
               HasSubstr("one run per point. Every node's TCP ran reno (`--tcp-cc`)."));
+  EXPECT_THAT(md, HasSubstr("Every rank ran with the kernel's default timer slack (not recorded; 50 us)"));
+  EXPECT_THAT(
+      markdownOf(resultOf(
+          runs,
+          {{"command", "poseidon bench"}, {"scale", 0.1}, {"iterations", 4}, {"warmup", 2}, {"timer_slack_ns", 1}})),
+      HasSubstr("Every rank ran with a timer slack of 1 ns, so that the sleeps"));
   EXPECT_THAT(md,
               HasSubstr("Poseidon's ranks ran with a 16384-byte TCP receive buffer per connection (--tcp-rcvbuf)."));
   EXPECT_THAT(markdownOf(resultOf(runs, {{"command", "poseidon bench"},

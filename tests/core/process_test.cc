@@ -45,6 +45,23 @@ TEST(Process, PipesKeepStdoutAndStderrApartAndPassTheEnvironment) {
   EXPECT_EQ(describeExit(status), "exited with code 3");
 }
 
+// The bench's ranks ask for a 1 ns timer slack (bench/ranks.h): set between fork and exec, it must
+// reach a program that the child execs in turn (ip netns exec runs the rank that way).
+TEST(Process, TimerSlackReachesWhatTheChildExecs) {
+  std::ifstream self("/proc/self/timerslack_ns");
+  std::string inherited;
+  ASSERT_TRUE(std::getline(self, inherited)) << "no /proc/self/timerslack_ns";
+  for (unsigned long slack : {0ul, 1ul, 7000ul}) {
+    SpawnOptions o;
+    o.argv = {"/bin/sh", "-c", "cat /proc/self/timerslack_ns"};
+    o.stdoutTo = Output::kPipe;
+    o.timerSlackNs = slack;
+    ChildProcess c = ChildProcess::spawn(o);
+    EXPECT_EQ(readFd(c.stdoutFd()), (slack == 0 ? inherited : std::to_string(slack)) + "\n") << slack;
+    EXPECT_EQ(c.wait(), 0);
+  }
+}
+
 TEST(Process, FileGetsBothStreams) {
   std::string path = strCat("/tmp/poseidon-process-test-", getpid(), ".log");
   SpawnOptions o;

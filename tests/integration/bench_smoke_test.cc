@@ -68,6 +68,7 @@ TEST(BenchSmoke, TwoNodesOneIterationPoseidonAndDdp) {
   // poseidon, poseidon@cpu:1, ddp, ddp-tuned at 1 and 2 nodes.
   ASSERT_EQ(result["runs"].size(), 8u);
   EXPECT_EQ(result["config"]["tcp_congestion_control"], "cubic");
+  EXPECT_EQ(result["config"]["timer_slack_ns"], 1);
   // vgg19's 32 x 0.1 = 3.2 rows a worker is not whole: it runs at width 3/32, its links at
   // (0.09375 / 0.1)^2 of the column's rate, the same full-width rate.
   const double width = result["config"]["model_scales"]["vgg19"].get<double>(), s2 = width * width;
@@ -76,6 +77,8 @@ TEST(BenchSmoke, TwoNodesOneIterationPoseidonAndDdp) {
   for (const auto& r : result["runs"]) {
     EXPECT_NEAR(r["emulated_mbit"].get<double>(), r["link_mbit"].get<double>() * 0.9375 * 0.9375, 1e-9) << r.dump();
     EXPECT_TRUE(r["ok"].get<bool>()) << r.dump();
+    // Every rank, Poseidon's and DDP's, slept with the 1 ns slack it was started with (bench/ranks.h).
+    EXPECT_EQ(r["timer_slack_ns"], 1) << r.dump();
     // The emulated compute alone is 0.9 s per iteration.
     EXPECT_GT(r["iteration_seconds"].get<double>(), 0.85) << r.dump();
     ASSERT_EQ(r["repeat_seconds"].size(), 2u) << r.dump();

@@ -35,6 +35,7 @@ SpawnOptions rankSpawn(const EmulatedCluster& cluster, int rank, int worldSize, 
   so.stdoutTo = Output::kFile;
   so.stderrTo = Output::kLikeStdout;
   so.file = logFile;
+  so.timerSlackNs = kRankTimerSlackNs;
   return so;
 }
 

@@ -61,6 +61,7 @@ nlohmann::json RunResult::toJson() const {
           {"host_cpu_share", hostCpuShare},
           {"trace", tracePath},
           {"tcp_retransmits", tcpRetransmits},
+          {"timer_slack_ns", timerSlackNs},
           {"host_bound", hostBound()}};
 }
 
@@ -144,6 +145,14 @@ std::string tcpCongestionSentence(const nlohmann::json& config) {
          "committed tables were made).";
 }
 
+std::string timerSlackSentence(const nlohmann::json& config) {
+  if (config.contains("timer_slack_ns") && config["timer_slack_ns"].is_number_integer())
+    return strCat("Every rank ran with a timer slack of ", config["timer_slack_ns"].get<int64_t>(),
+                  " ns, so that the sleeps that emulate its GPU and charge its own work wake on time.");
+  return "Every rank ran with the kernel's default timer slack (not recorded; 50 us), so that each sleep charging the "
+         "runtime's own work woke 70-75 us late (files before 2026-11-30).";
+}
+
 namespace {
 
 // The results file's introduction: the command, the method, the columns, the device models.
@@ -159,7 +168,7 @@ void writeIntro(std::ostringstream& md, const nlohmann::json& cfg) {
     md << ", and the median of " << repeat << " runs per point (min and max beside it)";
   else
     md << "; one run per point";
-  md << ". " << tcpCongestionSentence(cfg);
+  md << ". " << tcpCongestionSentence(cfg) << " " << timerSlackSentence(cfg);
   if (cfg.value("tcp_rcvbuf", 0) > 0) {
     bool ddp = false;
     for (const auto& s : cfg.value("systems", nlohmann::json::array()))

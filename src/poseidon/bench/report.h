@@ -47,6 +47,8 @@ struct RunResult {
   // have set the pace: such a run is flagged and does not count.
   std::string tracePath;  // --trace: the merged trace of this run
   double tcpRetransmits = 0;  // segments all Poseidon ranks retransmitted in the measured iterations (drops)
+  // The largest timer slack any rank reported (bench/ranks.h sets it), nanoseconds; -1: none reported.
+  int64_t timerSlackNs = -1;
   std::vector<double> cpuPerIter;
   double hostCpuShare = 0;
   bool hostBound() const { return hostCpuShare > kHostBoundShare; }
@@ -67,6 +69,9 @@ double idealSeconds(const EmulatedModel& m, int nodes, double mbit, int localRan
 // The results file's sentence on the nodes' TCP congestion control (config "tcp_congestion_control";
 // files from before it was set say it was the host's).
 std::string tcpCongestionSentence(const nlohmann::json& config);
+// The results file's sentence on the ranks' timer slack (config "timer_slack_ns", bench/ranks.h;
+// files from before it was set ran with the kernel's default).
+std::string timerSlackSentence(const nlohmann::json& config);
 
 // Sets every successful run's speedup over the same model and system on one
 // node (1 for the one-node runs themselves).

@@ -153,6 +153,7 @@ nlohmann::json AccuracyHarness::config(const std::string& command, const std::ve
           {"group_push_window", pushWindow},
           {"queue_ms", queueMs},
           {"tcp_congestion_control", tcpCongestion},
+          {"timer_slack_ns", bench::kRankTimerSlackNs},
           {"io_threads", bench::kBenchIoThreads},
           {"host_cores", static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))},
           {"target_accuracy", targetAccuracy},
@@ -326,7 +327,7 @@ void writeMarkdown(const std::string& path, const nlohmann::json& result) {
   if (c.value("group_push_window", 0) > 0)
     md << " Compute groups pushed a layer's pairs at most " << c["group_push_window"].get<int>()
        << " ahead of the replies to them (`--group-push-window`).";
-  md << " " << bench::tcpCongestionSentence(c);
+  md << " " << bench::tcpCongestionSentence(c) << " " << bench::timerSlackSentence(c);
   md << "\n\n";
   for (double rate : c["rates_mbit"].get<std::vector<double>>()) {
     md << "## " << rate << " Mbit/s\n\n"

@@ -238,6 +238,7 @@ nlohmann::json benchConfig(const BenchArgs& a, const BenchPlan& p, const std::ve
                            {"latency_ms", a.latencyMs},
                            {"queue_ms", a.queueMs},
                            {"tcp_congestion_control", a.tcpCongestion},
+                           {"timer_slack_ns", bench::kRankTimerSlackNs},
                            {"models", p.models},
                            {"compute", p.gpu},
                            {"systems", p.labels},

@@ -261,6 +261,7 @@ struct Harness {
         cpuTotal += cpu;
         r.cpuPerIter.push_back(cpu / std::max(1, iterations));
         if (nodeFirst) r.tcpRetransmits += j.value("tcp_retransmits", 0.0);
+        r.timerSlackNs = std::max<int64_t>(r.timerSlackNs, j.value("timer_slack_ns", int64_t{-1}));
         if (i == 0) r.iterSeconds = med;
         if (i == 0 && j.contains("fc_schemes")) r.fcSchemes = j["fc_schemes"];
         r.slowestRankSeconds = std::max(r.slowestRankSeconds, med);

@@ -71,6 +71,13 @@ std::pair<uint64_t, uint64_t> hostJiffies() {
   return {total - idle, total};
 }
 
+// This process's timer slack in nanoseconds (bench/ranks.h sets it for every rank); -1 if unreadable.
+int64_t timerSlackNs() {
+  std::ifstream f("/proc/self/timerslack_ns");
+  int64_t ns = -1;
+  return f >> ns ? ns : -1;
+}
+
 uint64_t readCounter(const std::string& iface, const char* which) {
   if (iface.empty()) return 0;
   std::ifstream f("/sys/class/net/" + iface + "/statistics/" + which);
@@ -326,6 +333,7 @@ nlohmann::json workerResult(const WorkerArgs& a, const std::string& systemName, 
       {"host_busy_jiffies", end.host.first - start.host.first},
       {"host_total_jiffies", end.host.second - start.host.second},
       {"tcp_retransmits", end.retransmits - start.retransmits},
+      {"timer_slack_ns", timerSlackNs()},
       {"device", a.chargedOn},
       {"compute", a.compute},
       {"fc_schemes", schemes},

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -78,6 +79,7 @@ ChildProcess ChildProcess::spawn(const SpawnOptions& options) {
     if (errTarget >= 0) ::dup2(errTarget, STDERR_FILENO);
     if (errTarget == -2) ::dup2(STDOUT_FILENO, STDERR_FILENO);
     if (options.ownProcessGroup) ::setpgid(0, 0);
+    if (options.timerSlackNs > 0) ::prctl(PR_SET_TIMERSLACK, options.timerSlackNs, 0, 0, 0);
     ::signal(SIGINT, SIG_DFL);
     ::signal(SIGTERM, SIG_DFL);
     ::execvpe(args[0], args.data(), envp.data());

@@ -39,6 +39,11 @@ struct SpawnOptions {
   // started (and a Ctrl-C at the terminal reaches only the supervisor, which
   // then stops its children in order).
   bool ownProcessGroup = false;
+  // > 0: the child's timer slack (prctl PR_SET_TIMERSLACK; inherited by its threads and kept
+  // across exec), how late the kernel may wake a sleeping thread to batch wake-ups. The default,
+  // 50 us, makes each sleep_until 70-75 us late on the development VM (14-23 us at 1 ns): the
+  // emulated cluster's ranks, which charge work by sleeping, ask for 1 ns. 0: inherited.
+  unsigned long timerSlackNs = 0;
 };
 
 class ChildProcess {

@@ -108,6 +108,8 @@ class DistributedModel(torch.nn.Module):
     timeout: seconds any wait on other ranks may last before the job fails, naming what is missing.
     io_threads: ZeroMQ I/O threads of this rank (one per GB/s in or out; with a job secret they also
         encrypt; 0, the default: half the host's cores over the ranks on it, LOCAL_WORLD_SIZE, 2 to 16).
+    sum_threads: threads of this rank that sum the pushes its KV shard receives, beside the receive loop
+        (default 2; 0: on the receive loop).
         tcp_rcvbuf: TCP receive buffer per connection into this rank in bytes (0: the OS default; a
         small one keeps many senders from overflowing a switch port).
     wire: what gradients travel as: "fp32" (exact), or "bf16" / "fp16" (half the bytes, summed in fp32;
@@ -151,7 +153,7 @@ class DistributedModel(torch.nn.Module):
 
     def __init__(self, module, batch=None, *, name=None, scheme="auto", overlap=True, broadcast_buffers=True,
                  check_finite=True, timeout=30.0, sync_threads=2, pair_bytes=2 * 1024 * 1024, io_threads=0,
-                 tcp_rcvbuf=0, wire="fp32", overlap_forward=False, send_window=0, groups=0, optimizer=None,
+                 sum_threads=2, tcp_rcvbuf=0, wire="fp32", overlap_forward=False, send_window=0, groups=0, optimizer=None,
                  staleness=None, merged_fc=None, stage_on_host=False, local_ranks=1):
         super().__init__()
         if not isinstance(module, torch.nn.Module):
@@ -162,7 +164,8 @@ class DistributedModel(torch.nn.Module):
         options.update(scheme=scheme, overlap=bool(overlap), broadcast_buffers=bool(broadcast_buffers),
                        check_finite=bool(check_finite),
                        timeout_ms=int(round(timeout * 1000)), sync_threads=int(sync_threads),
-                       pair_bytes=int(pair_bytes), io_threads=int(io_threads), tcp_rcvbuf=int(tcp_rcvbuf),
+                       pair_bytes=int(pair_bytes), io_threads=int(io_threads), sum_threads=int(sum_threads),
+                       tcp_rcvbuf=int(tcp_rcvbuf),
                        wire=str(wire), send_window=int(send_window), stage_on_host=bool(stage_on_host),
                        local_ranks=int(local_ranks))
         self.groups = int(groups)

@@ -186,6 +186,22 @@ TEST(NodeInProcess, DefaultIoThreadsShareTheHostsCores) {
                         "ZeroMQ I/O threads must be in [0, 64] (0: half the host's cores per rank on it), got -1");
 }
 
+// The shard's sums on the receive loop (0) or on 1 or 3 threads beside it (NodeOptions::sumThreads;
+// every other test runs the default 2): each PS layer bit for bit the reference sum in worker order,
+// whichever thread summed each pair and in whatever order the pairs completed.
+TEST(NodeInProcess, SumsOnAnyNumberOfThreadsAreBitExact) {
+  for (int threads : {0, 1, 3}) {
+    SCOPED_TRACE(threads);
+    auto nodes = startNodes(3, SchemePolicy::kPS, {}, 0, WirePrecision::kFp32,
+                            [threads](NodeOptions& o) { o.sumThreads = threads; });
+    runAll(nodes, 3, SchemePolicy::kPS);
+  }
+  NodeOptions o;
+  o.sumThreads = 65;
+  EXPECT_ERROR_CONTAINS(Node::start(o, scenarioModel()), InvalidArgument,
+                        "the shard's sum threads must be in [0, 64] (0: on the receive loop), got 65");
+}
+
 // A 16-bit wire: every PS result equals, bit for bit, each gradient rounded to 16 bits, summed in
 // fp32 in worker order, rounded once and divided; every SFB result is the product of the rounded
 // factors (float error only). Each layer's payload on the wire is exactly half of fp32's.

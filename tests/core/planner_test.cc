@@ -204,6 +204,23 @@ TEST(Planner, ShardSumsEveryPushOnItsThread) {
   EXPECT_NEAR(predict(w, c, System::kPsWfbp).iterationSeconds, 0.3 + 2 * 25000 / 1e6 + 0.1 + 2 * 25000 / 1e6, 1e-9);
 }
 
+// The shard's sum threads (Cluster::sumLanes, NodeOptions::sumThreads): pair (layer, index) on lane
+// (layer + index) mod lanes. One model server holds both pairs of a layer and sums 2 pushes of each
+// (0.1 s apiece; the links are instant): on the receive loop or one thread the four sums go one after
+// another, on two threads each pair's two beside the other's.
+TEST(Planner, ShardSumsSpreadOverItsSumThreads) {
+  const LayerSpec conv = LayerSpec::conv("c", 100, 10, 5, 5, false);  // 25,000 floats: 2 pairs of 12,500
+  const Workload w = workload({conv}, {0.1}, {0.2});
+  Cluster c = plain(2, 1e15);
+  c.servers = 1;
+  c.pairBytes = 50000;
+  c.sumBytes = 5e5;  // 12,500 floats in 0.1 s
+  for (int lanes : {0, 1, 2, 3}) {
+    c.sumLanes = lanes;
+    EXPECT_NEAR(predict(w, c, System::kPsWfbp).iterationSeconds, lanes >= 2 ? 0.5 : 0.7, 1e-6) << lanes;
+  }
+}
+
 // DDP: a bucket per cap in backward order, each allreduced (2 (P-1)/P of its bytes, 2 (P-1) steps)
 // from when its last gradient is ready, one after another.
 TEST(Planner, DdpRingAllreducesItsBucketsInTurn) {

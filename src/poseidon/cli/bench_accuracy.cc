@@ -27,6 +27,7 @@
 #include "poseidon/cli/commands.h"
 #include "poseidon/cli/flags.h"
 #include "poseidon/cli/limits.h"
+#include "poseidon/client/node.h"
 #include "poseidon/common/error.h"
 #include "poseidon/launch/env.h"
 #include "poseidon/launch/process.h"
@@ -155,6 +156,7 @@ nlohmann::json AccuracyHarness::config(const std::string& command, const std::ve
           {"tcp_congestion_control", tcpCongestion},
           {"timer_slack_ns", bench::kRankTimerSlackNs},
           {"io_threads", bench::kBenchIoThreads},
+          {"sum_threads", kDefaultSumThreads},  // poseidon train's, which the ranks run
           {"host_cores", static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))},
           {"target_accuracy", targetAccuracy},
           {"target_loss", targetLoss},

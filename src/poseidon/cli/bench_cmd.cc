@@ -57,6 +57,7 @@ struct BenchArgs {
   std::string tcpCongestion = bench::EmulatedCluster::kDefaultTcpCongestion;
   int iterations = 8, warmup = 3, timeoutS = 150, retries = 1, repeat = 1, rcvbuf = 0, sendWindow = 0;
   int ioThreads = bench::kBenchIoThreads;
+  int sumThreads = kDefaultSumThreads;  // the runtime's (NodeOptions::sumThreads)
   int localRanks = 1;
   int64_t pairBytes = kDefaultPairBytes;
   bool quick = false, keep = false, accuracyMode = false;
@@ -125,6 +126,10 @@ void addRuntimeFlags(FlagSet& flags, BenchArgs& a) {
                "its ranks); "
                "CURVE's encryption is charged on them, each connection on one",
                "N", IntRange::closed(1, 64));
+  flags.addInt("sum-threads", &a.sumThreads,
+               "threads per emulated Poseidon node that sum its shard's pushes beside the receive loop (train "
+               "--sum-threads; default 2, as the runtime's; 0: on the loop); each sum is charged on its thread",
+               "N", IntRange::closed(0, 64));
   flags.addInt("local-ranks", &a.localRanks,
                "ranks (GPUs) per emulated node, each its own process with its own emulated GPU: Poseidon's "
                "aggregate on the node's first rank before they leave it (train --local-ranks; not adam), DDP's "
@@ -247,6 +252,7 @@ nlohmann::json benchConfig(const BenchArgs& a, const BenchPlan& p, const std::ve
                            {"repeat", a.repeat},
                            {"tcp_rcvbuf", a.rcvbuf},
                            {"io_threads", a.ioThreads},
+                           {"sum_threads", a.sumThreads},
                            {"local_ranks", a.localRanks},
                            {"send_window", a.sendWindow},
                            {"pair_bytes", a.pairBytes},  // full width
@@ -443,6 +449,7 @@ int benchCommand(const std::vector<std::string>& args) {
   h.rcvbuf = a.rcvbuf;
   h.sendWindow = a.sendWindow;
   h.ioThreads = a.ioThreads;
+  h.sumThreads = a.sumThreads;
   h.localRanks = a.localRanks;
   h.pairBytes = a.pairBytes;
   if (!a.traceDir.empty()) {

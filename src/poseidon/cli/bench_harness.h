@@ -76,6 +76,7 @@ struct Harness {
   int rcvbuf = 0;                           // --tcp-rcvbuf, for Poseidon's ranks
   int sendWindow = 0;                       // --send-window, for the poseidon-overlap systems (0: their default)
   int ioThreads = bench::kBenchIoThreads;   // --io-threads, for Poseidon's ranks
+  int sumThreads = kDefaultSumThreads;      // --sum-threads, for Poseidon's ranks
   int64_t pairBytes = kDefaultPairBytes;    // --pair-bytes at full width, for Poseidon's ranks (x s^2)
   // --local-ranks: ranks (GPUs) per node, each its own process in the node's namespace. Poseidon's
   // aggregate on the node's first (train --local-ranks); DDP's reach each other over the node's own
@@ -230,6 +231,7 @@ struct Harness {
           so.argv.insert(so.argv.end(), {"--send-window", std::to_string(sendWindow)});
         }
         so.argv.insert(so.argv.end(), {"--io-threads", std::to_string(ioThreads)});
+        so.argv.insert(so.argv.end(), {"--sum-threads", std::to_string(sumThreads)});
         so.argv.insert(so.argv.end(), {"--pair-bytes", std::to_string(scaledPairBytes(pairBytes, m.scale))});
       }
       ranks.push_back(std::move(so));

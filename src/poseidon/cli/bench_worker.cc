@@ -94,7 +94,7 @@ struct WorkerArgs {
   int64_t pairBytes = -1;
   std::string compute = "titanx", chargedOn = "none", tracePath;
   double gemmFlops = 0, sumBytes = 0, cryptoBytes = 0, linkMbit = 0;
-  int rcvbuf = 0, sendWindow = 0, ioThreads = bench::kBenchIoThreads;
+  int rcvbuf = 0, sendWindow = 0, ioThreads = bench::kBenchIoThreads, sumThreads = kDefaultSumThreads;
   int localRanks = 1;
   bool overlapForward = false;
 };
@@ -137,6 +137,8 @@ void addWorkerFlags(FlagSet& flags, WorkerArgs& a) {
                IntRange::closed(0, 1 << 30));
   flags.addInt("io-threads", &a.ioThreads, "ZeroMQ I/O threads (encryption is charged on them)", "N",
                IntRange::closed(1, 64));
+  flags.addInt("sum-threads", &a.sumThreads, "threads summing the shard's pushes (0: the receive loop)", "N",
+               IntRange::closed(0, 64));
   flags.addInt("send-window", &a.sendWindow,
                "priority scheduling of the links with this kernel send window per connection (0: FIFO)", "BYTES",
                IntRange::closed(0, 1 << 30));
@@ -186,6 +188,7 @@ NodeOptions workerNodeOptions(const WorkerArgs& a, const RankEnv& env, const ben
   o.secret = jobSecretFromEnvironment();
   o.van.receiveBufferBytes = a.rcvbuf;
   o.ioThreads = a.ioThreads;
+  o.sumThreads = a.sumThreads;
   o.van.sendWindowBytes = a.sendWindow;
   o.settings.localRanks = a.localRanks;
   return o;

@@ -118,6 +118,10 @@ void addPredictFlags(FlagSet& flags, PlanArgs& a) {
                "--predict: ZeroMQ I/O threads per process, which encrypt, each connection on one (default 8: "
                "poseidon train's default, half the cores, on a 16-core GPU node; --check reads the results file's)",
                "N", IntRange::closed(1, 64));
+  flags.addInt("sum-threads", &a.calibration.sumLanes,
+               "--predict: threads per node that sum its shard's pushes beside the receive loop (default 2, "
+               "poseidon train's; 0: on the loop; --check reads the results file's)",
+               "N", IntRange::closed(0, 64));
   flags.addDouble("host-copy", &a.copyGBps,
                   "--predict: host <-> GPU copies, GB/s each way (default: 55 with --compute h200 or h200-bf16, the "
                   "H200's pinned rate, which the runtime stages through; 6.8 is pageable memory; 0 with titanx: the "
@@ -168,7 +172,7 @@ void refuseOtherModesFlags(const FlagSet& flags, const PlanArgs& a) {
     refuse({"predict",     "sweep",       "groups",     "merged-fc",   "model",           "workers",
             "servers",     "batch",       "pair-bytes", "width-scale", "scheme",          "wire",
             "rate",        "systems",     "efficiency", "compute",     "compute-seconds", "crypto",
-            "gemm-tflops", "send-window", "host-copy",  "limits",      "io-threads"},
+            "gemm-tflops", "send-window", "host-copy",  "limits",      "io-threads",      "sum-threads"},
            "does not apply to --check: each run's model, cluster and rates come from the results file");
   } else if (predicting) {
     refuse({"scheme", "width-scale"}, "is for the cost table; the planner models BestScheme's choice at full width");
@@ -190,7 +194,7 @@ void refuseOtherModesFlags(const FlagSet& flags, const PlanArgs& a) {
   } else {
     refuse({"rate", "groups", "merged-fc", "systems", "efficiency", "compute", "compute-seconds", "crypto",
             "gemm-tflops", "link-overhead", "ddp-step-ms", "send-window", "message-us", "host-cores", "tolerance",
-            "host-copy", "limits", "io-threads"},
+            "host-copy", "limits", "io-threads", "sum-threads"},
            "is for the planner (--predict, --sweep or --check)");
   }
 }

@@ -229,6 +229,7 @@ int planCheckAccuracy(const std::string& path, const nlohmann::json& results, co
     c.servers = config.value("servers", 0);  // bench --accuracy --servers (0: every node)
     c.cryptoLanes =
         config.value("io_threads", bench::kBenchIoThreads);  // the ranks' I/O threads (2 before it was recorded)
+    c.sumLanes = config.value("sum_threads", 0);             // poseidon train's (on the loop before it was recorded)
     c.gemmFlops = kHostGemmFlops;
     c.gemmOnGpu = false;     // poseidon train reconstructs on the host's cores
     c.timedSchemes = false;  // poseidon train picks schemes by bytes
@@ -328,6 +329,7 @@ int planPredict(const PredictRequest& r) {
                      {"wire", wirePrecisionName(r.cluster.wire)},
                      {"crypto_gbytes_per_s", r.cluster.cryptoBytes / 1e9},
                      {"io_threads", r.cluster.cryptoLanes},
+                     {"sum_threads", r.cluster.sumLanes},
                      {"local_ranks", r.cluster.localRanks},
                      {"gemm_tflops", r.cluster.gemmFlops / 1e12},
                      {"copy_gbytes_per_s", r.cluster.copyBytes / 1e9},
@@ -436,6 +438,7 @@ Cluster runCluster(const Cluster& calibration, const nlohmann::json& config, int
   // bench --pair-bytes (full width, as the planner's); files without it ran the default
   c.pairBytes = config.value("pair_bytes", c.pairBytes);
   c.cryptoLanes = config.value("io_threads", 2);
+  c.sumLanes = config.value("sum_threads", 0);  // the ranks' sum threads (on the loop before it was recorded)
   c.cryptoBytes = c.gemmFlops = c.sumBytes = 0;
   c.timedSchemes = false;
   c.gemmOnGpu = false;

@@ -166,6 +166,10 @@ void addRuntimeFlags(FlagSet& flags, TrainFlags& t) {
                "ZeroMQ I/O threads per rank (one per GB/s in or out; with the job secret they also encrypt; 0, the "
                "default: half this host's cores over its ranks (LOCAL_WORLD_SIZE), 2 to 16)",
                "N", IntRange::closed(0, 64));
+  flags.addInt("sum-threads", &t.o.sumThreads,
+               "threads per rank that sum the pushes its KV shard receives, each pair on one of them, beside the "
+               "receive loop (default 2; 0: on the receive loop itself)",
+               "N", IntRange::closed(0, 64));
   flags.addString("transport-security", &t.o.transportSecurity,
                   "curve (the default: every connection authenticated with the job secret and encrypted) or none "
                   "(neither, as Gloo and NCCL; only inside a trusted network; rank 0 says so loudly)",

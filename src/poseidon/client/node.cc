@@ -47,6 +47,10 @@ void checkOptions(const NodeOptions& options) {
     throw InvalidArgument(strCat(
         "ZeroMQ I/O threads must be in [0, 64] (0: half the host's cores per rank on it), got ", options.ioThreads));
   }
+  if (options.sumThreads < 0 || options.sumThreads > 64) {
+    throw InvalidArgument(
+        strCat("the shard's sum threads must be in [0, 64] (0: on the receive loop), got ", options.sumThreads));
+  }
   if (options.van.sendWindowBytes > 0 && options.settings.groupMode()) {
     throw InvalidArgument("priority scheduling (a send window) is for BSP jobs; compute groups order their pulls and "
                           "pushes across layers, so they keep FIFO links");
@@ -121,7 +125,11 @@ void Node::assemble() {
   for (const auto& n : book.nodes()) endpoints.push_back(n.endpoint);
   van_->connectPeers(rank, endpoints, book.jobId());
   const bool member = isLocalMember();
-  if (isServer() && !member) server_ = std::make_unique<KvServer>(book, book.shardIndex(rank), options_.charger);
+  if (isServer() && !member) {
+    server_ = std::make_unique<KvServer>(book, book.shardIndex(rank), options_.charger);
+    if (!book.settings().stragglerMode())
+      for (int i = 0; i < options_.sumThreads; ++i) sumLanes_.push_back(std::make_unique<ThreadPool>(1));
+  }
   if (isWorker()) {
     if (!member) {
       for (int l = 0; l < layers; ++l) syncers_.push_back(std::make_unique<Syncer>(static_cast<SyncHost&>(*this), l));
@@ -173,7 +181,8 @@ Node::~Node() {
   if (local_) local_->close();
   stopLoop_ = true;
   if (loop_.joinable()) loop_.join();
-  pool_.reset();  // drains queued sends while the van is still open
+  sumLanes_.clear();  // sums what the loop handed them and sends the results while the van is still open
+  pool_.reset();      // drains queued sends while the van is still open
   if (van_) van_->close();
   coordinator_.reset();
 }
@@ -284,6 +293,17 @@ void Node::receiveLoop() {
   }
 }
 
+void Node::sumOnLane(Message& msg) {
+  try {
+    sendAll(server_->handle(msg));
+  } catch (const ProtocolError& e) {
+    van_->rejected(msg.peer, strCat(describe(msg.header), ": ", e.what()));
+  } catch (const std::exception& e) {
+    fail(std::make_exception_ptr(
+        Error(strCat("rank ", rank(), ": handling ", describe(msg.header), " failed: ", e.what()))));
+  }
+}
+
 void Node::sendAll(const std::vector<KvServer::Outgoing>& out) {
   for (const KvServer::Outgoing& o : out) {
     const std::vector<Van::Part> parts = o.parts();
@@ -298,6 +318,13 @@ void Node::route(Message& msg) {
   switch (wire::messageInfo(h.type).handler) {
     case wire::Handler::kServer: {
       if (!server_) throw ProtocolError(strCat(msgTypeName(h.type), " to a rank that is not a server"));
+      if (h.type == MsgType::kPsPush && !sumLanes_.empty()) {
+        // Summed on the pair's lane, in arrival order; the loop goes on.
+        auto m = std::make_shared<Message>(std::move(msg));
+        const size_t lane = (static_cast<size_t>(h.layer) + static_cast<size_t>(h.pair)) % sumLanes_.size();
+        sumLanes_[lane]->schedule([this, m] { sumOnLane(*m); });
+        return;
+      }
       std::vector<KvServer::Outgoing> out;
       {
         std::lock_guard<std::mutex> lock(serverMutex_);
@@ -398,6 +425,7 @@ void Node::finish() {
   }
   stopLoop_ = true;
   if (loop_.joinable()) loop_.join();
+  sumLanes_.clear();
   pool_.reset();
   van_->close(quiet);
 }

@@ -109,6 +109,12 @@ struct NodeOptions {
   // of them. libzmq's rule of thumb is one per GB/s in or out; CURVE at ~1.75 GB/s per core needs
   // two for a 10 GbE link's two directions and ~16 for 100 GbE. 0: defaultIoThreads().
   int ioThreads = 0;
+  // The shard's sums of the pushes it receives (a server node), on this many threads beside the receive
+  // loop, each KV pair always on the same one: the loop goes on taking messages while pairs are
+  // summed, several at once. 0: on the receive loop itself, as before 2026-11-30. Straggler mode sums
+  // on the loop whatever this says (its deadlines visit every pair). A server of a large model's
+  // pairs at 100 GbE needs a few (docs/planner.md: --limits); local to the node: ranks may differ.
+  int sumThreads = kDefaultSumThreads;
   JobSettings settings;                      // must agree across nodes
   // This node's data endpoint and links (transport/van.h): the interface to bind (van.bindHost;
   // never 0.0.0.0 by default), its port (0: a free one), the payload limit, the TCP receive buffer,
@@ -290,6 +296,8 @@ class Node : private SyncHost {
   void checkPeers();
   void route(Message& msg);
   void sendAll(const std::vector<KvServer::Outgoing>& out);
+  // A sum lane: one ps-push summed (and with the round's last, its result sent); failures as route()'s.
+  void sumOnLane(Message& msg);
   int layerCount() const { return static_cast<int>(book_.model().layers.size()); }
   // What a layer of the iteration still waits for, for a timeout's message.
   std::string pendingWhat(int layer, int64_t iteration) const;
@@ -303,6 +311,10 @@ class Node : private SyncHost {
   InformationBook book_;
   StickyError error_;
   std::unique_ptr<KvServer> server_;              // servers; used by the receive loop under serverMutex_
+  // NodeOptions::sumThreads lanes, each one thread: ps-pushes of pair (layer, pair) go to lane
+  // (layer + pair) mod lanes, which calls server_->handle without serverMutex_ (KvServer: pushes of
+  // different pairs may be summed at once; nothing else touches the shard outside straggler mode).
+  std::vector<std::unique_ptr<ThreadPool>> sumLanes_;
   mutable std::mutex serverMutex_;                // a leaf: also lets the user's thread read the statistics
   std::unique_ptr<GroupClient> groups_;           // workers in compute-group mode
   std::vector<std::unique_ptr<Syncer>> syncers_;  // workers (not a machine's members)

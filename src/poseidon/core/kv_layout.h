@@ -18,6 +18,9 @@ namespace poseidon {
 
 constexpr int64_t kDefaultPairBytes = 2 * 1024 * 1024;
 constexpr int64_t kMaxPairs = int64_t{1} << 22;
+// How many threads beside the receive loop sum a shard's pushes by default (NodeOptions::sumThreads,
+// the planner's Cluster::sumLanes), each pair on one of them.
+constexpr int kDefaultSumThreads = 2;
 
 // The pair size a model built at width scale s uses for `fullWidthBytes` at full width: x s^2, so each
 // layer keeps its number of pairs (the bench's scaling rule), and at least 4096 bytes.

@@ -24,7 +24,8 @@
 // contribution: discarded and counted per sender, never mixed into a later
 // round. Without straggler mode such a push is a protocol error.
 //
-// Threads: owned by the node's receive loop; not thread-safe.
+// Threads: owned by the node's receive loop; not thread-safe, but push() of different pairs may run
+// at once (kvstore/server.h says when the node does that).
 #pragma once
 
 #include <chrono>

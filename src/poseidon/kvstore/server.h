@@ -17,7 +17,11 @@
 //   model-init, pull, group-push -> ModelShard -> pull-reply to each member
 //                                          of a group whose pull is answered
 //
-// Threads: owned by the node's receive loop; not thread-safe.
+// Threads: owned by the node's receive loop; not thread-safe, with one exception: handle() of
+// ps-pushes of different KV pairs may run at once (the node's sum lanes, NodeOptions::sumThreads),
+// each pair's pushes one after another, while the loop handles the other types; the KV shard's pair
+// table is fixed at construction and each pair's rounds are its own. expire() (straggler mode) visits
+// every pair: a node in straggler mode sums on the loop.
 #pragma once
 
 #include <chrono>

@@ -123,6 +123,9 @@ struct Cluster {
   // timeline, bench/device.h), rather than on host cores beside it.
   bool gemmOnGpu = true;
   double sumBytes = kSumBytesPerSecond;  // a shard's decode-and-add of each push
+  // The shard's sum threads (NodeOptions::sumThreads): each pair's pushes summed on one of them, beside
+  // the receive loop; 0: on the loop (the runtime before 2026-11-30, and --check of older files).
+  int sumLanes = kDefaultSumThreads;
   // Host <-> GPU copies, bytes/s each way (pinned memory, as the runtime stages: an H200 measured 55 GB/s,
   // pageable 6.8 / 13.6; ../shared/data); 0: none (the bench's emulated GPUs hold their tensors on the host).
   double copyBytes = 0;

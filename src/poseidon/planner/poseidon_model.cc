@@ -49,6 +49,7 @@ class PoseidonModel {
     for (int n = 0; n < P_; ++n) {
       gemm_.emplace_back(&sim_, c.gemmFlops / w.flopScale);
       toHost_.emplace_back(&sim_, c.copyBytes * c.scale * c.scale);
+      for (int s = 0; s < c.sumLanes; ++s) sumLanes_.emplace_back(&sim_, kInf);
     }
     copyRate_ = c.copyBytes * c.scale * c.scale;
     sumRate_ = c.sumBytes * c.scale * c.scale;
@@ -244,20 +245,27 @@ class PoseidonModel {
     }
   }
   void pushIn(const KvPair& p, int64_t id, int it, int l) {
-    // The shard's receive loop widens and adds each push in fp32, and with the last worker's push
-    // encrypts the sum for each worker in turn and sends it.
+    // The shard widens and adds each push in fp32, on the pair's sum thread (Cluster::sumLanes; none:
+    // on the receive loop), and with the last worker's push sends the sum to each worker.
     const int shard = p.shard;
     const double bytes = static_cast<double>(p.length) * elementBytes_;
-    net_.onLoop(
-        shard, [this, p] { return sumRate_ > 0 ? static_cast<double>(p.length) * sizeof(float) / sumRate_ : 0.0; },
-        [this, shard, bytes, id, it, l] {
-          if (++pushes_[static_cast<size_t>(it)][static_cast<size_t>(id)] < P_) return;
-          for (int v = 0; v < P_; ++v) {
-            Sim::Fn deliver = [this, v, it, l] { aggregateIn(v, it, l); };
-            // Encrypted by the I/O thread of the connection, not on the loop (transport/van.cc).
-            net_.send(it, shard, v, bytes, priority(it, l), std::move(deliver));
-          }
-        });
+    auto seconds = [this, p] { return sumRate_ > 0 ? static_cast<double>(p.length) * sizeof(float) / sumRate_ : 0.0; };
+    Sim::Fn summed = [this, shard, bytes, id, it, l] {
+      if (++pushes_[static_cast<size_t>(it)][static_cast<size_t>(id)] < P_) return;
+      for (int v = 0; v < P_; ++v) {
+        Sim::Fn deliver = [this, v, it, l] { aggregateIn(v, it, l); };
+        // Encrypted by the I/O thread of the connection, not on the loop (transport/van.cc).
+        net_.send(it, shard, v, bytes, priority(it, l), std::move(deliver));
+      }
+    };
+    if (c_.sumLanes > 0) {
+      // Node::route: pair (layer, index) goes to lane (layer + index) mod lanes.
+      const size_t lane = static_cast<size_t>(shard) * static_cast<size_t>(c_.sumLanes) +
+                          static_cast<size_t>(p.layer + p.index) % static_cast<size_t>(c_.sumLanes);
+      sumLanes_[lane].submitTimed(std::move(seconds), 0, std::move(summed));
+    } else {
+      net_.onLoop(shard, std::move(seconds), std::move(summed));
+    }
   }
   void aggregateIn(int n, int it, int l) {
     if (++arrived_[static_cast<size_t>(it)][at(n, l)] == static_cast<int>(layout_.pairsOf(l).size()))
@@ -312,6 +320,7 @@ class PoseidonModel {
   int sfbLayers_ = 0;
   std::vector<Server> gemm_;
   std::vector<Server> toHost_;                // [node]: the GPU's copy engine, device to host
+  std::vector<Server> sumLanes_;              // [node, lane]: the shard's sum threads
   double copyRate_ = 0;                       // host <-> GPU, bytes/s at the workload's scale (0: no copies)
   double sumRate_ = 0;                        // the shards' sums, bytes/s at the workload's scale
   double cryptoRate_ = 0;                     // CURVE per I/O thread, bytes/s at the workload's scale

@@ -46,6 +46,7 @@ py::dict optionsToDict(const pt::DistributedOptions& o) {
   d["sync_threads"] = o.node.threads;
   d["tcp_rcvbuf"] = o.node.van.receiveBufferBytes;
   d["io_threads"] = o.node.ioThreads;
+  d["sum_threads"] = o.node.sumThreads;
   d["send_window"] = o.node.van.sendWindowBytes;
   d["batch"] = o.node.settings.batch;
   d["pair_bytes"] = o.node.settings.pairBytes;
@@ -90,6 +91,7 @@ pt::DistributedOptions optionsFromDict(const py::dict& d) {
   o.node.threads = get("sync_threads").cast<int>();
   o.node.van.receiveBufferBytes = get("tcp_rcvbuf").cast<int>();
   o.node.ioThreads = get("io_threads").cast<int>();
+  o.node.sumThreads = get("sum_threads").cast<int>();
   o.node.van.sendWindowBytes = get("send_window").cast<int>();
   o.node.settings.batch = get("batch").cast<int64_t>();
   o.node.settings.pairBytes = get("pair_bytes").cast<int64_t>();
@@ -116,6 +118,10 @@ pt::DistributedOptions optionsFromDict(const py::dict& d) {
   if (o.node.ioThreads < 0 || o.node.ioThreads > 64) {
     throw InvalidArgument(strCat(
         "io_threads must be in [0, 64] (0: half the host's cores per rank on it, 2 to 16), got ", o.node.ioThreads));
+  }
+  if (o.node.sumThreads < 0 || o.node.sumThreads > 64) {
+    throw InvalidArgument(
+        strCat("sum_threads must be in [0, 64] (0: the shard sums on the receive loop), got ", o.node.sumThreads));
   }
   if (o.node.van.sendWindowBytes != 0 &&
       (o.node.van.sendWindowBytes < 4096 || o.node.van.sendWindowBytes > (1 << 30))) {

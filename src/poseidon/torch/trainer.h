@@ -8,6 +8,7 @@
 #include <string>
 
 #include "poseidon/core/best_scheme.h"
+#include "poseidon/core/kv_layout.h"
 #include "poseidon/launch/env.h"
 #include "poseidon/wire/precision.h"
 
@@ -88,6 +89,8 @@ struct TrainOptions {
   int tcpRcvbuf = 0;           // TCP receive buffer per connection into a rank (0: OS default)
   int groupPushWindow = 0;     // compute groups: pairs pushed ahead of the replies (NodeOptions::groupPushWindow)
   int ioThreads = 0;           // ZeroMQ I/O threads per rank (NodeOptions::ioThreads; 0: defaultIoThreads())
+  int sumThreads =
+      kDefaultSumThreads;  // the shard's sum threads per rank (NodeOptions::sumThreads; 0: on the receive loop)
   int64_t pairBytes = 2 * 1024 * 1024;
   // Several ranks per machine (--local-ranks; JobSettings::localRanks): ranks r..r+L-1 meet on rank r,
   // which alone synchronizes with the other machines. 1: every rank its own node.

@@ -38,6 +38,7 @@ DistributedOptions RankContext::jobOptions() const {
   d.node.van.receiveBufferBytes = o.tcpRcvbuf;
   d.node.groupPushWindow = o.groupPushWindow;
   d.node.ioThreads = o.ioThreads;
+  d.node.sumThreads = o.sumThreads;
   d.node.van.sendWindowBytes = o.sendWindowBytes;
   d.node.settings.batch = o.batch;
   d.node.settings.pairBytes = o.pairBytes;

@@ -139,6 +139,15 @@ TEST(CliFlags, PlanPredictsSweepsAndChecksAResultsFile) {
   EXPECT_GT(predicted, 0.9);  // vgg19's compute, at least
   EXPECT_DOUBLE_EQ(check["rows"][0]["error"].get<double>(), predicted / 9.0 - 1);
   EXPECT_EQ(check["beyond"], 1);  // 9 s measured is far from it
+  // A file without timer_slack_ns was made while each charged sleep woke 70-75 us late: checked with
+  // the receive loop's 60 us per message of then; one with it, with today's 30; --message-us rules both.
+  EXPECT_DOUBLE_EQ(check["message_us"].get<double>(), 60);
+  nlohmann::json slack = results;
+  slack["config"]["timer_slack_ns"] = 1;
+  std::ofstream(dir + "/slack.json") << slack.dump();
+  EXPECT_DOUBLE_EQ(planJson({"--check", dir + "/slack.json"})["message_us"].get<double>(), 30);
+  EXPECT_DOUBLE_EQ(planJson({"--check", dir + "/slack.json", "--message-us", "45"})["message_us"].get<double>(), 45);
+  EXPECT_DOUBLE_EQ(planJson({"--check", dir + "/results.json", "--message-us", "45"})["message_us"].get<double>(), 45);
   // A file made with whole batches: vgg19 at its recorded width 3/32, its links at emulated_mbit. A
   // point at the same full-width rate predicts within a few percent of the old rule's (the same
   // bytes per second of link, SFB's factors 6% heavier), and a width that is not vgg19's is refused.

@@ -146,7 +146,9 @@ void addPredictFlags(FlagSet& flags, PlanArgs& a) {
                "--predict: GPUs (ranks) per node, meeting on the node's first before the network (train "
                "--local-ranks; --workers counts nodes, speedup every rank); --check: each run's",
                "L", IntRange::closed(1, 64));
-  flags.addDouble("message-us", &a.messageUs, "microseconds a node's receive loop spends per message, decryption aside",
+  flags.addDouble("message-us", &a.messageUs,
+                  "microseconds a node's receive loop spends per message, decryption aside (default 30; --check "
+                  "uses 60 for bench files made before the ranks' 1 ns timer slack, which record no timer_slack_ns)",
                   "US", RealRange::atLeast(0));
 }
 
@@ -426,7 +428,8 @@ int planCommand(const std::vector<std::string>& args) {
   a.serversSet = flags.wasSet("servers");
   refuseOtherModesFlags(flags, a);
   if (!a.check.empty()) {
-    return planCheck(a.check, a.calibration, flags.wasSet("host-cores") ? a.hostCores : 0, a.tolerance, a.json);
+    return planCheck(a.check, a.calibration, flags.wasSet("host-cores") ? a.hostCores : 0, a.tolerance, a.json,
+                     flags.wasSet("message-us"));
   }
   if (a.predict || flags.wasSet("sweep")) return planPredict(predictRequest(flags, a));
   return costTable(a);

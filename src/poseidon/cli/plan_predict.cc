@@ -23,6 +23,7 @@ struct CheckTally {
   std::string path;
   double tolerance = 0;
   int cores = 0;
+  double messageUs = 0;  // the receive loop's time per message the points were predicted with
   nlohmann::json rows = nlohmann::json::array();
   int points = 0, beyond = 0, skipped = 0;
   double worst = 0;
@@ -39,15 +40,16 @@ struct CheckTally {
   // The file's JSON (--json) or its closing line; `skippedWhy` says what a skipped point was.
   void report(bool json, const std::string& skippedWhy) const {
     if (json) {
-      std::cout << nlohmann::json{{"file", path},           {"points", points},
-                                  {"skipped", skipped},     {"beyond", beyond},
-                                  {"tolerance", tolerance}, {"worst_error", worst},
-                                  {"host_cores", cores},    {"rows", rows}}
+      std::cout << nlohmann::json{{"file", path},        {"points", points},        {"skipped", skipped},
+                                  {"beyond", beyond},    {"tolerance", tolerance},  {"worst_error", worst},
+                                  {"host_cores", cores}, {"message_us", messageUs}, {"rows", rows}}
                        .dump(2)
                 << "\n";
     } else {
-      std::printf("\n%d points predicted (%d skipped%s); worst error %.1f%%; %d beyond %.0f%%; host of %d cores\n",
-                  points, skipped, skippedWhy.c_str(), worst * 100, beyond, tolerance * 100, cores);
+      std::printf(
+          "\n%d points predicted (%d skipped%s); worst error %.1f%%; %d beyond %.0f%%; host of %d cores; %.0f us per "
+          "message on a receive loop\n",
+          points, skipped, skippedWhy.c_str(), worst * 100, beyond, tolerance * 100, cores, messageUs);
     }
   }
 };
@@ -193,7 +195,7 @@ int planCheckAccuracy(const std::string& path, const nlohmann::json& results, co
   const double padSeconds = config.value("pad_ms", 0.0) / 1e3, jitterMs = config.value("pad_jitter_ms", 0.0);
   const planner::Workload w =
       planner::paddedWorkload(resolveModel("lenet"), config.value("batch", 32), std::max(padSeconds, 1e-9));
-  CheckTally t{path, tolerance, cores};
+  CheckTally t{path, tolerance, cores, calibration.messageSeconds * 1e6};
   int width = 8;  // the system column: the longest name (bsp-overlap-w16384)
   for (const auto& run : results["runs"]) width = std::max(width, static_cast<int>(run.value("system", "").size()));
   if (!json) {
@@ -455,9 +457,13 @@ Cluster runCluster(const Cluster& calibration, const nlohmann::json& config, int
 
 }  // namespace
 
-int planCheck(const std::string& path, const Cluster& calibration, int hostCores, double tolerance, bool json) {
+int planCheck(const std::string& path, const Cluster& given, int hostCores, double tolerance, bool json,
+              bool messageSet) {
   const nlohmann::json results = readResults(path);
   const auto& config = results["config"];
+  Cluster calibration = given;
+  if (!messageSet && !config.contains("timer_slack_ns"))
+    calibration.messageSeconds = planner::kMessageSecondsDefaultSlack;
   if (config.value("queue_ms", 100.0) < 100) {
     throw InvalidArgument(strCat("--check: the planner models no drops, and the file's switch queue (queue_ms ",
                                  config.value("queue_ms", 100.0),
@@ -473,7 +479,7 @@ int planCheck(const std::string& path, const Cluster& calibration, int hostCores
       hostCores > 0 ? hostCores
                     : config.value("host_cores", static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   const nlohmann::json devices = config.value("devices", nlohmann::json::array());  // each device's measured rates
-  CheckTally t{path, tolerance, cores};
+  CheckTally t{path, tolerance, cores, calibration.messageSeconds * 1e6};
   if (!json) {
     std::printf("%-12s %-17s %5s %8s %9s %10s %7s\n", "model", "system", "nodes", "Mbit/s", "measured", "predicted",
                 "error");

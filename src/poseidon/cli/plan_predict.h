@@ -29,7 +29,9 @@ int planPredict(const PredictRequest& request);
 // prints predicted against measured. `calibration` gives the overheads (link, per message, DDP's
 // step); each run's rates, scale and device come from the file; the emulated cluster's nodes
 // shared `hostCores` cores (0: the file's host_cores, or this machine's for a file without one).
+// Unless `messageSet` (plan --message-us), a file without timer_slack_ns (made while the ranks' charged
+// sleeps woke 70-75 us late) is checked with planner::kMessageSecondsDefaultSlack per message.
 int planCheck(const std::string& resultsPath, const planner::Cluster& calibration, int hostCores, double tolerance,
-              bool json);
+              bool json, bool messageSet = false);
 
 }  // namespace poseidon::cli

@@ -207,9 +207,7 @@ std::map<int, double> plannedComm(const RegretArgs& a) {
   planner::Cluster c;
   c.workers = a.nodes;
   c.linkBytes = a.mbit * 1e6 / 8;
-  // The receive loop's time per message as when the committed grids (bench/results/tune_regret*.json)
-  // were made: a grid read with --grid-from then races runs on the same clock.
-  c.messageSeconds = planner::kMessageSecondsDefaultSlack;
+  c.messageSeconds = planner::kMessageSecondsDefaultSlack;  // as the committed grids (--grid-from) were made
   for (int g : a.groups) {
     const int64_t perWorker = std::max<int64_t>(1, a.batch * g / a.nodes);
     const double compute = std::max(1e-6, a.computeMs / 1e3);

@@ -195,6 +195,13 @@ TEST(NodeInProcess, SumsOnAnyNumberOfThreadsAreBitExact) {
     auto nodes = startNodes(3, SchemePolicy::kPS, {}, 0, WirePrecision::kFp32,
                             [threads](NodeOptions& o) { o.sumThreads = threads; });
     runAll(nodes, 3, SchemePolicy::kPS);
+    // The lanes did the sums (each node's shard gets pushes from the other two), or the loop did.
+    for (const auto& n : nodes) {
+      if (threads == 0)
+        EXPECT_EQ(n->pushesSummedOnLanes(), 0);
+      else
+        EXPECT_GT(n->pushesSummedOnLanes(), 0);
+    }
   }
   NodeOptions o;
   o.sumThreads = 65;

@@ -298,6 +298,11 @@ TEST(CliFlags, PlanModelsComputeGroupsAndChecksTimeToAccuracyFiles) {
   const nlohmann::json config{{"nodes", 8}, {"pad_ms", 300.0}, {"batch", 32}, {"pair_bytes", 65536}};
   std::ofstream(dir + "/acc.json") << nlohmann::json{{"config", config}, {"runs", {g2, bsp, failed, merged}}}.dump();
   const nlohmann::json check = planJson({"--check", dir + "/acc.json", "--host-cores", "2"});
+  EXPECT_DOUBLE_EQ(check["message_us"].get<double>(), 60);  // made before the ranks' 1 ns timer slack
+  nlohmann::json slack = config;
+  slack["timer_slack_ns"] = 1;
+  std::ofstream(dir + "/acc-slack.json") << nlohmann::json{{"config", slack}, {"runs", {g2}}}.dump();
+  EXPECT_DOUBLE_EQ(planJson({"--check", dir + "/acc-slack.json", "--host-cores", "2"})["message_us"].get<double>(), 30);
   EXPECT_EQ(check["points"], 3);
   EXPECT_EQ(check["skipped"], 1);
   ASSERT_EQ(check["rows"].size(), 3u);

@@ -294,6 +294,8 @@ void Node::receiveLoop() {
 }
 
 void Node::sumOnLane(Message& msg) {
+  if (error_.failed()) return;  // the job is over: nobody reads the sum (a push left queued at shutdown)
+  ++lanePushes_;
   try {
     sendAll(server_->handle(msg));
   } catch (const ProtocolError& e) {
@@ -320,8 +322,8 @@ void Node::route(Message& msg) {
       if (!server_) throw ProtocolError(strCat(msgTypeName(h.type), " to a rank that is not a server"));
       if (h.type == MsgType::kPsPush && !sumLanes_.empty()) {
         // Summed on the pair's lane, in arrival order; the loop goes on.
-        auto m = std::make_shared<Message>(std::move(msg));
         const size_t lane = (static_cast<size_t>(h.layer) + static_cast<size_t>(h.pair)) % sumLanes_.size();
+        auto m = std::make_shared<Message>(std::move(msg));
         sumLanes_[lane]->schedule([this, m] { sumOnLane(*m); });
         return;
       }

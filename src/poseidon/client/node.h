@@ -254,7 +254,11 @@ class Node : private SyncHost {
   uint64_t rejectedFrames() const { return van_->rejectedFrames(); }
   // Connections refused for not being members of the job (CURVE/ZAP).
   uint64_t refusedConnections() const;
+  // The shard, for its ownership counts (pairsOwned, bytesOwned); its rounds belong to the receive loop
+  // and the sum lanes while the job runs.
   const KvShard* shard() const { return server_ ? &server_->shard() : nullptr; }
+  // Ps-pushes this node's sum lanes have summed so far (0 when it sums on the receive loop).
+  int64_t pushesSummedOnLanes() const { return lanePushes_.load(); }
   const std::string& endpoint() const { return van_->endpoint(); }
 
  private:
@@ -310,11 +314,13 @@ class Node : private SyncHost {
   std::unique_ptr<Van> van_;
   InformationBook book_;
   StickyError error_;
-  std::unique_ptr<KvServer> server_;              // servers; used by the receive loop under serverMutex_
+  // Servers; used by the receive loop under serverMutex_, and its ps-pushes by the sum lanes without it.
+  std::unique_ptr<KvServer> server_;
   // NodeOptions::sumThreads lanes, each one thread: ps-pushes of pair (layer, pair) go to lane
   // (layer + pair) mod lanes, which calls server_->handle without serverMutex_ (KvServer: pushes of
   // different pairs may be summed at once; nothing else touches the shard outside straggler mode).
   std::vector<std::unique_ptr<ThreadPool>> sumLanes_;
+  std::atomic<int64_t> lanePushes_{0};            // ps-pushes summed on the lanes (pushesSummedOnLanes())
   mutable std::mutex serverMutex_;                // a leaf: also lets the user's thread read the statistics
   std::unique_ptr<GroupClient> groups_;           // workers in compute-group mode
   std::vector<std::unique_ptr<Syncer>> syncers_;  // workers (not a machine's members)

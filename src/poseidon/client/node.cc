@@ -282,28 +282,27 @@ void Node::receiveLoop() {
       saidBye_[msg.header.sender] = true;
       byeCv_.notify_all();
     }
-    try {
-      route(msg);
-    } catch (const ProtocolError& e) {
-      van_->rejected(msg.peer, strCat(describe(msg.header), ": ", e.what()));
-    } catch (const std::exception& e) {
-      fail(std::make_exception_ptr(
-          Error(strCat("rank ", rank(), ": handling ", describe(msg.header), " failed: ", e.what()))));
-    }
+    handleReporting(msg, [this](Message& m) { route(m); });
   }
 }
 
-void Node::sumOnLane(Message& msg) {
-  if (error_.failed()) return;  // the job is over: nobody reads the sum (a push left queued at shutdown)
-  ++lanePushes_;
+// A malformed message is rejected (logged, counted) and changes nothing; any other failure fails the job.
+template <typename Work>
+void Node::handleReporting(Message& msg, Work&& work) {
   try {
-    sendAll(server_->handle(msg));
+    work(msg);
   } catch (const ProtocolError& e) {
     van_->rejected(msg.peer, strCat(describe(msg.header), ": ", e.what()));
   } catch (const std::exception& e) {
     fail(std::make_exception_ptr(
         Error(strCat("rank ", rank(), ": handling ", describe(msg.header), " failed: ", e.what()))));
   }
+}
+
+void Node::sumOnLane(Message& msg) {
+  if (error_.failed()) return;  // the job is over: nobody reads the sum (a push left queued at shutdown)
+  ++lanePushes_;
+  handleReporting(msg, [this](Message& m) { sendAll(server_->handle(m)); });
 }
 
 void Node::sendAll(const std::vector<KvServer::Outgoing>& out) {
@@ -322,7 +321,7 @@ void Node::route(Message& msg) {
       if (!server_) throw ProtocolError(strCat(msgTypeName(h.type), " to a rank that is not a server"));
       if (h.type == MsgType::kPsPush && !sumLanes_.empty()) {
         // Summed on the pair's lane, in arrival order; the loop goes on.
-        const size_t lane = (static_cast<size_t>(h.layer) + static_cast<size_t>(h.pair)) % sumLanes_.size();
+        const size_t lane = sumLaneOf(static_cast<int>(h.layer), static_cast<int>(h.pair), sumLanes_.size());
         auto m = std::make_shared<Message>(std::move(msg));
         sumLanes_[lane]->schedule([this, m] { sumOnLane(*m); });
         return;

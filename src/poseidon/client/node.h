@@ -302,6 +302,9 @@ class Node : private SyncHost {
   void sendAll(const std::vector<KvServer::Outgoing>& out);
   // A sum lane: one ps-push summed (and with the round's last, its result sent); failures as route()'s.
   void sumOnLane(Message& msg);
+  // Runs work(msg): a ProtocolError rejects the message, any other error fails the job (node.cc only).
+  template <typename Work>
+  void handleReporting(Message& msg, Work&& work);
   int layerCount() const { return static_cast<int>(book_.model().layers.size()); }
   // What a layer of the iteration still waits for, for a timeout's message.
   std::string pendingWhat(int layer, int64_t iteration) const;

@@ -9,6 +9,7 @@
 // computes the same one from the information book.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -21,6 +22,11 @@ constexpr int64_t kMaxPairs = int64_t{1} << 22;
 // How many threads beside the receive loop sum a shard's pushes by default (NodeOptions::sumThreads,
 // the planner's Cluster::sumLanes), each pair on one of them.
 constexpr int kDefaultSumThreads = 2;
+// The sum thread of pair `pair` of layer `layer` among `lanes` (> 0): consecutive pairs of a layer on
+// consecutive threads. The runtime (Node::route) and the planner share it.
+inline size_t sumLaneOf(int layer, int pair, size_t lanes) {
+  return (static_cast<size_t>(layer) + static_cast<size_t>(pair)) % lanes;
+}
 
 // The pair size a model built at width scale s uses for `fullWidthBytes` at full width: x s^2, so each
 // layer keeps its number of pairs (the bench's scaling rule), and at least 4096 bytes.

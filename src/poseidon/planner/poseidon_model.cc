@@ -259,9 +259,8 @@ class PoseidonModel {
       }
     };
     if (c_.sumLanes > 0) {
-      // Node::route: pair (layer, index) goes to lane (layer + index) mod lanes.
       const size_t lane = static_cast<size_t>(shard) * static_cast<size_t>(c_.sumLanes) +
-                          static_cast<size_t>(p.layer + p.index) % static_cast<size_t>(c_.sumLanes);
+                          sumLaneOf(p.layer, p.index, static_cast<size_t>(c_.sumLanes));
       sumLanes_[lane].submitTimed(std::move(seconds), 0, std::move(summed));
     } else {
       net_.onLoop(shard, std::move(seconds), std::move(summed));

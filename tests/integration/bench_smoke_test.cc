@@ -141,7 +141,7 @@ TEST(BenchSmoke, TwoNodesOneIterationPoseidonAndDdp) {
 }
 
 // poseidon-overlap (docs/scheduling.md): priority-scheduled links and the forward waiting layer by
-// layer; from the second iteration on the trace shows the gated forward.
+// layer; from the second iteration on the trace shows the gated forward and what it waits for.
 TEST(BenchSmoke, OverlapTwoNodes) {
   requireCluster();
   std::string dir = testing::makeTempDir("bench");
@@ -172,6 +172,9 @@ TEST(BenchSmoke, OverlapTwoNodes) {
   std::ifstream tf(r["trace"].get<std::string>());
   std::string trace((std::istreambuf_iterator<char>(tf)), std::istreambuf_iterator<char>());
   EXPECT_THAT(trace, HasSubstr("\"forward (emulated, layer by layer as the sync lands)\"")) << r["trace"];
+  // Each rank pushes conv1_1 as its backward ends and its next forward starts with it: that wait is
+  // a span of its own (a round trip at least, where no reply can be in yet).
+  EXPECT_THAT(trace, HasSubstr("\"forward waits for conv1_1\"")) << r["trace"];
   EXPECT_THAT(trace, Not(HasSubstr("\"wait for the sync\""))) << r["trace"];  // no barrier in the loop
   EXPECT_TRUE(namespacesOf(procs[0].pid).empty());
   fs::remove_all(dir);

@@ -266,8 +266,13 @@ class EmulatedRank {
         // Layer l's update of iteration it - 1. Only a real wait moves the emulated GPU's clock (an
         // oversleep of the previous layer must not add up over a few hundred layers).
         if (!node_.layerReady(l)) {
+          const int64_t waitFromUs = tracer ? Tracer::nowMicros() : 0;  // the emulated GPU idles until it lands
           node_.waitLayer(l);
           deadline = std::max(deadline, Clock::now());
+          if (tracer) {
+            tracer->span("forward waits for " + em_.desc.layers[static_cast<size_t>(l)].name, "wait", 0, waitFromUs,
+                         Tracer::nowMicros(), it);
+          }
         }
         deadline = gpu_.compute(deadline, toDuration(em_.forwardSeconds[l]));
         std::this_thread::sleep_until(deadline);

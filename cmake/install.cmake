@@ -38,6 +38,6 @@ if(TARGET poseidon_python)
   set(POSEIDON_PYTHON_INSTALL_DIR lib/python3/dist-packages CACHE STRING
       "where the poseidon Python package goes, relative to the install prefix")
   install(TARGETS poseidon_python LIBRARY DESTINATION ${POSEIDON_PYTHON_INSTALL_DIR}/poseidon)
-  install(FILES ${PROJECT_SOURCE_DIR}/python/poseidon/__init__.py ${PROJECT_SOURCE_DIR}/python/poseidon/checkpoint.py
-                ${PROJECT_SOURCE_DIR}/python/poseidon/zoo.py DESTINATION ${POSEIDON_PYTHON_INSTALL_DIR}/poseidon)
+  list(TRANSFORM POSEIDON_PYTHON_FILES PREPEND ${PROJECT_SOURCE_DIR}/python/poseidon/ OUTPUT_VARIABLE _poseidon_py)
+  install(FILES ${_poseidon_py} DESTINATION ${POSEIDON_PYTHON_INSTALL_DIR}/poseidon)
 endif()

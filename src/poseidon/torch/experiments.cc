@@ -15,6 +15,7 @@
 #include "poseidon/data/fashion_mnist.h"
 #include "poseidon/launch/env.h"
 #include "poseidon/torch/distributed.h"
+#include "poseidon/torch/implicit_momentum_fit.h"
 
 namespace poseidon::pt {
 
@@ -375,167 +376,6 @@ void solveFit(const FitSums& f, ImplicitMomentumResult& result) {
   }
 }
 
-// Least squares in the [classes, inputs + 1] layout (a class's weights and its bias in one row):
-// grad(W) = W H - C with H = [x 1]^T [x 1] / N and C = Y^T [x 1] / N over the fit's sample.
-struct LeastSquares {
-  torch::Tensor h, c;  // float64
-  int64_t classes = 0, inputs = 0;
-
-  LeastSquares(const torch::Tensor& sample, const torch::Tensor& targets) {
-    classes = targets.size(1);
-    inputs = sample.size(1);
-    const double rows = static_cast<double>(sample.size(0));
-    torch::Tensor x = torch::cat({sample, torch::ones({sample.size(0), 1})}, 1).to(torch::kFloat64);
-    h = torch::mm(x.t(), x).div(rows);
-    c = torch::mm(targets.to(torch::kFloat64).t(), x).div(rows);
-  }
-
-  // The recorded flat models (weight row-major, then bias) as [T, classes, inputs + 1].
-  torch::Tensor layout(std::vector<std::vector<float>>& w) const {
-    const int64_t n = classes * (inputs + 1);
-    torch::Tensor out = torch::empty({static_cast<int64_t>(w.size()), classes, inputs + 1}, torch::kFloat64);
-    for (size_t t = 0; t < w.size(); ++t) {
-      torch::Tensor flat = torch::from_blob(w[t].data(), {n}, torch::kFloat32).to(torch::kFloat64);
-      out[static_cast<int64_t>(t)]
-          .narrow(1, 0, inputs)
-          .copy_(flat.narrow(0, 0, classes * inputs).view({classes, inputs}));
-      out[static_cast<int64_t>(t)].select(1, inputs).copy_(flat.narrow(0, classes * inputs, classes));
-    }
-    return out;
-  }
-
-  torch::Tensor grad(const torch::Tensor& w) const { return torch::matmul(w, h) - c; }
-
-  // The largest eigenvalue of H (power iteration; H is symmetric positive semi-definite).
-  double lambdaMax() const {
-    torch::Tensor v = torch::ones({h.size(0)}, torch::kFloat64);
-    double lambda = 0;
-    for (int i = 0; i < 1000; ++i) {
-      torch::Tensor next = torch::mv(h, v);
-      const double norm = next.norm().item<double>();
-      if (!(norm > 0)) break;
-      const bool settled = std::abs(norm - lambda) <= 1e-12 * norm;
-      lambda = norm;
-      v = next.div(norm);
-      if (settled) break;
-    }
-    return lambda;
-  }
-};
-
-// What the exact race keeps of its runs: per run the rows X_r(t) = V(t) + lr grad(W(t)) and
-// Y_r(t) = V(t+1) + lr grad(W(t)), t = 1 .. T-1 (the fit's regressor and response; theorem:
-// E Y = (1 - 1/g) E X), and the sums for the mean trajectory and its spread.
-struct RaceSums {
-  torch::Tensor x, y;        // [runs, (T - 1) * D] float32
-  torch::Tensor sumW;        // [T + 1, classes, inputs + 1] float64
-  torch::Tensor sumSquares;  // [T + 1] float64: sum over runs of |W_r(t)|^2
-  torch::Tensor w0;          // W(0), the same in every run
-  int runs = 0;
-  size_t total = 0;  // runs to come (the rows of x and y)
-
-  void add(const LeastSquares& ls, double lr, int run, std::vector<std::vector<float>>& recorded) {
-    torch::Tensor w = ls.layout(recorded);
-    const int64_t t = w.size(0) - 1;                           // updates
-    torch::Tensor v = w.narrow(0, 1, t) - w.narrow(0, 0, t);   // V(1) .. V(T)
-    torch::Tensor g = ls.grad(w.narrow(0, 1, t - 1)).mul(lr);  // lr grad(W(1)) .. lr grad(W(T-1))
-    torch::Tensor xr = (v.narrow(0, 0, t - 1) + g).flatten();
-    torch::Tensor yr = (v.narrow(0, 1, t - 1) + g).flatten();
-    if (!x.defined()) {
-      x = torch::empty({static_cast<int64_t>(total), xr.numel()}, torch::kFloat32);
-      y = torch::empty_like(x);
-      sumW = torch::zeros_like(w);
-      sumSquares = torch::zeros({t + 1}, torch::kFloat64);
-      w0 = w[0].clone();
-    }
-    if (xr.numel() != x.size(1)) throw Error("the runs recorded different numbers of updates");
-    x[run].copy_(xr);
-    y[run].copy_(yr);
-    sumW.add_(w);
-    sumSquares.add_(w.pow(2).sum({1, 2}));
-    ++runs;
-  }
-};
-
-// sum_ij M_ij over column chunks of a [runs, D] float32 pair, in float64: the Gram matrix a^T b.
-torch::Tensor gram(const torch::Tensor& a, const torch::Tensor& b) {
-  torch::Tensor out = torch::zeros({a.size(0), b.size(0)}, torch::kFloat64);
-  const int64_t chunk = int64_t{1} << 16;
-  for (int64_t at = 0; at < a.size(1); at += chunk) {
-    const int64_t len = std::min(chunk, a.size(1) - at);
-    out.add_(torch::mm(a.narrow(1, at, len), b.narrow(1, at, len).t()).to(torch::kFloat64));
-  }
-  return out;
-}
-
-// The fit of the one unknown, a = sum_t <E X, E Y> / sum_t |E X|^2, and its 95% interval from
-// resampling the runs. The inner products of the expectations are estimated from pairs of
-// different runs, sum_{r != s} <X_r, Y_s> / (R (R - 1)), which is unbiased: the mean's own
-// <X_mean, X_mean> would add the runs' variance / R to the denominator and pull a towards 0 (the
-// noise in a regressor). With resampled counts w the same sums are w^T M w - sum_r w_r^2 M_rr
-// (a run drawn twice is still one run).
-double pairRatio(const torch::Tensor& mxy, const torch::Tensor& mxx, const torch::Tensor& w) {
-  auto offDiagonal = [&](const torch::Tensor& m) {
-    return torch::dot(w, torch::mv(m, w)).item<double>() - torch::dot(w.pow(2), m.diagonal()).item<double>();
-  };
-  const double xx = offDiagonal(mxx);
-  return xx > 0 ? offDiagonal(mxy) / xx : std::nan("");
-}
-
-void fitConstrained(const RaceSums& sums, const ImplicitMomentumOptions& o, ImplicitMomentumResult& result) {
-  const torch::Tensor mxx = gram(sums.x, sums.x), mxy = gram(sums.x, sums.y);
-  result.aConstrained = pairRatio(mxy, mxx, torch::ones({sums.runs}, torch::kFloat64));
-  if (!std::isfinite(result.aConstrained)) {
-    throw Error("the implicit-momentum fit is degenerate (the mean trajectory did not move)");
-  }
-  std::mt19937_64 rng(o.seed * 2654435761ull + static_cast<uint64_t>(o.groups));
-  std::uniform_int_distribution<int> pick(0, sums.runs - 1);
-  std::vector<double> as;
-  for (int b = 0; b < o.bootstrap; ++b) {
-    torch::Tensor w = torch::zeros({sums.runs}, torch::kFloat64);
-    for (int i = 0; i < sums.runs; ++i) w.data_ptr<double>()[pick(rng)] += 1;
-    const double a = pairRatio(mxy, mxx, w);
-    if (std::isfinite(a)) as.push_back(a);
-  }
-  if (as.empty()) return;
-  std::sort(as.begin(), as.end());
-  auto quantile = [&](double q) { return as[static_cast<size_t>(q * static_cast<double>(as.size() - 1) + 0.5)]; };
-  result.aCi95[0] = quantile(0.025);
-  result.aCi95[1] = quantile(0.975);
-}
-
-// The mean trajectory against the deterministic models: heavy ball with momentum 1 - 1/g and rate
-// lr/g, started with V(0) = -lr grad(W(0)) (the first update is always fresh, so V(1) = -lr
-// grad(W(0)) as in the race), and plain SGD at lr. With a linear gradient the race's mean must be
-// the heavy ball's trajectory up to the runs' noise.
-void compareTrajectories(const RaceSums& sums, const LeastSquares& ls, double lr, int g,
-                         ImplicitMomentumResult& result) {
-  const int64_t steps = sums.sumW.size(0);
-  const double runs = static_cast<double>(sums.runs), q = 1.0 - 1.0 / g;
-  torch::Tensor mean = sums.sumW.div(runs);
-  torch::Tensor hb = sums.w0.clone(), sgd = sums.w0.clone();
-  torch::Tensor velocity = ls.grad(sums.w0).mul(-lr);
-  double scale = 0, hbError = 0, sgdError = 0, noise = 0;
-  for (int64_t t = 0; t < steps; ++t) {
-    if (t > 0) {
-      velocity = velocity.mul(q) - ls.grad(hb).mul(lr * (1 - q));
-      hb = hb + velocity;
-      sgd = sgd - ls.grad(sgd).mul(lr);
-    }
-    scale = std::max(scale, (hb - sums.w0).norm().item<double>());
-    hbError = std::max(hbError, (mean[t] - hb).norm().item<double>());
-    sgdError = std::max(sgdError, (mean[t] - sgd).norm().item<double>());
-    if (sums.runs > 1) {
-      const double spread = sums.sumSquares[t].item<double>() - runs * mean[t].pow(2).sum().item<double>();
-      noise = std::max(noise, std::sqrt(std::max(0.0, spread) / (runs * (runs - 1))));
-    }
-  }
-  if (!(scale > 0)) return;
-  result.heavyBallError = hbError / scale;
-  result.sgdError = sgdError / scale;
-  result.noise = noise / scale;
-}
-
 // The exact race: the runs, then the fit and the comparison on their mean.
 void measureExactRace(Setup& setup, ImplicitMomentumResult& result) {
   const ImplicitMomentumOptions& o = setup.o;
@@ -552,11 +392,11 @@ void measureExactRace(Setup& setup, ImplicitMomentumResult& result) {
                                  o.runs, " x ", updates, " updates x ", floats,
                                  " floats); the limit is 8 GiB: lower --runs or --steps"));
   }
-  const LeastSquares ls(setup.sample, setup.targets);
+  const fit::LeastSquares ls(setup.sample, setup.targets);
   result.lambdaMax = ls.lambdaMax();
   setup.lr = o.lr > 0 ? o.lr : o.lrCurvature / result.lambdaMax;
   result.lr = setup.lr;
-  RaceSums sums;
+  fit::RaceSums sums;
   sums.total = static_cast<size_t>(o.runs);
   for (int run = 0; run < o.runs; ++run) {
     std::vector<std::vector<float>> w = runOnce(setup, run, result.staleness);
@@ -564,8 +404,8 @@ void measureExactRace(Setup& setup, ImplicitMomentumResult& result) {
     if (result.updates < 3) throw Error("the exact race recorded fewer than three updates");
     sums.add(ls, setup.lr, run, w);
   }
-  fitConstrained(sums, o, result);
-  compareTrajectories(sums, ls, setup.lr, o.groups, result);
+  fit::fitConstrained(sums, o, result);
+  fit::compareTrajectories(sums, ls, setup.lr, o.groups, result);
   result.predictedB = setup.lr / o.groups;
 }
 

@@ -23,13 +23,9 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
+using testing::readJson;
 using testing::TempDir;
 namespace fs = std::filesystem;
-
-nlohmann::json readJson(const std::string& path) {
-  std::ifstream f(path);
-  return nlohmann::json::parse(f);
-}
 
 TEST(TimeToAccuracy, PaddedStepsAndTheCurveOfModelCopies) {
   TempDir dir;

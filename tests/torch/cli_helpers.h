@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,12 @@ inline Proc runCli(const std::vector<std::string>& args, const std::string& log,
 inline std::string readBytes(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+// A JSON file the CLI wrote (--json, --summary).
+inline nlohmann::json readJson(const std::string& path) {
+  std::ifstream f(path);
+  return nlohmann::json::parse(f);
 }
 
 inline std::vector<float> readFloats(const std::string& path) {

@@ -27,11 +27,6 @@ std::vector<std::string> job(const std::vector<std::string>& extra) {
   return a;
 }
 
-nlohmann::json summaryOf(const std::string& path) {
-  std::ifstream f(path);
-  return nlohmann::json::parse(f);
-}
-
 // Runs job(extra) saving its final parameters as DIR/NAME.bin, and returns them (none after a failed run).
 std::vector<float> trainedParameters(const TempDir& dir, const std::string& name, std::vector<std::string> extra) {
   extra.insert(extra.end(), {"--save-params", dir.path + "/" + name + ".bin"});
@@ -60,7 +55,7 @@ TEST(ComputeGroups, OneGroupGivesTheBspParametersBitForBit) {
         {"--max-steps", "20", "--groups", "1", "--warmup-steps", warmup, "--summary", dir.path + "/one.json"});
     expectSameParameters(bsp, one);
     ASSERT_FALSE(HasFailure());
-    auto s = summaryOf(dir.path + "/one.json");
+    auto s = testing::readJson(dir.path + "/one.json");
     EXPECT_EQ(s["groups"], 1);
     EXPECT_EQ(s["staleness_histogram"], nlohmann::json({{"0", 80}}));  // 20 rounds x 4 layers, one pair each
     EXPECT_EQ(s["max_group_lead"], 0);
@@ -77,7 +72,7 @@ TEST(ComputeGroups, OneModelServerGivesTheSameParametersAndCarriesEveryPushAndPu
       dir, "one", {"--max-steps", "20", "--groups", "1", "--servers", "1", "--summary", dir.path + "/one.json"});
   expectSameParameters(spread, one);
   ASSERT_FALSE(HasFailure());
-  auto s = summaryOf(dir.path + "/one.json");
+  auto s = testing::readJson(dir.path + "/one.json");
   // Table 1 with P1 = 4, P2 = 1: three worker-only ranks move 2 MN each, rank 0 2 MN (P1 + P2 - 2) / P2 =
   // 6 MN; every byte sent is received once, so moved = 2 x sent (frame headers on top).
   const double sent = s["bytes_sent_by_scheme"]["ps"], predicted = s["predicted_bytes_by_scheme"]["ps"];
@@ -121,7 +116,7 @@ TEST(ComputeGroups, PushesPacedByTheRepliesKeepTheParametersExact) {
   expectSameParameters(bsp, paced);
   expectSameParameters(bsp, unpaced);
   ASSERT_FALSE(HasFailure());
-  const auto s = summaryOf(dir.path + "/paced.json"), u = summaryOf(dir.path + "/unpaced.json");
+  const auto s = testing::readJson(dir.path + "/paced.json"), u = testing::readJson(dir.path + "/unpaced.json");
   EXPECT_EQ(s["group_push_window"], 4);
   // Only ip1's pairs 4..24 can wait: at most 10 rounds x 4 workers x 21; the first of them always
   // does (its reply needs every worker's pair 0 at rank 0 and back), so some must have waited.
@@ -145,7 +140,7 @@ TEST(ComputeGroups, EveryWorkerItsOwnGroupRunsAsynchronouslyWithItsStalenessRepo
       dir.path + "/g4");
   ASSERT_EQ(p.exitCode(), 0) << p.stderrText();
   EXPECT_THAT(p.stdoutText(), HasSubstr("compute groups: 4 groups of 1 workers; staleness of 640 pair updates"));
-  auto s = summaryOf(dir.path + "/s.json");
+  auto s = testing::readJson(dir.path + "/s.json");
   double updates = 0, stale = 0;
   for (auto it = s["staleness_histogram"].begin(); it != s["staleness_histogram"].end(); ++it) {
     updates += it.value().get<double>();
@@ -170,13 +165,13 @@ TEST(ComputeGroups, SspKeepsEveryGroupWithinTheBoundOfASlowOne) {
                                       "--summary", dir.path + "/bounded.json"}),
                                  dir.path + "/bounded", slow);
   ASSERT_EQ(bounded.exitCode(), 0) << bounded.stderrText();
-  auto b = summaryOf(dir.path + "/bounded.json");
+  auto b = testing::readJson(dir.path + "/bounded.json");
   EXPECT_LE(b["max_group_lead"].get<int>(), 1);
   auto free = testing::runCli(
       job({"--max-steps", "24", "--groups", "4", "--momentum", "0.3", "--summary", dir.path + "/free.json"}),
       dir.path + "/free", slow);
   ASSERT_EQ(free.exitCode(), 0) << free.stderrText();
-  EXPECT_GT(summaryOf(dir.path + "/free.json")["max_group_lead"].get<int>(), 1);
+  EXPECT_GT(testing::readJson(dir.path + "/free.json")["max_group_lead"].get<int>(), 1);
 }
 
 // Merged FC with one group is data-parallel SGD on the same model: the FC server's gradient over
@@ -210,7 +205,7 @@ TEST(MergedFc, OneGroupTrainsTheSameModelAsWithoutIt) {
   EXPECT_LT(diff, 1e-6);
   EXPECT_GT(lrDiff, 1e-4);  // the comparison sees a change of the learning rate...
   EXPECT_GT(fcDiff, 1e-4);  // ...in the FC server's layers too
-  auto s = summaryOf(dir.path + "/merged.json");
+  auto s = testing::readJson(dir.path + "/merged.json");
   EXPECT_EQ(s["merged_fc"], true);
   EXPECT_EQ(s["fc_server_updates"], 2);                             // one per round of the one group
   EXPECT_EQ(s["staleness_histogram"], nlohmann::json({{"0", 4}}));  // conv1, conv2 only, on the shards
@@ -288,7 +283,7 @@ TEST(MergedFc, FourGroupsShareOneFcServer) {
                            dir.path + "/g4");
   ASSERT_EQ(p.exitCode(), 0) << p.stderrText();
   EXPECT_THAT(p.stdoutText(), HasSubstr("merged FC: the FC server applied 160 updates (staleness 0)"));
-  auto s = summaryOf(dir.path + "/s.json");
+  auto s = testing::readJson(dir.path + "/s.json");
   EXPECT_EQ(s["fc_server_updates"], 160);  // 40 rounds x 4 groups
   double updates = 0;
   for (auto it = s["staleness_histogram"].begin(); it != s["staleness_histogram"].end(); ++it) {
@@ -314,7 +309,7 @@ TEST(ComputeGroups, GroupBatchSplitsEachGroupsBatchOverItsMembers) {
   auto a = readFloats(dir.path + "/bsp.bin"), b = readFloats(dir.path + "/one.bin");
   ASSERT_EQ(a.size(), b.size());
   EXPECT_EQ(testing::countDiffering(a, b), 0u) << "of " << a.size() << " parameters";
-  auto s = summaryOf(dir.path + "/one.json");
+  auto s = testing::readJson(dir.path + "/one.json");
   EXPECT_EQ(s["batch"], 16);
   EXPECT_EQ(s["group_batch"], 64);
   auto two =
@@ -322,7 +317,7 @@ TEST(ComputeGroups, GroupBatchSplitsEachGroupsBatchOverItsMembers) {
                        "2", "--group-batch", "64", "--max-steps", "4", "--summary", dir.path + "/two.json"},
                       dir.path + "/two");
   ASSERT_EQ(two.exitCode(), 0) << two.stderrText();
-  auto t = summaryOf(dir.path + "/two.json");
+  auto t = testing::readJson(dir.path + "/two.json");
   EXPECT_EQ(t["batch"], 32);
   EXPECT_EQ(t["group_batch"], 64);
   EXPECT_DOUBLE_EQ(t["lr"].get<double>(), 0.0125);
@@ -346,7 +341,7 @@ TEST(ComputeGroups, OverlappedForwardAwaitsEachLayerOfTheNextRoundsPull) {
   ASSERT_EQ(a.size(), 431080u);
   ASSERT_EQ(a.size(), b.size());
   EXPECT_EQ(testing::countDiffering(a, b), 0u) << "of " << a.size() << " parameters";
-  auto plain = summaryOf(dir.path + "/plain.json"), overlap = summaryOf(dir.path + "/overlap.json");
+  auto plain = testing::readJson(dir.path + "/plain.json"), overlap = testing::readJson(dir.path + "/overlap.json");
   EXPECT_EQ(plain["test_accuracy"], overlap["test_accuracy"]);
   EXPECT_EQ(plain["staleness_histogram"], overlap["staleness_histogram"]);
   EXPECT_EQ(overlap["overlap_forward"], true);
@@ -358,7 +353,7 @@ TEST(ComputeGroups, OverlappedForwardAwaitsEachLayerOfTheNextRoundsPull) {
                                    "--overlap-forward", "--summary", dir.path + "/four.json"}),
                               dir.path + "/four");
   ASSERT_EQ(four.exitCode(), 0) << four.stderrText();
-  auto s = summaryOf(dir.path + "/four.json");
+  auto s = testing::readJson(dir.path + "/four.json");
   EXPECT_GT(s["updates_in_forward"].get<int64_t>(), 0);
   EXPECT_GT(s["test_accuracy"].get<double>(), 0.5);
 }
@@ -448,7 +443,7 @@ TEST(ComputeGroups, CheckpointsHoldTheShardsStateAndResumeExactly) {
                                 dir.path + "/onward");
   ASSERT_EQ(onward.exitCode(), 0) << onward.stderrText();
   EXPECT_THAT(onward.stdoutText(), HasSubstr("resuming from " + ck2 + "/step-000000010"));
-  EXPECT_EQ(summaryOf(dir.path + "/onward.json")["groups"], 4);
+  EXPECT_EQ(testing::readJson(dir.path + "/onward.json")["groups"], 4);
   auto noGroups = testing::runCli(job({"--max-steps", "12", "--regroup", "--checkpoint", ck2}), dir.path + "/nogroups");
   EXPECT_EQ(noGroups.exitCode(), 2);
   EXPECT_THAT(noGroups.stderrText(), HasSubstr("--regroup resumes a compute-group checkpoint with another number of "

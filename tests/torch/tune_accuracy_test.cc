@@ -19,12 +19,8 @@ namespace poseidon {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::readJson;
 using testing::TempDir;
-
-nlohmann::json readJson(const std::string& path) {
-  std::ifstream f(path);
-  return nlohmann::json::parse(f);
-}
 
 // Omnivore's optimizer end to end, scaled down: a cold start over three learning rates, then epochs
 // of grids, every probe a real two-node training run from the epoch's checkpoint. What must hold

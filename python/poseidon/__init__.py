@@ -19,12 +19,22 @@ docs/python.md.
 import atexit
 import contextlib
 import copy
+import faulthandler
 import math
 import weakref
 
 import torch
 
-from . import _poseidon
+# Importing _poseidon installs a C++ stack report for native crashes (SIGSEGV and the like) where no
+# handler is set. If Python's faulthandler is on (python -X faulthandler, PYTHONFAULTHANDLER), it is
+# set aside for the import and enabled again on top: a crash then prints the Python traceback, then
+# the C++ stack.
+_faulthandler_on = faulthandler.is_enabled()
+if _faulthandler_on:
+    faulthandler.disable()
+from . import _poseidon  # noqa: E402
+if _faulthandler_on:
+    faulthandler.enable()
 from ._poseidon import AbortedError, DivergenceError, Error, InvalidArgument, IoError, TimeoutError  # noqa: F401
 from ._layers import _FcLoss, _describe, _tensors, local_device  # noqa: F401
 from .checkpoint import load_checkpoint, save_checkpoint  # noqa: F401

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "poseidon/cli/commands.h"
+#include "poseidon/common/crash.h"
 #include "poseidon/common/error.h"
 #include "poseidon/common/log.h"
 #include "poseidon/launch/env.h"
@@ -58,6 +59,9 @@ int main(int argc, char** argv) {
   }
   std::string cmd = args[0];
   args.erase(args.begin());
+  // The line that heads a crash report: lives as long as the process.
+  static const std::string crashName = "poseidon " + cmd;
+  installCrashReport(crashName.c_str());
   try {
     if (const char* level = std::getenv("POSEIDON_LOG")) setLogLevel(parseLogLevel(level));
     if (cmd == "plan") return cli::planCommand(args);

@@ -22,6 +22,7 @@
 #include <string>
 #include <tuple>
 
+#include "poseidon/common/crash.h"
 #include "poseidon/common/error.h"
 #include "poseidon/torch/distributed.h"
 #include "poseidon/torch/merged_fc.h"
@@ -353,6 +354,9 @@ void defineInfo(ModelClass& model) {
 
 PYBIND11_MODULE(_poseidon, m) {
   m.doc() = "Poseidon's runtime for PyTorch (see the poseidon package)";
+  // A native crash prints the C++ stack (common/crash.h), where no handler is installed yet; the
+  // package re-enables Python's faulthandler over it, which chains to this one.
+  installCrashReport("poseidon (python)", /*onlyUnhandled=*/true);
   defineErrors(m);
   m.def(
       "options_from_environment", [] { return optionsToDict(pt::DistributedOptions::fromEnvironment()); },

@@ -89,6 +89,10 @@ lim() {
 # ---- what the processes load: one OpenMP runtime, one LibTorch ----
 {
   echo "== ldd poseidon"; ldd "$BIN/poseidon" | grep -Ei 'omp|torch|c10|zmq|sodium|stdc'
+  echo "== the compiler's libstdc++ and what the binaries need, in order"
+  ls "$(dirname "$(dirname "$(command -v "${CXX:-g++}")")")"/lib64/libstdc++* 2>&1 | head -5
+  readelf -d "$BIN/poseidon" | grep NEEDED | head -8
+  echo "symbols the Python module exports: $(nm -D --defined-only "$BUILD"/python/poseidon/_poseidon*.so 2>/dev/null | wc -l)"
   echo "== python after import torch, poseidon"
   PYTHONPATH=$BUILD/python $PY -c 'import torch, poseidon; print(torch.__version__, torch.version.cuda, torch.cuda.is_available()); print("\n".join(sorted({l.split()[-1] for l in open("/proc/self/maps") if any(k in l for k in ("omp", "_poseidon", "libtorch", "libc10", "stdc++", "zmq"))})))'
 } >"$OUT/libs.log" 2>&1

@@ -117,13 +117,13 @@ row "torch tests (DistributedModel, DDP semantics, devices)" "$(grep -Eo 'PASSED
 
 # ---- (a) exactness on the GPU ----
 for kind in mlp unused bnconv; do
-  d=$(grep -Eo "device-exactness $kind on cuda[^:]*: max rel diff [0-9.e+-]+" "$OUT/torch_tests.log" | grep -Eo '[0-9.e+-]+$')
+  d=$(grep -Eo "device-exactness $kind on cuda[0-9:]*: max rel diff [0-9.e+-]+" "$OUT/torch_tests.log" | grep -Eo '[0-9.e+-]+$')
   row "(a) C++ $kind, 4 ranks on the GPU" "max rel diff ${d:-none}" \
     "$([[ -n "$d" ]] && $PY -c "import sys; sys.exit(0 if float('$d') <= 1e-4 else 1)" && echo ok || echo MISS)"
 done
 # Several GPUs in one node (--local-ranks 2: 2 machines x 2 ranks, each pair meeting on its leader).
 for kind in mlp unused bnconv; do
-  d=$(grep -Eo "local-ranks 2 $kind on cuda[^:]*: max rel diff [0-9.e+-]+" "$OUT/torch_tests.log" | grep -Eo '[0-9.e+-]+$')
+  d=$(grep -Eo "local-ranks 2 $kind on cuda[0-9:]*: max rel diff [0-9.e+-]+" "$OUT/torch_tests.log" | grep -Eo '[0-9.e+-]+$')
   row "(a) C++ $kind, 2 x 2 local ranks on the GPU" "max rel diff ${d:-none}" \
     "$([[ -n "$d" ]] && $PY -c "import sys; sys.exit(0 if float('$d') <= 1e-4 else 1)" && echo ok || echo MISS)"
 done

@@ -17,6 +17,7 @@
 #     (b) the main job with --device cuda: test accuracy >= 88%
 #     (c) a trace whose device-to-host copies run inside the backward (a copy done before the step's last
 #         layer's backward is)
+#     (e) merged FC with the model on the GPU: 1 epoch, 2 groups, its accuracy within 2 points of the CPU's
 #     (d) per-iteration time of DistributedModel with 1 rank against the plain loop (--plain), and
 #         images/s with 4 ranks
 # It prints one table, writes its logs under OUT (default /tmp/device-check) and exits non-zero on any miss.
@@ -180,6 +181,18 @@ acc=$($PY -c "import json; print('%.4f' % json.load(open('$OUT/main.json'))['tes
 secs=$($PY -c "import json; print('%.1f' % json.load(open('$OUT/main.json'))['wall_seconds'])" 2>/dev/null)
 row "(b) main job --device cuda (4 workers, 5 epochs)" "accuracy ${acc:-none} in ${secs:-?} s" \
   "$([[ -n "$acc" ]] && $PY -c "import sys; sys.exit(0 if $acc >= 0.88 else 1)" && echo ok || echo MISS)"
+
+# ---- (e) merged FC with a CUDA model: the FC server's classifier on the GPU, the features and their
+# gradient through host memory; against the same job on the CPU (2 groups are asynchronous, so not
+# bit for bit: a lost update or a wrong scaling costs far more than 2 points in one epoch) ----
+for dev in cuda cpu; do
+  lim 180 "$BIN/poseidon" train --device $dev --data .device/data --groups 2 --merged-fc --epochs 1 \
+    --summary "$OUT/merged-$dev.json" --quiet >"$OUT/merged-$dev.log" 2>&1
+done
+mg=$($PY -c "import json; print('%.4f' % json.load(open('$OUT/merged-cuda.json'))['test_accuracy'])" 2>/dev/null)
+mc=$($PY -c "import json; print('%.4f' % json.load(open('$OUT/merged-cpu.json'))['test_accuracy'])" 2>/dev/null)
+row "(e) merged FC, 2 groups, 1 epoch: cuda vs cpu" "accuracy ${mg:-none} vs ${mc:-none}" \
+  "$([[ -n "$mg" && -n "$mc" ]] && $PY -c "import sys; sys.exit(0 if $mg >= 0.80 and abs($mg - $mc) <= 0.02 else 1)" && echo ok || echo MISS)"
 
 # ---- (c) the copies inside the backward ----
 lim 120 "$BIN/poseidon" train --device cuda --data .device/data --workers 2 --max-steps 30 --trace "$OUT/trace.json" \

@@ -67,7 +67,7 @@ class _FcLoss(torch.autograd.Function):
     def forward(ctx, features, labels, impl, lr):
         loss, grad = impl.fc_exchange(features.detach(), labels, lr)
         ctx.save_for_backward(grad)
-        return torch.tensor(loss, dtype=features.dtype)
+        return torch.tensor(loss, dtype=features.dtype, device=features.device)
 
     @staticmethod
     def backward(ctx, grad_output):

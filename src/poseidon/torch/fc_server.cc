@@ -133,9 +133,11 @@ void FcServer::serve(std::vector<FcChannel::Request>& members) {
   std::vector<std::vector<uint8_t>> replies;
   {
     std::lock_guard<std::mutex> lock(modelMutex_);
-    // One forward over the group's rows; the loss is the mean of the members' mean losses.
-    torch::Tensor x = torch::cat(xs).requires_grad_(true);
-    torch::Tensor y = torch::cat(ys);
+    // One forward over the group's rows, on the classifier's device (the rows came over the network
+    // into host memory); the loss is the mean of the members' mean losses.
+    const c10::Device device = params_.at(0).device();
+    torch::Tensor x = torch::cat(xs).to(device).requires_grad_(true);
+    torch::Tensor y = torch::cat(ys).to(device);
     torch::Tensor out = classifier_(x);
     const int64_t low = y.min().item<int64_t>(), high = y.max().item<int64_t>();
     if (low < 0 || high >= out.size(1)) {
@@ -156,7 +158,7 @@ void FcServer::serve(std::vector<FcChannel::Request>& members) {
     for (auto& group : optimizer_->param_groups()) static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr);
     optimizer_->step();
     // d(member's mean loss)/d(its rows) = k x d(loss)/d(its rows).
-    torch::Tensor grad = (x.grad() * k).contiguous();
+    torch::Tensor grad = (x.grad() * k).to(torch::kCPU).contiguous();
     offset = 0;
     for (size_t i = 0; i < members.size(); ++i) {
       torch::Tensor g = grad.narrow(0, offset, rows[i]).contiguous();

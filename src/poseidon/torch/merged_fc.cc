@@ -11,10 +11,6 @@ MergedFc::MergedFc(DistributedModel& features, std::function<torch::Tensor(torch
   if (!features.computeGroups()) {
     throw InvalidArgument("merged FC runs the conv layers in compute groups: the job needs groups >= 1");
   }
-  if (!features.device().is_cpu()) {
-    throw InvalidArgument(
-        strCat("merged FC trains CPU models only (the model is on ", features.device().str(), "; docs/gpu.md)"));
-  }
   if (params_.empty()) throw InvalidArgument("merged FC: the classifier has no trainable parameters");
   for (const auto& p : params_) {
     if (p.scalar_type() != torch::kFloat32 || !p.is_contiguous()) {
@@ -70,8 +66,10 @@ MergedFc::Reply MergedFc::exchange(const torch::Tensor& features, const torch::T
                                  features.size(0), "), got ", labels.dim(), "-D ", c10::toString(labels.scalar_type()),
                                  " with ", labels.numel(), " elements"));
   }
-  torch::Tensor h = features.detach().contiguous();
-  torch::Tensor y = labels.contiguous();
+  // The request and the reply travel through host memory: a CUDA model's features come down here and
+  // their gradient goes back up (on the CPU both copies are the same tensors, no copy).
+  torch::Tensor h = features.detach().to(torch::kCPU).contiguous();
+  torch::Tensor y = labels.to(torch::kCPU).contiguous();
   const int64_t rows = h.size(0), cols = h.size(1);
   std::vector<uint8_t> reply = dist_.node().fc().exchange(
       dist_.node().iteration(), encodeFcForward(lr, rows, cols, h.data_ptr<float>(), y.data_ptr<int64_t>()));
@@ -82,7 +80,9 @@ MergedFc::Reply MergedFc::exchange(const torch::Tensor& features, const torch::T
   }
   Reply r;
   r.loss = v.loss;
-  r.gradient = torch::from_blob(const_cast<float*>(v.gradient), {rows, cols}, torch::kFloat32).clone();
+  // A copy either way: the reply's bytes go when this returns.
+  r.gradient = torch::from_blob(const_cast<float*>(v.gradient), {rows, cols}, torch::kFloat32)
+                   .to(torch::TensorOptions().device(features.device()), /*non_blocking=*/false, /*copy=*/true);
   return r;
 }
 
@@ -99,7 +99,10 @@ void MergedFc::broadcastClassifier() {
   }
   takeServerClassifier();
   for (auto& p : source) {
-    dist_.node().broadcast(kFcServerRank, LayerBuffer::contiguous(p.data_ptr<float>(), p.numel()));
+    // The network reads and writes host memory: a CUDA classifier goes through a host copy.
+    torch::Tensor host = p.device().is_cpu() ? p : p.to(torch::kCPU).contiguous();
+    dist_.node().broadcast(kFcServerRank, LayerBuffer::contiguous(host.data_ptr<float>(), host.numel()));
+    if (!p.device().is_cpu()) p.copy_(host.view(p.sizes()));
   }
 }
 

@@ -333,23 +333,6 @@ TEST(DistributedModel, RejectsNonFloatParameters) {
   }
 }
 
-// A device model's data path does not take straggler dropping yet: one clear line, before the
-// rendezvous.
-TEST(DistributedModel, StagedModelRefusesStragglerDroppingWithOneLine) {
-  auto net = std::make_shared<torch::nn::LinearImpl>(2, 2);
-  DistributedOptions o;
-  o.node.masterPort = freePort("127.0.0.1");
-  o.node.settings.dropStragglers = 1;
-  o.stageOnHost = true;
-  try {
-    DistributedModel dist(net, "staged", o);
-    FAIL() << "expected an error";
-  } catch (const InvalidArgument& e) {
-    EXPECT_EQ(std::string(e.what()),
-              "model 'staged' on cpu (stageOnHost): straggler dropping trains CPU models only (docs/gpu.md)");
-  }
-}
-
 // The device check's exactness (scripts/device-check.sh runs it on a GPU): 4 ranks x 16 rows against
 // one process x 64 rows on the CPU, 10 steps of SGD with momentum, for an MLP (SFB), a model with a
 // never-called SFB layer, and a conv net with BatchNorm (per-rank batch statistics: against the same 4

@@ -114,8 +114,7 @@ void addTrainingFlags(FlagSet& flags, TrainFlags& t) {
   flags.addBool("plain", &t.o.plain, "run the plain LibTorch loop without Poseidon (overhead baseline; 1 worker)");
   flags.addString("device", &t.o.device,
                   "where each worker's model and batches live: cpu; cuda (cuda:LOCAL_RANK, one worker per GPU; "
-                  "workers beyond the GPUs share them); auto (cuda when LibTorch sees a GPU). Not with "
-                  "--drop-stragglers on a GPU (docs/gpu.md)",
+                  "workers beyond the GPUs share them); auto (cuda when LibTorch sees a GPU); docs/gpu.md",
                   "cpu|cuda|auto");
 }
 

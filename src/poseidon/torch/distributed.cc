@@ -69,11 +69,6 @@ void DistributedModel::init(ModelParts parts) {
   if (desc_.layers.empty()) throw InvalidArgument("model '" + parts.name + "' has no trainable parameters");
   device_ = modelDevice(parts);
   const bool staged = !device_.is_cpu() || options_.stageOnHost;
-  if (staged && options_.node.settings.stragglerMode()) {
-    throw InvalidArgument(strCat("model '", parts.name, "' on ", device_.str(),
-                                 options_.stageOnHost && device_.is_cpu() ? " (stageOnHost)" : "",
-                                 ": straggler dropping trains CPU models only (docs/gpu.md)"));
-  }
   tracer_ = options_.node.tracer;
   node_ = Node::start(options_.node, desc_);
   if (node_->book().settings().groupMode())
@@ -198,6 +193,10 @@ bool DistributedModel::skipIfBehind() {
   if (!node_->alreadyComplete()) return false;
   std::vector<LayerBuffer> outputs;
   for (auto& layer : layers_) {
+    if (staging_) {  // the node writes host memory: the layer's host buffer, taken up to .grad() below
+      outputs.push_back(LayerBuffer::contiguous(layer.host.data_ptr<float>(), layer.host.numel()));
+      continue;
+    }
     std::vector<FloatSpan> spans;
     for (auto& p : layer.params) {
       if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
@@ -207,6 +206,17 @@ bool DistributedModel::skipIfBehind() {
   }
   node_->skipIteration(outputs);
   node_->waitIteration();
+  if (staging_) {
+    torch::NoGradGuard guard;
+    for (auto& layer : layers_) {
+      const auto from = perParameter(layer.host, layer.params);
+      for (size_t i = 0; i < layer.params.size(); ++i) {
+        torch::Tensor& p = layer.params[i];
+        if (!p.grad().defined()) p.mutable_grad() = torch::empty_like(p);
+        DeviceStaging::fromHost(p.grad(), from[i]);
+      }
+    }
+  }
   inIteration_ = false;
   broadcastBuffers();
   throwIfDiverged(firstNonFinite(true), "the mean gradient");

@@ -239,7 +239,7 @@ row "bench, alexnet on 2 emulated nodes" "exit $bench_rc, $([[ -s "$OUT/bench.js
 for log in "$OUT"/*.log; do
   grep -q "fatal signal" "$log" || continue
   echo "== $log"
-  grep -A64 "fatal signal" "$log" | grep -Eo '^/[^ (]+\(\+0x[0-9a-f]+\)' | sort -u | while read -r frame; do
+  grep -A64 "fatal signal" "$log" | grep -Eo '/[^ (]+\(\+0x[0-9a-f]+\)' | sort -u | while read -r frame; do
     bin=${frame%%(*}; off=${frame#*(+}; off=${off%)}
     echo "$frame -> $(addr2line -f -C -i -e "$bin" "$off" 2>/dev/null | paste -sd' ')"
   done

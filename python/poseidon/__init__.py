@@ -27,14 +27,20 @@ import torch
 
 # Importing _poseidon installs a C++ stack report for native crashes (SIGSEGV and the like) where no
 # handler is set. If Python's faulthandler is on (python -X faulthandler, PYTHONFAULTHANDLER), it is
-# set aside for the import and enabled again on top: a crash then prints the Python traceback, then
-# the C++ stack.
+# set aside for the import and enabled again on top, on standard error for every thread (its default:
+# a file= given to an earlier enable() is not kept): a crash then prints the Python traceback, then the
+# C++ stack. Nothing here can make the import fail.
 _faulthandler_on = faulthandler.is_enabled()
 if _faulthandler_on:
     faulthandler.disable()
-from . import _poseidon  # noqa: E402
-if _faulthandler_on:
-    faulthandler.enable()
+try:
+    from . import _poseidon  # noqa: E402
+finally:
+    if _faulthandler_on:
+        try:
+            faulthandler.enable()
+        except (RuntimeError, ValueError, AttributeError, OSError):  # a standard error without a file descriptor
+            pass
 from ._poseidon import AbortedError, DivergenceError, Error, InvalidArgument, IoError, TimeoutError  # noqa: F401
 from ._layers import _FcLoss, _describe, _tensors, local_device  # noqa: F401
 from .checkpoint import load_checkpoint, save_checkpoint  # noqa: F401

@@ -108,6 +108,14 @@ void DeviceStaging::fromHost(const torch::Tensor& dst, const torch::Tensor& src)
   dst.copy_(src.view(dst.sizes()), /*non_blocking=*/!dst.device().is_cpu());
 }
 
+void DeviceStaging::waitForCurrentStream(const c10::Device& device) {
+  if (device.is_cpu()) return;
+  c10::impl::VirtualGuardImpl impl(device.type());
+  c10::Event done(device.type());
+  done.record(impl.getStream(device));
+  eventSynchronize(done);
+}
+
 void DeviceStaging::rebuild(const std::vector<FactorView>& workers, int64_t m, int64_t n, bool bias, float scale,
                             DeviceRebuild& into) {
   int64_t rows = 0;

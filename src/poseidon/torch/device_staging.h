@@ -73,6 +73,9 @@ class DeviceStaging {
   // Host to device, after the work queued so far on the current stream and before what follows it
   // there (non-blocking from page-locked memory). dst and src have the same number of elements.
   static void fromHost(const torch::Tensor& dst, const torch::Tensor& src);
+  // Blocks until the work queued so far on `device`'s current stream is done (nothing on the CPU): the
+  // host buffers that fromHost() copies read may then be written again.
+  static void waitForCurrentStream(const c10::Device& device);
 
   // SFB for a CUDA layer: scale * sum over workers of U^T V (and the bias, scale * the column sums of
   // U) as one GEMM on the device (cuBLAS through LibTorch) into `into.result`. The workers' host factors

@@ -216,6 +216,10 @@ bool DistributedModel::skipIfBehind() {
         DeviceStaging::fromHost(p.grad(), from[i]);
       }
     }
+    // Those copies read the host buffers asynchronously, and a rank still behind has the node write the
+    // next step's means into the same buffers at once (the step's own copies down are ordered by an
+    // event; a skip has none).
+    DeviceStaging::waitForCurrentStream(device_);
   }
   inIteration_ = false;
   broadcastBuffers();

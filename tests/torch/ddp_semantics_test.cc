@@ -10,6 +10,7 @@
 
 #include "poseidon/launch/env.h"
 #include "poseidon/torch/distributed.h"
+#include "rank_options.h"
 
 namespace poseidon::pt {
 namespace {
@@ -43,13 +44,7 @@ torch::Tensor dataFor(int rank, int step, int64_t rows, int64_t cols = 64) {
 }
 
 DistributedOptions optionsFor(int rank, int ranks, int port, int64_t batch) {
-  DistributedOptions o;
-  o.node.rank = rank;
-  o.node.worldSize = ranks;
-  o.node.masterPort = port;
-  o.node.timeout = std::chrono::milliseconds(60000);
-  o.node.settings.batch = batch;
-  return o;
+  return testing::threadRankOptions(rank, ranks, port, batch, std::chrono::milliseconds(60000));
 }
 
 // Runs fn(rank) on `ranks` threads and returns their results in rank order.

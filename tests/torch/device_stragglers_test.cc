@@ -13,6 +13,7 @@
 
 #include "poseidon/launch/env.h"
 #include "poseidon/torch/distributed.h"
+#include "rank_options.h"
 
 namespace poseidon::pt {
 namespace {
@@ -66,12 +67,7 @@ Outcome runWithAStraggler(bool staged) {
         for (size_t i = 0; i < net->parameters().size(); ++i) net->parameters()[i].copy_(initial.parameters()[i]);
       }
       net->to(device);
-      DistributedOptions o;
-      o.node.rank = r;
-      o.node.worldSize = kRanks;
-      o.node.masterPort = port;
-      o.node.timeout = std::chrono::milliseconds(20000);
-      o.node.settings.batch = kRows;
+      DistributedOptions o = testing::threadRankOptions(r, kRanks, port, kRows);
       o.node.settings.dropStragglers = 1;
       o.node.settings.stragglerTimeoutMs = 50;
       o.stageOnHost = staged && device.is_cpu();

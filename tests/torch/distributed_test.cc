@@ -13,6 +13,7 @@
 #include "poseidon/launch/env.h"
 #include "poseidon/torch/compat.h"
 #include "poseidon/torch/device_staging.h"
+#include "rank_options.h"
 
 namespace poseidon::pt {
 namespace {
@@ -61,15 +62,7 @@ std::vector<torch::Tensor> referenceGrads(std::shared_ptr<TwoBranch> ref, int ra
 }
 
 // One of `ranks` ranks of a job on this machine, as threads of this process.
-DistributedOptions rankOptions(int rank, int ranks, int port, int64_t batch) {
-  DistributedOptions o;
-  o.node.rank = rank;
-  o.node.worldSize = ranks;
-  o.node.masterPort = port;
-  o.node.timeout = std::chrono::milliseconds(20000);
-  o.node.settings.batch = batch;
-  return o;
-}
+using testing::threadRankOptions;
 
 void runRanks(int ranks, SchemePolicy policy, bool overlap, bool staged = false) {
   const int64_t rows = 4;
@@ -89,7 +82,7 @@ void runRanks(int ranks, SchemePolicy policy, bool overlap, bool staged = false)
   for (int r = 0; r < ranks; ++r) {
     futures.push_back(std::async(std::launch::async, [=] {
       auto net = nets[r];
-      DistributedOptions o = rankOptions(r, ranks, port, rows);
+      DistributedOptions o = threadRankOptions(r, ranks, port, rows);
       o.node.settings.policy = policy;
       o.overlap = overlap;
       o.stageOnHost = staged;
@@ -172,7 +165,7 @@ TEST(DistributedModel, OverlappedSequentialStepEqualsTheBarrierPathBitForBit) {
     for (int r = 0; r < ranks; ++r) {
       futures.push_back(std::async(std::launch::async, [&, r] {
         torch::nn::Sequential net = nets[r];
-        DistributedOptions o = rankOptions(r, ranks, port, rows);
+        DistributedOptions o = threadRankOptions(r, ranks, port, rows);
         o.stageOnHost = staged;
         DistributedModel dist(net.ptr(), "seq", o, [net](torch::Tensor x) mutable { return net->forward(x); });
         torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
@@ -254,7 +247,7 @@ TEST(DistributedModel, ANonFiniteMeanGradientThrowsDivergenceOnEveryRankAtThatSt
     for (int r = 0; r < ranks; ++r) {
       futures.push_back(std::async(std::launch::async, [&, r] {
         torch::nn::Sequential net = nets[r];
-        DistributedOptions o = rankOptions(r, ranks, port, rows);
+        DistributedOptions o = threadRankOptions(r, ranks, port, rows);
         o.checkFinite = check;
         DistributedModel dist(net.ptr(), "seq", o, [net](torch::Tensor x) mutable { return net->forward(x); });
         torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
@@ -384,7 +377,7 @@ std::vector<torch::Tensor> deviceJob(const std::string& kind, int ranks, c10::De
   for (int r = 0; r < ranks; ++r) {
     futures.push_back(std::async(std::launch::async, [&, r] {
       auto net = nets[r];
-      DistributedOptions o = rankOptions(r, ranks, port, rows);
+      DistributedOptions o = threadRankOptions(r, ranks, port, rows);
       o.stageOnHost = staged;
       o.node.settings.localRanks = localRanks;
       DistributedModel dist(net, kind, o, [net](torch::Tensor x) { return net->forward(x); });

@@ -18,6 +18,18 @@ namespace poseidon::pt {
 
 namespace autograd = torch::autograd;
 
+namespace {
+// A layer's mean from its flat host buffer into each parameter's .grad() (made where missing), after
+// the work queued so far on the device (DeviceStaging::fromHost).
+void gradsFromHost(std::vector<torch::Tensor>& params, const torch::Tensor& flat) {
+  const auto from = perParameter(flat, params);
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].grad().defined()) params[i].mutable_grad() = torch::empty_like(params[i]);
+    DeviceStaging::fromHost(params[i].grad(), from[i]);
+  }
+}
+}  // namespace
+
 // Pre-hook on the addmm/mm node of a Linear layer: receives dL/dy (U).
 class DistributedModel::FactorHook : public autograd::FunctionPreHook {
  public:
@@ -208,14 +220,7 @@ bool DistributedModel::skipIfBehind() {
   node_->waitIteration();
   if (staging_) {
     torch::NoGradGuard guard;
-    for (auto& layer : layers_) {
-      const auto from = perParameter(layer.host, layer.params);
-      for (size_t i = 0; i < layer.params.size(); ++i) {
-        torch::Tensor& p = layer.params[i];
-        if (!p.grad().defined()) p.mutable_grad() = torch::empty_like(p);
-        DeviceStaging::fromHost(p.grad(), from[i]);
-      }
-    }
+    for (auto& layer : layers_) gradsFromHost(layer.params, layer.host);
     // Those copies read the host buffers asynchronously, and a rank still behind has the node write the
     // next step's means into the same buffers at once (the step's own copies down are ordered by an
     // event; a skip has none).
@@ -527,12 +532,7 @@ void DistributedModel::applyLayer(Layer& layer) {
     layer.scheme = Scheme::kPS;
     return;
   }
-  const auto from = perParameter(psMean ? layer.host : layer.staging, layer.params);
-  for (size_t i = 0; i < layer.params.size(); ++i) {
-    torch::Tensor& p = layer.params[i];
-    if (!p.grad().defined()) p.mutable_grad() = torch::empty_like(p);
-    DeviceStaging::fromHost(p.grad(), from[i]);
-  }
+  gradsFromHost(layer.params, psMean ? layer.host : layer.staging);
   layer.scheme = Scheme::kPS;  // the default for the next iteration
 }
 

@@ -47,7 +47,12 @@ void requireCluster() {
 TEST(BenchSmoke, TwoNodesOneIterationPoseidonAndDdp) {
   requireCluster();
   std::string dir = testing::makeTempDir("bench");
+  // --ddp-python: DDP's ranks start in the interpreter named, here one that notes each start first.
+  const std::string python = dir + "/python";
+  std::ofstream(python) << "#!/bin/sh\necho \"$*\" >>" << dir << "/python.log\nexec /usr/bin/python3 \"$@\"\n";
+  fs::permissions(python, fs::perms::owner_all);
   std::vector<testing::Proc> procs{testing::spawn({POSEIDON_CLI,   "bench",
+                                                   "--ddp-python", python,
                                                    "--models",     "vgg19",
                                                    "--systems",    "poseidon,ddp,ddp-tuned",
                                                    "--nodes",      "1,2",
@@ -69,6 +74,18 @@ TEST(BenchSmoke, TwoNodesOneIterationPoseidonAndDdp) {
   ASSERT_EQ(result["runs"].size(), 8u);
   EXPECT_EQ(result["config"]["tcp_congestion_control"], "cubic");
   EXPECT_EQ(result["config"]["timer_slack_ns"], 1);
+  EXPECT_EQ(result["config"]["ddp_python"], python);
+  {
+    std::ifstream pf(dir + "/python.log");
+    std::string line;
+    int imports = 0, ranks = 0;
+    while (std::getline(pf, line)) {
+      imports += line == "-c import torch, torch.distributed";
+      ranks += line.find("ddp_worker.py") != std::string::npos;
+    }
+    EXPECT_EQ(imports, 1);              // the check before any run
+    EXPECT_GE(ranks, 2 * (1 + 2) * 2);  // ddp and ddp-tuned, at 1 and 2 nodes, 2 runs each (the tuning's more)
+  }
   // vgg19's 32 x 0.1 = 3.2 rows a worker is not whole: it runs at width 3/32, its links at
   // (0.09375 / 0.1)^2 of the column's rate, the same full-width rate.
   const double width = result["config"]["model_scales"]["vgg19"].get<double>(), s2 = width * width;

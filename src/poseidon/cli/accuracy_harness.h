@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "poseidon/bench/cluster.h"
+#include "poseidon/cli/bench_util.h"
 
 namespace poseidon::cli {
 
@@ -60,6 +61,7 @@ struct RunExtras {
 
 struct AccuracyHarness {
   std::string exe, ddpScript, work, dataDir;
+  std::string ddpPython = kDefaultDdpPython;  // --ddp-python
   bench::EmulatedCluster* cluster = nullptr;
   int nodes = 8, steps = 200, curveEvery = 10, timeoutS = 1800;
   int servers = 0;  // --servers: Poseidon's shards on nodes 0..servers-1 only (0: every node)

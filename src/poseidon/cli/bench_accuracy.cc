@@ -189,7 +189,7 @@ AccuracyRun AccuracyHarness::run(const AccuracySystem& sys, const RunExtras& ext
     std::vector<std::string> data;
     if (!dataDir.empty()) data = {"--data", dataDir};
     if (sys.groups < 0) {
-      so.argv = {"/usr/bin/python3", ddpScript};
+      so.argv = {ddpPython, ddpScript};
       so.argv.insert(so.argv.end(), shared.begin(), shared.end());
       so.argv.insert(so.argv.end(), {"--steps", std::to_string(maxSteps), "--timeout", std::to_string(timeoutS),
                                      "--out", base + ".json"});
@@ -460,6 +460,10 @@ void addAccuracyFlags(FlagSet& flags, AccuracyArgs& a) {
   flags.addString("markdown", &a.mdPath, "write the tables as Markdown to FILE", "FILE");
   flags.addString("plots", &a.plotDir, "write accuracy and loss curves (PNG, gnuplot) into DIR", "DIR");
   flags.addString("ddp-script", &a.ddpScript, "path to bench/ddp_train.py", "FILE");
+  flags.addString("ddp-python", &a.h.ddpPython,
+                  "the interpreter DDP trains in: one whose torch has torch.distributed, e.g. a pip install's "
+                  "python3 where Debian's python3-torch is missing",
+                  "FILE");
   flags.addBool("keep", &a.keep, "keep the per-rank logs and summaries (printed path)");
 }
 
@@ -544,7 +548,7 @@ int benchAccuracyCommand(const std::vector<std::string>& args) {
   requireEmulatedCluster();
 
   if (std::any_of(systems.begin(), systems.end(), [](const AccuracySystem& s) { return s.groups < 0; })) {
-    h.ddpScript = findDdpScript(a.ddpScript, "ddp_train.py");
+    h.ddpScript = findDdpScript(a.ddpScript, "ddp_train.py", h.ddpPython);
   }
   h.prepare("poseidon-accuracy");
 

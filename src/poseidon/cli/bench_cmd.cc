@@ -53,6 +53,7 @@ struct BenchArgs {
   std::string systemsFlag = "poseidon,ps-wfbp,ps-naive,adam,ddp,ddp-fp16,ddp-powersgd1,ddp-powersgd4";
   std::string nodesFlag = "1,2,4,8", ratesFlag = "1000,300,100,30", computeFlag = "titanx";
   std::string jsonPath, mdPath, plotDir, ddpScript, bisectSystems, reportFrom, traceDir;
+  std::string ddpPython = kDefaultDdpPython;
   double scale = 0.1, latencyMs = 0, queueMs = bench::LinkSpec::kDefaultQueueMs;
   std::string tcpCongestion = bench::EmulatedCluster::kDefaultTcpCongestion;
   int iterations = 8, warmup = 3, timeoutS = 150, retries = 1, repeat = 1, rcvbuf = 0, sendWindow = 0;
@@ -156,6 +157,10 @@ void addReportFlags(FlagSet& flags, BenchArgs& a) {
                   "send and receive, the wait for the sync; chrome://tracing or Perfetto)",
                   "DIR");
   flags.addString("ddp-script", &a.ddpScript, "path to bench/ddp_worker.py", "FILE");
+  flags.addString("ddp-python", &a.ddpPython,
+                  "the interpreter the DDP baselines run in: one whose torch has torch.distributed, e.g. a pip "
+                  "install's python3 where Debian's python3-torch is missing",
+                  "FILE");
   flags.addBool("keep", &a.keep, "keep the per-rank logs and results (printed path)");
 }
 
@@ -254,6 +259,7 @@ nlohmann::json benchConfig(const BenchArgs& a, const BenchPlan& p, const std::ve
                            {"io_threads", a.ioThreads},
                            {"sum_threads", a.sumThreads},
                            {"local_ranks", a.localRanks},
+                           {"ddp_python", a.ddpPython},
                            {"send_window", a.sendWindow},
                            {"pair_bytes", a.pairBytes},  // full width
                            // every emulated node ran here: what the planner's --check needs to know
@@ -459,7 +465,10 @@ int benchCommand(const std::vector<std::string>& args) {
   h.compute = p.gpu;
   h.devices = p.devices;
   h.deviceModels = p.deviceModels;
-  if (std::any_of(p.systems.begin(), p.systems.end(), isDdp)) h.ddpScript = findDdpScript(a.ddpScript, "ddp_worker.py");
+  if (std::any_of(p.systems.begin(), p.systems.end(), isDdp)) {
+    h.ddpScript = findDdpScript(a.ddpScript, "ddp_worker.py", a.ddpPython);
+    h.ddpPython = a.ddpPython;
+  }
   h.work = startEmulatedRuns("poseidon-bench");
 
   nlohmann::json result;

@@ -51,6 +51,7 @@ inline bool isDdp(const std::string& s) { return bench::parseBenchSystem(s).spec
 
 struct Harness {
   std::string exe, ddpScript, work;
+  std::string ddpPython = kDefaultDdpPython;  // --ddp-python
   double scale = 0.1;
   std::string compute = "titanx";  // the GPU whose compute tables every system runs on (--compute)
   int iterations = 8, warmup = 3, timeoutS = 300, retries = 1;
@@ -194,7 +195,7 @@ struct Harness {
       if (isDdp(system)) {
         r.bucketMb = scaledMb(bucketMb, m);
         r.firstBucketMb = scaledMb(firstBucketMb, m);
-        so.argv = {"/usr/bin/python3",
+        so.argv = {ddpPython,
                    ddpScript,
                    "--model-json",
                    modelJson[modelName],

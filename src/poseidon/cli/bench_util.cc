@@ -38,12 +38,17 @@ std::string findBenchScript(const std::string& flag, const std::string& name) {
   throw InvalidArgument("bench/" + name + " not found (run from the repository, or pass --ddp-script PATH)");
 }
 
-std::string findDdpScript(const std::string& flag, const std::string& name) {
+std::string findDdpScript(const std::string& flag, const std::string& name, const std::string& python) {
   std::string script = findBenchScript(flag, name);
   try {
-    bench::run({"/usr/bin/python3", "-c", "import torch, torch.distributed"});
+    bench::run({python, "-c", "import torch, torch.distributed"});
   } catch (const Error&) {
-    throw Error("the DDP baselines need Debian's python3-torch (apt-get install python3-torch)");
+    if (python == kDefaultDdpPython) {
+      throw Error(
+          strCat("the DDP baselines need Debian's python3-torch (apt-get install python3-torch), or "
+                 "--ddp-python naming an interpreter with torch"));
+    }
+    throw Error(strCat("the DDP baselines need torch: --ddp-python ", python, " cannot import torch.distributed"));
   }
   return script;
 }

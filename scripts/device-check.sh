@@ -13,7 +13,8 @@
 #         BatchNorm (against the same 4 ranks on the CPU: its batch statistics are per rank); in C++
 #         (torch_tests' DeviceExactness) and in Python (tests/python/jobs/exact_job.py); max rel diff <= 1e-4;
 #         and the same in C++ as 2 machines x 2 local ranks (torch_tests' LocalRanks, --local-ranks 2)
-#     the README's Python example with only .cuda() added (model and data), 4 ranks
+#     the README's Python example with only .cuda() added (model and data), 4 ranks, and its C++ example with
+#         the model and data moved by selectDevice("cuda", LOCAL_RANK), built against this build's install
 #     (b) the main job with --device cuda: test accuracy >= 88%
 #     (c) a trace whose device-to-host copies run inside the backward (a copy done before the step's last
 #         layer's backward is)
@@ -174,6 +175,43 @@ EOF
   row "README Python example on the CPU, 4 ranks" "exit $ex_rc, $done_ranks ranks at step 100" \
     "$([[ $ex_rc == 0 && $done_ranks == 4 ]] && echo ok || echo MISS)"
 fi
+
+# ---- the README's C++ example with the model and the data moved to the GPU, nothing else changed:
+# built as an outside project against this build's install (find_package(Poseidon)), as the README
+# says. EXAMPLE_DEVICE=cpu tries the same steps on a machine without a GPU. ----
+EX=$OUT/example_cpp
+mkdir -p "$EX"
+cp "$ROOT/examples/cpp/CMakeLists.txt" "$ROOT/examples/cpp/exactness.cc" "$EX/"
+$PY - "$ROOT/examples/cpp/minimal.cc" "$EX/minimal.cc" "${EXAMPLE_DEVICE:-cuda}" <<'EOF'
+import sys
+text = open(sys.argv[1]).read()
+device = sys.argv[3]
+for old, new in (('#include "poseidon/torch/distributed.h"\n',
+                  '#include "poseidon/torch/distributed.h"\n#include "poseidon/torch/device_staging.h"\n'),
+                 ("  Mlp net;\n",
+                  "  Mlp net;\n  const char* localRank = std::getenv(\"LOCAL_RANK\");\n"
+                  "  const auto device = poseidon::pt::selectDevice(\"%s\", localRank ? std::atoi(localRank) : 0);\n"
+                  "  net->to(device);\n  x = x.to(device);\n  y = y.to(device);\n" % device)):
+    assert old in text, old
+    text = text.replace(old, new, 1)
+open(sys.argv[2], "w").write("#include <cstdlib>\n" + text)
+EOF
+ex_args=()
+for a in "${POSEIDON_DEVICE_CMAKE_ARGS[@]}"; do
+  [[ $a == -DCMAKE_PREFIX_PATH=* ]] && a="-DCMAKE_PREFIX_PATH=$OUT/prefix;${a#-DCMAKE_PREFIX_PATH=}"
+  ex_args+=("$a")
+done
+[[ " ${ex_args[*]} " == *" -DCMAKE_PREFIX_PATH="* ]] || ex_args+=("-DCMAKE_PREFIX_PATH=$OUT/prefix")
+ex_rc=1
+if lim 120 cmake --install "$BUILD" --prefix "$OUT/prefix" >"$OUT/example_cpp.log" 2>&1 &&
+  lim 120 cmake -S "$EX" -B "$EX/build" "${ex_args[@]}" >>"$OUT/example_cpp.log" 2>&1 &&
+  lim 240 cmake --build "$EX/build" -j"$(nproc)" --target minimal >>"$OUT/example_cpp.log" 2>&1; then
+  (cd "$EX" && lim 120 "$BIN/poseidon" launch -n 4 -- ./build/minimal) >>"$OUT/example_cpp.log" 2>&1
+  ex_rc=$?
+fi
+done_ranks=$(grep -c "step 100 loss" "$OUT/example_cpp.log")
+row "README C++ example on ${EXAMPLE_DEVICE:-cuda}, 4 ranks" "exit $ex_rc, $done_ranks ranks at step 100" \
+  "$([[ $ex_rc == 0 && $done_ranks == 4 ]] && echo ok || echo MISS)"
 
 # ---- (b) the main job on the GPU ----
 lim 300 "$BIN/poseidon" train --device cuda --data .device/data --summary "$OUT/main.json" >"$OUT/main.log" 2>&1

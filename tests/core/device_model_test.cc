@@ -67,6 +67,26 @@ TEST(DeviceModel, WorkThatAlreadyTookLongerIsChargedItsCostOnly) {
   EXPECT_NEAR(device.charged().gemm - before.gemm, 0.001, 1e-9);
 }
 
+// Short waits are owed per thread, not slept one by one (each sleep costs the host a wake-up), and
+// none is lost: a run of small sums holds the thread for all of them but what is still owed, less
+// than kMinHoldWait.
+TEST(DeviceModel, ShortWaitsAreOwedAndPaidInFull) {
+  DeviceModel m;
+  m.sumBytes = 1e9;
+  bench::ChargedDevice device(m);
+  const auto wait = bench::ChargedDevice::kMinHoldWait;
+  const double each = std::chrono::duration<double>(wait).count() / 4;  // a quarter of the threshold
+  const auto start = WorkClock::now();
+  for (int i = 0; i < 40; ++i) device.chargeSum(each * 1e9, WorkClock::now());  // `each` seconds at 1e9 bytes/s
+  // 40 quarters are 10 thresholds: all paid but what is still owed.
+  EXPECT_GE(WorkClock::now() - start, 9 * wait);
+  EXPECT_NEAR(device.charged().sum, 10 * std::chrono::duration<double>(wait).count(), 1e-9);
+  // A wait past the threshold is slept at once (twice it: what is left of it when it is charged still is).
+  const auto big = WorkClock::now();
+  device.chargeSum(2 * std::chrono::duration<double>(wait).count() * 1e9, big);
+  EXPECT_GE(WorkClock::now() - big, wait);
+}
+
 // The default model charges nothing, and neither does the runtime without a charger (production).
 TEST(DeviceModel, TheDefaultChargesNothing) {
   bench::ChargedDevice device(DeviceModel{});

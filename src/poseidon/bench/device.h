@@ -112,7 +112,12 @@ class ChargedDevice final : public WorkCharger {
 
   ChargedSeconds charged() const;
 
+  // A sum's wait shorter than this is owed by its thread and slept with the next one that reaches it
+  // (hold): one wake-up for many short sums.
+  static constexpr WorkClock::duration kMinHoldWait = std::chrono::microseconds(200);
+
  private:
+  // Holds the caller until `seconds` after `start`, the waits below kMinHoldWait gathered per thread.
   void hold(double seconds, WorkClock::time_point start, std::atomic<int64_t>& tally);
 
   const DeviceModel model_;

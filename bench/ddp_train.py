@@ -1,9 +1,9 @@
 #!/usr/bin/python3
 """One rank of `poseidon bench --accuracy`'s PyTorch DDP baseline: real training, padded compute.
 
-Run by the harness with Debian's /usr/bin/python3 (python3-torch) inside a node's network
-namespace, with MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE and GLOO_SOCKET_IFNAME set by hand, as
-bench/ddp_worker.py is. It trains what `poseidon train --pad-ms P --curve-every N` trains, the same
+Run by the harness with Debian's /usr/bin/python3 (python3-torch; `bench --accuracy --ddp-python` names
+another) inside a node's network namespace, with MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE and
+GLOO_SOCKET_IFNAME set by hand, as bench/ddp_worker.py is. It trains what `poseidon train --pad-ms P --curve-every N` trains, the same
 way:
 
 - the model (Caffe's LeNet, python/poseidon/zoo.py), the data (Fashion-MNIST, each rank a strided

@@ -1,9 +1,10 @@
 #!/usr/bin/python3
 """One rank of `poseidon bench`'s PyTorch DDP baselines.
 
-Run by the harness with Debian's own /usr/bin/python3 (python3-torch 1.13) inside a node's
-network namespace, with MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE set by hand (torchrun's
-launcher crashes on Python 3.11) and GLOO_SOCKET_IFNAME pointing at the node's interface.
+Run by the harness with Debian's own /usr/bin/python3 (python3-torch 1.13; `bench --ddp-python` names
+another interpreter, e.g. a pip torch's) inside a node's network namespace, with MASTER_ADDR,
+MASTER_PORT, RANK, WORLD_SIZE set by hand (torchrun's launcher crashes on Python 3.11) and
+GLOO_SOCKET_IFNAME pointing at the node's interface.
 
 The model is the same emulated layer table as Poseidon's bench-worker: every layer keeps its real
 (scaled) parameter shapes, and its forward and backward are waits of the layer's emulated time,

@@ -162,11 +162,17 @@ TEST(BenchSmoke, TwoNodesOneIterationPoseidonAndDdp) {
 TEST(BenchSmoke, OverlapTwoNodes) {
   requireCluster();
   std::string dir = testing::makeTempDir("bench");
-  std::vector<testing::Proc> procs{testing::spawn(
-      {POSEIDON_CLI, "bench", "--models", "vgg19", "--systems", "poseidon-overlap,poseidon-overlap-bf16", "--nodes",
-       "2", "--rates", "100", "--iterations", "2", "--warmup", "1", "--trace", dir + "/traces", "--json",
-       dir + "/r.json"},
-      {}, dir + "/log")};
+  std::vector<testing::Proc> procs{testing::spawn({POSEIDON_CLI,      "bench",
+                                                   "--models",        "vgg19",
+                                                   "--systems",       "poseidon-overlap,poseidon-overlap-bf16",
+                                                   "--nodes",         "2",
+                                                   "--rates",         "100",
+                                                   "--iterations",    "2",
+                                                   "--warmup",        "1",
+                                                   "--trace",         dir + "/traces",
+                                                   "--machine-rates", "60,8,1.5",
+                                                   "--json",          dir + "/r.json"},
+                                                  {}, dir + "/log")};
   testing::waitAll(procs, std::chrono::seconds(600));
   ASSERT_EQ(procs[0].exitCode(), 0) << procs[0].stdoutText() << procs[0].stderrText();
   std::ifstream f(dir + "/r.json");
@@ -186,6 +192,14 @@ TEST(BenchSmoke, OverlapTwoNodes) {
   EXPECT_GT(r["iteration_seconds"].get<double>(), 0.85) << r.dump();  // the emulated compute alone
   EXPECT_GT(r["tx_bytes_per_iteration"][1].get<double>(), 1e5) << r.dump();
   EXPECT_EQ(r["fc_schemes"]["fc6"], "sfb") << r.dump();
+  // --machine-rates: no measuring; each byte each way is charged its encryption at the 1.5 GB/s given,
+  // at full width (s'^2 = 0.09375^2).
+  EXPECT_TRUE(result["config"]["machine_rates_given"].get<bool>());
+  EXPECT_DOUBLE_EQ(result["config"]["machine_one_core"]["crypto_bytes_per_s"].get<double>(), 1.5e9);
+  const double wire = (r["tx_bytes_per_iteration"][1].get<double>() + r["rx_bytes_per_iteration"][1].get<double>()) /
+                      (0.09375 * 0.09375) / 1.5e9;
+  EXPECT_GT(r["charged_seconds_per_iteration"]["crypto"].get<double>(), 0.8 * wire) << r.dump();
+  EXPECT_LT(r["charged_seconds_per_iteration"]["crypto"].get<double>(), 1.2 * wire) << r.dump();
   std::ifstream tf(r["trace"].get<std::string>());
   std::string trace((std::istreambuf_iterator<char>(tf)), std::istreambuf_iterator<char>());
   EXPECT_THAT(trace, HasSubstr("\"forward (emulated, layer by layer as the sync lands)\"")) << r["trace"];

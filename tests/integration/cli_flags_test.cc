@@ -427,6 +427,10 @@ TEST(CliFlags, BenchRejectsOutOfRangeValues) {
   expectRejected({{"bench", "--systems", "poseidon-overlap-bf16", "--warmup", "0"},
                   "poseidon-overlap needs --warmup 1 or more (each iteration carries the one before's tail)"});
   expectRejected({{"bench", "--systems", "poseidon-fp8"}, "unknown system 'poseidon-fp8'"});
+  expectRejected({{"bench", "--machine-rates", "78,9.7"},
+                  "--machine-rates needs three rates, GEMM GFLOP/s, sums GB/s and CURVE GB/s (e.g. 78,9.7,1.4), got "
+                  "'78,9.7'"});
+  expectRejected({{"bench", "--machine-rates", "78,9.7,0"}, "--machine-rates' CURVE GB/s must be > 0, got 0"});
   expectRejected({{"bench", "--send-window", "100"}, "--send-window must be 0 or [4096, 1073741824], got 100"});
   expectRejected({{"bench", "--systems", "ddp-bf16"}, "unknown system 'ddp-bf16'"});
   expectRejected({{"bench", "--systems", "ddp-nocurve"},

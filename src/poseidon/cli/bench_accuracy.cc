@@ -161,7 +161,8 @@ nlohmann::json AccuracyHarness::config(const std::string& command, const std::ve
           {"target_accuracy", targetAccuracy},
           {"target_loss", targetLoss},
           {"rates_mbit", rates},
-          {"seed", seed}};
+          {"seed", seed},
+          {"ddp_python", ddpPython}};
 }
 
 int AccuracyHarness::epochsFor(int n) const {

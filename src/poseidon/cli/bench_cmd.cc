@@ -54,6 +54,7 @@ struct BenchArgs {
   std::string nodesFlag = "1,2,4,8", ratesFlag = "1000,300,100,30", computeFlag = "titanx";
   std::string jsonPath, mdPath, plotDir, ddpScript, bisectSystems, reportFrom, traceDir;
   std::string ddpPython = kDefaultDdpPython;
+  std::string machineRates;  // --machine-rates GEMM,SUM,CRYPTO (GFLOP/s, GB/s, GB/s); empty: measured
   double scale = 0.1, latencyMs = 0, queueMs = bench::LinkSpec::kDefaultQueueMs;
   std::string tcpCongestion = bench::EmulatedCluster::kDefaultTcpCongestion;
   int iterations = 8, warmup = 3, timeoutS = 150, retries = 1, repeat = 1, rcvbuf = 0, sendWindow = 0;
@@ -157,6 +158,11 @@ void addReportFlags(FlagSet& flags, BenchArgs& a) {
                   "send and receive, the wait for the sync; chrome://tracing or Perfetto)",
                   "DIR");
   flags.addString("ddp-script", &a.ddpScript, "path to bench/ddp_worker.py", "FILE");
+  flags.addString("machine-rates", &a.machineRates,
+                  "this machine's one-core rates the charged work is scaled from, as GEMM GFLOP/s, server sums GB/s, "
+                  "CURVE encryption GB/s (e.g. 78,9.7,1.4; the results' machine_one_core); default: measured at "
+                  "the start, which moves between invocations on a busy host: give the same rates to compare them",
+                  "G,S,C");
   flags.addString("ddp-python", &a.ddpPython,
                   "the interpreter the DDP baselines run in: one whose torch has torch.distributed, e.g. a pip "
                   "install's python3 where Debian's python3-torch is missing",
@@ -184,6 +190,22 @@ int reportFromFile(const BenchArgs& a) {
   if (!a.mdPath.empty()) bench::writeMarkdown(a.mdPath, result);
   if (!a.plotDir.empty()) bench::writePlots(a.plotDir, result);
   return 0;
+}
+
+// --machine-rates G,S,C: GFLOP/s, GB/s, GB/s, each > 0.
+bench::MachineRates parseMachineRates(const std::string& flag) {
+  const std::vector<std::string> parts = splitList(flag);
+  if (parts.size() != 3) {
+    throw InvalidArgument(
+        strCat("--machine-rates needs three rates, GEMM GFLOP/s, sums GB/s and CURVE GB/s (e.g. "
+               "78,9.7,1.4), got '",
+               flag, "'"));
+  }
+  bench::MachineRates r;
+  r.gemmFlops = 1e9 * parseRealIn("--machine-rates' GEMM GFLOP/s", parts[0], RealRange::above(0));
+  r.sumBytes = 1e9 * parseRealIn("--machine-rates' sums GB/s", parts[1], RealRange::above(0));
+  r.cryptoBytes = 1e9 * parseRealIn("--machine-rates' CURVE GB/s", parts[2], RealRange::above(0));
+  return r;
 }
 
 // The run's lists, checked, and each node's model.
@@ -227,7 +249,7 @@ BenchPlan planBench(const BenchArgs& a) {
   p.charging = std::any_of(p.devices.begin(), p.devices.end(), [](const std::string& d) { return d != "none"; });
   for (const auto& d : p.devices) p.deviceModels[d] = bench::deviceFor(d, a.scale, p.machine);  // validates the names
   if (p.charging) {
-    p.machine = bench::measureMachineRates();
+    p.machine = a.machineRates.empty() ? bench::measureMachineRates() : parseMachineRates(a.machineRates);
     for (const auto& d : p.devices) p.deviceModels[d] = bench::deviceFor(d, a.scale, p.machine);
   }
   // Poseidon's systems once per node: the first node's under the plain name.
@@ -281,6 +303,7 @@ nlohmann::json benchConfig(const BenchArgs& a, const BenchPlan& p, const std::ve
   }
   config["batches"] = batches;
   config["model_scales"] = scales;
+  config["machine_rates_given"] = !a.machineRates.empty();
   config["machine_one_core"] = {{"gemm_flops", p.machine.gemmFlops},
                                 {"sum_bytes_per_s", p.machine.sumBytes},
                                 {"crypto_bytes_per_s", p.machine.cryptoBytes}};
@@ -319,8 +342,9 @@ std::vector<RunResult> runAll(Harness& h, const BenchArgs& a, const BenchPlan& p
   std::printf("poseidon bench: %d-node emulated cluster, models %s, systems %s, s = %g, %d run%s per point\n",
               p.nodes.back(), a.modelsFlag.c_str(), a.systemsFlag.c_str(), a.scale, a.repeat, a.repeat > 1 ? "s" : "");
   if (p.charging) {
-    std::printf("this machine, one core: GEMM %.1f GFLOP/s, server sums %.2f GB/s, CURVE encryption %.2f GB/s\n",
-                p.machine.gemmFlops / 1e9, p.machine.sumBytes / 1e9, p.machine.cryptoBytes / 1e9);
+    std::printf("this machine, one core%s: GEMM %.1f GFLOP/s, server sums %.2f GB/s, CURVE encryption %.2f GB/s\n",
+                a.machineRates.empty() ? "" : " (--machine-rates)", p.machine.gemmFlops / 1e9, p.machine.sumBytes / 1e9,
+                p.machine.cryptoBytes / 1e9);
     for (const auto& d : p.devices) {
       const DeviceModel& dm = p.deviceModels.at(d);
       std::printf("node %s: the runtime's own work charged at full width (GEMM %.1f GFLOP/s%s)\n", d.c_str(),

@@ -42,13 +42,15 @@ std::string findDdpScript(const std::string& flag, const std::string& name, cons
   std::string script = findBenchScript(flag, name);
   try {
     bench::run({python, "-c", "import torch, torch.distributed"});
-  } catch (const Error&) {
+  } catch (const Error& e) {
     if (python == kDefaultDdpPython) {
       throw Error(
           strCat("the DDP baselines need Debian's python3-torch (apt-get install python3-torch), or "
-                 "--ddp-python naming an interpreter with torch"));
+                 "--ddp-python naming an interpreter with torch (",
+                 e.what(), ")"));
     }
-    throw Error(strCat("the DDP baselines need torch: --ddp-python ", python, " cannot import torch.distributed"));
+    throw Error(strCat("the DDP baselines need torch: --ddp-python ", python, " cannot import torch.distributed (",
+                       e.what(), ")"));
   }
   return script;
 }

@@ -22,11 +22,11 @@ std::vector<double> parseRates(const std::string& flag);
 // bench/<name> next to the binary's source tree or under the current directory, or `flag` when
 // given; throws InvalidArgument naming it when none exists.
 std::string findBenchScript(const std::string& flag, const std::string& name);
-// findBenchScript for a DDP baseline, after checking that /usr/bin/python3 has torch (Error if not).
 // Debian's python3 with python3-torch: the DDP baselines' interpreter unless --ddp-python names another
 // (a machine whose torch is a pip install, e.g. the GPU machine of ../shared/gpu/).
 constexpr const char* kDefaultDdpPython = "/usr/bin/python3";
-// bench/NAME (or --ddp-script's path), once `python` imports torch.distributed; else Error saying so.
+// findBenchScript for a DDP baseline, once `python` imports torch.distributed; else Error saying so,
+// with what the interpreter said.
 std::string findDdpScript(const std::string& flag, const std::string& name, const std::string& python);
 // A fresh directory /tmp/<prefix>-XXXXXX for a run's logs and results (IoError if it cannot be made).
 std::string makeWorkDir(const std::string& prefix);

@@ -177,9 +177,11 @@ EOF
 fi
 
 # ---- the README's C++ example with the model and the data moved to the GPU, nothing else changed:
-# built as an outside project against this build's install (find_package(Poseidon)), as the README
-# says. EXAMPLE_DEVICE=cpu tries the same steps on a machine without a GPU. ----
-EX=$OUT/example_cpp
+# built as an outside project against this build's install (find_package(Poseidon)) and launched by
+# the installed poseidon, as the README says. The install and the example's build stay out of OUT
+# (only its log comes back). EXAMPLE_DEVICE=cpu tries the same steps on a machine without a GPU. ----
+PREFIX=$BUILD-install EX=$BUILD-example
+rm -rf "$PREFIX" "$EX"
 mkdir -p "$EX"
 cp "$ROOT/examples/cpp/CMakeLists.txt" "$ROOT/examples/cpp/exactness.cc" "$EX/"
 $PY - "$ROOT/examples/cpp/minimal.cc" "$EX/minimal.cc" "${EXAMPLE_DEVICE:-cuda}" <<'EOF'
@@ -189,24 +191,24 @@ device = sys.argv[3]
 for old, new in (('#include "poseidon/torch/distributed.h"\n',
                   '#include "poseidon/torch/distributed.h"\n#include "poseidon/torch/device_staging.h"\n'),
                  ("  Mlp net;\n",
-                  "  Mlp net;\n  const char* localRank = std::getenv(\"LOCAL_RANK\");\n"
-                  "  const auto device = poseidon::pt::selectDevice(\"%s\", localRank ? std::atoi(localRank) : 0);\n"
+                  "  Mlp net;\n"
+                  "  const auto device = poseidon::pt::selectDevice(\"%s\", poseidon::rankFromEnvironment().localRank);\n"
                   "  net->to(device);\n  x = x.to(device);\n  y = y.to(device);\n" % device)):
     assert old in text, old
     text = text.replace(old, new, 1)
-open(sys.argv[2], "w").write("#include <cstdlib>\n" + text)
+open(sys.argv[2], "w").write(text)
 EOF
 ex_args=()
 for a in "${POSEIDON_DEVICE_CMAKE_ARGS[@]}"; do
-  [[ $a == -DCMAKE_PREFIX_PATH=* ]] && a="-DCMAKE_PREFIX_PATH=$OUT/prefix;${a#-DCMAKE_PREFIX_PATH=}"
+  [[ $a == -DCMAKE_PREFIX_PATH=* ]] && a="-DCMAKE_PREFIX_PATH=$PREFIX;${a#-DCMAKE_PREFIX_PATH=}"
   ex_args+=("$a")
 done
-[[ " ${ex_args[*]} " == *" -DCMAKE_PREFIX_PATH="* ]] || ex_args+=("-DCMAKE_PREFIX_PATH=$OUT/prefix")
+[[ " ${ex_args[*]} " == *" -DCMAKE_PREFIX_PATH="* ]] || ex_args+=("-DCMAKE_PREFIX_PATH=$PREFIX")
 ex_rc=1
-if lim 120 cmake --install "$BUILD" --prefix "$OUT/prefix" >"$OUT/example_cpp.log" 2>&1 &&
+if lim 120 cmake --install "$BUILD" --prefix "$PREFIX" >"$OUT/example_cpp.log" 2>&1 &&
   lim 120 cmake -S "$EX" -B "$EX/build" "${ex_args[@]}" >>"$OUT/example_cpp.log" 2>&1 &&
   lim 240 cmake --build "$EX/build" -j"$(nproc)" --target minimal >>"$OUT/example_cpp.log" 2>&1; then
-  (cd "$EX" && lim 120 "$BIN/poseidon" launch -n 4 -- ./build/minimal) >>"$OUT/example_cpp.log" 2>&1
+  (cd "$EX" && lim 120 "$PREFIX/bin/poseidon" launch -n 4 -- ./build/minimal) >>"$OUT/example_cpp.log" 2>&1
   ex_rc=$?
 fi
 done_ranks=$(grep -c "step 100 loss" "$OUT/example_cpp.log")

@@ -93,6 +93,11 @@ class DistributedModel(torch.nn.Module):
         holds this many bytes in the kernel and larger messages go as fragments of it, so a lower
         layer's result passes the upper ones queued before it (the next forward needs it first).
         0 (the default): FIFO links. Not with compute groups.
+    urgent_layers: with send_window, the synchronization data of the first K layers (the modules that
+        own trainable parameters, in registration order: the next forward needs them first) go to each
+        peer on a second connection whose packets are marked IP TOS low-delay. They wait behind none of
+        the other layers' bytes, and a host queue that honours TOS sends them first
+        (docs/scheduling.md). 0 (the default): one connection per peer.
     groups: Omnivore's compute groups (docs/omnivore.md): 0 (the default) is BSP; G > 0 splits the ranks
         into G groups of consecutive ranks, synchronous inside a group and asynchronous across groups.
         The sharded parameter servers then hold the model and run SGD: each group's summed gradient is
@@ -117,7 +122,8 @@ class DistributedModel(torch.nn.Module):
 
     def __init__(self, module, batch=None, *, name=None, scheme="auto", overlap=True, broadcast_buffers=True,
                  check_finite=True, timeout=30.0, sync_threads=2, pair_bytes=2 * 1024 * 1024, io_threads=0,
-                 sum_threads=2, tcp_rcvbuf=0, wire="fp32", overlap_forward=False, send_window=0, groups=0, optimizer=None,
+                 sum_threads=2, tcp_rcvbuf=0, wire="fp32", overlap_forward=False, send_window=0, urgent_layers=0,
+                 groups=0, optimizer=None,
                  staleness=None, merged_fc=None, stage_on_host=False, local_ranks=1):
         super().__init__()
         if not isinstance(module, torch.nn.Module):
@@ -130,7 +136,8 @@ class DistributedModel(torch.nn.Module):
                        timeout_ms=int(round(timeout * 1000)), sync_threads=int(sync_threads),
                        pair_bytes=int(pair_bytes), io_threads=int(io_threads), sum_threads=int(sum_threads),
                        tcp_rcvbuf=int(tcp_rcvbuf),
-                       wire=str(wire), send_window=int(send_window), stage_on_host=bool(stage_on_host),
+                       wire=str(wire), send_window=int(send_window), urgent_layers=int(urgent_layers),
+                       stage_on_host=bool(stage_on_host),
                        local_ranks=int(local_ranks))
         self.groups = int(groups)
         self._group_optimizer = None

@@ -171,6 +171,8 @@ TEST(BenchSmoke, OverlapTwoNodes) {
                                                    "--warmup",        "1",
                                                    "--trace",         dir + "/traces",
                                                    "--machine-rates", "60,8,1.5",
+                                                   "--urgent-layers", "2",
+                                                   "--host-queue",    "tos",
                                                    "--json",          dir + "/r.json"},
                                                   {}, dir + "/log")};
   testing::waitAll(procs, std::chrono::seconds(600));
@@ -207,6 +209,13 @@ TEST(BenchSmoke, OverlapTwoNodes) {
   // a span of its own (a round trip at least, where no reply can be in yet).
   EXPECT_THAT(trace, HasSubstr("\"forward waits for conv1_1\"")) << r["trace"];
   EXPECT_THAT(trace, Not(HasSubstr("\"wait for the sync\""))) << r["trace"];  // no barrier in the loop
+  // --urgent-layers 2: conv1_1's and conv1_2's data left on the TOS-marked connections, and the nodes'
+  // queues (--host-queue tos) put them in the low-delay band; the bulk did not go there.
+  EXPECT_EQ(result["config"]["urgent_layers"], 2);
+  EXPECT_EQ(result["config"]["host_queue"], "tos");
+  EXPECT_GT(result["low_delay_bytes"].get<double>(), 0) << result["low_delay_bytes"];
+  EXPECT_LT(result["low_delay_bytes"].get<double>(), r["tx_bytes_per_iteration"][1].get<double>())
+      << result["low_delay_bytes"];
   EXPECT_TRUE(namespacesOf(procs[0].pid).empty());
   fs::remove_all(dir);
 }
@@ -230,7 +239,9 @@ TEST(BenchSmoke, LocalRanksAggregateOnTheNodeBeforeTheLink) {
     return nlohmann::json::parse(f);
   };
   const nlohmann::json local = bench("local", {"--systems", "poseidon,ddp", "--nodes", "1,2", "--local-ranks", "2"});
-  const nlohmann::json flat = bench("flat", {"--systems", "poseidon", "--nodes", "2"});
+  // The two-band node queue changes nothing for traffic that is not marked: none of it is low-delay.
+  const nlohmann::json flat = bench("flat", {"--systems", "poseidon", "--nodes", "2", "--host-queue", "tos"});
+  EXPECT_EQ(flat["low_delay_bytes"], 0) << flat.dump();
   EXPECT_EQ(local["config"]["local_ranks"], 2);
   ASSERT_EQ(local["runs"].size(), 4u);
   double localTx = 0;

@@ -432,6 +432,8 @@ TEST(CliFlags, BenchRejectsOutOfRangeValues) {
                   "'78,9.7'"});
   expectRejected({{"bench", "--machine-rates", "78,9.7,0"}, "--machine-rates' CURVE GB/s must be > 0, got 0"});
   expectRejected({{"bench", "--send-window", "100"}, "--send-window must be 0 or [4096, 1073741824], got 100"});
+  expectRejected({{"bench", "--host-queue", "prio"}, "--host-queue must be fifo or tos, got 'prio'"});
+  expectRejected({{"bench", "--urgent-layers", "-1"}, "--urgent-layers must be in [0, 1048576], got -1"});
   expectRejected({{"bench", "--systems", "ddp-bf16"}, "unknown system 'ddp-bf16'"});
   expectRejected({{"bench", "--systems", "ddp-nocurve"},
                   "unknown system 'ddp-nocurve' (DDP's Gloo links are never encrypted: -nocurve is for Poseidon's)"});

@@ -84,8 +84,10 @@ class Exactness(TempDirTest):
         # the learning rate halved every 3 steps by a scheduler stepped right after step().
         # LeNet's loop also calls zero_grad() before each forward, as the usual loop does (undone);
         # nn.MultiheadAttention uses its out_proj without calling it (the attention's gate updates it).
-        # LeNet's overlapped run also goes over priority links in 4 KB fragments (send_window).
-        for model, layers, extra in (("lenet", 4, ["--zero-grad", "--send-window", "4096"]), ("tied", 3, []),
+        # LeNet's overlapped run also goes over priority links in 4 KB fragments (send_window), its first
+        # two layers on a second connection per peer (urgent_layers).
+        for model, layers, extra in (("lenet", 4, ["--zero-grad", "--send-window", "4096", "--urgent-layers", "2"]),
+                                     ("tied", 3, []),
                                      ("attention", 3, [])):
             barrier = launch(2, JOB, model, self.path(model + "-barrier.pt"), "--schedule")
             self.assertEqual(barrier.code, 0, str(barrier))

@@ -68,7 +68,8 @@ class Lifecycle(TempDirTest):
         script = self.path("knobs.py")
         with open(script, "w") as f:
             f.write("import torch, poseidon\n"
-                    "for bad in ({'io_threads': -1}, {'tcp_rcvbuf': -1}, {'send_window': 100}):\n"
+                    "for bad in ({'io_threads': -1}, {'tcp_rcvbuf': -1}, {'send_window': 100},\n"
+                    "            {'urgent_layers': 2}):\n"
                     "    try:\n"
                     "        poseidon.DistributedModel(torch.nn.Linear(4, 2), batch=3, **bad)\n"
                     "    except Exception as e:\n"
@@ -84,6 +85,8 @@ class Lifecycle(TempDirTest):
         self.assertIn("refused: InvalidArgument tcp_rcvbuf must be >= 0 bytes (0: the OS default), got -1", run.out)
         self.assertIn("refused: InvalidArgument send_window must be 0 (FIFO links) or in [4096, 1073741824] bytes, "
                       "got 100", run.out)
+        self.assertIn("refused: InvalidArgument urgent_layers must be >= 0 and needs send_window (priority links), "
+                      "got 2", run.out)
         self.assertIn("trained with one I/O thread", run.out)
         self.assertClean(run)
 

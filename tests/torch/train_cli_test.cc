@@ -199,9 +199,11 @@ TEST(TrainCli, OverlappedStepEqualsTheBarrierPathBitForBit) {
   // The same over priority links (--send-window): 4 KB windows cut every message above that (SFB
   // factors, PS pairs) into fragments, and lower layers' pass upper ones queued before them.
   auto windowed = job("window", {"--overlap-forward", "--send-window", "4096"});
+  // And with LeNet's first two layers (conv1, conv2) on the second, TOS-marked connection per peer.
+  job("urgent", {"--overlap-forward", "--send-window", "4096", "--urgent-layers", "2"});
   auto a = readFloats(dir.path + "/barrier.bin");
   ASSERT_EQ(a.size(), 431080u);
-  for (const char* name : {"overlap", "window"}) {
+  for (const char* name : {"overlap", "window", "urgent"}) {
     auto b = readFloats(dir.path + "/" + name + ".bin");
     ASSERT_EQ(b.size(), a.size()) << name;
     EXPECT_EQ(testing::countDiffering(a, b), 0u) << name << ": of " << a.size() << " parameters";
@@ -210,6 +212,9 @@ TEST(TrainCli, OverlappedStepEqualsTheBarrierPathBitForBit) {
   auto sw = nlohmann::json::parse(fw);
   EXPECT_EQ(sw["send_window"], 4096);
   EXPECT_EQ(sw["updates_in_forward"], 9 * 4);
+  EXPECT_EQ(sw["urgent_layers"], 0);
+  std::ifstream fu(dir.path + "/urgent.json");
+  EXPECT_EQ(nlohmann::json::parse(fu)["urgent_layers"], 2);
   std::ifstream fa(dir.path + "/barrier.json"), fb(dir.path + "/overlap.json");
   auto sa = nlohmann::json::parse(fa), sb = nlohmann::json::parse(fb);
   // The copies taken between steps are the updated models: their scores are the barrier path's.
@@ -243,6 +248,9 @@ TEST(TrainCli, OverlappedStepEqualsTheBarrierPathBitForBit) {
       run({"train", "--workers", "2", "--groups", "2", "--send-window", "4096", "--max-steps", "1"}, dir.path + "/g");
   EXPECT_EQ(grouped.exitCode(), 2);
   EXPECT_THAT(grouped.stderrText(), HasSubstr("--send-window cannot be combined with --groups"));
+  auto urgentAlone = run({"train", "--workers", "2", "--urgent-layers", "2", "--max-steps", "1"}, dir.path + "/u");
+  EXPECT_EQ(urgentAlone.exitCode(), 2);
+  EXPECT_THAT(urgentAlone.stderrText(), HasSubstr("--urgent-layers needs priority links (--send-window BYTES)"));
 }
 
 TEST(TrainCli, CheckpointResumeEqualsUninterruptedRun) {

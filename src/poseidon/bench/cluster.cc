@@ -100,8 +100,8 @@ int EmulatedCluster::sweepLeftovers() {
 
 std::string EmulatedCluster::nodeAddress(int i) const { return strCat("10.77.0.", i + 1); }
 
-EmulatedCluster::EmulatedCluster(int nodes, const LinkSpec& link, const std::string& tcpCongestion)
-    : link_(link), tcpCongestion_(tcpCongestion) {
+EmulatedCluster::EmulatedCluster(int nodes, const LinkSpec& link, const std::string& tcpCongestion, HostQueue hostQueue)
+    : link_(link), tcpCongestion_(tcpCongestion), hostQueue_(hostQueue) {
   std::string why;
   if (!available(&why)) throw Error(why);
   if (nodes < 1 || nodes > 200) throw InvalidArgument(strCat("cluster size must be 1..200, got ", nodes));
@@ -126,7 +126,7 @@ EmulatedCluster::EmulatedCluster(int nodes, const LinkSpec& link, const std::str
       run({"ip", "-n", ns, "addr", "add", nodeAddress(i) + "/24", "dev", "eth0"});
       run({"ip", "-n", ns, "link", "set", "eth0", "up"});
       run({"ip", "-n", ns, "link", "set", "lo", "up"});
-      shape(ns, "eth0", link);
+      shape(ns, "eth0", link, hostQueue_ == HostQueue::kTos);
       run({"ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv4.tcp_congestion_control=" + tcpCongestion_});
       shape(switchNs_, port, LinkSpec{link.mbit, 0, link.queueMs});
     }
@@ -185,26 +185,81 @@ void EmulatedCluster::clearRoot(const std::string& ns, const std::string& dev) {
   }
 }
 
-void EmulatedCluster::shape(const std::string& ns, const std::string& dev, const LinkSpec& link) {
+void EmulatedCluster::shape(const std::string& ns, const std::string& dev, const LinkSpec& link, bool tosBands) {
   // tbf needs a bucket of at least rate/HZ to reach its rate; link.queueMs of queue.
   double bytesPerSec = link.mbit * 1e6 / 8;
   long burst = std::max<long>(16 * 1024, std::lround(bytesPerSec / 250));
   std::string rate = strCat(link.mbit, "mbit"), burstText = strCat(burst, "b");
   const std::string queue = strCat(link.queueMs, "ms");
+  auto tc = [&](std::vector<std::string> args) {
+    std::vector<std::string> argv{"ip", "netns", "exec", ns, "tc"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    run(argv);
+  };
+  std::string parent = "root";
   if (link.latencyMs > 0) {
     try {
-      run({"ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem", "delay",
-           strCat(link.latencyMs, "ms")});
+      tc({"qdisc", "add", "dev", dev, "root", "handle", "1:", "netem", "delay", strCat(link.latencyMs, "ms")});
     } catch (const Error& e) {
       throw Error(strCat("--latency-ms needs the kernel's netem qdisc (sch_netem), which this machine lacks: ",
                          e.what()));
     }
-    run({"ip", "netns",  "exec", ns,    "tc",   "qdisc", "add",   "dev",     dev,       "parent",
-         "1:", "handle", "2:",   "tbf", "rate", rate,    "burst", burstText, "latency", queue});
-  } else {
-    run({"ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", burstText,
-         "latency", queue});
+    parent = "1:";
   }
+  if (!tosBands) {
+    std::vector<std::string> args{"qdisc", "add", "dev", dev};
+    if (parent == "root") {
+      args.push_back("root");
+    } else {
+      args.insert(args.end(), {"parent", parent, "handle", "2:"});
+    }
+    args.insert(args.end(), {"tbf", "rate", rate, "burst", burstText, "latency", queue});
+    tc(args);
+    return;
+  }
+  // Two bands under one rate, the low-delay one first (HostQueue::kTos): HTB, since this kernel's
+  // tbf takes one child and it has no prio qdisc. Band 0 (class :10) is guaranteed nearly the whole
+  // rate and band 1 (:20) borrows what it leaves, so band 0 goes first whenever it has a packet; each
+  // band drops past the tbf's queue (queueMs at the rate, plus the bucket).
+  const std::string h = parent == "root" ? "2" : "3";
+  const std::string limit = strCat(std::lround(bytesPerSec * link.queueMs / 1000) + burst);
+  std::vector<std::string> root{"qdisc", "add", "dev", dev};
+  if (parent == "root") {
+    root.push_back("root");
+  } else {
+    root.insert(root.end(), {"parent", parent});
+  }
+  root.insert(root.end(), {"handle", h + ":", "htb", "default", "20"});
+  tc(root);
+  tc({"class", "add", "dev", dev, "parent", h + ":", "classid", h + ":1", "htb", "rate", rate, "ceil", rate, "burst",
+      burstText, "cburst", burstText});
+  tc({"class", "add", "dev", dev, "parent", h + ":1", "classid", h + ":10", "htb", "rate",
+      strCat(link.mbit * 0.99, "mbit"), "ceil", rate, "burst", burstText, "cburst", burstText, "prio", "0"});
+  tc({"class", "add", "dev", dev, "parent", h + ":1", "classid", h + ":20", "htb", "rate",
+      strCat(link.mbit * 0.01, "mbit"), "ceil", rate, "burst", burstText, "cburst", burstText, "prio", "1"});
+  tc({"qdisc", "add", "dev", dev, "parent", h + ":10", "bfifo", "limit", limit});
+  tc({"qdisc", "add", "dev", dev, "parent", h + ":20", "bfifo", "limit", limit});
+  // TOS low-delay (Van::kUrgentTos), as Linux's pfifo_fast puts it in band 0.
+  tc({"filter", "add", "dev", dev, "parent", h + ":", "protocol", "ip", "prio", "1", "u32", "match", "ip", "tos",
+      "0x10", "0x1e", "flowid", h + ":10"});
+}
+
+uint64_t EmulatedCluster::lowDelayBytesSent() const {
+  if (hostQueue_ != HostQueue::kTos) return 0;
+  const std::string h = link_.latencyMs > 0 ? "3" : "2";
+  uint64_t total = 0;
+  for (const auto& ns : namespaces_) {
+    // "class htb 2:10 parent 2:1 leaf ...: prio 0 rate ...\n Sent 1234 bytes 5 pkt ..."
+    std::istringstream in(
+        run({"ip", "netns", "exec", ns, "tc", "-s", "class", "show", "dev", "eth0", "classid", h + ":10"}));
+    for (std::string w, prev; in >> w; prev = w) {
+      if (w == "bytes" && !prev.empty() && std::all_of(prev.begin(), prev.end(), ::isdigit)) {
+        total += std::stoull(prev);
+        break;
+      }
+    }
+  }
+  return total;
 }
 
 void EmulatedCluster::setLink(const LinkSpec& link) {
@@ -212,7 +267,7 @@ void EmulatedCluster::setLink(const LinkSpec& link) {
   // Drop the old qdiscs (a netem parent included) and shape afresh.
   for (size_t i = 0; i < namespaces_.size(); ++i) {
     clearRoot(namespaces_[i], "eth0");
-    shape(namespaces_[i], "eth0", link);
+    shape(namespaces_[i], "eth0", link, hostQueue_ == HostQueue::kTos);
     clearRoot(switchNs_, switchPorts_[i]);
     shape(switchNs_, switchPorts_[i], LinkSpec{link.mbit, 0, link.queueMs});
   }

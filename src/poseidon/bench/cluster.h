@@ -30,13 +30,21 @@ struct LinkSpec {
   static constexpr double kDefaultQueueMs = 100;
 };
 
+// What queues each node's outgoing packets (its egress qdisc; the switch ports stay FIFO, as a
+// switch that does not trust the hosts' marks is):
+// - kFifo: one byte FIFO, every table's so far;
+// - kTos: two bands, packets marked IP TOS low-delay first (Poseidon's urgent connections,
+//   VanOptions::urgentLayers), as Linux's pfifo_fast, and sch_fq's priority bands, serve them.
+enum class HostQueue { kFifo, kTos };
+
 class EmulatedCluster {
  public:
   // Linux's default congestion control, and Debian's: what a stock cluster node runs.
   static constexpr const char* kDefaultTcpCongestion = "cubic";
   // Throws Error with a clear reason when not root, iproute2 is missing or the kernel has no
   // tcpCongestion (net.ipv4.tcp_available_congestion_control).
-  EmulatedCluster(int nodes, const LinkSpec& link, const std::string& tcpCongestion = kDefaultTcpCongestion);
+  EmulatedCluster(int nodes, const LinkSpec& link, const std::string& tcpCongestion = kDefaultTcpCongestion,
+                  HostQueue hostQueue = HostQueue::kFifo);
   ~EmulatedCluster();
   EmulatedCluster(const EmulatedCluster&) = delete;
   EmulatedCluster& operator=(const EmulatedCluster&) = delete;
@@ -49,6 +57,10 @@ class EmulatedCluster {
   void setLink(const LinkSpec& link);
   const LinkSpec& link() const { return link_; }
   const std::string& tcpCongestion() const { return tcpCongestion_; }
+  HostQueue hostQueue() const { return hostQueue_; }
+  // HostQueue::kTos: bytes all nodes sent in the low-delay band since their links were last shaped
+  // (tc's class counters); 0 with kFifo.
+  uint64_t lowDelayBytesSent() const;
   // Removes everything this cluster created. Idempotent.
   void destroy();
 
@@ -60,8 +72,9 @@ class EmulatedCluster {
   static std::vector<std::string> listOurNamespaces();
 
  private:
-  // Adds a tbf (under a netem delay when link.latencyMs > 0) as the root qdisc of dev.
-  void shape(const std::string& ns, const std::string& dev, const LinkSpec& link);
+  // Adds a tbf (under a netem delay when link.latencyMs > 0) as the root qdisc of dev, or with
+  // tosBands HostQueue::kTos's two bands under the same rate.
+  void shape(const std::string& ns, const std::string& dev, const LinkSpec& link, bool tosBands = false);
   void clearRoot(const std::string& ns, const std::string& dev);  // errors ignored
   // Makes tcpCongestion_ one a namespace may choose (the kernel lets a namespace other than the
   // host's pick only an allowed one), or throws saying the kernel lacks it.
@@ -72,6 +85,7 @@ class EmulatedCluster {
   std::vector<std::string> switchPorts_;
   LinkSpec link_;
   std::string tcpCongestion_;
+  HostQueue hostQueue_ = HostQueue::kFifo;
   bool destroyed_ = false;
 };
 

@@ -57,6 +57,8 @@ struct BenchArgs {
   std::string machineRates;  // --machine-rates GEMM,SUM,CRYPTO (GFLOP/s, GB/s, GB/s); empty: measured
   double scale = 0.1, latencyMs = 0, queueMs = bench::LinkSpec::kDefaultQueueMs;
   std::string tcpCongestion = bench::EmulatedCluster::kDefaultTcpCongestion;
+  std::string hostQueue = "fifo";  // --host-queue: each emulated node's egress qdisc
+  int urgentLayers = 0;            // --urgent-layers, for the poseidon-overlap systems
   int iterations = 8, warmup = 3, timeoutS = 150, retries = 1, repeat = 1, rcvbuf = 0, sendWindow = 0;
   int ioThreads = bench::kBenchIoThreads;
   int sumThreads = kDefaultSumThreads;  // the runtime's (NodeOptions::sumThreads)
@@ -119,6 +121,14 @@ void addRuntimeFlags(FlagSet& flags, BenchArgs& a) {
                "the poseidon-overlap systems' kernel send window per connection, bytes as the ranks use it (0: "
                "their default, 1 MB x s'^2 at the model's width s'; docs/scheduling.md)",
                "BYTES", IntRange::closed(4096, 1 << 30).orOff(0));
+  flags.addInt("urgent-layers", &a.urgentLayers,
+               "the poseidon-overlap systems send the round data of their first K layers on a second connection "
+               "per peer marked IP TOS low-delay (train --urgent-layers; 0: one connection; docs/scheduling.md)",
+               "K", IntRange::closed(0, 1 << 20));
+  flags.addString("host-queue", &a.hostQueue,
+                  "each emulated node's egress queue: fifo (one FIFO) or tos (packets marked low-delay first, as "
+                  "Linux's pfifo_fast serves them; the switch ports stay FIFO)",
+                  "fifo|tos");
   flags.addInt64("pair-bytes", &a.pairBytes,
                  "Poseidon's KV pair size at full width, bytes (train --pair-bytes); each rank gets it x s'^2 "
                  "(the model's width), at least 4096",
@@ -221,6 +231,7 @@ struct BenchPlan {
 
 BenchPlan planBench(const BenchArgs& a) {
   checkTcpCongestionName(a.tcpCongestion);
+  parseHostQueue(a.hostQueue);
   BenchPlan p;
   p.models = splitList(a.modelsFlag);
   p.systems = splitList(a.systemsFlag);
@@ -283,6 +294,8 @@ nlohmann::json benchConfig(const BenchArgs& a, const BenchPlan& p, const std::ve
                            {"local_ranks", a.localRanks},
                            {"ddp_python", a.ddpPython},
                            {"send_window", a.sendWindow},
+                           {"urgent_layers", a.urgentLayers},
+                           {"host_queue", a.hostQueue},
                            {"pair_bytes", a.pairBytes},  // full width
                            // every emulated node ran here: what the planner's --check needs to know
                            {"host_cores", std::max(1u, std::thread::hardware_concurrency())}};
@@ -337,7 +350,8 @@ nlohmann::json bisectRates(Harness& h, const BenchArgs& a, const BenchPlan& p, c
 // Every point on one emulated cluster (removed when this returns or throws); the bisection, if asked.
 std::vector<RunResult> runAll(Harness& h, const BenchArgs& a, const BenchPlan& p, nlohmann::json& result) {
   std::vector<RunResult> runs;
-  EmulatedCluster cluster(p.nodes.back(), bench::LinkSpec{p.rates.front(), a.latencyMs, a.queueMs}, a.tcpCongestion);
+  EmulatedCluster cluster(p.nodes.back(), bench::LinkSpec{p.rates.front(), a.latencyMs, a.queueMs}, a.tcpCongestion,
+                          parseHostQueue(a.hostQueue));
   h.cluster = &cluster;
   std::printf("poseidon bench: %d-node emulated cluster, models %s, systems %s, s = %g, %d run%s per point\n",
               p.nodes.back(), a.modelsFlag.c_str(), a.systemsFlag.c_str(), a.scale, a.repeat, a.repeat > 1 ? "s" : "");
@@ -351,6 +365,12 @@ std::vector<RunResult> runAll(Harness& h, const BenchArgs& a, const BenchPlan& p
                   dm.gemmFlops / 1e9, dm.charges() ? "" : "; nothing charged");
     }
   }
+  // --host-queue tos: what the nodes' queues sent ahead (their counters restart with each setLink).
+  uint64_t lowDelayBytes = 0;
+  auto setRate = [&](const std::string& m, double rate) {
+    lowDelayBytes += cluster.lowDelayBytesSent();
+    h.setRate(m, rate, a.latencyMs, a.queueMs);
+  };
   for (const auto& m : p.models) {
     const EmulatedModel& em = h.model(m);
     std::printf("%s: %lld params at s = %g, K = %lld per worker, %.3f s compute per iteration (%s)\n", m.c_str(),
@@ -365,15 +385,21 @@ std::vector<RunResult> runAll(Harness& h, const BenchArgs& a, const BenchPlan& p
           r * r);
     }
     std::fflush(stdout);
-    h.setRate(m, p.rates.front(), a.latencyMs, a.queueMs);
+    setRate(m, p.rates.front());
     if (p.nodes.front() == 1)
       for (const auto& s : p.labels) runs.push_back(h.run(m, s, 1));
     for (double rate : p.rates) {
-      h.setRate(m, rate, a.latencyMs, a.queueMs);
+      setRate(m, rate);
       for (const auto& s : p.labels)
         for (int n : p.nodes)
           if (n > 1) runs.push_back(h.run(m, s, n));
     }
+  }
+  lowDelayBytes += cluster.lowDelayBytesSent();
+  if (cluster.hostQueue() == bench::HostQueue::kTos) {
+    result["low_delay_bytes"] = lowDelayBytes;
+    std::printf("host queues: %.3f MB sent in the low-delay band (IP TOS 0x10, --urgent-layers)\n",
+                static_cast<double>(lowDelayBytes) / 1e6);
   }
   bench::computeSpeedups(runs);
   if (!a.bisectSystems.empty() && p.nodes.front() == 1 && p.nodes.back() > 1) {
@@ -478,6 +504,7 @@ int benchCommand(const std::vector<std::string>& args) {
   h.repeat = a.repeat;
   h.rcvbuf = a.rcvbuf;
   h.sendWindow = a.sendWindow;
+  h.urgentLayers = a.urgentLayers;
   h.ioThreads = a.ioThreads;
   h.sumThreads = a.sumThreads;
   h.localRanks = a.localRanks;

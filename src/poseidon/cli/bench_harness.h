@@ -76,6 +76,7 @@ struct Harness {
   std::string traceDir;                     // --trace: one merged Chrome trace per Poseidon run
   int rcvbuf = 0;                           // --tcp-rcvbuf, for Poseidon's ranks
   int sendWindow = 0;                       // --send-window, for the poseidon-overlap systems (0: their default)
+  int urgentLayers = 0;                     // --urgent-layers, for the poseidon-overlap systems
   int ioThreads = bench::kBenchIoThreads;   // --io-threads, for Poseidon's ranks
   int sumThreads = kDefaultSumThreads;      // --sum-threads, for Poseidon's ranks
   int64_t pairBytes = kDefaultPairBytes;    // --pair-bytes at full width, for Poseidon's ranks (x s^2)
@@ -230,6 +231,9 @@ struct Harness {
         if (rcvbuf > 0) so.argv.insert(so.argv.end(), {"--tcp-rcvbuf", std::to_string(rcvbuf)});
         if (sendWindow > 0 && system.rfind("poseidon-overlap", 0) == 0) {
           so.argv.insert(so.argv.end(), {"--send-window", std::to_string(sendWindow)});
+        }
+        if (urgentLayers > 0 && system.rfind("poseidon-overlap", 0) == 0) {
+          so.argv.insert(so.argv.end(), {"--urgent-layers", std::to_string(urgentLayers)});
         }
         so.argv.insert(so.argv.end(), {"--io-threads", std::to_string(ioThreads)});
         so.argv.insert(so.argv.end(), {"--sum-threads", std::to_string(sumThreads)});

@@ -82,6 +82,12 @@ void addTcpCongestionFlag(FlagSet& flags, std::string* name) {
                   "NAME");
 }
 
+bench::HostQueue parseHostQueue(const std::string& name) {
+  if (name == "fifo") return bench::HostQueue::kFifo;
+  if (name == "tos") return bench::HostQueue::kTos;
+  throw InvalidArgument(strCat("--host-queue must be fifo or tos, got '", name, "'"));
+}
+
 void checkTcpCongestionName(const std::string& name) {
   const bool ok = !name.empty() && name.size() <= 15 && std::all_of(name.begin(), name.end(), [](char c) {
     return std::isalnum(static_cast<unsigned char>(c)) || c == '_';

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "poseidon/bench/cluster.h"
 #include "poseidon/cli/flags.h"
 
 namespace poseidon::cli {
@@ -39,6 +40,8 @@ std::string startEmulatedRuns(const std::string& prefix);
 std::string commandLine(const std::string& command, const std::vector<std::string>& args);
 // --queue-ms: each shaped link's queue (bench and bench --accuracy).
 void addQueueFlag(FlagSet& flags, double* queueMs);
+// --host-queue fifo|tos (bench/cluster.h, HostQueue); throws InvalidArgument on anything else.
+bench::HostQueue parseHostQueue(const std::string& name);
 // --tcp-cc: the emulated nodes' TCP congestion control (bench and bench --accuracy).
 void addTcpCongestionFlag(FlagSet& flags, std::string* name);
 // InvalidArgument unless name looks like a kernel congestion-control name (the cluster checks it is there).

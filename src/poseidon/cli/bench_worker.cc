@@ -95,7 +95,7 @@ struct WorkerArgs {
   std::string compute = "titanx", chargedOn = "none", tracePath;
   double gemmFlops = 0, sumBytes = 0, cryptoBytes = 0, linkMbit = 0;
   int rcvbuf = 0, sendWindow = 0, ioThreads = bench::kBenchIoThreads, sumThreads = kDefaultSumThreads;
-  int localRanks = 1;
+  int localRanks = 1, urgentLayers = 0;
   bool overlapForward = false;
 };
 
@@ -142,6 +142,10 @@ void addWorkerFlags(FlagSet& flags, WorkerArgs& a) {
   flags.addInt("send-window", &a.sendWindow,
                "priority scheduling of the links with this kernel send window per connection (0: FIFO)", "BYTES",
                IntRange::closed(0, 1 << 30));
+  flags.addInt("urgent-layers", &a.urgentLayers,
+               "send the first K layers' round data on a second connection per peer, marked IP TOS low-delay "
+               "(needs a send window; 0: one connection)",
+               "K", IntRange::closed(0, 1 << 20));
   flags.addBool("overlap-forward", &a.overlapForward,
                 "run each layer's next forward as soon as its sync is in, not after the whole barrier");
   flags.addInt("local-ranks", &a.localRanks,
@@ -190,6 +194,7 @@ NodeOptions workerNodeOptions(const WorkerArgs& a, const RankEnv& env, const ben
   o.ioThreads = a.ioThreads;
   o.sumThreads = a.sumThreads;
   o.van.sendWindowBytes = a.sendWindow;
+  o.van.urgentLayers = a.urgentLayers;
   o.settings.localRanks = a.localRanks;
   return o;
 }

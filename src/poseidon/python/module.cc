@@ -49,6 +49,7 @@ py::dict optionsToDict(const pt::DistributedOptions& o) {
   d["io_threads"] = o.node.ioThreads;
   d["sum_threads"] = o.node.sumThreads;
   d["send_window"] = o.node.van.sendWindowBytes;
+  d["urgent_layers"] = o.node.van.urgentLayers;
   d["batch"] = o.node.settings.batch;
   d["pair_bytes"] = o.node.settings.pairBytes;
   d["scheme"] = std::string(schemePolicyName(o.node.settings.policy));
@@ -94,6 +95,7 @@ pt::DistributedOptions optionsFromDict(const py::dict& d) {
   o.node.ioThreads = get("io_threads").cast<int>();
   o.node.sumThreads = get("sum_threads").cast<int>();
   o.node.van.sendWindowBytes = get("send_window").cast<int>();
+  o.node.van.urgentLayers = get("urgent_layers").cast<int>();
   o.node.settings.batch = get("batch").cast<int64_t>();
   o.node.settings.pairBytes = get("pair_bytes").cast<int64_t>();
   o.node.settings.policy = parseSchemePolicy(get("scheme").cast<std::string>());
@@ -128,6 +130,10 @@ pt::DistributedOptions optionsFromDict(const py::dict& d) {
       (o.node.van.sendWindowBytes < 4096 || o.node.van.sendWindowBytes > (1 << 30))) {
     throw InvalidArgument(
         strCat("send_window must be 0 (FIFO links) or in [4096, 1073741824] bytes, got ", o.node.van.sendWindowBytes));
+  }
+  if (o.node.van.urgentLayers < 0 || (o.node.van.urgentLayers > 0 && o.node.van.sendWindowBytes == 0)) {
+    throw InvalidArgument(
+        strCat("urgent_layers must be >= 0 and needs send_window (priority links), got ", o.node.van.urgentLayers));
   }
   if (o.node.van.receiveBufferBytes < 0) {
     throw InvalidArgument(

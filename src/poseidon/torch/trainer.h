@@ -64,6 +64,9 @@ struct TrainOptions {
   // NodeOptions::sendWindowBytes): a lower layer's result passes the upper ones queued before it,
   // which is what the overlapped step's next forward needs first. 0: FIFO links. BSP only.
   int sendWindowBytes = 0;
+  // > 0 (with sendWindowBytes): the first K layers' round data travel on a second connection per
+  // peer, marked IP TOS low-delay (--urgent-layers, VanOptions::urgentLayers).
+  int urgentLayers = 0;
   bool plain = false;    // no Poseidon at all: the plain LibTorch loop (overhead baseline, 1 worker)
   // Where each rank's model and batches live (--device): cpu, cuda (cuda:LOCAL_RANK, one process per
   // GPU; ranks beyond the GPUs share them), or auto (cuda when there is one). docs/gpu.md.

@@ -9,6 +9,7 @@
 #include "poseidon/common/error.h"
 #include "poseidon/common/log.h"
 #include "poseidon/transport/multipart.h"
+#include "poseidon/wire/message_table.h"
 #include "poseidon/wire/messages.h"
 
 // ThreadSanitizer cannot see the happens-before that libzmq's lock-free pipes
@@ -54,6 +55,10 @@ Van::Van(zmq::context_t& ctx, const VanOptions& options)
                                  " bytes (smaller ones cut messages into too many fragments), got ",
                                  options.sendWindowBytes));
   }
+  if (options.urgentLayers < 0 || (options.urgentLayers > 0 && options.sendWindowBytes == 0)) {
+    throw InvalidArgument(strCat("urgent layers need priority links (a send window) and must be >= 0, got ",
+                                 options.urgentLayers, " with a send window of ", options.sendWindowBytes, " bytes"));
+  }
   // Before bind: accepted connections inherit it, so it bounds each peer's window from the start.
   if (options.receiveBufferBytes > 0) router_.set(zmq::sockopt::rcvbuf, options.receiveBufferBytes);
   if (options.curve) makeCurveServer(router_, *options.curve);
@@ -95,6 +100,10 @@ void Van::close(const std::vector<bool>& quiet) {
     std::lock_guard<std::mutex> lock(p->mutex);
     p->socket->set(zmq::sockopt::linger, r < quiet.size() && quiet[r] ? 0 : linger);
     p->socket->close();
+    if (p->urgent) {
+      p->urgent->set(zmq::sockopt::linger, r < quiet.size() && quiet[r] ? 0 : linger);
+      p->urgent->close();
+    }
   }
   std::lock_guard<std::mutex> lock(loopOutMutex_);
   loopOut_.close();
@@ -111,29 +120,38 @@ void Van::connectPeers(int selfRank, const std::vector<std::string>& endpoints, 
   rank_ = selfRank;
   job_ = job;
   peers_.clear();
+  auto dealer = [&](size_t r, int tos) {
+    auto socket = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::dealer);
+    // FIFO: unlimited. Priority: one message in the pipe and the window in the kernel, so the
+    // queue above (which reorders) keeps the rest.
+    socket->set(zmq::sockopt::sndhwm, options_.sendWindowBytes > 0 ? 1 : 0);
+    if (options_.sendWindowBytes > 0) socket->set(zmq::sockopt::sndbuf, options_.sendWindowBytes);
+    socket->set(zmq::sockopt::linger, options_.lingerMs);
+    // Messages queue until the TCP connection is up instead of being refused.
+    socket->set(zmq::sockopt::immediate, 0);
+    if (tos != 0) socket->set(zmq::sockopt::tos, tos);
+    if (options_.curve) makeCurveClient(*socket, *options_.curve);
+    try {
+      socket->connect(endpoints[r]);
+    } catch (const zmq::error_t& e) {
+      throw IoError(strCat("cannot connect to rank ", r, " at ", endpoints[r], ": ", e.what()));
+    }
+    return socket;
+  };
   for (size_t r = 0; r < endpoints.size(); ++r) {
     auto peer = std::make_unique<Peer>();
     if (static_cast<int>(r) != selfRank) {
-      peer->socket = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::dealer);
-      // FIFO: unlimited. Priority: one message in the pipe and the window in the kernel, so the
-      // queue above (which reorders) keeps the rest.
-      peer->socket->set(zmq::sockopt::sndhwm, options_.sendWindowBytes > 0 ? 1 : 0);
-      if (options_.sendWindowBytes > 0) peer->socket->set(zmq::sockopt::sndbuf, options_.sendWindowBytes);
-      peer->socket->set(zmq::sockopt::linger, options_.lingerMs);
-      // Messages queue until the TCP connection is up instead of being refused.
-      peer->socket->set(zmq::sockopt::immediate, 0);
-      if (options_.curve) makeCurveClient(*peer->socket, *options_.curve);
-      try {
-        peer->socket->connect(endpoints[r]);
-      } catch (const zmq::error_t& e) {
-        throw IoError(strCat("cannot connect to rank ", r, " at ", endpoints[r], ": ", e.what()));
-      }
+      peer->socket = dealer(r, 0);
+      if (options_.urgentLayers > 0) peer->urgent = dealer(r, kUrgentTos);
     }
     peers_.push_back(std::move(peer));
   }
   if (options_.sendWindowBytes > 0) {
     std::vector<zmq::socket_t*> links;
     for (auto& p : peers_) links.push_back(p->socket.get());
+    // The urgent connections are links P..2P-1 (isUrgent()).
+    if (options_.urgentLayers > 0)
+      for (auto& p : peers_) links.push_back(p->urgent.get());
     scheduler_ =
         std::make_unique<PriorityScheduler>(ctx_, std::move(links), static_cast<size_t>(options_.sendWindowBytes));
   }
@@ -153,6 +171,13 @@ bool Van::waitQueuedAtMost(size_t n, std::chrono::milliseconds timeout) {
 
 void Van::holdSends(bool hold, size_t letThrough) {
   if (scheduler_) scheduler_->hold(hold, letThrough);
+}
+
+bool Van::isUrgent(const FrameHeader& header) const {
+  // All of a layer's round data or none of it, so that the layer's messages stay in order (one
+  // connection); the BSP protocol never orders messages of different layers (docs/scheduling.md).
+  return options_.urgentLayers > 0 && wire::messageInfo(header.type).sendClass == wire::SendClass::kRound &&
+         header.layer < static_cast<uint32_t>(options_.urgentLayers);
 }
 
 TrafficKind Van::kindOf(MsgType type) { return wire::messageInfo(type).traffic; }
@@ -202,7 +227,10 @@ void Van::sendNow(int dest, const FrameHeader& header, zmq::message_t head, zmq:
   try {
     if (scheduler_) {
       if (closed_) throw IoError("transport closed");
-      scheduler_->enqueue(dest, header, std::move(head), std::move(body));
+      const bool urgent = isUrgent(header);
+      if (urgent) urgentBytesSent_.fetch_add(kHeaderBytes + total, std::memory_order_relaxed);
+      scheduler_->enqueue(urgent ? dest + static_cast<int>(peers_.size()) : dest, header, std::move(head),
+                          std::move(body));
       counters_.addSent(wire::trafficLayer(header), kindOf(header.type), kHeaderBytes + total);
       counters_.addDataSentTo(dest, kindOf(header.type), kHeaderBytes + total);
       return;

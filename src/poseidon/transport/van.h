@@ -73,6 +73,12 @@ struct VanOptions {
   // > 0: priority scheduling (above) with this kernel send buffer per
   // connection (SO_SNDBUF). 0: FIFO, the OS's autotuned buffers.
   int sendWindowBytes = 0;
+  // > 0 (with a send window): the round data of layers [0, urgentLayers) - the next forward's first
+  // layers - go to each peer on a second connection whose packets are marked IP TOS low-delay
+  // (kUrgentTos). There they wait behind no byte of the bulk connection (its ZeroMQ pipe, encoder
+  // and kernel send buffer), and a host queue that honours TOS (Linux's pfifo_fast and sch_fq
+  // bands; `bench --host-queue tos`) sends them first. docs/scheduling.md, "The urgent connection".
+  int urgentLayers = 0;
   // The bench's charge for CURVE's encryption on ZeroMQ's I/O threads (common/work_charger.h).
   // Null, as in production: nothing charged. Not owned; must outlive the van.
   WorkCharger* charger = nullptr;
@@ -82,6 +88,8 @@ class Van {
  public:
   // The smallest send window (VanOptions::sendWindowBytes): smaller ones cut messages into too many fragments.
   static constexpr int kMinSendWindow = 4096;
+  // IP TOS of the urgent connections: IPTOS_LOWDELAY, which Linux maps to TC_PRIO_INTERACTIVE (band 0).
+  static constexpr int kUrgentTos = 0x10;
   Van(zmq::context_t& ctx, const VanOptions& options);
   ~Van();
   Van(const Van&) = delete;
@@ -126,6 +134,8 @@ class Van {
   bool poll(Message* out, int timeoutMs);
 
   TrafficCounters& counters() { return counters_; }
+  // Bytes (header + payload) handed to the urgent connections (VanOptions::urgentLayers).
+  uint64_t urgentBytesSent() const { return urgentBytesSent_.load(std::memory_order_relaxed); }
   uint64_t rejectedFrames() const { return rejected_.load(); }
   // Connections that failed the CURVE handshake without reaching the ZAP
   // handler (peers that do not speak CURVE at all).
@@ -154,7 +164,9 @@ class Van {
   struct Peer {
     std::mutex mutex;
     std::unique_ptr<zmq::socket_t> socket;
+    std::unique_ptr<zmq::socket_t> urgent;  // VanOptions::urgentLayers > 0
   };
+  bool isUrgent(const FrameHeader& header) const;
   bool receiveFrom(zmq::socket_t& socket, bool loopback, Message* out);
   // A fragment received: true with *out filled when it completed a message.
   bool addFragment(const FrameHeader& h, zmq::message_t& chunk, const zmq::message_t& where, const std::string& peer,
@@ -174,6 +186,7 @@ class Van {
   std::vector<std::unique_ptr<Peer>> peers_;
   TrafficCounters counters_;
   std::atomic<uint64_t> rejected_{0};
+  std::atomic<uint64_t> urgentBytesSent_{0};
   Reassembler reassembler_;                    // receive thread only
   std::unique_ptr<HandshakeMonitor> monitor_;  // handshake failures (CURVE only)
   // Written by close() (any thread), read by send() under a peer's or the

@@ -114,6 +114,8 @@ def main():
     p.add_argument("--overlap-forward", action="store_true",
                    help="step(opt) returns at once; the next forward applies the update layer by layer")
     p.add_argument("--send-window", type=int, default=0, help="priority-scheduled links with this window")
+    p.add_argument("--urgent-layers", type=int, default=0,
+                   help="with --send-window: the first K layers on a second, TOS-marked connection per peer")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds any wait on other ranks may last")
     p.add_argument("--local-ranks", type=int, default=1,
                    help="ranks per machine, meeting on a leader before the network (local_ranks=)")
@@ -134,6 +136,7 @@ def main():
     # The sequence models join at their first forward, taking K from the input (the lazy form).
     model = poseidon.DistributedModel(net, batch=None if a.model.startswith("sequence") else GLOBAL // 4,
                                       overlap_forward=a.overlap_forward, send_window=a.send_window,
+                                      urgent_layers=a.urgent_layers,
                                       timeout=a.timeout, stage_on_host=a.device == "staged",
                                       local_ranks=a.local_ranks)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)

@@ -105,6 +105,9 @@ void validateModeOptions(const TrainOptions& o, int world) {
                                      : nullptr;
     if (other) throw InvalidArgument(strCat("--send-window cannot be combined with ", other));
   }
+  if (o.urgentLayers > 0 && o.sendWindowBytes == 0) {
+    throw InvalidArgument("--urgent-layers needs priority links (--send-window BYTES)");
+  }
 }
 
 std::unique_ptr<TrainMode> chooseMode(RankContext& c) {
@@ -122,6 +125,7 @@ nlohmann::json modeOptionsJson(const TrainOptions& o) {
           {"overlap", o.overlap},
           {"overlap_forward", o.overlapForward},
           {"send_window", o.sendWindowBytes},
+          {"urgent_layers", o.urgentLayers},
           {"drop_stragglers", o.dropStragglers},
           {"groups", o.groups},
           {"staleness_bound", o.staleness},

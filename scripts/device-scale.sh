@@ -10,6 +10,8 @@
 #                                       wanted first, each step with a limit under DEVICE_CHECK_SECONDS:
 #     vgg19-big: vgg19, 32 nodes, 30 Mbit/s: poseidon and poseidon-overlap, 16 KB receive buffers (the
 #        scale sweep's), 3 runs each: the issue asks both within 1.15x of their own bound, host CPU reported
+#     vgg19-urgent: the same 32 nodes, poseidon-overlap with its first 3 layers on the urgent connection
+#        and the nodes' two-band queues (--urgent-layers 3 --host-queue tos; 1.09x at 16 nodes here)
 #     resnet152: resnet-152, 8 nodes, 30 Mbit/s, the 16-bit wire: poseidon-overlap-bf16 with the OS's
 #        receive buffer, 12 KB and 8 KB, against ddp-fp16 (in the machine's python3), 3 runs each: the
 #        issue asks 1.2x over ddp-fp16
@@ -18,8 +20,8 @@
 # counts), also when stopped early, and leaves each step's bench JSON, Markdown and log under OUT
 # (default /tmp/device-scale). A step cut by its limit leaves no JSON: bench writes it after its last
 # run. Set DEVICE_CHECK_SECONDS to the lease's time left; on 16 cores the whole should take about 450 s,
-# less when device-check.sh's build (the same BUILD) is there to reuse. STEPS="resnet152" (any of the
-# three names) runs only those. A dry run on a smaller machine: VGG_NODES="4 2" (not "32 16"), REPEAT=1.
+# less when device-check.sh's build (the same BUILD) is there to reuse; the steps after the first two
+# are cut first. STEPS="resnet152" (any of the four names) runs only those. A dry run on a smaller machine: VGG_NODES="4 2" (not "32 16"), REPEAT=1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -30,7 +32,7 @@ PY=${PYTHON:-python3}
 REPEAT=${REPEAT:-3}
 read -r VGG_BIG VGG_MID <<<"${VGG_NODES:-32 16}"
 [[ -n "${VGG_BIG:-}" && -n "${VGG_MID:-}" ]] || { echo "device-scale: VGG_NODES needs two node counts, e.g. \"32 16\""; exit 2; }
-STEPS=" ${STEPS:-vgg19-big resnet152 vgg19-mid} "
+STEPS=" ${STEPS:-vgg19-big vgg19-urgent resnet152 vgg19-mid} "
 
 [[ -f .device/device-env.sh ]] || { echo "device-scale: no .device/ here: run scripts/device-check.sh --prepare first"; exit 2; }
 DEBS=.device/debs source .device/device-env.sh
@@ -112,6 +114,10 @@ vgg=(--models vgg19 --iterations 4 --warmup 2 --run-timeout 60 --tcp-rcvbuf 1638
 resnet=(--models resnet-152 --nodes 8 --run-timeout 45)
 if [[ $STEPS == *" vgg19-big "* ]]; then
   bench "vgg19-$VGG_BIG" 240 "${vgg[@]}" --systems poseidon,poseidon-overlap --nodes "$VGG_BIG"
+fi
+if [[ $STEPS == *" vgg19-urgent "* ]]; then
+  bench "vgg19-$VGG_BIG-urgent" 150 "${vgg[@]}" --systems poseidon-overlap --nodes "$VGG_BIG" --urgent-layers 3 \
+    --host-queue tos
 fi
 if [[ $STEPS == *" resnet152 "* ]]; then
   bench resnet152-os 200 "${resnet[@]}" --systems poseidon-overlap-bf16,ddp-fp16 --ddp-python "$(command -v "$PY")"

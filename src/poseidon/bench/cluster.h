@@ -1,7 +1,8 @@
 // An emulated cluster on one machine (DESIGN.md section 4): one network
 // namespace per node, joined through a bridge in a switch namespace; each
 // node's link shaped in both directions with tc tbf (node egress = upload,
-// switch-port egress = download) and an optional netem delay. Every node's
+// switch-port egress = download) and an optional netem delay; with HostQueue::kTos
+// each node's egress is two bands under the same rate instead (HTB). Every node's
 // TCP runs one named congestion control (default cubic, Linux's and Debian's),
 // not whatever the host happens to use: the emulated cluster is a cluster of
 // stock hosts, and the algorithm decides how pushes and replies share a link.

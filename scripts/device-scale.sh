@@ -19,9 +19,11 @@
 # It prints one table (median s/iter, / own bound, host CPU, HOST-BOUND, DDP-fp16 over it where the run
 # counts), also when stopped early, and leaves each step's bench JSON, Markdown and log under OUT
 # (default /tmp/device-scale). A step cut by its limit leaves no JSON: bench writes it after its last
-# run. Set DEVICE_CHECK_SECONDS to the lease's time left; on 16 cores the whole should take about 450 s,
-# less when device-check.sh's build (the same BUILD) is there to reuse; the steps after the first two
-# are cut first. STEPS="resnet152" (any of the four names) runs only those. A dry run on a smaller machine: VGG_NODES="4 2" (not "32 16"), REPEAT=1.
+# run. Set DEVICE_CHECK_SECONDS to the lease's time left. On 16 cores the three steps other than
+# vgg19-urgent were estimated at about 450 s, and vgg19-urgent adds about 100 s; less when
+# device-check.sh's build (the same BUILD) is there to reuse. When time runs short, the later steps
+# are cut first. STEPS="resnet152" (any of the four names) runs only those. A dry run on a smaller
+# machine: VGG_NODES="4 2" (not "32 16"), REPEAT=1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD

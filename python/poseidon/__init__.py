@@ -96,8 +96,8 @@ class DistributedModel(torch.nn.Module):
     urgent_layers: with send_window, the synchronization data of the first K layers (the modules that
         own trainable parameters, in registration order: the next forward needs them first) go to each
         peer on a second connection whose packets are marked IP TOS low-delay. They wait behind none of
-        the other layers' bytes, and a host queue that honours TOS sends them first
-        (docs/scheduling.md). 0 (the default): one connection per peer.
+        the other layers' bytes in ZeroMQ and the kernel's send buffers, and a host queue that honours
+        TOS sends them first (docs/scheduling.md). 0 (the default): one connection per peer.
     groups: Omnivore's compute groups (docs/omnivore.md): 0 (the default) is BSP; G > 0 splits the ranks
         into G groups of consecutive ranks, synchronous inside a group and asynchronous across groups.
         The sharded parameter servers then hold the model and run SGD: each group's summed gradient is
@@ -589,7 +589,8 @@ class DistributedModel(torch.nn.Module):
         return None if n < 0 else n
 
     def summary(self):
-        """A dict for logs and JSON: the plan and the bytes this rank sent by scheme."""
+        """A dict for logs and JSON: the plan and the bytes this rank sent by scheme (ps, sfb; and of
+        those, urgent: on the urgent connections, urgent_layers)."""
         impl = self._runtime()
         return {"rank": impl.rank, "workers": impl.workers, "batch": self._batch, "layers": self.plan(),
                 "bytes_sent": impl.bytes_sent()}

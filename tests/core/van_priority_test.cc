@@ -8,7 +8,10 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <set>
+#include <string>
 #include <vector>
+#include <zmq_addon.hpp>
 
 #include "expect_error.h"
 #include "poseidon/common/error.h"
@@ -140,9 +143,9 @@ TEST(VanPriority, CloseSendsWhatIsQueued) {
   EXPECT_EQ(std::vector<uint8_t>(m.data(), m.data() + m.size()), p);
 }
 
-// VanOptions::urgentLayers: layers 0 and 1 go on the second (TOS-marked) connection, the rest on the
-// first; each layer's messages still arrive whole and in the order sent, the most urgent first.
-TEST(VanPriority, UrgentLayersTravelOnTheirOwnConnection) {
+// VanOptions::urgentLayers: layers 0 and 1's round data are counted as urgent (the next test sees them
+// leave on their own connection); every message still arrives whole, each layer in the order sent.
+TEST(VanPriority, UrgentLayersAreCountedAndArriveWholeInOrder) {
   zmq::context_t ctx;
   VanOptions o;
   o.sendWindowBytes = 4096;
@@ -186,16 +189,51 @@ TEST(VanPriority, UrgentLayersTravelOnTheirOwnConnection) {
   EXPECT_EQ(b.counters().total(TrafficKind::kPS).bytesReceived, 40000u + 9000 + 300 + 50 + 4 * kHeaderBytes);
 }
 
+// The urgent messages leave on a connection of their own: a raw ROUTER in the peer's place sees
+// layers 0 and 1's round data (whole or in fragments) come from one connection, and layer 5's and a
+// layer-0 barrier from another.
+TEST(VanPriority, UrgentLayersLeaveOnASecondConnection) {
+  zmq::context_t ctx;
+  zmq::socket_t router(ctx, zmq::socket_type::router);
+  router.set(zmq::sockopt::linger, 0);
+  router.bind("tcp://127.0.0.1:*");
+  VanOptions o;
+  o.sendWindowBytes = 4096;
+  o.urgentLayers = 2;
+  Van a(ctx, o);
+  a.connectPeers(0, {a.endpoint(), router.get(zmq::sockopt::last_endpoint)}, kJob);
+  auto big = pattern(9000, 1), small = pattern(300, 2);
+  a.send(1, header(MsgType::kPsPush, 5), big.data(), big.size());           // 3 fragments, bulk
+  a.send(1, header(MsgType::kPsPush, 1), big.data(), big.size());           // 3 fragments, urgent
+  a.send(1, header(MsgType::kPsAggregate, 0), small.data(), small.size());  // urgent
+  a.send(1, header(MsgType::kBarrier, 0), small.data(), small.size());      // control: bulk
+  std::set<std::string> urgent, bulk;
+  for (int k = 0; k < 8; ++k) {
+    zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
+    ASSERT_EQ(zmq::poll(&item, 1, std::chrono::seconds(100)), 1) << "only " << k << " of 8 messages came";
+    std::vector<zmq::message_t> parts;
+    ASSERT_TRUE(zmq::recv_multipart(router, std::back_inserter(parts)));
+    ASSERT_GE(parts.size(), 3u);
+    FrameHeader h;
+    ASSERT_EQ(decodeHeader(parts[1].data(), parts[1].size(), kDefaultMaxPayloadBytes, &h), "");
+    const bool isUrgent = h.type != MsgType::kBarrier && h.layer < 2;
+    (isUrgent ? urgent : bulk).insert(parts[0].to_string());
+  }
+  EXPECT_EQ(urgent.size(), 1u);
+  EXPECT_EQ(bulk.size(), 1u);
+  EXPECT_NE(urgent, bulk);
+  a.close();
+}
+
 TEST(VanPriority, UrgentLayersNeedASendWindow) {
   zmq::context_t ctx;
   VanOptions o;
   o.urgentLayers = 2;
   EXPECT_ERROR_CONTAINS(Van(ctx, o), InvalidArgument,
-                        "urgent layers need priority links (a send window) and must be >= 0, got 2 with a send "
-                        "window of 0 bytes");
+                        "urgent layers (2) need priority links: a send window, not FIFO links");
   o.sendWindowBytes = 4096;
   o.urgentLayers = -1;
-  EXPECT_ERROR_CONTAINS(Van(ctx, o), InvalidArgument, "must be >= 0, got -1");
+  EXPECT_ERROR_CONTAINS(Van(ctx, o), InvalidArgument, "urgent layers must be >= 0, got -1");
 }
 
 TEST(VanPriority, ANegativeWindowIsRefused) {

@@ -171,8 +171,6 @@ TEST(BenchSmoke, OverlapTwoNodes) {
                                                    "--warmup",        "1",
                                                    "--trace",         dir + "/traces",
                                                    "--machine-rates", "60,8,1.5",
-                                                   "--urgent-layers", "2",
-                                                   "--host-queue",    "tos",
                                                    "--json",          dir + "/r.json"},
                                                   {}, dir + "/log")};
   testing::waitAll(procs, std::chrono::seconds(600));
@@ -209,13 +207,42 @@ TEST(BenchSmoke, OverlapTwoNodes) {
   // a span of its own (a round trip at least, where no reply can be in yet).
   EXPECT_THAT(trace, HasSubstr("\"forward waits for conv1_1\"")) << r["trace"];
   EXPECT_THAT(trace, Not(HasSubstr("\"wait for the sync\""))) << r["trace"];  // no barrier in the loop
-  // --urgent-layers 2: conv1_1's and conv1_2's data left on the TOS-marked connections, and the nodes'
-  // queues (--host-queue tos) put them in the low-delay band; the bulk did not go there.
+  EXPECT_EQ(result["config"]["host_queue"], "fifo");
+  EXPECT_FALSE(result.contains("low_delay_bytes"));
+  EXPECT_TRUE(namespacesOf(procs[0].pid).empty());
+  fs::remove_all(dir);
+}
+
+// --urgent-layers 2: conv1_1's and conv1_2's data leave on the TOS-marked connections, and the nodes'
+// two-band queues (--host-queue tos) send them in the low-delay band; the bulk does not go there
+// (and unmarked traffic puts nothing there: LocalRanksAggregateOnTheNodeBeforeTheLink).
+TEST(BenchSmoke, UrgentLayersGoFirstInTheNodesQueues) {
+  requireCluster();
+  std::string dir = testing::makeTempDir("bench-urgent");
+  std::vector<testing::Proc> procs{testing::spawn({POSEIDON_CLI,      "bench",
+                                                   "--models",        "vgg19",
+                                                   "--systems",       "poseidon-overlap",
+                                                   "--nodes",         "2",
+                                                   "--rates",         "100",
+                                                   "--iterations",    "1",
+                                                   "--warmup",        "1",
+                                                   "--urgent-layers", "2",
+                                                   "--host-queue",    "tos",
+                                                   "--json",          dir + "/r.json"},
+                                                  {}, dir + "/log")};
+  testing::waitAll(procs, std::chrono::seconds(600));
+  ASSERT_EQ(procs[0].exitCode(), 0) << procs[0].stdoutText() << procs[0].stderrText();
+  std::ifstream f(dir + "/r.json");
+  auto result = nlohmann::json::parse(f);
+  ASSERT_EQ(result["runs"].size(), 1u);
+  const auto& r = result["runs"][0];
+  EXPECT_TRUE(r["ok"].get<bool>()) << r.dump();
   EXPECT_EQ(result["config"]["urgent_layers"], 2);
   EXPECT_EQ(result["config"]["host_queue"], "tos");
   EXPECT_GT(result["low_delay_bytes"].get<double>(), 0) << result["low_delay_bytes"];
   EXPECT_LT(result["low_delay_bytes"].get<double>(), r["tx_bytes_per_iteration"][1].get<double>())
       << result["low_delay_bytes"];
+  EXPECT_THAT(procs[0].stdoutText(), HasSubstr("MB sent in the low-delay band"));
   EXPECT_TRUE(namespacesOf(procs[0].pid).empty());
   fs::remove_all(dir);
 }

@@ -434,6 +434,9 @@ TEST(CliFlags, BenchRejectsOutOfRangeValues) {
   expectRejected({{"bench", "--send-window", "100"}, "--send-window must be 0 or [4096, 1073741824], got 100"});
   expectRejected({{"bench", "--host-queue", "prio"}, "--host-queue must be fifo or tos, got 'prio'"});
   expectRejected({{"bench", "--urgent-layers", "-1"}, "--urgent-layers must be in [0, 1048576], got -1"});
+  expectRejected({{"bench", "--systems", "poseidon,ddp", "--urgent-layers", "2"},
+                  "--urgent-layers is for the poseidon-overlap systems (their priority links), and --systems has "
+                  "none"});
   expectRejected({{"bench", "--systems", "ddp-bf16"}, "unknown system 'ddp-bf16'"});
   expectRejected({{"bench", "--systems", "ddp-nocurve"},
                   "unknown system 'ddp-nocurve' (DDP's Gloo links are never encrypted: -nocurve is for Poseidon's)"});

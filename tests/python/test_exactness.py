@@ -97,6 +97,8 @@ class Exactness(TempDirTest):
             self.assertClean(overlap)
             # Steps 1-9 each had the previous update applied layer by layer by their forward.
             self.assertIn("[rank 0] updates applied in the forward: %d" % (9 * layers), overlap.out)
+            # urgent_layers=2 (LeNet) put conv1's and conv2's data on the urgent connections.
+            self.assertIn("[rank 0] urgent bytes: %s" % ("some" if model == "lenet" else "none"), overlap.out)
             a, b = torch.load(self.path(model + "-barrier.pt")), torch.load(self.path(model + "-overlap.pt"))
             for p, q in zip(a["params"], b["params"]):
                 self.assertTrue(torch.equal(p, q), model)

@@ -213,8 +213,13 @@ TEST(TrainCli, OverlappedStepEqualsTheBarrierPathBitForBit) {
   EXPECT_EQ(sw["send_window"], 4096);
   EXPECT_EQ(sw["updates_in_forward"], 9 * 4);
   EXPECT_EQ(sw["urgent_layers"], 0);
+  EXPECT_EQ(sw["urgent_bytes_sent"], 0);
   std::ifstream fu(dir.path + "/urgent.json");
-  EXPECT_EQ(nlohmann::json::parse(fu)["urgent_layers"], 2);
+  const auto su = nlohmann::json::parse(fu);
+  EXPECT_EQ(su["urgent_layers"], 2);
+  // conv1's and conv2's pushes and sums went on the urgent connections: a part of the PS bytes.
+  EXPECT_GT(su["urgent_bytes_sent"].get<double>(), 0) << su.dump();
+  EXPECT_LT(su["urgent_bytes_sent"].get<double>(), su["bytes_sent_by_scheme"]["ps"].get<double>()) << su.dump();
   std::ifstream fa(dir.path + "/barrier.json"), fb(dir.path + "/overlap.json");
   auto sa = nlohmann::json::parse(fa), sb = nlohmann::json::parse(fb);
   // The copies taken between steps are the updated models: their scores are the barrier path's.

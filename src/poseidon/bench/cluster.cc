@@ -217,10 +217,12 @@ void EmulatedCluster::shape(const std::string& ns, const std::string& dev, const
     tc(args);
     return;
   }
-  // Two bands under one rate, the low-delay one first (HostQueue::kTos): HTB, since this kernel's
-  // tbf takes one child and it has no prio qdisc. Band 0 (class :10) is guaranteed nearly the whole
-  // rate and band 1 (:20) borrows what it leaves, so band 0 goes first whenever it has a packet; each
-  // band drops past the tbf's queue (queueMs at the rate, plus the bucket).
+  // Two bands under one rate, the low-delay one first (HostQueue::kTos): HTB, since this kernel has
+  // no prio qdisc. Band 0 (class :10) is guaranteed 99% of the rate, band 1 (:20) 1%, and each may
+  // borrow up to the whole rate; a class within its guarantee goes before one that borrows, so band 0
+  // goes first unless it has sent above 99% of the rate for longer than its bucket lasts (the urgent
+  // traffic is a few percent). Each band drops past the tbf's queue (queueMs at the rate, plus the
+  // bucket).
   const std::string h = parent == "root" ? "2" : "3";
   const std::string limit = strCat(std::lround(bytesPerSec * link.queueMs / 1000) + burst);
   std::vector<std::string> root{"qdisc", "add", "dev", dev};
@@ -239,9 +241,10 @@ void EmulatedCluster::shape(const std::string& ns, const std::string& dev, const
       strCat(link.mbit * 0.01, "mbit"), "ceil", rate, "burst", burstText, "cburst", burstText, "prio", "1"});
   tc({"qdisc", "add", "dev", dev, "parent", h + ":10", "bfifo", "limit", limit});
   tc({"qdisc", "add", "dev", dev, "parent", h + ":20", "bfifo", "limit", limit});
-  // TOS low-delay (Van::kUrgentTos), as Linux's pfifo_fast puts it in band 0.
+  // TOS low-delay (Van::kUrgentTos), as Linux's pfifo_fast puts it in band 0; the ECN bits (0x03) may
+  // be anything.
   tc({"filter", "add", "dev", dev, "parent", h + ":", "protocol", "ip", "prio", "1", "u32", "match", "ip", "tos",
-      "0x10", "0x1e", "flowid", h + ":10"});
+      "0x10", "0x1c", "flowid", h + ":10"});
 }
 
 uint64_t EmulatedCluster::lowDelayBytesSent() const {

@@ -252,6 +252,13 @@ BenchPlan planBench(const BenchArgs& a) {
                             "rank's factors); run it without --local-ranks");
     }
   }
+  if (a.urgentLayers > 0 && std::none_of(p.systems.begin(), p.systems.end(), [](const std::string& s) {
+        return bench::parseBenchSystem(s).spec->overlapForward;
+      })) {
+    throw InvalidArgument(
+        "--urgent-layers is for the poseidon-overlap systems (their priority links), and --systems "
+        "has none");
+  }
   const bench::ComputeChoice compute = bench::parseComputeList(a.computeFlag);  // throws on bad names
   p.gpu = compute.gpu;
   p.devices = compute.nodes;

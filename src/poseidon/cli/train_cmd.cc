@@ -113,8 +113,8 @@ void addTrainingFlags(FlagSet& flags, TrainFlags& t) {
                "BYTES", IntRange::closed(0, 1 << 30));
   flags.addInt("urgent-layers", &t.o.urgentLayers,
                "with --send-window: the round data of the first K layers (the next forward's first) go to each "
-               "peer on a second connection marked IP TOS low-delay, behind none of the other layers' bytes "
-               "(0: one connection; docs/scheduling.md)",
+               "peer on a second connection marked IP TOS low-delay, behind none of the other layers' bytes in "
+               "ZeroMQ and the kernel's send buffers (0: one connection; docs/scheduling.md)",
                "K", IntRange::closed(0, 1 << 20));
   flags.addBool("plain", &t.o.plain, "run the plain LibTorch loop without Poseidon (overhead baseline; 1 worker)");
   flags.addString("device", &t.o.device,

@@ -251,6 +251,8 @@ class Node : private SyncHost {
 
   // ---- introspection -------------------------------------------------------------
   TrafficCounters& counters() { return van_->counters(); }
+  // Bytes this node handed to its urgent connections (VanOptions::urgentLayers).
+  uint64_t urgentBytesSent() const { return van_->urgentBytesSent(); }
   uint64_t rejectedFrames() const { return van_->rejectedFrames(); }
   // Connections refused for not being members of the job (CURVE/ZAP).
   uint64_t refusedConnections() const;

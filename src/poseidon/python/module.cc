@@ -352,6 +352,7 @@ void defineInfo(ModelClass& model) {
         auto& c = s.model().node().counters();
         d["ps"] = c.total(TrafficKind::kPS).bytesSent;
         d["sfb"] = c.total(TrafficKind::kSFB).bytesSent;
+        d["urgent"] = s.model().node().urgentBytesSent();  // of those, on the urgent connections
         return d;
       });
 }

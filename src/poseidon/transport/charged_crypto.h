@@ -9,7 +9,9 @@
 // other connections' messages. Each connection stays FIFO: its messages share
 // a lane, whose end times only grow. The connection numbers interleave a
 // node's DEALER to each peer (2 x peer) and its ROUTER's connection from it
-// (2 x peer + 1), as libzmq spreads connections over its I/O threads.
+// (2 x peer + 1), as libzmq spreads connections over its I/O threads. A peer's urgent connection
+// (VanOptions::urgentLayers) shares its bulk connection's lane: conservative, as libzmq would give
+// it an I/O thread of its own choosing.
 //
 // Threads: encrypt() and stop() from any thread; one encrypter thread hands
 // messages over; decrypt() and takeDecrypted() from the receive loop only.

@@ -29,9 +29,11 @@ PriorityScheduler::Priority PriorityScheduler::priorityOf(const FrameHeader& hea
   return {kMin, 0};
 }
 
-PriorityScheduler::PriorityScheduler(zmq::context_t& ctx, std::vector<zmq::socket_t*> links, size_t windowBytes)
+PriorityScheduler::PriorityScheduler(zmq::context_t& ctx, std::vector<zmq::socket_t*> links, size_t windowBytes,
+                                     size_t ranks)
     : links_(std::move(links)),
       windowBytes_(windowBytes),
+      ranks_(ranks > 0 ? ranks : links_.size()),
       queues_(links_.size()),
       blocked_(links_.size(), false),
       wakeIn_(ctx, zmq::socket_type::pair),
@@ -152,7 +154,9 @@ void PriorityScheduler::pumpLocked() {
       }
     } catch (const zmq::error_t& e) {
       if (sendError_.empty()) {
-        sendError_ = strCat("send of ", msgTypeName(m.header.type), " to rank ", best, " failed: ", e.what());
+        const size_t link = static_cast<size_t>(best);
+        sendError_ = strCat("send of ", msgTypeName(m.header.type), " to rank ", link % ranks_,
+                            link >= ranks_ ? " (urgent connection)" : "", " failed: ", e.what());
       }
       POSEIDON_LOG(kError) << sendError_;
     }

@@ -33,9 +33,11 @@ class PriorityScheduler {
   using Priority = std::pair<int64_t, int64_t>;
   static Priority priorityOf(const FrameHeader& header);
 
-  // `links[d]`: the DEALER to rank d (null for this rank); each takes one message into its pipe
-  // (SNDHWM 1) and `windowBytes` into the kernel. Starts the sender thread.
-  PriorityScheduler(zmq::context_t& ctx, std::vector<zmq::socket_t*> links, size_t windowBytes);
+  // `links[d]`: the DEALER to rank d (null for this rank) for d < ranks, and with urgent connections
+  // (VanOptions::urgentLayers) links[ranks + d] the urgent one to rank d (ranks 0: links.size()).
+  // Each takes one message into its pipe (SNDHWM 1) and `windowBytes` into the kernel. enqueue()'s
+  // `dest` is a link's index. Starts the sender thread.
+  PriorityScheduler(zmq::context_t& ctx, std::vector<zmq::socket_t*> links, size_t windowBytes, size_t ranks = 0);
   ~PriorityScheduler();
   PriorityScheduler(const PriorityScheduler&) = delete;
   PriorityScheduler& operator=(const PriorityScheduler&) = delete;
@@ -75,6 +77,7 @@ class PriorityScheduler {
 
   std::vector<zmq::socket_t*> links_;
   const size_t windowBytes_;
+  const size_t ranks_;  // links_[ranks_ + d]: the urgent connection to rank d
   std::mutex mutex_;
   std::condition_variable handedOver_;                        // the sender handed something to ZeroMQ
   std::vector<std::vector<std::unique_ptr<Queued>>> queues_;  // per peer, a heap by Later

@@ -55,9 +55,12 @@ Van::Van(zmq::context_t& ctx, const VanOptions& options)
                                  " bytes (smaller ones cut messages into too many fragments), got ",
                                  options.sendWindowBytes));
   }
-  if (options.urgentLayers < 0 || (options.urgentLayers > 0 && options.sendWindowBytes == 0)) {
-    throw InvalidArgument(strCat("urgent layers need priority links (a send window) and must be >= 0, got ",
-                                 options.urgentLayers, " with a send window of ", options.sendWindowBytes, " bytes"));
+  if (options.urgentLayers < 0) {
+    throw InvalidArgument(strCat("urgent layers must be >= 0, got ", options.urgentLayers));
+  }
+  if (options.urgentLayers > 0 && options.sendWindowBytes == 0) {
+    throw InvalidArgument(
+        strCat("urgent layers (", options.urgentLayers, ") need priority links: a send window, not FIFO links"));
   }
   // Before bind: accepted connections inherit it, so it bounds each peer's window from the start.
   if (options.receiveBufferBytes > 0) router_.set(zmq::sockopt::rcvbuf, options.receiveBufferBytes);
@@ -152,8 +155,8 @@ void Van::connectPeers(int selfRank, const std::vector<std::string>& endpoints, 
     // The urgent connections are links P..2P-1 (isUrgent()).
     if (options_.urgentLayers > 0)
       for (auto& p : peers_) links.push_back(p->urgent.get());
-    scheduler_ =
-        std::make_unique<PriorityScheduler>(ctx_, std::move(links), static_cast<size_t>(options_.sendWindowBytes));
+    scheduler_ = std::make_unique<PriorityScheduler>(ctx_, std::move(links),
+                                                     static_cast<size_t>(options_.sendWindowBytes), peers_.size());
   }
   if (options_.curve && options_.charger && options_.charger->chargesCrypto()) {
     crypto_ = std::make_unique<ChargedCrypto>(

@@ -174,6 +174,8 @@ def main():
     network_workers = model.summary()["workers"]  # the workers on the network (leaders, with --local-ranks)
     if a.overlap_forward:
         print("updates applied in the forward: %d" % model.updates_in_forward)
+    sent = model.summary()["bytes_sent"]
+    print("urgent bytes: %s of %d" % ("some" if sent["urgent"] > 0 else "none", sent["ps"] + sent["sfb"]))
     model.finish()  # with overlap_forward, this applies the last step
     if model.rank == 0:
         torch.save({"params": [t.detach().cpu().clone() for t in net.parameters()],

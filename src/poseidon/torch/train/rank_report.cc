@@ -59,8 +59,9 @@ void RankRun::reportTraffic() {
   const TrafficTotals local = node.counters().total(TrafficKind::kLocal);
   auto total = node.allSum({double(ps.bytesSent), double(sfb.bytesSent), double(ps.bytesSent + ps.bytesReceived),
                             double(sfb.bytesSent + sfb.bytesReceived), pred.first * eb, pred.second * eb,
-                            double(local.bytesSent)});
+                            double(local.bytesSent), double(node.urgentBytesSent())});
   localBytes_ = total[6];
+  urgentBytes_ = total[7];
   psBytes_ = total[0];
   sfbBytes_ = total[1];
   predictedPs_ = total[4];
@@ -160,6 +161,7 @@ nlohmann::json RankRun::summaryJson() const {
       {"wire", wirePrecisionName(o_.wire)},
       {"local_ranks", c_.dist ? c_.dist->node().book().localRanks() : o_.localRanks},  // the L in use
       {"local_bytes_sent", localBytes_},
+      {"urgent_bytes_sent", urgentBytes_},
       {"tcp_rcvbuf", o_.tcpRcvbuf},
       {"group_push_window", o_.groupPushWindow},
       {"updates_in_forward", c_.dist ? c_.dist->updatesInForward() : 0},

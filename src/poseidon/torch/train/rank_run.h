@@ -114,6 +114,7 @@ class RankRun {
   // Results of reportTraffic().
   double psBytes_ = 0, sfbBytes_ = 0, predictedPs_ = 0, predictedSfb_ = 0;
   double localBytes_ = 0;  // between the ranks of a machine (--local-ranks), all ranks
+  double urgentBytes_ = 0;  // on the urgent connections (--urgent-layers), all ranks
 };
 
 }  // namespace poseidon::pt

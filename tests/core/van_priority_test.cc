@@ -37,15 +37,30 @@ FrameHeader header(MsgType type, uint32_t layer, int64_t iteration = 0) {
   return h;
 }
 
-// Rank 0 (a) sends over priority-scheduled links with a 4 KB window to rank 1 (b), which needs no
-// scheduling of its own to receive.
+// A message to send: its type, layer and payload size (the payload: pattern(bytes, its index)).
+struct Sent {
+  MsgType type;
+  uint32_t layer;
+  size_t bytes;
+};
+
+void sendAll(Van& from, const std::vector<Sent>& sent) {
+  for (size_t i = 0; i < sent.size(); ++i) {
+    auto p = pattern(sent[i].bytes, static_cast<int>(i));
+    from.send(1, header(sent[i].type, sent[i].layer), p.data(), p.size());
+  }
+}
+
+// Rank 0 (a) sends over priority-scheduled links with a 4 KB window (and `urgentLayers`) to rank 1
+// (b), which needs no scheduling of its own to receive.
 struct Link {
-  static VanOptions scheduled() {
+  static VanOptions scheduled(int urgentLayers) {
     VanOptions o;
     o.sendWindowBytes = 4096;
+    o.urgentLayers = urgentLayers;
     return o;
   }
-  Link() : b(ctx, VanOptions{}), a(ctx, scheduled()) {
+  explicit Link(int urgentLayers = 0) : b(ctx, VanOptions{}), a(ctx, scheduled(urgentLayers)) {
     std::vector<std::string> endpoints{a.endpoint(), b.endpoint()};
     a.connectPeers(0, endpoints, kJob);
     b.connectPeers(1, endpoints, kJob);
@@ -80,19 +95,11 @@ TEST(VanPriority, QueuedMessagesGoMostUrgentFirstAndFragmentsArriveWhole) {
   Link link;
   Van &a = link.a, &b = link.b;
   a.holdSends(true);
-  struct Sent {
-    MsgType type;
-    uint32_t layer;
-    size_t bytes;
-  };
   // In the order sent; 40000 and 10000 bytes go as 10 and 3 fragments.
   const std::vector<Sent> sent{{MsgType::kPsPush, 9, 40000},    {MsgType::kPsPush, 3, 10000},
                                {MsgType::kSfbFactors, 1, 5000}, {MsgType::kPsAggregate, 2, 100},
                                {MsgType::kPsPush, 1, 200},      {MsgType::kHeartbeat, 0, 0}};
-  for (size_t i = 0; i < sent.size(); ++i) {
-    auto p = pattern(sent[i].bytes, static_cast<int>(i));
-    a.send(1, header(sent[i].type, sent[i].layer), p.data(), p.size());
-  }
+  sendAll(a, sent);
   EXPECT_EQ(a.queuedMessages(), 10u + 3 + 2 + 1 + 1 + 1);
   a.holdSends(false);
   // Control, then layer 1 (its two messages in the order sent), 2, 3, 9.
@@ -146,27 +153,13 @@ TEST(VanPriority, CloseSendsWhatIsQueued) {
 // VanOptions::urgentLayers: layers 0 and 1's round data are counted as urgent (the next test sees them
 // leave on their own connection); every message still arrives whole, each layer in the order sent.
 TEST(VanPriority, UrgentLayersAreCountedAndArriveWholeInOrder) {
-  zmq::context_t ctx;
-  VanOptions o;
-  o.sendWindowBytes = 4096;
-  o.urgentLayers = 2;
-  Van b(ctx, VanOptions{}), a(ctx, o);
-  std::vector<std::string> endpoints{a.endpoint(), b.endpoint()};
-  a.connectPeers(0, endpoints, kJob);
-  b.connectPeers(1, endpoints, kJob);
+  Link link(2);
+  Van &a = link.a, &b = link.b;
   a.holdSends(true);
-  struct Sent {
-    MsgType type;
-    uint32_t layer;
-    size_t bytes;
-  };
   const std::vector<Sent> sent{{MsgType::kPsPush, 5, 40000},    {MsgType::kPsPush, 1, 9000},
                                {MsgType::kPsAggregate, 0, 300}, {MsgType::kPsPush, 1, 50},
                                {MsgType::kSfbFactors, 2, 700},  {MsgType::kBarrier, 0, 0}};
-  for (size_t i = 0; i < sent.size(); ++i) {
-    auto p = pattern(sent[i].bytes, static_cast<int>(i));
-    a.send(1, header(sent[i].type, sent[i].layer), p.data(), p.size());
-  }
+  sendAll(a, sent);
   // The round data of layers 0 and 1 (not the barrier, a control message, though its layer is 0).
   EXPECT_EQ(a.urgentBytesSent(), 9000u + 300 + 50 + 3 * kHeaderBytes);
   a.holdSends(false);

@@ -44,6 +44,22 @@ void requireCluster() {
   if (!bench::EmulatedCluster::available(&why)) GTEST_SKIP() << "no emulated cluster here: " << why;
 }
 
+// `poseidon bench` of vgg19 at 100 Mbit/s with `flags`, its JSON to DIR/NAME.json and its output to
+// DIR/NAME.log (into *out if given): the result, after checking that it exited 0 and left no namespace.
+nlohmann::json runBench(const std::string& dir, const std::string& name, const std::vector<std::string>& flags,
+                        std::string* out = nullptr) {
+  std::vector<std::string> argv{POSEIDON_CLI, "bench", "--models", "vgg19",
+                                "--rates",    "100",   "--json",   dir + "/" + name + ".json"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  std::vector<testing::Proc> procs{testing::spawn(argv, {}, dir + "/" + name + ".log")};
+  testing::waitAll(procs, std::chrono::seconds(600));
+  EXPECT_EQ(procs[0].exitCode(), 0) << procs[0].stdoutText() << procs[0].stderrText();
+  EXPECT_TRUE(namespacesOf(procs[0].pid).empty());
+  if (out) *out = procs[0].stdoutText();
+  std::ifstream f(dir + "/" + name + ".json");
+  return f ? nlohmann::json::parse(f) : nlohmann::json::object();
+}
+
 TEST(BenchSmoke, TwoNodesOneIterationPoseidonAndDdp) {
   requireCluster();
   std::string dir = testing::makeTempDir("bench");
@@ -219,21 +235,11 @@ TEST(BenchSmoke, OverlapTwoNodes) {
 TEST(BenchSmoke, UrgentLayersGoFirstInTheNodesQueues) {
   requireCluster();
   std::string dir = testing::makeTempDir("bench-urgent");
-  std::vector<testing::Proc> procs{testing::spawn({POSEIDON_CLI,      "bench",
-                                                   "--models",        "vgg19",
-                                                   "--systems",       "poseidon-overlap",
-                                                   "--nodes",         "2",
-                                                   "--rates",         "100",
-                                                   "--iterations",    "1",
-                                                   "--warmup",        "1",
-                                                   "--urgent-layers", "2",
-                                                   "--host-queue",    "tos",
-                                                   "--json",          dir + "/r.json"},
-                                                  {}, dir + "/log")};
-  testing::waitAll(procs, std::chrono::seconds(600));
-  ASSERT_EQ(procs[0].exitCode(), 0) << procs[0].stdoutText() << procs[0].stderrText();
-  std::ifstream f(dir + "/r.json");
-  auto result = nlohmann::json::parse(f);
+  std::string out;
+  nlohmann::json result = runBench(dir, "r",
+                                   {"--systems", "poseidon-overlap", "--nodes", "2", "--iterations", "1", "--warmup",
+                                    "1", "--urgent-layers", "2", "--host-queue", "tos"},
+                                   &out);
   ASSERT_EQ(result["runs"].size(), 1u);
   const auto& r = result["runs"][0];
   EXPECT_TRUE(r["ok"].get<bool>()) << r.dump();
@@ -242,8 +248,7 @@ TEST(BenchSmoke, UrgentLayersGoFirstInTheNodesQueues) {
   EXPECT_GT(result["low_delay_bytes"].get<double>(), 0) << result["low_delay_bytes"];
   EXPECT_LT(result["low_delay_bytes"].get<double>(), r["tx_bytes_per_iteration"][1].get<double>())
       << result["low_delay_bytes"];
-  EXPECT_THAT(procs[0].stdoutText(), HasSubstr("MB sent in the low-delay band"));
-  EXPECT_TRUE(namespacesOf(procs[0].pid).empty());
+  EXPECT_THAT(out, HasSubstr("MB sent in the low-delay band"));
   fs::remove_all(dir);
 }
 
@@ -255,19 +260,12 @@ TEST(BenchSmoke, LocalRanksAggregateOnTheNodeBeforeTheLink) {
   requireCluster();
   std::string dir = testing::makeTempDir("bench-local");
   auto bench = [&](const std::string& name, std::vector<std::string> extra) {
-    std::vector<std::string> argv{POSEIDON_CLI,   "bench", "--models", "vgg19", "--rates", "100",
-                                  "--iterations", "1",     "--warmup", "0",     "--json",  dir + "/" + name + ".json"};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    std::vector<testing::Proc> procs{testing::spawn(argv, {}, dir + "/" + name + ".log")};
-    testing::waitAll(procs, std::chrono::seconds(600));
-    EXPECT_EQ(procs[0].exitCode(), 0) << procs[0].stdoutText() << procs[0].stderrText();
-    EXPECT_TRUE(namespacesOf(procs[0].pid).empty());
-    std::ifstream f(dir + "/" + name + ".json");
-    return nlohmann::json::parse(f);
+    extra.insert(extra.end(), {"--iterations", "1", "--warmup", "0"});
+    return runBench(dir, name, extra);
   };
-  const nlohmann::json local = bench("local", {"--systems", "poseidon,ddp", "--nodes", "1,2", "--local-ranks", "2"});
+  nlohmann::json local = bench("local", {"--systems", "poseidon,ddp", "--nodes", "1,2", "--local-ranks", "2"});
   // The two-band node queue changes nothing for traffic that is not marked: none of it is low-delay.
-  const nlohmann::json flat = bench("flat", {"--systems", "poseidon", "--nodes", "2", "--host-queue", "tos"});
+  nlohmann::json flat = bench("flat", {"--systems", "poseidon", "--nodes", "2", "--host-queue", "tos"});
   EXPECT_EQ(flat["low_delay_bytes"], 0) << flat.dump();
   EXPECT_EQ(local["config"]["local_ranks"], 2);
   ASSERT_EQ(local["runs"].size(), 4u);

@@ -28,13 +28,15 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 
 class Clock:
-    """Absolute deadlines for the emulated GPU, reset at the start of each iteration."""
+    """Absolute deadlines for the emulated GPU, reset at the start of each iteration; every wait
+    `dilation` times longer under `poseidon bench --time-dilation` (bench/emulation.h)."""
 
     deadline = 0.0
+    dilation = 1.0
 
     @classmethod
     def wait(cls, seconds):
-        cls.deadline += seconds
+        cls.deadline += seconds * cls.dilation
         delay = cls.deadline - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
@@ -123,7 +125,14 @@ def main():
     # like Poseidon's KV pairs, so a scaled model is bucketed as the full-width one would be.
     p.add_argument("--bucket-mb", type=float, default=25.0)
     p.add_argument("--first-bucket-mb", type=float, default=1.0)
+    # The harness's --time-dilation F: the emulated compute F times longer, as its links are F times
+    # slower; the times reported divided by F (DDP's own work, Gloo's sums, is not dilated, as
+    # Poseidon's uncharged work is not).
+    p.add_argument("--time-dilation", type=float, default=1.0)
     a = p.parse_args()
+    if not 1.0 <= a.time_dilation <= 16.0:
+        raise ValueError(f"--time-dilation must be in [1, 16], got {a.time_dilation}")
+    Clock.dilation = a.time_dilation
 
     torch.set_num_threads(1)
     with open(a.model_json) as f:
@@ -160,7 +169,7 @@ def main():
     host1 = host_jiffies()
     result = {
         "rank": rank, "system": a.variant, "model": table["name"], "batch": table["batch"],
-        "iteration_seconds": times, "warmup": a.warmup,
+        "iteration_seconds": [t / a.time_dilation for t in times], "warmup": a.warmup,
         "cpu_seconds": cpu_seconds() - cpu0,
         "host_busy_jiffies": host1[0] - host0[0], "host_total_jiffies": host1[1] - host0[1],
         "bucket_mb": a.bucket_mb, "first_bucket_mb": a.first_bucket_mb,

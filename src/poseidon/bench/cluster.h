@@ -57,6 +57,12 @@ class EmulatedCluster {
   // Reshapes every link (tc qdisc replace).
   void setLink(const LinkSpec& link);
   const LinkSpec& link() const { return link_; }
+  // Linux's minimum TCP retransmission timeout (TCP_RTO_MIN): what each node's route to the others
+  // has unless setMinRto changes it.
+  static constexpr double kKernelMinRtoMs = 200;
+  // Sets the minimum retransmission timeout of every node's route to the others (the route metric
+  // rto_min), e.g. kKernelMinRtoMs x F under time dilation (bench --time-dilation).
+  void setMinRto(double ms);
   const std::string& tcpCongestion() const { return tcpCongestion_; }
   HostQueue hostQueue() const { return hostQueue_; }
   // HostQueue::kTos: bytes all nodes sent in the low-delay band since their links were last shaped

@@ -122,6 +122,12 @@ bool isComputeName(const std::string& name) {
   return std::find(n.begin(), n.end(), name) != n.end();
 }
 
+void dilate(EmulatedModel& m, double f) {
+  m.iterationSeconds *= f;
+  for (double& s : m.forwardSeconds) s *= f;
+  for (double& s : m.backwardSeconds) s *= f;
+}
+
 double EmulatedModel::computeSeconds() const {
   double t = 0;
   for (size_t i = 0; i < forwardSeconds.size(); ++i) t += forwardSeconds[i] + backwardSeconds[i];

@@ -41,6 +41,18 @@ struct EmulatedModel {
   double computeSeconds() const;  // sum of all waits
 };
 
+// Time dilation (bench --time-dilation F; the time-dilation factor of Gupta et al., "To Infinity and
+// Beyond: Time-Warped Network Emulation", NSDI'06): every emulated duration is F times longer (each
+// layer's compute, the charged work, the links at rate / F with F times their queueing time, so the
+// same bytes queue) and every reported time is divided by F. What is not dilated is this host's own
+// work per message and byte (the kernel's, ZeroMQ's): each emulated node gets F times the CPU per
+// emulated second, as on a host with F times the cores. Nor are the kernel's TCP timers but the
+// minimum retransmission timeout (set per route to F x 200 ms): delayed ACKs come up to F times
+// sooner in emulated time.
+constexpr double kMaxTimeDilation = 16;
+// Makes every compute wait of `m` f times longer.
+void dilate(EmulatedModel& m, double f);
+
 // The GPUs whose compute is tabled: titanx, h200, h200-bf16.
 const std::vector<std::string>& computeNames();
 bool isComputeName(const std::string& name);

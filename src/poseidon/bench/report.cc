@@ -169,6 +169,16 @@ void writeIntro(std::ostringstream& md, const nlohmann::json& cfg) {
   else
     md << "; one run per point";
   md << ". " << tcpCongestionSentence(cfg) << " " << timerSlackSentence(cfg);
+  if (cfg.value("time_dilation", 1.0) != 1.0) {
+    const double f = cfg["time_dilation"].get<double>();
+    md << " **Time dilation " << f << "** (--time-dilation): the links ran at each rate / " << f << " with " << f
+       << " times the queueing time (the same bytes queue), each layer's compute and the charged work took " << f
+       << " times as long, TCP's minimum retransmission timeout was " << f
+       << " x 200 ms, and every time below is divided by " << f
+       << ". The host's own work per message and byte was not dilated: each node had " << f
+       << " times this host's CPU per emulated second (the host CPU column is real), and delayed ACKs came up to " << f
+       << " times sooner in emulated time.";
+  }
   if (cfg.value("tcp_rcvbuf", 0) > 0) {
     bool ddp = false;
     for (const auto& s : cfg.value("systems", nlohmann::json::array()))

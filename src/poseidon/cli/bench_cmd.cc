@@ -56,6 +56,7 @@ struct BenchArgs {
   std::string ddpPython = kDefaultDdpPython;
   std::string machineRates;  // --machine-rates GEMM,SUM,CRYPTO (GFLOP/s, GB/s, GB/s); empty: measured
   double scale = 0.1, latencyMs = 0, queueMs = bench::LinkSpec::kDefaultQueueMs;
+  double timeDilation = 1;  // --time-dilation (bench/emulation.h)
   std::string tcpCongestion = bench::EmulatedCluster::kDefaultTcpCongestion;
   std::string hostQueue = "fifo";  // --host-queue: each emulated node's egress qdisc
   int urgentLayers = 0;            // --urgent-layers, for the poseidon-overlap systems
@@ -85,6 +86,12 @@ void addWhatToRunFlags(FlagSet& flags, BenchArgs& a) {
                   "width scale s (link rates represent rate / s^2 at full width; a model whose batch x s is not "
                   "whole runs at the nearest width s' where it is, at least one row, its links at rate x (s'/s)^2)",
                   "S", RealRange::leftOpen(0, 1));
+  flags.addDouble("time-dilation", &a.timeDilation,
+                  "run the emulation F times slower: links at rate / F with F times the queueing time, every "
+                  "system's compute and Poseidon's charged work F times longer, times reported divided by F, TCP's "
+                  "minimum RTO F x 200 ms; each emulated node gets F times this host's CPU per emulated second, "
+                  "for more nodes or faster links than the host holds at F = 1 (docs/bench.md)",
+                  "F", RealRange::closed(1, bench::kMaxTimeDilation));
   flags.addInt("iterations", &a.iterations, "measured iterations per run", "N", IntRange::atLeast(1));
   flags.addInt("warmup", &a.warmup, "warm-up iterations per run (not measured)", "N", IntRange::atLeast(0));
   // The ranks get it in milliseconds (bench-worker --timeout), an int.
@@ -287,6 +294,7 @@ nlohmann::json benchConfig(const BenchArgs& a, const BenchPlan& p, const std::ve
                            {"warmup", a.warmup},
                            {"latency_ms", a.latencyMs},
                            {"queue_ms", a.queueMs},
+                           {"time_dilation", a.timeDilation},
                            {"tcp_congestion_control", a.tcpCongestion},
                            {"timer_slack_ns", bench::kRankTimerSlackNs},
                            {"models", p.models},
@@ -360,6 +368,11 @@ std::vector<RunResult> runAll(Harness& h, const BenchArgs& a, const BenchPlan& p
   EmulatedCluster cluster(p.nodes.back(), bench::LinkSpec{p.rates.front(), a.latencyMs, a.queueMs}, a.tcpCongestion,
                           parseHostQueue(a.hostQueue));
   h.cluster = &cluster;
+  if (a.timeDilation != 1) {
+    cluster.setMinRto(EmulatedCluster::kKernelMinRtoMs * a.timeDilation);
+    std::printf("time dilation %g: links at rate / %g, compute and charges x %g, times reported / %g\n", a.timeDilation,
+                a.timeDilation, a.timeDilation, a.timeDilation);
+  }
   std::printf("poseidon bench: %d-node emulated cluster, models %s, systems %s, s = %g, %d run%s per point\n",
               p.nodes.back(), a.modelsFlag.c_str(), a.systemsFlag.c_str(), a.scale, a.repeat, a.repeat > 1 ? "s" : "");
   if (p.charging) {
@@ -507,6 +520,7 @@ int benchCommand(const std::vector<std::string>& args) {
   h.iterations = a.iterations;
   h.warmup = a.warmup;
   h.timeoutS = a.timeoutS;
+  h.timeDilation = a.timeDilation;
   h.retries = a.retries;
   h.repeat = a.repeat;
   h.rcvbuf = a.rcvbuf;

@@ -85,6 +85,9 @@ struct Harness {
   // address, off the shaped link, as NCCL's would inside a node.
   int localRanks = 1;
   int repeat = 1;
+  // --time-dilation F (bench/emulation.h): the links at rate / F with F times the queueing time, the
+  // ranks' compute and charges F times longer, their times divided by F, every timeout F times longer.
+  double timeDilation = 1;
   unsigned hostCores = std::max(1u, std::thread::hardware_concurrency());
   std::vector<std::string> devices{"none"};  // the first is the plain system name's
   std::map<std::string, DeviceModel> deviceModels;
@@ -106,7 +109,8 @@ struct Harness {
   double rateMbit = 0;
   void setRate(const std::string& modelName, double mbit, double latencyMs, double queueMs) {
     rateMbit = mbit;
-    cluster->setLink({bench::emulatedMbit(model(modelName).scale, mbit, scale), latencyMs, queueMs});
+    cluster->setLink({bench::emulatedMbit(model(modelName).scale, mbit, scale) / timeDilation, latencyMs * timeDilation,
+                      queueMs * timeDilation});
   }
 
   // One point: `repeat` runs (each tried again on failure, up to `retries`
@@ -180,9 +184,10 @@ struct Harness {
     r.system = label;
     r.nodes = nodes;
     r.localRanks = localRanks;
-    r.emulatedMbit = cluster->link().mbit;
+    // The undilated link (the ranks report undilated times): what the bounds and the tables use.
+    r.emulatedMbit = cluster->link().mbit * timeDilation;
     r.mbit = rateMbit > 0 ? rateMbit : r.emulatedMbit;
-    r.latencyMs = cluster->link().latencyMs;
+    r.latencyMs = cluster->link().latencyMs / timeDilation;
     r.idealSeconds = bench::idealSeconds(m, nodes, r.emulatedMbit, localRanks);
     r.device = device;
     int p = port++;
@@ -211,23 +216,27 @@ struct Harness {
                    "--iface",
                    EmulatedCluster::nodeInterface(),
                    "--timeout",
-                   std::to_string(timeoutS),
+                   strCat(timeoutS * timeDilation),
                    "--bucket-mb",
                    strCat(r.bucketMb),
                    "--first-bucket-mb",
                    strCat(r.firstBucketMb)};
+        if (timeDilation != 1) so.argv.insert(so.argv.end(), {"--time-dilation", strCat(timeDilation)});
       } else {
         const DeviceModel& dm = deviceModels.at(device);
         so.argv = {exe, "bench-worker", "--model", modelName, "--scale", strCat(scale), "--system", system,
                    "--iterations", std::to_string(iterations), "--warmup", std::to_string(warmup), "--out",
                    out + ".json", "--iface", EmulatedCluster::nodeInterface(), "--bind",
                    cluster->nodeAddress(i / localRanks), "--local-ranks", std::to_string(localRanks), "--timeout",
-                   std::to_string(timeoutS * 1000), "--compute", compute, "--charged-on", device, "--gemm-flops",
-                   strCat(dm.gemmFlops), "--sum-bytes", strCat(dm.sumBytes), "--crypto-bytes",
+                   std::to_string(std::min<long long>(std::llround(timeoutS * 1000 * timeDilation),
+                                                      std::numeric_limits<int>::max())),
+                   "--compute", compute, "--charged-on", device, "--gemm-flops", strCat(dm.gemmFlops), "--sum-bytes",
+                   strCat(dm.sumBytes), "--crypto-bytes",
                    // -nocurve: nothing is encrypted, and BestScheme must not weigh encryption either
                    strCat(bench::parseBenchSystem(system).noCurve ? 0.0 : dm.cryptoBytes), "--link-mbit",
                    strCat(dm.charges() ? r.emulatedMbit : 0.0)};
         if (!traceDir.empty()) so.argv.insert(so.argv.end(), {"--trace", out + ".trace.json"});
+        if (timeDilation != 1) so.argv.insert(so.argv.end(), {"--time-dilation", strCat(timeDilation)});
         if (rcvbuf > 0) so.argv.insert(so.argv.end(), {"--tcp-rcvbuf", std::to_string(rcvbuf)});
         if (sendWindow > 0 && system.rfind("poseidon-overlap", 0) == 0) {
           so.argv.insert(so.argv.end(), {"--send-window", std::to_string(sendWindow)});
@@ -241,7 +250,8 @@ struct Harness {
       }
       ranks.push_back(std::move(so));
     }
-    std::string failure = bench::runRanks(std::move(ranks), timeoutS, gStop);
+    std::string failure =
+        bench::runRanks(std::move(ranks), static_cast<int>(std::ceil(timeoutS * timeDilation)), gStop);
     if (gStop.load()) throw Error(strCat("interrupted by signal ", gStop.load()));
     if (!failure.empty()) {
       r.error = failure;
@@ -291,7 +301,8 @@ struct Harness {
       }
       // The ranks' own CPU, or the whole host's over rank 0's measured iterations where that is more
       // (kernel time: the shaped links' softirqs and copies are in no process's rusage).
-      r.hostCpuShare = std::max(wall > 0 ? cpuTotal / (wall * hostCores) : 0.0, hostBusyShare);
+      // (`wall` is undilated, as the ranks report their times: the real one is F times longer.)
+      r.hostCpuShare = std::max(wall > 0 ? cpuTotal / (wall * timeDilation * hostCores) : 0.0, hostBusyShare);
       r.imagesPerSec = r.iterSeconds > 0 ? world * m.batch / r.iterSeconds : 0;
       r.ownBoundSeconds = bench::ownBoundSeconds(r, m.computeSeconds());
       r.repeatSeconds = {r.iterSeconds};

@@ -94,6 +94,7 @@ struct WorkerArgs {
   int64_t pairBytes = -1;
   std::string compute = "titanx", chargedOn = "none", tracePath;
   double gemmFlops = 0, sumBytes = 0, cryptoBytes = 0, linkMbit = 0;
+  double timeDilation = 1;  // --time-dilation: every emulated duration F times longer
   int rcvbuf = 0, sendWindow = 0, ioThreads = bench::kBenchIoThreads, sumThreads = kDefaultSumThreads;
   int localRanks = 1, urgentLayers = 0;
   bool overlapForward = false;
@@ -151,6 +152,10 @@ void addWorkerFlags(FlagSet& flags, WorkerArgs& a) {
   flags.addInt("local-ranks", &a.localRanks,
                "ranks on this rank's node, aggregated on its first before they leave it (train --local-ranks)", "L",
                IntRange::closed(1, 4096));
+  flags.addDouble("time-dilation", &a.timeDilation,
+                  "run the emulated compute and the charged work F times slower, as the harness runs the links "
+                  "(bench --time-dilation); times are reported divided by F",
+                  "F", RealRange::closed(1, bench::kMaxTimeDilation));
   flags.addDouble("link-mbit", &a.linkMbit,
                   "the link rate, for BestScheme to weigh the GEMM against the bytes (0: bytes alone decide)", "MBIT",
                   RealRange::atLeast(0));
@@ -165,12 +170,14 @@ DeviceModel workerDevice(const WorkerArgs& a, const bench::EmulatedModel& em) {
   // back to full width by the batch actually used and the widths, the bytes by the widths.
   dm.flopScale = static_cast<double>(em.fullBatch) / static_cast<double>(em.batch) / (em.scale * em.scale);
   dm.byteScale = 1.0 / (em.scale * em.scale);
-  dm.gemmFlops = a.gemmFlops;
-  dm.sumBytes = a.sumBytes;
-  dm.cryptoBytes = a.cryptoBytes;
+  // Under --time-dilation F every rate is F times lower, so that the charged work takes F times
+  // longer, as the emulated compute and the links do (BestScheme's comparison is unchanged).
+  dm.gemmFlops = a.gemmFlops / a.timeDilation;
+  dm.sumBytes = a.sumBytes / a.timeDilation;
+  dm.cryptoBytes = a.cryptoBytes / a.timeDilation;
   // The emulated link (--link-mbit: what this model's links run at) is the full-width one slowed by
   // s'^2: BestScheme compares full-width bytes.
-  dm.linkBytes = a.linkMbit * 1e6 / 8 * dm.byteScale;
+  dm.linkBytes = a.linkMbit * 1e6 / 8 * dm.byteScale / a.timeDilation;
   dm.cryptoLanes = a.ioThreads;
   return dm;
 }
@@ -376,6 +383,7 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
     throw InvalidArgument("--overlap-forward needs --warmup 1 or more (each iteration carries the one before's tail)");
   }
   bench::EmulatedModel em = bench::emulatedModel(a.model, a.scale, a.compute);
+  bench::dilate(em, a.timeDilation);
   // This rank's node charges its own work on it (common/work_charger.h).
   bench::ChargedDevice charger(workerDevice(a, em));
   // A wire suffix (poseidon-bf16) picks the wire; the rest picks the scheme and the overlap.
@@ -418,7 +426,13 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
     if (it == a.warmup) start = Counters::read(a.iface, *node, charger);
     times.push_back(rank.iteration(it, overlap, a.overlapForward, tracer.get()));
   }
-  const Counters end = Counters::read(a.iface, *node, charger);
+  Counters end = Counters::read(a.iface, *node, charger);
+  // --time-dilation: the times and charges as the undilated cluster would have them (CPU seconds and
+  // the host's jiffies stay real: they say whether this host kept up).
+  for (double& t : times) t /= a.timeDilation;
+  for (bench::ChargedSeconds* c : {&start.charged, &end.charged}) {
+    c->gemm /= a.timeDilation, c->sum /= a.timeDilation, c->crypto /= a.timeDilation;
+  }
   nlohmann::json result = workerResult(a, a.system, wirePrecision, em, *node, env.rank, times, start, end);
   // The last tail, unmeasured (its bytes and CPU are not counted either, as the warm-up's tail is
   // partly counted at the start: a steady state's share).

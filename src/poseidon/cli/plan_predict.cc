@@ -474,10 +474,12 @@ int planCheck(const std::string& path, const Cluster& given, int hostCores, doub
   const double scale = config.value("scale", 0.1);
   if (config.value("latency_ms", 0.0) > 0)
     throw InvalidArgument("--check: the planner models no added link latency (the file's latency_ms > 0)");
-  // Cores of the host that ran the emulated cluster: the file's (bench records it), else this machine's.
-  const int cores =
+  // Cores of the host that ran the emulated cluster: the file's (bench records it), else this machine's;
+  // under time dilation F each had F times as much time per emulated second (bench --time-dilation).
+  const int hostCoresRan =
       hostCores > 0 ? hostCores
                     : config.value("host_cores", static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  const int cores = static_cast<int>(std::lround(hostCoresRan * config.value("time_dilation", 1.0)));
   const nlohmann::json devices = config.value("devices", nlohmann::json::array());  // each device's measured rates
   CheckTally t{path, tolerance, cores, calibration.messageSeconds * 1e6};
   if (!json) {

@@ -128,7 +128,7 @@ EmulatedCluster::EmulatedCluster(int nodes, const LinkSpec& link, const std::str
       run({"ip", "-n", ns, "link", "set", "lo", "up"});
       shape(ns, "eth0", link, hostQueue_ == HostQueue::kTos);
       run({"ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv4.tcp_congestion_control=" + tcpCongestion_});
-      shape(switchNs_, port, LinkSpec{link.mbit, 0, link.queueMs});
+      shape(switchNs_, port, LinkSpec{link.mbit, 0, link.queueMs, link.bucketMbit});
     }
   } catch (...) {
     destroy();
@@ -188,7 +188,8 @@ void EmulatedCluster::clearRoot(const std::string& ns, const std::string& dev) {
 void EmulatedCluster::shape(const std::string& ns, const std::string& dev, const LinkSpec& link, bool tosBands) {
   // tbf needs a bucket of at least rate/HZ to reach its rate; link.queueMs of queue.
   double bytesPerSec = link.mbit * 1e6 / 8;
-  long burst = std::max<long>(16 * 1024, std::lround(bytesPerSec / 250));
+  const double bucketBytesPerSec = (link.bucketMbit > 0 ? link.bucketMbit : link.mbit) * 1e6 / 8;
+  long burst = std::max<long>(16 * 1024, std::lround(bucketBytesPerSec / 250));
   std::string rate = strCat(link.mbit, "mbit"), burstText = strCat(burst, "b");
   const std::string queue = strCat(link.queueMs, "ms");
   auto tc = [&](std::vector<std::string> args) {
@@ -272,7 +273,7 @@ void EmulatedCluster::setLink(const LinkSpec& link) {
     clearRoot(namespaces_[i], "eth0");
     shape(namespaces_[i], "eth0", link, hostQueue_ == HostQueue::kTos);
     clearRoot(switchNs_, switchPorts_[i]);
-    shape(switchNs_, switchPorts_[i], LinkSpec{link.mbit, 0, link.queueMs});
+    shape(switchNs_, switchPorts_[i], LinkSpec{link.mbit, 0, link.queueMs, link.bucketMbit});
   }
   link_ = link;
 }

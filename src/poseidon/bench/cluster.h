@@ -28,6 +28,9 @@ struct LinkSpec {
   // How much each tbf queues before it drops, in milliseconds of traffic at the rate (a switch port's
   // buffer). 100 ms, every table's so far, is deep next to a datacenter switch's few ms.
   double queueMs = kDefaultQueueMs;
+  // The rate the tbf's bucket is sized for (rate / 250, at least 16 KB), 0: `mbit`. Under time
+  // dilation (bench --time-dilation) the undilated rate, so that the same bytes pass in a burst.
+  double bucketMbit = 0;
   static constexpr double kDefaultQueueMs = 100;
 };
 

@@ -46,7 +46,7 @@ struct EmulatedModel {
 // layer's compute, the charged work, the links at rate / F with F times their queueing time, so the
 // same bytes queue) and every reported time is divided by F. What is not dilated is this host's own
 // work per message and byte (the kernel's, ZeroMQ's): each emulated node gets F times the CPU per
-// emulated second, as on a host with F times the cores. Nor are the kernel's TCP timers but the
+// emulated second, as on a host with F times faster cores. Nor are the kernel's TCP timers but the
 // minimum retransmission timeout (set per route to F x 200 ms): delayed ACKs come up to F times
 // sooner in emulated time.
 constexpr double kMaxTimeDilation = 16;

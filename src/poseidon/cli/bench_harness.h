@@ -109,8 +109,8 @@ struct Harness {
   double rateMbit = 0;
   void setRate(const std::string& modelName, double mbit, double latencyMs, double queueMs) {
     rateMbit = mbit;
-    cluster->setLink({bench::emulatedMbit(model(modelName).scale, mbit, scale) / timeDilation, latencyMs * timeDilation,
-                      queueMs * timeDilation});
+    const double emulated = bench::emulatedMbit(model(modelName).scale, mbit, scale);
+    cluster->setLink({emulated / timeDilation, latencyMs * timeDilation, queueMs * timeDilation, emulated});
   }
 
   // One point: `repeat` runs (each tried again on failure, up to `retries`

@@ -474,14 +474,15 @@ int planCheck(const std::string& path, const Cluster& given, int hostCores, doub
   const double scale = config.value("scale", 0.1);
   if (config.value("latency_ms", 0.0) > 0)
     throw InvalidArgument("--check: the planner models no added link latency (the file's latency_ms > 0)");
-  // Cores of the host that ran the emulated cluster: the file's (bench records it), else this machine's;
-  // under time dilation F each had F times as much time per emulated second (bench --time-dilation).
-  const int hostCoresRan =
+  // Cores of the host that ran the emulated cluster: the file's (bench records it), else this machine's.
+  const int cores =
       hostCores > 0 ? hostCores
                     : config.value("host_cores", static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
-  const int cores = static_cast<int>(std::lround(hostCoresRan * config.value("time_dilation", 1.0)));
+  // Under time dilation F (bench --time-dilation) the host's own work per message, not dilated, took
+  // 1/F of the emulated time it takes at F = 1: F times faster cores, as the runs read.
+  const double messageSeconds = calibration.messageSeconds / config.value("time_dilation", 1.0);
   const nlohmann::json devices = config.value("devices", nlohmann::json::array());  // each device's measured rates
-  CheckTally t{path, tolerance, cores, calibration.messageSeconds * 1e6};
+  CheckTally t{path, tolerance, cores, messageSeconds * 1e6};
   if (!json) {
     std::printf("%-12s %-17s %5s %8s %9s %10s %7s\n", "model", "system", "nodes", "Mbit/s", "measured", "predicted",
                 "error");
@@ -546,8 +547,7 @@ int planCheck(const std::string& path, const Cluster& given, int hostCores, doub
     if (noCurve) c.cryptoBytes = 0;  // its links ran without CURVE
     // bench --local-ranks: L processes a node, all sharing the host's cores.
     c.localRanks = localRanks;
-    c.messageSeconds =
-        calibration.messageSeconds * std::max(1.0, static_cast<double>(nodes * c.localRanks) / std::max(1, cores));
+    c.messageSeconds = messageSeconds * std::max(1.0, static_cast<double>(nodes * c.localRanks) / std::max(1, cores));
     const Prediction p = planner::predict(w, c, sys);
     const double error = t.add(measured, p.iterationSeconds);
     t.rows.push_back({{"model", model},

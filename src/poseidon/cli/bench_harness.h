@@ -221,7 +221,6 @@ struct Harness {
                    strCat(r.bucketMb),
                    "--first-bucket-mb",
                    strCat(r.firstBucketMb)};
-        if (timeDilation != 1) so.argv.insert(so.argv.end(), {"--time-dilation", strCat(timeDilation)});
       } else {
         const DeviceModel& dm = deviceModels.at(device);
         so.argv = {exe, "bench-worker", "--model", modelName, "--scale", strCat(scale), "--system", system,
@@ -236,7 +235,6 @@ struct Harness {
                    strCat(bench::parseBenchSystem(system).noCurve ? 0.0 : dm.cryptoBytes), "--link-mbit",
                    strCat(dm.charges() ? r.emulatedMbit : 0.0)};
         if (!traceDir.empty()) so.argv.insert(so.argv.end(), {"--trace", out + ".trace.json"});
-        if (timeDilation != 1) so.argv.insert(so.argv.end(), {"--time-dilation", strCat(timeDilation)});
         if (rcvbuf > 0) so.argv.insert(so.argv.end(), {"--tcp-rcvbuf", std::to_string(rcvbuf)});
         if (sendWindow > 0 && system.rfind("poseidon-overlap", 0) == 0) {
           so.argv.insert(so.argv.end(), {"--send-window", std::to_string(sendWindow)});
@@ -248,6 +246,7 @@ struct Harness {
         so.argv.insert(so.argv.end(), {"--sum-threads", std::to_string(sumThreads)});
         so.argv.insert(so.argv.end(), {"--pair-bytes", std::to_string(scaledPairBytes(pairBytes, m.scale))});
       }
+      if (timeDilation != 1) so.argv.insert(so.argv.end(), {"--time-dilation", strCat(timeDilation)});
       ranks.push_back(std::move(so));
     }
     std::string failure =

@@ -52,5 +52,43 @@ TEST(VanWindow, ASmallWindowStillCarriesALargeMessage) {
   EXPECT_EQ(std::vector<uint8_t>(m.data(), m.data() + m.size()), payload);
 }
 
+// Past VanOptions::nodeSendWindows peers, each connection's kernel send buffer is its share of the
+// node's windows (they all drain into one egress queue); fragments keep the window's size.
+TEST(VanWindow, TheNodesSendWindowsAreSharedPastSixteenPeers) {
+  VanOptions o;
+  EXPECT_EQ(Van::kernelSendWindow(o, 31), 0);  // FIFO links: the OS's buffers
+  o.sendWindowBytes = 8192;
+  EXPECT_EQ(Van::kernelSendWindow(o, 1), 8192);
+  EXPECT_EQ(Van::kernelSendWindow(o, 16), 8192);
+  EXPECT_EQ(Van::kernelSendWindow(o, 20), 8192 * 16 / 20);  // 6553
+  EXPECT_EQ(Van::kernelSendWindow(o, 31), 8192 * 16 / 31);  // 4228
+  EXPECT_EQ(Van::kernelSendWindow(o, 63), Van::kMinSendWindow);
+  o.nodeSendWindows = 0;
+  EXPECT_EQ(Van::kernelSendWindow(o, 63), 8192);
+
+  // On the sockets: a world of 33 (32 peers), nothing listening at the peers' addresses (ZeroMQ
+  // connects in the background and sends nothing here).
+  zmq::context_t ctx;
+  o.nodeSendWindows = VanOptions::kDefaultNodeSendWindows;
+  o.lingerMs = 0;
+  Van a(ctx, o);
+  std::vector<std::string> endpoints{a.endpoint()};
+  for (int r = 1; r < 33; ++r) endpoints.push_back("tcp://127.0.0.1:1");
+  a.connectPeers(0, endpoints, 7);
+  EXPECT_EQ(a.sendBufferBytes(1), 4096);
+  EXPECT_EQ(a.sendBufferBytes(32), 4096);
+  Van few(ctx, o);
+  few.connectPeers(0, {few.endpoint(), "tcp://127.0.0.1:1", "tcp://127.0.0.1:1"}, 7);
+  EXPECT_EQ(few.sendBufferBytes(2), 8192);
+
+  o.nodeSendWindows = -1;
+  try {
+    Van bad(ctx, o);
+    ADD_FAILURE() << "a negative number of node send windows was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("the node's send windows must be >= 0"));
+  }
+}
+
 }  // namespace
 }  // namespace poseidon

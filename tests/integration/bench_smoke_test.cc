@@ -140,6 +140,8 @@ TEST(BenchSmoke, TwoNodesOneIterationPoseidonAndDdp) {
         EXPECT_THAT(trace, HasSubstr("\"backward (emulated)\"")) << r["trace"];
         EXPECT_THAT(trace, HasSubstr("\"send fc6 (sfb)\"")) << r["trace"];
         EXPECT_TRUE(r.contains("tcp_retransmits")) << r.dump();
+        EXPECT_GE(r["tcp_timeouts"].get<double>(), 0) << r.dump();
+        EXPECT_TRUE(r["queue_drops"].contains("uplink") && r["queue_drops"].contains("downlink")) << r.dump();
       }
     }
     if (system.rfind("ddp", 0) == 0) {
@@ -319,6 +321,39 @@ TEST(BenchSmoke, MinimumRtoIsSetOnEveryNodesRoute) {
     EXPECT_THAT(routes, HasSubstr("10.77.0.0/24 dev eth0"));
     EXPECT_THAT(routes, ContainsRegex("rto_min (lock )?600ms")) << routes;  // iproute2 may say "lock"
   }
+}
+
+// What the runs' "queue_drops" read: the leaf qdiscs' drops, HTB's own line (the same drops again) not.
+TEST(BenchSmoke, QueueDropsAreTheLeafQdiscsDrops) {
+  const std::string tbf =
+      "qdisc tbf 2: root refcnt 2 rate 30Mbit burst 16Kb lat 100ms\n"
+      " Sent 123456 bytes 90 pkt (dropped 17, overlimits 40 requeues 0)\n"
+      " backlog 0b 0p requeues 0\n";
+  EXPECT_EQ(bench::leafQueueDrops(tbf), 17u);
+  const std::string htb =
+      "qdisc htb 2: root refcnt 2 r2q 10 default 0x20 direct_packets_stat 0 direct_qlen 1000\n"
+      " Sent 999 bytes 9 pkt (dropped 12, overlimits 3 requeues 0)\n"
+      "qdisc bfifo 8001: parent 2:10 limit 400000b\n"
+      " Sent 500 bytes 4 pkt (dropped 5, overlimits 0 requeues 0)\n"
+      "qdisc bfifo 8002: parent 2:20 limit 400000b\n"
+      " Sent 499 bytes 5 pkt (dropped 7, overlimits 0 requeues 0)\n";
+  EXPECT_EQ(bench::leafQueueDrops(htb), 12u);
+  EXPECT_EQ(bench::leafQueueDrops("qdisc noqueue 0: root refcnt 2\n Sent 0 bytes 0 pkt (dropped 0, overlimits 0)\n"),
+            0u);
+}
+
+// A burst larger than a node's egress queue is dropped there (uplink), not at the switch port.
+TEST(BenchSmoke, QueueDropsAreCountedWhereTheyHappen) {
+  requireCluster();
+  bench::EmulatedCluster cluster(2, bench::LinkSpec{1, 0, 10});  // 1 Mbit/s, 10 ms of queue: ~1.3 KB
+  EXPECT_EQ(cluster.queueDrops().uplink, 0u);
+  // 200 datagrams of 1400 bytes at once from node 0 to node 1 (nothing listens: they still cross).
+  bench::run({"ip", "netns", "exec", cluster.nodeNamespace(0), "bash", "-c",
+              "for i in $(seq 200); do printf '%1400s' x > /dev/udp/" + cluster.nodeAddress(1) +
+                  "/9 2>/dev/null || true; done"});
+  const auto drops = cluster.queueDrops();
+  EXPECT_GT(drops.uplink, 100u);  // the tbf passes its bucket and ~1.3 KB of queue, drops the rest
+  EXPECT_EQ(drops.downlink, 0u);  // what passed the uplink's rate fits the switch port's
 }
 
 // --local-ranks 2: each node runs two ranks, each its own process. Poseidon's aggregate on the node's

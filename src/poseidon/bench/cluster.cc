@@ -266,6 +266,36 @@ uint64_t EmulatedCluster::lowDelayBytesSent() const {
   return total;
 }
 
+uint64_t leafQueueDrops(const std::string& tcStatistics) {
+  std::istringstream in(tcStatistics);
+  uint64_t total = 0;
+  bool leaf = false;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("qdisc ", 0) == 0) {
+      leaf = line.rfind("qdisc tbf", 0) == 0 || line.rfind("qdisc bfifo", 0) == 0;
+      continue;
+    }
+    const size_t at = line.find("(dropped ");
+    if (leaf && at != std::string::npos) total += std::stoull(line.substr(at + 9));
+  }
+  return total;
+}
+
+namespace {
+uint64_t droppedPackets(const std::string& ns, const std::string& dev) {
+  return leafQueueDrops(run({"ip", "netns", "exec", ns, "tc", "-s", "qdisc", "show", "dev", dev}));
+}
+}  // namespace
+
+EmulatedCluster::QueueDrops EmulatedCluster::queueDrops() const {
+  QueueDrops d;
+  for (size_t i = 0; i < namespaces_.size(); ++i) {
+    d.uplink += droppedPackets(namespaces_[i], "eth0");
+    d.downlink += droppedPackets(switchNs_, switchPorts_[i]);
+  }
+  return d;
+}
+
 void EmulatedCluster::setLink(const LinkSpec& link) {
   if (!(link.mbit > 0)) throw InvalidArgument(strCat("link rate must be positive, got ", link.mbit, " Mbit/s"));
   // Drop the old qdiscs (a netem parent included) and shape afresh.

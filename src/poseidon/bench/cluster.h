@@ -17,6 +17,7 @@
 // root and iproute2 (`ip`, `tc`).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,11 @@ struct LinkSpec {
 // - kTos: two bands, packets marked IP TOS low-delay first (Poseidon's urgent connections,
 //   VanOptions::urgentLayers), as Linux's pfifo_fast, and sch_fq's priority bands, serve them.
 enum class HostQueue { kFifo, kTos };
+
+// Packets the leaf queues dropped, from `tc -s qdisc show dev X`'s output: each "qdisc tbf ..." or
+// "qdisc bfifo ..." line's following "Sent N bytes M pkt (dropped D, overlimits ...)". HTB's own line is
+// skipped: its bands' bfifos count the same drops.
+uint64_t leafQueueDrops(const std::string& tcStatistics);
 
 class EmulatedCluster {
  public:
@@ -71,6 +77,12 @@ class EmulatedCluster {
   // HostQueue::kTos: bytes all nodes sent in the low-delay band since their links were last shaped
   // (tc's class counters); 0 with kFifo.
   uint64_t lowDelayBytesSent() const;
+  // Packets the links' queues dropped since they were last shaped (tc's qdisc counters): `uplink`
+  // at the nodes' egress (what they send), `downlink` at the switch ports (what they receive: incast).
+  struct QueueDrops {
+    uint64_t uplink = 0, downlink = 0;
+  };
+  QueueDrops queueDrops() const;
   // Removes everything this cluster created. Idempotent.
   void destroy();
 

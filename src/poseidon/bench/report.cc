@@ -61,6 +61,8 @@ nlohmann::json RunResult::toJson() const {
           {"host_cpu_share", hostCpuShare},
           {"trace", tracePath},
           {"tcp_retransmits", tcpRetransmits},
+          {"tcp_timeouts", tcpTimeouts},
+          {"queue_drops", {{"uplink", uplinkDrops}, {"downlink", downlinkDrops}}},
           {"timer_slack_ns", timerSlackNs},
           {"host_bound", hostBound()}};
 }

@@ -47,6 +47,10 @@ struct RunResult {
   // have set the pace: such a run is flagged and does not count.
   std::string tracePath;  // --trace: the merged trace of this run
   double tcpRetransmits = 0;  // segments all Poseidon ranks retransmitted in the measured iterations (drops)
+  double tcpTimeouts = 0;     // of which retransmission timeouts fired (each a stall of TCP's minimum RTO)
+  // Packets the shaped queues dropped over the whole run (warm-up and start-up included): at the nodes'
+  // egress and at the switch ports toward them (incast). Every system's, DDP's too.
+  double uplinkDrops = 0, downlinkDrops = 0;
   // The largest timer slack any rank reported (bench/ranks.h sets it), nanoseconds; -1: none reported.
   int64_t timerSlackNs = -1;
   std::vector<double> cpuPerIter;

@@ -76,6 +76,7 @@ struct Harness {
   std::string traceDir;                     // --trace: one merged Chrome trace per Poseidon run
   int rcvbuf = 0;                           // --tcp-rcvbuf, for Poseidon's ranks
   int sendWindow = 0;                       // --send-window, for the poseidon-overlap systems (0: their default)
+  int nodeSendWindows = VanOptions::kDefaultNodeSendWindows;  // --node-send-windows, for the same
   int urgentLayers = 0;                     // --urgent-layers, for the poseidon-overlap systems
   int ioThreads = bench::kBenchIoThreads;   // --io-threads, for Poseidon's ranks
   int sumThreads = kDefaultSumThreads;      // --sum-threads, for Poseidon's ranks
@@ -239,6 +240,9 @@ struct Harness {
         if (sendWindow > 0 && system.rfind("poseidon-overlap", 0) == 0) {
           so.argv.insert(so.argv.end(), {"--send-window", std::to_string(sendWindow)});
         }
+        if (nodeSendWindows != VanOptions::kDefaultNodeSendWindows && system.rfind("poseidon-overlap", 0) == 0) {
+          so.argv.insert(so.argv.end(), {"--node-send-windows", std::to_string(nodeSendWindows)});
+        }
         if (urgentLayers > 0 && system.rfind("poseidon-overlap", 0) == 0) {
           so.argv.insert(so.argv.end(), {"--urgent-layers", std::to_string(urgentLayers)});
         }
@@ -249,6 +253,7 @@ struct Harness {
       if (timeDilation != 1) so.argv.insert(so.argv.end(), {"--time-dilation", strCat(timeDilation)});
       ranks.push_back(std::move(so));
     }
+    const EmulatedCluster::QueueDrops dropsBefore = cluster->queueDrops();
     std::string failure =
         bench::runRanks(std::move(ranks), static_cast<int>(std::ceil(timeoutS * timeDilation)), gStop);
     if (gStop.load()) throw Error(strCat("interrupted by signal ", gStop.load()));
@@ -257,6 +262,9 @@ struct Harness {
       printRun(r);
       return r;
     }
+    const EmulatedCluster::QueueDrops dropsAfter = cluster->queueDrops();
+    r.uplinkDrops = static_cast<double>(dropsAfter.uplink - dropsBefore.uplink);
+    r.downlinkDrops = static_cast<double>(dropsAfter.downlink - dropsBefore.downlink);
     try {
       nlohmann::json charged = {{"gemm", 0.0}, {"sum", 0.0}, {"crypto", 0.0}};
       double wall = 0, cpuTotal = 0, hostBusyShare = 0;
@@ -277,6 +285,7 @@ struct Harness {
         cpuTotal += cpu;
         r.cpuPerIter.push_back(cpu / std::max(1, iterations));
         if (nodeFirst) r.tcpRetransmits += j.value("tcp_retransmits", 0.0);
+        if (nodeFirst) r.tcpTimeouts += j.value("tcp_timeouts", 0.0);
         r.timerSlackNs = std::max<int64_t>(r.timerSlackNs, j.value("timer_slack_ns", int64_t{-1}));
         if (i == 0) r.iterSeconds = med;
         if (i == 0 && j.contains("fc_schemes")) r.fcSchemes = j["fc_schemes"];
@@ -353,10 +362,11 @@ struct Harness {
       std::printf(
           "  %-14s %s @ %6g Mbit/s: %.3f s/iter (own bound %.3f, x%.2f; poseidon's %.3f), "
           "%.1f images/s, max node tx %.2f MB/iter, charged %.3f s/iter, host CPU %.0f%%, "
-          "%.0f TCP retransmits%s\n",
+          "%.0f TCP retransmits (%.0f timeouts), queue drops %.0f up / %.0f down%s\n",
           r.system.c_str(), nodesLabel(r).c_str(), r.mbit, r.iterSeconds, r.ownBoundSeconds,
           r.iterSeconds / r.ownBoundSeconds, r.idealSeconds, r.imagesPerSec, tx / 1e6, charged, 100 * r.hostCpuShare,
-          r.tcpRetransmits, r.hostBound() ? " HOST-BOUND: does not count" : "");
+          r.tcpRetransmits, r.tcpTimeouts, r.uplinkDrops, r.downlinkDrops,
+          r.hostBound() ? " HOST-BOUND: does not count" : "");
     }
     std::fflush(stdout);
   }

@@ -40,22 +40,29 @@ double cpuSeconds() {
          static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
 }
 
-// TCP segments this network namespace retransmitted so far (/proc/net/snmp is per namespace): the
-// sign of drops in the shaped links' queues (incast).
-uint64_t tcpRetransmits() {
-  std::ifstream f("/proc/net/snmp");
+// One counter of this network namespace's TCP statistics (/proc/net/snmp and /proc/net/netstat are per
+// namespace): the file holds pairs of lines, "Prefix: names..." then "Prefix: values...". 0 if absent.
+uint64_t procNetCounter(const char* path, const std::string& prefix, const std::string& counter) {
+  std::ifstream f(path);
   std::string header, values, line;
   while (std::getline(f, line)) {
-    if (line.rfind("Tcp:", 0) != 0) continue;
+    if (line.rfind(prefix, 0) != 0) continue;
     if (header.empty()) header = line;
     else values = line;
   }
   std::istringstream h(header), v(values);
   std::string name, value;
   while (h >> name && v >> value)
-    if (name == "RetransSegs") return std::stoull(value);
+    if (name == counter) return std::stoull(value);
   return 0;
 }
+
+// Segments retransmitted so far: the sign of drops in the shaped links' queues (incast).
+uint64_t tcpRetransmits() { return procNetCounter("/proc/net/snmp", "Tcp:", "RetransSegs"); }
+
+// Retransmission timeouts that fired so far: each stalls its connection for at least TCP's minimum
+// RTO (200 ms on a stock host), where a fast retransmit or a tail-loss probe costs about one round trip.
+uint64_t tcpTimeouts() { return procNetCounter("/proc/net/netstat", "TcpExt:", "TCPTimeouts"); }
 
 // Busy and total jiffies of the whole host so far (/proc/stat's cpu line): kernel time included
 // (the shaped links' softirqs, the loopback copies), which no process's rusage shows.
@@ -96,7 +103,7 @@ struct WorkerArgs {
   double gemmFlops = 0, sumBytes = 0, cryptoBytes = 0, linkMbit = 0;
   double timeDilation = 1;  // --time-dilation: every emulated duration F times longer
   int rcvbuf = 0, sendWindow = 0, ioThreads = bench::kBenchIoThreads, sumThreads = kDefaultSumThreads;
-  int localRanks = 1, urgentLayers = 0;
+  int localRanks = 1, urgentLayers = 0, nodeSendWindows = VanOptions::kDefaultNodeSendWindows;
   bool overlapForward = false;
 };
 
@@ -143,6 +150,10 @@ void addWorkerFlags(FlagSet& flags, WorkerArgs& a) {
   flags.addInt("send-window", &a.sendWindow,
                "priority scheduling of the links with this kernel send window per connection (0: FIFO)", "BYTES",
                IntRange::closed(0, 1 << 30));
+  flags.addInt("node-send-windows", &a.nodeSendWindows,
+               "past this many peers each connection's kernel send buffer is its share of this many windows (0: a "
+               "whole window each)",
+               "N", IntRange::closed(0, 1 << 20));
   flags.addInt("urgent-layers", &a.urgentLayers,
                "send the first K layers' round data on a second connection per peer, marked IP TOS low-delay "
                "(needs a send window; 0: one connection)",
@@ -201,6 +212,7 @@ NodeOptions workerNodeOptions(const WorkerArgs& a, const RankEnv& env, const ben
   o.ioThreads = a.ioThreads;
   o.sumThreads = a.sumThreads;
   o.van.sendWindowBytes = a.sendWindow;
+  o.van.nodeSendWindows = a.nodeSendWindows;
   o.van.urgentLayers = a.urgentLayers;
   o.settings.localRanks = a.localRanks;
   return o;
@@ -208,7 +220,7 @@ NodeOptions workerNodeOptions(const WorkerArgs& a, const RankEnv& env, const ben
 
 // What the counters said when the measured iterations began (or ended).
 struct Counters {
-  uint64_t tx = 0, rx = 0, retransmits = 0;
+  uint64_t tx = 0, rx = 0, retransmits = 0, timeouts = 0;
   TrafficTotals ps, sfb, adam;
   bench::ChargedSeconds charged;
   double cpu = 0;
@@ -224,6 +236,7 @@ struct Counters {
     c.cpu = cpuSeconds();
     c.host = hostJiffies();
     c.retransmits = tcpRetransmits();
+    c.timeouts = tcpTimeouts();
     return c;
   }
 };
@@ -353,6 +366,7 @@ nlohmann::json workerResult(const WorkerArgs& a, const std::string& systemName, 
       {"host_busy_jiffies", end.host.first - start.host.first},
       {"host_total_jiffies", end.host.second - start.host.second},
       {"tcp_retransmits", end.retransmits - start.retransmits},
+      {"tcp_timeouts", end.timeouts - start.timeouts},
       {"timer_slack_ns", timerSlackNs()},
       {"device", a.chargedOn},
       {"compute", a.compute},

@@ -55,6 +55,10 @@ Van::Van(zmq::context_t& ctx, const VanOptions& options)
                                  " bytes (smaller ones cut messages into too many fragments), got ",
                                  options.sendWindowBytes));
   }
+  if (options.nodeSendWindows < 0) {
+    throw InvalidArgument(strCat("the node's send windows must be >= 0 (0: a whole window per connection), got ",
+                                 options.nodeSendWindows));
+  }
   if (options.urgentLayers < 0) {
     throw InvalidArgument(strCat("urgent layers must be >= 0, got ", options.urgentLayers));
   }
@@ -115,6 +119,14 @@ void Van::close(const std::vector<bool>& quiet) {
   router_.close();
 }
 
+int Van::kernelSendWindow(const VanOptions& options, size_t peers) {
+  if (options.sendWindowBytes <= 0) return 0;
+  if (options.nodeSendWindows <= 0 || peers <= static_cast<size_t>(options.nodeSendWindows))
+    return options.sendWindowBytes;
+  const int64_t share = int64_t{options.sendWindowBytes} * options.nodeSendWindows / static_cast<int64_t>(peers);
+  return static_cast<int>(std::max<int64_t>(kMinSendWindow, share));
+}
+
 void Van::connectPeers(int selfRank, const std::vector<std::string>& endpoints, uint64_t job) {
   POSEIDON_ENFORCE(rank_ < 0, "connectPeers called twice");
   if (selfRank < 0 || selfRank >= static_cast<int>(endpoints.size())) {
@@ -123,12 +135,13 @@ void Van::connectPeers(int selfRank, const std::vector<std::string>& endpoints, 
   rank_ = selfRank;
   job_ = job;
   peers_.clear();
+  const int kernelWindow = kernelSendWindow(options_, endpoints.size() - 1);
   auto dealer = [&](size_t r, int tos) {
     auto socket = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::dealer);
     // FIFO: unlimited. Priority: one message in the pipe and the window in the kernel, so the
     // queue above (which reorders) keeps the rest.
     socket->set(zmq::sockopt::sndhwm, options_.sendWindowBytes > 0 ? 1 : 0);
-    if (options_.sendWindowBytes > 0) socket->set(zmq::sockopt::sndbuf, options_.sendWindowBytes);
+    if (kernelWindow > 0) socket->set(zmq::sockopt::sndbuf, kernelWindow);
     socket->set(zmq::sockopt::linger, options_.lingerMs);
     // Messages queue until the TCP connection is up instead of being refused.
     socket->set(zmq::sockopt::immediate, 0);
@@ -164,6 +177,13 @@ void Van::connectPeers(int selfRank, const std::vector<std::string>& endpoints, 
           sendNow(dest, header, std::move(head), std::move(body));
         });
   }
+}
+
+int Van::sendBufferBytes(int rank) {
+  POSEIDON_ENFORCE(rank >= 0 && rank < static_cast<int>(peers_.size()) && peers_[rank]->socket,
+                   "no connection to rank ", rank);
+  std::lock_guard<std::mutex> lock(peers_[rank]->mutex);
+  return peers_[rank]->socket->get(zmq::sockopt::sndbuf);
 }
 
 size_t Van::queuedMessages() { return scheduler_ ? scheduler_->queued() : 0; }

@@ -71,8 +71,16 @@ struct VanOptions {
   // the iteration from 2.3-2.9 s to 1.65-1.75 s).
   int receiveBufferBytes = 0;
   // > 0: priority scheduling (above) with this kernel send buffer per
-  // connection (SO_SNDBUF). 0: FIFO, the OS's autotuned buffers.
+  // connection (SO_SNDBUF), and fragments of this size. 0: FIFO, the OS's autotuned buffers.
   int sendWindowBytes = 0;
+  // With a send window: how many windows a node's connections hold in the kernel together. Past
+  // this many peers each connection's SO_SNDBUF is its share, sendWindowBytes x nodeSendWindows /
+  // (P - 1), at least kMinSendWindow (fragments keep the window's size). Why: all P - 1 buffers
+  // (Linux doubles each) drain into the node's one egress queue; at 32 emulated nodes 31 full
+  // windows overflowed it (~4,000 drops a run) and an urgent pair waited behind the rest
+  // (docs/scheduling.md, "The node's window"). 0: every connection gets the whole window.
+  int nodeSendWindows = kDefaultNodeSendWindows;
+  static constexpr int kDefaultNodeSendWindows = 16;
   // > 0 (with a send window): the round data of layers [0, urgentLayers) - the next forward's first
   // layers - go to each peer on a second connection whose packets are marked IP TOS low-delay
   // (kUrgentTos). There they wait behind no byte of the bulk connection (its ZeroMQ pipe, encoder
@@ -88,6 +96,9 @@ class Van {
  public:
   // The smallest send window (VanOptions::sendWindowBytes): smaller ones cut messages into too many fragments.
   static constexpr int kMinSendWindow = 4096;
+  // The SO_SNDBUF each connection gets with `peers` peers (VanOptions::nodeSendWindows); 0 without a
+  // send window (FIFO links: the OS's autotuned buffers).
+  static int kernelSendWindow(const VanOptions& options, size_t peers);
   // IP TOS of the urgent connections: IPTOS_LOWDELAY, which Linux maps to TC_PRIO_INTERACTIVE (band 0).
   static constexpr int kUrgentTos = 0x10;
   Van(zmq::context_t& ctx, const VanOptions& options);
@@ -99,6 +110,8 @@ class Van {
   const std::string& endpoint() const { return endpoint_; }
   // The data endpoint's SO_RCVBUF request (-1: the OS default).
   int receiveBufferBytes() { return router_.get(zmq::sockopt::rcvbuf); }
+  // The SO_SNDBUF request of the connection to `rank` (-1: the OS default; after connectPeers).
+  int sendBufferBytes(int rank);
 
   // Sets this node's rank, the job id and the peer endpoints (index = rank).
   // Connects a DEALER to every other rank. Call once, before any send() or

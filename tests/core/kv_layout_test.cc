@@ -53,6 +53,48 @@ TEST(KvLayout, Vgg19BalancedOverEightShards) {
   EXPECT_EQ(shards.size(), 8u);
 }
 
+// Many shards: pairs shrink until each shard holds kMinPairsPerShard of the layers that always go
+// through the parameter server (vgg19's conv layers; its FC layers may go by SFB), so that one pair
+// more or less is a small part of any shard's load.
+TEST(KvLayout, PairsShrinkOnManyShardsSoThatTheConvLoadsBalance) {
+  ModelDesc vgg = zooModel("vgg19");
+  int64_t convBytes = 0;
+  for (const auto& l : vgg.layers)
+    if (l.type != LayerType::kFC) convBytes += l.numel() * 4;
+  const int64_t pair = kDefaultPairBytes;
+  EXPECT_EQ(balancedPairBytes(vgg, 1, pair), pair);
+  EXPECT_EQ(balancedPairBytes(vgg, 8, pair), pair);  // 80 MB of conv: 4.8 pairs a shard already
+  EXPECT_EQ(balancedPairBytes(vgg, 32, pair), convBytes / (4 * 32) / 4 * 4);
+  EXPECT_EQ(balancedPairBytes(vgg, 1024, pair), pair / kMaxPairShrink);
+  // A model of FC layers only counts them all; less than one pair of such bytes changes nothing.
+  ModelDesc mlp;
+  mlp.layers.push_back(LayerSpec::fc("a", 1024, 1024));  // 4 MB
+  EXPECT_EQ(balancedPairBytes(mlp, 4, pair), (1024 * 1024 + 1024) * 4 / 16 / 4 * 4);
+  ModelDesc tiny;
+  tiny.layers.push_back(LayerSpec::other("one", {{"w", {1}}}));
+  tiny.layers.push_back(LayerSpec::fc("big", 40, 10, false));
+  EXPECT_EQ(balancedPairBytes(tiny, 3, 128), 128);
+
+  // The conv bytes each of 32 shards holds: with 2 MB pairs the busiest held twice the least; now
+  // within a pair of a quarter of the mean.
+  auto convLoads = [&](const KvLayout& layout) {
+    std::vector<int64_t> b(32, 0);
+    for (int l = 0; l < layout.numLayers(); ++l) {
+      if (vgg.layers[l].type == LayerType::kFC) continue;
+      for (const auto& p : layout.pairsOf(l)) b[p.shard] += p.length * 4;
+    }
+    return b;
+  };
+  const auto before = convLoads(KvLayout(vgg, 32));
+  EXPECT_GE(static_cast<double>(*std::max_element(before.begin(), before.end())),
+            1.9 * static_cast<double>(*std::min_element(before.begin(), before.end())));
+  const auto b = convLoads(KvLayout(vgg, 32, balancedPairBytes(vgg, 32, pair)));
+  const double mean = static_cast<double>(convBytes) / 32;
+  EXPECT_LE(static_cast<double>(*std::max_element(b.begin(), b.end())), 1.3 * mean);
+  EXPECT_GE(static_cast<double>(*std::min_element(b.begin(), b.end())), 0.7 * mean);
+  EXPECT_EQ(KvLayout(vgg, 32, balancedPairBytes(vgg, 32, pair)).pairFloats() * 4, balancedPairBytes(vgg, 32, pair));
+}
+
 TEST(KvLayout, DeterministicAndRejectsBadSizes) {
   ModelDesc vgg = zooModel("vgg19", 0.1);
   KvLayout a(vgg, 5, 20000), b(vgg, 5, 20000);

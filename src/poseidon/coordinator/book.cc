@@ -144,7 +144,8 @@ void InformationBook::derive() {
     throw InvalidArgument(
         strCat("--wire ", wirePrecisionName(settings_.wire), " does not apply to the adam baseline (use --wire fp32)"));
   }
-  layout_ = KvLayout(model_, static_cast<int>(servers_.size()), settings_.pairBytes);
+  const int shards = static_cast<int>(servers_.size());
+  layout_ = KvLayout(model_, shards, balancedPairBytes(model_, shards, settings_.pairBytes));
 }
 
 int InformationBook::workerIndex(int rank) const {

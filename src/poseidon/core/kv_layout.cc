@@ -11,6 +11,25 @@ int64_t scaledPairBytes(int64_t fullWidthBytes, double scale) {
   return std::max<int64_t>(4096, std::llround(static_cast<double>(fullWidthBytes) * scale * scale));
 }
 
+int64_t balancedPairBytes(const ModelDesc& model, int shards, int64_t pairBytes) {
+  if (shards <= 1) return pairBytes;
+  int64_t psBytes = 0, allBytes = 0;
+  for (const auto& l : model.layers) {
+    const int64_t b = l.numel() * static_cast<int64_t>(sizeof(float));
+    allBytes += b;
+    if (l.type != LayerType::kFC) psBytes += b;
+  }
+  if (psBytes == 0) psBytes = allBytes;
+  if (psBytes < pairBytes) return pairBytes;  // less than one pair in all: nothing to spread
+  const int64_t fit = psBytes / (int64_t{kMinPairsPerShard} * shards);
+  if (fit >= pairBytes) return pairBytes;
+  const int64_t floor = std::max(pairBytes / kMaxPairShrink, kMinBalancedPairBytes);
+  if (floor >= pairBytes) return pairBytes;
+  const int64_t bytes =
+      std::max(fit, floor) / static_cast<int64_t>(sizeof(float)) * static_cast<int64_t>(sizeof(float));
+  return std::max<int64_t>(static_cast<int64_t>(sizeof(float)), bytes);
+}
+
 KvLayout::KvLayout(const ModelDesc& model, int shards, int64_t pairBytes) : shards_(shards) {
   if (shards < 1) throw InvalidArgument(strCat("the KV store needs at least one shard, got ", shards));
   if (pairBytes < static_cast<int64_t>(sizeof(float))) {

@@ -4,9 +4,11 @@
 // most `pairBytes` (default 2 MB, paper section 4); the last pair of a layer
 // may be shorter. Pairs are placed one by one, in layer order, on the shard
 // that holds the fewest bytes so far (lowest index on ties), so no shard holds
-// a whole large tensor and loads differ by at most one pair. The layout is a
-// pure function of the model, the shard count and the pair size, so every node
-// computes the same one from the information book.
+// a whole large tensor and loads differ by at most one pair. So that one pair
+// is a small part of a shard's load, a job's pairs shrink on many shards: the
+// information book lays them out with balancedPairBytes (as does the planner).
+// The layout is a pure function of the model, the shard count and the pair
+// size, so every node computes the same one from the information book.
 #pragma once
 
 #include <cstddef>
@@ -31,6 +33,19 @@ inline size_t sumLaneOf(int layer, int pair, size_t lanes) {
 // The pair size a model built at width scale s uses for `fullWidthBytes` at full width: x s^2, so each
 // layer keeps its number of pairs (the bench's scaling rule), and at least 4096 bytes.
 int64_t scaledPairBytes(int64_t fullWidthBytes, double scale);
+
+// The pair size a layout over `shards` uses for `pairBytes` (KvLayout::pairFloats x 4): smaller where the
+// layers that always go through the parameter server (all but the FC layers, which may go by SFB; every
+// layer of a model of FC layers only) would give a shard fewer than kMinPairsPerShard pairs, but not
+// below pairBytes / kMaxPairShrink or kMinBalancedPairBytes; a multiple of 4 bytes. Unchanged where
+// those layers hold less than one pair in all. Why: a shard's load differs from another's by
+// up to one pair, and each shard sends its pairs' aggregates to every worker. With vgg19's 2 MB pairs on
+// 32 shards, a shard held 1 or 2 conv pairs, and the busiest nodes sent 3.47 MB an iteration where most
+// sent 2.9 (the emulated cluster at s = 0.1, docs/bench.md). One shard: pairBytes.
+int64_t balancedPairBytes(const ModelDesc& model, int shards, int64_t pairBytes);
+constexpr int kMinPairsPerShard = 4;
+constexpr int kMaxPairShrink = 8;
+constexpr int64_t kMinBalancedPairBytes = 4096;  // nor below this (scaledPairBytes' floor too)
 
 struct KvPair {
   int layer = 0;

@@ -28,7 +28,9 @@ class PoseidonModel {
         wfbp_(system != System::kPsNaive),
         iterations_(overlap_ ? 6 : 4),
         warm_(2),
-        layout_(w.model, c.servers > 0 ? c.servers : c.workers, scaledPairBytes(c.pairBytes, c.scale)),
+        layout_(
+            w.model, c.servers > 0 ? c.servers : c.workers,
+            balancedPairBytes(w.model, c.servers > 0 ? c.servers : c.workers, scaledPairBytes(c.pairBytes, c.scale))),
         net_(&sim_, c, overlap_, warm_, iterations_),
         elementBytes_(static_cast<double>(wireElementBytes(c.wire))) {
     DeviceModel device;
@@ -54,7 +56,7 @@ class PoseidonModel {
     copyRate_ = c.copyBytes * c.scale * c.scale;
     sumRate_ = c.sumBytes * c.scale * c.scale;
     cryptoRate_ = c.cryptoBytes * c.scale * c.scale;
-    chunkBytes_ = static_cast<double>(scaledPairBytes(c.pairBytes, c.scale));
+    chunkBytes_ = static_cast<double>(layout_.pairFloats()) * sizeof(float);  // balancedPairBytes
     memberOut_.assign(static_cast<size_t>(P_ * G_), 0.0);
     memberIn_.assign(static_cast<size_t>(P_ * G_), 0.0);
     int64_t pairs = 0;

@@ -143,7 +143,7 @@ void addRuntimeFlags(FlagSet& flags, BenchArgs& a) {
                   "fifo|tos");
   flags.addInt64("pair-bytes", &a.pairBytes,
                  "Poseidon's KV pair size at full width, bytes (train --pair-bytes); each rank gets it x s'^2 "
-                 "(the model's width), at least 4096",
+                 "(the model's width), at least 4096; the most: on many shards pairs shrink (docs/kvstore.md)",
                  "BYTES", IntRange::closed(4, 1 << 30));
   flags.addInt("io-threads", &a.ioThreads,
                "ZeroMQ I/O threads per emulated Poseidon node (2; the runtime's default is half the host's cores over "

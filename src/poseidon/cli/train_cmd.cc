@@ -178,8 +178,10 @@ void addRuntimeFlags(FlagSet& flags, TrainFlags& t) {
                   "curve (the default: every connection authenticated with the job secret and encrypted) or none "
                   "(neither, as Gloo and NCCL; only inside a trusted network; rank 0 says so loudly)",
                   "MODE");
-  flags.addInt64("pair-bytes", &t.pairBytes, "KV pair size of the parameter server", "BYTES",
-                 IntRange::closed(kMinPairBytes, kMaxPairBytes));
+  flags.addInt64("pair-bytes", &t.pairBytes,
+                 "KV pair size of the parameter server, the most: on many shards pairs shrink until each shard holds 4 "
+                 "of the non-FC layers' (at most 8x, at least 4096; docs/kvstore.md)",
+                 "BYTES", IntRange::closed(kMinPairBytes, kMaxPairBytes));
   flags.addInt(
       "local-ranks", &t.o.localRanks,
       "several ranks per machine, as the paper's multi-GPU nodes: ranks r..r+L-1 (r a multiple of L) first "

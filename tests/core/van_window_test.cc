@@ -13,6 +13,9 @@
 namespace poseidon {
 namespace {
 
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+
 TEST(VanWindow, TheReceiveBufferIsSetOnTheDataEndpoint) {
   zmq::context_t ctx;
   VanOptions o;
@@ -22,12 +25,9 @@ TEST(VanWindow, TheReceiveBufferIsSetOnTheDataEndpoint) {
   Van small(ctx, o);
   EXPECT_EQ(small.receiveBufferBytes(), 16384);
   o.receiveBufferBytes = -5;
-  try {
-    Van bad(ctx, o);
-    ADD_FAILURE() << "a negative receive buffer was accepted";
-  } catch (const InvalidArgument& e) {
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("the receive buffer must be >= 0 bytes (0: the OS default), got -5"));
-  }
+  EXPECT_THAT(
+      [&] { Van bad(ctx, o); },
+      ThrowsMessage<InvalidArgument>(HasSubstr("the receive buffer must be >= 0 bytes (0: the OS default), got -5")));
 }
 
 TEST(VanWindow, ASmallWindowStillCarriesALargeMessage) {
@@ -82,12 +82,8 @@ TEST(VanWindow, TheNodesSendWindowsAreSharedPastSixteenPeers) {
   EXPECT_EQ(few.sendBufferBytes(2), 8192);
 
   o.nodeSendWindows = -1;
-  try {
-    Van bad(ctx, o);
-    ADD_FAILURE() << "a negative number of node send windows was accepted";
-  } catch (const InvalidArgument& e) {
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("the node's send windows must be >= 0"));
-  }
+  EXPECT_THAT([&] { Van bad(ctx, o); },
+              ThrowsMessage<InvalidArgument>(HasSubstr("the node's send windows must be >= 0")));
 }
 
 }  // namespace

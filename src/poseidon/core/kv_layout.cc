@@ -25,9 +25,8 @@ int64_t balancedPairBytes(const ModelDesc& model, int shards, int64_t pairBytes)
   if (fit >= pairBytes) return pairBytes;
   const int64_t floor = std::max(pairBytes / kMaxPairShrink, kMinBalancedPairBytes);
   if (floor >= pairBytes) return pairBytes;
-  const int64_t bytes =
-      std::max(fit, floor) / static_cast<int64_t>(sizeof(float)) * static_cast<int64_t>(sizeof(float));
-  return std::max<int64_t>(static_cast<int64_t>(sizeof(float)), bytes);
+  // At least kMinBalancedPairBytes, whole floats.
+  return std::max(fit, floor) / static_cast<int64_t>(sizeof(float)) * static_cast<int64_t>(sizeof(float));
 }
 
 KvLayout::KvLayout(const ModelDesc& model, int shards, int64_t pairBytes) : shards_(shards) {

@@ -74,8 +74,9 @@ class DistributedModel(torch.nn.Module):
         encrypt; 0, the default: half the host's cores over the ranks on it, LOCAL_WORLD_SIZE, 2 to 16).
     sum_threads: threads of this rank that sum the pushes its KV shard receives, beside the receive loop
         (default 2; 0: on the receive loop).
-        tcp_rcvbuf: TCP receive buffer per connection into this rank in bytes (0: the OS default; a
-        small one keeps many senders from overflowing a switch port).
+        tcp_rcvbuf: TCP receive buffer per connection into this rank in bytes (0, the default: the send
+        window and a third with send_window, else the OS's; -1: the OS's; a small one keeps many senders
+        from overflowing a switch port).
     wire: what gradients travel as: "fp32" (exact), or "bf16" / "fp16" (half the bytes, summed in fp32;
         lossy, like DDP's fp16 compression hook). Every rank must pass the same.
     local_ranks: several ranks (GPUs) per machine, as the paper's nodes (docs/gpu.md): ranks r..r+L-1

@@ -191,6 +191,28 @@ TEST(BenchReport, IntroductionSaysWhatTheScalingChanges) {
                                          {"tcp_rcvbuf", 16384},
                                          {"systems", {"poseidon", "ddp-fp16"}}})),
               HasSubstr("(--tcp-rcvbuf); DDP's with the OS default."));
+  // The runtime's own receive buffer (priority links) is said only by files that ran it; -1 is the OS's.
+  const nlohmann::json overlap{"poseidon-overlap", "ddp-fp16"};
+  EXPECT_THAT(markdownOf(resultOf(runs, {{"command", "poseidon bench"},
+                                         {"scale", 0.1},
+                                         {"iterations", 4},
+                                         {"warmup", 2},
+                                         {"receive_buffer_auto", true},
+                                         {"systems", overlap}})),
+              HasSubstr("The poseidon-overlap systems' ranks ran with the runtime's TCP receive buffer per connection, "
+                        "the send window and a third (VanOptions::receiveBufferBytes); DDP's with the OS default."));
+  EXPECT_THAT(
+      markdownOf(resultOf(
+          runs,
+          {{"command", "poseidon bench"}, {"scale", 0.1}, {"iterations", 4}, {"warmup", 2}, {"systems", overlap}})),
+      Not(HasSubstr("receive buffer")));
+  EXPECT_THAT(markdownOf(resultOf(runs, {{"command", "poseidon bench"},
+                                         {"scale", 0.1},
+                                         {"iterations", 4},
+                                         {"warmup", 2},
+                                         {"tcp_rcvbuf", -1},
+                                         {"systems", overlap}})),
+              HasSubstr("Poseidon's ranks ran with the OS's TCP receive buffers (--tcp-rcvbuf -1)."));
   EXPECT_THAT(md, HasSubstr("vgg19's SFB factors carry K = 3 rows a worker where 32 x s is 3.2: 0.94x the bytes"));
   EXPECT_THAT(md, HasSubstr("googlenet's SFB factors carry K = 13 rows a worker where 128 x s is 12.8: 1.02x"));
   nlohmann::json whole = nlohmann::json::object();

@@ -24,10 +24,29 @@ TEST(VanWindow, TheReceiveBufferIsSetOnTheDataEndpoint) {
   o.receiveBufferBytes = 16384;
   Van small(ctx, o);
   EXPECT_EQ(small.receiveBufferBytes(), 16384);
-  o.receiveBufferBytes = -5;
-  EXPECT_THAT(
-      [&] { Van bad(ctx, o); },
-      ThrowsMessage<InvalidArgument>(HasSubstr("the receive buffer must be >= 0 bytes (0: the OS default), got -5")));
+  o.receiveBufferBytes = -2;
+  EXPECT_THAT([&] { Van bad(ctx, o); },
+              ThrowsMessage<InvalidArgument>(
+                  HasSubstr("the receive buffer must be >= -1 bytes (0: automatic, -1: the OS default), got -2")));
+}
+
+// With priority links the receive buffer defaults to the send window and a third (it bounds what
+// each sender has in flight toward this node's port); FIFO links and -1 keep the OS's.
+TEST(VanWindow, PriorityLinksGetTheSendWindowAndAThirdToReceive) {
+  zmq::context_t ctx;
+  VanOptions o;
+  EXPECT_EQ(Van::kernelReceiveBuffer(o), 0);  // FIFO links: the OS's
+  o.sendWindowBytes = 9216;
+  EXPECT_EQ(Van::kernelReceiveBuffer(o), 12288);
+  Van automatic(ctx, o);
+  EXPECT_EQ(automatic.receiveBufferBytes(), 12288);
+  o.receiveBufferBytes = VanOptions::kOsReceiveBuffer;
+  EXPECT_EQ(Van::kernelReceiveBuffer(o), 0);
+  Van os(ctx, o);
+  EXPECT_EQ(os.receiveBufferBytes(), -1);
+  o.receiveBufferBytes = 65536;  // given: as given, whatever the window
+  Van given(ctx, o);
+  EXPECT_EQ(given.receiveBufferBytes(), 65536);
 }
 
 TEST(VanWindow, ASmallWindowStillCarriesALargeMessage) {

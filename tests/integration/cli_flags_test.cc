@@ -421,7 +421,7 @@ TEST(CliFlags, BenchRejectsOutOfRangeValues) {
                   "--tcp-cc: 'cubic;reboot' is not a congestion-control name (e.g. cubic, reno, bbr)"});
   expectRejected({{"bench", "--accuracy", "--tcp-cc", ""},
                   "--tcp-cc: '' is not a congestion-control name (e.g. cubic, reno, bbr)"});
-  expectRejected({{"bench", "--accuracy", "--tcp-rcvbuf", "-1"}, "--tcp-rcvbuf must be in [0, 1073741824], got -1"});
+  expectRejected({{"bench", "--accuracy", "--tcp-rcvbuf", "-2"}, "--tcp-rcvbuf must be in [-1, 1073741824], got -2"});
   expectRejected({{"bench", "--systems", "poseidon,poseidon-overlap", "--warmup", "0"},
                   "poseidon-overlap needs --warmup 1 or more (each iteration carries the one before's tail)"});
   expectRejected({{"bench", "--systems", "poseidon-overlap-bf16", "--warmup", "0"},
@@ -490,7 +490,7 @@ TEST(CliFlags, BenchRewritesAnAccuracyReport) {
 
 TEST(CliFlags, TrainRejectsOutOfRangeNetworkKnobs) {
   expectRejected({{"train", "--io-threads", "-1"}, "--io-threads must be in [0, 64], got -1"});
-  expectRejected({{"train", "--tcp-rcvbuf", "-1"}, "--tcp-rcvbuf must be in [0, 1073741824], got -1"});
+  expectRejected({{"train", "--tcp-rcvbuf", "-2"}, "--tcp-rcvbuf must be in [-1, 1073741824], got -2"});
   expectRejected({{"train", "--wire", "fp8"}, "unknown wire precision 'fp8' (expected fp32, bf16 or fp16)"});
   expectRejected(
       {{"train", "--wire", "fp16", "--plain"}, "--wire fp16 and --plain cannot be combined (--plain sends nothing)"});

@@ -68,7 +68,7 @@ class Lifecycle(TempDirTest):
         script = self.path("knobs.py")
         with open(script, "w") as f:
             f.write("import torch, poseidon\n"
-                    "for bad in ({'io_threads': -1}, {'tcp_rcvbuf': -1}, {'send_window': 100},\n"
+                    "for bad in ({'io_threads': -1}, {'tcp_rcvbuf': -2}, {'send_window': 100},\n"
                     "            {'urgent_layers': 2}):\n"
                     "    try:\n"
                     "        poseidon.DistributedModel(torch.nn.Linear(4, 2), batch=3, **bad)\n"
@@ -82,7 +82,8 @@ class Lifecycle(TempDirTest):
         self.assertEqual(run.code, 0, str(run))
         self.assertIn("refused: InvalidArgument io_threads must be in [0, 64] (0: half the host's cores per rank "
                       "on it, 2 to 16), got -1", run.out)
-        self.assertIn("refused: InvalidArgument tcp_rcvbuf must be >= 0 bytes (0: the OS default), got -1", run.out)
+        self.assertIn("refused: InvalidArgument tcp_rcvbuf must be >= -1 bytes (0: automatic, -1: the OS default), "
+                      "got -2", run.out)
         self.assertIn("refused: InvalidArgument send_window must be 0 (FIFO links) or in [4096, 1073741824] bytes, "
                       "got 100", run.out)
         self.assertIn("refused: InvalidArgument urgent_layers must be >= 0 and needs send_window (priority links), "

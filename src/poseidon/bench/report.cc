@@ -181,12 +181,26 @@ void writeIntro(std::ostringstream& md, const nlohmann::json& cfg) {
        << " times this host's CPU per emulated second (the host CPU column is real), and delayed ACKs came up to " << f
        << " times sooner in emulated time.";
   }
-  if (cfg.value("tcp_rcvbuf", 0) > 0) {
-    bool ddp = false;
-    for (const auto& s : cfg.value("systems", nlohmann::json::array()))
-      if (s.is_string()) ddp = ddp || s.get<std::string>().rfind("ddp", 0) == 0;
-    md << " Poseidon's ranks ran with a " << cfg["tcp_rcvbuf"].get<int>()
-       << "-byte TCP receive buffer per connection (--tcp-rcvbuf)" << (ddp ? "; DDP's with the OS default." : ".");
+  {
+    bool ddp = false, priority = false;
+    for (const auto& s : cfg.value("systems", nlohmann::json::array())) {
+      if (!s.is_string()) continue;
+      ddp = ddp || s.get<std::string>().rfind("ddp", 0) == 0;
+      priority = priority || s.get<std::string>().rfind("poseidon-overlap", 0) == 0;
+    }
+    const int rcvbuf = cfg.value("tcp_rcvbuf", 0);
+    if (rcvbuf > 0) {
+      md << " Poseidon's ranks ran with a " << rcvbuf << "-byte TCP receive buffer per connection (--tcp-rcvbuf)"
+         << (ddp ? "; DDP's with the OS default." : ".");
+    } else if (rcvbuf < 0) {
+      md << " Poseidon's ranks ran with the OS's TCP receive buffers (--tcp-rcvbuf -1).";
+    } else if (priority) {
+      // Only files made since the runtime chose it say so; older ones ran the OS's buffers.
+      if (cfg.value("receive_buffer_auto", false))
+        md << " The poseidon-overlap systems' ranks ran with the runtime's TCP receive buffer per connection, the "
+              "send window and a third (VanOptions::receiveBufferBytes)"
+           << (ddp ? "; DDP's with the OS default." : ".");
+    }
   }
   if (cfg.value("local_ranks", 1) > 1) {
     const int l = cfg["local_ranks"].get<int>();

@@ -209,7 +209,7 @@ AccuracyRun AccuracyHarness::run(const AccuracySystem& sys, const RunExtras& ext
       if (sys.groups > 0) so.argv.insert(so.argv.end(), {"--groups", std::to_string(sys.groups)});
       if (sys.mergedFc) so.argv.push_back("--merged-fc");
       if (servers > 0) so.argv.insert(so.argv.end(), {"--servers", std::to_string(servers)});
-      if (rcvbuf > 0) so.argv.insert(so.argv.end(), {"--tcp-rcvbuf", std::to_string(rcvbuf)});
+      if (rcvbuf != 0) so.argv.insert(so.argv.end(), {"--tcp-rcvbuf", std::to_string(rcvbuf)});
       if (sys.groups > 0) so.argv.insert(so.argv.end(), {"--group-push-window", std::to_string(pushWindow)});
       if (sys.overlapForward) so.argv.push_back("--overlap-forward");
       if (sys.sendWindow > 0) so.argv.insert(so.argv.end(), {"--send-window", std::to_string(sys.sendWindow)});
@@ -327,6 +327,8 @@ void writeMarkdown(const std::string& path, const nlohmann::json& result) {
   if (c.value("tcp_rcvbuf", 0) > 0)
     md << " Poseidon's ranks ran with a " << c["tcp_rcvbuf"].get<int>()
        << "-byte TCP receive buffer per connection (`--tcp-rcvbuf`); DDP's with the OS default.";
+  else if (c.value("tcp_rcvbuf", 0) < 0)
+    md << " Poseidon's ranks ran with the OS's TCP receive buffers (`--tcp-rcvbuf -1`).";
   if (c.value("group_push_window", 0) > 0)
     md << " Compute groups pushed a layer's pairs at most " << c["group_push_window"].get<int>()
        << " ahead of the replies to them (`--group-push-window`).";
@@ -432,10 +434,11 @@ void addAccuracyFlags(FlagSet& flags, AccuracyArgs& a) {
   addQueueFlag(flags, &a.h.queueMs);
   addTcpCongestionFlag(flags, &a.h.tcpCongestion);
   flags.addInt("tcp-rcvbuf", &a.h.rcvbuf,
-               "TCP receive buffer per connection into each Poseidon rank (0: the OS default; DDP keeps it): a "
-               "small one gives the k pushers into one model server (--servers 1) equal windows, where the OS "
-               "default lets a few of them starve the rest (docs/omnivore.md)",
-               "BYTES", IntRange::closed(0, 1 << 30));
+               "TCP receive buffer per connection into each Poseidon rank (0: train's default - the send window and "
+               "a third with a send window, else the OS's; -1: the OS's; DDP keeps the OS's): a small one gives the "
+               "k pushers into one model server (--servers 1) equal windows, where the OS default lets a few of "
+               "them starve the rest (docs/omnivore.md)",
+               "BYTES", IntRange::closed(-1, 1 << 30));
   flags.addInt("group-push-window", &a.h.pushWindow,
                "compute groups: each member pushes a layer's KV pairs at most this many ahead of the replies to "
                "the group's updates of them (train --group-push-window; 0: all at once, the default): the pushers "

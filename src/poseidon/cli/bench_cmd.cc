@@ -122,9 +122,10 @@ void addRuntimeFlags(FlagSet& flags, BenchArgs& a) {
                   "full width on each node in turn, as SYSTEM@NODE after the first",
                   "LIST");
   flags.addInt("tcp-rcvbuf", &a.rcvbuf,
-               "TCP receive buffer per connection into each Poseidon rank, bytes at width s (0: the OS default); "
-               "bounds each sender's window against incast at 16-32 nodes (docs/bench.md)",
-               "BYTES", IntRange::closed(0, 1 << 30));
+               "TCP receive buffer per connection into each Poseidon rank, bytes at width s (0: the runtime's "
+               "default - the send window and a third on the poseidon-overlap systems' priority links, the OS's "
+               "on FIFO links; -1: the OS's); bounds each sender's window against incast (docs/bench.md)",
+               "BYTES", IntRange::closed(-1, 1 << 30));
   flags.addInt("send-window", &a.sendWindow,
                "the poseidon-overlap systems' kernel send window per connection, bytes as the ranks use it (0: "
                "their default, 1 MB x s'^2 at the model's width s'; docs/scheduling.md)",
@@ -309,6 +310,7 @@ nlohmann::json benchConfig(const BenchArgs& a, const BenchPlan& p, const std::ve
                            {"rates_mbit", p.rates},
                            {"repeat", a.repeat},
                            {"tcp_rcvbuf", a.rcvbuf},
+                           {"receive_buffer_auto", a.rcvbuf == 0},
                            {"io_threads", a.ioThreads},
                            {"sum_threads", a.sumThreads},
                            {"local_ranks", a.localRanks},

@@ -236,7 +236,7 @@ struct Harness {
                    strCat(bench::parseBenchSystem(system).noCurve ? 0.0 : dm.cryptoBytes), "--link-mbit",
                    strCat(dm.charges() ? r.emulatedMbit : 0.0)};
         if (!traceDir.empty()) so.argv.insert(so.argv.end(), {"--trace", out + ".trace.json"});
-        if (rcvbuf > 0) so.argv.insert(so.argv.end(), {"--tcp-rcvbuf", std::to_string(rcvbuf)});
+        if (rcvbuf != 0) so.argv.insert(so.argv.end(), {"--tcp-rcvbuf", std::to_string(rcvbuf)});
         if (sendWindow > 0 && system.rfind("poseidon-overlap", 0) == 0) {
           so.argv.insert(so.argv.end(), {"--send-window", std::to_string(sendWindow)});
         }

@@ -141,8 +141,9 @@ void addWorkerFlags(FlagSet& flags, WorkerArgs& a) {
                   RealRange::atLeast(0));
   flags.addString("trace", &a.tracePath, "write a Chrome trace of this rank (compute, sends, receives) to FILE",
                   "FILE");
-  flags.addInt("tcp-rcvbuf", &a.rcvbuf, "TCP receive buffer per connection into this rank (0: OS default)", "BYTES",
-               IntRange::closed(0, 1 << 30));
+  flags.addInt("tcp-rcvbuf", &a.rcvbuf,
+               "TCP receive buffer per connection into this rank (0: automatic, -1: the OS default)", "BYTES",
+               IntRange::closed(-1, 1 << 30));
   flags.addInt("io-threads", &a.ioThreads, "ZeroMQ I/O threads (encryption is charged on them)", "N",
                IntRange::closed(1, 64));
   flags.addInt("sum-threads", &a.sumThreads, "threads summing the shard's pushes (0: the receive loop)", "N",

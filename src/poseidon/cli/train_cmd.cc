@@ -158,9 +158,10 @@ void addRuntimeFlags(FlagSet& flags, TrainFlags& t) {
   flags.addInt("timeout", &t.o.timeoutMs, "timeout of every distributed wait, in milliseconds", "MS",
                IntRange::atLeast(1));
   flags.addInt("tcp-rcvbuf", &t.o.tcpRcvbuf,
-               "TCP receive buffer per connection into each rank (0: the OS default); a small one keeps many "
-               "senders from overflowing a switch port (incast, docs/bench.md)",
-               "BYTES", IntRange::closed(0, 1 << 30));
+               "TCP receive buffer per connection into each rank (0, the default: the send window and a third with "
+               "--send-window, else the OS's; -1: the OS's); a small one keeps many senders from overflowing a "
+               "switch port (incast, docs/bench.md, docs/scheduling.md)",
+               "BYTES", IntRange::closed(-1, 1 << 30));
   flags.addInt("group-push-window", &t.o.groupPushWindow,
                "compute groups: a layer's KV pairs pushed ahead of the replies to the group's updates of them (0, "
                "the default: all at once); keeps each member's pushes at its group's slowest pace, where TCP "

@@ -135,9 +135,9 @@ pt::DistributedOptions optionsFromDict(const py::dict& d) {
     throw InvalidArgument(
         strCat("urgent_layers must be >= 0 and needs send_window (priority links), got ", o.node.van.urgentLayers));
   }
-  if (o.node.van.receiveBufferBytes < 0) {
-    throw InvalidArgument(
-        strCat("tcp_rcvbuf must be >= 0 bytes (0: the OS default), got ", o.node.van.receiveBufferBytes));
+  if (o.node.van.receiveBufferBytes < VanOptions::kOsReceiveBuffer) {
+    throw InvalidArgument(strCat("tcp_rcvbuf must be >= -1 bytes (0: automatic, -1: the OS default), got ",
+                                 o.node.van.receiveBufferBytes));
   }
   return o;
 }

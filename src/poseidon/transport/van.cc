@@ -46,8 +46,8 @@ Van::Van(zmq::context_t& ctx, const VanOptions& options)
   router_.set(zmq::sockopt::rcvhwm, 0);
   router_.set(zmq::sockopt::linger, 0);
   router_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(options.maxPayloadBytes + kHeaderBytes));
-  if (options.receiveBufferBytes < 0) {
-    throw InvalidArgument(strCat("the receive buffer must be >= 0 bytes (0: the OS default), got ",
+  if (options.receiveBufferBytes < VanOptions::kOsReceiveBuffer) {
+    throw InvalidArgument(strCat("the receive buffer must be >= -1 bytes (0: automatic, -1: the OS default), got ",
                                  options.receiveBufferBytes));
   }
   if (options.sendWindowBytes < 0 || (options.sendWindowBytes > 0 && options.sendWindowBytes < kMinSendWindow)) {
@@ -67,7 +67,7 @@ Van::Van(zmq::context_t& ctx, const VanOptions& options)
         strCat("urgent layers (", options.urgentLayers, ") need priority links: a send window, not FIFO links"));
   }
   // Before bind: accepted connections inherit it, so it bounds each peer's window from the start.
-  if (options.receiveBufferBytes > 0) router_.set(zmq::sockopt::rcvbuf, options.receiveBufferBytes);
+  if (const int rcvbuf = kernelReceiveBuffer(options); rcvbuf > 0) router_.set(zmq::sockopt::rcvbuf, rcvbuf);
   if (options.curve) makeCurveServer(router_, *options.curve);
   std::string want = "tcp://" + options.bindHost + ":" + (options.port ? std::to_string(options.port) : "*");
   try {
@@ -125,6 +125,12 @@ int Van::kernelSendWindow(const VanOptions& options, size_t peers) {
     return options.sendWindowBytes;
   const int64_t share = int64_t{options.sendWindowBytes} * options.nodeSendWindows / static_cast<int64_t>(peers);
   return static_cast<int>(std::max<int64_t>(kMinSendWindow, share));
+}
+
+int Van::kernelReceiveBuffer(const VanOptions& options) {
+  if (options.receiveBufferBytes != 0) return std::max(0, options.receiveBufferBytes);
+  if (options.sendWindowBytes <= 0) return 0;
+  return static_cast<int>(int64_t{options.sendWindowBytes} * kReceivePerSendWindowNum / kReceivePerSendWindowDen);
 }
 
 void Van::connectPeers(int selfRank, const std::vector<std::string>& endpoints, uint64_t job) {

@@ -63,13 +63,17 @@ struct VanOptions {
   uint64_t maxPayloadBytes = kDefaultMaxPayloadBytes;
   int lingerMs = 2000;  // how long close() waits to flush queued messages
   const CurveKeys* curve = nullptr;  // job membership (CURVE); null: no security
-  // TCP receive buffer of every connection into this node's data endpoint, in
-  // bytes (0: the OS default, autotuned). It caps each sender's window, so
-  // P - 1 peers that send at once put at most (P - 1) x this into the
-  // switch port's queue: the classic cure for incast drops (docs/bench.md:
-  // 16 KB at 32 emulated nodes cut TCP retransmits from ~46,000 to ~3,000 and
-  // the iteration from 2.3-2.9 s to 1.65-1.75 s).
+  // TCP receive buffer of every connection into this node's data endpoint, in bytes. It caps each
+  // sender's window, so P - 1 peers that send at once put at most (P - 1) x this into the switch
+  // port's queue: the classic cure for incast drops (docs/bench.md: 16 KB at 32 emulated nodes cut
+  // TCP retransmits from ~46,000 to ~3,000 and the iteration from 2.3-2.9 s to 1.65-1.75 s), and
+  // what shortens the last replies' wait in the receivers' ports at the end of an overlapped
+  // forward (docs/scheduling.md, "The receive window").
+  // 0 (the default): automatic - with priority links (a send window) the send window and a third
+  // (kernelReceiveBuffer), with FIFO links the OS's autotuned buffer. kOsReceiveBuffer: the OS's
+  // buffer always. > 0: this many bytes.
   int receiveBufferBytes = 0;
+  static constexpr int kOsReceiveBuffer = -1;
   // > 0: priority scheduling (above) with this kernel send buffer per
   // connection (SO_SNDBUF), and fragments of this size. 0: FIFO, the OS's autotuned buffers.
   int sendWindowBytes = 0;
@@ -99,6 +103,12 @@ class Van {
   // The SO_SNDBUF each connection gets with `peers` peers (VanOptions::nodeSendWindows); 0 without a
   // send window (FIFO links: the OS's autotuned buffers).
   static int kernelSendWindow(const VanOptions& options, size_t peers);
+  // The SO_RCVBUF the data endpoint asks for (VanOptions::receiveBufferBytes); 0: the OS's autotuned
+  // buffer. Automatic with priority links: sendWindowBytes x kReceivePerSendWindow (4/3), which on
+  // resnet-152 at 30 Mbit/s, 8 nodes, 9.2 KB windows measured 1.23x DDP-fp16 against 1.18x with the
+  // OS's buffer, 1.19-1.21x with 16 KB, and HOST-BOUND at 8 KB (bench/results/resnet152_tail/).
+  static int kernelReceiveBuffer(const VanOptions& options);
+  static constexpr int kReceivePerSendWindowNum = 4, kReceivePerSendWindowDen = 3;
   // IP TOS of the urgent connections: IPTOS_LOWDELAY, which Linux maps to TC_PRIO_INTERACTIVE (band 0).
   static constexpr int kUrgentTos = 0x10;
   Van(zmq::context_t& ctx, const VanOptions& options);
@@ -108,7 +118,7 @@ class Van {
 
   // "tcp://host:port" actually bound.
   const std::string& endpoint() const { return endpoint_; }
-  // The data endpoint's SO_RCVBUF request (-1: the OS default).
+  // The data endpoint's SO_RCVBUF request as the socket reports it (-1: the OS default).
   int receiveBufferBytes() { return router_.get(zmq::sockopt::rcvbuf); }
   // The SO_SNDBUF request of the connection to `rank` (-1: the OS default; after connectPeers).
   int sendBufferBytes(int rank);

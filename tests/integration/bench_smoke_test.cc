@@ -232,6 +232,11 @@ TEST(BenchSmoke, OverlapTwoNodes) {
   // a span of its own (a round trip at least, where no reply can be in yet).
   EXPECT_THAT(trace, HasSubstr("\"forward waits for conv1_1\"")) << r["trace"];
   EXPECT_THAT(trace, Not(HasSubstr("\"wait for the sync\""))) << r["trace"];  // no barrier in the loop
+  // conv1_1's shard: each rank's push in, then its sum out, named with the last push's sender.
+  EXPECT_THAT(trace, HasSubstr("\"push in from rank 0\"")) << r["trace"];
+  EXPECT_THAT(trace, HasSubstr("\"push in from rank 1\"")) << r["trace"];
+  EXPECT_THAT(trace, HasSubstr("\"shard sums conv1_1 pair 0 (last push from rank ")) << r["trace"];
+  EXPECT_THAT(trace, HasSubstr("{\"name\":\"shard\"}")) << r["trace"];  // the lane's name
   EXPECT_EQ(result["config"]["host_queue"], "fifo");
   EXPECT_FALSE(result.contains("low_delay_bytes"));
   EXPECT_TRUE(namespacesOf(procs[0].pid).empty());

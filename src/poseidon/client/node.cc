@@ -305,7 +305,41 @@ void Node::sumOnLane(Message& msg) {
   handleReporting(msg, [this](Message& m) { sendAll(server_->handle(m)); });
 }
 
+void Node::tracePush(const FrameHeader& h) {
+  const int64_t now = Tracer::nowMicros();
+  std::lock_guard<std::mutex> lock(traceMutex_);
+  ShardPushes& p = shardPushes_[{h.iteration, h.layer, h.pair}];
+  if (p.firstUs == 0) p.firstUs = now;
+  p.lastUs = now;
+  p.lastSender = h.sender;
+  // Layer 0's pushes one by one: the next overlapped forward waits first for its round trip, and each
+  // push's way in (submitted on the sender's send lane, in here) is one leg of it.
+  if (h.layer == 0) options_.tracer->span(strCat("push in from rank ", h.sender), "shard", 4, now, now, h.iteration);
+}
+
+void Node::traceAggregates(const std::vector<KvServer::Outgoing>& out) {
+  for (const KvServer::Outgoing& o : out) {
+    if (o.header.type != MsgType::kPsAggregate) continue;
+    ShardPushes p;
+    {
+      std::lock_guard<std::mutex> lock(traceMutex_);
+      auto it = shardPushes_.find({o.header.iteration, o.header.layer, o.header.pair});
+      if (it == shardPushes_.end()) continue;
+      p = it->second;
+      shardPushes_.erase(it);
+    }
+    const auto& layers = book_.model().layers;
+    const std::string name =
+        o.header.layer < layers.size() ? layers[o.header.layer].name : std::to_string(o.header.layer);
+    // From the first push in to the sum going out; its end is when the last push (from `lastSender`) was summed.
+    options_.tracer->span(strCat("shard sums ", name, " pair ", o.header.pair, " (last push from rank ", p.lastSender,
+                                 ", in at +", (p.lastUs - p.firstUs) / 1000, " ms)"),
+                          "shard", 4, p.firstUs, Tracer::nowMicros(), o.header.iteration);
+  }
+}
+
 void Node::sendAll(const std::vector<KvServer::Outgoing>& out) {
+  if (options_.tracer) traceAggregates(out);
   for (const KvServer::Outgoing& o : out) {
     const std::vector<Van::Part> parts = o.parts();
     for (int dest : o.to) van_->send(dest, o.header, parts);
@@ -319,6 +353,7 @@ void Node::route(Message& msg) {
   switch (wire::messageInfo(h.type).handler) {
     case wire::Handler::kServer: {
       if (!server_) throw ProtocolError(strCat(msgTypeName(h.type), " to a rank that is not a server"));
+      if (options_.tracer && h.type == MsgType::kPsPush) tracePush(h);
       if (h.type == MsgType::kPsPush && !sumLanes_.empty()) {
         // Summed on the pair's lane, in arrival order; the loop goes on.
         const size_t lane = sumLaneOf(static_cast<int>(h.layer), static_cast<int>(h.pair), sumLanes_.size());

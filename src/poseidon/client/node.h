@@ -65,6 +65,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 #include <zmq.hpp>
 
@@ -327,6 +328,17 @@ class Node : private SyncHost {
   std::vector<std::unique_ptr<ThreadPool>> sumLanes_;
   std::atomic<int64_t> lanePushes_{0};            // ps-pushes summed on the lanes (pushesSummedOnLanes())
   mutable std::mutex serverMutex_;                // a leaf: also lets the user's thread read the statistics
+  // With a tracer: when each of this shard's pairs got its first and its last push, and from whom,
+  // so that the trace shows a sum's wait for its last worker (lane 4, "shard"; layer 0's pushes each
+  // as well). Guarded by traceMutex_.
+  struct ShardPushes {
+    int64_t firstUs = 0, lastUs = 0;
+    uint32_t lastSender = 0;
+  };
+  std::map<std::tuple<int64_t, uint32_t, uint32_t>, ShardPushes> shardPushes_;
+  std::mutex traceMutex_;  // a leaf
+  void tracePush(const FrameHeader& h);
+  void traceAggregates(const std::vector<KvServer::Outgoing>& out);
   std::unique_ptr<GroupClient> groups_;           // workers in compute-group mode
   std::vector<std::unique_ptr<Syncer>> syncers_;  // workers (not a machine's members)
   std::unique_ptr<LocalGroup> local_;             // local aggregation (JobSettings::localRanks > 1)

@@ -18,10 +18,11 @@ void Tracer::span(const std::string& name, const std::string& category, int lane
 
 std::string Tracer::json() const {
   // Lane 3: a device model's copies to the host (torch/device_staging.h), from queueing to done.
-  static const char* kLanes[] = {"compute (forward/backward/apply)", "send", "receive", "device copies"};
+  // Lane 4: a KV shard's sums, from a pair's first push in to its aggregate out (client/node.cc).
+  static const char* kLanes[] = {"compute (forward/backward/apply)", "send", "receive", "device copies", "shard"};
   nlohmann::json events = nlohmann::json::array();
   events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid_}, {"args", {{"name", "rank " + std::to_string(pid_)}}}});
-  for (int lane = 0; lane < 4; ++lane) {
+  for (int lane = 0; lane < 5; ++lane) {
     events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid_}, {"tid", lane}, {"args", {{"name", kLanes[lane]}}}});
   }
   std::lock_guard<std::mutex> lock(mutex_);

@@ -20,7 +20,8 @@ class Tracer {
     return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
         .count();
   }
-  // Lanes: 0 = the training thread (forward/backward/apply), 1 = send, 2 = receive.
+  // Lanes: 0 = the training thread (forward/backward/apply), 1 = send, 2 = receive, 3 = device copies,
+  // 4 = a KV shard's sums.
   void span(const std::string& name, const std::string& category, int lane, int64_t startUs, int64_t endUs,
             int64_t iteration = -1);
   // {"traceEvents": [...]} with process and lane names.

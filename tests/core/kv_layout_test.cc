@@ -88,11 +88,11 @@ TEST(KvLayout, PairsShrinkOnManyShardsSoThatTheConvLoadsBalance) {
   const auto before = convLoads(KvLayout(vgg, 32));
   EXPECT_GE(static_cast<double>(*std::max_element(before.begin(), before.end())),
             1.9 * static_cast<double>(*std::min_element(before.begin(), before.end())));
-  const auto b = convLoads(KvLayout(vgg, 32, balancedPairBytes(vgg, 32, pair)));
+  const auto b = convLoads(KvLayout::balanced(vgg, 32, pair));
   const double mean = static_cast<double>(convBytes) / 32;
   EXPECT_LE(static_cast<double>(*std::max_element(b.begin(), b.end())), 1.3 * mean);
   EXPECT_GE(static_cast<double>(*std::min_element(b.begin(), b.end())), 0.7 * mean);
-  EXPECT_EQ(KvLayout(vgg, 32, balancedPairBytes(vgg, 32, pair)).pairFloats() * 4, balancedPairBytes(vgg, 32, pair));
+  EXPECT_EQ(KvLayout::balanced(vgg, 32, pair).pairFloats() * 4, balancedPairBytes(vgg, 32, pair));
 }
 
 TEST(KvLayout, DeterministicAndRejectsBadSizes) {

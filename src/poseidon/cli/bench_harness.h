@@ -237,13 +237,14 @@ struct Harness {
                    strCat(dm.charges() ? r.emulatedMbit : 0.0)};
         if (!traceDir.empty()) so.argv.insert(so.argv.end(), {"--trace", out + ".trace.json"});
         if (rcvbuf != 0) so.argv.insert(so.argv.end(), {"--tcp-rcvbuf", std::to_string(rcvbuf)});
-        if (sendWindow > 0 && system.rfind("poseidon-overlap", 0) == 0) {
+        const bool priorityLinks = system.rfind("poseidon-overlap", 0) == 0;  // the systems with a send window
+        if (sendWindow > 0 && priorityLinks) {
           so.argv.insert(so.argv.end(), {"--send-window", std::to_string(sendWindow)});
         }
-        if (nodeSendWindows != VanOptions::kDefaultNodeSendWindows && system.rfind("poseidon-overlap", 0) == 0) {
+        if (nodeSendWindows != VanOptions::kDefaultNodeSendWindows && priorityLinks) {
           so.argv.insert(so.argv.end(), {"--node-send-windows", std::to_string(nodeSendWindows)});
         }
-        if (urgentLayers > 0 && system.rfind("poseidon-overlap", 0) == 0) {
+        if (urgentLayers > 0 && priorityLinks) {
           so.argv.insert(so.argv.end(), {"--urgent-layers", std::to_string(urgentLayers)});
         }
         so.argv.insert(so.argv.end(), {"--io-threads", std::to_string(ioThreads)});

@@ -144,8 +144,7 @@ void InformationBook::derive() {
     throw InvalidArgument(
         strCat("--wire ", wirePrecisionName(settings_.wire), " does not apply to the adam baseline (use --wire fp32)"));
   }
-  const int shards = static_cast<int>(servers_.size());
-  layout_ = KvLayout(model_, shards, balancedPairBytes(model_, shards, settings_.pairBytes));
+  layout_ = KvLayout::balanced(model_, static_cast<int>(servers_.size()), settings_.pairBytes);
 }
 
 int InformationBook::workerIndex(int rank) const {

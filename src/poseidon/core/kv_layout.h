@@ -59,6 +59,11 @@ class KvLayout {
  public:
   KvLayout() = default;
   KvLayout(const ModelDesc& model, int shards, int64_t pairBytes = kDefaultPairBytes);
+  // A job's layout: pairs of balancedPairBytes(model, shards, pairBytes), as the information book and
+  // the planner lay them out.
+  static KvLayout balanced(const ModelDesc& model, int shards, int64_t pairBytes) {
+    return KvLayout(model, shards, balancedPairBytes(model, shards, pairBytes));
+  }
 
   int shards() const { return shards_; }
   int64_t pairFloats() const { return pairFloats_; }

@@ -27,8 +27,7 @@ class GroupModel {
         k_(c.workers / groups),
         L_(static_cast<int>(w.model.layers.size())),
         layout_(
-            w.model, c.servers > 0 ? c.servers : c.workers,
-            balancedPairBytes(w.model, c.servers > 0 ? c.servers : c.workers, scaledPairBytes(c.pairBytes, c.scale))),
+            KvLayout::balanced(w.model, c.servers > 0 ? c.servers : c.workers, scaledPairBytes(c.pairBytes, c.scale))),
         net_(&sim_, c, /*prioritized=*/false, kWarmRounds, kRounds) {
     for (int l = 0; l < L_; ++l)
       for (const KvPair& p : layout_.pairsOf(l)) pairs_.push_back(p);

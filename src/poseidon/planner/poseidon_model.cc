@@ -29,8 +29,7 @@ class PoseidonModel {
         iterations_(overlap_ ? 6 : 4),
         warm_(2),
         layout_(
-            w.model, c.servers > 0 ? c.servers : c.workers,
-            balancedPairBytes(w.model, c.servers > 0 ? c.servers : c.workers, scaledPairBytes(c.pairBytes, c.scale))),
+            KvLayout::balanced(w.model, c.servers > 0 ? c.servers : c.workers, scaledPairBytes(c.pairBytes, c.scale))),
         net_(&sim_, c, overlap_, warm_, iterations_),
         elementBytes_(static_cast<double>(wireElementBytes(c.wire))) {
     DeviceModel device;

@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <vector>
 
 #include "poseidon/common/error.h"
@@ -71,38 +72,44 @@ TEST(VanWindow, ASmallWindowStillCarriesALargeMessage) {
   EXPECT_EQ(std::vector<uint8_t>(m.data(), m.data() + m.size()), payload);
 }
 
-// Past VanOptions::nodeSendWindows peers, each connection's kernel send buffer is its share of the
-// node's windows (they all drain into one egress queue); fragments keep the window's size.
-TEST(VanWindow, TheNodesSendWindowsAreSharedPastSixteenPeers) {
+// Each connection's kernel send buffer is a window for every VanOptions::peersPerSendWindow (8)
+// peers, at least one: with many peers each round trip is longer, and a connection sends at most its
+// buffer per round trip. Fragments keep the window's size.
+TEST(VanWindow, EachConnectionGetsAWindowForEveryEightPeers) {
   VanOptions o;
   EXPECT_EQ(Van::kernelSendWindow(o, 31), 0);  // FIFO links: the OS's buffers
   o.sendWindowBytes = 8192;
   EXPECT_EQ(Van::kernelSendWindow(o, 1), 8192);
-  EXPECT_EQ(Van::kernelSendWindow(o, 16), 8192);
-  EXPECT_EQ(Van::kernelSendWindow(o, 20), 8192 * 16 / 20);  // 6553
-  EXPECT_EQ(Van::kernelSendWindow(o, 31), 8192 * 16 / 31);  // 4228
-  EXPECT_EQ(Van::kernelSendWindow(o, 63), Van::kMinSendWindow);
-  o.nodeSendWindows = 0;
+  EXPECT_EQ(Van::kernelSendWindow(o, 7), 8192);  // 8 nodes: one window
+  EXPECT_EQ(Van::kernelSendWindow(o, 8), 8192);
+  EXPECT_EQ(Van::kernelSendWindow(o, 15), 8192 * 15 / 8);  // 16 nodes: 15360
+  EXPECT_EQ(Van::kernelSendWindow(o, 31), 8192 * 31 / 8);  // 32 nodes: 31744
+  o.peersPerSendWindow = 0;
   EXPECT_EQ(Van::kernelSendWindow(o, 63), 8192);
+  o.peersPerSendWindow = 1;  // no overflow past int: clamped
+  o.sendWindowBytes = 1 << 30;
+  EXPECT_EQ(Van::kernelSendWindow(o, 255), std::numeric_limits<int>::max());
 
   // On the sockets: a world of 33 (32 peers), nothing listening at the peers' addresses (ZeroMQ
   // connects in the background and sends nothing here).
   zmq::context_t ctx;
-  o.nodeSendWindows = VanOptions::kDefaultNodeSendWindows;
+  o.sendWindowBytes = 8192;
+  o.peersPerSendWindow = VanOptions::kDefaultPeersPerSendWindow;
   o.lingerMs = 0;
   Van a(ctx, o);
   std::vector<std::string> endpoints{a.endpoint()};
   for (int r = 1; r < 33; ++r) endpoints.push_back("tcp://127.0.0.1:1");
   a.connectPeers(0, endpoints, 7);
-  EXPECT_EQ(a.sendBufferBytes(1), 4096);
-  EXPECT_EQ(a.sendBufferBytes(32), 4096);
+  EXPECT_EQ(a.sendBufferBytes(1), 8192 * 4);
+  EXPECT_EQ(a.sendBufferBytes(32), 8192 * 4);
   Van few(ctx, o);
   few.connectPeers(0, {few.endpoint(), "tcp://127.0.0.1:1", "tcp://127.0.0.1:1"}, 7);
   EXPECT_EQ(few.sendBufferBytes(2), 8192);
 
-  o.nodeSendWindows = -1;
+  o.peersPerSendWindow = -1;
   EXPECT_THAT([&] { Van bad(ctx, o); },
-              ThrowsMessage<InvalidArgument>(HasSubstr("the node's send windows must be >= 0")));
+              ThrowsMessage<InvalidArgument>(
+                  HasSubstr("the peers per send window must be >= 0 (0: one window per connection), got -1")));
 }
 
 }  // namespace

@@ -60,7 +60,7 @@ struct BenchArgs {
   std::string tcpCongestion = bench::EmulatedCluster::kDefaultTcpCongestion;
   std::string hostQueue = "fifo";  // --host-queue: each emulated node's egress qdisc
   int urgentLayers = 0;            // --urgent-layers, for the poseidon-overlap systems
-  int nodeSendWindows = VanOptions::kDefaultNodeSendWindows;  // --node-send-windows
+  int peersPerSendWindow = VanOptions::kDefaultPeersPerSendWindow;  // --peers-per-send-window
   int iterations = 8, warmup = 3, timeoutS = 150, retries = 1, repeat = 1, rcvbuf = 0, sendWindow = 0;
   int ioThreads = bench::kBenchIoThreads;
   int sumThreads = kDefaultSumThreads;  // the runtime's (NodeOptions::sumThreads)
@@ -130,9 +130,9 @@ void addRuntimeFlags(FlagSet& flags, BenchArgs& a) {
                "the poseidon-overlap systems' kernel send window per connection, bytes as the ranks use it (0: "
                "their default, 1 MB x s'^2 at the model's width s'; docs/scheduling.md)",
                "BYTES", IntRange::closed(4096, 1 << 30).orOff(0));
-  flags.addInt("node-send-windows", &a.nodeSendWindows,
-               "the poseidon-overlap systems: past this many peers each connection's kernel send buffer is its share "
-               "of this many windows (VanOptions::nodeSendWindows; 0: a whole window each; docs/scheduling.md)",
+  flags.addInt("peers-per-send-window", &a.peersPerSendWindow,
+               "the poseidon-overlap systems: each connection's kernel send buffer is a window for every N peers, at "
+               "least one (VanOptions::peersPerSendWindow; 0: one window each; docs/scheduling.md)",
                "N", IntRange::closed(0, 1 << 20));
   flags.addInt("urgent-layers", &a.urgentLayers,
                "the poseidon-overlap systems send the round data of their first K layers on a second connection "
@@ -316,7 +316,7 @@ nlohmann::json benchConfig(const BenchArgs& a, const BenchPlan& p, const std::ve
                            {"local_ranks", a.localRanks},
                            {"ddp_python", a.ddpPython},
                            {"send_window", a.sendWindow},
-                           {"node_send_windows", a.nodeSendWindows},
+                           {"peers_per_send_window", a.peersPerSendWindow},
                            {"urgent_layers", a.urgentLayers},
                            {"host_queue", a.hostQueue},
                            {"pair_bytes", a.pairBytes},  // full width
@@ -533,7 +533,7 @@ int benchCommand(const std::vector<std::string>& args) {
   h.repeat = a.repeat;
   h.rcvbuf = a.rcvbuf;
   h.sendWindow = a.sendWindow;
-  h.nodeSendWindows = a.nodeSendWindows;
+  h.peersPerSendWindow = a.peersPerSendWindow;
   h.urgentLayers = a.urgentLayers;
   h.ioThreads = a.ioThreads;
   h.sumThreads = a.sumThreads;

@@ -76,7 +76,7 @@ struct Harness {
   std::string traceDir;                     // --trace: one merged Chrome trace per Poseidon run
   int rcvbuf = 0;                           // --tcp-rcvbuf, for Poseidon's ranks
   int sendWindow = 0;                       // --send-window, for the poseidon-overlap systems (0: their default)
-  int nodeSendWindows = VanOptions::kDefaultNodeSendWindows;  // --node-send-windows, for the same
+  int peersPerSendWindow = VanOptions::kDefaultPeersPerSendWindow;  // --peers-per-send-window, for the same
   int urgentLayers = 0;                     // --urgent-layers, for the poseidon-overlap systems
   int ioThreads = bench::kBenchIoThreads;   // --io-threads, for Poseidon's ranks
   int sumThreads = kDefaultSumThreads;      // --sum-threads, for Poseidon's ranks
@@ -241,8 +241,8 @@ struct Harness {
         if (sendWindow > 0 && priorityLinks) {
           so.argv.insert(so.argv.end(), {"--send-window", std::to_string(sendWindow)});
         }
-        if (nodeSendWindows != VanOptions::kDefaultNodeSendWindows && priorityLinks) {
-          so.argv.insert(so.argv.end(), {"--node-send-windows", std::to_string(nodeSendWindows)});
+        if (peersPerSendWindow != VanOptions::kDefaultPeersPerSendWindow && priorityLinks) {
+          so.argv.insert(so.argv.end(), {"--peers-per-send-window", std::to_string(peersPerSendWindow)});
         }
         if (urgentLayers > 0 && priorityLinks) {
           so.argv.insert(so.argv.end(), {"--urgent-layers", std::to_string(urgentLayers)});

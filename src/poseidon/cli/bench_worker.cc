@@ -103,7 +103,7 @@ struct WorkerArgs {
   double gemmFlops = 0, sumBytes = 0, cryptoBytes = 0, linkMbit = 0;
   double timeDilation = 1;  // --time-dilation: every emulated duration F times longer
   int rcvbuf = 0, sendWindow = 0, ioThreads = bench::kBenchIoThreads, sumThreads = kDefaultSumThreads;
-  int localRanks = 1, urgentLayers = 0, nodeSendWindows = VanOptions::kDefaultNodeSendWindows;
+  int localRanks = 1, urgentLayers = 0, peersPerSendWindow = VanOptions::kDefaultPeersPerSendWindow;
   bool overlapForward = false;
 };
 
@@ -151,9 +151,8 @@ void addWorkerFlags(FlagSet& flags, WorkerArgs& a) {
   flags.addInt("send-window", &a.sendWindow,
                "priority scheduling of the links with this kernel send window per connection (0: FIFO)", "BYTES",
                IntRange::closed(0, 1 << 30));
-  flags.addInt("node-send-windows", &a.nodeSendWindows,
-               "past this many peers each connection's kernel send buffer is its share of this many windows (0: a "
-               "whole window each)",
+  flags.addInt("peers-per-send-window", &a.peersPerSendWindow,
+               "each connection's kernel send buffer is a window for every N peers, at least one (0: one window each)",
                "N", IntRange::closed(0, 1 << 20));
   flags.addInt("urgent-layers", &a.urgentLayers,
                "send the first K layers' round data on a second connection per peer, marked IP TOS low-delay "
@@ -213,7 +212,7 @@ NodeOptions workerNodeOptions(const WorkerArgs& a, const RankEnv& env, const ben
   o.ioThreads = a.ioThreads;
   o.sumThreads = a.sumThreads;
   o.van.sendWindowBytes = a.sendWindow;
-  o.van.nodeSendWindows = a.nodeSendWindows;
+  o.van.peersPerSendWindow = a.peersPerSendWindow;
   o.van.urgentLayers = a.urgentLayers;
   o.settings.localRanks = a.localRanks;
   return o;

@@ -35,7 +35,8 @@ class PriorityScheduler {
 
   // `links[d]`: the DEALER to rank d (null for this rank) for d < ranks, and with urgent connections
   // (VanOptions::urgentLayers) links[ranks + d] the urgent one to rank d (ranks 0: links.size()).
-  // Each takes one message into its pipe (SNDHWM 1) and `windowBytes` into the kernel. enqueue()'s
+  // Each takes one message into its pipe (SNDHWM 1) and its send buffer into the kernel (the Van's
+  // choice, Van::kernelSendWindow); `windowBytes` is the fragments' size. enqueue()'s
   // `dest` is a link's index. Starts the sender thread.
   PriorityScheduler(zmq::context_t& ctx, std::vector<zmq::socket_t*> links, size_t windowBytes, size_t ranks = 0);
   ~PriorityScheduler();

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <thread>
 
 #include "poseidon/common/error.h"
@@ -55,9 +56,9 @@ Van::Van(zmq::context_t& ctx, const VanOptions& options)
                                  " bytes (smaller ones cut messages into too many fragments), got ",
                                  options.sendWindowBytes));
   }
-  if (options.nodeSendWindows < 0) {
-    throw InvalidArgument(strCat("the node's send windows must be >= 0 (0: a whole window per connection), got ",
-                                 options.nodeSendWindows));
+  if (options.peersPerSendWindow < 0) {
+    throw InvalidArgument(strCat("the peers per send window must be >= 0 (0: one window per connection), got ",
+                                 options.peersPerSendWindow));
   }
   if (options.urgentLayers < 0) {
     throw InvalidArgument(strCat("urgent layers must be >= 0, got ", options.urgentLayers));
@@ -121,10 +122,11 @@ void Van::close(const std::vector<bool>& quiet) {
 
 int Van::kernelSendWindow(const VanOptions& options, size_t peers) {
   if (options.sendWindowBytes <= 0) return 0;
-  if (options.nodeSendWindows <= 0 || peers <= static_cast<size_t>(options.nodeSendWindows))
+  if (options.peersPerSendWindow <= 0 || peers <= static_cast<size_t>(options.peersPerSendWindow))
     return options.sendWindowBytes;
-  const int64_t share = int64_t{options.sendWindowBytes} * options.nodeSendWindows / static_cast<int64_t>(peers);
-  return static_cast<int>(std::max<int64_t>(kMinSendWindow, share));
+  const int64_t grown =
+      int64_t{options.sendWindowBytes} * static_cast<int64_t>(peers) / int64_t{options.peersPerSendWindow};
+  return static_cast<int>(std::min<int64_t>(grown, std::numeric_limits<int>::max()));
 }
 
 int Van::kernelReceiveBuffer(const VanOptions& options) {

@@ -22,8 +22,9 @@
 // the most urgent queued message whose peer can take one: control first, then
 // data of an earlier iteration, then of a lower layer (the next forward pass
 // needs layer 0 first), FIFO within a layer. Each connection holds one message
-// in ZeroMQ's pipe (its encoder may hold one more) and sendWindowBytes in the
-// kernel (Linux doubles it), so a late, urgent pair waits behind little; a
+// in ZeroMQ's pipe (its encoder may hold one more) and its send buffer in the
+// kernel (sendWindowBytes, more past 8 peers: peersPerSendWindow; Linux
+// doubles it), so a late, urgent pair waits behind little; a
 // message larger than the window goes as fragments of the window's size (a
 // third frame says which message and where; the Van's Reassembler,
 // transport/fragments.h, puts them together), so an urgent one can pass
@@ -74,17 +75,21 @@ struct VanOptions {
   // buffer always. > 0: this many bytes.
   int receiveBufferBytes = 0;
   static constexpr int kOsReceiveBuffer = -1;
-  // > 0: priority scheduling (above) with this kernel send buffer per
-  // connection (SO_SNDBUF), and fragments of this size. 0: FIFO, the OS's autotuned buffers.
+  // > 0: priority scheduling (above) with this kernel send buffer per connection (SO_SNDBUF; past
+  // peersPerSendWindow peers more, below), and fragments of this size. 0: FIFO, the OS's autotuned
+  // buffers.
   int sendWindowBytes = 0;
-  // With a send window: how many windows a node's connections hold in the kernel together. Past
-  // this many peers each connection's SO_SNDBUF is its share, sendWindowBytes x nodeSendWindows /
-  // (P - 1), at least kMinSendWindow (fragments keep the window's size). Why: all P - 1 buffers
-  // (Linux doubles each) drain into the node's one egress queue; at 32 emulated nodes 31 full
-  // windows overflowed it (~4,000 drops a run) and an urgent pair waited behind the rest
-  // (docs/scheduling.md, "The node's window"). 0: every connection gets the whole window.
-  int nodeSendWindows = kDefaultNodeSendWindows;
-  static constexpr int kDefaultNodeSendWindows = 16;
+  // With a send window: each connection's SO_SNDBUF is a window for every this many peers, at least
+  // one window: sendWindowBytes x max(1, (P - 1) / peersPerSendWindow); fragments keep the window's
+  // size. Why: a connection sends at most its send buffer per round trip, and at 32 emulated nodes
+  // one window, or the share of 16 windows the runtime gave before (4.7 KB, less than the 12 KB its
+  // peer's receive window lets in flight), starved the connections: vgg19 @30 went from 1.33 s an
+  // iteration (the share) and 1.31 (a window) to 1.25-1.27 (3.9 windows), flat from there to 23
+  // windows; at 8 nodes resnet-152 needs the single window (0.68 s; two windows 0.72, four 0.80),
+  // and 16 nodes are the same either way (docs/scheduling.md, "The connection's send buffer").
+  // 0: one window each, whatever the number of peers.
+  int peersPerSendWindow = kDefaultPeersPerSendWindow;
+  static constexpr int kDefaultPeersPerSendWindow = 8;
   // > 0 (with a send window): the round data of layers [0, urgentLayers) - the next forward's first
   // layers - go to each peer on a second connection whose packets are marked IP TOS low-delay
   // (kUrgentTos). There they wait behind no byte of the bulk connection (its ZeroMQ pipe, encoder
@@ -100,8 +105,8 @@ class Van {
  public:
   // The smallest send window (VanOptions::sendWindowBytes): smaller ones cut messages into too many fragments.
   static constexpr int kMinSendWindow = 4096;
-  // The SO_SNDBUF each connection gets with `peers` peers (VanOptions::nodeSendWindows); 0 without a
-  // send window (FIFO links: the OS's autotuned buffers).
+  // The SO_SNDBUF each connection gets with `peers` peers (VanOptions::peersPerSendWindow); 0 without
+  // a send window (FIFO links: the OS's autotuned buffers).
   static int kernelSendWindow(const VanOptions& options, size_t peers);
   // The SO_RCVBUF the data endpoint asks for (VanOptions::receiveBufferBytes); 0: the OS's autotuned
   // buffer. Automatic with priority links: sendWindowBytes x kReceivePerSendWindow (4/3), which on

@@ -98,7 +98,8 @@ class DistributedModel(torch.nn.Module):
         own trainable parameters, in registration order: the next forward needs them first) go to each
         peer on a second connection whose packets are marked IP TOS low-delay. They wait behind none of
         the other layers' bytes in ZeroMQ and the kernel's send buffers, and a host queue that honours
-        TOS sends them first (docs/scheduling.md). 0 (the default): one connection per peer.
+        TOS sends them first (docs/scheduling.md). 0: one connection per peer. -1 (the default): the
+        runtime's rule, K = 3 with send_window and more than 8 peers, else one connection.
     groups: Omnivore's compute groups (docs/omnivore.md): 0 (the default) is BSP; G > 0 splits the ranks
         into G groups of consecutive ranks, synchronous inside a group and asynchronous across groups.
         The sharded parameter servers then hold the model and run SGD: each group's summed gradient is
@@ -123,7 +124,7 @@ class DistributedModel(torch.nn.Module):
 
     def __init__(self, module, batch=None, *, name=None, scheme="auto", overlap=True, broadcast_buffers=True,
                  check_finite=True, timeout=30.0, sync_threads=2, pair_bytes=2 * 1024 * 1024, io_threads=0,
-                 sum_threads=2, tcp_rcvbuf=0, wire="fp32", overlap_forward=False, send_window=0, urgent_layers=0,
+                 sum_threads=2, tcp_rcvbuf=0, wire="fp32", overlap_forward=False, send_window=0, urgent_layers=-1,
                  groups=0, optimizer=None,
                  staleness=None, merged_fc=None, stage_on_host=False, local_ranks=1):
         super().__init__()

@@ -4,6 +4,7 @@
 // are rejected without losing the good ones.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cstring>
@@ -225,8 +226,90 @@ TEST(VanPriority, UrgentLayersNeedASendWindow) {
   EXPECT_ERROR_CONTAINS(Van(ctx, o), InvalidArgument,
                         "urgent layers (2) need priority links: a send window, not FIFO links");
   o.sendWindowBytes = 4096;
-  o.urgentLayers = -1;
-  EXPECT_ERROR_CONTAINS(Van(ctx, o), InvalidArgument, "urgent layers must be >= 0, got -1");
+  o.urgentLayers = -2;
+  EXPECT_ERROR_CONTAINS(Van(ctx, o), InvalidArgument, "urgent layers must be >= 0 (or -1: automatic), got -2");
+}
+
+// The routing ids under which a raw ROUTER at rank 1 sees a van's round data of layers 2 and 3
+// arrive, in a world of `world` ranks (the others unreachable: nothing is sent to them).
+std::vector<std::string> connectionsOfLayers2And3(const VanOptions& o, size_t world, int* urgentLayers) {
+  zmq::context_t ctx;
+  zmq::socket_t router(ctx, zmq::socket_type::router);
+  router.set(zmq::sockopt::linger, 0);
+  router.bind("tcp://127.0.0.1:*");
+  Van a(ctx, o);
+  std::vector<std::string> endpoints{a.endpoint(), router.get(zmq::sockopt::last_endpoint)};
+  endpoints.resize(world, "tcp://127.0.0.1:1");
+  a.connectPeers(0, endpoints, kJob);
+  *urgentLayers = a.urgentLayers();
+  auto small = pattern(300, 3);
+  a.send(1, header(MsgType::kPsPush, 2), small.data(), small.size());
+  a.send(1, header(MsgType::kPsPush, 3), small.data(), small.size());
+  std::vector<std::string> ids;
+  for (int k = 0; k < 2; ++k) {
+    zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
+    if (zmq::poll(&item, 1, std::chrono::seconds(100)) != 1) break;
+    std::vector<zmq::message_t> parts;
+    if (!zmq::recv_multipart(router, std::back_inserter(parts)) || parts.size() < 3) break;
+    ids.push_back(parts[0].to_string());
+  }
+  a.close();
+  return ids;
+}
+
+// VanOptions::urgentLayers' default (kAutoUrgentLayers): with a send window and more than 8 peers
+// the first 3 layers take the urgent connections; with 8 peers or fewer, or FIFO links, none do.
+TEST(VanPriority, UrgentLayersAreAutomaticPastEightPeers) {
+  VanOptions o;
+  EXPECT_EQ(o.urgentLayers, VanOptions::kAutoUrgentLayers);
+  EXPECT_EQ(Van::urgentLayerCount(o, 31), 0);  // FIFO links
+  o.sendWindowBytes = 4096;
+  EXPECT_EQ(Van::urgentLayerCount(o, 1), 0);
+  EXPECT_EQ(Van::urgentLayerCount(o, 8), 0);
+  EXPECT_EQ(Van::urgentLayerCount(o, 9), 3);
+  EXPECT_EQ(Van::urgentLayerCount(o, 255), 3);
+  o.urgentLayers = 0;
+  EXPECT_EQ(Van::urgentLayerCount(o, 31), 0);
+  o.urgentLayers = 5;
+  EXPECT_EQ(Van::urgentLayerCount(o, 1), 5);
+  // On real sockets: 9 peers put layer 2 (urgent) and layer 3 (bulk) on two connections, 8 peers on one.
+  o.urgentLayers = VanOptions::kAutoUrgentLayers;
+  int used = -1;
+  auto nine = connectionsOfLayers2And3(o, 10, &used);
+  EXPECT_EQ(used, 3);
+  ASSERT_EQ(nine.size(), 2u);
+  EXPECT_NE(nine[0], nine[1]);
+  auto eight = connectionsOfLayers2And3(o, 9, &used);
+  EXPECT_EQ(used, 0);
+  ASSERT_EQ(eight.size(), 2u);
+  EXPECT_EQ(eight[0], eight[1]);
+}
+
+// A van whose connections need more descriptors than the soft limit raises it toward the hard one
+// (100 peers with urgent connections: ~660), instead of meeting EMFILE inside libzmq later.
+TEST(VanPriority, ManyPeersRaiseTheDescriptorLimit) {
+  rlimit before{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &before), 0);
+  if (before.rlim_max != RLIM_INFINITY && before.rlim_max < 1024) GTEST_SKIP() << "hard limit " << before.rlim_max;
+  rlimit low = before;
+  low.rlim_cur = 256;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  {
+    zmq::context_t ctx;
+    VanOptions o;
+    o.sendWindowBytes = 4096;
+    o.lingerMs = 0;
+    Van a(ctx, o);
+    std::vector<std::string> endpoints{a.endpoint()};
+    endpoints.resize(101, "tcp://127.0.0.1:1");
+    a.connectPeers(0, endpoints, kJob);
+    EXPECT_EQ(a.urgentLayers(), 3);
+    rlimit now{};
+    ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &now), 0);
+    EXPECT_GE(now.rlim_cur, rlim_t{3 * 200 + 64});
+    a.close();
+  }
+  setrlimit(RLIMIT_NOFILE, &before);
 }
 
 TEST(VanPriority, ANegativeWindowIsRefused) {

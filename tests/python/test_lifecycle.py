@@ -86,8 +86,8 @@ class Lifecycle(TempDirTest):
                       "got -2", run.out)
         self.assertIn("refused: InvalidArgument send_window must be 0 (FIFO links) or in [4096, 1073741824] bytes, "
                       "got 100", run.out)
-        self.assertIn("refused: InvalidArgument urgent_layers must be >= 0 and needs send_window (priority links), "
-                      "got 2", run.out)
+        self.assertIn("refused: InvalidArgument urgent_layers must be >= 0 (or -1: automatic) and needs send_window "
+                      "(priority links), got 2", run.out)
         self.assertIn("trained with one I/O thread", run.out)
         self.assertClean(run)
 

@@ -59,7 +59,7 @@ struct BenchArgs {
   double timeDilation = 1;  // --time-dilation (bench/emulation.h)
   std::string tcpCongestion = bench::EmulatedCluster::kDefaultTcpCongestion;
   std::string hostQueue = "fifo";  // --host-queue: each emulated node's egress qdisc
-  int urgentLayers = 0;            // --urgent-layers, for the poseidon-overlap systems
+  int urgentLayers = VanOptions::kAutoUrgentLayers;                 // --urgent-layers, for the poseidon-overlap systems
   int peersPerSendWindow = VanOptions::kDefaultPeersPerSendWindow;  // --peers-per-send-window
   int iterations = 8, warmup = 3, timeoutS = 150, retries = 1, repeat = 1, rcvbuf = 0, sendWindow = 0;
   int ioThreads = bench::kBenchIoThreads;
@@ -136,8 +136,9 @@ void addRuntimeFlags(FlagSet& flags, BenchArgs& a) {
                "N", IntRange::closed(0, 1 << 20));
   flags.addInt("urgent-layers", &a.urgentLayers,
                "the poseidon-overlap systems send the round data of their first K layers on a second connection "
-               "per peer marked IP TOS low-delay (train --urgent-layers; 0: one connection; docs/scheduling.md)",
-               "K", IntRange::closed(0, 1 << 20));
+               "per peer marked IP TOS low-delay (train --urgent-layers; 0: one connection; -1, the default: the "
+               "runtime's, 3 past 8 peers, else none; docs/scheduling.md)",
+               "K", IntRange::closed(-1, 1 << 20));
   flags.addString("host-queue", &a.hostQueue,
                   "each emulated node's egress queue: fifo (one FIFO) or tos (packets marked low-delay first, as "
                   "Linux's pfifo_fast serves them; the switch ports stay FIFO)",

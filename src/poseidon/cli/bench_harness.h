@@ -77,7 +77,7 @@ struct Harness {
   int rcvbuf = 0;                           // --tcp-rcvbuf, for Poseidon's ranks
   int sendWindow = 0;                       // --send-window, for the poseidon-overlap systems (0: their default)
   int peersPerSendWindow = VanOptions::kDefaultPeersPerSendWindow;  // --peers-per-send-window, for the same
-  int urgentLayers = 0;                     // --urgent-layers, for the poseidon-overlap systems
+  int urgentLayers = VanOptions::kAutoUrgentLayers;                 // --urgent-layers, for the poseidon-overlap systems
   int ioThreads = bench::kBenchIoThreads;   // --io-threads, for Poseidon's ranks
   int sumThreads = kDefaultSumThreads;      // --sum-threads, for Poseidon's ranks
   int64_t pairBytes = kDefaultPairBytes;    // --pair-bytes at full width, for Poseidon's ranks (x s^2)
@@ -244,7 +244,7 @@ struct Harness {
         if (peersPerSendWindow != VanOptions::kDefaultPeersPerSendWindow && priorityLinks) {
           so.argv.insert(so.argv.end(), {"--peers-per-send-window", std::to_string(peersPerSendWindow)});
         }
-        if (urgentLayers > 0 && priorityLinks) {
+        if (urgentLayers != VanOptions::kAutoUrgentLayers && priorityLinks) {
           so.argv.insert(so.argv.end(), {"--urgent-layers", std::to_string(urgentLayers)});
         }
         so.argv.insert(so.argv.end(), {"--io-threads", std::to_string(ioThreads)});

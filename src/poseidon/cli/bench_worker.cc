@@ -103,7 +103,8 @@ struct WorkerArgs {
   double gemmFlops = 0, sumBytes = 0, cryptoBytes = 0, linkMbit = 0;
   double timeDilation = 1;  // --time-dilation: every emulated duration F times longer
   int rcvbuf = 0, sendWindow = 0, ioThreads = bench::kBenchIoThreads, sumThreads = kDefaultSumThreads;
-  int localRanks = 1, urgentLayers = 0, peersPerSendWindow = VanOptions::kDefaultPeersPerSendWindow;
+  int localRanks = 1, urgentLayers = VanOptions::kAutoUrgentLayers,
+      peersPerSendWindow = VanOptions::kDefaultPeersPerSendWindow;
   bool overlapForward = false;
 };
 
@@ -156,8 +157,8 @@ void addWorkerFlags(FlagSet& flags, WorkerArgs& a) {
                "N", IntRange::closed(0, 1 << 20));
   flags.addInt("urgent-layers", &a.urgentLayers,
                "send the first K layers' round data on a second connection per peer, marked IP TOS low-delay "
-               "(needs a send window; 0: one connection)",
-               "K", IntRange::closed(0, 1 << 20));
+               "(needs a send window; 0: one connection; -1: the runtime's rule, 3 past 8 peers)",
+               "K", IntRange::closed(-1, 1 << 20));
   flags.addBool("overlap-forward", &a.overlapForward,
                 "run each layer's next forward as soon as its sync is in, not after the whole barrier");
   flags.addInt("local-ranks", &a.localRanks,

@@ -114,8 +114,9 @@ void addTrainingFlags(FlagSet& flags, TrainFlags& t) {
   flags.addInt("urgent-layers", &t.o.urgentLayers,
                "with --send-window: the round data of the first K layers (the next forward's first) go to each "
                "peer on a second connection marked IP TOS low-delay, behind none of the other layers' bytes in "
-               "ZeroMQ and the kernel's send buffers (0: one connection; docs/scheduling.md)",
-               "K", IntRange::closed(0, 1 << 20));
+               "ZeroMQ and the kernel's send buffers (0: one connection; -1, the default: 3 past 8 peers, else "
+               "none; docs/scheduling.md)",
+               "K", IntRange::closed(-1, 1 << 20));
   flags.addBool("plain", &t.o.plain, "run the plain LibTorch loop without Poseidon (overhead baseline; 1 worker)");
   flags.addString("device", &t.o.device,
                   "where each worker's model and batches live: cpu; cuda (cuda:LOCAL_RANK, one worker per GPU; "

@@ -29,9 +29,15 @@ NodeOptions resolved(NodeOptions options) {
   if (options.ioThreads == 0) options.ioThreads = defaultIoThreads();
   return options;
 }
+
+// The sockets one rank's context may hold: two DEALERs per peer (bulk and urgent,
+// VanOptions::urgentLayers), its ROUTER, and a few more (rendezvous, ZAP, the scheduler's wake-up
+// pair). libzmq's default, 1023, would refuse the urgent connections past ~500 nodes.
+int maxSockets(int worldSize) { return std::max(ZMQ_MAX_SOCKETS_DFLT, 2 * worldSize + 64); }
 }  // namespace
 
-Node::Node(const NodeOptions& options) : options_(resolved(options)), ctx_(options_.ioThreads) {}
+Node::Node(const NodeOptions& options)
+    : options_(resolved(options)), ctx_(options_.ioThreads, maxSockets(options_.worldSize)) {}
 
 namespace {
 void checkOptions(const NodeOptions& options) {

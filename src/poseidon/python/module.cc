@@ -131,9 +131,12 @@ pt::DistributedOptions optionsFromDict(const py::dict& d) {
     throw InvalidArgument(
         strCat("send_window must be 0 (FIFO links) or in [4096, 1073741824] bytes, got ", o.node.van.sendWindowBytes));
   }
-  if (o.node.van.urgentLayers < 0 || (o.node.van.urgentLayers > 0 && o.node.van.sendWindowBytes == 0)) {
+  if (o.node.van.urgentLayers < VanOptions::kAutoUrgentLayers ||
+      (o.node.van.urgentLayers > 0 && o.node.van.sendWindowBytes == 0)) {
     throw InvalidArgument(
-        strCat("urgent_layers must be >= 0 and needs send_window (priority links), got ", o.node.van.urgentLayers));
+        strCat("urgent_layers must be >= 0 (or -1: automatic) and needs send_window (priority "
+               "links), got ",
+               o.node.van.urgentLayers));
   }
   if (o.node.van.receiveBufferBytes < VanOptions::kOsReceiveBuffer) {
     throw InvalidArgument(strCat("tcp_rcvbuf must be >= -1 bytes (0: automatic, -1: the OS default), got ",

@@ -65,8 +65,9 @@ struct TrainOptions {
   // which is what the overlapped step's next forward needs first. 0: FIFO links. BSP only.
   int sendWindowBytes = 0;
   // > 0 (with sendWindowBytes): the first K layers' round data travel on a second connection per
-  // peer, marked IP TOS low-delay (--urgent-layers, VanOptions::urgentLayers).
-  int urgentLayers = 0;
+  // peer, marked IP TOS low-delay (--urgent-layers, VanOptions::urgentLayers). 0: none. -1
+  // (VanOptions::kAutoUrgentLayers): 3 with a send window and more than 8 peers, else none.
+  int urgentLayers = -1;
   bool plain = false;    // no Poseidon at all: the plain LibTorch loop (overhead baseline, 1 worker)
   // Where each rank's model and batches live (--device): cpu, cuda (cuda:LOCAL_RANK, one process per
   // GPU; ranks beyond the GPUs share them), or auto (cuda when there is one). docs/gpu.md.

@@ -1,5 +1,7 @@
 #include "poseidon/transport/van.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -60,8 +62,9 @@ Van::Van(zmq::context_t& ctx, const VanOptions& options)
     throw InvalidArgument(strCat("the peers per send window must be >= 0 (0: one window per connection), got ",
                                  options.peersPerSendWindow));
   }
-  if (options.urgentLayers < 0) {
-    throw InvalidArgument(strCat("urgent layers must be >= 0, got ", options.urgentLayers));
+  if (options.urgentLayers < VanOptions::kAutoUrgentLayers) {
+    throw InvalidArgument(strCat("urgent layers must be >= 0 (or ", VanOptions::kAutoUrgentLayers, ": automatic), got ",
+                                 options.urgentLayers));
   }
   if (options.urgentLayers > 0 && options.sendWindowBytes == 0) {
     throw InvalidArgument(
@@ -129,6 +132,33 @@ int Van::kernelSendWindow(const VanOptions& options, size_t peers) {
   return static_cast<int>(std::min<int64_t>(grown, std::numeric_limits<int>::max()));
 }
 
+namespace {
+// A node holds about three descriptors per connection: the DEALER's TCP socket and its mailbox, and
+// the peer's connection accepted on the ROUTER. With the urgent connections (two per peer) 256 nodes
+// need ~1,600, past the soft limit of 1,024 that many systems start processes with. Raise the soft
+// limit toward the hard one, as Go's runtime does at start-up, and say so once if even that is short:
+// libzmq meets EMFILE on a later connect or accept, far from this cause.
+void ensureDescriptors(size_t connections) {
+  const rlim_t needed = static_cast<rlim_t>(3 * connections + 64);
+  rlimit lim{};
+  if (getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY || lim.rlim_cur >= needed) return;
+  rlimit want = lim;
+  want.rlim_cur = lim.rlim_max == RLIM_INFINITY ? needed : std::min(lim.rlim_max, needed);
+  if (want.rlim_cur > lim.rlim_cur && setrlimit(RLIMIT_NOFILE, &want) == 0) lim = want;
+  if (lim.rlim_cur < needed) {
+    POSEIDON_LOG(kWarning) << "this node's " << connections << " connections need about " << needed
+                           << " file descriptors and the limit is " << lim.rlim_cur << " (hard " << lim.rlim_max
+                           << "): raise it (ulimit -n) or expect 'Too many open files'";
+  }
+}
+}  // namespace
+
+int Van::urgentLayerCount(const VanOptions& options, size_t peers) {
+  if (options.urgentLayers != VanOptions::kAutoUrgentLayers) return std::max(0, options.urgentLayers);
+  const bool many = options.sendWindowBytes > 0 && peers > static_cast<size_t>(VanOptions::kAutoUrgentPeers);
+  return many ? VanOptions::kAutoUrgentLayerCount : 0;
+}
+
 int Van::kernelReceiveBuffer(const VanOptions& options) {
   if (options.receiveBufferBytes != 0) return std::max(0, options.receiveBufferBytes);
   if (options.sendWindowBytes <= 0) return 0;
@@ -144,6 +174,8 @@ void Van::connectPeers(int selfRank, const std::vector<std::string>& endpoints, 
   job_ = job;
   peers_.clear();
   const int kernelWindow = kernelSendWindow(options_, endpoints.size() - 1);
+  urgentLayers_ = urgentLayerCount(options_, endpoints.size() - 1);
+  ensureDescriptors((endpoints.size() - 1) * (urgentLayers_ > 0 ? 2 : 1));
   auto dealer = [&](size_t r, int tos) {
     auto socket = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::dealer);
     // FIFO: unlimited. Priority: one message in the pipe and the window in the kernel, so the
@@ -166,7 +198,7 @@ void Van::connectPeers(int selfRank, const std::vector<std::string>& endpoints, 
     auto peer = std::make_unique<Peer>();
     if (static_cast<int>(r) != selfRank) {
       peer->socket = dealer(r, 0);
-      if (options_.urgentLayers > 0) peer->urgent = dealer(r, kUrgentTos);
+      if (urgentLayers_ > 0) peer->urgent = dealer(r, kUrgentTos);
     }
     peers_.push_back(std::move(peer));
   }
@@ -174,7 +206,7 @@ void Van::connectPeers(int selfRank, const std::vector<std::string>& endpoints, 
     std::vector<zmq::socket_t*> links;
     for (auto& p : peers_) links.push_back(p->socket.get());
     // The urgent connections are links P..2P-1 (isUrgent()).
-    if (options_.urgentLayers > 0)
+    if (urgentLayers_ > 0)
       for (auto& p : peers_) links.push_back(p->urgent.get());
     scheduler_ = std::make_unique<PriorityScheduler>(ctx_, std::move(links),
                                                      static_cast<size_t>(options_.sendWindowBytes), peers_.size());
@@ -207,8 +239,8 @@ void Van::holdSends(bool hold, size_t letThrough) {
 bool Van::isUrgent(const FrameHeader& header) const {
   // All of a layer's round data or none of it, so that the layer's messages stay in order (one
   // connection); the BSP protocol never orders messages of different layers (docs/scheduling.md).
-  return options_.urgentLayers > 0 && wire::messageInfo(header.type).sendClass == wire::SendClass::kRound &&
-         header.layer < static_cast<uint32_t>(options_.urgentLayers);
+  return urgentLayers_ > 0 && wire::messageInfo(header.type).sendClass == wire::SendClass::kRound &&
+         header.layer < static_cast<uint32_t>(urgentLayers_);
 }
 
 TrafficKind Van::kindOf(MsgType type) { return wire::messageInfo(type).traffic; }

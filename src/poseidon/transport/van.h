@@ -95,7 +95,15 @@ struct VanOptions {
   // (kUrgentTos). There they wait behind no byte of the bulk connection (its ZeroMQ pipe, encoder
   // and kernel send buffer), and a host queue that honours TOS (Linux's pfifo_fast and sch_fq
   // bands; `bench --host-queue tos`) sends them first. docs/scheduling.md, "The urgent connection".
-  int urgentLayers = 0;
+  // 0: none. kAutoUrgentLayers (the default): kAutoUrgentLayerCount layers with a send window and
+  // more than kAutoUrgentPeers peers, else none (Van::urgentLayerCount). Why there: with the
+  // connections' send buffers grown for many peers, vgg19 @30 at 32 nodes went from 1.25 s an
+  // iteration to 1.19 (3 layers, FIFO host queue) and 1.17-1.21 (with `tos`), at 16 nodes it took
+  // 2-3% off, and at 8 nodes resnet-152 was the same either way; each connection doubles a node's
+  // sockets and descriptors, so it is not spent where it buys nothing.
+  int urgentLayers = kAutoUrgentLayers;
+  static constexpr int kAutoUrgentLayers = -1;
+  static constexpr int kAutoUrgentPeers = 8, kAutoUrgentLayerCount = 3;
   // The bench's charge for CURVE's encryption on ZeroMQ's I/O threads (common/work_charger.h).
   // Null, as in production: nothing charged. Not owned; must outlive the van.
   WorkCharger* charger = nullptr;
@@ -108,6 +116,8 @@ class Van {
   // The SO_SNDBUF each connection gets with `peers` peers (VanOptions::peersPerSendWindow); 0 without
   // a send window (FIFO links: the OS's autotuned buffers).
   static int kernelSendWindow(const VanOptions& options, size_t peers);
+  // The urgent layers a van with `peers` peers uses (VanOptions::urgentLayers, the automatic rule resolved).
+  static int urgentLayerCount(const VanOptions& options, size_t peers);
   // The SO_RCVBUF the data endpoint asks for (VanOptions::receiveBufferBytes); 0: the OS's autotuned
   // buffer. Automatic with priority links: sendWindowBytes x kReceivePerSendWindow (4/3), which on
   // resnet-152 at 30 Mbit/s, 8 nodes, 9.2 KB windows measured 1.23x DDP-fp16 against 1.18x with the
@@ -162,6 +172,8 @@ class Van {
   bool poll(Message* out, int timeoutMs);
 
   TrafficCounters& counters() { return counters_; }
+  // The urgent layers in use (urgentLayerCount; 0 before connectPeers).
+  int urgentLayers() const { return urgentLayers_; }
   // Bytes (header + payload) handed to the urgent connections (VanOptions::urgentLayers).
   uint64_t urgentBytesSent() const { return urgentBytesSent_.load(std::memory_order_relaxed); }
   uint64_t rejectedFrames() const { return rejected_.load(); }
@@ -192,7 +204,7 @@ class Van {
   struct Peer {
     std::mutex mutex;
     std::unique_ptr<zmq::socket_t> socket;
-    std::unique_ptr<zmq::socket_t> urgent;  // VanOptions::urgentLayers > 0
+    std::unique_ptr<zmq::socket_t> urgent;  // urgentLayers() > 0
   };
   bool isUrgent(const FrameHeader& header) const;
   bool receiveFrom(zmq::socket_t& socket, bool loopback, Message* out);
@@ -204,6 +216,7 @@ class Van {
 
   zmq::context_t& ctx_;
   VanOptions options_;
+  int urgentLayers_ = 0;  // urgentLayerCount(options_, peers), set by connectPeers
   std::string endpoint_;
   int rank_ = -1;
   uint64_t job_ = 0;

@@ -41,6 +41,7 @@ TEST(CliFlags, PlanRejectsOutOfRangeValues) {
   expectRejected({{"plan", "--pair-bytes", "0"}, "--pair-bytes must be in [4, 1073741824], got 0"});
   expectRejected({{"plan", "--width-scale", "1.5"}, "--width-scale must be in (0, 1], got 1.5"});
   expectRejected({{"plan", "--predict", "--local-ranks", "0"}, "--local-ranks must be in [1, 64], got 0"});
+  expectRejected({{"plan", "--predict", "--urgent-layers", "-2"}, "--urgent-layers must be in [-1, 1048576], got -2"});
   expectRejected({{"plan", "--predict", "--groups", "2", "--local-ranks", "2"},
                   "--local-ranks and --groups cannot be combined (compute groups have no local aggregation)"});
 }
@@ -99,6 +100,7 @@ TEST(CliFlags, PlanPredictsSweepsAndChecksAResultsFile) {
     EXPECT_FALSE(sweep1["predictions"][0].contains("min_link_gbit"));
   }
   EXPECT_EQ(one["predictions"][0]["system"], "poseidon");
+  EXPECT_EQ(one["urgent_layers"], -1);  // the runtime's rule unless --urgent-layers says otherwise
   EXPECT_NEAR(one["compute_seconds"].get<double>(), 128 / 257.0, 1e-9);  // ATC'17's Caffe googlenet
   // A model without a timing: the user's seconds per iteration.
   const nlohmann::json lenet = planJson(

@@ -142,6 +142,10 @@ void addPredictFlags(FlagSet& flags, PlanArgs& a) {
                   "--predict: poseidon-overlap's fragment (the kernel send window per connection), bytes (--check: "
                   "the results file's)",
                   "BYTES", RealRange::atLeast(4096));
+  flags.addInt("urgent-layers", &a.calibration.urgentLayers,
+               "--predict: poseidon-overlap's first K layers on a second connection per peer (train --urgent-layers; "
+               "-1: the runtime's rule, 3 past 8 peers, else none; 0: one connection; --check: the results file's)",
+               "K", IntRange::closed(-1, 1 << 20));
   flags.addInt("local-ranks", &a.calibration.localRanks,
                "--predict: GPUs (ranks) per node, meeting on the node's first before the network (train "
                "--local-ranks; --workers counts nodes, speedup every rank); --check: each run's",

@@ -333,6 +333,7 @@ int planPredict(const PredictRequest& r) {
                      {"io_threads", r.cluster.cryptoLanes},
                      {"sum_threads", r.cluster.sumLanes},
                      {"local_ranks", r.cluster.localRanks},
+                     {"urgent_layers", r.cluster.urgentLayers},
                      {"gemm_tflops", r.cluster.gemmFlops / 1e12},
                      {"copy_gbytes_per_s", r.cluster.copyBytes / 1e9},
                      {"efficiency_target", r.efficiency}};
@@ -437,6 +438,8 @@ Cluster runCluster(const Cluster& calibration, const nlohmann::json& config, int
   c.wire = wire;
   const double window = config.value("send_window", 0.0);
   if (window > 0) c.sendWindowBytes = window / (scale * scale);
+  // bench --urgent-layers (-1: the runtime's rule); files made before the urgent connection ran none
+  c.urgentLayers = config.value("urgent_layers", 0);
   // bench --pair-bytes (full width, as the planner's); files without it ran the default
   c.pairBytes = config.value("pair_bytes", c.pairBytes);
   c.cryptoLanes = config.value("io_threads", 2);

@@ -138,6 +138,10 @@ struct Cluster {
   WirePrecision wire = WirePrecision::kFp32;
   int64_t pairBytes = kDefaultPairBytes;    // at full width; scaled by s^2 as the bench does
   double sendWindowBytes = 1048576;         // poseidon-overlap's fragments, full width
+  // poseidon-overlap: the layers whose round data take a second connection per peer (VanOptions::urgentLayers;
+  // -1: the runtime's rule, Van::urgentLayerCount: 3 past 8 peers; 0: none). On a node's egress that
+  // connection takes its turns beside the bulk ones, with its own few fragments committed.
+  int urgentLayers = -1;
   double ddpBucketBytes = 25 * 1048576.0;   // full width
   double ddpFirstBucketBytes = 1048576.0;   // full width
   double ddpStepSeconds = kDdpStepSeconds;  // per ring step: latency and Gloo's bookkeeping

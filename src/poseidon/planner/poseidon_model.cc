@@ -6,6 +6,7 @@
 #include "poseidon/core/best_scheme.h"
 #include "poseidon/core/kv_layout.h"
 #include "poseidon/planner/sim.h"
+#include "poseidon/transport/van.h"
 #include "poseidon/wire/precision.h"
 
 namespace poseidon::planner::detail {
@@ -31,6 +32,7 @@ class PoseidonModel {
         layout_(
             KvLayout::balanced(w.model, c.servers > 0 ? c.servers : c.workers, scaledPairBytes(c.pairBytes, c.scale))),
         net_(&sim_, c, overlap_, warm_, iterations_),
+        urgentLayers_(overlap_ ? urgentLayerCount(c) : 0),
         elementBytes_(static_cast<double>(wireElementBytes(c.wire))) {
     DeviceModel device;
     device.flopScale = w.flopScale;
@@ -92,6 +94,14 @@ class PoseidonModel {
     return static_cast<size_t>(node) * static_cast<size_t>(L_) + static_cast<size_t>(layer);
   }
   int64_t priority(int it, int layer) const { return static_cast<int64_t>(it) * L_ + layer; }
+  // The runtime's count of urgent layers (Van::urgentLayerCount) for this cluster's peers.
+  static int urgentLayerCount(const Cluster& c) {
+    VanOptions van;
+    van.sendWindowBytes = 1;  // poseidon-overlap runs priority links
+    van.urgentLayers = c.urgentLayers;
+    return Van::urgentLayerCount(van, static_cast<size_t>(std::max(0, c.workers - 1)));
+  }
+  bool urgent(int layer) const { return layer < urgentLayers_; }
 
   void startForward(int n, int it) {
     forwardStart_[static_cast<size_t>(n)][static_cast<size_t>(it)] = sim_.now();
@@ -232,7 +242,9 @@ class PoseidonModel {
     if (schemes_[static_cast<size_t>(l)] == Scheme::kSFB) {
       const double bytes = static_cast<double>(rows_) * static_cast<double>(spec.m + spec.n) * elementBytes_;
       for (int v = 0; v < P_; ++v) {
-        if (v != n) net_.send(it, n, v, bytes, priority(it, l), [this, v, it, l] { factorsIn(v, it, l); });
+        if (v != n)
+          net_.send(
+              it, n, v, bytes, priority(it, l), [this, v, it, l] { factorsIn(v, it, l); }, urgent(l));
       }
       net_.send(it, n, n, bytes, priority(it, l), [this, n, it, l] { factorsIn(n, it, l); });  // peers first
       return;
@@ -241,8 +253,9 @@ class PoseidonModel {
     for (size_t i = 0; i < pairs.size(); ++i) {
       const KvPair& p = pairs[i];
       const int64_t id = firstPair_[static_cast<size_t>(l)] + static_cast<int64_t>(i);
-      net_.send(it, n, p.shard, static_cast<double>(p.length) * elementBytes_, priority(it, l),
-                [this, p, id, it, l] { pushIn(p, id, it, l); });
+      net_.send(
+          it, n, p.shard, static_cast<double>(p.length) * elementBytes_, priority(it, l),
+          [this, p, id, it, l] { pushIn(p, id, it, l); }, urgent(l));
     }
   }
   void pushIn(const KvPair& p, int64_t id, int it, int l) {
@@ -256,7 +269,7 @@ class PoseidonModel {
       for (int v = 0; v < P_; ++v) {
         Sim::Fn deliver = [this, v, it, l] { aggregateIn(v, it, l); };
         // Encrypted by the I/O thread of the connection, not on the loop (transport/van.cc).
-        net_.send(it, shard, v, bytes, priority(it, l), std::move(deliver));
+        net_.send(it, shard, v, bytes, priority(it, l), std::move(deliver), urgent(l));
       }
     };
     if (c_.sumLanes > 0) {
@@ -315,6 +328,7 @@ class PoseidonModel {
   Sim sim_;
   KvLayout layout_;
   Network net_;
+  int urgentLayers_;  // layers [0, urgentLayers_) on the urgent connections (Cluster::urgentLayers)
   double elementBytes_;
   std::vector<Scheme> schemes_;
   int sfbLayers_ = 0;

@@ -135,7 +135,8 @@ class Server {
   std::priority_queue<Job, std::vector<Job>, std::greater<Job>> queue_;
 };
 
-// A node's egress: one connection per peer, the link shared between the connections that have
+// A node's egress: one connection per peer (keyed by the peer; -1 - peer for its urgent connection,
+// Network::send), the link shared between the connections that have
 // bytes to send, `chunk` at a time in turn (as TCP shares it between its flows). Each connection
 // sends what was committed to it in order; the rest waits in a queue by (priority, arrival) and is
 // committed a chunk at a time while the connection holds fewer than `depth` chunks (0: no limit,
@@ -244,8 +245,10 @@ class Network {
     }
   }
   // Lower priority values go first on a prioritized egress; FIFO otherwise. The caller goes on: the
-  // message reaches the egress once its I/O thread has encrypted it.
-  void send(int iteration, int src, int dst, double payload, int64_t priority, Sim::Fn deliver) {
+  // message reaches the egress once its I/O thread has encrypted it. `urgent`: on the peer's second
+  // connection (Cluster::urgentLayers), a flow of its own on the egress; its encryption shares the
+  // bulk connection's I/O thread, as the bench charges it (transport/charged_crypto.h).
+  void send(int iteration, int src, int dst, double payload, int64_t priority, Sim::Fn deliver, bool urgent = false) {
     if (src == dst) {  // our own copy costs no network time, but the receive loop handles it like any other
       loop_[static_cast<size_t>(dst)].submitTimed([this] { return c_.messageSeconds; }, 0, std::move(deliver));
       return;
@@ -255,7 +258,7 @@ class Network {
     const double onLink = payload * c_.linkOverhead + c_.messageBytes * fragments;
     if (iteration >= first_ && iteration < end_) tx_[static_cast<size_t>(src)] += onLink;
     const int64_t order = fragmentBytes_ < kInf ? priority : 0;
-    auto onWire = [this, src, dst, onLink, headered, order, deliver = std::move(deliver)]() mutable {
+    auto onWire = [this, src, dst, onLink, headered, order, urgent, deliver = std::move(deliver)]() mutable {
       Server::ChunkFn chunk = [this, src, dst, headered, order, deliver = std::move(deliver)](
                                   double, double, double units, bool last) mutable {
         Sim::Fn arrived;
@@ -277,7 +280,7 @@ class Network {
               if (arrived) sim_->at(end, std::move(arrived));
             });
       };
-      egress_[static_cast<size_t>(src)].submit(dst, onLink, order, std::move(chunk));
+      egress_[static_cast<size_t>(src)].submit(urgent ? -1 - dst : dst, onLink, order, std::move(chunk));
     };
     if (crypto_ > 0) {
       sim_->at(sim_->now() + encryption(src, 2 * dst, headered), std::move(onWire));

@@ -101,6 +101,7 @@ TEST(CliFlags, PlanPredictsSweepsAndChecksAResultsFile) {
   }
   EXPECT_EQ(one["predictions"][0]["system"], "poseidon");
   EXPECT_EQ(one["urgent_layers"], -1);  // the runtime's rule unless --urgent-layers says otherwise
+  EXPECT_EQ(one["host_queue"], "fifo");
   EXPECT_NEAR(one["compute_seconds"].get<double>(), 128 / 257.0, 1e-9);  // ATC'17's Caffe googlenet
   // A model without a timing: the user's seconds per iteration.
   const nlohmann::json lenet = planJson(
@@ -184,6 +185,10 @@ TEST(CliFlags, PlanPredictsSweepsAndChecksAResultsFile) {
   expectRejected({{"plan", "--check", "r.json", "--model", "vgg19"},
                   "--model does not apply to --check: each run's model, cluster and rates come from the results file"});
   expectRejected({{"plan", "--rate", "3"}, "--rate is for the planner (--predict, --sweep or --check)"});
+  expectRejected({{"plan", "--predict", "--host-queue", "red"}, "--host-queue must be fifo or tos, got 'red'"});
+  expectRejected({{"plan", "--check", "r.json", "--host-queue", "tos"},
+                  "--host-queue does not apply to --check: each run's model, cluster and rates come from the results "
+                  "file"});
   expectRejected({{"plan", "--sweep", "2,4", "--workers", "8"},
                   "--workers does not apply to --sweep (it gives the worker counts)"});
   expectRejected({{"plan", "--predict", "--workers", "5000"}, "--predict models at most 4096 workers, got 5000"});

@@ -65,6 +65,7 @@ struct PlanArgs {
     c.cryptoLanes = 8;
     return c;
   }();
+  std::string hostQueue = "fifo";  // --host-queue
   double ddpStepMs = calibration.ddpStepSeconds * 1e3, messageUs = calibration.messageSeconds * 1e6;
   int hostCores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 };
@@ -146,6 +147,11 @@ void addPredictFlags(FlagSet& flags, PlanArgs& a) {
                "--predict: poseidon-overlap's first K layers on a second connection per peer (train --urgent-layers; "
                "-1: the runtime's rule, 3 past 8 peers, else none; 0: one connection; --check: the results file's)",
                "K", IntRange::closed(-1, 1 << 20));
+  flags.addString("host-queue", &a.hostQueue,
+                  "--predict: each node's egress queue: fifo (its connections take turns) or tos (the urgent "
+                  "connections' packets first, as Linux's pfifo_fast serves TOS low-delay; bench --host-queue; "
+                  "--check: the results file's)",
+                  "fifo|tos");
   flags.addInt("local-ranks", &a.calibration.localRanks,
                "--predict: GPUs (ranks) per node, meeting on the node's first before the network (train "
                "--local-ranks; --workers counts nodes, speedup every rank); --check: each run's",
@@ -175,10 +181,10 @@ void refuseOtherModesFlags(const FlagSet& flags, const PlanArgs& a) {
       if (flags.wasSet(name)) throw InvalidArgument(strCat("--", name, " ", why));
   };
   if (checking) {
-    refuse({"predict",     "sweep",       "groups",     "merged-fc",   "model",           "workers",
-            "servers",     "batch",       "pair-bytes", "width-scale", "scheme",          "wire",
-            "rate",        "systems",     "efficiency", "compute",     "compute-seconds", "crypto",
-            "gemm-tflops", "send-window", "host-copy",  "limits",      "io-threads",      "sum-threads"},
+    refuse({"predict",    "sweep",      "groups",          "merged-fc",     "model",       "workers",     "servers",
+            "batch",      "pair-bytes", "width-scale",     "scheme",        "wire",        "rate",        "systems",
+            "efficiency", "compute",    "compute-seconds", "crypto",        "gemm-tflops", "send-window", "host-copy",
+            "limits",     "io-threads", "sum-threads",     "urgent-layers", "host-queue"},
            "does not apply to --check: each run's model, cluster and rates come from the results file");
   } else if (predicting) {
     refuse({"scheme", "width-scale"}, "is for the cost table; the planner models BestScheme's choice at full width");
@@ -189,7 +195,8 @@ void refuseOtherModesFlags(const FlagSet& flags, const PlanArgs& a) {
     refuse({"host-cores", "tolerance"}, "is for --check");
     if (sweeping) refuse({"workers", "efficiency"}, "does not apply to --sweep (it gives the worker counts)");
     if (flags.wasSet("groups")) {
-      refuse({"sweep", "systems", "efficiency", "send-window", "wire", "host-copy", "limits"},
+      refuse({"sweep", "systems", "efficiency", "send-window", "wire", "host-copy", "limits", "urgent-layers",
+              "host-queue"},
              "does not apply to --groups (group mode sends dense fp32 gradients and pulls through the shards)");
     }
     if (a.mergedFc && !flags.wasSet("groups"))
@@ -198,10 +205,11 @@ void refuseOtherModesFlags(const FlagSet& flags, const PlanArgs& a) {
       throw InvalidArgument(strCat("--predict models at most ", kMaxPlannedWorkers, " workers, got ", a.workers));
     }
   } else {
-    refuse({"rate", "groups", "merged-fc", "systems", "efficiency", "compute", "compute-seconds", "crypto",
-            "gemm-tflops", "link-overhead", "ddp-step-ms", "send-window", "message-us", "host-cores", "tolerance",
-            "host-copy", "limits", "io-threads", "sum-threads"},
-           "is for the planner (--predict, --sweep or --check)");
+    refuse(
+        {"rate",      "groups",      "merged-fc",     "systems",     "efficiency",  "compute",       "compute-seconds",
+         "crypto",    "gemm-tflops", "link-overhead", "ddp-step-ms", "send-window", "message-us",    "host-cores",
+         "tolerance", "host-copy",   "limits",        "io-threads",  "sum-threads", "urgent-layers", "host-queue"},
+        "is for the planner (--predict, --sweep or --check)");
   }
 }
 
@@ -258,6 +266,7 @@ PredictRequest predictRequest(const FlagSet& flags, const PlanArgs& a) {
     r.cluster.servers = a.servers;
   }
   r.cluster.wire = parseWirePrecision(a.wire);
+  r.cluster.lowDelayFirst = parseHostQueue(a.hostQueue) == bench::HostQueue::kTos;
   return r;
 }
 

@@ -334,6 +334,7 @@ int planPredict(const PredictRequest& r) {
                      {"sum_threads", r.cluster.sumLanes},
                      {"local_ranks", r.cluster.localRanks},
                      {"urgent_layers", r.cluster.urgentLayers},
+                     {"host_queue", r.cluster.lowDelayFirst ? "tos" : "fifo"},
                      {"gemm_tflops", r.cluster.gemmFlops / 1e12},
                      {"copy_gbytes_per_s", r.cluster.copyBytes / 1e9},
                      {"efficiency_target", r.efficiency}};
@@ -440,6 +441,7 @@ Cluster runCluster(const Cluster& calibration, const nlohmann::json& config, int
   if (window > 0) c.sendWindowBytes = window / (scale * scale);
   // bench --urgent-layers (-1: the runtime's rule); files made before the urgent connection ran none
   c.urgentLayers = config.value("urgent_layers", 0);
+  c.lowDelayFirst = config.value("host_queue", std::string("fifo")) == "tos";  // bench --host-queue
   // bench --pair-bytes (full width, as the planner's); files without it ran the default
   c.pairBytes = config.value("pair_bytes", c.pairBytes);
   c.cryptoLanes = config.value("io_threads", 2);

@@ -142,6 +142,9 @@ struct Cluster {
   // -1: the runtime's rule, Van::urgentLayerCount: 3 past 8 peers; 0: none). On a node's egress that
   // connection takes its turns beside the bulk ones, with its own few fragments committed.
   int urgentLayers = -1;
+  // Each node's egress queue serves its urgent connections' packets (TOS low-delay) before the
+  // others, as Linux's pfifo_fast does (bench --host-queue tos); false: the connections take turns.
+  bool lowDelayFirst = false;
   double ddpBucketBytes = 25 * 1048576.0;   // full width
   double ddpFirstBucketBytes = 1048576.0;   // full width
   double ddpStepSeconds = kDdpStepSeconds;  // per ring step: latency and Gloo's bookkeeping

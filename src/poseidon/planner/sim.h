@@ -143,9 +143,12 @@ class Server {
 // everything is committed as it comes: a FIFO connection). With priority links the depth is what
 // ZeroMQ's pipe, its encoder and the kernel's send window hold (transport/van.h), so an urgent
 // message waits behind a few fragments on its connection, not behind everything queued for it.
+// `lowDelayFirst`: the urgent connections' chunks go before any other (a two-band queue, as Linux's
+// pfifo_fast serves packets marked TOS low-delay; Cluster::lowDelayFirst), in turn among themselves.
 class Egress {
  public:
-  Egress(Sim* sim, double rate, double chunk, size_t depth) : sim_(sim), rate_(rate), chunk_(chunk), depth_(depth) {}
+  Egress(Sim* sim, double rate, double chunk, size_t depth, bool lowDelayFirst = false)
+      : sim_(sim), rate_(rate), chunk_(chunk), depth_(depth), lowDelayFirst_(lowDelayFirst) {}
   void submit(int peer, double units, int64_t priority, Server::ChunkFn fn) {
     Flow& f = flows_[peer];
     f.pending.push(Job{{priority, seq_++}, units, std::make_shared<Server::ChunkFn>(std::move(fn))});
@@ -179,17 +182,18 @@ class Egress {
     }
     if (!f.committed.empty() && !f.inRing) {
       f.inRing = true;
-      ring_.push_back(peer);
+      (lowDelayFirst_ && peer < 0 ? lowDelay_ : ring_).push_back(peer);
     }
   }
   void startNext() {
-    if (ring_.empty()) {
+    std::deque<int>& band = lowDelay_.empty() ? ring_ : lowDelay_;
+    if (band.empty()) {
       busy_ = false;
       return;
     }
     busy_ = true;
-    const int peer = ring_.front();
-    ring_.pop_front();
+    const int peer = band.front();
+    band.pop_front();
     Flow& f = flows_[peer];
     f.inRing = false;
     Chunk chunk = std::move(f.committed.front());
@@ -205,10 +209,12 @@ class Egress {
   Sim* sim_;
   double rate_, chunk_;
   size_t depth_;
+  bool lowDelayFirst_;
   bool busy_ = false;
   uint64_t seq_ = 0;
   std::map<int, Flow> flows_;
-  std::deque<int> ring_;  // connections with committed chunks, in turn
+  std::deque<int> ring_;      // connections with committed chunks, in turn
+  std::deque<int> lowDelay_;  // with lowDelayFirst_: the urgent ones among them, served first
 };
 
 // The nodes' links and threads, as the runtime uses them:
@@ -239,7 +245,7 @@ class Network {
     fragmentBytes_ = prioritized ? std::max(4096.0, c.sendWindowBytes * c.scale * c.scale) : kInf;
     const double chunk = prioritized ? fragmentBytes_ : std::max(1.0, kTcpQuantumBytes * c.scale * c.scale);
     for (int n = 0; n < c.workers; ++n) {
-      egress_.emplace_back(sim, c.linkBytes, chunk, prioritized ? kConnectionDepth : 0);
+      egress_.emplace_back(sim, c.linkBytes, chunk, prioritized ? kConnectionDepth : 0, c.lowDelayFirst);
       ingress_.emplace_back(sim, c.linkBytes);
       loop_.emplace_back(sim, 1.0);
     }

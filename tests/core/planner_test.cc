@@ -324,7 +324,7 @@ TEST(Planner, AnUrgentConnectionTakesItsOwnTurnOnTheEgress) {
     sim.run();
     return end;
   };
-  EXPECT_DOUBLE_EQ(urgentEnd(-1 - 1), 0.2);                                         // peer 1's urgent connection
+  EXPECT_DOUBLE_EQ(urgentEnd(detail::Egress::urgentFlow(1)), 0.2);                                         // peer 1's urgent connection
   EXPECT_DOUBLE_EQ(urgentEnd(1), (detail::kConnectionDepth + 1) * kChunk / kRate);  // behind 4 committed: 0.5
 }
 
@@ -338,7 +338,7 @@ TEST(Planner, ALowDelayBandServesTheUrgentConnectionFirst) {
     detail::Egress egress(&sim, kRate, kChunk, detail::kConnectionDepth, lowDelayFirst);
     double end = -1;
     for (int peer = 1; peer <= 3; ++peer) egress.submit(peer, 10 * kChunk, 5, [](double, double, double, bool) {});
-    egress.submit(-1 - 1, kChunk, 0, [&end](double, double e, double, bool last) {
+    egress.submit(detail::Egress::urgentFlow(1), kChunk, 0, [&end](double, double e, double, bool last) {
       if (last) end = e;
     });
     sim.run();

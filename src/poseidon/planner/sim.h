@@ -135,8 +135,8 @@ class Server {
   std::priority_queue<Job, std::vector<Job>, std::greater<Job>> queue_;
 };
 
-// A node's egress: one connection per peer (keyed by the peer; -1 - peer for its urgent connection,
-// Network::send), the link shared between the connections that have
+// A node's egress: one connection per peer (keyed by the peer; urgentFlow(peer) for its urgent
+// connection, Network::send), the link shared between the connections that have
 // bytes to send, `chunk` at a time in turn (as TCP shares it between its flows). Each connection
 // sends what was committed to it in order; the rest waits in a queue by (priority, arrival) and is
 // committed a chunk at a time while the connection holds fewer than `depth` chunks (0: no limit,
@@ -149,6 +149,9 @@ class Egress {
  public:
   Egress(Sim* sim, double rate, double chunk, size_t depth, bool lowDelayFirst = false)
       : sim_(sim), rate_(rate), chunk_(chunk), depth_(depth), lowDelayFirst_(lowDelayFirst) {}
+  // The key of `peer`'s urgent connection (peers are >= 0, so urgent keys are the negative ones).
+  static int urgentFlow(int peer) { return -1 - peer; }
+  static bool isUrgentFlow(int key) { return key < 0; }
   void submit(int peer, double units, int64_t priority, Server::ChunkFn fn) {
     Flow& f = flows_[peer];
     f.pending.push(Job{{priority, seq_++}, units, std::make_shared<Server::ChunkFn>(std::move(fn))});
@@ -182,7 +185,7 @@ class Egress {
     }
     if (!f.committed.empty() && !f.inRing) {
       f.inRing = true;
-      (lowDelayFirst_ && peer < 0 ? lowDelay_ : ring_).push_back(peer);
+      (lowDelayFirst_ && isUrgentFlow(peer) ? lowDelay_ : ring_).push_back(peer);
     }
   }
   void startNext() {
@@ -286,7 +289,7 @@ class Network {
               if (arrived) sim_->at(end, std::move(arrived));
             });
       };
-      egress_[static_cast<size_t>(src)].submit(urgent ? -1 - dst : dst, onLink, order, std::move(chunk));
+      egress_[static_cast<size_t>(src)].submit(urgent ? Egress::urgentFlow(dst) : dst, onLink, order, std::move(chunk));
     };
     if (crypto_ > 0) {
       sim_->at(sim_->now() + encryption(src, 2 * dst, headered), std::move(onWire));

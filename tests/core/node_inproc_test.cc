@@ -5,11 +5,13 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <map>
 #include <string>
 #include <thread>
+#include <zmq.hpp>
 
 #include "../integration/scenario.h"
 #include "expect_error.h"
@@ -189,6 +191,24 @@ TEST(NodeInProcess, DefaultIoThreadsShareTheHostsCores) {
 // The shard's sums on the receive loop (0) or on 1 or 3 threads beside it (NodeOptions::sumThreads;
 // every other test runs the default 2): each PS layer bit for bit the reference sum in worker order,
 // whichever thread summed each pair and in whatever order the pairs completed.
+// freePort picks below the kernel's ephemeral range, where no outgoing connection or port-0 bind can
+// take the port before its user binds it; the port binds.
+TEST(NodeInProcess, FreePortsComeFromBelowTheEphemeralRange) {
+  int low = 32768, high = 60999;
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  if (!(range >> low >> high)) GTEST_SKIP() << "no ip_local_port_range";
+  if (low <= 10000 + 64) GTEST_SKIP() << "ephemeral range starts at " << low;
+  for (int i = 0; i < 4; ++i) {
+    const int port = freePort("127.0.0.1");
+    EXPECT_GE(port, std::max(10000, low - 8192));
+    EXPECT_LT(port, low);
+    zmq::context_t ctx(1);
+    zmq::socket_t s(ctx, zmq::socket_type::router);
+    s.set(zmq::sockopt::linger, 0);
+    EXPECT_NO_THROW(s.bind("tcp://127.0.0.1:" + std::to_string(port)));
+  }
+}
+
 TEST(NodeInProcess, SumsOnAnyNumberOfThreadsAreBitExact) {
   for (int threads : {0, 1, 3}) {
     SCOPED_TRACE(threads);

@@ -6,11 +6,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <random>
 #include <zmq.hpp>
 
 #include "poseidon/common/error.h"
@@ -140,7 +142,31 @@ std::string localAddressToward(const std::string& ip) {
 }
 
 int freePort(const std::string& host) {
+  int ephemeralLow = 32768;  // Linux's default, where /proc does not say
+  {
+    std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+    int low = 0, high = 0;
+    if (range >> low >> high && low > 1024) ephemeralLow = low;
+  }
   zmq::context_t ctx(1);
+  // Below the ephemeral range, at most 8192 ports down and never under 10000.
+  const int lo = std::max(10000, ephemeralLow - 8192), hi = ephemeralLow - 1;
+  if (hi >= lo) {
+    std::random_device seed;
+    std::mt19937 pick(seed());
+    std::uniform_int_distribution<int> port(lo, hi);
+    for (int tries = 0; tries < 64; ++tries) {
+      const int p = port(pick);
+      zmq::socket_t s(ctx, zmq::socket_type::router);
+      s.set(zmq::sockopt::linger, 0);
+      try {
+        s.bind(strCat("tcp://", host, ":", p));
+        return p;
+      } catch (const zmq::error_t&) {
+        // in use (or not ours to bind): another
+      }
+    }
+  }
   zmq::socket_t s(ctx, zmq::socket_type::router);
   s.set(zmq::sockopt::linger, 0);
   s.bind("tcp://" + host + ":*");

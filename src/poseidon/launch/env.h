@@ -54,7 +54,11 @@ std::string resolveHost(const std::string& host);
 // The local address this machine would use to reach `ip` (no packet is sent):
 // the interface a node should bind its data endpoint to.
 std::string localAddressToward(const std::string& ip);
-// Finds a free TCP port on `host` (bind port 0 and read it back).
+// Finds a free TCP port on `host`: one below the kernel's ephemeral range
+// (net.ipv4.ip_local_port_range) that binds now, tried in a random order; if none does, the
+// kernel's choice (bind port 0). Why below the range: the port is bound later by its user (a
+// coordinator, a rank), and in between any outgoing connection or port-0 bind on the machine may
+// take a port of the ephemeral range (a CI run with tests in parallel met "Address already in use").
 int freePort(const std::string& host);
 
 // The running executable's absolute path (/proc/self/exe resolved); throws IoError.

@@ -188,9 +188,6 @@ TEST(NodeInProcess, DefaultIoThreadsShareTheHostsCores) {
                         "ZeroMQ I/O threads must be in [0, 64] (0: half the host's cores per rank on it), got -1");
 }
 
-// The shard's sums on the receive loop (0) or on 1 or 3 threads beside it (NodeOptions::sumThreads;
-// every other test runs the default 2): each PS layer bit for bit the reference sum in worker order,
-// whichever thread summed each pair and in whatever order the pairs completed.
 // freePort picks below the kernel's ephemeral range, where no outgoing connection or port-0 bind can
 // take the port before its user binds it; the port binds.
 TEST(NodeInProcess, FreePortsComeFromBelowTheEphemeralRange) {
@@ -209,6 +206,9 @@ TEST(NodeInProcess, FreePortsComeFromBelowTheEphemeralRange) {
   }
 }
 
+// The shard's sums on the receive loop (0) or on 1 or 3 threads beside it (NodeOptions::sumThreads;
+// every other test runs the default 2): each PS layer bit for bit the reference sum in worker order,
+// whichever thread summed each pair and in whatever order the pairs completed.
 TEST(NodeInProcess, SumsOnAnyNumberOfThreadsAreBitExact) {
   for (int threads : {0, 1, 3}) {
     SCOPED_TRACE(threads);

@@ -206,6 +206,13 @@ TEST(NodeInProcess, FreePortsComeFromBelowTheEphemeralRange) {
   }
 }
 
+// An address that is not this machine's binds no port, in the range or the kernel's: a clear error
+// with ZeroMQ's reason, not a zmq::error_t from deep inside a launcher. 192.0.2.1 is TEST-NET-1.
+TEST(NodeInProcess, FreePortOnAnAddressNotOursSaysSo) {
+  EXPECT_ERROR_CONTAINS(freePort("192.0.2.1"), IoError,
+                        "cannot bind a TCP port on 192.0.2.1: Cannot assign requested address");
+}
+
 // The shard's sums on the receive loop (0) or on 1 or 3 threads beside it (NodeOptions::sumThreads;
 // every other test runs the default 2): each PS layer bit for bit the reference sum in worker order,
 // whichever thread summed each pair and in whatever order the pairs completed.

@@ -141,6 +141,26 @@ std::string localAddressToward(const std::string& ip) {
   return buf;
 }
 
+namespace {
+
+// Binds a ROUTER on host:port ("*": the kernel's choice) and returns the port it got, or -1 with
+// ZeroMQ's reason in `why` when that port does not bind (in use, or not ours to bind). The socket
+// closes on return: freePort's user binds the port itself later.
+int bindsOn(zmq::context_t& ctx, const std::string& host, const std::string& port, std::string* why) {
+  zmq::socket_t s(ctx, zmq::socket_type::router);
+  s.set(zmq::sockopt::linger, 0);
+  try {
+    s.bind(strCat("tcp://", host, ":", port));
+  } catch (const zmq::error_t& e) {
+    *why = e.what();
+    return -1;
+  }
+  const std::string ep = s.get(zmq::sockopt::last_endpoint);
+  return std::atoi(ep.substr(ep.rfind(':') + 1).c_str());
+}
+
+}  // namespace
+
 int freePort(const std::string& host) {
   int ephemeralLow = 32768;  // Linux's default, where /proc does not say
   {
@@ -149,6 +169,7 @@ int freePort(const std::string& host) {
     if (range >> low >> high && low > 1024) ephemeralLow = low;
   }
   zmq::context_t ctx(1);
+  std::string why;
   // Below the ephemeral range, at most 8192 ports down and never under 10000.
   const int lo = std::max(10000, ephemeralLow - 8192), hi = ephemeralLow - 1;
   if (hi >= lo) {
@@ -156,22 +177,13 @@ int freePort(const std::string& host) {
     std::mt19937 pick(seed());
     std::uniform_int_distribution<int> port(lo, hi);
     for (int tries = 0; tries < 64; ++tries) {
-      const int p = port(pick);
-      zmq::socket_t s(ctx, zmq::socket_type::router);
-      s.set(zmq::sockopt::linger, 0);
-      try {
-        s.bind(strCat("tcp://", host, ":", p));
-        return p;
-      } catch (const zmq::error_t&) {
-        // in use (or not ours to bind): another
-      }
+      const int p = bindsOn(ctx, host, std::to_string(port(pick)), &why);
+      if (p > 0) return p;
     }
   }
-  zmq::socket_t s(ctx, zmq::socket_type::router);
-  s.set(zmq::sockopt::linger, 0);
-  s.bind("tcp://" + host + ":*");
-  std::string ep = s.get(zmq::sockopt::last_endpoint);
-  return std::atoi(ep.substr(ep.rfind(':') + 1).c_str());
+  const int p = bindsOn(ctx, host, "*", &why);
+  if (p <= 0) throw IoError(strCat("cannot bind a TCP port on ", host, ": ", why));
+  return p;
 }
 
 std::string selfExecutable() {

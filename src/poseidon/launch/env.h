@@ -59,6 +59,7 @@ std::string localAddressToward(const std::string& ip);
 // kernel's choice (bind port 0). Why below the range: the port is bound later by its user (a
 // coordinator, a rank), and in between any outgoing connection or port-0 bind on the machine may
 // take a port of the ephemeral range (a CI run with tests in parallel met "Address already in use").
+// Throws IoError with ZeroMQ's reason when no port binds at all (`host` is not this machine's).
 int freePort(const std::string& host);
 
 // The running executable's absolute path (/proc/self/exe resolved); throws IoError.

@@ -511,6 +511,70 @@ TEST(CliFlags, TrainRejectsOutOfRangeNetworkKnobs) {
       {{"train", "--local-ranks", "2", "--servers", "1"}, "--local-ranks 2 cannot be combined with --servers"});
 }
 
+// Options no rank could train with are refused once, by poseidon train itself, before it starts a
+// worker: one line (each worker used to print its own, and the launcher a last one).
+TEST(CliFlags, TrainRefusesBadOptionsOnceBeforeAnyWorkerStarts) {
+  expectRejected({{"train", "--workers", "2", "--model", "nosuch"},
+                  "unknown model 'nosuch' (expected lenet, cifar10-quick or mlp)"});
+  expectRejected({{"train", "--workers", "2", "--servers", "5"}, "--servers 5 exceeds the job's 2 ranks (each shard is a rank)"});
+  expectRejected({{"train", "--workers", "2", "--plain"}, "--plain runs the plain LibTorch loop and needs --workers 1"});
+}
+
+// A flag that acts only with another one is refused alone, not silently ignored.
+TEST(CliFlags, TrainRefusesFlagsThatNeedAnother) {
+  expectRejected({{"train", "--checkpoint-every", "3"},
+                  "--checkpoint-every needs --checkpoint DIR; without it the flag would change nothing"});
+  expectRejected({{"train", "--straggler-timeout", "100"},
+                  "--straggler-timeout needs --drop-stragglers D; without it the flag would change nothing"});
+  expectRejected({{"train", "--group-push-window", "4"},
+                  "--group-push-window needs --groups G; without it the flag would change nothing"});
+  expectRejected({{"train", "--pad-forward-share", "0.5"},
+                  "--pad-forward-share needs --pad-ms MS; without it the flag would change nothing"});
+}
+
+// bench --accuracy and tune --regret pick another flag set; as the boolean flags --help lists them,
+// they take =true / =false too (--accuracy=true ran the throughput benchmark before).
+TEST(CliFlags, ModeFlagsTakeABooleanValue) {
+  std::string dir = testing::makeTempDir("flags");
+  auto help = [&](std::vector<std::string> args) {
+    std::vector<std::string> argv{POSEIDON_CLI};
+    argv.insert(argv.end(), args.begin(), args.end());
+    std::vector<testing::Proc> procs{testing::spawn(argv, {}, dir + "/cli")};
+    testing::waitAll(procs, std::chrono::seconds(30));
+    EXPECT_EQ(procs[0].exitCode(), 0) << procs[0].stderrText();
+    return procs[0].stdoutText();
+  };
+  EXPECT_THAT(help({"bench", "--accuracy=true", "--help"}), HasSubstr("usage: poseidon bench --accuracy "));
+  EXPECT_THAT(help({"bench", "--accuracy=false", "--help"}), HasSubstr("usage: poseidon bench [--quick]"));
+  EXPECT_THAT(help({"tune", "--regret=yes", "--help"}), HasSubstr("usage: poseidon tune --regret "));
+  expectRejected({{"bench", "--accuracy=maybe"}, "--accuracy expects true or false, got 'maybe'"});
+  std::filesystem::remove_all(dir);
+}
+
+// A results file or model table that is not one: one line naming it, exit 2; never a crash or a
+// library's bare exception (an empty per-node array used to crash --check).
+TEST(CliFlags, PlanRefusesMalformedFiles) {
+  std::string dir = testing::makeTempDir("flags");
+  expectRejected({{"plan", "--check", dir}, "--check: '" + dir + "' is a directory, not a results file"});
+  expectRejected({{"plan", "--model", dir}, "model table '" + dir + "' is a directory"});
+  std::ofstream(dir + "/config5.json") << R"({"config":5,"runs":[]})";
+  {
+    std::vector<testing::Proc> procs{
+        testing::spawn({POSEIDON_CLI, "plan", "--check", dir + "/config5.json"}, {}, dir + "/cli5")};
+    testing::waitAll(procs, std::chrono::seconds(30));
+    EXPECT_EQ(procs[0].exitCode(), 2);
+    EXPECT_THAT(procs[0].stderrText(), HasSubstr("poseidon plan: error: --check: '" + dir +
+                                                 "/config5.json' is not a poseidon bench results file: "));
+  }
+  std::ofstream(dir + "/empty-tx.json") << R"({"config":{},"runs":[{"system":"ddp","model":"vgg19","nodes":2,)"
+                                        << R"("link_mbit":100,"iteration_seconds":1,"ok":true,"tx_bytes_per_iteration":[]}]})";
+  const nlohmann::json checked = planJson({"--check", dir + "/empty-tx.json"});
+  EXPECT_EQ(checked["points"], 1) << checked.dump();
+  ASSERT_EQ(checked["rows"].size(), 1u) << checked.dump();
+  EXPECT_TRUE(checked["rows"][0]["measured_max_node_tx_bytes"].is_null());
+  std::filesystem::remove_all(dir);
+}
+
 TEST(CliFlags, BenchWorkerRejectsOutOfRangeValues) {
   expectRejected(
       {{"bench-worker", "--out", "/dev/null", "--pair-bytes", "2"}, "--pair-bytes must be in [4, 1073741824], got 2"});

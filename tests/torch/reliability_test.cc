@@ -84,6 +84,29 @@ TEST(AutoRecovery, KilledWorkerRestartsFromCheckpointExactly) {
   EXPECT_TRUE(readBytes(dir.path + "/straight.bin") == readBytes(dir.path + "/recovered.bin"));
 }
 
+// One worker runs in poseidon train's own process unless it may be restarted: with --max-restarts
+// it is the launcher's child like any larger world, and recovers the same way (it was killed for
+// good before, the flag silently ignored).
+TEST(AutoRecovery, OneWorkerRestartsFromCheckpointToo) {
+  TempDir dir;
+  auto one = [](std::vector<std::string> extra) {
+    std::vector<std::string> a{"train", "--workers", "1", "--batch", "16", "--train-limit", "1024", "--epochs", "1",
+                               "--quiet", "--model", "mlp", "--timeout", "10000", "--max-steps", "12"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  auto straight = run(one({"--save-params", dir.path + "/straight.bin"}), dir.path + "/a");
+  ASSERT_EQ(straight.exitCode(), 0) << straight.stderrText();
+  auto recovered = run(one({"--checkpoint-every", "5", "--checkpoint", dir.path + "/ck", "--max-restarts", "1",
+                            "--save-params", dir.path + "/recovered.bin"}),
+                       dir.path + "/b", {{"POSEIDON_FAULT", "0:7:kill"}});
+  ASSERT_EQ(recovered.exitCode(), 0) << recovered.stderrText();
+  EXPECT_THAT(recovered.stderrText(), HasSubstr("poseidon train: rank 0 was killed by signal 9"));
+  EXPECT_THAT(recovered.stderrText(), HasSubstr("restarting from the checkpoint at iteration 5"));
+  EXPECT_THAT(recovered.stdoutText(), HasSubstr("resuming from " + dir.path + "/ck/step-000000005"));
+  EXPECT_TRUE(readBytes(dir.path + "/straight.bin") == readBytes(dir.path + "/recovered.bin"));
+}
+
 TEST(AutoRecovery, GivesUpAfterMaxRestarts) {
   TempDir dir;
   // The fault fires in the first run only, so with 0 restarts the job fails.

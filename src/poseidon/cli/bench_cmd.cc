@@ -71,7 +71,7 @@ struct BenchArgs {
 
 // What to run: models, systems, cluster sizes, links, iterations.
 void addWhatToRunFlags(FlagSet& flags, BenchArgs& a) {
-  flags.addBool("accuracy", &a.accuracyMode,  // handled by benchCommand before parsing; listed for --help
+  flags.addBool("accuracy", &a.accuracyMode,  // taken by benchCommand before parsing; listed for --help
                 "time-to-accuracy mode: real training (LeNet on Fashion-MNIST) on the emulated cluster, padded "
                 "compute, Poseidon BSP, compute groups and DDP (see poseidon bench --accuracy --help)");
   flags.addBool("quick", &a.quick, "vgg19, 1 and 8 nodes, 100 and 30 Mbit/s, poseidon vs ddp, 5 iterations (< 10 min)");
@@ -470,14 +470,10 @@ void writeBenchResults(const BenchArgs& a, const BenchPlan& p, const Harness& h,
 
 }  // namespace
 
-int benchCommand(const std::vector<std::string>& args) {
+int benchCommand(const std::vector<std::string>& given) {
   // The time-to-accuracy mode has flags of its own (bench_accuracy.cc).
-  if (std::find(args.begin(), args.end(), "--accuracy") != args.end()) {
-    std::vector<std::string> rest;
-    for (const auto& a : args)
-      if (a != "--accuracy") rest.push_back(a);
-    return benchAccuracyCommand(rest);
-  }
+  std::vector<std::string> args = given;
+  if (takeModeFlag(args, "accuracy")) return benchAccuracyCommand(args);
   for (const auto& arg : args) {
     if (arg == "--device" || arg.rfind("--device=", 0) == 0) {
       throw InvalidArgument(

@@ -92,11 +92,31 @@ void FlagSet::addDouble(const std::string& name, double* target, const std::stri
 }
 
 void FlagSet::addBool(const std::string& name, bool* target, const std::string& help) {
-  flags_.push_back({name, help, "", "", "", true, [target, name](const std::string& v) {
-                      if (v.empty() || v == "true" || v == "1" || v == "yes") *target = true;
-                      else if (v == "false" || v == "0" || v == "no") *target = false;
-                      else throw InvalidArgument("--" + name + " expects true or false, got '" + v + "'");
-                    }});
+  flags_.push_back(
+      {name, help, "", "", "", true, [target, name](const std::string& v) { *target = parseBoolValue(name, v); }});
+}
+
+bool parseBoolValue(const std::string& name, const std::string& v) {
+  if (v.empty() || v == "true" || v == "1" || v == "yes") return true;
+  if (v == "false" || v == "0" || v == "no") return false;
+  throw InvalidArgument("--" + name + " expects true or false, got '" + v + "'");
+}
+
+bool takeModeFlag(std::vector<std::string>& args, const std::string& name) {
+  const std::string bare = "--" + name, withValue = bare + "=";
+  bool on = false;
+  std::vector<std::string> rest;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--") {  // what follows belongs to a command line of its own
+      rest.insert(rest.end(), args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
+      break;
+    }
+    if (args[i] == bare) on = true;
+    else if (args[i].rfind(withValue, 0) == 0) on = parseBoolValue(name, args[i].substr(withValue.size()));
+    else rest.push_back(args[i]);
+  }
+  args = std::move(rest);
+  return on;
 }
 
 const FlagSet::Flag* FlagSet::find(const std::string& name) const {

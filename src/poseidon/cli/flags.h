@@ -116,4 +116,13 @@ int64_t parseIntIn(const std::string& what, const std::string& text, const IntRa
                    int64_t typeMax = std::numeric_limits<int64_t>::max());
 double parseRealIn(const std::string& what, const std::string& text, const RealRange& range);
 
+// A boolean flag's value: "" (the bare flag), true/1/yes or false/0/no; anything else is a usage error
+// naming --name.
+bool parseBoolValue(const std::string& name, const std::string& value);
+
+// A flag that picks another command's flag set (bench --accuracy, tune --regret): removes every
+// "--name" and "--name=VALUE" from args and returns whether the last one switched the mode on. A bad
+// value is the same usage error as any boolean flag's.
+bool takeModeFlag(std::vector<std::string>& args, const std::string& name);
+
 }  // namespace poseidon::cli

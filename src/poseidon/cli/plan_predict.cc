@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <limits>
@@ -408,6 +409,7 @@ namespace {
 
 // A bench results file (--check), read and checked for its config and runs.
 nlohmann::json readResults(const std::string& path) {
+  if (std::filesystem::is_directory(path)) throw InvalidArgument("--check: '" + path + "' is a directory, not a results file");
   std::ifstream in(path);
   if (!in) throw InvalidArgument("--check: cannot open '" + path + "'");
   nlohmann::json results;
@@ -462,9 +464,20 @@ Cluster runCluster(const Cluster& calibration, const nlohmann::json& config, int
 
 }  // namespace
 
-int planCheck(const std::string& path, const Cluster& given, int hostCores, double tolerance, bool json,
-              bool messageSet) {
-  const nlohmann::json results = readResults(path);
+namespace {
+
+// The busiest node's bytes sent per iteration of one run, or null where the file has none.
+nlohmann::json maxNodeTxBytes(const nlohmann::json& run) {
+  if (!run.contains("tx_bytes_per_iteration")) return nullptr;
+  const auto& tx = run["tx_bytes_per_iteration"];
+  if (!tx.is_array() || tx.empty()) return nullptr;
+  return *std::max_element(tx.begin(), tx.end());
+}
+
+// planCheck's work on a file readResults accepted; a field of the wrong type throws nlohmann's
+// type_error, which planCheck turns into the file's usage error.
+int checkResults(const std::string& path, const nlohmann::json& results, const Cluster& given, int hostCores,
+                 double tolerance, bool json, bool messageSet) {
   const auto& config = results["config"];
   Cluster calibration = given;
   if (!messageSet && !config.contains("timer_slack_ns"))
@@ -563,10 +576,7 @@ int planCheck(const std::string& path, const Cluster& given, int hostCores, doub
                       {"measured_seconds", measured},
                       {"predicted_seconds", p.iterationSeconds},
                       {"error", error},
-                      {"measured_max_node_tx_bytes", run.contains("tx_bytes_per_iteration")
-                                                         ? *std::max_element(run["tx_bytes_per_iteration"].begin(),
-                                                                             run["tx_bytes_per_iteration"].end())
-                                                         : nlohmann::json(nullptr)},
+                      {"measured_max_node_tx_bytes", maxNodeTxBytes(run)},
                       {"predicted_max_node_tx_bytes", p.maxNodeTxBytes}});
     if (!json) {
       std::printf("%-12s %-17s %5s %8.0f %9.3f %10.3f %+6.1f%%%s\n", model.c_str(), system.c_str(), nodesText.c_str(),
@@ -575,6 +585,18 @@ int planCheck(const std::string& path, const Cluster& given, int hostCores, doub
   }
   t.report(json, ": not modelled, failed, HOST-BOUND or incomplete");
   return 0;
+}
+
+}  // namespace
+
+int planCheck(const std::string& path, const Cluster& given, int hostCores, double tolerance, bool json,
+              bool messageSet) {
+  const nlohmann::json results = readResults(path);
+  try {
+    return checkResults(path, results, given, hostCores, tolerance, json, messageSet);
+  } catch (const nlohmann::json::exception& e) {
+    throw InvalidArgument(strCat("--check: '", path, "' is not a poseidon bench results file: ", e.what()));
+  }
 }
 
 }  // namespace poseidon::cli

@@ -276,6 +276,25 @@ void mergeTraces(const std::string& tracePath, int ranks) {
   for (const auto& p : parts) std::filesystem::remove(p);
 }
 
+// Flags that only act together with another one: refused alone, not silently ignored.
+void refuseUnpairedFlags(const FlagSet& flags, const TrainFlags& t) {
+  struct Needs {
+    const char* flag;
+    bool missing;
+    const char* other;
+  };
+  const Needs needs[] = {
+      {"checkpoint-every", t.o.checkpointDir.empty(), "--checkpoint DIR"},
+      {"straggler-timeout", t.o.dropStragglers <= 0, "--drop-stragglers D"},
+      {"group-push-window", t.o.groups <= 0, "--groups G"},
+      {"pad-forward-share", t.hooks.padMs <= 0, "--pad-ms MS"},
+  };
+  for (const Needs& n : needs) {
+    if (flags.wasSet(n.flag) && n.missing)
+      throw InvalidArgument(strCat("--", n.flag, " needs ", n.other, "; without it the flag would change nothing"));
+  }
+}
+
 // --workers local processes, each running this command as one rank; restarted up to --max-restarts.
 int launchWorkers(const TrainFlags& t, const std::vector<std::string>& args) {
   const pt::TrainOptions& o = t.o;
@@ -328,17 +347,19 @@ int trainCommand(const std::vector<std::string>& args) {
     throw InvalidArgument("--batch is per worker and --group-batch per compute group: give one of them");
   }
   finishOptions(t);
+  refuseUnpairedFlags(flags, t);
   const pt::TrainOptions& o = t.o;
-  pt::resolveGroupBatch(o, o.workers);  // its errors once, before any worker starts
   RankEnv env = rankFromEnvironment();
-  if (env.present) {
-    if (flags.wasSet("workers") && o.workers != env.worldSize) {
-      throw InvalidArgument(strCat("--workers ", o.workers, " disagrees with the launcher's world size ", env.worldSize,
-                                   " (", env.source, ")"));
-    }
-    return pt::trainRank(o, t.hooks, env);
+  if (env.present && flags.wasSet("workers") && o.workers != env.worldSize) {
+    throw InvalidArgument(strCat("--workers ", o.workers, " disagrees with the launcher's world size ", env.worldSize,
+                                 " (", env.source, ")"));
   }
-  if (o.workers == 1) {  // a world of one on a free port (DistributedOptions::fromEnvironment)
+  // The options' errors once, before any worker starts (each rank checks them again).
+  pt::validateTrainOptions(o, t.hooks, env.present ? env.worldSize : o.workers);
+  if (env.present) return pt::trainRank(o, t.hooks, env);
+  // A world of one on a free port (DistributedOptions::fromEnvironment), in this process; with
+  // --max-restarts it is a child of the launcher like any other world, so that it can be restarted.
+  if (o.workers == 1 && t.maxRestarts == 0) {
     int rc = pt::trainRank(o, t.hooks, env);
     if (rc == 0 && !o.tracePath.empty()) mergeTraces(o.tracePath, 1);
     return rc;

@@ -219,13 +219,9 @@ void tuneAtEachRate(TuneArgs& a, const std::vector<double>& rates, nlohmann::jso
 
 }  // namespace
 
-int tuneCommand(const std::vector<std::string>& args) {
-  if (std::find(args.begin(), args.end(), "--regret") != args.end()) {
-    std::vector<std::string> rest;
-    for (const auto& arg : args)
-      if (arg != "--regret") rest.push_back(arg);
-    return tuneRegretCommand(rest);
-  }
+int tuneCommand(const std::vector<std::string>& given) {
+  std::vector<std::string> args = given;
+  if (takeModeFlag(args, "regret")) return tuneRegretCommand(args);
   TuneArgs a;
   AccuracyHarness& h = a.h;
   FlagSet flags("tune", "poseidon tune [--rates LIST] [--steps N] [--epoch-steps N] [flags]",

@@ -1,6 +1,7 @@
 #include "poseidon/model/table.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -251,6 +252,7 @@ nlohmann::ordered_json layerJson(const LayerSpec& l) {
 }  // namespace
 
 ModelDesc loadModelTable(const std::string& path) {
+  if (std::filesystem::is_directory(path)) throw InvalidArgument(strCat("model table '", path, "' is a directory"));
   std::ifstream in(path);
   if (!in) throw InvalidArgument(strCat("cannot open model table '", path, "'"));
   Json root;

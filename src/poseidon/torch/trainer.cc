@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "poseidon/torch/device_staging.h"
+#include "poseidon/torch/models.h"
 #include "poseidon/torch/train/rank_run.h"
 
 namespace poseidon::pt {
@@ -38,6 +39,12 @@ double warmedUpLearningRate(double lr, int64_t warmupSteps, int64_t iteration) {
 }
 
 void checkDevice(const std::string& device) { selectDevice(device, 0); }
+
+void validateTrainOptions(const TrainOptions& options, const TrainHooks& hooks, int world) {
+  const TrainOptions o = resolveGroupBatch(options, world);
+  validateRankOptions(o, hooks, world);
+  makeModel(o.model);
+}
 
 int trainRank(const TrainOptions& options, const TrainHooks& hooks, const RankEnv& env) {
   const TrainOptions o = resolveGroupBatch(options, env.worldSize);

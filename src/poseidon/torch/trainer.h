@@ -158,6 +158,11 @@ constexpr int kExitDiverged = 3;
 // split evenly or there are no groups.
 TrainOptions resolveGroupBatch(TrainOptions o, int world);
 
+// Every check of the options that needs no peer (their values, the mode's combinations, the model's
+// name), as each rank makes them when it starts: poseidon train makes them once before it starts its
+// workers, so that a bad option is one line, not one per worker. Throws InvalidArgument.
+void validateTrainOptions(const TrainOptions& options, const TrainHooks& hooks, int world);
+
 // Runs one rank. Returns the process exit code. Rank 0 prints the plan,
 // progress, accuracy and traffic, and writes the summary; every rank writes
 // its own trace file (<trace>.rank<R>) when tracing.

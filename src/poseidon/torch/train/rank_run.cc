@@ -62,10 +62,8 @@ void RankContext::slowDown() const {
   }
 }
 
-namespace {
-
 // Option values no rank can train with (the CLI checks the launcher-level ones).
-void validateOptions(const TrainOptions& o, const TrainHooks& hooks, int world) {
+void validateRankOptions(const TrainOptions& o, const TrainHooks& hooks, int world) {
   if (o.batch < 1) throw InvalidArgument(strCat("--batch must be at least 1, got ", o.batch));
   if (o.epochs < 1) throw InvalidArgument(strCat("--epochs must be at least 1, got ", o.epochs));
   if (!(o.lr >= 0)) throw InvalidArgument(strCat("--lr must be positive (or 0: the default), got ", o.lr));
@@ -76,6 +74,8 @@ void validateOptions(const TrainOptions& o, const TrainHooks& hooks, int world) 
   AccuracyCurve::validate(hooks);
   validateModeOptions(o, world);
 }
+
+namespace {
 
 // LibTorch's intra-op threads: this machine's cores shared by its local workers, unless --threads.
 void setTorchThreads(const TrainOptions& o, int world) {
@@ -99,7 +99,7 @@ struct RankRun::EpochStats {
 RankRun::RankRun(const TrainOptions& o, const TrainHooks& hooks, const RankEnv& env)
     : o_(o), hooks_(hooks), c_(o, hooks, env), warmupSteps_(o.warmupSteps), curve_(hooks, env.rank == 0) {
   setLogPrefix("rank " + std::to_string(c_.rank));
-  validateOptions(o_, hooks_, c_.world);
+  validateRankOptions(o_, hooks_, c_.world);
   checkOutputPaths(o_, c_.rank);
   setTorchThreads(o_, c_.world);
   torch::manual_seed(static_cast<int64_t>(o_.seed));

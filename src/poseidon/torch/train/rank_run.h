@@ -19,6 +19,10 @@
 
 namespace poseidon::pt {
 
+// Option values no rank can train with (values, the mode's combinations; validateTrainOptions adds
+// the model's name). InvalidArgument.
+void validateRankOptions(const TrainOptions& o, const TrainHooks& hooks, int world);
+
 class RankRun {
  public:
   // Checks the options and output paths, seeds LibTorch, loads the data and builds the model, its

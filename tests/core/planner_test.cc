@@ -409,6 +409,11 @@ TEST(Planner, MinimumLinkRateIsTheLowestThatReachesTheEfficiency) {
   // discrete events: 0.9007 at 1% below, 0.8960 at 2%), so the rate below is a tenth lower.
   c.linkBytes = rate / 1.1;
   EXPECT_LT(predict(w, c, System::kPoseidon).efficiency, 0.9);
+  // The same answer whatever rate the search starts from (a bracket around the cluster's own).
+  c.linkBytes = 1e7;
+  EXPECT_NEAR(minLinkBytesFor(w, c, System::kPoseidon, 0.9) / rate, 1, 0.02);
+  // No link is fast enough for more than the compute allows: "never".
+  EXPECT_TRUE(std::isinf(minLinkBytesFor(w, c, System::kPoseidon, 1.01)));
   c.workers = 1;
   EXPECT_EQ(minLinkBytesFor(w, c, System::kPoseidon, 0.9), 0.0);
 }

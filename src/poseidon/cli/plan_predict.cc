@@ -374,6 +374,12 @@ int planPredict(const PredictRequest& r) {
                   "own bound", minCol.c_str());
     }
   }
+  const int largest = *std::max_element(r.workers.begin(), r.workers.end());
+  if (!r.json && largest >= 32) {
+    std::fprintf(stderr,
+                 "(%d workers: every row is a discrete-event run of each message%s; rows appear as they finish)\n",
+                 largest, sweep ? "" : ", and its lowest rate a search of ~15 runs");
+  }
   for (int P : r.workers) {
     Cluster c = r.cluster;
     c.workers = P;
@@ -390,6 +396,7 @@ int planPredict(const PredictRequest& r) {
         std::printf("%-17s %8.3f %7.2fx %5.1f%% %12.1f %10.3f %14s\n", planner::systemName(s), p.iterationSeconds,
                     p.speedup, p.efficiency * 100, p.maxNodeTxBytes / 1e6, p.boundSeconds, gbit(minLink).c_str());
       }
+      std::fflush(stdout);  // each row as it is done: a large P takes a while per row
     }
     if (sweep && !r.json) std::printf("\n");
   }

@@ -305,22 +305,34 @@ double costBindsFrom(const Workload& workload, Cluster cluster, System system, C
 
 double minLinkBytesFor(const Workload& workload, Cluster cluster, System system, double efficiency) {
   if (cluster.workers == 1) return 0;
+  const double given = cluster.linkBytes > 0 ? cluster.linkBytes : 1e9;
   auto reaches = [&](double rate) {
     cluster.linkBytes = rate;
     return predict(workload, cluster, system).efficiency >= efficiency;
   };
-  double hi = 1e6;
-  while (!reaches(hi)) {
-    hi *= 4;
-    if (hi > 1e15) return kInf;
+  // A system that misses the mark even on this link (too many messages, or its compute alone) is
+  // "never" after one prediction.
+  constexpr double kFastest = 1e6 * 268435456.0;  // 1e6 x 4^14 bytes/s, ~2 Pbit/s
+  if (!reaches(kFastest)) return kInf;
+  // Bracket the crossing by factors of 4 from the rate asked about (the answer is usually within a
+  // few factors of it: 2-3 predictions, where a bracket from 1 MB/s up took 8-10 at 10 Gbit/s).
+  double lo, hi;
+  if (reaches(given)) {
+    hi = given;
+    lo = given / 4;
+    while (reaches(lo)) {
+      if (lo <= 1) return lo;
+      hi = lo;
+      lo /= 4;
+    }
+  } else {
+    lo = given;
+    hi = std::min(given * 4, kFastest);
+    while (hi < kFastest && !reaches(hi)) {
+      lo = hi;
+      hi = std::min(hi * 4, kFastest);
+    }
   }
-  double lo = hi / 4;
-  bool loReaches = reaches(lo);
-  while (lo > 1 && loReaches) {
-    lo /= 4;
-    loReaches = reaches(lo);
-  }
-  if (loReaches) return lo;
   while (hi / lo > 1.005) {
     const double mid = std::sqrt(lo * hi);
     (reaches(mid) ? hi : lo) = mid;

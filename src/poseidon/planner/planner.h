@@ -220,7 +220,8 @@ double costBindsFrom(const Workload& workload, Cluster cluster, System system, C
                      double hi);
 
 // The lowest link rate (bytes/s at the workload's scale) at which `system` reaches `efficiency`
-// (bisection on predict(), to 0.5%); 0 when it does at any rate (P = 1), infinity when at none. Near
+// (bisection on predict(), to 0.5%, from a bracket around the cluster's own rate); 0 when it does at any
+// rate (P = 1), infinity when at none. Near
 // that rate the efficiency is not monotone (each rate shifts the discrete events), so a rate a
 // percent or two lower may reach it too: the answer is the lowest to within a few percent.
 double minLinkBytesFor(const Workload& workload, Cluster cluster, System system, double efficiency);

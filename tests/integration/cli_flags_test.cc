@@ -394,8 +394,19 @@ TEST(CliFlags, TuneRejectsInconsistentBudgets) {
 TEST(CliFlags, LaunchRejectsOutOfRangeValues) {
   expectRejected(
       {{"launch", "--master-port", "70000", "--", "true"}, "--master-port must be in [0, 65535], got 70000"});
-  expectRejected({{"launch", "-n", "0", "--", "true"}, "--n must be in [1, 65536], got 0"});
+  expectRejected({{"launch", "-n", "0", "--", "true"}, "-n must be in [1, 65536], got 0"});
+  expectRejected({{"launch", "--n", "0", "--", "true"}, "-n must be in [1, 65536], got 0"});
   expectRejected({{"launch", "--max-restarts", "-1", "--", "true"}, "--max-restarts must be >= 0, got -1"});
+}
+
+// A program the ranks could not run is refused once, before any rank starts (it was one "cannot
+// run" line per rank and, with --max-restarts, a restart).
+TEST(CliFlags, LaunchRefusesAProgramItCannotRun) {
+  expectRejected({{"launch", "-n", "2", "--max-restarts", "1", "--", "/nonexistent/poseidon-cmd"},
+                  "cannot run '/nonexistent/poseidon-cmd': No such file or directory"});
+  expectRejected({{"launch", "-n", "2", "--", "poseidon-no-such-program-on-path"},
+                  "cannot run 'poseidon-no-such-program-on-path': not found on PATH"});
+  expectRejected({{"launch", "-n", "2", "--", "/tmp"}, "cannot run '/tmp': it is a directory"});
 }
 
 TEST(CliFlags, BenchRejectsOutOfRangeValues) {

@@ -1,5 +1,12 @@
 // poseidon launch -n N -- CMD...: a local cluster of N ranks.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <iostream>
+#include <sstream>
 
 #include "poseidon/cli/commands.h"
 #include "poseidon/cli/flags.h"
@@ -9,6 +16,33 @@
 #include "poseidon/launch/launcher.h"
 
 namespace poseidon::cli {
+
+namespace {
+
+// The program every rank would run, looked up as execvp does (a bare name on PATH), checked once
+// here: a typo is one line and exit 2, not one "cannot run" per rank and a restart.
+void checkRunnable(const std::string& program) {
+  auto runnable = [](const std::string& path) {
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
+  };
+  if (program.find('/') != std::string::npos) {
+    if (runnable(program)) return;
+    struct stat st {};
+    const std::string why = ::stat(program.c_str(), &st) != 0 ? std::strerror(errno)
+                            : S_ISDIR(st.st_mode)              ? "it is a directory"
+                                                               : "it is not executable";
+    throw InvalidArgument(strCat("cannot run '", program, "': ", why));
+  }
+  const char* path = std::getenv("PATH");
+  std::stringstream dirs(path && *path ? path : "/usr/local/bin:/usr/bin:/bin");
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    if (runnable((dir.empty() ? std::string(".") : dir) + "/" + program)) return;
+  }
+  throw InvalidArgument(strCat("cannot run '", program, "': not found on PATH"));
+}
+
+}  // namespace
 
 int launchCommand(const std::vector<std::string>& args) {
   int n = 2;
@@ -40,12 +74,20 @@ int launchCommand(const std::vector<std::string>& args) {
                   "(neither, as Gloo and NCCL; only inside a trusted network): POSEIDON_TRANSPORT_SECURITY for the "
                   "ranks",
                   "MODE");
-  flags.parse(normalized);
+  try {
+    flags.parse(normalized);
+  } catch (const InvalidArgument& e) {
+    // The flag is -n to the user (parsed as --n).
+    const std::string what = e.what();
+    if (what.rfind("--n ", 0) == 0) throw InvalidArgument("-n " + what.substr(4));
+    throw;
+  }
   if (flags.helpRequested()) {
     std::cout << flags.helpText();
     return 0;
   }
   if (flags.rest().empty()) throw InvalidArgument("no command given: poseidon launch -n N -- CMD [ARGS...]");
+  checkRunnable(flags.rest().front());
   LaunchOptions opts;
   opts.ranks = n;
   opts.command = flags.rest();

@@ -284,10 +284,13 @@ LaunchResult launchLocal(const LaunchOptions& options) {
       continue;
     }
     if (result.exitCode == 0 || result.interrupted || result.finished || attempt >= options.maxRestarts) break;
-    if (result.exitCode == 2) {
-      // A usage error (bad flags, a configuration the ranks refuse): the same arguments fail again.
-      writeAll(STDERR_FILENO, strCat(options.name, ": ", result.failure,
-                                     "; not restarted: exit code 2 is a usage error, which a restart would repeat\n"));
+    if (result.exitCode == 2 || result.exitCode == 126 || result.exitCode == 127) {
+      // A usage error (bad flags, a configuration the ranks refuse), or a program that could not be
+      // run at all (ChildProcess::spawn's 127, a shell's 126/127): the same arguments fail again.
+      writeAll(STDERR_FILENO,
+               strCat(options.name, ": ", result.failure, "; not restarted: exit code ", result.exitCode,
+                      result.exitCode == 2 ? " is a usage error" : " means the program could not be run",
+                      ", which a restart would repeat\n"));
       break;
     }
     long long it = -1, ckpt = -1;

@@ -531,6 +531,19 @@ TEST(CliFlags, TrainRefusesBadOptionsOnceBeforeAnyWorkerStarts) {
   expectRejected({{"train", "--workers", "2", "--plain"}, "--plain runs the plain LibTorch loop and needs --workers 1"});
 }
 
+// A list with an empty entry is a typo, not a shorter list; a results path that cannot be written is
+// the user's mistake, said with its reason before any run.
+TEST(CliFlags, ListsAndOutputPathsAreCheckedWhole) {
+  expectRejected({{"plan", "--predict", "--model", "lenet", "--sweep", "1,,2"},
+                  "the list '1,,2' has an empty entry (comma-separated values, e.g. 1,2,4)"});
+  expectRejected({{"plan", "--predict", "--model", "lenet", "--sweep", "1,2,"},
+                  "the list '1,2,' has an empty entry (comma-separated values, e.g. 1,2,4)"});
+  expectRejected({{"experiment", "implicit-momentum", "--groups", "1,2,"},
+                  "--groups expects a comma-separated list of integers >= 1, got '1,2,'"});
+  expectRejected({{"experiment", "implicit-momentum", "--json", "/nonexistent/x.json"},
+                  "--json: cannot write the results file /nonexistent/x.json: No such file or directory"});
+}
+
 // A flag that acts only with another one is refused alone, not silently ignored.
 TEST(CliFlags, TrainRefusesFlagsThatNeedAnother) {
   expectRejected({{"train", "--checkpoint-every", "3"},
@@ -607,6 +620,10 @@ TEST(CliFlags, HelpShowsTheRanges) {
   testing::waitAll(procs, std::chrono::seconds(30));
   EXPECT_EQ(procs[0].exitCode(), 0);
   EXPECT_THAT(procs[0].stdoutText(), HasSubstr("coordinator port (0: pick a free one) (in [0, 65535]; default: 0)"));
+  // A real default in full, not rounded to six digits (it read 1.04858e+06).
+  std::vector<testing::Proc> plan{testing::spawn({POSEIDON_CLI, "plan", "--help"}, {}, dir + "/plan")};
+  testing::waitAll(plan, std::chrono::seconds(30));
+  EXPECT_THAT(plan[0].stdoutText(), HasSubstr("(>= 4096; default: 1048576)"));
   std::filesystem::remove_all(dir);
 }
 

@@ -20,10 +20,14 @@ namespace fs = std::filesystem;
 
 std::vector<std::string> splitList(const std::string& s) {
   std::vector<std::string> out;
+  if (s.empty()) return out;
+  // An empty entry ("1,,2", "1,2,") is a typo, not a shorter list: say so rather than drop it.
+  if (s.front() == ',' || s.back() == ',' || s.find(",,") != std::string::npos) {
+    throw InvalidArgument(strCat("the list '", s, "' has an empty entry (comma-separated values, e.g. 1,2,4)"));
+  }
   std::stringstream ss(s);
   std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) out.push_back(item);
+  while (std::getline(ss, item, ',')) out.push_back(item);
   return out;
 }
 

@@ -24,6 +24,9 @@ namespace poseidon::cli {
 namespace {
 
 std::vector<int> parseGroups(const std::string& text) {
+  if (!text.empty() && text.back() == ',') {  // getline drops the empty last entry
+    throw InvalidArgument(strCat("--groups expects a comma-separated list of integers >= 1, got '", text, "'"));
+  }
   std::vector<int> out;
   std::stringstream ss(text);
   std::string item;
@@ -243,7 +246,13 @@ int implicitMomentum(const std::vector<std::string>& args) {
   ImplicitMomentumFlags f;
   if (!parseImplicitMomentum(args, f)) return 0;
   pt::ImplicitMomentumOptions& o = f.o;
-  if (!f.jsonPath.empty()) writeFileAtomically(f.jsonPath, "{}\n", "the results file");  // fail now, not after the runs
+  if (!f.jsonPath.empty()) {
+    try {
+      writeFileAtomically(f.jsonPath, "{}\n", "the results file");  // fail now, not after the runs
+    } catch (const IoError& e) {
+      throw InvalidArgument(strCat("--json: ", e.what()));  // the user's path: a usage error, exit 2
+    }
+  }
   printHeader(o);
   nlohmann::json results = nlohmann::json::array();
   for (int g : f.groups) {

@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <iomanip>
 #include <sstream>
 
 #include "poseidon/common/error.h"
@@ -13,7 +14,7 @@ namespace poseidon::cli {
 namespace {
 std::string fmtDouble(double v) {
   std::ostringstream os;
-  os << v;
+  os << std::setprecision(15) << v;  // 1048576, not 1.04858e+06; 0.1 stays 0.1
   return os.str();
 }
 }  // namespace

@@ -42,6 +42,8 @@ TEST(CliFlags, PlanRejectsOutOfRangeValues) {
   expectRejected({{"plan", "--width-scale", "1.5"}, "--width-scale must be in (0, 1], got 1.5"});
   expectRejected({{"plan", "--predict", "--local-ranks", "0"}, "--local-ranks must be in [1, 64], got 0"});
   expectRejected({{"plan", "--predict", "--urgent-layers", "-2"}, "--urgent-layers must be in [-1, 1048576], got -2"});
+  expectRejected({{"plan", "--local-ranks", "4"}, "--local-ranks is for the planner (--predict, --sweep or --check)"});
+  expectRejected({{"plan", "--workers", "2", "--servers", "100"}, "--servers 100 exceeds --workers 2 (shards are nodes)"});
   expectRejected({{"plan", "--predict", "--groups", "2", "--local-ranks", "2"},
                   "--local-ranks and --groups cannot be combined (compute groups have no local aggregation)"});
 }
@@ -78,6 +80,19 @@ nlohmann::json planJson(const std::vector<std::string>& args) {
   nlohmann::json j = procs[0].exitCode() == 0 ? nlohmann::json::parse(procs[0].stdoutText()) : nlohmann::json{};
   std::filesystem::remove_all(dir);
   return j;
+}
+
+// --scheme adam (Project Adam's server for the FC layers, the paper's baseline) is counted as Adam's
+// cost, not PS's (it was parsed, then totalled as PS).
+TEST(CliFlags, PlanCountsAdamsServer) {
+  const nlohmann::json adam = planJson({"--workers", "8", "--scheme", "adam"});
+  const auto& t = adam["totals"];
+  EXPECT_EQ(t["adam_layers"], 3);
+  EXPECT_EQ(t["sfb_layers"], 0);
+  double expected = 0;
+  for (const auto& l : adam["layers"]) expected += l["scheme"] == "adam" ? l["adam_cost"].get<double>() : l["ps_cost"].get<double>();
+  EXPECT_DOUBLE_EQ(t["hybrid_cost"].get<double>(), expected);
+  EXPECT_GT(t["hybrid_cost"].get<double>(), t["ps_cost"].get<double>());
 }
 
 // The planner (docs/planner.md) from the CLI: predictions, a sweep, the lowest link rate for an

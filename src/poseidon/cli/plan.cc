@@ -84,7 +84,10 @@ void addCostTableFlags(FlagSet& flags, PlanArgs& a) {
                  IntRange::closed(kMinPairBytes, kMaxPairBytes));
   flags.addDouble("width-scale", &a.scale, "build the zoo model with widths x S (the bench's scaling rule)", "S",
                   RealRange::leftOpen(0, 1));
-  flags.addString("scheme", &a.scheme, "auto (BestScheme), or force ps / sfb for FC layers", "auto|ps|sfb");
+  flags.addString("scheme", &a.scheme,
+                  "auto (BestScheme), or force ps / sfb / adam (Project Adam's server, the paper's baseline) for FC "
+                  "layers",
+                  "auto|ps|sfb|adam");
   flags.addString("wire", &a.wire, "what gradients travel as, for the byte totals (bf16 / fp16: 2 bytes a float)",
                   "fp32|bf16|fp16");
 }
@@ -184,7 +187,7 @@ void refuseOtherModesFlags(const FlagSet& flags, const PlanArgs& a) {
     refuse({"predict",    "sweep",      "groups",          "merged-fc",     "model",       "workers",     "servers",
             "batch",      "pair-bytes", "width-scale",     "scheme",        "wire",        "rate",        "systems",
             "efficiency", "compute",    "compute-seconds", "crypto",        "gemm-tflops", "send-window", "host-copy",
-            "limits",     "io-threads", "sum-threads",     "urgent-layers", "host-queue"},
+            "limits",     "io-threads", "sum-threads",     "urgent-layers", "host-queue",  "local-ranks"},
            "does not apply to --check: each run's model, cluster and rates come from the results file");
   } else if (predicting) {
     refuse({"scheme", "width-scale"}, "is for the cost table; the planner models BestScheme's choice at full width");
@@ -208,8 +211,11 @@ void refuseOtherModesFlags(const FlagSet& flags, const PlanArgs& a) {
     refuse(
         {"rate",      "groups",      "merged-fc",     "systems",     "efficiency",  "compute",       "compute-seconds",
          "crypto",    "gemm-tflops", "link-overhead", "ddp-step-ms", "send-window", "message-us",    "host-cores",
-         "tolerance", "host-copy",   "limits",        "io-threads",  "sum-threads", "urgent-layers", "host-queue"},
+         "tolerance", "host-copy",   "limits",        "io-threads",  "sum-threads", "urgent-layers", "host-queue",
+         "local-ranks"},
         "is for the planner (--predict, --sweep or --check)");
+    if (flags.wasSet("servers") && a.servers > a.workers)
+      throw InvalidArgument(strCat("--servers ", a.servers, " exceeds --workers ", a.workers, " (shards are nodes)"));
   }
 }
 
@@ -276,7 +282,8 @@ void printCostTable(const nlohmann::json& out, const std::string& rows, int64_t 
   const double totParams = t["params"].get<double>(), totPs = t["ps_cost"].get<double>(),
                totPsWorker = t["ps_worker_cost"].get<double>(), totHybrid = t["hybrid_cost"].get<double>(),
                totAdam = t["adam_cost"].get<double>();
-  const int sfbLayers = t["sfb_layers"].get<int>(), servers = out["servers"].get<int>();
+  const int sfbLayers = t["sfb_layers"].get<int>(), adamLayers = t["adam_layers"].get<int>(),
+            servers = out["servers"].get<int>();
   const int64_t maxB = t["max_shard_bytes"].get<int64_t>(), minB = t["min_shard_bytes"].get<int64_t>();
   const std::string wire = out["wire"].get<std::string>();
   const double elementBytes = static_cast<double>(wireElementBytes(parseWirePrecision(wire)));
@@ -293,13 +300,18 @@ void printCostTable(const nlohmann::json& out, const std::string& rows, int64_t 
   std::cout << "\nhybrid (chosen schemes): " << grouped(totHybrid)
             << " floats per node per iteration; all-PS: " << grouped(totPs);
   if (totHybrid > 0) {
-    std::snprintf(line, sizeof line, " (%.2fx less with hybrid)", totPs / totHybrid);
+    if (totHybrid <= totPs)
+      std::snprintf(line, sizeof line, " (%.2fx less with hybrid)", totPs / totHybrid);
+    else  // a forced scheme that moves more than PS (--scheme adam)
+      std::snprintf(line, sizeof line, " (%.2fx more with these schemes)", totHybrid / totPs);
     std::cout << line;
   }
   std::snprintf(line, sizeof line, "\non a %s wire: %.2f MB per node per iteration (hybrid), %.2f MB all-PS",
                 wire.c_str(), totHybrid * elementBytes / 1e6, totPs * elementBytes / 1e6);
   std::cout << line;
-  std::cout << "\n" << sfbLayers << " layer(s) by SFB, " << out["layers"].size() - sfbLayers << " by PS\n";
+  std::cout << "\n" << sfbLayers << " layer(s) by SFB, ";
+  if (adamLayers > 0) std::cout << adamLayers << " by Adam's server, ";
+  std::cout << out["layers"].size() - sfbLayers - adamLayers << " by PS\n";
   std::snprintf(line, sizeof line,
                 "KV store: %lld pairs of at most %lld bytes over %d shards; shard load %.2f-%.2f MB (max/min %.3f)\n",
                 static_cast<long long>(t["kv_pairs"].get<int64_t>()), static_cast<long long>(pairBytes), servers,
@@ -311,7 +323,7 @@ void printCostTable(const nlohmann::json& out, const std::string& rows, int64_t 
 struct CostTotals {
   double ps = 0, psWorker = 0, hybrid = 0, adam = 0;
   int64_t params = 0;
-  int sfbLayers = 0;
+  int sfbLayers = 0, adamLayers = 0;
 };
 
 // One layer's row: Table 1's floats per scheme and BestScheme's choice, as JSON and as a line of
@@ -327,10 +339,11 @@ nlohmann::json costRow(const LayerSpec& l, int64_t batch, int workers, int serve
   double sfb = fc ? sfbCost(c) : 0, adam = fc ? adamCostBoth(c) : ps;
   tot.ps += ps;
   tot.psWorker += psw;
-  tot.hybrid += s == Scheme::kSFB ? sfb : ps;
+  tot.hybrid += s == Scheme::kSFB ? sfb : s == Scheme::kAdam ? adam : ps;
   tot.adam += adam;
   tot.params += l.numel();
   tot.sfbLayers += s == Scheme::kSFB;
+  tot.adamLayers += s == Scheme::kAdam;
   char line[512];
   std::snprintf(line, sizeof line, "%-22s %-5s %-14s %13s %15s %15s %15s %15s  %s\n", l.name.c_str(),
                 layerTypeName(l.type), l.shapeString().c_str(), grouped(double(l.numel())).c_str(), grouped(ps).c_str(),
@@ -394,6 +407,7 @@ int costTable(const PlanArgs& a) {
                    {"hybrid_cost", tot.hybrid},
                    {"adam_cost", tot.adam},
                    {"sfb_layers", tot.sfbLayers},
+                   {"adam_layers", tot.adamLayers},
                    {"kv_pairs", layout.totalPairs()},
                    {"max_shard_bytes", maxB},
                    {"min_shard_bytes", minB},

@@ -95,7 +95,10 @@ void addTrainingFlags(FlagSet& flags, TrainFlags& t) {
                  IntRange::atLeast(-1));
   flags.addInt64("seed", &t.seed, "seed of the initial weights and the per-epoch data order", "S",
                  IntRange::atLeast(0));
-  flags.addString("scheme", &t.scheme, "auto (BestScheme per layer), or force ps / sfb for FC layers", "auto|ps|sfb");
+  flags.addString("scheme", &t.scheme,
+                  "auto (BestScheme per layer), or force ps / sfb / adam (Project Adam's server, the paper's "
+                  "baseline) for FC layers",
+                  "auto|ps|sfb|adam");
   flags.addString("wire", &t.wire,
                   "what gradients travel as: fp32 (exact), or bf16 / fp16 for PS pairs and SFB factors, summed in "
                   "fp32 (half the bytes; lossy, like DDP's fp16 hook; not with --groups or --plain)",

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "expect_error.h"
 #include "poseidon/core/cost_model.h"
@@ -411,6 +412,8 @@ TEST(Planner, MinimumLinkRateIsTheLowestThatReachesTheEfficiency) {
   EXPECT_LT(predict(w, c, System::kPoseidon).efficiency, 0.9);
   // The same answer whatever rate the search starts from (a bracket around the cluster's own).
   c.linkBytes = 1e7;
+  EXPECT_NEAR(minLinkBytesFor(w, c, System::kPoseidon, 0.9) / rate, 1, 0.02);
+  c.linkBytes = std::numeric_limits<double>::infinity();  // a start out of range is clamped, not walked from
   EXPECT_NEAR(minLinkBytesFor(w, c, System::kPoseidon, 0.9) / rate, 1, 0.02);
   // No link is fast enough for more than the compute allows: "never".
   EXPECT_TRUE(std::isinf(minLinkBytesFor(w, c, System::kPoseidon, 1.01)));

@@ -16,6 +16,7 @@ namespace poseidon {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 struct Rejection {
   std::vector<std::string> args;
@@ -411,7 +412,27 @@ TEST(CliFlags, LaunchRejectsOutOfRangeValues) {
       {{"launch", "--master-port", "70000", "--", "true"}, "--master-port must be in [0, 65535], got 70000"});
   expectRejected({{"launch", "-n", "0", "--", "true"}, "-n must be in [1, 65536], got 0"});
   expectRejected({{"launch", "--n", "0", "--", "true"}, "-n must be in [1, 65536], got 0"});
+  expectRejected({{"launch", "-n"}, "flag -n needs a value (N)"});
   expectRejected({{"launch", "--max-restarts", "-1", "--", "true"}, "--max-restarts must be >= 0, got -1"});
+}
+
+// With --max-restarts the launcher restarts a failed job, but not one that would fail the same way
+// again: exit code 2 (a usage error the ranks found), 126 or 127 (a program that could not be run).
+TEST(CliFlags, LaunchDoesNotRestartWhatWouldFailAgain) {
+  std::string dir = testing::makeTempDir("flags");
+  for (const std::string code : {"2", "126", "127"}) {
+    SCOPED_TRACE(code);
+    std::vector<testing::Proc> procs{testing::spawn(
+        {POSEIDON_CLI, "launch", "-n", "2", "--max-restarts", "2", "--", "/bin/sh", "-c", "exit " + code}, {},
+        dir + "/exit" + code)};
+    testing::waitAll(procs, std::chrono::seconds(60));
+    EXPECT_EQ(procs[0].exitCode(), std::stoi(code));
+    EXPECT_THAT(procs[0].stderrText(), HasSubstr("; not restarted: exit code " + code +
+                                                  (code == "2" ? " is a usage error" : " means the program could not be run") +
+                                                  ", which a restart would repeat"));
+    EXPECT_THAT(procs[0].stderrText(), Not(HasSubstr("restart 1 of 2")));
+  }
+  std::filesystem::remove_all(dir);
 }
 
 // A program the ranks could not run is refused once, before any rank starts (it was one "cannot
@@ -568,7 +589,11 @@ TEST(CliFlags, TrainRefusesFlagsThatNeedAnother) {
   expectRejected({{"train", "--group-push-window", "4"},
                   "--group-push-window needs --groups G; without it the flag would change nothing"});
   expectRejected({{"train", "--pad-forward-share", "0.5"},
-                  "--pad-forward-share needs --pad-ms MS; without it the flag would change nothing"});
+                  "--pad-forward-share needs --pad-ms MS and --overlap-forward; without it the flag would change "
+                  "nothing"});
+  expectRejected({{"train", "--pad-ms", "10", "--pad-forward-share", "0.5"},
+                  "--pad-forward-share needs --pad-ms MS and --overlap-forward; without it the flag would change "
+                  "nothing"});
 }
 
 // bench --accuracy and tune --regret pick another flag set; as the boolean flags --help lists them,

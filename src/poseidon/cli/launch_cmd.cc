@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
-#include <sstream>
 
 #include "poseidon/cli/commands.h"
 #include "poseidon/cli/flags.h"
@@ -34,10 +33,17 @@ void checkRunnable(const std::string& program) {
                                                                : "it is not executable";
     throw InvalidArgument(strCat("cannot run '", program, "': ", why));
   }
+  // glibc's execvp: PATH unset searches /bin:/usr/bin (confstr's _CS_PATH); an empty PATH, or an
+  // empty entry in it, is the current directory.
   const char* path = std::getenv("PATH");
-  std::stringstream dirs(path && *path ? path : "/usr/local/bin:/usr/bin:/bin");
-  for (std::string dir; std::getline(dirs, dir, ':');) {
+  const std::string dirs = path ? path : "/bin:/usr/bin";
+  size_t start = 0;
+  while (true) {
+    const size_t end = dirs.find(':', start);
+    const std::string dir = dirs.substr(start, end == std::string::npos ? std::string::npos : end - start);
     if (runnable((dir.empty() ? std::string(".") : dir) + "/" + program)) return;
+    if (end == std::string::npos) break;
+    start = end + 1;
   }
   throw InvalidArgument(strCat("cannot run '", program, "': not found on PATH"));
 }
@@ -80,6 +86,7 @@ int launchCommand(const std::vector<std::string>& args) {
     // The flag is -n to the user (parsed as --n).
     const std::string what = e.what();
     if (what.rfind("--n ", 0) == 0) throw InvalidArgument("-n " + what.substr(4));
+    if (what.rfind("flag --n ", 0) == 0) throw InvalidArgument("flag -n " + what.substr(9));
     throw;
   }
   if (flags.helpRequested()) {

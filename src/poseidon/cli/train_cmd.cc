@@ -290,7 +290,7 @@ void refuseUnpairedFlags(const FlagSet& flags, const TrainFlags& t) {
       {"checkpoint-every", t.o.checkpointDir.empty(), "--checkpoint DIR"},
       {"straggler-timeout", t.o.dropStragglers <= 0, "--drop-stragglers D"},
       {"group-push-window", t.o.groups <= 0, "--groups G"},
-      {"pad-forward-share", t.hooks.padMs <= 0, "--pad-ms MS"},
+      {"pad-forward-share", t.hooks.padMs <= 0 || !t.o.overlapForward, "--pad-ms MS and --overlap-forward"},
   };
   for (const Needs& n : needs) {
     if (flags.wasSet(n.flag) && n.missing)
@@ -357,9 +357,10 @@ int trainCommand(const std::vector<std::string>& args) {
     throw InvalidArgument(strCat("--workers ", o.workers, " disagrees with the launcher's world size ", env.worldSize,
                                  " (", env.source, ")"));
   }
-  // The options' errors once, before any worker starts (each rank checks them again).
-  pt::validateTrainOptions(o, t.hooks, env.present ? env.worldSize : o.workers);
+  // Started as one rank by a launcher: the rank checks its options itself (trainRank).
   if (env.present) return pt::trainRank(o, t.hooks, env);
+  // Starting the workers itself: their options' errors once, before any worker starts.
+  pt::validateTrainOptions(o, t.hooks, o.workers);
   // A world of one on a free port (DistributedOptions::fromEnvironment), in this process; with
   // --max-restarts it is a child of the launcher like any other world, so that it can be restarted.
   if (o.workers == 1 && t.maxRestarts == 0) {

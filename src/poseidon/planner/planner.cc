@@ -305,7 +305,6 @@ double costBindsFrom(const Workload& workload, Cluster cluster, System system, C
 
 double minLinkBytesFor(const Workload& workload, Cluster cluster, System system, double efficiency) {
   if (cluster.workers == 1) return 0;
-  const double given = cluster.linkBytes > 0 ? cluster.linkBytes : 1e9;
   auto reaches = [&](double rate) {
     cluster.linkBytes = rate;
     return predict(workload, cluster, system).efficiency >= efficiency;
@@ -313,6 +312,10 @@ double minLinkBytesFor(const Workload& workload, Cluster cluster, System system,
   // A system that misses the mark even on this link (too many messages, or its compute alone) is
   // "never" after one prediction.
   constexpr double kFastest = 1e6 * 268435456.0;  // 1e6 x 4^14 bytes/s, ~2 Pbit/s
+  // The start: the cluster's own rate, within [1 B/s, kFastest] (an absurd --rate must not make the
+  // bracket below walk hundreds of factors of 4, or forever from infinity).
+  const double own = cluster.linkBytes;
+  const double given = std::isfinite(own) && own > 0 ? std::clamp(own, 1.0, kFastest) : 1e9;
   if (!reaches(kFastest)) return kInf;
   // Bracket the crossing by factors of 4 from the rate asked about (the answer is usually within a
   // few factors of it: 2-3 predictions, where a bracket from 1 MB/s up took 8-10 at 10 Gbit/s).

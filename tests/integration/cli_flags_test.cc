@@ -10,6 +10,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "../torch/cli_helpers.h"  // runCli: no LibTorch in it
 #include "process.h"
 
 namespace poseidon {
@@ -25,13 +26,10 @@ struct Rejection {
 
 void expectRejected(const Rejection& c) {
   std::string dir = testing::makeTempDir("flags");
-  std::vector<std::string> argv{POSEIDON_CLI};
-  argv.insert(argv.end(), c.args.begin(), c.args.end());
-  std::vector<testing::Proc> procs{testing::spawn(argv, {}, dir + "/cli")};
-  testing::waitAll(procs, std::chrono::seconds(30));
-  EXPECT_EQ(procs[0].exitCode(), 2) << c.args[0] << ": " << procs[0].stderrText();
-  EXPECT_LT(procs[0].seconds, 10);
-  EXPECT_EQ(procs[0].stderrText(), "poseidon " + c.args[0] + ": error: " + c.message + "\n");
+  const testing::Proc p = testing::runCli(c.args, dir + "/cli", {}, 30);
+  EXPECT_EQ(p.exitCode(), 2) << c.args[0] << ": " << p.stderrText();
+  EXPECT_LT(p.seconds, 10);
+  EXPECT_EQ(p.stderrText(), "poseidon " + c.args[0] + ": error: " + c.message + "\n");
   std::filesystem::remove_all(dir);
 }
 
@@ -422,15 +420,14 @@ TEST(CliFlags, LaunchDoesNotRestartWhatWouldFailAgain) {
   std::string dir = testing::makeTempDir("flags");
   for (const std::string code : {"2", "126", "127"}) {
     SCOPED_TRACE(code);
-    std::vector<testing::Proc> procs{testing::spawn(
-        {POSEIDON_CLI, "launch", "-n", "2", "--max-restarts", "2", "--", "/bin/sh", "-c", "exit " + code}, {},
-        dir + "/exit" + code)};
-    testing::waitAll(procs, std::chrono::seconds(60));
-    EXPECT_EQ(procs[0].exitCode(), std::stoi(code));
-    EXPECT_THAT(procs[0].stderrText(), HasSubstr("; not restarted: exit code " + code +
-                                                  (code == "2" ? " is a usage error" : " means the program could not be run") +
-                                                  ", which a restart would repeat"));
-    EXPECT_THAT(procs[0].stderrText(), Not(HasSubstr("restart 1 of 2")));
+    const testing::Proc p = testing::runCli(
+        {"launch", "-n", "2", "--max-restarts", "2", "--", "/bin/sh", "-c", "exit " + code}, dir + "/exit" + code, {},
+        60);
+    EXPECT_EQ(p.exitCode(), std::stoi(code));
+    EXPECT_THAT(p.stderrText(), HasSubstr("; not restarted: exit code " + code +
+                                          (code == "2" ? " is a usage error" : " means the program could not be run") +
+                                          ", which a restart would repeat"));
+    EXPECT_THAT(p.stderrText(), Not(HasSubstr("restart 1 of 2")));
   }
   std::filesystem::remove_all(dir);
 }
@@ -600,13 +597,10 @@ TEST(CliFlags, TrainRefusesFlagsThatNeedAnother) {
 // they take =true / =false too (--accuracy=true ran the throughput benchmark before).
 TEST(CliFlags, ModeFlagsTakeABooleanValue) {
   std::string dir = testing::makeTempDir("flags");
-  auto help = [&](std::vector<std::string> args) {
-    std::vector<std::string> argv{POSEIDON_CLI};
-    argv.insert(argv.end(), args.begin(), args.end());
-    std::vector<testing::Proc> procs{testing::spawn(argv, {}, dir + "/cli")};
-    testing::waitAll(procs, std::chrono::seconds(30));
-    EXPECT_EQ(procs[0].exitCode(), 0) << procs[0].stderrText();
-    return procs[0].stdoutText();
+  auto help = [&](const std::vector<std::string>& args) {
+    const testing::Proc p = testing::runCli(args, dir + "/cli", {}, 30);
+    EXPECT_EQ(p.exitCode(), 0) << p.stderrText();
+    return p.stdoutText();
   };
   EXPECT_THAT(help({"bench", "--accuracy=true", "--help"}), HasSubstr("usage: poseidon bench --accuracy "));
   EXPECT_THAT(help({"bench", "--accuracy=false", "--help"}), HasSubstr("usage: poseidon bench [--quick]"));
@@ -622,14 +616,10 @@ TEST(CliFlags, PlanRefusesMalformedFiles) {
   expectRejected({{"plan", "--check", dir}, "--check: '" + dir + "' is a directory, not a results file"});
   expectRejected({{"plan", "--model", dir}, "model table '" + dir + "' is a directory"});
   std::ofstream(dir + "/config5.json") << R"({"config":5,"runs":[]})";
-  {
-    std::vector<testing::Proc> procs{
-        testing::spawn({POSEIDON_CLI, "plan", "--check", dir + "/config5.json"}, {}, dir + "/cli5")};
-    testing::waitAll(procs, std::chrono::seconds(30));
-    EXPECT_EQ(procs[0].exitCode(), 2);
-    EXPECT_THAT(procs[0].stderrText(), HasSubstr("poseidon plan: error: --check: '" + dir +
-                                                 "/config5.json' is not a poseidon bench results file: "));
-  }
+  const testing::Proc config5 = testing::runCli({"plan", "--check", dir + "/config5.json"}, dir + "/cli5", {}, 30);
+  EXPECT_EQ(config5.exitCode(), 2);
+  EXPECT_THAT(config5.stderrText(), HasSubstr("poseidon plan: error: --check: '" + dir +
+                                              "/config5.json' is not a poseidon bench results file: "));
   std::ofstream(dir + "/empty-tx.json") << R"({"config":{},"runs":[{"system":"ddp","model":"vgg19","nodes":2,)"
                                         << R"("link_mbit":100,"iteration_seconds":1,"ok":true,"tx_bytes_per_iteration":[]}]})";
   const nlohmann::json checked = planJson({"--check", dir + "/empty-tx.json"});
@@ -661,9 +651,8 @@ TEST(CliFlags, HelpShowsTheRanges) {
   EXPECT_EQ(procs[0].exitCode(), 0);
   EXPECT_THAT(procs[0].stdoutText(), HasSubstr("coordinator port (0: pick a free one) (in [0, 65535]; default: 0)"));
   // A real default in full, not rounded to six digits (it read 1.04858e+06).
-  std::vector<testing::Proc> plan{testing::spawn({POSEIDON_CLI, "plan", "--help"}, {}, dir + "/plan")};
-  testing::waitAll(plan, std::chrono::seconds(30));
-  EXPECT_THAT(plan[0].stdoutText(), HasSubstr("(>= 4096; default: 1048576)"));
+  EXPECT_THAT(testing::runCli({"plan", "--help"}, dir + "/plan", {}, 30).stdoutText(),
+              HasSubstr("(>= 4096; default: 1048576)"));
   std::filesystem::remove_all(dir);
 }
 

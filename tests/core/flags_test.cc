@@ -65,6 +65,15 @@ TEST(Flags, OutOfRangeValuesNameTheFlagAndItsRange) {
   EXPECT_EQ(parseError({"--lr", "0"}), "--lr must be > 0, got 0");
   // An int flag holds no more than an int, whatever its range.
   EXPECT_EQ(parseError({"--threads", "3000000000"}), "--threads must be at most 2147483647, got 3000000000");
+  // Beyond 64 bits or a double's range: still a number, so the bound it passed, not "expects a number".
+  EXPECT_EQ(parseError({"--threads", "99999999999999999999"}),
+            "--threads must be at most 2147483647, got 99999999999999999999");
+  EXPECT_EQ(parseError({"--max-steps", "-99999999999999999999"}),
+            "--max-steps must be -1 or >= 1, got -99999999999999999999");
+  EXPECT_EQ(parseError({"--lr", "1e999"}), "--lr must be a finite number, got 1e999 (beyond a double's range)");
+  EXPECT_EQ(parseError({"--lr", "1e-400"}), "--lr must be > 0, got 1e-400");  // read as strtod's 0
+  EXPECT_EQ(parseError({"--momentum", "-1e999"}),
+            "--momentum must be a finite number, got -1e999 (beyond a double's range)");
 }
 
 TEST(Flags, MalformedValuesKeepTheirMessages) {

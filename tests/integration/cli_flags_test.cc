@@ -577,6 +577,34 @@ TEST(CliFlags, ListsAndOutputPathsAreCheckedWhole) {
                   "--json: cannot write the results file /nonexistent/x.json: No such file or directory"});
 }
 
+// A number beyond its type names the bound it passed (not "expects a number"); a value the flag's
+// range leaves out is refused, not read as "not given" (--compute-seconds 0); a missing dataset fails
+// before any output; no command at all is a usage error on stderr.
+TEST(CliFlags, NumbersBeyondTheirTypeAndMissingInputsSayWhatIsWrong) {
+  expectRejected({{"plan", "--workers", "99999999999999999999"},
+                  "--workers must be at most 65536, got 99999999999999999999"});
+  expectRejected({{"plan", "--workers", "-99999999999999999999"},
+                  "--workers must be in [1, 65536], got -99999999999999999999"});
+  expectRejected({{"train", "--lr", "1e999"}, "--lr must be a finite number, got 1e999 (beyond a double's range)"});
+  expectRejected({{"train", "--lr", "1e-400"}, "--lr must be > 0, got 1e-400"});
+  expectRejected({{"train", "--lr", "inf"}, "--lr expects a number, got 'inf'"});
+  expectRejected({{"plan", "--predict", "--model", "vgg19", "--compute-seconds", "0"},
+                  "--compute-seconds must be > 0, got 0"});
+
+  std::string dir = testing::makeTempDir("flags");
+  const testing::Proc noData =
+      testing::runCli({"experiment", "implicit-momentum", "--data", dir + "/none"}, dir + "/data", {}, 60);
+  EXPECT_EQ(noData.exitCode(), 2);
+  EXPECT_EQ(noData.stdoutText(), "");  // no header before the error
+  EXPECT_THAT(noData.stderrText(), HasSubstr("Fashion-MNIST not found at " + dir + "/none: install it"));
+
+  const testing::Proc bare = testing::runCli({}, dir + "/bare", {}, 30);
+  EXPECT_EQ(bare.exitCode(), 2);
+  EXPECT_EQ(bare.stdoutText(), "");
+  EXPECT_THAT(bare.stderrText(), HasSubstr("usage: poseidon <command> [flags]"));
+  std::filesystem::remove_all(dir);
+}
+
 // A flag that acts only with another one is refused alone, not silently ignored.
 TEST(CliFlags, TrainRefusesFlagsThatNeedAnother) {
   expectRejected({{"train", "--checkpoint-every", "3"},
@@ -651,8 +679,14 @@ TEST(CliFlags, HelpShowsTheRanges) {
   EXPECT_EQ(procs[0].exitCode(), 0);
   EXPECT_THAT(procs[0].stdoutText(), HasSubstr("coordinator port (0: pick a free one) (in [0, 65535]; default: 0)"));
   // A real default in full, not rounded to six digits (it read 1.04858e+06).
-  EXPECT_THAT(testing::runCli({"plan", "--help"}, dir + "/plan", {}, 30).stdoutText(),
-              HasSubstr("(>= 4096; default: 1048576)"));
+  const std::string plan = testing::runCli({"plan", "--help"}, dir + "/plan", {}, 30).stdoutText();
+  EXPECT_THAT(plan, HasSubstr("(>= 4096; default: 1048576)"));
+  // --host-cores' default is the results file's: no machine's core count beside it.
+  EXPECT_THAT(plan, HasSubstr("this machine's for a file that does not say) (in [1, 4096])\n"));
+  // A third to six digits, not fifteen.
+  const std::string train = testing::runCli({"train", "--help"}, dir + "/train", {}, 30).stdoutText();
+  EXPECT_THAT(train, HasSubstr("default: 0.333333)"));
+  EXPECT_THAT(train, Not(HasSubstr("0.3333333")));
   std::filesystem::remove_all(dir);
 }
 

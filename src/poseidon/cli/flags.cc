@@ -12,9 +12,12 @@
 namespace poseidon::cli {
 
 namespace {
+// A whole number in full (1048576, not 1.04858e+06); any other to six digits (1/3 as 0.333333, 0.1
+// stays 0.1): help text, where fifteen digits of a third say nothing more.
 std::string fmtDouble(double v) {
   std::ostringstream os;
-  os << std::setprecision(15) << v;  // 1048576, not 1.04858e+06; 0.1 stays 0.1
+  if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 1e15) os << std::setprecision(15) << v;
+  else os << v;
   return os.str();
 }
 }  // namespace
@@ -39,7 +42,12 @@ int64_t parseIntIn(const std::string& what, const std::string& text, const IntRa
   errno = 0;
   char* end = nullptr;
   long long x = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || errno) throw InvalidArgument(what + " expects an integer, got '" + text + "'");
+  if (text.empty() || *end != '\0' || (errno && errno != ERANGE))
+    throw InvalidArgument(what + " expects an integer, got '" + text + "'");
+  // An integer beyond 64 bits is still an integer: say the bound it passed.
+  if (errno == ERANGE && x > 0)
+    throw InvalidArgument(strCat(what, " must be at most ", std::min(range.max, typeMax), ", got ", text));
+  if (errno == ERANGE) throw InvalidArgument(strCat(what, " must be ", range.text(typeMax), ", got ", text));
   // An int flag cannot hold more than its type, whatever the range says.
   if (x > typeMax) throw InvalidArgument(strCat(what, " must be at most ", typeMax, ", got ", x));
   if (!range.contains(x)) throw InvalidArgument(strCat(what, " must be ", range.text(typeMax), ", got ", x));
@@ -50,9 +58,15 @@ double parseRealIn(const std::string& what, const std::string& text, const RealR
   errno = 0;
   char* end = nullptr;
   double x = std::strtod(text.c_str(), &end);
-  if (text.empty() || *end != '\0' || errno || !std::isfinite(x)) {
+  const bool outOfRange = errno == ERANGE;  // beyond a double (1e999), or below its smallest (1e-400)
+  if (text.empty() || *end != '\0' || (errno && !outOfRange) || std::isnan(x) ||
+      (std::isinf(x) && !outOfRange)) {
     throw InvalidArgument(what + " expects a number, got '" + text + "'");
   }
+  if (outOfRange && std::isinf(x)) {
+    throw InvalidArgument(strCat(what, " must be a finite number, got ", text, " (beyond a double's range)"));
+  }
+  // An underflow is read as what strtod gives (0 or a denormal) and checked against the range.
   if (!range.contains(x)) throw InvalidArgument(strCat(what, " must be ", range.text(), ", got ", text));
   return x;
 }

@@ -54,7 +54,8 @@ int main(int argc, char** argv) {
   using namespace poseidon;
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty() || args[0] == "help" || args[0] == "--help" || args[0] == "-h") {
-    std::cout << kUsage;
+    // No command is a usage error: the usage goes to stderr, as every other usage error's line does.
+    (args.empty() ? std::cerr : std::cout) << kUsage;
     return args.empty() ? 2 : 0;
   }
   std::string cmd = args[0];

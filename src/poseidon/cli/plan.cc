@@ -5,7 +5,6 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
-#include <thread>
 
 #include "poseidon/bench/emulation.h"
 #include "poseidon/cli/bench_util.h"
@@ -67,7 +66,7 @@ struct PlanArgs {
   }();
   std::string hostQueue = "fifo";  // --host-queue
   double ddpStepMs = calibration.ddpStepSeconds * 1e3, messageUs = calibration.messageSeconds * 1e6;
-  int hostCores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int hostCores = 0;  // --check: the results file's (or this machine's), a placeholder outside the range
 };
 
 // The cost table's: the model and the cluster's shape.
@@ -114,7 +113,7 @@ void addPredictFlags(FlagSet& flags, PlanArgs& a) {
                   "GPU");
   flags.addDouble("compute-seconds", &a.computeSeconds,
                   "--predict: one worker's seconds per iteration (needed for a model without a zoo timing)", "T",
-                  RealRange::atLeast(0));
+                  RealRange::above(0));
   flags.addDouble("crypto", &a.cryptoGBps,
                   "--predict: CURVE encryption, GB/s per I/O thread (0: links without it; jobs use it by default)",
                   "GBPS", RealRange::atLeast(0));
@@ -455,7 +454,7 @@ int planCommand(const std::vector<std::string>& args) {
   a.serversSet = flags.wasSet("servers");
   refuseOtherModesFlags(flags, a);
   if (!a.check.empty()) {
-    return planCheck(a.check, a.calibration, flags.wasSet("host-cores") ? a.hostCores : 0, a.tolerance, a.json,
+    return planCheck(a.check, a.calibration, a.hostCores, a.tolerance, a.json,
                      flags.wasSet("message-us"));
   }
   if (a.predict || flags.wasSet("sweep")) return planPredict(predictRequest(flags, a));

@@ -71,7 +71,11 @@ TEST(Flags, OutOfRangeValuesNameTheFlagAndItsRange) {
   EXPECT_EQ(parseError({"--max-steps", "-99999999999999999999"}),
             "--max-steps must be -1 or >= 1, got -99999999999999999999");
   EXPECT_EQ(parseError({"--lr", "1e999"}), "--lr must be a finite number, got 1e999 (beyond a double's range)");
-  EXPECT_EQ(parseError({"--lr", "1e-400"}), "--lr must be > 0, got 1e-400");  // read as strtod's 0
+  // Below a normal double: not read as 0 ("off") or -0 (which [0, 1) would take).
+  EXPECT_EQ(parseError({"--lr", "1e-400"}), "--lr must be > 0, got 1e-400 (too close to 0 for a double)");
+  EXPECT_EQ(parseError({"--momentum", "-1e-400"}),
+            "--momentum must be in [0, 1), got -1e-400 (too close to 0 for a double)");
+  EXPECT_EQ(parseError({"--workers", "3000000000"}), "--workers must be at most 65536, got 3000000000");
   EXPECT_EQ(parseError({"--momentum", "-1e999"}),
             "--momentum must be a finite number, got -1e999 (beyond a double's range)");
 }

@@ -586,7 +586,7 @@ TEST(CliFlags, NumbersBeyondTheirTypeAndMissingInputsSayWhatIsWrong) {
   expectRejected({{"plan", "--workers", "-99999999999999999999"},
                   "--workers must be in [1, 65536], got -99999999999999999999"});
   expectRejected({{"train", "--lr", "1e999"}, "--lr must be a finite number, got 1e999 (beyond a double's range)"});
-  expectRejected({{"train", "--lr", "1e-400"}, "--lr must be > 0, got 1e-400"});
+  expectRejected({{"train", "--lr", "1e-400"}, "--lr must be > 0, got 1e-400 (too close to 0 for a double)"});
   expectRejected({{"train", "--lr", "inf"}, "--lr expects a number, got 'inf'"});
   expectRejected({{"plan", "--predict", "--model", "vgg19", "--compute-seconds", "0"},
                   "--compute-seconds must be > 0, got 0"});
@@ -602,6 +602,10 @@ TEST(CliFlags, NumbersBeyondTheirTypeAndMissingInputsSayWhatIsWrong) {
   EXPECT_EQ(bare.exitCode(), 2);
   EXPECT_EQ(bare.stdoutText(), "");
   EXPECT_THAT(bare.stderrText(), HasSubstr("usage: poseidon <command> [flags]"));
+  const testing::Proc noExperiment = testing::runCli({"experiment"}, dir + "/noexp", {}, 30);
+  EXPECT_EQ(noExperiment.exitCode(), 2);
+  EXPECT_EQ(noExperiment.stdoutText(), "");
+  EXPECT_THAT(noExperiment.stderrText(), HasSubstr("usage: poseidon experiment <name>"));
   std::filesystem::remove_all(dir);
 }
 

@@ -283,7 +283,7 @@ const char* kUsage =
 
 int experimentCommand(const std::vector<std::string>& args) {
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
-    std::cout << kUsage;
+    (args.empty() ? std::cerr : std::cout) << kUsage;  // no experiment named: a usage error
     return args.empty() ? 2 : 0;
   }
   const std::vector<std::string> rest(args.begin() + 1, args.end());

@@ -44,12 +44,11 @@ int64_t parseIntIn(const std::string& what, const std::string& text, const IntRa
   long long x = std::strtoll(text.c_str(), &end, 10);
   if (text.empty() || *end != '\0' || (errno && errno != ERANGE))
     throw InvalidArgument(what + " expects an integer, got '" + text + "'");
-  // An integer beyond 64 bits is still an integer: say the bound it passed.
-  if (errno == ERANGE && x > 0)
+  // Above the type (an int flag holds no more than an int, whatever its range) or beyond 64 bits, which
+  // is still an integer: the bound it passed.
+  if (x > typeMax || (errno == ERANGE && x > 0))
     throw InvalidArgument(strCat(what, " must be at most ", std::min(range.max, typeMax), ", got ", text));
   if (errno == ERANGE) throw InvalidArgument(strCat(what, " must be ", range.text(typeMax), ", got ", text));
-  // An int flag cannot hold more than its type, whatever the range says.
-  if (x > typeMax) throw InvalidArgument(strCat(what, " must be at most ", typeMax, ", got ", x));
   if (!range.contains(x)) throw InvalidArgument(strCat(what, " must be ", range.text(typeMax), ", got ", x));
   return x;
 }
@@ -66,7 +65,11 @@ double parseRealIn(const std::string& what, const std::string& text, const RealR
   if (outOfRange && std::isinf(x)) {
     throw InvalidArgument(strCat(what, " must be a finite number, got ", text, " (beyond a double's range)"));
   }
-  // An underflow is read as what strtod gives (0 or a denormal) and checked against the range.
+  // Below a normal double (1e-400 reads as 0, -1e-400 as -0, 1e-310 as a denormal): not the number the
+  // user wrote, so neither "off" (0) nor a negative that passes as -0.
+  if (outOfRange) {
+    throw InvalidArgument(strCat(what, " must be ", range.text(), ", got ", text, " (too close to 0 for a double)"));
+  }
   if (!range.contains(x)) throw InvalidArgument(strCat(what, " must be ", range.text(), ", got ", text));
   return x;
 }

@@ -454,8 +454,7 @@ int planCommand(const std::vector<std::string>& args) {
   a.serversSet = flags.wasSet("servers");
   refuseOtherModesFlags(flags, a);
   if (!a.check.empty()) {
-    return planCheck(a.check, a.calibration, a.hostCores, a.tolerance, a.json,
-                     flags.wasSet("message-us"));
+    return planCheck(a.check, a.calibration, a.hostCores, a.tolerance, a.json, flags.wasSet("message-us"));
   }
   if (a.predict || flags.wasSet("sweep")) return planPredict(predictRequest(flags, a));
   return costTable(a);

@@ -155,11 +155,10 @@ int planCheckAccuracy(const std::string& path, const nlohmann::json& results, co
   return 0;
 }
 
-
-
 // A bench results file (--check), read and checked for its config and runs.
 nlohmann::json readResults(const std::string& path) {
-  if (std::filesystem::is_directory(path)) throw InvalidArgument("--check: '" + path + "' is a directory, not a results file");
+  if (std::filesystem::is_directory(path))
+    throw InvalidArgument("--check: '" + path + "' is a directory, not a results file");
   std::ifstream in(path);
   if (!in) throw InvalidArgument("--check: cannot open '" + path + "'");
   nlohmann::json results;
@@ -211,8 +210,6 @@ Cluster runCluster(const Cluster& calibration, const nlohmann::json& config, int
   }
   return c;
 }
-
-
 
 // The busiest node's bytes sent per iteration of one run, or null where the file has none.
 nlohmann::json maxNodeTxBytes(const nlohmann::json& run) {

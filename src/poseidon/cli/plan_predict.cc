@@ -8,7 +8,6 @@
 #include <tuple>
 
 #include "poseidon/bench/emulation.h"
-#include "poseidon/bench/systems.h"
 #include "poseidon/common/error.h"
 #include "poseidon/model/zoo.h"
 
@@ -138,7 +137,6 @@ int planGroups(const PredictRequest& r, const planner::Workload& whole) {
       "faster)\n");
   return 0;
 }
-
 
 // --limits: the link rates from which each of the runtime's own costs sets the pace of each
 // Poseidon system (printed unless --json), as JSON rows.

@@ -118,5 +118,26 @@ TEST(CheckpointCli, DamagedCheckpointIsRefusedByNameAndResumeFallsBack) {
   }
 }
 
+// A new checkpoint directory says so (a typo of the one meant is never a silent restart from 0); the
+// same command again, resumed where the job ended, trains nothing and reports the checkpoint's own
+// accuracy (the model the first run evaluated last), not the 0 of a model never evaluated.
+TEST(CheckpointCli, TheSameCommandAgainReportsTheCheckpointsAccuracy) {
+  TempDir dir;
+  const std::string ck = dir.path + "/ck";
+  auto first = testing::runCli(job(ck, 10, {"--summary", dir.path + "/first.json"}), dir.path + "/first", {}, 240);
+  ASSERT_EQ(first.exitCode(), 0) << first.stderrText();
+  EXPECT_THAT(first.stdoutText(), HasSubstr("no checkpoint in " + ck + " yet: starting from iteration 0\n"));
+  auto again = testing::runCli(job(ck, 10, {"--summary", dir.path + "/again.json"}), dir.path + "/again", {}, 240);
+  ASSERT_EQ(again.exitCode(), 0) << again.stderrText();
+  EXPECT_THAT(again.stdoutText(), HasSubstr("resuming from " + ck + "/step-000000010 (iteration 10: "));
+  EXPECT_THAT(again.stdoutText(),
+              HasSubstr("nothing left to train: the checkpoint is at iteration 10, --max-steps 10; evaluating it\n"));
+  EXPECT_THAT(again.stdoutText(), Not(HasSubstr("no checkpoint in")));
+  const double accuracy = testing::readJson(dir.path + "/first.json")["test_accuracy"].get<double>();
+  EXPECT_GT(accuracy, 0.1);
+  EXPECT_EQ(testing::readJson(dir.path + "/again.json")["test_accuracy"].get<double>(), accuracy);
+  EXPECT_EQ(entries(ck), (std::set<std::string>{"step-000000005", "step-000000010"}));  // nothing rewritten
+}
+
 }  // namespace
 }  // namespace poseidon

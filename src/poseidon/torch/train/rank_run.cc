@@ -137,7 +137,14 @@ void RankRun::resume() {
   if (c_.lead) {
     for (const auto& w : r.warnings) POSEIDON_LOG(kWarning) << w;
   }
-  if (r.path.empty()) return;
+  if (r.path.empty()) {
+    // A new directory, or a typo of the one meant: say which, so that a restart from 0 is never silent.
+    if (c_.lead && !o_.checkpointDir.empty() && r.warnings.empty()) {
+      std::printf("no checkpoint in %s yet: starting from iteration 0\n", o_.checkpointDir.c_str());
+      std::fflush(stdout);
+    }
+    return;
+  }
   c_.startIteration = r.meta.iteration;
   checkpointIteration_ = c_.startIteration;
   mode_->resumed(r);
@@ -255,6 +262,20 @@ void RankRun::checkpointIfDue() {
 void RankRun::train() {
   iteration_ = c_.startIteration;
   stop_ = maxStepsReached();
+  if (stop_ || startEpoch() >= o_.epochs) {
+    // Resumed where the job already ended (the same command again): nothing to train, and the report
+    // says the checkpoint's own accuracy, not the 0 of a model never evaluated. Every rank resumed at
+    // the same iteration (the rendezvous checked), so every rank takes this path and evaluates.
+    if (c_.lead) {
+      const std::string limit = stop_ ? strCat("--max-steps ", o_.maxSteps)
+                                      : strCat("the end of --epochs ", o_.epochs, " (raise --epochs to train on)");
+      std::printf("nothing left to train: the checkpoint is at iteration %lld, %s; evaluating it\n",
+                  static_cast<long long>(c_.startIteration), limit.c_str());
+      std::fflush(stdout);
+    }
+    accuracy_ = evaluate();
+    return;
+  }
   c_.net.module->train();
   for (int epoch = startEpoch(); epoch < o_.epochs && !stop_; ++epoch) {
     EpochStats stats;

@@ -85,6 +85,7 @@ def save_checkpoint(directory, model, optimizer, iteration, keep=2, **extra):
         state = _with_momentum(optimizer, group, buffers)
         extra = dict(extra, groups=group.groups, group_version=int(version))
     else:
+        model = _wrapper_of(model)  # the module given: its live wrapper knows the rank and a pending step
         _apply_pending(model)
         if getattr(model, "rank", 0) != 0:
             return None
@@ -129,6 +130,17 @@ def _group_model(model):
     wrappers = [m for m in list(_live) if m.groups and m.module is model]
     running = [m for m in wrappers if m._impl is not None and not m._impl.closed]
     return (running or wrappers or [None])[0]
+
+
+def _wrapper_of(model):
+    """The DistributedModel that `model` is or that wraps it (the running one first); else `model`, a
+    module no wrapper holds (a job of one process, or before any)."""
+    from . import DistributedModel, _live
+    if isinstance(model, DistributedModel):
+        return model
+    wrappers = [m for m in list(_live) if m.module is model]
+    running = [m for m in wrappers if m._impl is not None and not m._impl.closed]
+    return (running or wrappers or [model])[0]
 
 
 def _with_momentum(optimizer, group, buffers):
@@ -202,9 +214,16 @@ def load_checkpoint(directory, model, optimizer):
             refused.append(str(e))
             print("poseidon: warning: %s; trying an older one" % e, file=sys.stderr, flush=True)
             continue
+        if "meta_crc32" in meta:  # poseidon train's format: LibTorch archives of its own models
+            from ._poseidon import InvalidArgument
+            raise InvalidArgument("load_checkpoint: %s was written by poseidon train (the CLI), not by "
+                                  "save_checkpoint; it cannot be loaded into a Python module" % path)
         _apply_pending(model)  # a pending update must not land on the loaded parameters
-        _module(model).load_state_dict(torch.load(io.BytesIO(blobs["model.pt"])))
-        optimizer.load_state_dict(torch.load(io.BytesIO(blobs["optimizer.pt"])))
+        # Onto the module's device: a GPU job's checkpoint resumes on a host without one (and each rank
+        # does not first build rank 0's tensors on cuda:0).
+        device = next((p.device for p in _module(model).parameters()), torch.device("cpu"))
+        _module(model).load_state_dict(torch.load(io.BytesIO(blobs["model.pt"]), map_location=device))
+        optimizer.load_state_dict(torch.load(io.BytesIO(blobs["optimizer.pt"]), map_location=device))
         # A compute-group job started after this takes the momentum buffers and this version clock into
         # its shards (DistributedModel._resume_groups).
         optimizer._poseidon_group_version = int(meta.get("group_version", 0))

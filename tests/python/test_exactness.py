@@ -1,6 +1,7 @@
 """4 ranks of a Python program give the parameters of one process with the 4x batch (<= 1e-4), for an MLP
 (SFB), LeNet (ip1 by SFB, the rest by PS), a Linear on 3-D input (LibTorch folds it into one addmm, so
 its factors are captured: SFB) and a Linear used twice (no single set of factors: PS)."""
+import json
 import os
 import unittest
 
@@ -115,6 +116,19 @@ class Exactness(TempDirTest):
         resumed = launch(2, JOB, "lenet", self.path("resumed.pt"), "--overlap-forward", "--checkpoint", ck)
         self.assertEqual(resumed.code, 0, str(resumed))
         a, b = torch.load(self.path("straight.pt")), torch.load(self.path("resumed.pt"))
+        for p, q in zip(a["params"], b["params"]):
+            self.assertTrue(torch.equal(p, q))
+        # The same through the wrapped module, which the docstring allows: its live wrapper says the rank
+        # (only rank 0 writes), the world size and the pending update.
+        ck = self.path("ck-module")
+        first = launch(2, JOB, "lenet", self.path("first-m.pt"), "--overlap-forward", "--steps", "5", "--checkpoint",
+                       ck, "--save-module")
+        self.assertEqual(first.code, 0, str(first))
+        with open(os.path.join(ck, "step-000000005", "meta.json")) as f:
+            self.assertEqual(json.load(f)["world_size"], 2)
+        resumed = launch(2, JOB, "lenet", self.path("resumed-m.pt"), "--overlap-forward", "--checkpoint", ck)
+        self.assertEqual(resumed.code, 0, str(resumed))
+        b = torch.load(self.path("resumed-m.pt"))
         for p, q in zip(a["params"], b["params"]):
             self.assertTrue(torch.equal(p, q))
 

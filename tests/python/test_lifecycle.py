@@ -4,6 +4,7 @@ import json
 import os
 import re
 import unittest
+import zlib
 
 import torch
 
@@ -68,13 +69,15 @@ class Lifecycle(TempDirTest):
         script = self.path("knobs.py")
         with open(script, "w") as f:
             f.write("import torch, poseidon\n"
+                    "import datetime\n"
                     "for bad in ({'io_threads': -1}, {'tcp_rcvbuf': -2}, {'send_window': 100},\n"
-                    "            {'urgent_layers': 2}):\n"
+                    "            {'urgent_layers': 2}, {'timeout': None}, {'timeout': float('inf')}):\n"
                     "    try:\n"
                     "        poseidon.DistributedModel(torch.nn.Linear(4, 2), batch=3, **bad)\n"
                     "    except Exception as e:\n"
                     "        print('refused:', type(e).__name__, e)\n"
-                    "m = poseidon.DistributedModel(torch.nn.Linear(4, 2), batch=3, io_threads=1, tcp_rcvbuf=65536)\n"
+                    "m = poseidon.DistributedModel(torch.nn.Linear(4, 2), batch=3, io_threads=1, tcp_rcvbuf=65536,\n"
+                    "                              timeout=datetime.timedelta(minutes=1))\n"
                     "m(torch.randn(3, 4)).sum().backward()\n"
                     "m.synchronize()\n"
                     "print('trained with one I/O thread')\n")
@@ -88,6 +91,10 @@ class Lifecycle(TempDirTest):
                       "got 100", run.out)
         self.assertIn("refused: InvalidArgument urgent_layers must be >= 0 (or -1: automatic) and needs send_window "
                       "(priority links), got 2", run.out)
+        # timeout= as torch.distributed takes it (a timedelta) or seconds; anything else named
+        self.assertIn("refused: InvalidArgument timeout is seconds (a number) or a datetime.timedelta, got None",
+                      run.out)
+        self.assertIn("refused: InvalidArgument timeout must be a positive finite number of seconds, got inf", run.out)
         self.assertIn("trained with one I/O thread", run.out)
         self.assertClean(run)
 
@@ -180,6 +187,31 @@ class Lifecycle(TempDirTest):
         self.assertEqual(again.code, 0, str(again))
         self.assertIn("checkpoint %s is damaged: model.pt does not match its checksum"
                       % os.path.join(ck, "step-000000010"), again.err)
+
+    def test_a_checkpoint_of_poseidon_train_is_refused_by_name(self):
+        # poseidon train's format (meta.json with meta_crc32; LibTorch archives of its own models): its files
+        # pass their checksums, and load_checkpoint names the format instead of failing inside torch.load.
+        step = os.path.join(self.path("ck"), "step-000000005")
+        os.makedirs(step)
+        files = {}
+        for name in ("model.pt", "optimizer.pt"):
+            with open(os.path.join(step, name), "wb") as f:
+                f.write(b"a LibTorch archive")
+            files[name] = {"bytes": 18, "crc32": "%08x" % (zlib.crc32(b"a LibTorch archive") & 0xFFFFFFFF)}
+        with open(os.path.join(step, "meta.json"), "w") as f:
+            json.dump({"model": "mlp", "iteration": 5, "workers": 1, "files": files, "meta_crc32": "00000000"}, f)
+        script = self.path("load.py")
+        with open(script, "w") as f:
+            f.write("import sys, torch, poseidon\n"
+                    "net = torch.nn.Linear(2, 2)\n"
+                    "try:\n"
+                    "    poseidon.load_checkpoint(sys.argv[1], net, torch.optim.SGD(net.parameters(), lr=0.1))\n"
+                    "except poseidon.InvalidArgument as e:\n"
+                    "    print('refused:', e)\n")
+        run = alone(script, self.path("ck"))
+        self.assertEqual(run.code, 0, str(run))
+        self.assertIn("refused: load_checkpoint: %s was written by poseidon train (the CLI), not by save_checkpoint; "
+                      "it cannot be loaded into a Python module" % step, run.out)
 
     def test_a_diverged_step_raises_on_every_rank_and_the_main_job_exits_3(self):
         # One rank's NaN input at step 3: every rank's mean gradient is NaN, so every rank raises at step 3,

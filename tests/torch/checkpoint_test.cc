@@ -143,6 +143,28 @@ TEST(Checkpoint, LayoutMismatchIsNotDamageAndDoesNotFallBack) {
   }
 }
 
+// A checkpoint of the Python API (poseidon.save_checkpoint: its files checked, its meta not, a Python
+// module's state) is another format, not damage: refused at once, without advice to remove it.
+TEST(Checkpoint, APythonApiCheckpointIsNamedNotCalledDamaged) {
+  TempDir dir;
+  TrainState job;
+  std::string five = job.save(dir.path + "/ck", 5);
+  nlohmann::json meta = testing::readJson(five + "/meta.json");
+  nlohmann::json python{{"iteration", 5}, {"world_size", 1}, {"files", meta["files"]}};
+  std::ofstream(five + "/meta.json") << python.dump(2) << "\n";
+  TrainState other;
+  try {
+    pt::resumeFromNewest(dir.path + "/ck", job.meta, *other.net.module, other.optimizer);
+    ADD_FAILURE() << "a Python API checkpoint was resumed";
+  } catch (const pt::CheckpointDamaged& e) {
+    ADD_FAILURE() << "a Python API checkpoint was taken for damage: " << e.what();
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(std::string(e.what()), "checkpoint " + five +
+                                         " was written by poseidon's Python API (poseidon.save_checkpoint); poseidon "
+                                         "train resumes only its own: use another --checkpoint DIR");
+  }
+}
+
 // Checkpoints written before checksums: accepted, with a warning that says so.
 TEST(Checkpoint, OlderCheckpointWithoutChecksumsLoadsWithAWarning) {
   TempDir dir;

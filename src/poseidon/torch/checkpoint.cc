@@ -181,6 +181,13 @@ nlohmann::json readMeta(const std::string& path) {
 bool hasChecksums(const nlohmann::json& j) { return j.contains("files") || j.contains("meta_crc32"); }
 
 void verifyMeta(const std::string& path, const nlohmann::json& j) {
+  // The Python API's checkpoints (poseidon.save_checkpoint) check their files but not their meta, and
+  // hold a Python module's state: another format, not damage (which would advise removing them).
+  if (j.contains("files") && !j.contains("meta_crc32") && j.contains("world_size")) {
+    throw InvalidArgument("checkpoint " + path +
+                          " was written by poseidon's Python API (poseidon.save_checkpoint); poseidon train resumes "
+                          "only its own: use another --checkpoint DIR");
+  }
   if (!j.contains("meta_crc32") || !j["meta_crc32"].is_string() || !j.contains("files") || !j["files"].is_object()) {
     damaged(path, "meta.json lacks its checksums");
   }

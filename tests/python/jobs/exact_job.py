@@ -107,6 +107,8 @@ def main():
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--checkpoint")
     p.add_argument("--every", type=int, default=5)
+    p.add_argument("--save-module", action="store_true",
+                   help="give save_checkpoint the wrapped module, not the DistributedModel")
     p.add_argument("--fail-at")
     p.add_argument("--schedule", action="store_true", help="halve the learning rate every 3 steps")
     p.add_argument("--zero-grad", action="store_true",
@@ -169,7 +171,7 @@ def main():
         if schedule:
             schedule.step()
         if a.checkpoint and (step + 1) % a.every == 0:
-            poseidon.save_checkpoint(a.checkpoint, model, opt, step + 1)
+            poseidon.save_checkpoint(a.checkpoint, model.module if a.save_module else model, opt, step + 1)
     plan = model.plan()
     network_workers = model.summary()["workers"]  # the workers on the network (leaders, with --local-ranks)
     if a.overlap_forward:

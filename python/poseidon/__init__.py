@@ -19,8 +19,10 @@ docs/python.md.
 import atexit
 import contextlib
 import copy
+import datetime
 import faulthandler
 import math
+import numbers
 import weakref
 
 import torch
@@ -51,6 +53,20 @@ __all__ = ["DistributedModel", "local_device", "save_checkpoint", "load_checkpoi
 _live = weakref.WeakSet()  # models whose runtime threads must stop before the interpreter does
 
 
+def _timeout_ms(timeout):
+    """timeout= in milliseconds: seconds (a number), or a datetime.timedelta as torch.distributed takes."""
+    if isinstance(timeout, datetime.timedelta):
+        seconds = timeout.total_seconds()
+    elif isinstance(timeout, numbers.Real) and not isinstance(timeout, bool):
+        seconds = float(timeout)
+    else:
+        raise InvalidArgument("timeout is seconds (a number) or a datetime.timedelta, got %r" % (timeout,))
+    # Up to 1e12 s: beyond, the milliseconds no longer fit the runtime's 64-bit count.
+    if not (math.isfinite(seconds) and 0 < seconds <= 1e12):
+        raise InvalidArgument("timeout must be a positive finite number of seconds, got %r" % (timeout,))
+    return max(1, int(round(seconds * 1000)))
+
+
 class DistributedModel(torch.nn.Module):
     """Wraps any ``torch.nn.Module`` for data-parallel training with Poseidon.
 
@@ -69,7 +85,8 @@ class DistributedModel(torch.nn.Module):
         raises poseidon.DivergenceError from synchronize()/step(), before the optimizer runs, on every
         rank at that step (they hold the same mean; with overlap_forward at the end of the step, with
         compute groups at the step of a round whose pulled model is not finite). False: trains on.
-    timeout: seconds any wait on other ranks may last before the job fails, naming what is missing.
+    timeout: seconds (or a datetime.timedelta) any wait on other ranks may last before the job fails,
+        naming what is missing.
     io_threads: ZeroMQ I/O threads of this rank (one per GB/s in or out; with a job secret they also
         encrypt; 0, the default: half the host's cores over the ranks on it, LOCAL_WORLD_SIZE, 2 to 16).
     sum_threads: threads of this rank that sum the pushes its KV shard receives, beside the receive loop
@@ -135,7 +152,7 @@ class DistributedModel(torch.nn.Module):
         options = _poseidon.options_from_environment()
         options.update(scheme=scheme, overlap=bool(overlap), broadcast_buffers=bool(broadcast_buffers),
                        check_finite=bool(check_finite),
-                       timeout_ms=int(round(timeout * 1000)), sync_threads=int(sync_threads),
+                       timeout_ms=_timeout_ms(timeout), sync_threads=int(sync_threads),
                        pair_bytes=int(pair_bytes), io_threads=int(io_threads), sum_threads=int(sum_threads),
                        tcp_rcvbuf=int(tcp_rcvbuf),
                        wire=str(wire), send_window=int(send_window), urgent_layers=int(urgent_layers),

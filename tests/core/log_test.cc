@@ -47,5 +47,18 @@ TEST(Log, AMessageNamingItsRankDoesNotRepeatThePrefix) {
   setLogLevel(level);
 }
 
+// POSEIDON_LOG=DEBUG is debug; a word that is no level is refused as written.
+TEST(Log, LevelsAreReadInAnyCase) {
+  EXPECT_EQ(parseLogLevel("DEBUG"), LogLevel::kDebug);
+  EXPECT_EQ(parseLogLevel("Warning"), LogLevel::kWarning);
+  EXPECT_EQ(parseLogLevel("off"), LogLevel::kOff);
+  try {
+    parseLogLevel("Verbose");
+    FAIL() << "expected an error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(std::string(e.what()), "unknown log level 'Verbose' (expected debug, info, warning, error or off)");
+  }
+}
+
 }  // namespace
 }  // namespace poseidon

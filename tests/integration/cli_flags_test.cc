@@ -609,6 +609,35 @@ TEST(CliFlags, NumbersBeyondTheirTypeAndMissingInputsSayWhatIsWrong) {
   std::filesystem::remove_all(dir);
 }
 
+// What the environment says is checked once, before any worker starts, and the error names the
+// variable; restarts belong to whoever starts the ranks.
+TEST(CliFlags, EnvironmentIsCheckedOnceAndNamed) {
+  std::string dir = testing::makeTempDir("flags");
+  auto rejected = [&](const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
+                      const std::string& message, const std::string& prefix = "") {
+    const testing::Proc p = testing::runCli(args, dir + "/env", env, 60);
+    EXPECT_EQ(p.exitCode(), 2) << p.stderrText();
+    EXPECT_EQ(p.stdoutText(), "");
+    EXPECT_EQ(p.stderrText(), prefix + "poseidon " + args[0] + ": error: " + message + "\n");
+  };
+  rejected({"plan"}, {{"POSEIDON_LOG", "verbose"}},
+           "POSEIDON_LOG: unknown log level 'verbose' (expected debug, info, warning, error or off)");
+  rejected({"train", "--workers", "2"}, {{"POSEIDON_TRANSPORT_SECURITY", "off"}},
+           "POSEIDON_TRANSPORT_SECURITY must be curve or none, got 'off'");
+  rejected({"launch", "-n", "2", "--", "true"}, {{"POSEIDON_TRANSPORT_SECURITY", "off"}},
+           "POSEIDON_TRANSPORT_SECURITY must be curve or none, got 'off'");
+  rejected({"train", "--max-restarts", "1"}, {{"RANK", "0"}, {"WORLD_SIZE", "1"}},
+           "--max-restarts is for a train that starts its own workers; started by torchrun, give the restarts to "
+           "that launcher (poseidon launch --max-restarts R)",
+           "[rank 0] ");  // a rank's lines carry its rank
+  // An empty POSEIDON_LOG is unset, as every other variable; DEBUG is debug.
+  for (const char* level : {"", "DEBUG"}) {
+    const testing::Proc p = testing::runCli({"plan"}, dir + "/log", {{"POSEIDON_LOG", level}}, 60);
+    EXPECT_EQ(p.exitCode(), 0) << level << ": " << p.stderrText();
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // A flag that acts only with another one is refused alone, not silently ignored.
 TEST(CliFlags, TrainRefusesFlagsThatNeedAnother) {
   expectRejected({{"train", "--checkpoint-every", "3"},

@@ -104,6 +104,8 @@ int launchCommand(const std::vector<std::string>& args) {
   if (flags.wasSet("transport-security")) {
     parseTransportSecurity(security, "--transport-security");  // checked here, not by every rank
     opts.env["POSEIDON_TRANSPORT_SECURITY"] = security;
+  } else {
+    transportSecurityFromEnvironment();  // the ranks inherit it: a bad value once, here
   }
   LaunchResult r = launchLocal(opts);
   if (r.exitCode != 0) {

@@ -64,7 +64,14 @@ int main(int argc, char** argv) {
   static const std::string crashName = "poseidon " + cmd;
   installCrashReport(crashName.c_str());
   try {
-    if (const char* level = std::getenv("POSEIDON_LOG")) setLogLevel(parseLogLevel(level));
+    // POSEIDON_LOG: empty is unset, as for every other variable; a bad value names the variable.
+    if (const char* level = std::getenv("POSEIDON_LOG"); level && *level) {
+      try {
+        setLogLevel(parseLogLevel(level));
+      } catch (const InvalidArgument& e) {
+        throw InvalidArgument(strCat("POSEIDON_LOG: ", e.what()));
+      }
+    }
     if (cmd == "plan") return cli::planCommand(args);
     if (cmd == "launch") return cli::launchCommand(args);
     if (cmd == "train") return cli::trainCommand(args);

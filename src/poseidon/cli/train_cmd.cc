@@ -269,6 +269,7 @@ void finishOptions(TrainFlags& t) {
   readReliabilityEnvironment(t.hooks);
   o.secret = jobSecretFromEnvironment();
   if (!o.transportSecurity.empty()) parseTransportSecurity(o.transportSecurity, "--transport-security");
+  else transportSecurityFromEnvironment();  // a bad POSEIDON_TRANSPORT_SECURITY: once, not once per worker
 }
 
 // Merges the per-rank trace files into --trace.
@@ -307,7 +308,11 @@ int launchWorkers(const TrainFlags& t, const std::vector<std::string>& args) {
   LaunchOptions lo;
   lo.ranks = o.workers;
   lo.command = {selfExecutable(), "train"};
-  lo.command.insert(lo.command.end(), args.begin(), args.end());
+  // The workers get the command's flags but --max-restarts, which is this launcher's: a rank refuses it.
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--max-restarts") ++i;
+    else if (args[i].rfind("--max-restarts=", 0) != 0) lo.command.push_back(args[i]);
+  }
   lo.prefixRank0 = false;
   lo.maxRestarts = t.maxRestarts;
   lo.name = "poseidon train";
@@ -356,6 +361,12 @@ int trainCommand(const std::vector<std::string>& args) {
   if (env.present && flags.wasSet("workers") && o.workers != env.worldSize) {
     throw InvalidArgument(strCat("--workers ", o.workers, " disagrees with the launcher's world size ", env.worldSize,
                                  " (", env.source, ")"));
+  }
+  // Restarts are the launcher's: a rank cannot restart itself (poseidon train strips the flag from
+  // the workers it starts).
+  if (env.present && flags.wasSet("max-restarts")) {
+    throw InvalidArgument(strCat("--max-restarts is for a train that starts its own workers; started by ", env.source,
+                                 ", give the restarts to that launcher (poseidon launch --max-restarts R)"));
   }
   // Started as one rank by a launcher: the rank checks its options itself (trainRank).
   if (env.present) return pt::trainRank(o, t.hooks, env);

@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
+#include <string>
 #include <mutex>
 
 #include "poseidon/common/error.h"
@@ -17,13 +19,15 @@ std::string gPrefix = "poseidon";  // guarded by gPrefixMutex
 void setLogLevel(LogLevel level) { gLevel.store(static_cast<int>(level)); }
 LogLevel logLevel() { return static_cast<LogLevel>(gLevel.load()); }
 
-LogLevel parseLogLevel(const std::string& text) {
+LogLevel parseLogLevel(const std::string& given) {
+  std::string text = given;  // DEBUG as debug
+  for (char& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   if (text == "debug") return LogLevel::kDebug;
   if (text == "info") return LogLevel::kInfo;
   if (text == "warning" || text == "warn") return LogLevel::kWarning;
   if (text == "error") return LogLevel::kError;
   if (text == "off") return LogLevel::kOff;
-  throw InvalidArgument("unknown log level '" + text +
+  throw InvalidArgument("unknown log level '" + given +
                         "' (expected debug, info, warning, error or off)");
 }
 

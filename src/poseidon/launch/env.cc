@@ -59,7 +59,9 @@ RankEnv rankFromEnvironment(const GetEnv& getenv) {
   }
   const char* addr = getenv("MASTER_ADDR");
   const char* port = getenv("MASTER_PORT");
-  if (addr && *addr) env.masterAddr = addr;
+  // A process on its own is a world of one and its own coordinator: a MASTER_ADDR left in the shell
+  // for another job would only send it to bind where it cannot (another machine's address).
+  if (addr && *addr && env.present) env.masterAddr = addr;
   else if (env.present && env.worldSize > 1 && env.source != "torchrun") {
     throw InvalidArgument(strCat("started by ", env.source, " with ", env.worldSize,
                                  " ranks but MASTER_ADDR is not set: export MASTER_ADDR=<address of rank 0's machine>"));

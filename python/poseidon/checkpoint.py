@@ -70,8 +70,8 @@ def _complete(directory):
 def save_checkpoint(directory, model, optimizer, iteration, keep=2, **extra):
     """Saves model and optimizer state after `iteration` steps (rank 0 only; other ranks return None).
 
-    `model` may be the DistributedModel or the module it wraps. Returns the checkpoint's path. With
-    overlap_forward, a pending step is applied first (give the DistributedModel, not the module).
+    `model` may be the DistributedModel or the module it wraps (its live wrapper then says the rank).
+    Returns the checkpoint's path. With overlap_forward, a pending step is applied first.
     With compute groups every rank calls it at the same round (after step(), before the next forward):
     the shards hold the model and its momentum, which the first worker fetches into model.pt and
     optimizer.pt (meta.json: groups, group_version); the other ranks return None.
@@ -174,9 +174,18 @@ def _verified(path):
     try:
         with open(os.path.join(path, "meta.json"), "rb") as f:
             meta = json.loads(f.read().decode())
+    except (OSError, ValueError) as e:
+        raise CheckpointDamaged("checkpoint %s is damaged: meta.json is unreadable (%s)" % (path, e)) from None
+    # poseidon train's format (meta_crc32; before checksums, "workers" without "world_size"): LibTorch
+    # archives of its own models, named as such before their files are checked.
+    if isinstance(meta, dict) and ("meta_crc32" in meta or ("workers" in meta and "world_size" not in meta)):
+        from ._poseidon import InvalidArgument
+        raise InvalidArgument("load_checkpoint: %s was written by poseidon train (the CLI), not by "
+                              "save_checkpoint; it cannot be loaded into a Python module" % path)
+    try:
         files = meta["files"]
         iteration = int(meta["iteration"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError) as e:
         raise CheckpointDamaged("checkpoint %s is damaged: meta.json is unreadable (%s)" % (path, e)) from None
     blobs = {}
     for name in _FILES:
@@ -214,16 +223,12 @@ def load_checkpoint(directory, model, optimizer):
             refused.append(str(e))
             print("poseidon: warning: %s; trying an older one" % e, file=sys.stderr, flush=True)
             continue
-        if "meta_crc32" in meta:  # poseidon train's format: LibTorch archives of its own models
-            from ._poseidon import InvalidArgument
-            raise InvalidArgument("load_checkpoint: %s was written by poseidon train (the CLI), not by "
-                                  "save_checkpoint; it cannot be loaded into a Python module" % path)
-        _apply_pending(model)  # a pending update must not land on the loaded parameters
-        # Onto the module's device: a GPU job's checkpoint resumes on a host without one (and each rank
-        # does not first build rank 0's tensors on cuda:0).
-        device = next((p.device for p in _module(model).parameters()), torch.device("cpu"))
-        _module(model).load_state_dict(torch.load(io.BytesIO(blobs["model.pt"]), map_location=device))
-        optimizer.load_state_dict(torch.load(io.BytesIO(blobs["optimizer.pt"]), map_location=device))
+        _apply_pending(_wrapper_of(model))  # a pending update must not land on the loaded parameters
+        # Through the host: a GPU job's checkpoint resumes on a host without one, no rank first builds rank
+        # 0's tensors on cuda:0, and load_state_dict puts each tensor where its parameter (or, for the
+        # optimizer, the state torch keeps on the CPU, such as Adam's step) lives.
+        _module(model).load_state_dict(torch.load(io.BytesIO(blobs["model.pt"]), map_location="cpu"))
+        optimizer.load_state_dict(torch.load(io.BytesIO(blobs["optimizer.pt"]), map_location="cpu"))
         # A compute-group job started after this takes the momentum buffers and this version clock into
         # its shards (DistributedModel._resume_groups).
         optimizer._poseidon_group_version = int(meta.get("group_version", 0))

@@ -624,6 +624,9 @@ TEST(CliFlags, EnvironmentIsCheckedOnceAndNamed) {
            "POSEIDON_LOG: unknown log level 'verbose' (expected debug, info, warning, error or off)");
   rejected({"train", "--workers", "2"}, {{"POSEIDON_TRANSPORT_SECURITY", "off"}},
            "POSEIDON_TRANSPORT_SECURITY must be curve or none, got 'off'");
+  // The ranks read the variable before the flag replaces it: refused with the flag too.
+  rejected({"train", "--workers", "2", "--transport-security", "none"}, {{"POSEIDON_TRANSPORT_SECURITY", "off"}},
+           "POSEIDON_TRANSPORT_SECURITY must be curve or none, got 'off'");
   rejected({"launch", "-n", "2", "--", "true"}, {{"POSEIDON_TRANSPORT_SECURITY", "off"}},
            "POSEIDON_TRANSPORT_SECURITY must be curve or none, got 'off'");
   rejected({"train", "--max-restarts", "1"}, {{"RANK", "0"}, {"WORLD_SIZE", "1"}},

@@ -30,7 +30,7 @@ const char* kUsage =
     "  version  print the version\n"
     "\n"
     "Run 'poseidon <command> --help' for a command's flags.\n"
-    "Environment: POSEIDON_LOG=debug|info|warning|error sets the log level (default warning).\n";
+    "Environment: POSEIDON_LOG=debug|info|warning|error|off sets the log level (default warning).\n";
 
 // The one line a failed command prints. A rank (RANK and friends set) puts
 // its rank in front, like its log lines, and drops the "rank R: " that the

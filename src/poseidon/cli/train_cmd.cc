@@ -269,7 +269,8 @@ void finishOptions(TrainFlags& t) {
   readReliabilityEnvironment(t.hooks);
   o.secret = jobSecretFromEnvironment();
   if (!o.transportSecurity.empty()) parseTransportSecurity(o.transportSecurity, "--transport-security");
-  else transportSecurityFromEnvironment();  // a bad POSEIDON_TRANSPORT_SECURITY: once, not once per worker
+  // Every rank reads POSEIDON_TRANSPORT_SECURITY before the flag replaces it: a bad value once, here.
+  transportSecurityFromEnvironment();
 }
 
 // Merges the per-rank trace files into --trace.

@@ -4,8 +4,8 @@
 
 #include <atomic>
 #include <cctype>
-#include <string>
 #include <mutex>
+#include <string>
 
 #include "poseidon/common/error.h"
 

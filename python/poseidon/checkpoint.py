@@ -120,27 +120,28 @@ def save_checkpoint(directory, model, optimizer, iteration, keep=2, **extra):
     return final
 
 
-def _group_model(model):
-    """The live DistributedModel with compute groups that `model` is or wraps; None for BSP jobs. (The
-    wrapper's own count: torchvision's ResNet and nn.Conv2d have a `groups` attribute of their own.)"""
+def _live_wrapper(model, wanted):
+    """The DistributedModel satisfying `wanted` that `model` is or that wraps it: of the live wrappers of a
+    module (one may have been wrapped before: a finished job, then a new one), the running one first."""
     from . import DistributedModel, _live
     if isinstance(model, DistributedModel):
-        return model if model.groups else None
-    # A module may have been wrapped before (a finished job, then a new one): the running wrapper first.
-    wrappers = [m for m in list(_live) if m.groups and m.module is model]
+        return model if wanted(model) else None
+    wrappers = [m for m in list(_live) if wanted(m) and m.module is model]
     running = [m for m in wrappers if m._impl is not None and not m._impl.closed]
     return (running or wrappers or [None])[0]
 
 
+def _group_model(model):
+    """The live DistributedModel with compute groups that `model` is or wraps; None for BSP jobs. (The
+    wrapper's own count: torchvision's ResNet and nn.Conv2d have a `groups` attribute of their own.)"""
+    return _live_wrapper(model, lambda m: m.groups)
+
+
 def _wrapper_of(model):
-    """The DistributedModel that `model` is or that wraps it (the running one first); else `model`, a
-    module no wrapper holds (a job of one process, or before any)."""
-    from . import DistributedModel, _live
-    if isinstance(model, DistributedModel):
-        return model
-    wrappers = [m for m in list(_live) if m.module is model]
-    running = [m for m in wrappers if m._impl is not None and not m._impl.closed]
-    return (running or wrappers or [model])[0]
+    """The DistributedModel that `model` is or that wraps it; else `model`, a module no wrapper holds (a
+    job of one process, or before any)."""
+    wrapper = _live_wrapper(model, lambda m: True)
+    return model if wrapper is None else wrapper
 
 
 def _with_momentum(optimizer, group, buffers):

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
@@ -148,6 +149,76 @@ TEST(NodeInProcess, BroadcastAndBarrier) {
     EXPECT_EQ(w[40000], 1.5f);
     EXPECT_EQ(w[40002], 3.5f);
   }
+}
+
+// NodeOptions::deferReconstruction (a CUDA model's, the bench's GPU node): an SFB layer's factor set
+// is complete as soon as both workers submitted it, but its GEMM is held until the worker hands over
+// the iteration's last layer (iteration 1) or waits for a sync (iteration 0), and the mean is the
+// same as without holding it.
+TEST(NodeInProcess, DeferredReconstructionWaitsForTheBackwardsHandOver) {
+  auto nodes = startNodes(2, SchemePolicy::kAuto, {}, 0, WirePrecision::kFp32,
+                          [](NodeOptions& o) { o.deferReconstruction = true; });
+  const int kHuge = 4;
+  ASSERT_EQ(nodes[0]->schemeFor(kHuge), Scheme::kSFB);
+  const ModelDesc& model = nodes[0]->book().model();
+  const int L = static_cast<int>(model.layers.size());
+  // Polls a condition that the other node's thread or the receive loop makes true (no wait of the
+  // node's own may be called here: a wait releases what is held); the deadline is the nodes' timeout.
+  auto until = [](const std::function<bool()>& what) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(20000);
+    while (!what()) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return true;
+  };
+  std::vector<std::future<std::string>> futures;
+  for (auto& n : nodes) {
+    Node* node = n.get();
+    futures.push_back(std::async(std::launch::async, [node, &model, L, until, kHuge]() -> std::string {
+      const int me = node->book().workerIndex(node->rank());
+      std::string failures;
+      for (int64_t t = 0; t < 2; ++t) {
+        node->beginIteration(t);
+        std::vector<std::vector<float>> out(static_cast<size_t>(L)), us(L), vs(L);
+        auto submit = [&](int l) {
+          const LayerSpec& spec = model.layers[l];
+          out[l].assign(static_cast<size_t>(spec.numel()), 0.f);
+          if (node->schemeFor(l) == Scheme::kSFB) {
+            us[l] = testing::factorU(me, l, t, testing::kScenarioBatch, spec.m);
+            vs[l] = testing::factorV(me, l, t, testing::kScenarioBatch, spec.n);
+            node->submitFactors(l, us[l].data(), vs[l].data(), testing::kScenarioBatch,
+                                LayerBuffer::contiguous(out[l].data(), spec.numel()));
+          } else {
+            out[l] = testing::denseGradient(me, l, t, spec.numel());
+            node->submitDense(l, LayerBuffer::contiguous(out[l].data(), spec.numel()));
+          }
+        };
+        submit(kHuge);  // the top layer first, as a backward hands it over
+        // Both factor sets in: the round is complete and its GEMM held, not run.
+        if (!until([&] { return node->heldReconstructions() == 1; })) failures += "never held; ";
+        if (node->layerReady(kHuge)) failures += "rebuilt before the hand-over; ";
+        if (t == 0) {
+          node->waitLayer(kHuge);  // a wait releases it: the caller has nothing more to hand over
+        }
+        for (int l = kHuge - 1; l >= 0; --l) submit(l);
+        // Iteration 1: the last layer's submit released it (no wait of ours ran).
+        if (!until([&] { return node->layerReady(kHuge); })) failures += "not rebuilt after the last submit; ";
+        node->waitIteration();
+        if (node->heldReconstructions() != 0) failures += "still held; ";
+        auto ref = testing::referenceMean(model.layers[kHuge], Scheme::kSFB, 2, t, kHuge, testing::kScenarioBatch);
+        double maxErr = 0, maxRef = 0;
+        for (size_t i = 0; i < ref.size(); ++i) {
+          maxErr = std::max(maxErr, std::abs(out[kHuge][i] - ref[i]));
+          maxRef = std::max(maxRef, std::abs(ref[i]));
+        }
+        if (!(maxErr <= 1e-5 * maxRef)) failures += "iteration " + std::to_string(t) + ": wrong mean; ";
+      }
+      node->finish();
+      return failures;
+    }));
+  }
+  for (auto& f : futures) EXPECT_EQ(f.get(), "");
 }
 
 // Priority-scheduled links (a 4 KB window: every 64 KB pair in fragments), the barrier waited for

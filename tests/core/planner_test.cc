@@ -190,6 +190,31 @@ TEST(Planner, TheReconstructionOnTheGpuQueuesBehindTheBackward) {
   EXPECT_NEAR(p.iterationSeconds, 0.632, 1e-9);
   c.gemmOnGpu = true;
   EXPECT_NEAR(predict(w, c, System::kPoseidon).iterationSeconds, 0.7, 1e-9);
+  // Held until the backward ends (0.5), as the runtime holds it on a GPU: the same order here, since
+  // fc0 is the backward's last layer.
+  c.deferReconstruction = false;
+  EXPECT_NEAR(predict(w, c, System::kPoseidon).iterationSeconds, 0.7, 1e-9);
+}
+
+// Cluster::deferReconstruction (NodeOptions::deferReconstruction). fc's factors are in at 0.332,
+// while c1's backward (0.3-0.5) runs. As they land, the GEMM queues behind c1 (0.5-0.6) and c0's
+// backward behind it (0.6-0.8); c0's pair then goes to its shard and back, 10,000 bytes each way at
+// 1e5 B/s: 1.0. Held until the backward is done, c0 computes 0.5-0.7 and the GEMM 0.7-0.8, beside
+// c0's sync: 0.9.
+TEST(Planner, TheReconstructionHeldUntilTheBackwardEndsLeavesTheLayersBelowAlone) {
+  const LayerSpec c0 = LayerSpec::conv("c0", 100, 1, 5, 5, /*bias=*/false);  // 2,500 floats
+  const LayerSpec c1 = LayerSpec::conv("c1", 1, 1, 1, 1, /*bias=*/false);    // 1 float
+  const LayerSpec fc = LayerSpec::fc("fc", 100, 100, /*bias=*/true);
+  const Workload w = workload({c0, c1, fc}, {0.1, 0, 0}, {0.2, 0.2, 0.2}, /*batch=*/4);
+  Cluster c = plain(2, 1e5);
+  c.gemmFlops = 1.6e6;  // 0.1 s
+  c.gemmOnGpu = true;
+  c.deferReconstruction = false;
+  Prediction p = predict(w, c, System::kPoseidon);
+  ASSERT_EQ(p.sfbLayers, 1);
+  EXPECT_NEAR(p.iterationSeconds, 1.0, 1e-3);
+  c.deferReconstruction = true;
+  EXPECT_NEAR(predict(w, c, System::kPoseidon).iterationSeconds, 0.9, 1e-3);
 }
 
 // A shard's sums are its one thread's work: each push (fp32, whatever the wire) in turn. In the

@@ -60,6 +60,7 @@ struct BenchArgs {
   std::string tcpCongestion = bench::EmulatedCluster::kDefaultTcpCongestion;
   std::string hostQueue = "fifo";  // --host-queue: each emulated node's egress qdisc
   int urgentLayers = VanOptions::kAutoUrgentLayers;                 // --urgent-layers, for the poseidon-overlap systems
+  bool deferReconstruction = true;                                  // --defer-reconstruction, for Poseidon's ranks
   int peersPerSendWindow = VanOptions::kDefaultPeersPerSendWindow;  // --peers-per-send-window
   int iterations = 8, warmup = 3, timeoutS = 150, retries = 1, repeat = 1, rcvbuf = 0, sendWindow = 0;
   int ioThreads = bench::kBenchIoThreads;
@@ -139,6 +140,10 @@ void addRuntimeFlags(FlagSet& flags, BenchArgs& a) {
                "per peer marked IP TOS low-delay (train --urgent-layers; 0: one connection; -1, the default: the "
                "runtime's, 3 past 8 peers, else none; docs/scheduling.md)",
                "K", IntRange::closed(-1, 1 << 20));
+  flags.addBool("defer-reconstruction", &a.deferReconstruction,
+                "on a GPU node, Poseidon's SFB reconstructions wait until the iteration's backward is handed over, "
+                "as a CUDA model's do (NodeOptions::deferReconstruction; default true; =false: each as its factors "
+                "land, inside the backward, as before 2026-12-02)");
   flags.addString("host-queue", &a.hostQueue,
                   "each emulated node's egress queue: fifo (one FIFO) or tos (packets marked low-delay first, as "
                   "Linux's pfifo_fast serves them; the switch ports stay FIFO)",
@@ -319,6 +324,7 @@ nlohmann::json benchConfig(const BenchArgs& a, const BenchPlan& p, const std::ve
                            {"send_window", a.sendWindow},
                            {"peers_per_send_window", a.peersPerSendWindow},
                            {"urgent_layers", a.urgentLayers},
+                           {"defer_reconstruction", a.deferReconstruction},
                            {"host_queue", a.hostQueue},
                            {"pair_bytes", a.pairBytes},  // full width
                            // every emulated node ran here: what the planner's --check needs to know
@@ -532,6 +538,7 @@ int benchCommand(const std::vector<std::string>& given) {
   h.sendWindow = a.sendWindow;
   h.peersPerSendWindow = a.peersPerSendWindow;
   h.urgentLayers = a.urgentLayers;
+  h.deferReconstruction = a.deferReconstruction;
   h.ioThreads = a.ioThreads;
   h.sumThreads = a.sumThreads;
   h.localRanks = a.localRanks;

@@ -78,6 +78,7 @@ struct Harness {
   int sendWindow = 0;                       // --send-window, for the poseidon-overlap systems (0: their default)
   int peersPerSendWindow = VanOptions::kDefaultPeersPerSendWindow;  // --peers-per-send-window, for the same
   int urgentLayers = VanOptions::kAutoUrgentLayers;                 // --urgent-layers, for the poseidon-overlap systems
+  bool deferReconstruction = true;                                  // --defer-reconstruction, for Poseidon's ranks
   int ioThreads = bench::kBenchIoThreads;   // --io-threads, for Poseidon's ranks
   int sumThreads = kDefaultSumThreads;      // --sum-threads, for Poseidon's ranks
   int64_t pairBytes = kDefaultPairBytes;    // --pair-bytes at full width, for Poseidon's ranks (x s^2)
@@ -247,6 +248,7 @@ struct Harness {
         if (urgentLayers != VanOptions::kAutoUrgentLayers && priorityLinks) {
           so.argv.insert(so.argv.end(), {"--urgent-layers", std::to_string(urgentLayers)});
         }
+        if (!deferReconstruction) so.argv.push_back("--defer-reconstruction=false");
         so.argv.insert(so.argv.end(), {"--io-threads", std::to_string(ioThreads)});
         so.argv.insert(so.argv.end(), {"--sum-threads", std::to_string(sumThreads)});
         so.argv.insert(so.argv.end(), {"--pair-bytes", std::to_string(scaledPairBytes(pairBytes, m.scale))});

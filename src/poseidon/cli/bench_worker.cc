@@ -106,6 +106,7 @@ struct WorkerArgs {
   int localRanks = 1, urgentLayers = VanOptions::kAutoUrgentLayers,
       peersPerSendWindow = VanOptions::kDefaultPeersPerSendWindow;
   bool overlapForward = false;
+  bool deferReconstruction = true;
 };
 
 void addWorkerFlags(FlagSet& flags, WorkerArgs& a) {
@@ -159,6 +160,9 @@ void addWorkerFlags(FlagSet& flags, WorkerArgs& a) {
                "send the first K layers' round data on a second connection per peer, marked IP TOS low-delay "
                "(needs a send window; 0: one connection; -1: the runtime's rule, 3 past 8 peers)",
                "K", IntRange::closed(-1, 1 << 20));
+  flags.addBool("defer-reconstruction", &a.deferReconstruction,
+                "on a GPU node (--charged-on a GPU), hold each iteration's SFB reconstructions until its backward is "
+                "handed over (default true)");
   flags.addBool("overlap-forward", &a.overlapForward,
                 "run each layer's next forward as soon as its sync is in, not after the whole barrier");
   flags.addInt("local-ranks", &a.localRanks,
@@ -428,6 +432,8 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
   o.settings.wire = wirePrecision;
   o.security = parsed.noCurve ? TransportSecurity::kNone : TransportSecurity::kCurve;
   o.charger = &charger;
+  // As a CUDA model does (torch/distributed.cc): a GEMM on the GPU's timeline waits for the backward.
+  o.deferReconstruction = a.deferReconstruction && charger.model().gemmOnGpu;
   std::unique_ptr<Tracer> tracer;
   if (!a.tracePath.empty()) tracer = std::make_unique<Tracer>(env.rank);
   o.tracer = tracer.get();

@@ -183,6 +183,7 @@ Node::~Node() {
         strCat("rank ", rank(), " left the job before finish() (its program ended or threw an error)"))));
   }
   // Queued sends and reconstructions must not touch the caller's buffers any more.
+  dropHeldRebuilds();
   for (auto& s : syncers_) s->close();
   if (local_) local_->close();
   stopLoop_ = true;
@@ -225,6 +226,7 @@ void Node::sendToPeers(const FrameHeader& header, const std::string& payload, bo
 }
 
 void Node::quiesce() {
+  dropHeldRebuilds();
   for (auto& s : syncers_) s->close();
   if (local_) local_->close();
   if (pool_) pool_->waitIdle();

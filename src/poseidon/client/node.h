@@ -66,6 +66,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 #include <zmq.hpp>
 
@@ -139,6 +140,14 @@ struct NodeOptions {
   // (docs/omnivore.md: with 4, one group on one server steps as the planner says; several groups'
   // staleness grows, so it is not the default). Local to the node: ranks may differ.
   int groupPushWindow = 0;
+  // SFB: an iteration's reconstructions wait until this worker has handed over that iteration's whole
+  // backward (its last layer submitted) or waits for a sync, whichever comes first. For a GEMM that
+  // shares the device with the layers (a CUDA model; the bench's GPU node): run during the backward,
+  // it delays every layer below it and so their syncs, which the next forward waits for; after it,
+  // it runs while the device waits for the lowest layer's sync (docs/scheduling.md, "The
+  // reconstruction after the backward"). Off: each runs as its factors are in (a GEMM on the host's
+  // cores, beside the backward). Local to the node.
+  bool deferReconstruction = false;
 };
 
 class Node : private SyncHost {
@@ -197,6 +206,9 @@ class Node : private SyncHost {
   void waitLayer(int layer);
   // Whether waitLayer(layer) would return at once.
   bool layerReady(int layer) const;
+  // SFB reconstructions held until this worker hands over the iteration's backward
+  // (NodeOptions::deferReconstruction).
+  int heldReconstructions() const;
 
   // ---- compute-group mode (JobSettings::groups > 0; docs/omnivore.md) ----------
   // The pulls of the server-held model (client/group_client.h). InvalidArgument when this job has
@@ -273,7 +285,13 @@ class Node : private SyncHost {
   // SyncHost
   void send(int dest, const FrameHeader& header, const std::vector<Van::Part>& parts) override;
   void schedule(std::function<void()> task) override;
+  void scheduleRebuild(int64_t iteration, std::function<void()> task) override;
   void layerDone(int layer, int64_t iteration) override;
+  // NodeOptions::deferReconstruction: the user thread's hand-over. A submit counts toward the
+  // iteration's last; the last, or any wait, releases the held reconstructions through `through`.
+  void submitted();
+  void releaseRebuilds(int64_t through);
+  void dropHeldRebuilds();
   // The layer's mean is in this rank's buffer: the barrier's bit (a leader's Syncer reaches it through
   // its LocalGroup, once the members have their copy).
   void barrierDone(int layer, int64_t iteration);
@@ -351,6 +369,12 @@ class Node : private SyncHost {
   std::atomic<bool> stopLoop_{false};
   std::atomic<int64_t> iteration_{0};
   bool begun_ = false;   // user thread only
+  std::atomic<int> submitted_{0};  // this iteration's submits (deferReconstruction)
+  // deferReconstruction: reconstructions of iterations after rebuildsReleased_, held until the user
+  // thread releases them (submitted(), the waits). Guarded by rebuildMutex_, a leaf.
+  mutable std::mutex rebuildMutex_;
+  int64_t rebuildsReleased_ = -1;
+  std::vector<std::pair<int64_t, std::function<void()>>> heldRebuilds_;
   int64_t skipped_ = 0;  // user thread only
   bool finished_ = false;
   // finish(): which peers said bye (the receive loop records them; finish() waits for them, then

@@ -18,6 +18,53 @@ void Node::send(int dest, const FrameHeader& header, const std::vector<Van::Part
 
 void Node::schedule(std::function<void()> task) { pool_->schedule(std::move(task)); }
 
+void Node::scheduleRebuild(int64_t iteration, std::function<void()> task) {
+  if (options_.deferReconstruction) {
+    std::lock_guard<std::mutex> lock(rebuildMutex_);
+    if (iteration > rebuildsReleased_) {
+      heldRebuilds_.emplace_back(iteration, std::move(task));
+      return;
+    }
+  }
+  schedule(std::move(task));
+}
+
+void Node::submitted() {
+  if (options_.deferReconstruction && ++submitted_ == layerCount()) releaseRebuilds(iteration_.load());
+}
+
+void Node::releaseRebuilds(int64_t through) {
+  if (!options_.deferReconstruction) return;
+  std::vector<std::function<void()>> go;
+  {
+    std::lock_guard<std::mutex> lock(rebuildMutex_);
+    rebuildsReleased_ = std::max(rebuildsReleased_, through);
+    auto keep = heldRebuilds_.begin();
+    for (auto& held : heldRebuilds_) {
+      if (held.first <= through) {
+        go.push_back(std::move(held.second));
+      } else {
+        *keep++ = std::move(held);
+      }
+    }
+    heldRebuilds_.erase(keep, heldRebuilds_.end());
+  }
+  for (auto& task : go) schedule(std::move(task));
+}
+
+int Node::heldReconstructions() const {
+  std::lock_guard<std::mutex> lock(rebuildMutex_);
+  return static_cast<int>(heldRebuilds_.size());
+}
+
+void Node::dropHeldRebuilds() {
+  std::vector<std::pair<int64_t, std::function<void()>>> drop;
+  {
+    std::lock_guard<std::mutex> lock(rebuildMutex_);
+    drop.swap(heldRebuilds_);
+  }
+}
+
 void Node::beginIteration(int64_t iteration) {
   if (!isWorker()) throw InvalidArgument(strCat("rank ", rank(), " is not a worker; it has no iterations"));
   throwIfFailed();
@@ -28,6 +75,8 @@ void Node::beginIteration(int64_t iteration) {
   barrier_->begin(iteration);
   begun_ = true;
   iteration_ = iteration;
+  submitted_ = 0;
+  releaseRebuilds(iteration - 1);
 }
 
 Scheme Node::schemeFor(int layer) const {
@@ -47,8 +96,12 @@ void Node::submitDense(int layer, LayerBuffer grad, std::shared_ptr<void> keepAl
                                  barrier_ ? layerCount() : 0, " worker layers)"));
   }
   // Local aggregation: the machine's ranks meet on its leader first (client/local_group.h).
-  if (local_) return local_->submitDense(layer, iteration_.load(), std::move(grad), std::move(keepAlive));
-  syncers_[layer]->submitDense(iteration_.load(), std::move(grad), std::move(keepAlive));
+  if (local_) {
+    local_->submitDense(layer, iteration_.load(), std::move(grad), std::move(keepAlive));
+  } else {
+    syncers_[layer]->submitDense(iteration_.load(), std::move(grad), std::move(keepAlive));
+  }
+  submitted();
 }
 
 void Node::submitFactors(int layer, const float* u, const float* v, int64_t rows, LayerBuffer out,
@@ -66,10 +119,12 @@ void Node::submitFactors(int layer, const float* u, const float* v, int64_t rows
   if (local_) {
     // With local ranks every rank rebuilds its SFB mean into `out` by the host's GEMM (LocalGroup).
     if (rebuild) throw InvalidArgument("submitFactors: a device rebuild cannot be combined with local ranks");
-    return local_->submitFactors(layer, iteration_.load(), scheme, u, v, rows, std::move(out), std::move(keepAlive));
+    local_->submitFactors(layer, iteration_.load(), scheme, u, v, rows, std::move(out), std::move(keepAlive));
+  } else {
+    syncers_[layer]->submitFactors(iteration_.load(), scheme, u, v, rows, std::move(out), std::move(keepAlive),
+                                   scheme == Scheme::kSFB ? std::move(rebuild) : nullptr);
   }
-  syncers_[layer]->submitFactors(iteration_.load(), scheme, u, v, rows, std::move(out), std::move(keepAlive),
-                                 scheme == Scheme::kSFB ? std::move(rebuild) : nullptr);
+  submitted();
 }
 
 bool Node::alreadyComplete() const {
@@ -86,6 +141,7 @@ void Node::skipIteration(const std::vector<LayerBuffer>& outputs) {
     throw InvalidArgument(strCat("skipIteration: ", outputs.size(), " buffers for ", syncers_.size(), " layers"));
   }
   if (!alreadyComplete()) throw InvalidArgument("skipIteration: the iteration has not completed without this worker");
+  releaseRebuilds(iteration_.load());
   for (size_t l = 0; l < syncers_.size(); ++l) syncers_[l]->submitSkipped(iteration_.load(), outputs[l]);
   ++skipped_;
 }
@@ -133,6 +189,7 @@ void Node::waitLayer(int layer) {
     throw InvalidArgument(strCat("waitLayer: layer index ", layer, " out of range (rank ", rank(), " has ",
                                  layerCount(), " worker layers)"));
   }
+  releaseRebuilds(iteration_.load());  // the caller has nothing more to hand over before this
   bool done = false;
   try {
     done = barrier_->waitLayer(layer, waitTimeout());
@@ -150,6 +207,7 @@ void Node::waitLayer(int layer) {
 
 void Node::waitIteration(std::chrono::milliseconds timeout) {
   if (!barrier_) throw InvalidArgument(strCat("rank ", rank(), " is not a worker; it has no iterations"));
+  releaseRebuilds(iteration_.load());
   std::vector<int> pending;
   try {
     pending = barrier_->wait(timeout);

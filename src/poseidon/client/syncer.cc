@@ -47,7 +47,7 @@ std::exception_ptr Syncer::mismatch(int64_t iteration, const std::string& what) 
 
 void Syncer::apply(int64_t iteration, Effects& fx) {
   if (fx.failure) host_.fail(fx.failure);
-  if (fx.rebuild) host_.schedule(std::move(fx.rebuild));
+  if (fx.rebuild) host_.scheduleRebuild(iteration, std::move(fx.rebuild));
   if (fx.layerDone) host_.layerDone(layer_, iteration);
 }
 

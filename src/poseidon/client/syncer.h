@@ -88,6 +88,9 @@ class SyncHost {
   // Sends one message built with wire/messages.h (thread-safe; throws IoError).
   virtual void send(int dest, const FrameHeader& header, const std::vector<Van::Part>& parts) = 0;
   virtual void schedule(std::function<void()> task) = 0;
+  // An SFB round's reconstruction (NodeOptions::deferReconstruction may hold it until the caller
+  // has handed over the iteration's backward).
+  virtual void scheduleRebuild(int64_t /*iteration*/, std::function<void()> task) { schedule(std::move(task)); }
   // The layer's synchronized result for `iteration` is in its output buffer.
   virtual void layerDone(int layer, int64_t iteration) = 0;
   // Fails the whole job (sticky); the error names what went wrong.

@@ -127,6 +127,10 @@ struct Cluster {
   // The reconstruction runs on the GPU that computes the layers, in its one stream (the bench's
   // timeline, bench/device.h), rather than on host cores beside it.
   bool gemmOnGpu = true;
+  // On the GPU, an iteration's reconstructions wait until the node's backward is done, as the runtime
+  // holds them (NodeOptions::deferReconstruction); false: each as its factors land, inside the backward
+  // (--check of files made before 2026-12-02, or with bench --defer-reconstruction=false).
+  bool deferReconstruction = true;
   double sumBytes = kSumBytesPerSecond;  // a shard's decode-and-add of each push
   // The shard's sum threads (NodeOptions::sumThreads): each pair's pushes summed on one of them, beside
   // the receive loop; 0: on the loop (the runtime before 2026-11-30, and --check of older files).

@@ -2,6 +2,8 @@
 // each layer's sync by its scheme, priority links with the overlapped forward, host copies on GPU
 // nodes and several GPUs a node.
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "poseidon/core/best_scheme.h"
 #include "poseidon/core/kv_layout.h"
@@ -49,6 +51,8 @@ class PoseidonModel {
                                     c.timedSchemes ? &device : nullptr, wireElementBytes(c.wire)));
       sfbLayers_ += schemes_.back() == Scheme::kSFB;
     }
+    backwardDoneThrough_.assign(static_cast<size_t>(P_), -1);
+    heldRebuilds_.resize(static_cast<size_t>(P_));
     for (int n = 0; n < P_; ++n) {
       gemm_.emplace_back(&sim_, c.gemmFlops / w.flopScale);
       toHost_.emplace_back(&sim_, c.copyBytes * c.scale * c.scale);
@@ -145,6 +149,7 @@ class PoseidonModel {
         backward(n, it, l - 1);
         return;
       }
+      backwardDone(n, it);
       if (!wfbp_)
         for (int k = L_ - 1; k >= 0; --k) toHost(n, it, k);
       if (overlap_) startForward(n, it + 1);
@@ -288,8 +293,27 @@ class PoseidonModel {
     if (++arrived_[static_cast<size_t>(it)][at(n, l)] < P_) return;
     toDevice(n, stagedBytes(l) * P_ * G_, [this, n, it, l] { reconstruct(n, it, l); });
   }
+  // Node n handed over iteration it's backward: the reconstructions it held start (deferReconstruction).
+  void backwardDone(int n, int it) {
+    backwardDoneThrough_[static_cast<size_t>(n)] = it;
+    auto& held = heldRebuilds_[static_cast<size_t>(n)];
+    std::vector<std::pair<int, int>> go;
+    for (auto h = held.begin(); h != held.end();) {
+      if (h->first <= it) {
+        go.push_back(*h);
+        h = held.erase(h);
+      } else {
+        ++h;
+      }
+    }
+    for (const auto& [i, l] : go) reconstruct(n, i, l);
+  }
   void reconstruct(int n, int it, int l) {
     const LayerSpec& spec = w_.model.layers[static_cast<size_t>(l)];
+    if (c_.gemmOnGpu && c_.deferReconstruction && c_.gemmFlops > 0 && backwardDoneThrough_[static_cast<size_t>(n)] < it) {
+      heldRebuilds_[static_cast<size_t>(n)].emplace_back(it, l);
+      return;
+    }
     if (c_.gemmFlops <= 0) {  // not charged: done at once, as the bench's charger returns at once
       layerDone(n, it, l);
       return;
@@ -333,6 +357,8 @@ class PoseidonModel {
   std::vector<Scheme> schemes_;
   int sfbLayers_ = 0;
   std::vector<Server> gemm_;
+  std::vector<int> backwardDoneThrough_;                       // [node]: the last iteration whose backward ended
+  std::vector<std::vector<std::pair<int, int>>> heldRebuilds_;  // [node]: (iteration, layer) held until then
   std::vector<Server> toHost_;                // [node]: the GPU's copy engine, device to host
   std::vector<Server> sumLanes_;              // [node, lane]: the shard's sum threads
   double copyRate_ = 0;                       // host <-> GPU, bytes/s at the workload's scale (0: no copies)

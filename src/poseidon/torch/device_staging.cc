@@ -143,6 +143,13 @@ void DeviceStaging::rebuild(const std::vector<FactorView>& workers, int64_t m, i
     // Not over the result before the last step's copies out of it ran (straggler dropping may rebuild
     // a round without this worker's factors, so nothing else orders the two).
     if (into.consumed) into.consumed->block(*rebuildStream_);
+    // Nor before what the device's stream holds now: the node held this GEMM until the backward was
+    // handed over (NodeOptions::deferReconstruction), so it runs after the backward's kernels, in the
+    // wait for the lowest layer's sync, instead of sharing the GPU with them.
+    c10::impl::VirtualGuardImpl impl(device_.type());
+    c10::Event queued(device_.type());
+    queued.record(impl.getStream(device_));
+    queued.block(*rebuildStream_);
     c10::StreamGuard onRebuildStream(*rebuildStream_);
     compute();
     into.done.emplace(device_.type());

@@ -190,8 +190,9 @@ TEST(Planner, TheReconstructionOnTheGpuQueuesBehindTheBackward) {
   EXPECT_NEAR(p.iterationSeconds, 0.632, 1e-9);
   c.gemmOnGpu = true;
   EXPECT_NEAR(predict(w, c, System::kPoseidon).iterationSeconds, 0.7, 1e-9);
-  // Held until the backward ends (0.5), as the runtime holds it on a GPU: the same order here, since
-  // fc0 is the backward's last layer.
+  // The assertion above holds them until the backward ends (0.5), as the runtime does on a GPU; as
+  // their factors land (below), fc1's queues behind fc0's backward: the same order here, since fc0 is
+  // the backward's last layer.
   c.deferReconstruction = false;
   EXPECT_NEAR(predict(w, c, System::kPoseidon).iterationSeconds, 0.7, 1e-9);
 }

@@ -183,9 +183,9 @@ Node::~Node() {
         strCat("rank ", rank(), " left the job before finish() (its program ended or threw an error)"))));
   }
   // Queued sends and reconstructions must not touch the caller's buffers any more.
-  dropHeldRebuilds();
   for (auto& s : syncers_) s->close();
   if (local_) local_->close();
+  dropHeldRebuilds();  // after the close: the receive loop may still hold one more until then
   stopLoop_ = true;
   if (loop_.joinable()) loop_.join();
   sumLanes_.clear();  // sums what the loop handed them and sends the results while the van is still open
@@ -226,9 +226,9 @@ void Node::sendToPeers(const FrameHeader& header, const std::string& payload, bo
 }
 
 void Node::quiesce() {
-  dropHeldRebuilds();
   for (auto& s : syncers_) s->close();
   if (local_) local_->close();
+  dropHeldRebuilds();
   if (pool_) pool_->waitIdle();
 }
 
@@ -470,6 +470,7 @@ void Node::finish() {
   stopLoop_ = true;
   if (loop_.joinable()) loop_.join();
   sumLanes_.clear();
+  dropHeldRebuilds();  // nothing can run them once the pool is gone
   pool_.reset();
   van_->close(quiet);
 }

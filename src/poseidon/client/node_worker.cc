@@ -35,6 +35,10 @@ void Node::submitted() {
 
 void Node::releaseRebuilds(int64_t through) {
   if (!options_.deferReconstruction) return;
+  if (error_.failed() || finished_) {  // the rounds' buffers may be gone; the pool is, after finish()
+    dropHeldRebuilds();
+    return;
+  }
   std::vector<std::function<void()>> go;
   {
     std::lock_guard<std::mutex> lock(rebuildMutex_);

@@ -145,7 +145,9 @@ void DeviceStaging::rebuild(const std::vector<FactorView>& workers, int64_t m, i
     if (into.consumed) into.consumed->block(*rebuildStream_);
     // Nor before what the device's stream holds now: the node held this GEMM until the backward was
     // handed over (NodeOptions::deferReconstruction), so it runs after the backward's kernels, in the
-    // wait for the lowest layer's sync, instead of sharing the GPU with them.
+    // wait for the lowest layer's sync, instead of sharing the GPU with them. This thread's stream is
+    // the device's default one: a backward run on a stream of the user's own is not waited for (the
+    // GEMM then shares the GPU with it, as before the hold).
     c10::impl::VirtualGuardImpl impl(device_.type());
     c10::Event queued(device_.type());
     queued.record(impl.getStream(device_));

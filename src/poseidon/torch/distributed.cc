@@ -82,8 +82,9 @@ void DistributedModel::init(ModelParts parts) {
   device_ = modelDevice(parts);
   const bool staged = !device_.is_cpu() || options_.stageOnHost;
   tracer_ = options_.node.tracer;
-  // A CUDA model's SFB reconstruction is a GEMM on its GPU: after the backward, not in its way.
-  if (!device_.is_cpu()) options_.node.deferReconstruction = true;
+  // A CUDA model's SFB reconstruction is a GEMM on its GPU: after the backward, not in its way. With
+  // local ranks the leader rebuilds on the host's cores (LocalGroup), beside the backward: not held.
+  if (!device_.is_cpu() && options_.node.settings.localRanks <= 1) options_.node.deferReconstruction = true;
   node_ = Node::start(options_.node, desc_);
   if (node_->book().settings().groupMode())
     sync_ = std::make_unique<GroupSync>(*this);

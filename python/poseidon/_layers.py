@@ -15,14 +15,23 @@ def local_device(device="auto"):
     GPU. device: "auto", "cuda" (an error without a GPU) or "cpu"."""
     if device not in ("auto", "cuda", "cpu"):
         raise InvalidArgument("device must be auto, cuda or cpu, got %r" % (device,))
-    count = torch.cuda.device_count() if device != "cpu" else 0
+    if device == "cpu":
+        return torch.device("cpu")
+    # The launcher's local rank, checked wherever it would choose a GPU (here too when there is none:
+    # a broken launcher environment is found on the first machine, not on the first GPU one).
+    name = next((v for v in ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID") if os.environ.get(v)), None)
+    local = 0
+    if name is not None:
+        value = os.environ[name]
+        if not (value.isascii() and value.isdigit()):
+            raise InvalidArgument("environment variable %s=%r is not an integer >= 0" % (name, value))
+        local = int(value)
+    count = torch.cuda.device_count()
     if device == "cuda" and count == 0:
         raise InvalidArgument("device cuda: torch sees no CUDA device here; use device='cpu'")
     if count == 0:
         return torch.device("cpu")
-    local = next((os.environ[v] for v in ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
-                  if v in os.environ), "0")
-    return torch.device("cuda", int(local) % count)
+    return torch.device("cuda", local % count)
 
 
 def _kind(module):

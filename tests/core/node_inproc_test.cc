@@ -238,7 +238,8 @@ TEST(NodeInProcess, PriorityLinksAreForBspJobsOnly) {
 }
 
 // The default ZeroMQ I/O threads: half the host's cores over the ranks sharing it (LOCAL_WORLD_SIZE),
-// 2 to 16; a malformed LOCAL_WORLD_SIZE counts as one rank; a negative count is refused.
+// 2 to 16; a malformed LOCAL_WORLD_SIZE is refused by name (it used to count as one rank, silently);
+// an empty one is unset; a negative count of I/O threads is refused.
 TEST(NodeInProcess, DefaultIoThreadsShareTheHostsCores) {
   const char* saved = std::getenv("LOCAL_WORLD_SIZE");
   const std::string keep = saved ? saved : "";
@@ -247,8 +248,14 @@ TEST(NodeInProcess, DefaultIoThreadsShareTheHostsCores) {
   EXPECT_EQ(defaultIoThreads(), alone);
   ::setenv("LOCAL_WORLD_SIZE", "4096", 1);
   EXPECT_EQ(defaultIoThreads(), 2);  // many ranks on a host: the floor
-  ::setenv("LOCAL_WORLD_SIZE", "two", 1);
+  ::setenv("LOCAL_WORLD_SIZE", "", 1);
   EXPECT_EQ(defaultIoThreads(), alone);
+  ::setenv("LOCAL_WORLD_SIZE", "two", 1);
+  EXPECT_ERROR_CONTAINS(defaultIoThreads(), InvalidArgument,
+                        "environment variable LOCAL_WORLD_SIZE='two' is not an integer in [1, 1048576]");
+  ::setenv("LOCAL_WORLD_SIZE", "0", 1);
+  EXPECT_ERROR_CONTAINS(Node::start(NodeOptions{}, scenarioModel()), InvalidArgument,
+                        "environment variable LOCAL_WORLD_SIZE='0' is not an integer in [1, 1048576]");
   if (saved)
     ::setenv("LOCAL_WORLD_SIZE", keep.c_str(), 1);
   else

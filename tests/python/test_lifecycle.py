@@ -80,7 +80,13 @@ class Lifecycle(TempDirTest):
                     "                              timeout=datetime.timedelta(minutes=1))\n"
                     "m(torch.randn(3, 4)).sum().backward()\n"
                     "m.synchronize()\n"
-                    "print('trained with one I/O thread')\n")
+                    "print('trained with one I/O thread')\n"
+                    "import os\n"
+                    "os.environ['LOCAL_RANK'] = 'x'\n"
+                    "try:\n"
+                    "    poseidon.local_device()\n"
+                    "except Exception as e:\n"
+                    "    print('refused:', type(e).__name__, e)\n")
         run = alone(script)
         self.assertEqual(run.code, 0, str(run))
         self.assertIn("refused: InvalidArgument io_threads must be in [0, 64] (0: half the host's cores per rank "
@@ -96,6 +102,9 @@ class Lifecycle(TempDirTest):
                       run.out)
         self.assertIn("refused: InvalidArgument timeout must be a positive finite number of seconds, got inf", run.out)
         self.assertIn("trained with one I/O thread", run.out)
+        # a launcher's local rank that is not a number, named (it was int()'s bare ValueError, and only
+        # where a GPU was visible)
+        self.assertIn("refused: InvalidArgument environment variable LOCAL_RANK='x' is not an integer >= 0", run.out)
         self.assertClean(run)
 
     def test_sixteen_bit_wire_rounds_each_gradient_and_the_sum_once(self):

@@ -8,6 +8,7 @@
 #include "poseidon/common/error.h"
 #include "poseidon/common/log.h"
 #include "poseidon/coordinator/rendezvous.h"
+#include "poseidon/launch/env.h"
 #include "poseidon/wire/message_table.h"
 #include "poseidon/wire/messages.h"
 
@@ -15,12 +16,7 @@ namespace poseidon {
 
 int defaultIoThreads() {
   // The ranks on one host share its cores: poseidon launch, train --workers and torchrun say how many.
-  long local = 1;
-  if (const char* e = std::getenv("LOCAL_WORLD_SIZE")) {
-    char* end = nullptr;
-    const long v = std::strtol(e, &end, 10);
-    if (end != e && *end == '\0' && v > 0) local = v;
-  }
+  const long local = localWorldSizeFromEnvironment();
   return static_cast<int>(std::clamp<long>(static_cast<long>(std::thread::hardware_concurrency()) / 2 / local, 2, 16));
 }
 

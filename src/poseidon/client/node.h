@@ -88,7 +88,7 @@
 namespace poseidon {
 
 // ZeroMQ I/O threads when NodeOptions::ioThreads is 0: half this host's cores over the ranks that
-// share it (LOCAL_WORLD_SIZE, when set), at least 2 and at most 16. The planner (docs/planner.md,
+// share it (LOCAL_WORLD_SIZE, when set; InvalidArgument when malformed), at least 2 and at most 16. The planner (docs/planner.md,
 // --limits) shows CURVE on two threads binding an H200 node from ~12 Gbit/s (vgg19, 8 nodes).
 int defaultIoThreads();
 

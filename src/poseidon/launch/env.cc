@@ -20,7 +20,9 @@
 extern char** environ;
 
 namespace poseidon {
-int intFromEnvironment(const char* name, const char* value, int lo, int hi) {
+namespace {
+
+int parseInt(const char* name, const char* value, int lo, int hi) {
   errno = 0;
   char* end = nullptr;
   long v = std::strtol(value, &end, 10);
@@ -31,6 +33,7 @@ int intFromEnvironment(const char* name, const char* value, int lo, int hi) {
   return static_cast<int>(v);
 }
 
+}  // namespace
 
 RankEnv rankFromEnvironment(const GetEnv& getenv) {
   RankEnv env;
@@ -49,9 +52,9 @@ RankEnv rankFromEnvironment(const GetEnv& getenv) {
     if (!size) throw InvalidArgument(strCat(c.rank, " is set but ", c.size, " is not (", c.source, " convention)"));
     env.present = true;
     env.source = c.source;
-    env.worldSize = intFromEnvironment(c.size, size, 1, 1 << 20);
-    env.rank = intFromEnvironment(c.rank, rank, 0, env.worldSize - 1);
-    if (const char* local = getenv(c.local)) env.localRank = intFromEnvironment(c.local, local, 0, 1 << 20);
+    env.worldSize = parseInt(c.size, size, 1, 1 << 20);
+    env.rank = parseInt(c.rank, rank, 0, env.worldSize - 1);
+    if (const char* local = getenv(c.local)) env.localRank = parseInt(c.local, local, 0, 1 << 20);
     break;
   }
   const char* addr = getenv("MASTER_ADDR");
@@ -64,7 +67,7 @@ RankEnv rankFromEnvironment(const GetEnv& getenv) {
                                  " ranks but MASTER_ADDR is not set: export MASTER_ADDR=<address of rank 0's machine>"));
   }
   if (port && *port) {
-    env.masterPort = intFromEnvironment("MASTER_PORT", port, 1, 65535);
+    env.masterPort = parseInt("MASTER_PORT", port, 1, 65535);
     env.masterPortSet = true;
   }
   return env;
@@ -74,13 +77,9 @@ RankEnv rankFromEnvironment() {
   return rankFromEnvironment([](const char* name) { return static_cast<const char*>(std::getenv(name)); });
 }
 
-int localWorldSizeFromEnvironment(const GetEnv& getenv) {
-  const char* v = getenv("LOCAL_WORLD_SIZE");
-  return v && *v ? intFromEnvironment("LOCAL_WORLD_SIZE", v, 1, 1 << 20) : 1;
-}
-
 int localWorldSizeFromEnvironment() {
-  return localWorldSizeFromEnvironment([](const char* name) { return static_cast<const char*>(std::getenv(name)); });
+  const char* v = std::getenv("LOCAL_WORLD_SIZE");
+  return v && *v ? parseInt("LOCAL_WORLD_SIZE", v, 1, 1 << 20) : 1;
 }
 
 std::string jobSecretFromEnvironment(const GetEnv& getenv) {

@@ -33,11 +33,8 @@ struct RankEnv {
 
 using GetEnv = std::function<const char*(const char*)>;
 
-// An environment variable's integer in [lo, hi]; throws InvalidArgument naming the variable.
-int intFromEnvironment(const char* name, const char* value, int lo, int hi);
 // The ranks on this host (LOCAL_WORLD_SIZE, set by poseidon launch, train --workers and torchrun);
-// 1 when unset or empty. Throws InvalidArgument for a malformed value.
-int localWorldSizeFromEnvironment(const GetEnv& getenv);
+// 1 when unset or empty. Throws InvalidArgument for a malformed value, naming it.
 int localWorldSizeFromEnvironment();
 
 // Throws InvalidArgument for malformed or inconsistent values (a rank outside

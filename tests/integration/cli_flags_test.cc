@@ -203,6 +203,15 @@ TEST(CliFlags, PlanPredictsSweepsAndChecksAResultsFile) {
   expectRejected({{"plan", "--check", "r.json", "--host-queue", "tos"},
                   "--host-queue does not apply to --check: each run's model, cluster and rates come from the results "
                   "file"});
+  expectRejected({{"plan", "--predict", "--links", "fair"}, "--links must be as-built, credits or ideal, got 'fair'"});
+  expectRejected({{"plan", "--predict", "--credit-window", "65536"}, "--credit-window is for --links credits"});
+  expectRejected({{"plan", "--predict", "--switch-queue", "red"}, "--switch-queue must be fifo or tos, got 'red'"});
+  expectRejected({{"plan", "--check", "r.json", "--links", "ideal"},
+                  "--links does not apply to --check: each run's model, cluster and rates come from the results "
+                  "file"});
+  expectRejected({{"plan", "--predict", "--groups", "2", "--credit-window", "65536"},
+                  "--credit-window does not apply to --groups (group mode sends dense fp32 gradients and pulls "
+                  "through the shards)"});
   expectRejected({{"plan", "--sweep", "2,4", "--workers", "8"},
                   "--workers does not apply to --sweep (it gives the worker counts)"});
   expectRejected({{"plan", "--predict", "--workers", "5000"}, "--predict models at most 4096 workers, got 5000"});

@@ -65,6 +65,8 @@ struct PlanArgs {
     return c;
   }();
   std::string hostQueue = "fifo";  // --host-queue
+  std::string links = "as-built";  // --links
+  std::string switchQueue = "fifo";  // --switch-queue
   double ddpStepMs = calibration.ddpStepSeconds * 1e3, messageUs = calibration.messageSeconds * 1e6;
   int hostCores = 0;  // --check: the results file's (or this machine's), a placeholder outside the range
 };
@@ -154,6 +156,20 @@ void addPredictFlags(FlagSet& flags, PlanArgs& a) {
                   "connections' packets first, as Linux's pfifo_fast serves TOS low-delay; bench --host-queue; "
                   "--check: the results file's)",
                   "fifo|tos");
+  flags.addString("switch-queue", &a.switchQueue,
+                  "--predict: the switch ports toward each node: fifo (the bench's) or tos (the urgent connections' "
+                  "packets first, switches set to trust the mark; a design study)",
+                  "fifo|tos");
+  flags.addString("links", &a.links,
+                  "--predict: how poseidon-overlap's round data share the links, a design study: as-built (each "
+                  "node's connections take turns on its link, as the runtime runs), credits (receiver-driven: each "
+                  "node grants its senders one fragment at a time, most urgent first, at most --credit-window in "
+                  "flight; not built in the runtime) or ideal (each node's egress and ingress serve the most urgent "
+                  "fragment of any connection first: the floor any link scheduling can reach with this protocol)",
+                  "as-built|credits|ideal");
+  flags.addDouble("credit-window", &a.calibration.creditWindowBytes,
+                  "--predict --links credits: the bytes a receiver has granted and not yet received, at full width",
+                  "BYTES", RealRange::atLeast(4096));
   flags.addInt("local-ranks", &a.calibration.localRanks,
                "--predict: GPUs (ranks) per node, meeting on the node's first before the network (train "
                "--local-ranks; --workers counts nodes, speedup every rank); --check: each run's",
@@ -186,7 +202,7 @@ void refuseOtherModesFlags(const FlagSet& flags, const PlanArgs& a) {
     refuse({"predict",    "sweep",      "groups",          "merged-fc",     "model",       "workers",     "servers",
             "batch",      "pair-bytes", "width-scale",     "scheme",        "wire",        "rate",        "systems",
             "efficiency", "compute",    "compute-seconds", "crypto",        "gemm-tflops", "send-window", "host-copy",
-            "limits",     "io-threads", "sum-threads",     "urgent-layers", "host-queue",  "local-ranks"},
+            "limits",     "io-threads", "sum-threads",     "urgent-layers", "host-queue",  "local-ranks", "links", "credit-window", "switch-queue"},
            "does not apply to --check: each run's model, cluster and rates come from the results file");
   } else if (predicting) {
     refuse({"scheme", "width-scale"}, "is for the cost table; the planner models BestScheme's choice at full width");
@@ -198,9 +214,11 @@ void refuseOtherModesFlags(const FlagSet& flags, const PlanArgs& a) {
     if (sweeping) refuse({"workers", "efficiency"}, "does not apply to --sweep (it gives the worker counts)");
     if (flags.wasSet("groups")) {
       refuse({"sweep", "systems", "efficiency", "send-window", "wire", "host-copy", "limits", "urgent-layers",
-              "host-queue"},
+              "host-queue", "links", "credit-window", "switch-queue"},
              "does not apply to --groups (group mode sends dense fp32 gradients and pulls through the shards)");
     }
+    if (flags.wasSet("credit-window") && a.links != "credits")
+      throw InvalidArgument("--credit-window is for --links credits");
     if (a.mergedFc && !flags.wasSet("groups"))
       throw InvalidArgument("--merged-fc is a compute-group mode: it needs --groups");
     if (!sweeping && a.workers > kMaxPlannedWorkers) {
@@ -211,7 +229,7 @@ void refuseOtherModesFlags(const FlagSet& flags, const PlanArgs& a) {
         {"rate",      "groups",      "merged-fc",     "systems",     "efficiency",  "compute",       "compute-seconds",
          "crypto",    "gemm-tflops", "link-overhead", "ddp-step-ms", "send-window", "message-us",    "host-cores",
          "tolerance", "host-copy",   "limits",        "io-threads",  "sum-threads", "urgent-layers", "host-queue",
-         "local-ranks"},
+         "local-ranks", "links", "credit-window", "switch-queue"},
         "is for the planner (--predict, --sweep or --check)");
     if (flags.wasSet("servers") && a.servers > a.workers)
       throw InvalidArgument(strCat("--servers ", a.servers, " exceeds --workers ", a.workers, " (shards are nodes)"));
@@ -272,6 +290,10 @@ PredictRequest predictRequest(const FlagSet& flags, const PlanArgs& a) {
   }
   r.cluster.wire = parseWirePrecision(a.wire);
   r.cluster.lowDelayFirst = parseHostQueue(a.hostQueue) == bench::HostQueue::kTos;
+  r.cluster.links = planner::parseLinks(a.links);
+  if (a.switchQueue != "fifo" && a.switchQueue != "tos")
+    throw InvalidArgument("--switch-queue must be fifo or tos, got '" + a.switchQueue + "'");
+  r.cluster.switchLowDelayFirst = a.switchQueue == "tos";
   return r;
 }
 

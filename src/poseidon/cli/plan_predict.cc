@@ -198,6 +198,9 @@ int planPredict(const PredictRequest& r) {
                      {"local_ranks", r.cluster.localRanks},
                      {"urgent_layers", r.cluster.urgentLayers},
                      {"host_queue", r.cluster.lowDelayFirst ? "tos" : "fifo"},
+                     {"switch_queue", r.cluster.switchLowDelayFirst ? "tos" : "fifo"},
+                     {"links", planner::linksName(r.cluster.links)},
+                     {"credit_window_bytes", r.cluster.creditWindowBytes},
                      {"gemm_tflops", r.cluster.gemmFlops / 1e12},
                      {"copy_gbytes_per_s", r.cluster.copyBytes / 1e9},
                      {"efficiency_target", r.efficiency}};
@@ -218,6 +221,18 @@ int planPredict(const PredictRequest& r) {
     std::printf("links %s Gbit/s each way per node; %s wire; CURVE %s; SFB GEMM at %.3g TFLOP/s; host copies %s\n",
                 gbit(r.cluster.linkBytes).c_str(), wirePrecisionName(r.cluster.wire), crypto.c_str(),
                 r.cluster.gemmFlops / 1e12, copyText);
+    if (r.cluster.links != Cluster::Links::kAsBuilt || r.cluster.switchLowDelayFirst) {
+      // A design study, not the runtime: say so above the numbers.
+      std::string study;
+      if (r.cluster.links == Cluster::Links::kCredits)
+        study = strCat("receiver-driven credits (", std::lround(r.cluster.creditWindowBytes / 1024),
+                       " KB granted in flight per receiver)");
+      else if (r.cluster.links == Cluster::Links::kIdeal)
+        study = "ideal links (both ends serve the most urgent fragment first)";
+      if (r.cluster.switchLowDelayFirst)
+        study += strCat(study.empty() ? "" : "; ", "switch ports serving the urgent connections first");
+      std::printf("design study, not how the runtime runs: poseidon-overlap on %s\n", study.c_str());
+    }
     if (r.cluster.localRanks > 1) {
       std::printf(
           "%d GPUs (ranks) per node, meeting on its first before the network (--local-ranks); workers "

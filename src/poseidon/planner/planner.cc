@@ -83,6 +83,24 @@ const char* systemName(System s) {
   return "?";
 }
 
+const char* linksName(Cluster::Links links) {
+  switch (links) {
+    case Cluster::Links::kAsBuilt:
+      return "as-built";
+    case Cluster::Links::kCredits:
+      return "credits";
+    case Cluster::Links::kIdeal:
+      return "ideal";
+  }
+  return "?";
+}
+
+Cluster::Links parseLinks(const std::string& text) {
+  for (auto l : {Cluster::Links::kAsBuilt, Cluster::Links::kCredits, Cluster::Links::kIdeal})
+    if (text == linksName(l)) return l;
+  throw InvalidArgument("--links must be as-built, credits or ideal, got '" + text + "'");
+}
+
 System parseSystem(const std::string& text) {
   std::string known;
   for (const auto& [sys, name] : systemNames()) {

@@ -149,11 +149,36 @@ struct Cluster {
   // Each node's egress queue serves its urgent connections' packets (TOS low-delay) before the
   // others, as Linux's pfifo_fast does (bench --host-queue tos); false: the connections take turns.
   bool lowDelayFirst = false;
+  // The switch ports toward each node serve those packets first too (switches set to trust the
+  // DSCP mark; plan --switch-queue tos, a design study: the bench's switch ports are FIFO).
+  bool switchLowDelayFirst = false;
+  // How poseidon-overlap's round data share the links (plan --links; a design study: the runtime runs
+  // kAsBuilt):
+  //  - kAsBuilt: each node's connections take turns on its egress, a few fragments each committed
+  //    (the priority scheduler's window), and its ingress takes what arrives in arrival order;
+  //  - kCredits: receiver-driven credits: each node grants its senders room for one fragment at a
+  //    time, the most urgent requested fragment first, with at most creditWindowBytes granted and
+  //    not yet arrived; a grant reaches its sender one fragment's time later (it may wait behind one
+  //    on the receiver's egress); the sender sends its most urgent granted fragment next;
+  //  - kIdeal: each node's egress sends, and its ingress takes, the most urgent fragment of any
+  //    connection first, with no grants to wait for: the floor any scheduling of these links can
+  //    reach with this protocol.
+  // Outside kAsBuilt, messages of one layer and iteration go in a rotated order (to peer src + 1
+  // first, src + 2 next, ...), so that no rank is always served last.
+  enum class Links : uint8_t { kAsBuilt = 0, kCredits, kIdeal };
+  Links links = Links::kAsBuilt;
+  // kCredits: a receiver's granted bytes in flight, full width; 16 MB (45 ms at 3 Gbit/s) is the best of
+  // 2-32 MB for vgg19 at 32 nodes and 3 Gbit/s (docs/planner.md, "Scheduling the links")
+  double creditWindowBytes = 16 * 1048576.0;
   double ddpBucketBytes = 25 * 1048576.0;   // full width
   double ddpFirstBucketBytes = 1048576.0;   // full width
   double ddpStepSeconds = kDdpStepSeconds;  // per ring step: latency and Gloo's bookkeeping
   double messageSeconds = kMessageSeconds;  // the receive loop's own time per message, decryption aside
 };
+
+// "as-built", "credits", "ideal" (plan --links); parseLinks throws InvalidArgument naming them and the flag.
+const char* linksName(Cluster::Links links);
+Cluster::Links parseLinks(const std::string& text);
 
 // `calibration` as the emulated cluster runs it: `workers` nodes on one host of `hostCores` cores,
 // links of `mbit` Mbit/s (nominal, at the workload's scale).

@@ -247,8 +247,16 @@ class Network {
     // The runtime's smallest window is 4096 bytes (the bench's floor at width s).
     fragmentBytes_ = prioritized ? std::max(4096.0, c.sendWindowBytes * c.scale * c.scale) : kInf;
     const double chunk = prioritized ? fragmentBytes_ : std::max(1.0, kTcpQuantumBytes * c.scale * c.scale);
+    if (prioritized) links_ = c.links;
+    if (links_ == Cluster::Links::kCredits) {
+      creditWindow_ = c.creditWindowBytes * c.scale * c.scale;
+      grantSeconds_ = c.linkBytes > 0 ? fragmentBytes_ / c.linkBytes : 0;
+      receivers_.resize(static_cast<size_t>(c.workers));
+    }
+    // Outside as-built links one queue holds all of a node's connections, one fragment committed.
+    const size_t depth = !prioritized ? 0 : links_ == Cluster::Links::kAsBuilt ? kConnectionDepth : 1;
     for (int n = 0; n < c.workers; ++n) {
-      egress_.emplace_back(sim, c.linkBytes, chunk, prioritized ? kConnectionDepth : 0, c.lowDelayFirst);
+      egress_.emplace_back(sim, c.linkBytes, chunk, depth, c.lowDelayFirst);
       ingress_.emplace_back(sim, c.linkBytes);
       loop_.emplace_back(sim, 1.0);
     }
@@ -267,29 +275,35 @@ class Network {
     const double onLink = payload * c_.linkOverhead + c_.messageBytes * fragments;
     if (iteration >= first_ && iteration < end_) tx_[static_cast<size_t>(src)] += onLink;
     const int64_t order = fragmentBytes_ < kInf ? priority : 0;
-    auto onWire = [this, src, dst, onLink, headered, order, urgent, deliver = std::move(deliver)]() mutable {
-      Server::ChunkFn chunk = [this, src, dst, headered, order, deliver = std::move(deliver)](
-                                  double, double, double units, bool last) mutable {
-        Sim::Fn arrived;
-        if (last)
-          arrived = [this, src, dst, headered, deliver = std::move(deliver)]() mutable {
-            // Decrypted by the I/O thread of the connection (after the ones before it), then handled
-            // by the receive loop, which takes other messages meanwhile (transport/van.cc).
-            auto handle = [this, dst, deliver = std::move(deliver)]() mutable {
-              loop_[static_cast<size_t>(dst)].submitTimed([this] { return c_.messageSeconds; }, 0, std::move(deliver));
-            };
-            const double decrypt = encryption(dst, 2 * src + 1, headered);
-            if (decrypt > 0)
-              sim_->at(sim_->now() + decrypt, std::move(handle));
-            else
-              handle();
-          };
-        ingress_[static_cast<size_t>(dst)].submit(
-            units, 0, [this, arrived = std::move(arrived)](double, double end, double, bool) mutable {
-              if (arrived) sim_->at(end, std::move(arrived));
-            });
+    // With its last byte in: decrypted by the I/O thread of the connection (after the ones before it),
+    // then handled by the receive loop, which takes other messages meanwhile (transport/van.cc).
+    auto arrived = std::make_shared<Sim::Fn>([this, src, dst, headered, deliver = std::move(deliver)]() mutable {
+      auto handle = [this, dst, deliver = std::move(deliver)]() mutable {
+        loop_[static_cast<size_t>(dst)].submitTimed([this] { return c_.messageSeconds; }, 0, std::move(deliver));
       };
-      egress_[static_cast<size_t>(src)].submit(urgent ? Egress::urgentFlow(dst) : dst, onLink, order, std::move(chunk));
+      const double decrypt = encryption(dst, 2 * src + 1, headered);
+      if (decrypt > 0)
+        sim_->at(sim_->now() + decrypt, std::move(handle));
+      else
+        handle();
+    });
+    auto onWire = [this, src, dst, onLink, order, urgent, arrived] {
+      if (links_ == Cluster::Links::kCredits) {
+        request(src, dst, onLink, order, arrived);
+        return;
+      }
+      // Ideal links take the most urgent chunk first at the receiver too; as built, in arrival order,
+      // the urgent connections' first where the switch ports honour their mark.
+      const int64_t inOrder =
+          links_ == Cluster::Links::kIdeal ? order : urgent && c_.switchLowDelayFirst ? -1 : 0;
+      Server::ChunkFn chunk = [this, dst, inOrder, arrived](double, double, double units, bool last) {
+        ingress_[static_cast<size_t>(dst)].submit(units, inOrder, [this, last, arrived](double, double end, double, bool) {
+          if (last) sim_->at(end, [arrived] { (*arrived)(); });
+        });
+      };
+      // Outside as-built links a node's messages share one queue: its most urgent fragment goes next.
+      const int flow = links_ != Cluster::Links::kAsBuilt ? 0 : urgent ? Egress::urgentFlow(dst) : dst;
+      egress_[static_cast<size_t>(src)].submit(flow, onLink, order, std::move(chunk));
     };
     if (crypto_ > 0) {
       sim_->at(sim_->now() + encryption(src, 2 * dst, headered), std::move(onWire));
@@ -313,11 +327,58 @@ class Network {
   const std::vector<double>& txBytes() const { return tx_; }
 
  private:
+  // Credit links (Cluster::Links::kCredits): a fragment the receiver has not yet granted.
+  struct Request : Order {
+    int src;
+    double units;
+    std::shared_ptr<Sim::Fn> arrived;  // on the message's last fragment
+  };
+  struct Receiver {
+    std::priority_queue<Request, std::vector<Request>, std::greater<Request>> pending;
+    double granted = 0;  // granted bytes not yet in
+  };
+  // The sender asks `dst` for room for each fragment of the message.
+  void request(int src, int dst, double units, int64_t order, const std::shared_ptr<Sim::Fn>& arrived) {
+    Receiver& r = receivers_[static_cast<size_t>(dst)];
+    for (double left = units; left > 0;) {
+      const double u = std::min(left, fragmentBytes_);
+      left -= u;
+      r.pending.push(Request{{order, seq_++}, src, u, left <= 0 ? arrived : nullptr});
+    }
+    grant(dst);
+  }
+  // `dst` grants its most urgent requests while its window has room (one at least); each grant
+  // reaches its sender grantSeconds_ later and joins the sender's one queue; the fragment's arrival
+  // frees its room.
+  void grant(int dst) {
+    Receiver& r = receivers_[static_cast<size_t>(dst)];
+    while (!r.pending.empty() && (r.granted <= 0 || r.granted + r.pending.top().units <= creditWindow_)) {
+      Request q = r.pending.top();
+      r.pending.pop();
+      r.granted += q.units;
+      sim_->at(sim_->now() + grantSeconds_, [this, dst, q] {
+        egress_[static_cast<size_t>(q.src)].submit(0, q.units, q.priority, [this, dst, q](double, double, double units, bool) {
+          ingress_[static_cast<size_t>(dst)].submit(units, 0, [this, dst, q](double, double end, double, bool) {
+            sim_->at(end, [this, dst, q] {
+              receivers_[static_cast<size_t>(dst)].granted -= q.units;
+              if (q.arrived) (*q.arrived)();
+              grant(dst);
+            });
+          });
+        });
+      });
+    }
+  }
+
   Sim* sim_;
   const Cluster& c_;
   double crypto_;  // bytes/s at the workload's scale
   int first_, end_;
   double fragmentBytes_ = kInf;
+  Cluster::Links links_ = Cluster::Links::kAsBuilt;  // as built unless the links are prioritized
+  double creditWindow_ = 0, grantSeconds_ = 0;        // kCredits, at the workload's scale
+  uint64_t seq_ = 0;                                  // kCredits: requests' arrival order
+  std::vector<Receiver> receivers_;                   // kCredits: [node]
   std::vector<double> tx_;
   std::vector<Egress> egress_;
   std::vector<Server> ingress_, loop_;

@@ -244,15 +244,16 @@ TEST(BenchSmoke, OverlapTwoNodes) {
 }
 
 // --urgent-layers 2: conv1_1's and conv1_2's data leave on the TOS-marked connections, and the nodes'
-// two-band queues (--host-queue tos) send them in the low-delay band; the bulk does not go there
-// (and unmarked traffic puts nothing there: LocalRanksAggregateOnTheNodeBeforeTheLink).
+// two-band queues (--host-queue tos) send them in the low-delay band, as do the switch ports'
+// (--switch-queue tos); the bulk does not go there (and unmarked traffic puts nothing there:
+// LocalRanksAggregateOnTheNodeBeforeTheLink).
 TEST(BenchSmoke, UrgentLayersGoFirstInTheNodesQueues) {
   requireCluster();
   std::string dir = testing::makeTempDir("bench-urgent");
   std::string out;
   nlohmann::json result = runBench(dir, "r",
                                    {"--systems", "poseidon-overlap", "--nodes", "2", "--iterations", "1", "--warmup",
-                                    "1", "--urgent-layers", "2", "--host-queue", "tos"},
+                                    "1", "--urgent-layers", "2", "--host-queue", "tos", "--switch-queue", "tos"},
                                    &out);
   ASSERT_EQ(result["runs"].size(), 1u);
   const auto& r = result["runs"][0];
@@ -263,6 +264,12 @@ TEST(BenchSmoke, UrgentLayersGoFirstInTheNodesQueues) {
   EXPECT_LT(result["low_delay_bytes"].get<double>(), r["tx_bytes_per_iteration"][1].get<double>())
       << result["low_delay_bytes"];
   EXPECT_THAT(out, HasSubstr("MB sent in the low-delay band"));
+  // What the nodes sent marked, the switch ports sent on marked first (each node's peers' bytes).
+  EXPECT_EQ(result["config"]["switch_queue"], "tos");
+  EXPECT_GT(result["switch_low_delay_bytes"].get<double>(), 0) << result["switch_low_delay_bytes"];
+  EXPECT_LT(result["switch_low_delay_bytes"].get<double>(), r["tx_bytes_per_iteration"][1].get<double>())
+      << result["switch_low_delay_bytes"];
+  EXPECT_THAT(out, HasSubstr("switch ports: "));
   fs::remove_all(dir);
 }
 
@@ -374,8 +381,10 @@ TEST(BenchSmoke, LocalRanksAggregateOnTheNodeBeforeTheLink) {
   };
   nlohmann::json local = bench("local", {"--systems", "poseidon,ddp", "--nodes", "1,2", "--local-ranks", "2"});
   // The two-band node queue changes nothing for traffic that is not marked: none of it is low-delay.
-  nlohmann::json flat = bench("flat", {"--systems", "poseidon", "--nodes", "2", "--host-queue", "tos"});
+  nlohmann::json flat =
+      bench("flat", {"--systems", "poseidon", "--nodes", "2", "--host-queue", "tos", "--switch-queue", "tos"});
   EXPECT_EQ(flat["low_delay_bytes"], 0) << flat.dump();
+  EXPECT_EQ(flat["switch_low_delay_bytes"], 0) << flat.dump();
   EXPECT_EQ(local["config"]["local_ranks"], 2);
   ASSERT_EQ(local["runs"].size(), 4u);
   double localTx = 0;

@@ -493,6 +493,7 @@ TEST(CliFlags, BenchRejectsOutOfRangeValues) {
   expectRejected({{"bench", "--machine-rates", "78,9.7,0"}, "--machine-rates' CURVE GB/s must be > 0, got 0"});
   expectRejected({{"bench", "--send-window", "100"}, "--send-window must be 0 or [4096, 1073741824], got 100"});
   expectRejected({{"bench", "--host-queue", "prio"}, "--host-queue must be fifo or tos, got 'prio'"});
+  expectRejected({{"bench", "--switch-queue", "prio"}, "--switch-queue must be fifo or tos, got 'prio'"});
   expectRejected({{"bench", "--urgent-layers", "-2"}, "--urgent-layers must be in [-1, 1048576], got -2"});
   expectRejected({{"bench", "--systems", "poseidon,ddp", "--urgent-layers", "2"},
                   "--urgent-layers is for the poseidon-overlap systems (their priority links), and --systems has "

@@ -100,8 +100,9 @@ int EmulatedCluster::sweepLeftovers() {
 
 std::string EmulatedCluster::nodeAddress(int i) const { return strCat("10.77.0.", i + 1); }
 
-EmulatedCluster::EmulatedCluster(int nodes, const LinkSpec& link, const std::string& tcpCongestion, HostQueue hostQueue)
-    : link_(link), tcpCongestion_(tcpCongestion), hostQueue_(hostQueue) {
+EmulatedCluster::EmulatedCluster(int nodes, const LinkSpec& link, const std::string& tcpCongestion, HostQueue hostQueue,
+                                 HostQueue switchQueue)
+    : link_(link), tcpCongestion_(tcpCongestion), hostQueue_(hostQueue), switchQueue_(switchQueue) {
   std::string why;
   if (!available(&why)) throw Error(why);
   if (nodes < 1 || nodes > 200) throw InvalidArgument(strCat("cluster size must be 1..200, got ", nodes));
@@ -128,7 +129,7 @@ EmulatedCluster::EmulatedCluster(int nodes, const LinkSpec& link, const std::str
       run({"ip", "-n", ns, "link", "set", "lo", "up"});
       shape(ns, "eth0", link, hostQueue_ == HostQueue::kTos);
       run({"ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv4.tcp_congestion_control=" + tcpCongestion_});
-      shape(switchNs_, port, LinkSpec{link.mbit, 0, link.queueMs, link.bucketMbit});
+      shape(switchNs_, port, LinkSpec{link.mbit, 0, link.queueMs, link.bucketMbit}, switchQueue_ == HostQueue::kTos);
     }
   } catch (...) {
     destroy();
@@ -248,21 +249,29 @@ void EmulatedCluster::shape(const std::string& ns, const std::string& dev, const
       "0x10", "0x1c", "flowid", h + ":10"});
 }
 
+namespace {
+// Bytes the low-delay band (class h:10) of dev's two-band queue sent.
+uint64_t lowDelayBand(const std::string& ns, const std::string& dev, const std::string& h) {
+  // "class htb 2:10 parent 2:1 leaf ...: prio 0 rate ...\n Sent 1234 bytes 5 pkt ..."
+  std::istringstream in(run({"ip", "netns", "exec", ns, "tc", "-s", "class", "show", "dev", dev, "classid", h + ":10"}));
+  for (std::string w, prev; in >> w; prev = w)
+    if (w == "bytes" && !prev.empty() && std::all_of(prev.begin(), prev.end(), ::isdigit)) return std::stoull(prev);
+  return 0;
+}
+}  // namespace
+
 uint64_t EmulatedCluster::lowDelayBytesSent() const {
   if (hostQueue_ != HostQueue::kTos) return 0;
-  const std::string h = link_.latencyMs > 0 ? "3" : "2";
+  const std::string h = link_.latencyMs > 0 ? "3" : "2";  // under netem's 1: (shape())
   uint64_t total = 0;
-  for (const auto& ns : namespaces_) {
-    // "class htb 2:10 parent 2:1 leaf ...: prio 0 rate ...\n Sent 1234 bytes 5 pkt ..."
-    std::istringstream in(
-        run({"ip", "netns", "exec", ns, "tc", "-s", "class", "show", "dev", "eth0", "classid", h + ":10"}));
-    for (std::string w, prev; in >> w; prev = w) {
-      if (w == "bytes" && !prev.empty() && std::all_of(prev.begin(), prev.end(), ::isdigit)) {
-        total += std::stoull(prev);
-        break;
-      }
-    }
-  }
+  for (const auto& ns : namespaces_) total += lowDelayBand(ns, "eth0", h);
+  return total;
+}
+
+uint64_t EmulatedCluster::lowDelayBytesReceived() const {
+  if (switchQueue_ != HostQueue::kTos) return 0;
+  uint64_t total = 0;
+  for (const auto& port : switchPorts_) total += lowDelayBand(switchNs_, port, "2");  // no netem on the ports
   return total;
 }
 
@@ -303,7 +312,8 @@ void EmulatedCluster::setLink(const LinkSpec& link) {
     clearRoot(namespaces_[i], "eth0");
     shape(namespaces_[i], "eth0", link, hostQueue_ == HostQueue::kTos);
     clearRoot(switchNs_, switchPorts_[i]);
-    shape(switchNs_, switchPorts_[i], LinkSpec{link.mbit, 0, link.queueMs, link.bucketMbit});
+    shape(switchNs_, switchPorts_[i], LinkSpec{link.mbit, 0, link.queueMs, link.bucketMbit},
+          switchQueue_ == HostQueue::kTos);
   }
   link_ = link;
 }

@@ -2,7 +2,8 @@
 // namespace per node, joined through a bridge in a switch namespace; each
 // node's link shaped in both directions with tc tbf (node egress = upload,
 // switch-port egress = download) and an optional netem delay; with HostQueue::kTos
-// each node's egress is two bands under the same rate instead (HTB). Every node's
+// each node's egress is two bands under the same rate instead (HTB), and the switch ports' with
+// a switch queue of kTos (switches set to trust the mark). Every node's
 // TCP runs one named congestion control (default cubic, Linux's and Debian's),
 // not whatever the host happens to use: the emulated cluster is a cluster of
 // stock hosts, and the algorithm decides how pushes and replies share a link.
@@ -54,7 +55,7 @@ class EmulatedCluster {
   // Throws Error with a clear reason when not root, iproute2 is missing or the kernel has no
   // tcpCongestion (net.ipv4.tcp_available_congestion_control).
   EmulatedCluster(int nodes, const LinkSpec& link, const std::string& tcpCongestion = kDefaultTcpCongestion,
-                  HostQueue hostQueue = HostQueue::kFifo);
+                  HostQueue hostQueue = HostQueue::kFifo, HostQueue switchQueue = HostQueue::kFifo);
   ~EmulatedCluster();
   EmulatedCluster(const EmulatedCluster&) = delete;
   EmulatedCluster& operator=(const EmulatedCluster&) = delete;
@@ -74,9 +75,12 @@ class EmulatedCluster {
   void setMinRto(double ms);
   const std::string& tcpCongestion() const { return tcpCongestion_; }
   HostQueue hostQueue() const { return hostQueue_; }
+  HostQueue switchQueue() const { return switchQueue_; }
   // HostQueue::kTos: bytes all nodes sent in the low-delay band since their links were last shaped
   // (tc's class counters); 0 with kFifo.
   uint64_t lowDelayBytesSent() const;
+  // The same for the switch ports (the switch queue's kTos): bytes they sent toward the nodes first.
+  uint64_t lowDelayBytesReceived() const;
   // Packets the links' queues dropped since they were last shaped (tc's qdisc counters): `uplink`
   // at the nodes' egress (what they send), `downlink` at the switch ports (what they receive: incast).
   struct QueueDrops {
@@ -108,6 +112,7 @@ class EmulatedCluster {
   LinkSpec link_;
   std::string tcpCongestion_;
   HostQueue hostQueue_ = HostQueue::kFifo;
+  HostQueue switchQueue_ = HostQueue::kFifo;
   bool destroyed_ = false;
 };
 

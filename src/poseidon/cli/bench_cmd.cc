@@ -59,6 +59,7 @@ struct BenchArgs {
   double timeDilation = 1;  // --time-dilation (bench/emulation.h)
   std::string tcpCongestion = bench::EmulatedCluster::kDefaultTcpCongestion;
   std::string hostQueue = "fifo";  // --host-queue: each emulated node's egress qdisc
+  std::string switchQueue = "fifo";  // --switch-queue: each switch port's egress qdisc
   int urgentLayers = VanOptions::kAutoUrgentLayers;                 // --urgent-layers, for the poseidon-overlap systems
   bool deferReconstruction = true;                                  // --defer-reconstruction, for Poseidon's ranks
   int peersPerSendWindow = VanOptions::kDefaultPeersPerSendWindow;  // --peers-per-send-window
@@ -146,7 +147,11 @@ void addRuntimeFlags(FlagSet& flags, BenchArgs& a) {
                 "land, inside the backward, as before 2026-12-02)");
   flags.addString("host-queue", &a.hostQueue,
                   "each emulated node's egress queue: fifo (one FIFO) or tos (packets marked low-delay first, as "
-                  "Linux's pfifo_fast serves them; the switch ports stay FIFO)",
+                  "Linux's pfifo_fast serves them; the switch ports stay FIFO unless --switch-queue tos)",
+                  "fifo|tos");
+  flags.addString("switch-queue", &a.switchQueue,
+                  "each switch port's queue toward its node: fifo (one FIFO) or tos (the same two bands as "
+                  "--host-queue tos: a switch set to trust the mark; not a stock switch's setting)",
                   "fifo|tos");
   flags.addInt64("pair-bytes", &a.pairBytes,
                  "Poseidon's KV pair size at full width, bytes (train --pair-bytes); each rank gets it x s'^2 "
@@ -251,6 +256,7 @@ struct BenchPlan {
 BenchPlan planBench(const BenchArgs& a) {
   checkTcpCongestionName(a.tcpCongestion);
   parseHostQueue(a.hostQueue);
+  parseHostQueue(a.switchQueue, "--switch-queue");
   BenchPlan p;
   p.models = splitList(a.modelsFlag);
   p.systems = splitList(a.systemsFlag);
@@ -326,6 +332,7 @@ nlohmann::json benchConfig(const BenchArgs& a, const BenchPlan& p, const std::ve
                            {"urgent_layers", a.urgentLayers},
                            {"defer_reconstruction", a.deferReconstruction},
                            {"host_queue", a.hostQueue},
+                           {"switch_queue", a.switchQueue},
                            {"pair_bytes", a.pairBytes},  // full width
                            // every emulated node ran here: what the planner's --check needs to know
                            {"host_cores", std::max(1u, std::thread::hardware_concurrency())}};
@@ -381,7 +388,7 @@ nlohmann::json bisectRates(Harness& h, const BenchArgs& a, const BenchPlan& p, c
 std::vector<RunResult> runAll(Harness& h, const BenchArgs& a, const BenchPlan& p, nlohmann::json& result) {
   std::vector<RunResult> runs;
   EmulatedCluster cluster(p.nodes.back(), bench::LinkSpec{p.rates.front(), a.latencyMs, a.queueMs}, a.tcpCongestion,
-                          parseHostQueue(a.hostQueue));
+                          parseHostQueue(a.hostQueue), parseHostQueue(a.switchQueue, "--switch-queue"));
   h.cluster = &cluster;
   if (a.timeDilation != 1) {
     cluster.setMinRto(EmulatedCluster::kKernelMinRtoMs * a.timeDilation);
@@ -401,9 +408,10 @@ std::vector<RunResult> runAll(Harness& h, const BenchArgs& a, const BenchPlan& p
     }
   }
   // --host-queue tos: what the nodes' queues sent ahead (their counters restart with each setLink).
-  uint64_t lowDelayBytes = 0;
+  uint64_t lowDelayBytes = 0, switchLowDelayBytes = 0;  // and --switch-queue tos: the ports'
   auto setRate = [&](const std::string& m, double rate) {
     lowDelayBytes += cluster.lowDelayBytesSent();
+    switchLowDelayBytes += cluster.lowDelayBytesReceived();
     h.setRate(m, rate, a.latencyMs, a.queueMs);
   };
   for (const auto& m : p.models) {
@@ -431,10 +439,16 @@ std::vector<RunResult> runAll(Harness& h, const BenchArgs& a, const BenchPlan& p
     }
   }
   lowDelayBytes += cluster.lowDelayBytesSent();
+  switchLowDelayBytes += cluster.lowDelayBytesReceived();
   if (cluster.hostQueue() == bench::HostQueue::kTos) {
     result["low_delay_bytes"] = lowDelayBytes;
     std::printf("host queues: %.3f MB sent in the low-delay band (IP TOS 0x10, --urgent-layers)\n",
                 static_cast<double>(lowDelayBytes) / 1e6);
+  }
+  if (cluster.switchQueue() == bench::HostQueue::kTos) {
+    result["switch_low_delay_bytes"] = switchLowDelayBytes;
+    std::printf("switch ports: %.3f MB sent in the low-delay band (IP TOS 0x10, --urgent-layers)\n",
+                static_cast<double>(switchLowDelayBytes) / 1e6);
   }
   bench::computeSpeedups(runs);
   if (!a.bisectSystems.empty() && p.nodes.front() == 1 && p.nodes.back() > 1) {

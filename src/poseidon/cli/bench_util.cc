@@ -86,10 +86,10 @@ void addTcpCongestionFlag(FlagSet& flags, std::string* name) {
                   "NAME");
 }
 
-bench::HostQueue parseHostQueue(const std::string& name) {
+bench::HostQueue parseHostQueue(const std::string& name, const char* flag) {
   if (name == "fifo") return bench::HostQueue::kFifo;
   if (name == "tos") return bench::HostQueue::kTos;
-  throw InvalidArgument(strCat("--host-queue must be fifo or tos, got '", name, "'"));
+  throw InvalidArgument(strCat(flag, " must be fifo or tos, got '", name, "'"));
 }
 
 void checkTcpCongestionName(const std::string& name) {

@@ -41,7 +41,7 @@ std::string commandLine(const std::string& command, const std::vector<std::strin
 // --queue-ms: each shaped link's queue (bench and bench --accuracy).
 void addQueueFlag(FlagSet& flags, double* queueMs);
 // --host-queue fifo|tos (bench/cluster.h, HostQueue); throws InvalidArgument on anything else.
-bench::HostQueue parseHostQueue(const std::string& name);
+bench::HostQueue parseHostQueue(const std::string& name, const char* flag = "--host-queue");
 // --tcp-cc: the emulated nodes' TCP congestion control (bench and bench --accuracy).
 void addTcpCongestionFlag(FlagSet& flags, std::string* name);
 // InvalidArgument unless name looks like a kernel congestion-control name (the cluster checks it is there).

@@ -157,8 +157,8 @@ void addPredictFlags(FlagSet& flags, PlanArgs& a) {
                   "--check: the results file's)",
                   "fifo|tos");
   flags.addString("switch-queue", &a.switchQueue,
-                  "--predict: the switch ports toward each node: fifo (the bench's) or tos (the urgent connections' "
-                  "packets first, switches set to trust the mark; a design study)",
+                  "--predict: the switch ports toward each node: fifo or tos (the urgent connections' packets first, "
+                  "switches set to trust the mark; bench --switch-queue; --check: the results file's)",
                   "fifo|tos");
   flags.addString("links", &a.links,
                   "--predict: how poseidon-overlap's round data share the links, a design study: as-built (each "
@@ -291,9 +291,7 @@ PredictRequest predictRequest(const FlagSet& flags, const PlanArgs& a) {
   r.cluster.wire = parseWirePrecision(a.wire);
   r.cluster.lowDelayFirst = parseHostQueue(a.hostQueue) == bench::HostQueue::kTos;
   r.cluster.links = planner::parseLinks(a.links);
-  if (a.switchQueue != "fifo" && a.switchQueue != "tos")
-    throw InvalidArgument("--switch-queue must be fifo or tos, got '" + a.switchQueue + "'");
-  r.cluster.switchLowDelayFirst = a.switchQueue == "tos";
+  r.cluster.switchLowDelayFirst = parseHostQueue(a.switchQueue, "--switch-queue") == bench::HostQueue::kTos;
   return r;
 }
 

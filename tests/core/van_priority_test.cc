@@ -9,7 +9,10 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <cstdio>
+#include <cstdlib>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 #include <zmq_addon.hpp>
@@ -217,6 +220,58 @@ TEST(VanPriority, UrgentLayersLeaveOnASecondConnection) {
   EXPECT_EQ(bulk.size(), 1u);
   EXPECT_NE(urgent, bulk);
   a.close();
+}
+
+// The TOS of this host's established TCP connections whose local port is `port` (`ss --tos`), one
+// entry per connection; empty if there is no ss to ask.
+std::vector<std::string> tosOfConnectionsOn(const std::string& endpoint) {
+  const std::string port = endpoint.substr(endpoint.rfind(':') + 1);
+  std::vector<std::string> tos;
+  FILE* ss = popen("ss -Htn --tos state established 2>/dev/null", "r");
+  if (ss == nullptr) return tos;
+  char line[512];
+  while (fgets(line, sizeof line, ss) != nullptr) {
+    // "Recv-Q Send-Q Local:Port Peer:Port tos:0x10 class_id:0 ..."
+    std::istringstream in(line);
+    std::vector<std::string> w;
+    for (std::string x; in >> x;) w.push_back(x);
+    if (w.size() < 5 || w[2].substr(w[2].rfind(':') + 1) != port) continue;
+    for (const auto& x : w)
+      if (x.rfind("tos:", 0) == 0) tos.push_back(x.substr(4));
+  }
+  pclose(ss);
+  return tos;
+}
+
+// A van that may use urgent connections accepts its peers' connections marked low-delay too, so
+// that what it sends on them, the ACKs of their data, is not held behind bulk bytes in a queue that
+// serves the mark first; a van without urgent layers leaves its accepted connections unmarked.
+TEST(VanPriority, AcceptedConnectionsMarkTheirAcksLikeTheUrgentData) {
+  if (std::system("ss -V > /dev/null 2>&1") != 0) GTEST_SKIP() << "no ss (iproute2) to read the TOS with";
+  zmq::context_t ctx;
+  VanOptions urgent, plain;
+  urgent.sendWindowBytes = plain.sendWindowBytes = 4096;
+  urgent.urgentLayers = 2;
+  plain.urgentLayers = 0;
+  Van a(ctx, urgent), b(ctx, plain);
+  const std::vector<std::string> endpoints{a.endpoint(), b.endpoint()};
+  a.connectPeers(0, endpoints, kJob);
+  b.connectPeers(1, endpoints, kJob);
+  // Layer 0 (urgent at a) and layer 5 (bulk) each way: every connection is up once these are in.
+  auto p = pattern(300, 4);
+  for (uint32_t layer : {0u, 5u}) {
+    a.send(1, header(MsgType::kPsPush, layer), p.data(), p.size());
+    b.send(0, header(MsgType::kPsPush, layer), p.data(), p.size());
+  }
+  for (int k = 0; k < 2; ++k) {
+    next(a);
+    next(b);
+  }
+  // a's ROUTER accepted b's one connection, b's accepted a's two (bulk and urgent).
+  EXPECT_THAT(tosOfConnectionsOn(a.endpoint()), ::testing::ElementsAre("0x10"));
+  EXPECT_THAT(tosOfConnectionsOn(b.endpoint()), ::testing::ElementsAre("0", "0"));
+  a.close();
+  b.close();
 }
 
 TEST(VanPriority, UrgentLayersNeedASendWindow) {

@@ -72,6 +72,12 @@ Van::Van(zmq::context_t& ctx, const VanOptions& options)
   }
   // Before bind: accepted connections inherit it, so it bounds each peer's window from the start.
   if (const int rcvbuf = kernelReceiveBuffer(options); rcvbuf > 0) router_.set(zmq::sockopt::rcvbuf, rcvbuf);
+  // Before bind, too: with urgent connections possible, every connection accepted here marks what it
+  // sends - its ACKs, since a van sends nothing on the ROUTER - low-delay like the urgent data. A host
+  // or switch queue that serves that mark first would otherwise hold an urgent connection's ACKs
+  // behind the bulk bytes toward its sender, and its small window would stall on them (with every
+  // conv layer urgent and two-band queues at 16 nodes: 25-33 TCP timeouts a run, 1.21x the bound).
+  if (options.sendWindowBytes > 0 && options.urgentLayers != 0) router_.set(zmq::sockopt::tos, kUrgentTos);
   if (options.curve) makeCurveServer(router_, *options.curve);
   std::string want = "tcp://" + options.bindHost + ":" + (options.port ? std::to_string(options.port) : "*");
   try {

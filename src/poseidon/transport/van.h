@@ -94,7 +94,9 @@ struct VanOptions {
   // layers - go to each peer on a second connection whose packets are marked IP TOS low-delay
   // (kUrgentTos). There they wait behind no byte of the bulk connection (its ZeroMQ pipe, encoder
   // and kernel send buffer), and a host queue that honours TOS (Linux's pfifo_fast and sch_fq
-  // bands; `bench --host-queue tos`) sends them first. docs/scheduling.md, "The urgent connection".
+  // bands; `bench --host-queue tos`) sends them first. With urgent layers possible (not 0) the van's
+  // accepted connections are marked too, so the ACKs it returns for them are not held behind bulk
+  // bytes. docs/scheduling.md, "The urgent connection".
   // 0: none. kAutoUrgentLayers (the default): kAutoUrgentLayerCount layers with a send window and
   // more than kAutoUrgentPeers peers, else none (Van::urgentLayerCount). Why there: with the
   // connections' send buffers grown for many peers, vgg19 @30 at 32 nodes went from 1.25 s an

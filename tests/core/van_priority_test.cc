@@ -7,10 +7,10 @@
 #include <sys/resource.h>
 
 #include <algorithm>
-#include <cstring>
-#include <limits>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <limits>
 #include <set>
 #include <sstream>
 #include <string>

@@ -253,7 +253,8 @@ namespace {
 // Bytes the low-delay band (class h:10) of dev's two-band queue sent.
 uint64_t lowDelayBand(const std::string& ns, const std::string& dev, const std::string& h) {
   // "class htb 2:10 parent 2:1 leaf ...: prio 0 rate ...\n Sent 1234 bytes 5 pkt ..."
-  std::istringstream in(run({"ip", "netns", "exec", ns, "tc", "-s", "class", "show", "dev", dev, "classid", h + ":10"}));
+  std::istringstream in(
+      run({"ip", "netns", "exec", ns, "tc", "-s", "class", "show", "dev", dev, "classid", h + ":10"}));
   for (std::string w, prev; in >> w; prev = w)
     if (w == "bytes" && !prev.empty() && std::all_of(prev.begin(), prev.end(), ::isdigit)) return std::stoull(prev);
   return 0;

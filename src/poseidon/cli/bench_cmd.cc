@@ -59,7 +59,7 @@ struct BenchArgs {
   double timeDilation = 1;  // --time-dilation (bench/emulation.h)
   std::string tcpCongestion = bench::EmulatedCluster::kDefaultTcpCongestion;
   std::string hostQueue = "fifo";  // --host-queue: each emulated node's egress qdisc
-  std::string switchQueue = "fifo";  // --switch-queue: each switch port's egress qdisc
+  std::string switchQueue = "fifo";                                 // --switch-queue: each switch port's egress qdisc
   int urgentLayers = VanOptions::kAutoUrgentLayers;                 // --urgent-layers, for the poseidon-overlap systems
   bool deferReconstruction = true;                                  // --defer-reconstruction, for Poseidon's ranks
   int peersPerSendWindow = VanOptions::kDefaultPeersPerSendWindow;  // --peers-per-send-window

@@ -199,10 +199,11 @@ void refuseOtherModesFlags(const FlagSet& flags, const PlanArgs& a) {
       if (flags.wasSet(name)) throw InvalidArgument(strCat("--", name, " ", why));
   };
   if (checking) {
-    refuse({"predict",    "sweep",      "groups",          "merged-fc",     "model",       "workers",     "servers",
-            "batch",      "pair-bytes", "width-scale",     "scheme",        "wire",        "rate",        "systems",
-            "efficiency", "compute",    "compute-seconds", "crypto",        "gemm-tflops", "send-window", "host-copy",
-            "limits",     "io-threads", "sum-threads",     "urgent-layers", "host-queue",  "local-ranks", "links", "credit-window", "switch-queue"},
+    refuse({"predict",       "sweep",       "groups",      "merged-fc",   "model",           "workers",
+            "servers",       "batch",       "pair-bytes",  "width-scale", "scheme",          "wire",
+            "rate",          "systems",     "efficiency",  "compute",     "compute-seconds", "crypto",
+            "gemm-tflops",   "send-window", "host-copy",   "limits",      "io-threads",      "sum-threads",
+            "urgent-layers", "host-queue",  "local-ranks", "links",       "credit-window",   "switch-queue"},
            "does not apply to --check: each run's model, cluster and rates come from the results file");
   } else if (predicting) {
     refuse({"scheme", "width-scale"}, "is for the cost table; the planner models BestScheme's choice at full width");
@@ -225,12 +226,12 @@ void refuseOtherModesFlags(const FlagSet& flags, const PlanArgs& a) {
       throw InvalidArgument(strCat("--predict models at most ", kMaxPlannedWorkers, " workers, got ", a.workers));
     }
   } else {
-    refuse(
-        {"rate",      "groups",      "merged-fc",     "systems",     "efficiency",  "compute",       "compute-seconds",
-         "crypto",    "gemm-tflops", "link-overhead", "ddp-step-ms", "send-window", "message-us",    "host-cores",
-         "tolerance", "host-copy",   "limits",        "io-threads",  "sum-threads", "urgent-layers", "host-queue",
-         "local-ranks", "links", "credit-window", "switch-queue"},
-        "is for the planner (--predict, --sweep or --check)");
+    refuse({"rate",        "groups",          "merged-fc",  "systems",       "efficiency",
+            "compute",     "compute-seconds", "crypto",     "gemm-tflops",   "link-overhead",
+            "ddp-step-ms", "send-window",     "message-us", "host-cores",    "tolerance",
+            "host-copy",   "limits",          "io-threads", "sum-threads",   "urgent-layers",
+            "host-queue",  "local-ranks",     "links",      "credit-window", "switch-queue"},
+           "is for the planner (--predict, --sweep or --check)");
     if (flags.wasSet("servers") && a.servers > a.workers)
       throw InvalidArgument(strCat("--servers ", a.servers, " exceeds --workers ", a.workers, " (shards are nodes)"));
   }

@@ -192,7 +192,7 @@ Cluster runCluster(const Cluster& calibration, const nlohmann::json& config, int
   if (window > 0) c.sendWindowBytes = window / (scale * scale);
   // bench --urgent-layers (-1: the runtime's rule); files made before the urgent connection ran none
   c.urgentLayers = config.value("urgent_layers", 0);
-  c.lowDelayFirst = config.value("host_queue", std::string("fifo")) == "tos";           // bench --host-queue
+  c.lowDelayFirst = config.value("host_queue", std::string("fifo")) == "tos";          // bench --host-queue
   c.switchLowDelayFirst = config.value("switch_queue", std::string("fifo")) == "tos";  // bench --switch-queue
   c.deferReconstruction = config.value("defer_reconstruction", false);         // bench --defer-reconstruction
   // bench --pair-bytes (full width, as the planner's); files without it ran the default

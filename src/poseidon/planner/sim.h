@@ -294,12 +294,12 @@ class Network {
       }
       // Ideal links take the most urgent chunk first at the receiver too; as built, in arrival order,
       // the urgent connections' first where the switch ports honour their mark.
-      const int64_t inOrder =
-          links_ == Cluster::Links::kIdeal ? order : urgent && c_.switchLowDelayFirst ? -1 : 0;
+      const int64_t inOrder = links_ == Cluster::Links::kIdeal ? order : urgent && c_.switchLowDelayFirst ? -1 : 0;
       Server::ChunkFn chunk = [this, dst, inOrder, arrived](double, double, double units, bool last) {
-        ingress_[static_cast<size_t>(dst)].submit(units, inOrder, [this, last, arrived](double, double end, double, bool) {
-          if (last) sim_->at(end, [arrived] { (*arrived)(); });
-        });
+        ingress_[static_cast<size_t>(dst)].submit(units, inOrder,
+                                                  [this, last, arrived](double, double end, double, bool) {
+                                                    if (last) sim_->at(end, [arrived] { (*arrived)(); });
+                                                  });
       };
       // Outside as-built links a node's messages share one queue: its most urgent fragment goes next.
       const int flow = links_ != Cluster::Links::kAsBuilt ? 0 : urgent ? Egress::urgentFlow(dst) : dst;
@@ -357,15 +357,16 @@ class Network {
       r.pending.pop();
       r.granted += q.units;
       sim_->at(sim_->now() + grantSeconds_, [this, dst, q] {
-        egress_[static_cast<size_t>(q.src)].submit(0, q.units, q.priority, [this, dst, q](double, double, double units, bool) {
-          ingress_[static_cast<size_t>(dst)].submit(units, 0, [this, dst, q](double, double end, double, bool) {
-            sim_->at(end, [this, dst, q] {
-              receivers_[static_cast<size_t>(dst)].granted -= q.units;
-              if (q.arrived) (*q.arrived)();
-              grant(dst);
+        egress_[static_cast<size_t>(q.src)].submit(
+            0, q.units, q.priority, [this, dst, q](double, double, double units, bool) {
+              ingress_[static_cast<size_t>(dst)].submit(units, 0, [this, dst, q](double, double end, double, bool) {
+                sim_->at(end, [this, dst, q] {
+                  receivers_[static_cast<size_t>(dst)].granted -= q.units;
+                  if (q.arrived) (*q.arrived)();
+                  grant(dst);
+                });
+              });
             });
-          });
-        });
       });
     }
   }
@@ -376,9 +377,9 @@ class Network {
   int first_, end_;
   double fragmentBytes_ = kInf;
   Cluster::Links links_ = Cluster::Links::kAsBuilt;  // as built unless the links are prioritized
-  double creditWindow_ = 0, grantSeconds_ = 0;        // kCredits, at the workload's scale
-  uint64_t seq_ = 0;                                  // kCredits: requests' arrival order
-  std::vector<Receiver> receivers_;                   // kCredits: [node]
+  double creditWindow_ = 0, grantSeconds_ = 0;       // kCredits, at the workload's scale
+  uint64_t seq_ = 0;                                 // kCredits: requests' arrival order
+  std::vector<Receiver> receivers_;                  // kCredits: [node]
   std::vector<double> tx_;
   std::vector<Egress> egress_;
   std::vector<Server> ingress_, loop_;

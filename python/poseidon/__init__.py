@@ -116,7 +116,12 @@ class DistributedModel(torch.nn.Module):
         peer on a second connection whose packets are marked IP TOS low-delay. They wait behind none of
         the other layers' bytes in ZeroMQ and the kernel's send buffers, and a host queue that honours
         TOS sends them first (docs/scheduling.md). 0: one connection per peer. -1 (the default): the
-        runtime's rule, K = 3 with send_window and more than 8 peers, else one connection.
+        runtime's rule: with send_window and more than 8 peers, every layer below the model's FC stack
+        where the host's egress queue serves the mark first (host_queue) and the FC layers hold most of
+        the parameters, else K = 3; one connection otherwise.
+    host_queue: for urgent_layers=-1, what this host's egress queue does with the mark: "auto" (the
+        default: read from the kernel; Linux's pfifo_fast and prio serve it first), "tos" (it does) or
+        "fifo" (its connections take turns).
     groups: Omnivore's compute groups (docs/omnivore.md): 0 (the default) is BSP; G > 0 splits the ranks
         into G groups of consecutive ranks, synchronous inside a group and asynchronous across groups.
         The sharded parameter servers then hold the model and run SGD: each group's summed gradient is
@@ -142,7 +147,7 @@ class DistributedModel(torch.nn.Module):
     def __init__(self, module, batch=None, *, name=None, scheme="auto", overlap=True, broadcast_buffers=True,
                  check_finite=True, timeout=30.0, sync_threads=2, pair_bytes=2 * 1024 * 1024, io_threads=0,
                  sum_threads=2, tcp_rcvbuf=0, wire="fp32", overlap_forward=False, send_window=0, urgent_layers=-1,
-                 groups=0, optimizer=None,
+                 host_queue="auto", groups=0, optimizer=None,
                  staleness=None, merged_fc=None, stage_on_host=False, local_ranks=1):
         super().__init__()
         if not isinstance(module, torch.nn.Module):
@@ -156,7 +161,7 @@ class DistributedModel(torch.nn.Module):
                        pair_bytes=int(pair_bytes), io_threads=int(io_threads), sum_threads=int(sum_threads),
                        tcp_rcvbuf=int(tcp_rcvbuf),
                        wire=str(wire), send_window=int(send_window), urgent_layers=int(urgent_layers),
-                       stage_on_host=bool(stage_on_host),
+                       host_queue=str(host_queue), stage_on_host=bool(stage_on_host),
                        local_ranks=int(local_ranks))
         self.groups = int(groups)
         self._group_optimizer = None

@@ -11,6 +11,7 @@
 #include "poseidon/core/cost_model.h"
 #include "poseidon/model/zoo.h"
 #include "poseidon/planner/sim.h"
+#include "poseidon/transport/van.h"
 
 namespace poseidon::planner {
 namespace {
@@ -492,6 +493,27 @@ TEST(Planner, TheOverlapTakesTheRuntimesUrgentLayers) {
   EXPECT_LT(overlap(9, 3, 1.5), 0.97 * overlap(9, 0, 1.5));
   EXPECT_DOUBLE_EQ(overlap(32, -1, 3), overlap(32, 3, 3));
   EXPECT_LT(overlap(32, -1, 3), 0.95 * overlap(32, 0, 3));
+  // Where the node's queue serves the mark first, the rule takes every layer below vgg19's FC stack
+  // (16) past 16 peers, which the planner puts 8% below 3 layers at 32 nodes (measured: 1.046 s
+  // against 1.241, bench/results/urgent-auto/), and 3 at 16 nodes (0.957-0.959 s against
+  // 0.972-0.982 for 16); files made before the rule read the queue (urgentRule 1) keep 3, and those
+  // of the day's trial build (2) took 16 past 8 peers.
+  auto tos = [&](int workers, int urgent, int rule) {
+    Cluster c;
+    c.workers = workers;
+    c.linkBytes = 3e9 / 8;
+    c.urgentLayers = urgent;
+    c.lowDelayFirst = true;
+    c.urgentRule = rule;
+    return predict(w, c, System::kPoseidonOverlap).iterationSeconds;
+  };
+  const int now = VanOptions::kAutoUrgentRule;
+  EXPECT_DOUBLE_EQ(tos(32, -1, now), tos(32, 16, now));
+  EXPECT_DOUBLE_EQ(tos(32, -1, 1), tos(32, 3, now));
+  EXPECT_LT(tos(32, 16, now), 0.95 * tos(32, 3, now));
+  EXPECT_DOUBLE_EQ(tos(16, -1, now), tos(16, 3, now));
+  EXPECT_LT(tos(16, 3, now), tos(16, 16, now));
+  EXPECT_DOUBLE_EQ(tos(16, -1, 2), tos(16, 16, now));
   // BSP has no priority links: the setting changes nothing.
   Cluster c;
   c.workers = 32;

@@ -19,6 +19,7 @@
 
 #include "expect_error.h"
 #include "poseidon/common/error.h"
+#include "poseidon/model/zoo.h"
 #include "poseidon/transport/van.h"
 #include "poseidon/wire/frame.h"
 
@@ -323,10 +324,20 @@ TEST(VanPriority, UrgentLayersAreAutomaticPastEightPeers) {
   EXPECT_EQ(Van::urgentLayerCount(o, 8), 0);
   EXPECT_EQ(Van::urgentLayerCount(o, 9), 3);
   EXPECT_EQ(Van::urgentLayerCount(o, 255), 3);
+  // Where the egress queue serves the mark first, past 16 peers: every layer below an FC stack that
+  // holds the bulk.
+  EXPECT_EQ(Van::urgentLayerCount(o, 17, true, 16), 16);
+  EXPECT_EQ(Van::urgentLayerCount(o, 31, true, 16), 16);
+  EXPECT_EQ(Van::urgentLayerCount(o, 16, true, 16), 3);  // 16 nodes: 3 measured faster
+  EXPECT_EQ(Van::urgentLayerCount(o, 31, true, 0), 3);   // no such stack (resnet-152)
+  EXPECT_EQ(Van::urgentLayerCount(o, 31, false, 16), 3);
+  EXPECT_EQ(Van::urgentLayerCount(o, 8, true, 16), 0);
   o.urgentLayers = 0;
   EXPECT_EQ(Van::urgentLayerCount(o, 31), 0);
+  EXPECT_EQ(Van::urgentLayerCount(o, 31, true, 16), 0);
   o.urgentLayers = 5;
   EXPECT_EQ(Van::urgentLayerCount(o, 1), 5);
+  EXPECT_EQ(Van::urgentLayerCount(o, 31, true, 16), 5);
   // On real sockets: 9 peers put layer 2 (urgent) and layer 3 (bulk) on two connections, 8 peers on one.
   o.urgentLayers = VanOptions::kAutoUrgentLayers;
   int used = -1;
@@ -338,6 +349,39 @@ TEST(VanPriority, UrgentLayersAreAutomaticPastEightPeers) {
   EXPECT_EQ(used, 0);
   ASSERT_EQ(eight.size(), 2u);
   EXPECT_EQ(eight[0], eight[1]);
+}
+
+// The automatic rule on real sockets, 17 peers, with the job's model: the van reads its egress queue
+// (toward 127.0.0.1 the loopback's noqueue: nothing served first, so 3 layers) unless told
+// (VanOptions::egressQueue): told tos, vgg19's 16 conv layers; told fifo, 3; without a model, 3 and
+// no probe.
+TEST(VanPriority, TheAutomaticUrgentLayersReadTheEgressQueue) {
+  zmq::context_t ctx;
+  const ModelDesc vgg19 = zooModel("vgg19", 0.1);
+  ASSERT_EQ(vgg19.layersBelowFcBulk(), 16);
+  auto used = [&](EgressQueue queue, const ModelDesc* model, EgressProbe* probe) {
+    VanOptions o;
+    o.sendWindowBytes = 4096;
+    o.lingerMs = 0;
+    o.egressQueue = queue;
+    Van a(ctx, o);
+    std::vector<std::string> endpoints{a.endpoint()};
+    endpoints.resize(18, "tcp://127.0.0.1:1");  // 17 peers, nothing listening
+    a.connectPeers(0, endpoints, kJob, model);
+    *probe = a.egressProbe();
+    return a.urgentLayers();
+  };
+  EgressProbe probe;
+  EXPECT_EQ(used(EgressQueue::kAuto, &vgg19, &probe), 3);
+  EXPECT_EQ(probe.device, "lo");
+  EXPECT_EQ(probe.qdisc, "noqueue");
+  EXPECT_EQ(probe.error, "");
+  EXPECT_EQ(used(EgressQueue::kTos, &vgg19, &probe), 16);
+  EXPECT_EQ(probe.device, "");  // told: not read
+  EXPECT_EQ(used(EgressQueue::kFifo, &vgg19, &probe), 3);
+  EXPECT_EQ(used(EgressQueue::kTos, nullptr, &probe), 3);
+  EXPECT_EQ(used(EgressQueue::kAuto, nullptr, &probe), 3);
+  EXPECT_EQ(probe.device, "");
 }
 
 // A van whose connections need more descriptors than the soft limit raises it toward the hard one

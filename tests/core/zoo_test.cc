@@ -406,5 +406,30 @@ TEST_F(ModelTableTest, ResolveModelTellsNamesFromPaths) {
   EXPECT_THAT(invalidArgumentMessage([] { resolveModel("vgg19.json"); }), HasSubstr("cannot open"));
 }
 
+// The layers below the FC stack, where that stack holds at least half the parameters: what the
+// urgent connection carries on a queue that serves it first (Van::urgentLayerCount).
+TEST(ZooTest, TheLayersBelowTheFcBulk) {
+  EXPECT_EQ(zooModel("vgg19").layersBelowFcBulk(), 16);
+  EXPECT_EQ(zooModel("vgg19", 0.09375).layersBelowFcBulk(), 16);  // the bench's width
+  EXPECT_EQ(zooModel("vgg19-22k").layersBelowFcBulk(), 16);
+  EXPECT_EQ(zooModel("alexnet").layersBelowFcBulk(), 5);
+  EXPECT_EQ(zooModel("resnet-152").layersBelowFcBulk(), 0);
+  EXPECT_EQ(zooModel("inception-v3").layersBelowFcBulk(), 0);
+  EXPECT_EQ(zooModel("googlenet").layersBelowFcBulk(), 0);
+  // Exactly half counts; just under does not; the FC layers count, not the conv layers above the
+  // first of them (inception-v3's auxiliary classifier sits below its last blocks).
+  ModelDesc m;
+  m.layers = {LayerSpec::conv("c", 10, 1, 1, 1, false), LayerSpec::fc("f", 10, 1, false)};
+  EXPECT_EQ(m.layersBelowFcBulk(), 1);
+  m.layers[1] = LayerSpec::fc("f", 9, 1, false);
+  EXPECT_EQ(m.layersBelowFcBulk(), 0);
+  m.layers = {LayerSpec::conv("c", 10, 1, 1, 1, false), LayerSpec::fc("f", 2, 1, false),
+              LayerSpec::conv("d", 10, 1, 1, 1, false)};
+  EXPECT_EQ(m.layersBelowFcBulk(), 0);
+  m.layers.push_back(LayerSpec::fc("g", 20, 1, false));
+  EXPECT_EQ(m.layersBelowFcBulk(), 1);
+  EXPECT_EQ(ModelDesc{}.layersBelowFcBulk(), 0);
+}
+
 }  // namespace
 }  // namespace poseidon

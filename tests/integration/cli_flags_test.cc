@@ -553,6 +553,13 @@ TEST(CliFlags, TrainRejectsOutOfRangeNetworkKnobs) {
   expectRejected({{"train", "--io-threads", "-1"}, "--io-threads must be in [0, 64], got -1"});
   expectRejected({{"train", "--tcp-rcvbuf", "-2"}, "--tcp-rcvbuf must be in [-1, 1073741824], got -2"});
   expectRejected({{"train", "--wire", "fp8"}, "unknown wire precision 'fp8' (expected fp32, bf16 or fp16)"});
+  expectRejected({{"train", "--host-queue", "pfifo_fast"}, "--host-queue must be auto, fifo or tos, got 'pfifo_fast'"});
+  expectRejected(
+      {{"train", "--host-queue", "tos"},
+       "--host-queue tos chooses the automatic urgent layers: it needs --send-window and no --urgent-layers"});
+  expectRejected(
+      {{"train", "--host-queue", "fifo", "--overlap-forward", "--send-window", "8192", "--urgent-layers", "2"},
+       "--host-queue fifo chooses the automatic urgent layers: it needs --send-window and no --urgent-layers"});
   expectRejected(
       {{"train", "--wire", "fp16", "--plain"}, "--wire fp16 and --plain cannot be combined (--plain sends nothing)"});
   expectRejected({{"train", "--wire", "bf16", "--groups", "2"},

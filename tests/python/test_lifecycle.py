@@ -71,7 +71,8 @@ class Lifecycle(TempDirTest):
             f.write("import torch, poseidon\n"
                     "import datetime\n"
                     "for bad in ({'io_threads': -1}, {'tcp_rcvbuf': -2}, {'send_window': 100},\n"
-                    "            {'urgent_layers': 2}, {'timeout': None}, {'timeout': float('inf')}):\n"
+                    "            {'urgent_layers': 2}, {'timeout': None}, {'timeout': float('inf')},\n"
+                    "            {'host_queue': 'pfifo_fast'}):\n"
                     "    try:\n"
                     "        poseidon.DistributedModel(torch.nn.Linear(4, 2), batch=3, **bad)\n"
                     "    except Exception as e:\n"
@@ -101,6 +102,7 @@ class Lifecycle(TempDirTest):
         self.assertIn("refused: InvalidArgument timeout is seconds (a number) or a datetime.timedelta, got None",
                       run.out)
         self.assertIn("refused: InvalidArgument timeout must be a positive finite number of seconds, got inf", run.out)
+        self.assertIn("refused: InvalidArgument host_queue must be auto, fifo or tos, got 'pfifo_fast'", run.out)
         self.assertIn("trained with one I/O thread", run.out)
         # a launcher's local rank that is not a number, named (it was int()'s bare ValueError, and only
         # where a GPU was visible)

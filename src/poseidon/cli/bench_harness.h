@@ -248,6 +248,11 @@ struct Harness {
         if (urgentLayers != VanOptions::kAutoUrgentLayers && priorityLinks) {
           so.argv.insert(so.argv.end(), {"--urgent-layers", std::to_string(urgentLayers)});
         }
+        // The node's two-band queue is HTB with a filter on the mark, which the runtime's probe of the
+        // egress qdisc (probeEgressQueue) does not read; the node's FIFO (tbf) it reads itself.
+        if (cluster->hostQueue() == bench::HostQueue::kTos && priorityLinks) {
+          so.argv.insert(so.argv.end(), {"--host-queue", "tos"});
+        }
         if (!deferReconstruction) so.argv.push_back("--defer-reconstruction=false");
         so.argv.insert(so.argv.end(), {"--io-threads", std::to_string(ioThreads)});
         so.argv.insert(so.argv.end(), {"--sum-threads", std::to_string(sumThreads)});

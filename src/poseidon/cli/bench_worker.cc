@@ -99,7 +99,7 @@ struct WorkerArgs {
   double scale = 0.1;
   int iterations = 8, warmup = 3, timeoutMs = 120000;
   int64_t pairBytes = -1;
-  std::string compute = "titanx", chargedOn = "none", tracePath;
+  std::string compute = "titanx", chargedOn = "none", tracePath, hostQueue = "auto";
   double gemmFlops = 0, sumBytes = 0, cryptoBytes = 0, linkMbit = 0;
   double timeDilation = 1;  // --time-dilation: every emulated duration F times longer
   int rcvbuf = 0, sendWindow = 0, ioThreads = bench::kBenchIoThreads, sumThreads = kDefaultSumThreads;
@@ -158,8 +158,12 @@ void addWorkerFlags(FlagSet& flags, WorkerArgs& a) {
                "N", IntRange::closed(0, 1 << 20));
   flags.addInt("urgent-layers", &a.urgentLayers,
                "send the first K layers' round data on a second connection per peer, marked IP TOS low-delay "
-               "(needs a send window; 0: one connection; -1: the runtime's rule, 3 past 8 peers)",
+               "(needs a send window; 0: one connection; -1: the runtime's rule, VanOptions::urgentLayers)",
                "K", IntRange::closed(-1, 1 << 20));
+  flags.addString("host-queue", &a.hostQueue,
+                  "for the automatic --urgent-layers: what the node's egress queue does with the mark (auto: read "
+                  "from the kernel; the bench says tos for its two-band queues, which the probe cannot read)",
+                  "auto|fifo|tos");
   flags.addBool("defer-reconstruction", &a.deferReconstruction,
                 "on a GPU node (--charged-on a GPU), hold each iteration's SFB reconstructions until its backward is "
                 "handed over (default true)");
@@ -219,6 +223,7 @@ NodeOptions workerNodeOptions(const WorkerArgs& a, const RankEnv& env, const ben
   o.van.sendWindowBytes = a.sendWindow;
   o.van.peersPerSendWindow = a.peersPerSendWindow;
   o.van.urgentLayers = a.urgentLayers;
+  o.van.egressQueue = parseEgressQueue(a.hostQueue);
   o.settings.localRanks = a.localRanks;
   return o;
 }

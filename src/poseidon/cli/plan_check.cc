@@ -192,6 +192,8 @@ Cluster runCluster(const Cluster& calibration, const nlohmann::json& config, int
   if (window > 0) c.sendWindowBytes = window / (scale * scale);
   // bench --urgent-layers (-1: the runtime's rule); files made before the urgent connection ran none
   c.urgentLayers = config.value("urgent_layers", 0);
+  // Which rule -1 meant (Cluster::urgentRule); files without urgent_rule ran the first
+  c.urgentRule = config.value("urgent_rule", 1);
   c.lowDelayFirst = config.value("host_queue", std::string("fifo")) == "tos";          // bench --host-queue
   c.switchLowDelayFirst = config.value("switch_queue", std::string("fifo")) == "tos";  // bench --switch-queue
   c.deferReconstruction = config.value("defer_reconstruction", false);         // bench --defer-reconstruction

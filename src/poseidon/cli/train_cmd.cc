@@ -50,7 +50,7 @@ void readReliabilityEnvironment(pt::TrainHooks& o) {
 struct TrainFlags {
   pt::TrainOptions o;
   pt::TrainHooks hooks;  // the launcher's state, test hooks, and the benchmarks' padding and curve
-  std::string scheme = "auto", wire = "fp32";
+  std::string scheme = "auto", wire = "fp32", hostQueue = "auto";
   bool noOverlap = false;
   int64_t pairBytes = pt::TrainOptions{}.pairBytes;
   int64_t seed = static_cast<int64_t>(pt::TrainOptions{}.seed);
@@ -117,9 +117,15 @@ void addTrainingFlags(FlagSet& flags, TrainFlags& t) {
   flags.addInt("urgent-layers", &t.o.urgentLayers,
                "with --send-window: the round data of the first K layers (the next forward's first) go to each "
                "peer on a second connection marked IP TOS low-delay, behind none of the other layers' bytes in "
-               "ZeroMQ and the kernel's send buffers (0: one connection; -1, the default: 3 past 8 peers, else "
-               "none; docs/scheduling.md)",
+               "ZeroMQ and the kernel's send buffers (0: one connection; -1, the default: past 8 peers every layer "
+               "below the FC stack where the host's queue serves the mark first (--host-queue) and the FC layers "
+               "hold most of the parameters, else 3; fewer peers none; docs/scheduling.md)",
                "K", IntRange::closed(-1, 1 << 20));
+  flags.addString("host-queue", &t.hostQueue,
+                  "for the automatic --urgent-layers: what this host's egress queue does with the IP TOS mark: auto "
+                  "(read from the kernel's qdisc toward the peers: pfifo_fast and prio serve it first), tos (it "
+                  "does), fifo (its connections take turns)",
+                  "auto|fifo|tos");
   flags.addBool("plain", &t.o.plain, "run the plain LibTorch loop without Poseidon (overhead baseline; 1 worker)");
   flags.addString("device", &t.o.device,
                   "where each worker's model and batches live: cpu; cuda (cuda:LOCAL_RANK, one worker per GPU; "
@@ -240,6 +246,12 @@ void finishOptions(TrainFlags& t) {
   pt::TrainOptions& o = t.o;
   o.scheme = parseSchemePolicy(t.scheme);
   o.wire = parseWirePrecision(t.wire);
+  o.hostQueue = parseEgressQueue(t.hostQueue);
+  if (o.hostQueue != EgressQueue::kAuto && (o.sendWindowBytes == 0 || o.urgentLayers != -1)) {
+    throw InvalidArgument(
+        strCat("--host-queue ", t.hostQueue,
+               " chooses the automatic urgent layers: it needs --send-window and no --urgent-layers"));
+  }
   if (o.wire != WirePrecision::kFp32 && o.plain) {
     throw InvalidArgument(strCat("--wire ", t.wire, " and --plain cannot be combined (--plain sends nothing)"));
   }

@@ -125,7 +125,7 @@ void Node::assemble() {
   van_->counters().resizePeers(book.worldSize());
   std::vector<std::string> endpoints;
   for (const auto& n : book.nodes()) endpoints.push_back(n.endpoint);
-  van_->connectPeers(rank, endpoints, book.jobId());
+  van_->connectPeers(rank, endpoints, book.jobId(), &book.model());
   const bool member = isLocalMember();
   if (isServer() && !member) {
     server_ = std::make_unique<KvServer>(book, book.shardIndex(rank), options_.charger);

@@ -153,4 +153,15 @@ int ModelDesc::find(const std::string& layerName) const {
   return -1;
 }
 
+int ModelDesc::layersBelowFcBulk() const {
+  int first = -1;
+  int64_t fc = 0;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    if (layers[i].type != LayerType::kFC) continue;
+    if (first < 0) first = static_cast<int>(i);
+    fc += layers[i].numel();
+  }
+  return first > 0 && 2 * fc >= numel() ? first : 0;
+}
+
 }  // namespace poseidon

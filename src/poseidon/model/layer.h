@@ -65,6 +65,11 @@ struct ModelDesc {
   static std::optional<std::string> firstDifference(const ModelDesc& a, const ModelDesc& b);
   // Layer index by name, or -1.
   int find(const std::string& layerName) const;
+  // The layers below the model's FC stack - the index of its first FC layer - when its FC layers
+  // hold at least half of its parameters (vgg19: 16, alexnet: 5); else 0 (resnet-152, inception-v3:
+  // their bytes are in the conv layers). What the urgent connection carries where the
+  // host's queue serves it first (Van::urgentLayerCount): the next forward's layers, ahead of bulk.
+  int layersBelowFcBulk() const;
   std::string layerSummary(size_t index) const;  // "fc 4096x25088 (102764544 params)"
 };
 

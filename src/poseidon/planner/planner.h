@@ -143,9 +143,13 @@ struct Cluster {
   int64_t pairBytes = kDefaultPairBytes;    // at full width; scaled by s^2 as the bench does
   double sendWindowBytes = 1048576;         // poseidon-overlap's fragments, full width
   // poseidon-overlap: the layers whose round data take a second connection per peer (VanOptions::urgentLayers;
-  // -1: the runtime's rule, Van::urgentLayerCount: 3 past 8 peers; 0: none). On a node's egress that
-  // connection takes its turns beside the bulk ones, with its own few fragments committed.
+  // -1: the runtime's rule, Van::urgentLayerCount: past 16 peers the layers below the FC stack with
+  // lowDelayFirst, past 8 peers 3; 0: none). On a node's egress that connection takes its turns beside
+  // the bulk ones, with its own few fragments committed.
   int urgentLayers = -1;
+  // Which of the runtime's rules -1 meant (VanOptions::kAutoUrgentRule; --check reads the bench
+  // file's urgent_rule).
+  int urgentRule = 3;  // VanOptions::kAutoUrgentRule (checked in poseidon_model.cc)
   // Each node's egress queue serves its urgent connections' packets (TOS low-delay) before the
   // others, as Linux's pfifo_fast does (bench --host-queue tos); false: the connections take turns.
   bool lowDelayFirst = false;

@@ -34,7 +34,7 @@ class PoseidonModel {
         layout_(
             KvLayout::balanced(w.model, c.servers > 0 ? c.servers : c.workers, scaledPairBytes(c.pairBytes, c.scale))),
         net_(&sim_, c, overlap_, warm_, iterations_),
-        urgentLayers_(overlap_ ? urgentLayerCount(c) : 0),
+        urgentLayers_(overlap_ ? urgentLayerCount(w, c) : 0),
         elementBytes_(static_cast<double>(wireElementBytes(c.wire))) {
     DeviceModel device;
     device.flopScale = w.flopScale;
@@ -108,12 +108,18 @@ class PoseidonModel {
   int64_t priority(int it, int layer, int src, int dst) const {
     return (static_cast<int64_t>(it) * L_ + layer) * P_ + ((dst - src - layer) % P_ + P_) % P_;
   }
-  // The runtime's count of urgent layers (Van::urgentLayerCount) for this cluster's peers.
-  static int urgentLayerCount(const Cluster& c) {
+  static_assert(VanOptions::kAutoUrgentRule == 3, "Cluster::urgentRule's default is the runtime's rule");
+  // The runtime's count of urgent layers (Van::urgentLayerCount) for this cluster's peers and queue.
+  static int urgentLayerCount(const Workload& w, const Cluster& c) {
     VanOptions van;
     van.sendWindowBytes = 1;  // poseidon-overlap runs priority links
     van.urgentLayers = c.urgentLayers;
-    return Van::urgentLayerCount(van, static_cast<size_t>(std::max(0, c.workers - 1)));
+    const size_t peers = static_cast<size_t>(std::max(0, c.workers - 1));
+    const int belowFc = w.model.layersBelowFcBulk();
+    if (c.urgentRule == 2 && c.urgentLayers == VanOptions::kAutoUrgentLayers && c.lowDelayFirst && belowFc > 0 &&
+        peers > static_cast<size_t>(VanOptions::kAutoUrgentPeers))
+      return belowFc;
+    return Van::urgentLayerCount(van, peers, c.urgentRule >= 2 && c.lowDelayFirst, belowFc);
   }
   bool urgent(int layer) const { return layer < urgentLayers_; }
 

@@ -50,6 +50,7 @@ py::dict optionsToDict(const pt::DistributedOptions& o) {
   d["sum_threads"] = o.node.sumThreads;
   d["send_window"] = o.node.van.sendWindowBytes;
   d["urgent_layers"] = o.node.van.urgentLayers;
+  d["host_queue"] = std::string(egressQueueName(o.node.van.egressQueue));
   d["batch"] = o.node.settings.batch;
   d["pair_bytes"] = o.node.settings.pairBytes;
   d["scheme"] = std::string(schemePolicyName(o.node.settings.policy));
@@ -96,6 +97,7 @@ pt::DistributedOptions optionsFromDict(const py::dict& d) {
   o.node.sumThreads = get("sum_threads").cast<int>();
   o.node.van.sendWindowBytes = get("send_window").cast<int>();
   o.node.van.urgentLayers = get("urgent_layers").cast<int>();
+  o.node.van.egressQueue = parseEgressQueue(get("host_queue").cast<std::string>(), "host_queue");
   o.node.settings.batch = get("batch").cast<int64_t>();
   o.node.settings.pairBytes = get("pair_bytes").cast<int64_t>();
   o.node.settings.policy = parseSchemePolicy(get("scheme").cast<std::string>());

@@ -10,6 +10,7 @@
 #include "poseidon/core/best_scheme.h"
 #include "poseidon/core/kv_layout.h"
 #include "poseidon/launch/env.h"
+#include "poseidon/transport/egress_queue.h"
 #include "poseidon/wire/precision.h"
 
 namespace poseidon::pt {
@@ -68,6 +69,9 @@ struct TrainOptions {
   // peer, marked IP TOS low-delay (--urgent-layers, VanOptions::urgentLayers). 0: none. -1
   // (VanOptions::kAutoUrgentLayers): 3 with a send window and more than 8 peers, else none.
   int urgentLayers = -1;
+  // For the automatic urgentLayers: what the host's egress queue does with the mark (--host-queue,
+  // VanOptions::egressQueue); kAuto reads it from the kernel.
+  EgressQueue hostQueue = EgressQueue::kAuto;
   bool plain = false;    // no Poseidon at all: the plain LibTorch loop (overhead baseline, 1 worker)
   // Where each rank's model and batches live (--device): cpu, cuda (cuda:LOCAL_RANK, one process per
   // GPU; ranks beyond the GPUs share them), or auto (cuda when there is one). docs/gpu.md.

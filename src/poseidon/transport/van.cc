@@ -159,11 +159,22 @@ void ensureDescriptors(size_t connections) {
 }
 }  // namespace
 
-int Van::urgentLayerCount(const VanOptions& options, size_t peers) {
+int Van::urgentLayerCount(const VanOptions& options, size_t peers, bool lowDelayFirst, int belowFcBulk) {
   if (options.urgentLayers != VanOptions::kAutoUrgentLayers) return std::max(0, options.urgentLayers);
-  const bool many = options.sendWindowBytes > 0 && peers > static_cast<size_t>(VanOptions::kAutoUrgentPeers);
-  return many ? VanOptions::kAutoUrgentLayerCount : 0;
+  if (options.sendWindowBytes <= 0 || peers <= static_cast<size_t>(VanOptions::kAutoUrgentPeers)) return 0;
+  const bool belowFc = lowDelayFirst && belowFcBulk > 0 && peers > static_cast<size_t>(VanOptions::kAutoBelowFcPeers);
+  return belowFc ? belowFcBulk : VanOptions::kAutoUrgentLayerCount;
 }
+
+namespace {
+// "10.0.0.2" of "tcp://10.0.0.2:5555" ("::1" of "tcp://[::1]:5555").
+std::string endpointHost(const std::string& endpoint) {
+  std::string host = endpoint.substr(endpoint.rfind('/') + 1);
+  host = host.substr(0, host.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return host;
+}
+}  // namespace
 
 int Van::kernelReceiveBuffer(const VanOptions& options) {
   if (options.receiveBufferBytes != 0) return std::max(0, options.receiveBufferBytes);
@@ -171,7 +182,7 @@ int Van::kernelReceiveBuffer(const VanOptions& options) {
   return static_cast<int>(int64_t{options.sendWindowBytes} * kReceivePerSendWindowNum / kReceivePerSendWindowDen);
 }
 
-void Van::connectPeers(int selfRank, const std::vector<std::string>& endpoints, uint64_t job) {
+void Van::connectPeers(int selfRank, const std::vector<std::string>& endpoints, uint64_t job, const ModelDesc* model) {
   POSEIDON_ENFORCE(rank_ < 0, "connectPeers called twice");
   if (selfRank < 0 || selfRank >= static_cast<int>(endpoints.size())) {
     throw InvalidArgument(strCat("rank ", selfRank, " outside world of ", endpoints.size()));
@@ -180,8 +191,34 @@ void Van::connectPeers(int selfRank, const std::vector<std::string>& endpoints, 
   job_ = job;
   peers_.clear();
   const int kernelWindow = kernelSendWindow(options_, endpoints.size() - 1);
-  urgentLayers_ = urgentLayerCount(options_, endpoints.size() - 1);
-  ensureDescriptors((endpoints.size() - 1) * (urgentLayers_ > 0 ? 2 : 1));
+  const size_t peers = endpoints.size() - 1;
+  const int belowFcBulk = model ? model->layersBelowFcBulk() : 0;
+  bool lowDelayFirst = options_.egressQueue == EgressQueue::kTos;
+  // Read the egress queue only where the answer changes the count.
+  if (options_.egressQueue == EgressQueue::kAuto && belowFcBulk > 0 &&
+      urgentLayerCount(options_, peers, false, belowFcBulk) != urgentLayerCount(options_, peers, true, belowFcBulk)) {
+    egressProbe_ = probeEgressQueue(endpointHost(endpoints[(static_cast<size_t>(selfRank) + 1) % endpoints.size()]));
+    lowDelayFirst = egressProbe_.lowDelayFirst;
+  }
+  urgentLayers_ = urgentLayerCount(options_, peers, lowDelayFirst, belowFcBulk);
+  if (options_.urgentLayers == VanOptions::kAutoUrgentLayers && urgentLayers_ > 0) {
+    const EgressProbe& p = egressProbe_;
+    const std::string queue =
+        !p.error.empty()    ? strCat("the egress queue could not be read (", p.error, "), taken as taking turns")
+        : !p.device.empty() ? strCat(p.device, "'s egress queue (", p.qdisc, ") ",
+                                     p.lowDelayFirst ? "serves TOS low-delay first" : "takes turns")
+        : lowDelayFirst     ? std::string("the egress queue serves TOS low-delay first (--host-queue tos)")
+                            : std::string("the egress queue takes turns");
+    const std::string line =
+        strCat("rank ", selfRank, ": ", urgentLayers_, " urgent layers on a second connection per peer; ", queue,
+               urgentLayers_ == belowFcBulk && lowDelayFirst ? ": every layer below the FC stack" : "");
+    if (selfRank == 0) {
+      POSEIDON_LOG(kInfo) << line;
+    } else {
+      POSEIDON_LOG(kDebug) << line;
+    }
+  }
+  ensureDescriptors(peers * (urgentLayers_ > 0 ? 2 : 1));
   auto dealer = [&](size_t r, int tos) {
     auto socket = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::dealer);
     // FIFO: unlimited. Priority: one message in the pipe and the window in the kernel, so the

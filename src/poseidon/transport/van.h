@@ -48,8 +48,10 @@
 #include <zmq.hpp>
 
 #include "poseidon/common/work_charger.h"
+#include "poseidon/model/layer.h"
 #include "poseidon/transport/charged_crypto.h"
 #include "poseidon/transport/counters.h"
+#include "poseidon/transport/egress_queue.h"
 #include "poseidon/transport/fragments.h"
 #include "poseidon/transport/message.h"
 #include "poseidon/transport/scheduler.h"
@@ -97,15 +99,29 @@ struct VanOptions {
   // bands; `bench --host-queue tos`) sends them first. With urgent layers possible (not 0) the van's
   // accepted connections are marked too, so the ACKs it returns for them are not held behind bulk
   // bytes. docs/scheduling.md, "The urgent connection".
-  // 0: none. kAutoUrgentLayers (the default): kAutoUrgentLayerCount layers with a send window and
-  // more than kAutoUrgentPeers peers, else none (Van::urgentLayerCount). Why there: with the
-  // connections' send buffers grown for many peers, vgg19 @30 at 32 nodes went from 1.25 s an
-  // iteration to 1.19 (3 layers, FIFO host queue) and 1.17-1.21 (with `tos`), at 16 nodes it took
-  // 2-3% off, and at 8 nodes resnet-152 was the same either way; each connection doubles a node's
-  // sockets and descriptors, so it is not spent where it buys nothing.
+  // 0: none. kAutoUrgentLayers (the default), with a send window: past kAutoBelowFcPeers peers,
+  // every layer below the model's FC stack (ModelDesc::layersBelowFcBulk) where the node's egress
+  // queue serves the mark first (egressQueue, below); otherwise past kAutoUrgentPeers peers
+  // kAutoUrgentLayerCount; with fewer none (Van::urgentLayerCount). Why there: with the connections'
+  // send buffers grown for many peers, vgg19 @30 at 32 nodes went from 1.25 s an iteration to 1.19
+  // (3 layers, FIFO host queue), at 16 nodes it took 2-3% off, and at 8 nodes resnet-152 was the same
+  // either way; each connection doubles a node's sockets and descriptors, so it is not spent where it
+  // buys nothing. On a queue that takes turns more layers only make a second bulk connection (8
+  // layers: 1.296 s against 1.224 for 3 at 32 nodes). On one that serves the mark first, vgg19's 16
+  // conv layers measured 1.046 s at 32 nodes against 1.241 for 3, but 0.972-0.982 at 16 nodes against
+  // 0.957-0.959 for 3 (bench/results/urgent-auto/); the planner puts the crossing at 17 peers.
   int urgentLayers = kAutoUrgentLayers;
   static constexpr int kAutoUrgentLayers = -1;
-  static constexpr int kAutoUrgentPeers = 8, kAutoUrgentLayerCount = 3;
+  static constexpr int kAutoUrgentPeers = 8, kAutoUrgentLayerCount = 3, kAutoBelowFcPeers = 16;
+  // The automatic rule's version, which the bench records (urgent_rule) for plan --check: 1 before
+  // 2026-12-03 (3 past 8 peers, whatever the queue), 2 a trial build of that day (the layers below
+  // the FC stack past 8 peers), 3 this one.
+  static constexpr int kAutoUrgentRule = 3;
+  // What the node's egress queue does with the mark, for the automatic rule above: kAuto reads it
+  // from the kernel (probeEgressQueue: pfifo_fast or prio on the device toward the peers), kTos or
+  // kFifo say it (train --host-queue; the bench's two-band queues are HTB, which the probe cannot
+  // read, so it says tos).
+  EgressQueue egressQueue = EgressQueue::kAuto;
   // The bench's charge for CURVE's encryption on ZeroMQ's I/O threads (common/work_charger.h).
   // Null, as in production: nothing charged. Not owned; must outlive the van.
   WorkCharger* charger = nullptr;
@@ -118,8 +134,10 @@ class Van {
   // The SO_SNDBUF each connection gets with `peers` peers (VanOptions::peersPerSendWindow); 0 without
   // a send window (FIFO links: the OS's autotuned buffers).
   static int kernelSendWindow(const VanOptions& options, size_t peers);
-  // The urgent layers a van with `peers` peers uses (VanOptions::urgentLayers, the automatic rule resolved).
-  static int urgentLayerCount(const VanOptions& options, size_t peers);
+  // The urgent layers a van with `peers` peers uses: VanOptions::urgentLayers, or its automatic rule
+  // resolved with `lowDelayFirst` (whether the node's egress queue serves the mark first) and
+  // `belowFcBulk` (the job model's ModelDesc::layersBelowFcBulk).
+  static int urgentLayerCount(const VanOptions& options, size_t peers, bool lowDelayFirst = false, int belowFcBulk = 0);
   // The SO_RCVBUF the data endpoint asks for (VanOptions::receiveBufferBytes); 0: the OS's autotuned
   // buffer. Automatic with priority links: sendWindowBytes x kReceivePerSendWindow (4/3), which on
   // resnet-152 at 30 Mbit/s, 8 nodes, 9.2 KB windows measured 1.23x DDP-fp16 against 1.18x with the
@@ -143,7 +161,10 @@ class Van {
   // Sets this node's rank, the job id and the peer endpoints (index = rank).
   // Connects a DEALER to every other rank. Call once, before any send() or
   // poll().
-  void connectPeers(int selfRank, const std::vector<std::string>& endpoints, uint64_t job);
+  // `model`: the job's, for the automatic urgent layers (VanOptions::urgentLayers); null: none known,
+  // the fixed count.
+  void connectPeers(int selfRank, const std::vector<std::string>& endpoints, uint64_t job,
+                    const ModelDesc* model = nullptr);
   int rank() const { return rank_; }
   int worldSize() const { return static_cast<int>(peers_.size()); }
 
@@ -176,6 +197,9 @@ class Van {
   TrafficCounters& counters() { return counters_; }
   // The urgent layers in use (urgentLayerCount; 0 before connectPeers).
   int urgentLayers() const { return urgentLayers_; }
+  // What connectPeers read of the egress queue (VanOptions::egressQueue kAuto, where the automatic
+  // rule needed it); empty device and error if it did not look.
+  const EgressProbe& egressProbe() const { return egressProbe_; }
   // Bytes (header + payload) handed to the urgent connections (VanOptions::urgentLayers).
   uint64_t urgentBytesSent() const { return urgentBytesSent_.load(std::memory_order_relaxed); }
   uint64_t rejectedFrames() const { return rejected_.load(); }
@@ -218,7 +242,8 @@ class Van {
 
   zmq::context_t& ctx_;
   VanOptions options_;
-  int urgentLayers_ = 0;  // urgentLayerCount(options_, peers), set by connectPeers
+  int urgentLayers_ = 0;  // urgentLayerCount(options_, peers, ...), set by connectPeers
+  EgressProbe egressProbe_;
   std::string endpoint_;
   int rank_ = -1;
   uint64_t job_ = 0;

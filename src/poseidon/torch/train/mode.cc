@@ -126,6 +126,7 @@ nlohmann::json modeOptionsJson(const TrainOptions& o) {
           {"overlap_forward", o.overlapForward},
           {"send_window", o.sendWindowBytes},
           {"urgent_layers", o.urgentLayers},
+          {"host_queue", egressQueueName(o.hostQueue)},
           {"drop_stragglers", o.dropStragglers},
           {"groups", o.groups},
           {"staleness_bound", o.staleness},

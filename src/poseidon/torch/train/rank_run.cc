@@ -41,6 +41,7 @@ DistributedOptions RankContext::jobOptions() const {
   d.node.sumThreads = o.sumThreads;
   d.node.van.sendWindowBytes = o.sendWindowBytes;
   d.node.van.urgentLayers = o.urgentLayers;
+  d.node.van.egressQueue = o.hostQueue;
   d.node.settings.batch = o.batch;
   d.node.settings.pairBytes = o.pairBytes;
   if (o.servers > 0) d.node.role = env.rank < o.servers ? Role::kBoth : Role::kWorker;

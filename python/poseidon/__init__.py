@@ -116,9 +116,9 @@ class DistributedModel(torch.nn.Module):
         peer on a second connection whose packets are marked IP TOS low-delay. They wait behind none of
         the other layers' bytes in ZeroMQ and the kernel's send buffers, and a host queue that honours
         TOS sends them first (docs/scheduling.md). 0: one connection per peer. -1 (the default): the
-        runtime's rule: with send_window and more than 8 peers, every layer below the model's FC stack
+        runtime's rule: with send_window and more than 16 peers, every layer below the model's FC stack
         where the host's egress queue serves the mark first (host_queue) and the FC layers hold most of
-        the parameters, else K = 3; one connection otherwise.
+        the parameters; otherwise K = 3 past 8 peers, and one connection with fewer.
     host_queue: for urgent_layers=-1, what this host's egress queue does with the mark: "auto" (the
         default: read from the kernel; Linux's pfifo_fast and prio serve it first), "tos" (it does) or
         "fifo" (its connections take turns).

@@ -139,8 +139,8 @@ void addRuntimeFlags(FlagSet& flags, BenchArgs& a) {
   flags.addInt("urgent-layers", &a.urgentLayers,
                "the poseidon-overlap systems send the round data of their first K layers on a second connection "
                "per peer marked IP TOS low-delay (train --urgent-layers; 0: one connection; -1, the default: the "
-               "runtime's, past 8 peers the layers below the FC stack with --host-queue tos (the ranks are told "
-               "their queue) where the FC layers hold most bytes, else 3; fewer peers none; docs/scheduling.md)",
+               "runtime's: past 16 peers the layers below the FC stack with --host-queue tos (the ranks are told "
+               "their queue) where the FC layers hold most bytes, else 3 past 8 peers; docs/scheduling.md)",
                "K", IntRange::closed(-1, 1 << 20));
   flags.addBool("defer-reconstruction", &a.deferReconstruction,
                 "on a GPU node, Poseidon's SFB reconstructions wait until the iteration's backward is handed over, "

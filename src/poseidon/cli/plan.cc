@@ -149,8 +149,8 @@ void addPredictFlags(FlagSet& flags, PlanArgs& a) {
                   "BYTES", RealRange::atLeast(4096));
   flags.addInt("urgent-layers", &a.calibration.urgentLayers,
                "--predict: poseidon-overlap's first K layers on a second connection per peer (train --urgent-layers; "
-               "-1: the runtime's rule, past 8 peers the layers below the FC stack with --host-queue tos where the "
-               "FC layers hold most bytes, else 3; fewer peers none; 0: one connection; --check: the results file's)",
+               "-1: the runtime's rule: past 16 peers the layers below the FC stack with --host-queue tos where the "
+               "FC layers hold most bytes, else 3 past 8 peers; 0: one connection; --check: the results file's)",
                "K", IntRange::closed(-1, 1 << 20));
   flags.addString("host-queue", &a.hostQueue,
                   "--predict: each node's egress queue: fifo (its connections take turns) or tos (the urgent "

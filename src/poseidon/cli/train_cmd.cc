@@ -117,9 +117,9 @@ void addTrainingFlags(FlagSet& flags, TrainFlags& t) {
   flags.addInt("urgent-layers", &t.o.urgentLayers,
                "with --send-window: the round data of the first K layers (the next forward's first) go to each "
                "peer on a second connection marked IP TOS low-delay, behind none of the other layers' bytes in "
-               "ZeroMQ and the kernel's send buffers (0: one connection; -1, the default: past 8 peers every layer "
+               "ZeroMQ and the kernel's send buffers (0: one connection; -1, the default: past 16 peers every layer "
                "below the FC stack where the host's queue serves the mark first (--host-queue) and the FC layers "
-               "hold most of the parameters, else 3; fewer peers none; docs/scheduling.md)",
+               "hold most of the parameters, else 3 past 8 peers; docs/scheduling.md)",
                "K", IntRange::closed(-1, 1 << 20));
   flags.addString("host-queue", &t.hostQueue,
                   "for the automatic --urgent-layers: what this host's egress queue does with the IP TOS mark: auto "

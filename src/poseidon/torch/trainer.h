@@ -67,7 +67,8 @@ struct TrainOptions {
   int sendWindowBytes = 0;
   // > 0 (with sendWindowBytes): the first K layers' round data travel on a second connection per
   // peer, marked IP TOS low-delay (--urgent-layers, VanOptions::urgentLayers). 0: none. -1
-  // (VanOptions::kAutoUrgentLayers): 3 with a send window and more than 8 peers, else none.
+  // (VanOptions::kAutoUrgentLayers): the runtime's rule (past 16 peers the layers below the FC stack
+  // where the host's queue serves the mark first, else 3 past 8 peers).
   int urgentLayers = -1;
   // For the automatic urgentLayers: what the host's egress queue does with the mark (--host-queue,
   // VanOptions::egressQueue); kAuto reads it from the kernel.

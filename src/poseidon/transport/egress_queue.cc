@@ -1,6 +1,5 @@
 #include "poseidon/transport/egress_queue.h"
 
-#include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <linux/netlink.h>
 #include <linux/pkt_sched.h>
@@ -13,7 +12,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <functional>
 
 #include "poseidon/common/error.h"
 

@@ -647,9 +647,27 @@ TEST(CliFlags, EnvironmentIsCheckedOnceAndNamed) {
   rejected({"launch", "-n", "2", "--", "true"}, {{"POSEIDON_TRANSPORT_SECURITY", "off"}},
            "POSEIDON_TRANSPORT_SECURITY must be curve or none, got 'off'");
   rejected({"train", "--max-restarts", "1"}, {{"RANK", "0"}, {"WORLD_SIZE", "1"}},
-           "--max-restarts is for a train that starts its own workers; started by torchrun, give the restarts to "
-           "that launcher (poseidon launch --max-restarts R)",
+           "--max-restarts is for a train that starts its own workers; started by torchrun (RANK=0 WORLD_SIZE=1), "
+           "give the restarts to that launcher (poseidon launch --max-restarts R)",
            "[rank 0] ");  // a rank's lines carry its rank
+  // The fault-injection hooks of the reliability tests name a rank of the job, and only such a rank:
+  // another made a fault that never happened, and its test passed for nothing.
+  rejected({"train", "--workers", "2"}, {{"POSEIDON_FAULT", "5:3:kill"}},
+           "POSEIDON_FAULT names rank 5, but the job's ranks are 0..1");
+  rejected({"train", "--workers", "2"}, {{"POSEIDON_FAULT", "-1:3:kill"}},
+           "POSEIDON_FAULT='-1:3:kill' is not RANK:ITERATION:kill|stop (RANK, ITERATION >= 0)");
+  rejected({"train", "--workers", "2"}, {{"POSEIDON_SLOW", "2:50"}},
+           "POSEIDON_SLOW names rank 2, but the job's ranks are 0..1");
+  // Errors about the world name the variables that made it.
+  rejected({"train", "--workers", "3"},
+           {{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_STEP_ID", "0"}, {"MASTER_ADDR", "127.0.0.1"}},
+           "--workers 3 disagrees with the launcher's world size 2 (slurm: SLURM_PROCID=1 SLURM_NTASKS=2)",
+           "[rank 1] ");
+  // More than one rank and no MASTER_ADDR: refused at once, not a 127.0.0.1 that a rank on another
+  // machine would wait out its timeout for.
+  rejected({"train"}, {{"RANK", "1"}, {"WORLD_SIZE", "2"}},
+           "started by torchrun (RANK=1 WORLD_SIZE=2) but MASTER_ADDR is not set: export MASTER_ADDR=<address of "
+           "rank 0's machine> (127.0.0.1 when every rank runs on this one)");
   // An empty POSEIDON_LOG is unset, as every other variable; DEBUG is debug.
   for (const char* level : {"", "DEBUG"}) {
     const testing::Proc p = testing::runCli({"plan"}, dir + "/log", {{"POSEIDON_LOG", level}}, 60);

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
 
@@ -135,10 +136,40 @@ TEST(CheckpointCli, TheSameCommandAgainReportsTheCheckpointsAccuracy) {
   EXPECT_THAT(again.stdoutText(),
               HasSubstr("nothing left to train: the checkpoint is at iteration 10, --max-steps 10; evaluating it\n"));
   EXPECT_THAT(again.stdoutText(), Not(HasSubstr("no checkpoint in")));
+  // No step, so no traffic against Table 1 and no images/s: the lines would read 0.
+  EXPECT_THAT(again.stdoutText(), Not(HasSubstr("bytes on the wire")));
+  EXPECT_THAT(again.stdoutText(), HasSubstr("% (the checkpoint's; no step trained), "));
   const double accuracy = testing::readJson(dir.path + "/first.json")["test_accuracy"].get<double>();
   EXPECT_GT(accuracy, 0.1);
   EXPECT_EQ(testing::readJson(dir.path + "/again.json")["test_accuracy"].get<double>(), accuracy);
   EXPECT_EQ(entries(ck), (std::set<std::string>{"step-000000005", "step-000000010"}));  // nothing rewritten
+}
+
+// A job that --max-steps stops off the checkpoints' beat is saved where it stopped: the same command
+// with more steps goes on from there, and ends byte for byte where one run of all the steps ends.
+// Before, the steps since the last checkpoint were lost (with per-epoch checkpoints, every step of a
+// run stopped mid-epoch), and the next run redid them.
+TEST(CheckpointCli, AStopAtMaxStepsIsSavedWhereItStopped) {
+  TempDir dir;
+  const std::string ck = dir.path + "/ck", straight = dir.path + "/straight";
+  auto first = testing::runCli(job(ck, 7), dir.path + "/first", {}, 240);
+  ASSERT_EQ(first.exitCode(), 0) << first.stderrText();
+  EXPECT_EQ(entries(ck), (std::set<std::string>{"step-000000005", "step-000000007"}));
+  auto more = testing::runCli(job(ck, 12), dir.path + "/more", {}, 240);
+  ASSERT_EQ(more.exitCode(), 0) << more.stderrText();
+  EXPECT_THAT(more.stdoutText(), HasSubstr("resuming from " + ck + "/step-000000007 (iteration 7: "));
+  EXPECT_EQ(entries(ck), (std::set<std::string>{"step-000000010", "step-000000012"}));  // the newest two kept
+  auto whole = testing::runCli(job(straight, 12), dir.path + "/whole", {}, 240);
+  ASSERT_EQ(whole.exitCode(), 0) << whole.stderrText();
+  EXPECT_TRUE(testing::readBytes(ck + "/step-000000012/model.pt") ==
+              testing::readBytes(straight + "/step-000000012/model.pt"));
+  // Per-epoch checkpoints (no --checkpoint-every): a stop mid-epoch is saved too, once.
+  std::vector<std::string> perEpoch = job(dir.path + "/epoch", 3);
+  const auto every = std::find(perEpoch.begin(), perEpoch.end(), "--checkpoint-every");
+  perEpoch.erase(every, every + 2);
+  auto epoch = testing::runCli(perEpoch, dir.path + "/epoch-run", {}, 240);
+  ASSERT_EQ(epoch.exitCode(), 0) << epoch.stderrText();
+  EXPECT_EQ(entries(dir.path + "/epoch"), (std::set<std::string>{"step-000000003"}));
 }
 
 }  // namespace

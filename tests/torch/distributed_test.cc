@@ -552,10 +552,13 @@ TEST(Devices, TheLocalRankPicksTheGpu) {
       return it == vars.end() ? nullptr : it->second.c_str();
     });
   };
-  const RankEnv torchrun = envOf({{"RANK", "11"}, {"WORLD_SIZE", "16"}, {"LOCAL_RANK", "3"}});
+  const RankEnv torchrun = envOf({{"RANK", "11"}, {"WORLD_SIZE", "16"}, {"LOCAL_RANK", "3"}, {"MASTER_ADDR", "h0"}});
   EXPECT_EQ(selectDevice("cuda", torchrun.localRank, 8), c10::Device(c10::kCUDA, 3));
-  const RankEnv slurm =
-      envOf({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "5"}, {"MASTER_ADDR", "h0"}});
+  const RankEnv slurm = envOf({{"SLURM_PROCID", "5"},
+                               {"SLURM_NTASKS", "8"},
+                               {"SLURM_LOCALID", "5"},
+                               {"SLURM_STEP_ID", "0"},
+                               {"MASTER_ADDR", "h0"}});
   EXPECT_EQ(selectDevice("cuda", slurm.localRank, 4), c10::Device(c10::kCUDA, 1));  // local rank 5 of 4 GPUs
   EXPECT_EQ(selectDevice("auto", slurm.localRank, 4), c10::Device(c10::kCUDA, 1));
   EXPECT_EQ(selectDevice("auto", slurm.localRank, 0), c10::Device(c10::kCPU));

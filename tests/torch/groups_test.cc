@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -17,6 +18,7 @@ namespace {
 using ::testing::HasSubstr;
 using testing::readFloats;
 using testing::TempDir;
+namespace fs = std::filesystem;
 
 // 4 workers x batch 64 over 2048 images (8 steps per epoch), quiet; lr 0.05 without a warm-up (the
 // settings these tests' margins were measured with, before the main job's defaults changed).
@@ -238,12 +240,18 @@ TEST(MergedFc, CheckpointsHoldTheFcServersStateAndResumeExactly) {
   ASSERT_EQ(resumed.exitCode(), 0) << resumed.stderrText();
   EXPECT_THAT(resumed.stdoutText(), HasSubstr("resuming from " + ck + "/step-000000010"));
   EXPECT_EQ(testing::readBytes(dir.path + "/straight.bin"), testing::readBytes(dir.path + "/resumed.bin"));
+  // The unmerged run below resumes the merged run's checkpoint at its epoch's end (16), not the one at
+  // 20 where --max-steps stopped it, and trains its last 4 steps.
+  const std::string ckUnmerged = dir.path + "/ck-unmerged";
+  fs::copy(ck, ckUnmerged, fs::copy_options::recursive);
+  ASSERT_TRUE(fs::remove_all(ckUnmerged + "/step-000000020") > 0);
   // Without the FC server's momentum (a resume that zeroed it) the continuation would differ: the
   // unmerged mode resumes the same files and trains on to a model within rounding of the merged one.
-  auto unmerged = testing::runCli(job({"--max-steps", "20", "--groups", "1", "--momentum", "0.9", "--checkpoint", ck,
-                                       "--save-params", dir.path + "/unmerged.bin"}),
+  auto unmerged = testing::runCli(job({"--max-steps", "20", "--groups", "1", "--momentum", "0.9", "--checkpoint",
+                                       ckUnmerged, "--save-params", dir.path + "/unmerged.bin"}),
                                   dir.path + "/unmerged");
   ASSERT_EQ(unmerged.exitCode(), 0) << unmerged.stderrText();
+  EXPECT_THAT(unmerged.stdoutText(), HasSubstr("resuming from " + ckUnmerged + "/step-000000016"));
   auto a = readFloats(dir.path + "/straight.bin"), b = readFloats(dir.path + "/unmerged.bin");
   ASSERT_EQ(a.size(), b.size());
   double diff = 0;

@@ -13,6 +13,7 @@
 
 #include "cli_helpers.h"
 #include "poseidon/common/error.h"
+#include "poseidon/data/fashion_mnist.h"
 #include "poseidon/launch/env.h"
 
 namespace poseidon {
@@ -310,6 +311,35 @@ TEST(TrainCli, BadInputGetsOneLineErrors) {
   auto ckpt = run({"train", "--workers", "1", "--checkpoint", dir.path + "/badckpt", "--train-limit", "64"}, dir.path + "/c", 60);
   EXPECT_NE(ckpt.exitCode(), 0);
   EXPECT_THAT(ckpt.stderrText(), HasSubstr("checkpoint " + dir.path + "/badckpt/step-000000003 is unreadable"));
+  // Only the test split there: the training split is missed once, before any worker starts (the
+  // launcher checked the test split alone, and each worker then failed on its own).
+  fs::create_directories(dir.path + "/testonly");
+  for (const char* f : {"t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}) {
+    fs::copy_file(std::string(data::kDefaultFashionMnistDir) + "/" + f, dir.path + "/testonly/" + f);
+  }
+  auto split = run({"train", "--workers", "2", "--data", dir.path + "/testonly"}, dir.path + "/s", 60);
+  EXPECT_EQ(split.exitCode(), 2);
+  EXPECT_EQ(split.stderrText(), "poseidon train: error: Fashion-MNIST not found at " + dir.path +
+                                    "/testonly/train-images-idx3-ubyte.gz: install it with 'apt-get install "
+                                    "dataset-fashion-mnist' or pass --data DIR\n");
+}
+
+// Slurm sets SLURM_PROCID and SLURM_NTASKS in a batch script too, where the process is not one of the
+// job's tasks (no SLURM_STEP_ID). `poseidon train --workers 2` there was refused as disagreeing with
+// the world of 4, and a plain `poseidon train` waited out its timeout as rank 0 of 4. It now runs, and
+// one line says why it did not take the allocation's tasks.
+TEST(TrainCli, ASlurmBatchScriptRunsItsOwnWorld) {
+  TempDir dir;
+  auto p = run({"train", "--workers", "2", "--model", "mlp", "--batch", "16", "--train-limit", "256", "--max-steps",
+                "2", "--quiet", "--summary", dir.path + "/s.json"},
+               dir.path + "/slurm", 240, {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "0"}});
+  ASSERT_EQ(p.exitCode(), 0) << p.stderrText();
+  const std::string note =
+      "poseidon: note: SLURM_PROCID=0 and SLURM_NTASKS=4 are set but SLURM_STEP_ID is not: this is Slurm's batch "
+      "script or an salloc shell, not one of the job's tasks, so it does not wait as rank 0 of 4 (start the ranks "
+      "with srun to run them as the job's tasks)\n";
+  EXPECT_EQ(p.stderrText(), note);  // once: the workers it starts are poseidon launch's ranks
+  EXPECT_EQ(testing::readJson(dir.path + "/s.json")["workers"].get<int>(), 2);
 }
 
 // Out-of-range values are refused while the flags are parsed, under their own

@@ -31,8 +31,9 @@ void readReliabilityEnvironment(pt::TrainHooks& o) {
     int rank = -1;
     long long step = -1;
     char sig[16] = {0};
-    if (std::sscanf(f, "%d:%lld:%15s", &rank, &step, sig) != 3 || (std::string(sig) != "kill" && std::string(sig) != "stop")) {
-      throw InvalidArgument(strCat("POSEIDON_FAULT='", f, "' is not RANK:ITERATION:kill|stop"));
+    if (std::sscanf(f, "%d:%lld:%15s", &rank, &step, sig) != 3 || rank < 0 || step < 0 ||
+        (std::string(sig) != "kill" && std::string(sig) != "stop")) {
+      throw InvalidArgument(strCat("POSEIDON_FAULT='", f, "' is not RANK:ITERATION:kill|stop (RANK, ITERATION >= 0)"));
     }
     o.faultRank = rank;
     o.faultStep = step;
@@ -40,8 +41,9 @@ void readReliabilityEnvironment(pt::TrainHooks& o) {
   }
   if (const char* s = std::getenv("POSEIDON_SLOW")) {
     char end = 0;
-    if (std::sscanf(s, "%d:%lf%c", &o.slowRank, &o.slowMs, &end) != 2 || !(o.slowMs >= 0)) {
-      throw InvalidArgument(strCat("POSEIDON_SLOW='", s, "' is not RANK:MS (MS >= 0 milliseconds per step)"));
+    if (std::sscanf(s, "%d:%lf%c", &o.slowRank, &o.slowMs, &end) != 2 || o.slowRank < 0 || !(o.slowMs >= 0)) {
+      throw InvalidArgument(
+          strCat("POSEIDON_SLOW='", s, "' is not RANK:MS (RANK >= 0, MS >= 0 milliseconds per step)"));
     }
   }
 }
@@ -139,7 +141,8 @@ void addRunFlags(FlagSet& flags, TrainFlags& t) {
   flags.addString("trace", &t.o.tracePath, "write a Chrome trace (chrome://tracing, Perfetto) of every rank to FILE",
                   "FILE");
   flags.addString("checkpoint", &t.o.checkpointDir,
-                  "save the job state into DIR (atomically, fsync'd) and resume from the newest checkpoint there",
+                  "save the job state into DIR (atomically, fsync'd; also where --max-steps stops the job) and "
+                  "resume from the newest checkpoint there",
                   "DIR");
   flags.addInt64("checkpoint-every", &t.o.checkpointEvery,
                  "checkpoint every N iterations (0: at the end of every epoch)", "N", IntRange::atLeast(0));
@@ -315,9 +318,11 @@ void refuseUnpairedFlags(const FlagSet& flags, const TrainFlags& t) {
 // --workers local processes, each running this command as one rank; restarted up to --max-restarts.
 int launchWorkers(const TrainFlags& t, const std::vector<std::string>& args) {
   const pt::TrainOptions& o = t.o;
-  // A missing dataset is reported once, here, rather than by every worker (a rank started on
-  // its own finds out when it loads the data).
-  data::loadFashionMnist(o.dataDir.empty() ? data::kDefaultFashionMnistDir : o.dataDir, false);
+  // A missing or damaged dataset is reported once, here, rather than by every worker (a rank started
+  // on its own finds out when it loads the data): both splits, as each worker loads both.
+  for (const bool trainSplit : {false, true}) {
+    (void)data::loadFashionMnist(o.dataDir.empty() ? data::kDefaultFashionMnistDir : o.dataDir, trainSplit);
+  }
   LaunchOptions lo;
   lo.ranks = o.workers;
   lo.command = {selfExecutable(), "train"};
@@ -373,12 +378,13 @@ int trainCommand(const std::vector<std::string>& args) {
   RankEnv env = rankFromEnvironment();
   if (env.present && flags.wasSet("workers") && o.workers != env.worldSize) {
     throw InvalidArgument(strCat("--workers ", o.workers, " disagrees with the launcher's world size ", env.worldSize,
-                                 " (", env.source, ")"));
+                                 " (", env.source, ": ", env.origin, ")"));
   }
   // Restarts are the launcher's: a rank cannot restart itself (poseidon train strips the flag from
   // the workers it starts).
   if (env.present && flags.wasSet("max-restarts")) {
     throw InvalidArgument(strCat("--max-restarts is for a train that starts its own workers; started by ", env.source,
+                                 " (", env.origin, ")",
                                  ", give the restarts to that launcher (poseidon launch --max-restarts R)"));
   }
   // Started as one rank by a launcher: the rank checks its options itself (trainRank).

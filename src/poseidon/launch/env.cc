@@ -8,10 +8,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <mutex>
 #include <random>
 #include <zmq.hpp>
 
@@ -49,9 +51,22 @@ RankEnv rankFromEnvironment(const GetEnv& getenv) {
     const char* rank = getenv(c.rank);
     if (!rank) continue;
     const char* size = getenv(c.size);
+    if (std::string(c.source) == "slurm" && !getenv("SLURM_STEP_ID") && !getenv("SLURM_STEPID")) {
+      // A batch script or an salloc shell, not a task of srun's (see the header). Alone it says nothing;
+      // with more tasks in the allocation the user may have meant srun.
+      const char* ntasks = size ? size : "";
+      if (std::strtol(ntasks, nullptr, 10) > 1) {
+        env.notice = strCat("SLURM_PROCID=", rank, " and SLURM_NTASKS=", ntasks,
+                            " are set but SLURM_STEP_ID is not: this is Slurm's batch script or an salloc shell, not "
+                            "one of the job's tasks, so it does not wait as rank ",
+                            rank, " of ", ntasks, " (start the ranks with srun to run them as the job's tasks)");
+      }
+      continue;
+    }
     if (!size) throw InvalidArgument(strCat(c.rank, " is set but ", c.size, " is not (", c.source, " convention)"));
     env.present = true;
     env.source = c.source;
+    env.origin = strCat(c.rank, "=", rank, " ", c.size, "=", size);
     env.worldSize = parseInt(c.size, size, 1, 1 << 20);
     env.rank = parseInt(c.rank, rank, 0, env.worldSize - 1);
     if (const char* local = getenv(c.local)) env.localRank = parseInt(c.local, local, 0, 1 << 20);
@@ -62,9 +77,12 @@ RankEnv rankFromEnvironment(const GetEnv& getenv) {
   // A process on its own is a world of one and its own coordinator: a MASTER_ADDR left in the shell
   // for another job would only send it to bind where it cannot (another machine's address).
   if (addr && *addr && env.present) env.masterAddr = addr;
-  else if (env.present && env.worldSize > 1 && env.source != "torchrun") {
-    throw InvalidArgument(strCat("started by ", env.source, " with ", env.worldSize,
-                                 " ranks but MASTER_ADDR is not set: export MASTER_ADDR=<address of rank 0's machine>"));
+  else if (env.present && env.worldSize > 1) {
+    // Every launcher's ranks need it (torchrun and poseidon launch set it); 127.0.0.1 as a default
+    // would leave a rank on another machine waiting out its timeout for a coordinator that is not there.
+    throw InvalidArgument(strCat("started by ", env.source, " (", env.origin,
+                                 ") but MASTER_ADDR is not set: export MASTER_ADDR=<address of rank 0's machine> "
+                                 "(127.0.0.1 when every rank runs on this one)"));
   }
   if (port && *port) {
     env.masterPort = parseInt("MASTER_PORT", port, 1, 65535);
@@ -74,7 +92,15 @@ RankEnv rankFromEnvironment(const GetEnv& getenv) {
 }
 
 RankEnv rankFromEnvironment() {
-  return rankFromEnvironment([](const char* name) { return static_cast<const char*>(std::getenv(name)); });
+  RankEnv env = rankFromEnvironment([](const char* name) { return static_cast<const char*>(std::getenv(name)); });
+  static std::once_flag said;
+  if (!env.notice.empty()) {
+    std::call_once(said, [&] {
+      std::fprintf(stderr, "poseidon: note: %s\n", env.notice.c_str());
+      std::fflush(stderr);
+    });
+  }
+  return env;
 }
 
 int localWorldSizeFromEnvironment() {

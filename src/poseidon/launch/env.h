@@ -2,11 +2,16 @@
 //
 //   torchrun / poseidon launch : RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT
 //   mpirun (Open MPI)          : OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK
-//   Slurm (srun)               : SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID
+//   Slurm (srun)               : SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID (with SLURM_STEP_ID)
 //
-// With mpirun and Slurm, MASTER_ADDR (and optionally MASTER_PORT) must still
-// be exported so every rank finds the coordinator. This is the config layer:
-// the only place that reads these variables.
+// MASTER_ADDR (and optionally MASTER_PORT) must be set for a world of more than one rank so every
+// rank finds the coordinator: torchrun and poseidon launch set it, with mpirun and Slurm the user
+// exports it. This is the config layer: the only place that reads these variables.
+//
+// Slurm sets SLURM_PROCID (0) and SLURM_NTASKS in a batch script and an salloc shell as well, where
+// the process is not one of the job's tasks: only srun's tasks have SLURM_STEP_ID. Taken as rank 0 of
+// SLURM_NTASKS, such a process would wait for ranks that never start; it is its own world instead,
+// and RankEnv::notice says why.
 #pragma once
 
 #include <functional>
@@ -29,6 +34,12 @@ struct RankEnv {
   std::string masterAddr = "127.0.0.1";
   int masterPort = kDefaultMasterPort;
   bool masterPortSet = false;  // MASTER_PORT was given (else the default)
+  // The variables that set the rank and world, as a user would grep for them ("RANK=1 WORLD_SIZE=2");
+  // "" when absent. Errors about the world name them.
+  std::string origin;
+  // Set when a launcher's variables were seen but not taken (a Slurm batch step): one line for the
+  // user, said once per process by the no-argument rankFromEnvironment().
+  std::string notice;
 };
 
 using GetEnv = std::function<const char*(const char*)>;
@@ -38,8 +49,9 @@ using GetEnv = std::function<const char*(const char*)>;
 int localWorldSizeFromEnvironment();
 
 // Throws InvalidArgument for malformed or inconsistent values (a rank outside
-// the world, a non-numeric WORLD_SIZE, a missing MASTER_ADDR under mpirun).
+// the world, a non-numeric WORLD_SIZE, a missing MASTER_ADDR for a world of more than one).
 RankEnv rankFromEnvironment(const GetEnv& getenv);
+// This process's environment; the first call prints RankEnv::notice, if any, to stderr.
 RankEnv rankFromEnvironment();
 
 // The job secret: POSEIDON_SECRET, else the contents of POSEIDON_SECRET_FILE

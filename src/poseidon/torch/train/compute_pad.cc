@@ -71,7 +71,7 @@ void ComputePad::report(const std::function<std::vector<double>(const std::vecto
     maxMs = std::max(maxMs, maxComputeMsPerRank_[r]);
   }
   meanComputeMs_ = all[3 * world] > 0 ? sum / all[3 * world] : 0;
-  if (lead) {
+  if (lead && all[3 * world] > 0) {  // no step: resumed where the job had ended
     std::printf(
         "compute padded to %.1f ms per step%s: real compute mean %.1f ms, max %.1f ms; %.0f overruns over all ranks\n",
         padMs_, jitterMs_ > 0 ? strCat(" + exponential jitter of mean ", jitterMs_, " ms").c_str() : "", meanComputeMs_,

@@ -105,7 +105,7 @@ void GroupMode::report() {
   for (int r = 0; r < world; ++r) {
     maxGroupLead_ = std::max<int64_t>(maxGroupLead_, static_cast<int64_t>(all[kBuckets + 1 + r]));
   }
-  if (c_.lead) {
+  if (c_.lead && updates > 0) {  // none: resumed where the job had ended, nothing trained
     std::printf("compute groups: %d groups of %d workers; staleness of %.0f pair updates (mean %.2f):", c_.o.groups,
                 world / c_.o.groups, updates, updates > 0 ? weighted / updates : 0.0);
     for (auto it = stalenessHistogram_.begin(); it != stalenessHistogram_.end(); ++it) {

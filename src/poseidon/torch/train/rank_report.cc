@@ -67,7 +67,7 @@ void RankRun::reportTraffic() {
   predictedPs_ = total[4];
   predictedSfb_ = total[5];
   double moved = total[2] + total[3], predicted = total[4] + total[5];
-  if (c_.lead && c_.world > 1) {
+  if (c_.lead && c_.world > 1 && !trainedNothing_) {
     std::printf("\nbytes on the wire (all ranks, sent): ps %s, sfb %s\n", human(psBytes_).c_str(),
                 human(sfbBytes_).c_str());
     std::printf("bytes moved (sent + received) vs Table 1 prediction: %s vs %s (%.3fx)\n", human(moved).c_str(),
@@ -81,8 +81,13 @@ void RankRun::reportTraffic() {
 
 void RankRun::printResult() const {
   if (!c_.lead) return;
-  std::printf("final test accuracy %.2f%%, %.0f images/s, %.1f s\n", 100 * accuracy_, imagesPerSecond(),
-              secondsSince(wallStart_));
+  if (trainedNothing_) {
+    std::printf("final test accuracy %.2f%% (the checkpoint's; no step trained), %.1f s\n", 100 * accuracy_,
+                secondsSince(wallStart_));
+  } else {
+    std::printf("final test accuracy %.2f%%, %.0f images/s, %.1f s\n", 100 * accuracy_, imagesPerSecond(),
+                secondsSince(wallStart_));
+  }
   if (modelDiverged_ && o_.allowDivergence) {
     std::printf("stopped: the model diverged at step %lld (%lld steps trained; --allow-divergence)\n",
                 static_cast<long long>(jobDivergedAt_), static_cast<long long>(steps_));

@@ -71,6 +71,17 @@ void validateRankOptions(const TrainOptions& o, const TrainHooks& hooks, int wor
   if (o.warmupSteps < 0) throw InvalidArgument(strCat("--warmup-steps must be at least 0, got ", o.warmupSteps));
   if (o.momentum < 0 || o.momentum >= 1)
     throw InvalidArgument(strCat("--momentum must be in [0, 1), got ", o.momentum));
+  // The test hooks name a rank: one outside the job would make a fault or a slow rank that never
+  // happens, and the test that set it pass for nothing.
+  const struct {
+    const char* variable;
+    int rank;
+  } named[] = {{"POSEIDON_FAULT", hooks.faultRank}, {"POSEIDON_SLOW", hooks.slowRank}};
+  for (const auto& n : named) {
+    if (n.rank >= world) {
+      throw InvalidArgument(strCat(n.variable, " names rank ", n.rank, ", but the job's ranks are 0..", world - 1));
+    }
+  }
   ComputePad::validate(hooks);
   AccuracyCurve::validate(hooks);
   validateModeOptions(o, world);
@@ -274,6 +285,7 @@ void RankRun::train() {
                   static_cast<long long>(c_.startIteration), limit.c_str());
       std::fflush(stdout);
     }
+    trainedNothing_ = true;
     accuracy_ = evaluate();
     return;
   }
@@ -303,6 +315,13 @@ void RankRun::train() {
     // Per-epoch checkpoints, unless --checkpoint-every already took this one.
     if (!stop_ && o_.checkpointEvery <= 0) checkpoint(iteration_);
   }
+  // Stopped by --max-steps off the checkpoints' beat (mid-epoch, or between two --checkpoint-every):
+  // saved where it stopped, so that the same command with more steps goes on from here rather than
+  // redoing the steps since the last checkpoint (with per-epoch checkpoints: all of them). Every rank
+  // stops at the same iteration and evaluate() decided together whether the model diverged; a
+  // diverged one is not saved.
+  const bool onTheBeat = o_.checkpointEvery > 0 && iteration_ % o_.checkpointEvery == 0;
+  if (maxStepsReached() && !modelDiverged_ && !onTheBeat) checkpoint(iteration_);
 }
 
 bool RankRun::trainEpoch(int epoch, EpochStats& stats) {

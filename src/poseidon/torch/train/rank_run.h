@@ -100,6 +100,7 @@ class RankRun {
   // Results of the epoch loop.
   nlohmann::json epochsJson_ = nlohmann::json::array();
   double accuracy_ = 0, trainSeconds_ = 0;
+  bool trainedNothing_ = false;  // resumed where the job had ended: no step, no traffic to report
   int64_t steps_ = 0, images_ = 0, iteration_ = 0;
   bool stop_ = false;
   double trainClock_ = 0;       // the training clock: seconds in training steps (time-to-accuracy)

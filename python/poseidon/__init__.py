@@ -117,11 +117,12 @@ class DistributedModel(torch.nn.Module):
         the other layers' bytes in ZeroMQ and the kernel's send buffers, and a host queue that honours
         TOS sends them first (docs/scheduling.md). 0: one connection per peer. -1 (the default): the
         runtime's rule: with send_window and more than 16 peers, every layer below the model's FC stack
-        where the host's egress queue serves the mark first (host_queue) and the FC layers hold most of
-        the parameters; otherwise K = 3 past 8 peers, and one connection with fewer.
-    host_queue: for urgent_layers=-1, what this host's egress queue does with the mark: "auto" (the
-        default: read from the kernel; Linux's pfifo_fast and prio serve it first), "tos" (it does) or
-        "fifo" (its connections take turns).
+        with host_queue="tos" where the FC layers hold most of the parameters; otherwise K = 3 past 8
+        peers, and one connection with fewer.
+    host_queue: for urgent_layers=-1, this host's egress queue: "tos" (two bands, the marked one first,
+        as the bench's: past 16 peers the layers below the FC stack go urgent), "fifo" or "auto" (the
+        default; 3 layers: it reads the kernel's qdisc and logs it, and on Linux's pfifo_fast the layers
+        below the FC stack measured slower; docs/scheduling.md).
     groups: Omnivore's compute groups (docs/omnivore.md): 0 (the default) is BSP; G > 0 splits the ranks
         into G groups of consecutive ranks, synchronous inside a group and asynchronous across groups.
         The sharded parameter servers then hold the model and run SGD: each group's summed gradient is

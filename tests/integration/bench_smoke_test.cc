@@ -273,6 +273,31 @@ TEST(BenchSmoke, UrgentLayersGoFirstInTheNodesQueues) {
   fs::remove_all(dir);
 }
 
+// --host-queue pfifo_fast: Linux's default qdisc under each node's shaper, in the tree the runtime's
+// probe reads for itself (EgressQueue.TheProbeReadsTheKernelsQdiscs: tbf > pfifo_fast serves the mark
+// first), its packet limit the queue's bytes in full-size frames; the switch ports stay the tbf's FIFO.
+TEST(BenchSmoke, PfifoFastNodesQueueUnderTheShaper) {
+  requireCluster();
+  bench::EmulatedCluster cluster(2, bench::LinkSpec{30}, bench::EmulatedCluster::kDefaultTcpCongestion,
+                                 bench::HostQueue::kPfifoFast);
+  for (int i = 0; i < 2; ++i) {
+    const std::string ns = cluster.nodeNamespace(i);
+    const std::string qdiscs = bench::run({"ip", "netns", "exec", ns, "tc", "qdisc", "show", "dev", "eth0"});
+    EXPECT_THAT(qdiscs, HasSubstr("qdisc tbf 2: root")) << qdiscs;
+    EXPECT_THAT(qdiscs, HasSubstr("qdisc pfifo_fast 20: parent 2:1 bands 3 priomap")) << qdiscs;
+    // 100 ms at 30 Mbit/s is 375,000 bytes: 248 frames of 1514.
+    EXPECT_THAT(bench::run({"ip", "-n", ns, "link", "show", "dev", "eth0"}), HasSubstr(" qlen 248")) << ns;
+  }
+  // A burst past the queue is dropped at the node, as with the FIFO: counted once (the tbf's line
+  // holds its child's drops).
+  bench::run({"ip", "netns", "exec", cluster.nodeNamespace(0), "bash", "-c",
+              "for i in $(seq 600); do printf '%1400s' x > /dev/udp/" + cluster.nodeAddress(1) +
+                  "/9 2>/dev/null || true; done"});
+  const std::string stats =
+      bench::run({"ip", "netns", "exec", cluster.nodeNamespace(0), "tc", "-s", "qdisc", "show", "dev", "eth0"});
+  EXPECT_GT(cluster.queueDrops().uplink, 0u) << stats;
+}
+
 // --time-dilation 3: the links at a third of the rate, the compute and the charges three times as
 // long, every time divided by 3 again. Poseidon's trace (real time) has each emulated forward and
 // backward three times as long as the Titan X's; vgg19's iteration reads its undilated length for

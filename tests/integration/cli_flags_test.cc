@@ -199,7 +199,8 @@ TEST(CliFlags, PlanPredictsSweepsAndChecksAResultsFile) {
   expectRejected({{"plan", "--check", "r.json", "--model", "vgg19"},
                   "--model does not apply to --check: each run's model, cluster and rates come from the results file"});
   expectRejected({{"plan", "--rate", "3"}, "--rate is for the planner (--predict, --sweep or --check)"});
-  expectRejected({{"plan", "--predict", "--host-queue", "red"}, "--host-queue must be fifo or tos, got 'red'"});
+  expectRejected(
+      {{"plan", "--predict", "--host-queue", "red"}, "--host-queue must be fifo, tos or pfifo_fast, got 'red'"});
   expectRejected({{"plan", "--check", "r.json", "--host-queue", "tos"},
                   "--host-queue does not apply to --check: each run's model, cluster and rates come from the results "
                   "file"});
@@ -492,8 +493,10 @@ TEST(CliFlags, BenchRejectsOutOfRangeValues) {
                   "'78,9.7'"});
   expectRejected({{"bench", "--machine-rates", "78,9.7,0"}, "--machine-rates' CURVE GB/s must be > 0, got 0"});
   expectRejected({{"bench", "--send-window", "100"}, "--send-window must be 0 or [4096, 1073741824], got 100"});
-  expectRejected({{"bench", "--host-queue", "prio"}, "--host-queue must be fifo or tos, got 'prio'"});
+  expectRejected({{"bench", "--host-queue", "prio"}, "--host-queue must be fifo, tos or pfifo_fast, got 'prio'"});
   expectRejected({{"bench", "--switch-queue", "prio"}, "--switch-queue must be fifo or tos, got 'prio'"});
+  // A switch port is not a Linux host's queue.
+  expectRejected({{"bench", "--switch-queue", "pfifo_fast"}, "--switch-queue must be fifo or tos, got 'pfifo_fast'"});
   expectRejected({{"bench", "--urgent-layers", "-2"}, "--urgent-layers must be in [-1, 1048576], got -2"});
   expectRejected({{"bench", "--systems", "poseidon,ddp", "--urgent-layers", "2"},
                   "--urgent-layers is for the poseidon-overlap systems (their priority links), and --systems has "

@@ -127,9 +127,9 @@ EmulatedCluster::EmulatedCluster(int nodes, const LinkSpec& link, const std::str
       run({"ip", "-n", ns, "addr", "add", nodeAddress(i) + "/24", "dev", "eth0"});
       run({"ip", "-n", ns, "link", "set", "eth0", "up"});
       run({"ip", "-n", ns, "link", "set", "lo", "up"});
-      shape(ns, "eth0", link, hostQueue_ == HostQueue::kTos);
+      shape(ns, "eth0", link, hostQueue_);
       run({"ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv4.tcp_congestion_control=" + tcpCongestion_});
-      shape(switchNs_, port, LinkSpec{link.mbit, 0, link.queueMs, link.bucketMbit}, switchQueue_ == HostQueue::kTos);
+      shape(switchNs_, port, LinkSpec{link.mbit, 0, link.queueMs, link.bucketMbit}, switchQueue_);
     }
   } catch (...) {
     destroy();
@@ -186,7 +186,7 @@ void EmulatedCluster::clearRoot(const std::string& ns, const std::string& dev) {
   }
 }
 
-void EmulatedCluster::shape(const std::string& ns, const std::string& dev, const LinkSpec& link, bool tosBands) {
+void EmulatedCluster::shape(const std::string& ns, const std::string& dev, const LinkSpec& link, HostQueue queueKind) {
   // tbf needs a bucket of at least rate/HZ to reach its rate; link.queueMs of queue.
   double bytesPerSec = link.mbit * 1e6 / 8;
   const double bucketBytesPerSec = (link.bucketMbit > 0 ? link.bucketMbit : link.mbit) * 1e6 / 8;
@@ -208,15 +208,24 @@ void EmulatedCluster::shape(const std::string& ns, const std::string& dev, const
     }
     parent = "1:";
   }
-  if (!tosBands) {
+  if (queueKind != HostQueue::kTos) {
     std::vector<std::string> args{"qdisc", "add", "dev", dev};
     if (parent == "root") {
       args.push_back("root");
+      if (queueKind == HostQueue::kPfifoFast) args.insert(args.end(), {"handle", "2:"});
     } else {
       args.insert(args.end(), {"parent", parent, "handle", "2:"});
     }
     args.insert(args.end(), {"tbf", "rate", rate, "burst", burstText, "latency", queue});
     tc(args);
+    if (queueKind == HostQueue::kPfifoFast) {
+      // Linux's default qdisc in place of the tbf's own byte FIFO. Its limit is the device's
+      // txqueuelen in packets, per band, read when it is made (so set first): the same queueMs at the
+      // rate, in full-size frames.
+      const long frames = std::max<long>(16, std::lround(bytesPerSec * link.queueMs / 1000 / 1514));
+      run({"ip", "-n", ns, "link", "set", "dev", dev, "txqueuelen", strCat(frames)});
+      tc({"qdisc", "add", "dev", dev, "parent", "2:1", "handle", "20:", "pfifo_fast"});
+    }
     return;
   }
   // Two bands under one rate, the low-delay one first (HostQueue::kTos): HTB, since this kernel has
@@ -311,10 +320,9 @@ void EmulatedCluster::setLink(const LinkSpec& link) {
   // Drop the old qdiscs (a netem parent included) and shape afresh.
   for (size_t i = 0; i < namespaces_.size(); ++i) {
     clearRoot(namespaces_[i], "eth0");
-    shape(namespaces_[i], "eth0", link, hostQueue_ == HostQueue::kTos);
+    shape(namespaces_[i], "eth0", link, hostQueue_);
     clearRoot(switchNs_, switchPorts_[i]);
-    shape(switchNs_, switchPorts_[i], LinkSpec{link.mbit, 0, link.queueMs, link.bucketMbit},
-          switchQueue_ == HostQueue::kTos);
+    shape(switchNs_, switchPorts_[i], LinkSpec{link.mbit, 0, link.queueMs, link.bucketMbit}, switchQueue_);
   }
   link_ = link;
 }

@@ -40,8 +40,15 @@ struct LinkSpec {
 // switch that does not trust the hosts' marks is):
 // - kFifo: one byte FIFO, every table's so far;
 // - kTos: two bands, packets marked IP TOS low-delay first (Poseidon's urgent connections,
-//   VanOptions::urgentLayers), as Linux's pfifo_fast, and sch_fq's priority bands, serve them.
-enum class HostQueue { kFifo, kTos };
+//   VanOptions::urgentLayers), as Linux's pfifo_fast, and sch_fq's priority bands, serve them;
+//   HTB with a filter on the mark, which the runtime's probe of the egress queue does not read, so
+//   the bench tells its ranks (train --host-queue tos);
+// - kPfifoFast (nodes only): Linux's default qdisc itself under the shaping tbf (tbf > pfifo_fast),
+//   which the ranks read for themselves (probeEgressQueue): its three bands strictly by each packet's
+//   priority, which the kernel derives from IP TOS. Its limit is in packets per band, the device's
+//   txqueuelen, set to the queue's bytes in full-size frames (a GSO segment of up to the tbf's bucket
+//   counts as one).
+enum class HostQueue { kFifo, kTos, kPfifoFast };
 
 // Packets the leaf queues dropped, from `tc -s qdisc show dev X`'s output: each "qdisc tbf ..." or
 // "qdisc bfifo ..." line's following "Sent N bytes M pkt (dropped D, overlimits ...)". HTB's own line is
@@ -98,9 +105,9 @@ class EmulatedCluster {
   static std::vector<std::string> listOurNamespaces();
 
  private:
-  // Adds a tbf (under a netem delay when link.latencyMs > 0) as the root qdisc of dev, or with
-  // tosBands HostQueue::kTos's two bands under the same rate.
-  void shape(const std::string& ns, const std::string& dev, const LinkSpec& link, bool tosBands = false);
+  // Adds a tbf (under a netem delay when link.latencyMs > 0) as the root qdisc of dev; with kTos
+  // two bands under the same rate instead, with kPfifoFast a pfifo_fast under the tbf.
+  void shape(const std::string& ns, const std::string& dev, const LinkSpec& link, HostQueue queue);
   void clearRoot(const std::string& ns, const std::string& dev);  // errors ignored
   // Makes tcpCongestion_ one a namespace may choose (the kernel lets a namespace other than the
   // host's pick only an allowed one), or throws saying the kernel lacks it.

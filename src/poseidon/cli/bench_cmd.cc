@@ -147,9 +147,11 @@ void addRuntimeFlags(FlagSet& flags, BenchArgs& a) {
                 "as a CUDA model's do (NodeOptions::deferReconstruction; default true; =false: each as its factors "
                 "land, inside the backward, as before 2026-12-02)");
   flags.addString("host-queue", &a.hostQueue,
-                  "each emulated node's egress queue: fifo (one FIFO) or tos (packets marked low-delay first, as "
-                  "Linux's pfifo_fast serves them; the switch ports stay FIFO unless --switch-queue tos)",
-                  "fifo|tos");
+                  "each emulated node's egress queue: fifo (one FIFO), tos (two bands, packets marked low-delay "
+                  "first, as Linux's pfifo_fast serves them; the ranks are told) or pfifo_fast (Linux's default "
+                  "qdisc itself under the shaper, which the ranks read for themselves); the switch ports stay "
+                  "FIFO unless --switch-queue tos",
+                  "fifo|tos|pfifo_fast");
   flags.addString("switch-queue", &a.switchQueue,
                   "each switch port's queue toward its node: fifo (one FIFO) or tos (the same two bands as "
                   "--host-queue tos: a switch set to trust the mark; not a stock switch's setting)",

@@ -249,7 +249,8 @@ struct Harness {
           so.argv.insert(so.argv.end(), {"--urgent-layers", std::to_string(urgentLayers)});
         }
         // The node's two-band queue is HTB with a filter on the mark, which the runtime's probe of the
-        // egress qdisc (probeEgressQueue) does not read; the node's FIFO (tbf) it reads itself.
+        // egress qdisc (probeEgressQueue) does not read; the node's FIFO (tbf) and its pfifo_fast under
+        // the tbf (--host-queue pfifo_fast) it reads itself.
         if (cluster->hostQueue() == bench::HostQueue::kTos && priorityLinks) {
           so.argv.insert(so.argv.end(), {"--host-queue", "tos"});
         }

@@ -89,7 +89,10 @@ void addTcpCongestionFlag(FlagSet& flags, std::string* name) {
 bench::HostQueue parseHostQueue(const std::string& name, const char* flag) {
   if (name == "fifo") return bench::HostQueue::kFifo;
   if (name == "tos") return bench::HostQueue::kTos;
-  throw InvalidArgument(strCat(flag, " must be fifo or tos, got '", name, "'"));
+  // A node's qdisc; a switch port is not a Linux host's queue.
+  const bool node = std::string(flag) == "--host-queue";
+  if (node && name == "pfifo_fast") return bench::HostQueue::kPfifoFast;
+  throw InvalidArgument(strCat(flag, " must be fifo", node ? ", tos or pfifo_fast" : " or tos", ", got '", name, "'"));
 }
 
 void checkTcpCongestionName(const std::string& name) {

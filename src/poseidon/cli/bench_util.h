@@ -40,7 +40,8 @@ std::string startEmulatedRuns(const std::string& prefix);
 std::string commandLine(const std::string& command, const std::vector<std::string>& args);
 // --queue-ms: each shaped link's queue (bench and bench --accuracy).
 void addQueueFlag(FlagSet& flags, double* queueMs);
-// --host-queue fifo|tos (bench/cluster.h, HostQueue); throws InvalidArgument on anything else.
+// --host-queue fifo|tos|pfifo_fast or --switch-queue fifo|tos (bench/cluster.h, HostQueue); throws
+// InvalidArgument on anything else.
 bench::HostQueue parseHostQueue(const std::string& name, const char* flag = "--host-queue");
 // --tcp-cc: the emulated nodes' TCP congestion control (bench and bench --accuracy).
 void addTcpCongestionFlag(FlagSet& flags, std::string* name);

@@ -154,9 +154,9 @@ void addPredictFlags(FlagSet& flags, PlanArgs& a) {
                "K", IntRange::closed(-1, 1 << 20));
   flags.addString("host-queue", &a.hostQueue,
                   "--predict: each node's egress queue: fifo (its connections take turns) or tos (the urgent "
-                  "connections' packets first, as Linux's pfifo_fast serves TOS low-delay; bench --host-queue; "
-                  "--check: the results file's)",
-                  "fifo|tos");
+                  "connections' packets first, as Linux's pfifo_fast serves TOS low-delay; pfifo_fast: the same; "
+                  "bench --host-queue; --check: the results file's)",
+                  "fifo|tos|pfifo_fast");
   flags.addString("switch-queue", &a.switchQueue,
                   "--predict: the switch ports toward each node: fifo or tos (the urgent connections' packets first, "
                   "switches set to trust the mark; bench --switch-queue; --check: the results file's)",
@@ -291,7 +291,8 @@ PredictRequest predictRequest(const FlagSet& flags, const PlanArgs& a) {
     r.cluster.servers = a.servers;
   }
   r.cluster.wire = parseWirePrecision(a.wire);
-  r.cluster.lowDelayFirst = parseHostQueue(a.hostQueue) == bench::HostQueue::kTos;
+  r.cluster.lowDelayFirst = parseHostQueue(a.hostQueue) != bench::HostQueue::kFifo;  // tos, pfifo_fast
+  r.cluster.hostQueueTold = parseHostQueue(a.hostQueue) == bench::HostQueue::kTos;   // as the bench tells its ranks
   r.cluster.links = planner::parseLinks(a.links);
   r.cluster.switchLowDelayFirst = parseHostQueue(a.switchQueue, "--switch-queue") == bench::HostQueue::kTos;
   return r;

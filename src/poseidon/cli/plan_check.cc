@@ -194,7 +194,8 @@ Cluster runCluster(const Cluster& calibration, const nlohmann::json& config, int
   c.urgentLayers = config.value("urgent_layers", 0);
   // Which rule -1 meant (Cluster::urgentRule); files without urgent_rule ran the first
   c.urgentRule = config.value("urgent_rule", 1);
-  c.lowDelayFirst = config.value("host_queue", std::string("fifo")) == "tos";          // bench --host-queue
+  c.lowDelayFirst = config.value("host_queue", std::string("fifo")) != "fifo";         // bench --host-queue
+  c.hostQueueTold = config.value("host_queue", std::string("fifo")) == "tos";          // the ranks were told
   c.switchLowDelayFirst = config.value("switch_queue", std::string("fifo")) == "tos";  // bench --switch-queue
   c.deferReconstruction = config.value("defer_reconstruction", false);         // bench --defer-reconstruction
   // bench --pair-bytes (full width, as the planner's); files without it ran the default

@@ -120,13 +120,14 @@ void addTrainingFlags(FlagSet& flags, TrainFlags& t) {
                "with --send-window: the round data of the first K layers (the next forward's first) go to each "
                "peer on a second connection marked IP TOS low-delay, behind none of the other layers' bytes in "
                "ZeroMQ and the kernel's send buffers (0: one connection; -1, the default: past 16 peers every layer "
-               "below the FC stack where the host's queue serves the mark first (--host-queue) and the FC layers "
-               "hold most of the parameters, else 3 past 8 peers; docs/scheduling.md)",
+               "below the FC stack with --host-queue tos where the FC layers hold most of the parameters, else 3 "
+               "past 8 peers; docs/scheduling.md)",
                "K", IntRange::closed(-1, 1 << 20));
   flags.addString("host-queue", &t.hostQueue,
-                  "for the automatic --urgent-layers: what this host's egress queue does with the IP TOS mark: auto "
-                  "(read from the kernel's qdisc toward the peers: pfifo_fast and prio serve it first), tos (it "
-                  "does), fifo (its connections take turns)",
+                  "for the automatic --urgent-layers: this host's egress queue: tos (two bands, the marked one "
+                  "first, as the bench's: past 16 peers the layers below the FC stack go urgent), fifo or auto (3 "
+                  "layers; auto reads the kernel's qdisc toward the peers and logs it: on Linux's pfifo_fast the "
+                  "16 layers measured slower, docs/scheduling.md)",
                   "auto|fifo|tos");
   flags.addBool("plain", &t.o.plain, "run the plain LibTorch loop without Poseidon (overhead baseline; 1 worker)");
   flags.addString("device", &t.o.device,

@@ -144,15 +144,20 @@ struct Cluster {
   double sendWindowBytes = 1048576;         // poseidon-overlap's fragments, full width
   // poseidon-overlap: the layers whose round data take a second connection per peer (VanOptions::urgentLayers;
   // -1: the runtime's rule, Van::urgentLayerCount: past 16 peers the layers below the FC stack with
-  // lowDelayFirst, past 8 peers 3; 0: none). On a node's egress that connection takes its turns beside
-  // the bulk ones, with its own few fragments committed.
+  // hostQueueTold (rule 3: lowDelayFirst), past 8 peers 3; 0: none). On a node's egress that connection takes its turns
+  // beside the bulk ones, with its own few fragments committed.
   int urgentLayers = -1;
   // Which of the runtime's rules -1 meant (VanOptions::kAutoUrgentRule; --check reads the bench
   // file's urgent_rule).
-  int urgentRule = 3;  // VanOptions::kAutoUrgentRule (checked in poseidon_model.cc)
+  int urgentRule = 4;  // VanOptions::kAutoUrgentRule (checked in poseidon_model.cc)
   // Each node's egress queue serves its urgent connections' packets (TOS low-delay) before the
-  // others, as Linux's pfifo_fast does (bench --host-queue tos); false: the connections take turns.
+  // others, as Linux's pfifo_fast does (bench --host-queue tos or pfifo_fast); false: the connections
+  // take turns.
   bool lowDelayFirst = false;
+  // The ranks are told their queue is two-band (train --host-queue tos; the bench tells its ranks
+  // so with --host-queue tos): since urgentRule 4 only then does the rule take the layers below the
+  // FC stack (rule 3 took them wherever lowDelayFirst, read or told).
+  bool hostQueueTold = false;
   // The switch ports toward each node serve those packets first too (switches set to trust the
   // DSCP mark; plan --switch-queue tos, a design study: the bench's switch ports are FIFO).
   bool switchLowDelayFirst = false;

@@ -108,7 +108,7 @@ class PoseidonModel {
   int64_t priority(int it, int layer, int src, int dst) const {
     return (static_cast<int64_t>(it) * L_ + layer) * P_ + ((dst - src - layer) % P_ + P_) % P_;
   }
-  static_assert(VanOptions::kAutoUrgentRule == 3, "Cluster::urgentRule's default is the runtime's rule");
+  static_assert(VanOptions::kAutoUrgentRule == 4, "Cluster::urgentRule's default is the runtime's rule");
   // The runtime's count of urgent layers (Van::urgentLayerCount) for this cluster's peers and queue.
   static int urgentLayerCount(const Workload& w, const Cluster& c) {
     VanOptions van;
@@ -119,7 +119,8 @@ class PoseidonModel {
     if (c.urgentRule == 2 && c.urgentLayers == VanOptions::kAutoUrgentLayers && c.lowDelayFirst && belowFc > 0 &&
         peers > static_cast<size_t>(VanOptions::kAutoUrgentPeers))
       return belowFc;
-    return Van::urgentLayerCount(van, peers, c.urgentRule >= 2 && c.lowDelayFirst, belowFc);
+    const bool twoBand = c.urgentRule >= 4 ? c.lowDelayFirst && c.hostQueueTold : c.lowDelayFirst;
+    return Van::urgentLayerCount(van, peers, c.urgentRule >= 2 && twoBand, belowFc);
   }
   bool urgent(int layer) const { return layer < urgentLayers_; }
 

@@ -68,10 +68,10 @@ struct TrainOptions {
   // > 0 (with sendWindowBytes): the first K layers' round data travel on a second connection per
   // peer, marked IP TOS low-delay (--urgent-layers, VanOptions::urgentLayers). 0: none. -1
   // (VanOptions::kAutoUrgentLayers): the runtime's rule (past 16 peers the layers below the FC stack
-  // where the host's queue serves the mark first, else 3 past 8 peers).
+  // with hostQueue kTos, else 3 past 8 peers).
   int urgentLayers = -1;
   // For the automatic urgentLayers: what the host's egress queue does with the mark (--host-queue,
-  // VanOptions::egressQueue); kAuto reads it from the kernel.
+  // VanOptions::egressQueue); kAuto reads it from the kernel for the log.
   EgressQueue hostQueue = EgressQueue::kAuto;
   bool plain = false;    // no Poseidon at all: the plain LibTorch loop (overhead baseline, 1 worker)
   // Where each rank's model and batches live (--device): cpu, cuda (cuda:LOCAL_RANK, one process per

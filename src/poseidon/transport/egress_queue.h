@@ -1,12 +1,13 @@
 // What a node's egress queue does with the urgent connections' IP TOS mark (VanOptions::urgentLayers).
 //
 // The urgent connection pays most when the host's queue sends its marked packets before the bulk
-// connections' (docs/scheduling.md, "The urgent connection"): then every layer below the model's FC
-// stack can travel there. Whether it does is the kernel's queueing discipline on the device that
-// routes to the peers. Linux's pfifo_fast (the kernel's default qdisc, and Debian's) and prio map
-// TOS low-delay to their first band and serve it strictly first; a FIFO, a shaper's own FIFO,
-// fq_codel's fair turns and HTB without filters do not. probeEgressQueue reads the device's qdisc
-// tree over rtnetlink, so a job learns it without flags.
+// connections' (docs/scheduling.md, "The urgent connection"). Whether it does is the kernel's
+// queueing discipline on the device that routes to the peers. Linux's pfifo_fast (the kernel's
+// default qdisc, and Debian's) and prio map TOS low-delay to their first band and serve it strictly
+// first; a FIFO, a shaper's own FIFO, fq_codel's fair turns and HTB without filters do not.
+// probeEgressQueue reads the device's qdisc tree over rtnetlink. The runtime logs what it found; it
+// takes every layer below the FC stack only when told the queue is two-band (kTos): on pfifo_fast
+// those layers measured slower than 3 (VanOptions::urgentLayers, bench/results/pfifo-fast/).
 #pragma once
 
 #include <cstdint>
@@ -17,9 +18,9 @@ namespace poseidon {
 
 // VanOptions::egressQueue (train --host-queue): what the node's egress queue does with the mark.
 enum class EgressQueue : uint8_t {
-  kAuto = 0,  // read it from the kernel (probeEgressQueue)
+  kAuto = 0,  // read it from the kernel (probeEgressQueue), for the log: the rule takes it as kFifo
   kFifo,      // the connections take turns: the mark buys nothing there
-  kTos,       // TOS low-delay first (pfifo_fast, prio, a switch-style two-band queue)
+  kTos,       // two bands, TOS low-delay first, as the bench's HTB (not measured to pay on pfifo_fast)
 };
 
 const char* egressQueueName(EgressQueue queue);  // "auto", "fifo", "tos"

@@ -193,25 +193,30 @@ void Van::connectPeers(int selfRank, const std::vector<std::string>& endpoints, 
   const int kernelWindow = kernelSendWindow(options_, endpoints.size() - 1);
   const size_t peers = endpoints.size() - 1;
   const int belowFcBulk = model ? model->layersBelowFcBulk() : 0;
-  bool lowDelayFirst = options_.egressQueue == EgressQueue::kTos;
-  // Read the egress queue only where the answer changes the count.
-  if (options_.egressQueue == EgressQueue::kAuto && belowFcBulk > 0 &&
-      urgentLayerCount(options_, peers, false, belowFcBulk) != urgentLayerCount(options_, peers, true, belowFcBulk)) {
+  // Only a queue the node is told is two-band takes the layers below the FC stack (VanOptions::
+  // egressQueue). Where that choice would change the count, auto reads the queue for the log: the user
+  // learns what it is and that --host-queue tos would take them.
+  const bool lowDelayFirst = options_.egressQueue == EgressQueue::kTos;
+  const bool choice = belowFcBulk > 0 && urgentLayerCount(options_, peers, false, belowFcBulk) !=
+                                             urgentLayerCount(options_, peers, true, belowFcBulk);
+  if (options_.egressQueue == EgressQueue::kAuto && choice) {
     egressProbe_ = probeEgressQueue(endpointHost(endpoints[(static_cast<size_t>(selfRank) + 1) % endpoints.size()]));
-    lowDelayFirst = egressProbe_.lowDelayFirst;
   }
   urgentLayers_ = urgentLayerCount(options_, peers, lowDelayFirst, belowFcBulk);
   if (options_.urgentLayers == VanOptions::kAutoUrgentLayers && urgentLayers_ > 0) {
     const EgressProbe& p = egressProbe_;
-    const std::string queue =
-        !p.error.empty()    ? strCat("the egress queue could not be read (", p.error, "), taken as taking turns")
-        : !p.device.empty() ? strCat(p.device, "'s egress queue (", p.qdisc, ") ",
-                                     p.lowDelayFirst ? "serves TOS low-delay first" : "takes turns")
-        : lowDelayFirst     ? std::string("the egress queue serves TOS low-delay first (--host-queue tos)")
-                            : std::string("the egress queue takes turns");
+    const std::string queue = lowDelayFirst       ? std::string("told the egress queue is two-band (--host-queue tos)")
+                              : !p.error.empty()  ? strCat("the egress queue could not be read (", p.error, ")")
+                              : !p.device.empty() ? strCat(p.device, "'s egress queue is ", p.qdisc,
+                                                           p.lowDelayFirst ? ", which serves TOS low-delay first" : "")
+                                                  : std::string("the egress queue taken as taking turns");
     const std::string line =
         strCat("rank ", selfRank, ": ", urgentLayers_, " urgent layers on a second connection per peer; ", queue,
-               urgentLayers_ == belowFcBulk && lowDelayFirst ? ": every layer below the FC stack" : "");
+               urgentLayers_ == belowFcBulk && lowDelayFirst ? ": every layer below the FC stack"
+               : choice && !lowDelayFirst
+                   ? strCat(" (--host-queue tos would take the ", belowFcBulk,
+                            " layers below the FC stack: faster on the bench's two bands, slower on pfifo_fast)")
+                   : "");
     if (selfRank == 0) {
       POSEIDON_LOG(kInfo) << line;
     } else {

@@ -100,8 +100,8 @@ struct VanOptions {
   // accepted connections are marked too, so the ACKs it returns for them are not held behind bulk
   // bytes. docs/scheduling.md, "The urgent connection".
   // 0: none. kAutoUrgentLayers (the default), with a send window: past kAutoBelowFcPeers peers,
-  // every layer below the model's FC stack (ModelDesc::layersBelowFcBulk) where the node's egress
-  // queue serves the mark first (egressQueue, below); otherwise past kAutoUrgentPeers peers
+  // every layer below the model's FC stack (ModelDesc::layersBelowFcBulk) where the node is told its
+  // egress queue is two-band (egressQueue kTos, below); otherwise past kAutoUrgentPeers peers
   // kAutoUrgentLayerCount; with fewer none (Van::urgentLayerCount). Why there: with the connections'
   // send buffers grown for many peers, vgg19 @30 at 32 nodes went from 1.25 s an iteration to 1.19
   // (3 layers, FIFO host queue), at 16 nodes it took 2-3% off, and at 8 nodes resnet-152 was the same
@@ -109,18 +109,23 @@ struct VanOptions {
   // buys nothing. On a queue that takes turns more layers only make a second bulk connection (8
   // layers: 1.296 s against 1.224 for 3 at 32 nodes). On one that serves the mark first, vgg19's 16
   // conv layers measured 1.046 s at 32 nodes against 1.241 for 3, but 0.972-0.982 at 16 nodes against
-  // 0.957-0.959 for 3 (bench/results/urgent-auto/); the planner puts the crossing at 17 peers.
+  // 0.957-0.959 for 3 (bench/results/urgent-auto/); the planner puts the crossing at 17 peers. That
+  // queue is the bench's HTB bands; on Linux's own pfifo_fast (tbf > pfifo_fast, which the probe
+  // reads) the 16 layers measured 1.59-1.63 s at 32 nodes against 1.17 for 3, with loss and timeouts
+  // (bench/results/pfifo-fast/), so reading pfifo_fast does not take them: only kTos does.
   int urgentLayers = kAutoUrgentLayers;
   static constexpr int kAutoUrgentLayers = -1;
   static constexpr int kAutoUrgentPeers = 8, kAutoUrgentLayerCount = 3, kAutoBelowFcPeers = 16;
   // The automatic rule's version, which the bench records (urgent_rule) for plan --check: 1 before
   // 2026-12-03 (3 past 8 peers, whatever the queue), 2 a trial build of that day (the layers below
-  // the FC stack past 8 peers), 3 this one.
-  static constexpr int kAutoUrgentRule = 3;
-  // What the node's egress queue does with the mark, for the automatic rule above: kAuto reads it
-  // from the kernel (probeEgressQueue: pfifo_fast or prio on the device toward the peers), kTos or
-  // kFifo say it (train --host-queue; the bench's two-band queues are HTB, which the probe cannot
-  // read, so it says tos).
+  // the FC stack past 8 peers), 3 the same day's rule past 16 peers on a queue read or told to serve
+  // the mark first, 4 this one: past 16 peers only where told (kTos).
+  static constexpr int kAutoUrgentRule = 4;
+  // What the node's egress queue does with the mark, for the automatic rule above: kTos says it is
+  // two-band, as the bench's HTB bands (train --host-queue tos), and takes the layers below the FC
+  // stack past 16 peers; kFifo and kAuto do not. kAuto reads the queue (probeEgressQueue) only to say
+  // in rank 0's log what it is: a pfifo_fast there serves the mark first too, but the layers below
+  // the FC stack measured slower on it (above).
   EgressQueue egressQueue = EgressQueue::kAuto;
   // The bench's charge for CURVE's encryption on ZeroMQ's I/O threads (common/work_charger.h).
   // Null, as in production: nothing charged. Not owned; must outlive the van.
@@ -135,7 +140,7 @@ class Van {
   // a send window (FIFO links: the OS's autotuned buffers).
   static int kernelSendWindow(const VanOptions& options, size_t peers);
   // The urgent layers a van with `peers` peers uses: VanOptions::urgentLayers, or its automatic rule
-  // resolved with `lowDelayFirst` (whether the node's egress queue serves the mark first) and
+  // resolved with `lowDelayFirst` (whether the node is told its egress queue is two-band) and
   // `belowFcBulk` (the job model's ModelDesc::layersBelowFcBulk).
   static int urgentLayerCount(const VanOptions& options, size_t peers, bool lowDelayFirst = false, int belowFcBulk = 0);
   // The SO_RCVBUF the data endpoint asks for (VanOptions::receiveBufferBytes); 0: the OS's autotuned

@@ -121,8 +121,8 @@ class DistributedModel(torch.nn.Module):
         peers, and one connection with fewer.
     host_queue: for urgent_layers=-1, this host's egress queue: "tos" (two bands, the marked one first,
         as the bench's: past 16 peers the layers below the FC stack go urgent), "fifo" or "auto" (the
-        default; 3 layers: it reads the kernel's qdisc and logs it, and on Linux's pfifo_fast the layers
-        below the FC stack measured slower; docs/scheduling.md).
+        default; 3 layers: it reads the kernel's qdisc and logs it; on a NIC's own pfifo_fast the layers
+        below the FC stack are unmeasured; docs/scheduling.md).
     groups: Omnivore's compute groups (docs/omnivore.md): 0 (the default) is BSP; G > 0 splits the ranks
         into G groups of consecutive ranks, synchronous inside a group and asynchronous across groups.
         The sharded parameter servers then hold the model and run SGD: each group's summed gradient is

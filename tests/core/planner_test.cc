@@ -517,8 +517,8 @@ TEST(Planner, TheOverlapTakesTheRuntimesUrgentLayers) {
   EXPECT_DOUBLE_EQ(tos(16, -1, 2), tos(16, 16, now));
   // Since rule 4 a queue that serves the mark first but that the ranks read for themselves (Linux's
   // pfifo_fast, bench --host-queue pfifo_fast) keeps 3: the 16 measured 1.59-1.63 s there against
-  // 1.17 for 3 (bench/results/pfifo-fast/; the planner, which sees no loss, does not know why); rule
-  // 3 took them there too.
+  // 1.17 for 3 (bench/results/pfifo-fast/: pfifo_fast as a child qdisc, leaf/; the planner, which
+  // sees no loss, does not model that); rule 3 took them there too.
   EXPECT_DOUBLE_EQ(tos(32, -1, now, false), tos(32, 3, now));
   EXPECT_DOUBLE_EQ(tos(32, -1, 3, false), tos(32, 16, now));
   // BSP has no priority links: the setting changes nothing.

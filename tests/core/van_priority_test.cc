@@ -354,7 +354,8 @@ TEST(VanPriority, UrgentLayersAreAutomaticPastEightPeers) {
 // The automatic rule on real sockets, 17 peers, with the job's model: only a node told its queue is
 // two-band (VanOptions::egressQueue kTos) takes vgg19's 16 conv layers; auto reads the queue for the
 // log (toward 127.0.0.1 the loopback's noqueue) and keeps 3, as on Linux's pfifo_fast, where the 16
-// measured slower (bench/results/pfifo-fast/); told fifo, 3; without a model, 3 and no probe.
+// measured slower under the bench's shaper (bench/results/pfifo-fast/, leaf/); told fifo, 3; without
+// a model, 3 and no probe.
 TEST(VanPriority, OnlyAQueueToldTwoBandTakesTheLayersBelowTheFcStack) {
   zmq::context_t ctx;
   const ModelDesc vgg19 = zooModel("vgg19", 0.1);

@@ -126,8 +126,8 @@ void addTrainingFlags(FlagSet& flags, TrainFlags& t) {
   flags.addString("host-queue", &t.hostQueue,
                   "for the automatic --urgent-layers: this host's egress queue: tos (two bands, the marked one "
                   "first, as the bench's: past 16 peers the layers below the FC stack go urgent), fifo or auto (3 "
-                  "layers; auto reads the kernel's qdisc toward the peers and logs it: on Linux's pfifo_fast the "
-                  "16 layers measured slower, docs/scheduling.md)",
+                  "layers; auto reads the kernel's qdisc toward the peers and logs it: a NIC's own pfifo_fast is "
+                  "unmeasured, docs/scheduling.md)",
                   "auto|fifo|tos");
   flags.addBool("plain", &t.o.plain, "run the plain LibTorch loop without Poseidon (overhead baseline; 1 worker)");
   flags.addString("device", &t.o.device,

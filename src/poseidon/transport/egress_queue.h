@@ -7,7 +7,8 @@
 // first; a FIFO, a shaper's own FIFO, fq_codel's fair turns and HTB without filters do not.
 // probeEgressQueue reads the device's qdisc tree over rtnetlink. The runtime logs what it found; it
 // takes every layer below the FC stack only when told the queue is two-band (kTos): on pfifo_fast
-// those layers measured slower than 3 (VanOptions::urgentLayers, bench/results/pfifo-fast/).
+// under the bench's shaper those layers measured slower than 3, which is pfifo_fast as a child qdisc,
+// and a NIC's own cannot be measured here (VanOptions::urgentLayers, bench/results/pfifo-fast/leaf/).
 #pragma once
 
 #include <cstdint>
@@ -20,7 +21,7 @@ namespace poseidon {
 enum class EgressQueue : uint8_t {
   kAuto = 0,  // read it from the kernel (probeEgressQueue), for the log: the rule takes it as kFifo
   kFifo,      // the connections take turns: the mark buys nothing there
-  kTos,       // two bands, TOS low-delay first, as the bench's HTB (not measured to pay on pfifo_fast)
+  kTos,       // two bands, TOS low-delay first, as the bench's HTB (unmeasured on a NIC's pfifo_fast)
 };
 
 const char* egressQueueName(EgressQueue queue);  // "auto", "fifo", "tos"

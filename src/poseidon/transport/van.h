@@ -110,9 +110,12 @@ struct VanOptions {
   // layers: 1.296 s against 1.224 for 3 at 32 nodes). On one that serves the mark first, vgg19's 16
   // conv layers measured 1.046 s at 32 nodes against 1.241 for 3, but 0.972-0.982 at 16 nodes against
   // 0.957-0.959 for 3 (bench/results/urgent-auto/); the planner puts the crossing at 17 peers. That
-  // queue is the bench's HTB bands; on Linux's own pfifo_fast (tbf > pfifo_fast, which the probe
-  // reads) the 16 layers measured 1.59-1.63 s at 32 nodes against 1.17 for 3, with loss and timeouts
-  // (bench/results/pfifo-fast/), so reading pfifo_fast does not take them: only kTos does.
+  // queue is the bench's HTB bands; on pfifo_fast under the bench's shaper (tbf > pfifo_fast, which the
+  // probe reads) the 16 layers measured 1.59-1.63 s at 32 nodes against 1.17 for 3, with loss and
+  // timeouts (bench/results/pfifo-fast/). That is pfifo_fast as a child qdisc: the same strict bands
+  // with pfifo leaves of its packet limit ran them in 1.09-1.11 s against 1.17-1.19 for 3
+  // (bench/results/pfifo-fast/leaf/). A NIC's root pfifo_fast cannot be measured here, and a wrong 16
+  // costs far more than a wrong 3, so reading pfifo_fast does not take them: only kTos does.
   int urgentLayers = kAutoUrgentLayers;
   static constexpr int kAutoUrgentLayers = -1;
   static constexpr int kAutoUrgentPeers = 8, kAutoUrgentLayerCount = 3, kAutoBelowFcPeers = 16;
@@ -125,7 +128,7 @@ struct VanOptions {
   // two-band, as the bench's HTB bands (train --host-queue tos), and takes the layers below the FC
   // stack past 16 peers; kFifo and kAuto do not. kAuto reads the queue (probeEgressQueue) only to say
   // in rank 0's log what it is: a pfifo_fast there serves the mark first too, but the layers below
-  // the FC stack measured slower on it (above).
+  // the FC stack are not measured on a NIC's own (above).
   EgressQueue egressQueue = EgressQueue::kAuto;
   // The bench's charge for CURVE's encryption on ZeroMQ's I/O threads (common/work_charger.h).
   // Null, as in production: nothing charged. Not owned; must outlive the van.

@@ -47,7 +47,9 @@ struct LinkSpec {
 //   which the ranks read for themselves (probeEgressQueue): its three bands strictly by each packet's
 //   priority, which the kernel derives from IP TOS. Its limit is in packets per band, the device's
 //   txqueuelen, set to the queue's bytes in full-size frames (a GSO segment of up to the tbf's bucket
-//   counts as one).
+//   counts as one). A child qdisc is not what pfifo_fast was made for (a device's root, lockless):
+//   at 32 nodes with 16 urgent layers it ran 20% slower than pfifo leaves of the same limit under the
+//   same two strict bands (bench/results/pfifo-fast/leaf/), so it measures that, not a NIC's own.
 enum class HostQueue { kFifo, kTos, kPfifoFast };
 
 // Packets the leaf queues dropped, from `tc -s qdisc show dev X`'s output: each "qdisc tbf ..." or

@@ -149,8 +149,9 @@ void addRuntimeFlags(FlagSet& flags, BenchArgs& a) {
   flags.addString("host-queue", &a.hostQueue,
                   "each emulated node's egress queue: fifo (one FIFO), tos (two bands, packets marked low-delay "
                   "first, as Linux's pfifo_fast serves them; the ranks are told) or pfifo_fast (Linux's default "
-                  "qdisc itself under the shaper, which the ranks read for themselves); the switch ports stay "
-                  "FIFO unless --switch-queue tos",
+                  "qdisc itself under the shaper, which the ranks read for themselves; as a child qdisc it runs "
+                  "slower than its bands do: bench/results/pfifo-fast/leaf/); the switch ports stay FIFO unless "
+                  "--switch-queue tos",
                   "fifo|tos|pfifo_fast");
   flags.addString("switch-queue", &a.switchQueue,
                   "each switch port's queue toward its node: fifo (one FIFO) or tos (the same two bands as "

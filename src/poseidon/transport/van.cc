@@ -215,8 +215,8 @@ void Van::connectPeers(int selfRank, const std::vector<std::string>& endpoints, 
                urgentLayers_ == belowFcBulk && lowDelayFirst ? ": every layer below the FC stack"
                : choice && !lowDelayFirst
                    ? strCat(" (--host-queue tos would take the ", belowFcBulk,
-                            " layers below the FC stack: faster on strict two-band queues in the bench; unmeasured on a NIC's "
-                            "own pfifo_fast, docs/scheduling.md)")
+                            " layers below the FC stack: faster on strict two-band queues in the bench; "
+                            "unmeasured on a NIC's own pfifo_fast, docs/scheduling.md)")
                    : "");
     if (selfRank == 0) {
       POSEIDON_LOG(kInfo) << line;

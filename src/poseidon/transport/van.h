@@ -115,7 +115,7 @@ struct VanOptions {
   // timeouts (bench/results/pfifo-fast/). That is pfifo_fast as a child qdisc: the same strict bands
   // with pfifo leaves of its packet limit ran them in 1.09-1.11 s against 1.17-1.19 for 3
   // (bench/results/pfifo-fast/leaf/). A NIC's root pfifo_fast cannot be measured here, and a wrong 16
-  // costs far more than a wrong 3, so reading pfifo_fast does not take them: only kTos does.
+  // cost 36-68% where a wrong 3 costs 5-9%, so reading pfifo_fast does not take them: only kTos does.
   int urgentLayers = kAutoUrgentLayers;
   static constexpr int kAutoUrgentLayers = -1;
   static constexpr int kAutoUrgentPeers = 8, kAutoUrgentLayerCount = 3, kAutoBelowFcPeers = 16;

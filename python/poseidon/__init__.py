@@ -92,8 +92,8 @@ class DistributedModel(torch.nn.Module):
     sum_threads: threads of this rank that sum the pushes its KV shard receives, beside the receive loop
         (default 2; 0: on the receive loop).
         tcp_rcvbuf: TCP receive buffer per connection into this rank in bytes (0, the default: the send
-        window and a third with send_window, else the OS's; -1: the OS's; a small one keeps many senders
-        from overflowing a switch port).
+        window and a third with send_window, seven eighths of it past 8 peers unless host_queue="tos",
+        else the OS's; -1: the OS's; a small one keeps many senders from overflowing a switch port).
     wire: what gradients travel as: "fp32" (exact), or "bf16" / "fp16" (half the bytes, summed in fp32;
         lossy, like DDP's fp16 compression hook). Every rank must pass the same.
     local_ranks: several ranks (GPUs) per machine, as the paper's nodes (docs/gpu.md): ranks r..r+L-1
@@ -119,8 +119,9 @@ class DistributedModel(torch.nn.Module):
         runtime's rule: with send_window and more than 16 peers, every layer below the model's FC stack
         with host_queue="tos" where the FC layers hold most of the parameters; otherwise K = 3 past 8
         peers, and one connection with fewer.
-    host_queue: for urgent_layers=-1, this host's egress queue: "tos" (two bands, the marked one first,
-        as the bench's: past 16 peers the layers below the FC stack go urgent), "fifo" or "auto" (the
+    host_queue: for urgent_layers=-1 and tcp_rcvbuf=0, this host's egress queue: "tos" (two bands, the
+        marked one first, as the bench's: past 16 peers the layers below the FC stack go urgent, and past
+        8 the receive buffer stays the send window and a third), "fifo" or "auto" (the
         default; 3 layers: it reads the kernel's qdisc and logs it; on a NIC's own pfifo_fast the layers
         below the FC stack are unmeasured; docs/scheduling.md).
     groups: Omnivore's compute groups (docs/omnivore.md): 0 (the default) is BSP; G > 0 splits the ranks

@@ -229,6 +229,17 @@ TEST(NodeInProcess, PriorityLinksLayerByLayer) {
   runAll(nodes, 3, SchemePolicy::kAuto, true);
 }
 
+// A node binds before it meets its peers, so the job's size reaches its van from NodeOptions::worldSize:
+// past 8 peers the automatic receive buffer is seven eighths of the send window, and a job runs on it.
+TEST(NodeInProcess, PastEightPeersNodesBindWithSevenEighthsOfTheWindow) {
+  auto few = startNodes(3, SchemePolicy::kAuto, {}, 8192);
+  for (auto& n : few) EXPECT_EQ(n->receiveBufferBytes(), 8192 * 4 / 3);
+  runAll(few, 1, SchemePolicy::kAuto, true);
+  auto many = startNodes(10, SchemePolicy::kAuto, {}, 8192);
+  for (auto& n : many) EXPECT_EQ(n->receiveBufferBytes(), 7168);
+  runAll(many, 2, SchemePolicy::kAuto, true);
+}
+
 TEST(NodeInProcess, PriorityLinksAreForBspJobsOnly) {
   NodeOptions o;
   o.settings.groups = 2;

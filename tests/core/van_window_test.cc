@@ -50,6 +50,32 @@ TEST(VanWindow, PriorityLinksGetTheSendWindowAndAThirdToReceive) {
   EXPECT_EQ(given.receiveBufferBytes(), 65536);
 }
 
+// Past 8 peers the automatic receive buffer is seven eighths of the send window (P - 1 senders' windows
+// wait in the receiver's port ahead of the next forward's first layers); a van told the job's size
+// binds with it, since accepted connections keep the buffer the endpoint bound with.
+TEST(VanWindow, PastEightPeersTheReceiveBufferIsSevenEighthsOfTheWindow) {
+  zmq::context_t ctx;
+  VanOptions o;
+  o.sendWindowBytes = 9216;
+  o.worldSize = 9;  // 8 peers: a window and a third
+  EXPECT_EQ(Van::kernelReceiveBuffer(o), 12288);
+  o.worldSize = 10;  // 9 peers
+  EXPECT_EQ(Van::kernelReceiveBuffer(o), 8064);
+  o.worldSize = 32;
+  EXPECT_EQ(Van::kernelReceiveBuffer(o), 8064);
+  Van many(ctx, o);
+  EXPECT_EQ(many.receiveBufferBytes(), 8064);
+  o.egressQueue = EgressQueue::kTos;  // told two-band: the window and a third at any size
+  EXPECT_EQ(Van::kernelReceiveBuffer(o), 12288);
+  o.egressQueue = EgressQueue::kFifo;
+  EXPECT_EQ(Van::kernelReceiveBuffer(o), 8064);
+  o.sendWindowBytes = 0;  // FIFO links keep the OS's at any size
+  EXPECT_EQ(Van::kernelReceiveBuffer(o), 0);
+  o.sendWindowBytes = 9216;
+  o.receiveBufferBytes = 16384;  // given: as given
+  EXPECT_EQ(Van::kernelReceiveBuffer(o), 16384);
+}
+
 TEST(VanWindow, ASmallWindowStillCarriesALargeMessage) {
   zmq::context_t ctx;
   VanOptions o;

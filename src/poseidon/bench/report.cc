@@ -198,8 +198,11 @@ void writeIntro(std::ostringstream& md, const nlohmann::json& cfg) {
       // Only files made since the runtime chose it say so; older ones ran the OS's buffers.
       if (cfg.value("receive_buffer_auto", false))
         md << " The poseidon-overlap systems' ranks ran with the runtime's TCP receive buffer per connection, the "
-              "send window and a third (VanOptions::receiveBufferBytes)"
-           << (ddp ? "; DDP's with the OS default." : ".");
+              "send window and a third"
+           << (cfg.value("receive_buffer_rule", 1) >= 2 && cfg.value("host_queue", std::string("fifo")) != "tos"
+                   ? " up to 8 peers and seven eighths of it past them"
+                   : "")
+           << " (VanOptions::receiveBufferBytes)" << (ddp ? "; DDP's with the OS default." : ".");
     }
   }
   if (cfg.value("local_ranks", 1) > 1) {

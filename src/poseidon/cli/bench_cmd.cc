@@ -125,8 +125,9 @@ void addRuntimeFlags(FlagSet& flags, BenchArgs& a) {
                   "LIST");
   flags.addInt("tcp-rcvbuf", &a.rcvbuf,
                "TCP receive buffer per connection into each Poseidon rank, bytes at width s (0: the runtime's "
-               "default - the send window and a third on the poseidon-overlap systems' priority links, the OS's "
-               "on FIFO links; -1: the OS's); bounds each sender's window against incast (docs/bench.md)",
+               "default - the send window and a third on the poseidon-overlap systems' priority links, seven "
+               "eighths of it past 8 peers unless --host-queue tos, the OS's on FIFO links; -1: the OS's); bounds "
+               "each sender's window against incast (docs/bench.md)",
                "BYTES", IntRange::closed(-1, 1 << 30));
   flags.addInt("send-window", &a.sendWindow,
                "the poseidon-overlap systems' kernel send window per connection, bytes as the ranks use it (0: "
@@ -327,6 +328,10 @@ nlohmann::json benchConfig(const BenchArgs& a, const BenchPlan& p, const std::ve
                            {"repeat", a.repeat},
                            {"tcp_rcvbuf", a.rcvbuf},
                            {"receive_buffer_auto", a.rcvbuf == 0},
+                           // 2 (2026-12-03): seven eighths of the send window past 8 peers unless the
+                           // ranks are told --host-queue tos; before, and absent, the send window and a
+                           // third at every size.
+                           {"receive_buffer_rule", 2},
                            {"io_threads", a.ioThreads},
                            {"sum_threads", a.sumThreads},
                            {"local_ranks", a.localRanks},

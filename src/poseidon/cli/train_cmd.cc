@@ -124,8 +124,9 @@ void addTrainingFlags(FlagSet& flags, TrainFlags& t) {
                "past 8 peers; docs/scheduling.md)",
                "K", IntRange::closed(-1, 1 << 20));
   flags.addString("host-queue", &t.hostQueue,
-                  "for the automatic --urgent-layers: this host's egress queue: tos (two bands, the marked one "
-                  "first, as the bench's: past 16 peers the layers below the FC stack go urgent), fifo or auto (3 "
+                  "for the automatic --urgent-layers and --tcp-rcvbuf: this host's egress queue: tos (two bands, "
+                  "the marked one first, as the bench's: past 16 peers the layers below the FC stack go urgent, and "
+                  "past 8 the receive buffer stays the send window and a third), fifo or auto (3 "
                   "layers; auto reads the kernel's qdisc toward the peers and logs it: a NIC's own pfifo_fast is "
                   "unmeasured, docs/scheduling.md)",
                   "auto|fifo|tos");
@@ -173,8 +174,9 @@ void addRuntimeFlags(FlagSet& flags, TrainFlags& t) {
                IntRange::atLeast(1));
   flags.addInt("tcp-rcvbuf", &t.o.tcpRcvbuf,
                "TCP receive buffer per connection into each rank (0, the default: the send window and a third with "
-               "--send-window, else the OS's; -1: the OS's); a small one keeps many senders from overflowing a "
-               "switch port (incast, docs/bench.md, docs/scheduling.md)",
+               "--send-window, seven eighths of it past 8 peers unless --host-queue tos, else the OS's; -1: the "
+               "OS's); a small one keeps many senders from overflowing a switch port (incast, docs/bench.md, "
+               "docs/scheduling.md)",
                "BYTES", IntRange::closed(-1, 1 << 30));
   flags.addInt("group-push-window", &t.o.groupPushWindow,
                "compute groups: a layer's KV pairs pushed ahead of the replies to the group's updates of them (0, "

@@ -97,6 +97,7 @@ void Node::join(const ModelDesc& model) {
                                                  options.timeout, curve, options.masterPortChosen);
   }
   VanOptions vo = options.van;
+  vo.worldSize = options.worldSize;
   vo.curve = curve;
   vo.charger = options.charger;
   van_ = std::make_unique<Van>(ctx_, vo);

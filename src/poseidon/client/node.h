@@ -267,6 +267,8 @@ class Node : private SyncHost {
   // Bytes this node handed to its urgent connections (VanOptions::urgentLayers).
   uint64_t urgentBytesSent() const { return van_->urgentBytesSent(); }
   uint64_t rejectedFrames() const { return van_->rejectedFrames(); }
+  // The TCP receive buffer its data endpoint bound with (-1: the OS's; VanOptions::receiveBufferBytes).
+  int receiveBufferBytes() { return van_->receiveBufferBytes(); }
   // Connections refused for not being members of the job (CURVE/ZAP).
   uint64_t refusedConnections() const;
   // The shard, for its ownership counts (pairsOwned, bytesOwned); its rounds belong to the receive loop

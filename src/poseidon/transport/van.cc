@@ -179,7 +179,10 @@ std::string endpointHost(const std::string& endpoint) {
 int Van::kernelReceiveBuffer(const VanOptions& options) {
   if (options.receiveBufferBytes != 0) return std::max(0, options.receiveBufferBytes);
   if (options.sendWindowBytes <= 0) return 0;
-  return static_cast<int>(int64_t{options.sendWindowBytes} * kReceivePerSendWindowNum / kReceivePerSendWindowDen);
+  const int64_t window = options.sendWindowBytes;
+  if (options.worldSize - 1 > kReceiveManyPeers && options.egressQueue != EgressQueue::kTos)
+    return static_cast<int>(window * kManyPeersReceivePerSendWindowNum / kManyPeersReceivePerSendWindowDen);
+  return static_cast<int>(window * kReceivePerSendWindowNum / kReceivePerSendWindowDen);
 }
 
 void Van::connectPeers(int selfRank, const std::vector<std::string>& endpoints, uint64_t job, const ModelDesc* model) {

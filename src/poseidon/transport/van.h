@@ -73,10 +73,15 @@ struct VanOptions {
   // what shortens the last replies' wait in the receivers' ports at the end of an overlapped
   // forward (docs/scheduling.md, "The receive window").
   // 0 (the default): automatic - with priority links (a send window) the send window and a third
-  // (kernelReceiveBuffer), with FIFO links the OS's autotuned buffer. kOsReceiveBuffer: the OS's
-  // buffer always. > 0: this many bytes.
+  // up to kReceiveManyPeers peers and seven eighths of it past them unless told the egress queue is
+  // two-band (kernelReceiveBuffer), with FIFO links the OS's autotuned buffer. kOsReceiveBuffer: the
+  // OS's buffer always. > 0: this many bytes.
   int receiveBufferBytes = 0;
   static constexpr int kOsReceiveBuffer = -1;
+  // The job's ranks, when known before the van binds (Node sets it; 0: not known, taken as few). The
+  // automatic receive buffer depends on how many peers send into this endpoint, and accepted
+  // connections take the buffer the endpoint had when it bound, before connectPeers knows them.
+  int worldSize = 0;
   // > 0: priority scheduling (above) with this kernel send buffer per connection (SO_SNDBUF; past
   // peersPerSendWindow peers more, below), and fragments of this size. 0: FIFO, the OS's autotuned
   // buffers.
@@ -147,11 +152,21 @@ class Van {
   // `belowFcBulk` (the job model's ModelDesc::layersBelowFcBulk).
   static int urgentLayerCount(const VanOptions& options, size_t peers, bool lowDelayFirst = false, int belowFcBulk = 0);
   // The SO_RCVBUF the data endpoint asks for (VanOptions::receiveBufferBytes); 0: the OS's autotuned
-  // buffer. Automatic with priority links: sendWindowBytes x kReceivePerSendWindow (4/3), which on
-  // resnet-152 at 30 Mbit/s, 8 nodes, 9.2 KB windows measured 1.23x DDP-fp16 against 1.18x with the
-  // OS's buffer, 1.19-1.21x with 16 KB, and HOST-BOUND at 8 KB (bench/results/resnet152_tail/).
+  // buffer. Automatic with priority links:
+  // - up to kReceiveManyPeers peers, sendWindowBytes x kReceivePerSendWindow (4/3), which on
+  //   resnet-152 at 30 Mbit/s, 8 nodes, 9.2 KB windows measured 1.23x DDP-fp16 against 1.18x with
+  //   the OS's buffer, 1.19-1.21x with 16 KB, and HOST-BOUND at 8 KB (bench/results/resnet152_tail/);
+  // - past them, sendWindowBytes x kManyPeersReceivePerSendWindow (7/8): with P - 1 senders each
+  //   window's bytes wait in the receiver's switch port and the senders' FIFO egress queues, ahead of
+  //   the next forward's first layers. vgg19 at 16 nodes, 30 Mbit/s, 9.2 KB windows: 8,064 bytes
+  //   0.980-0.986 s an iteration, 12 KB 0.999-1.003 (bench/results/rcvwin/, docs/scheduling.md).
+  //   Not where the node is told its egress queue is two-band (VanOptions::egressQueue kTos): the
+  //   next forward's layers pass the bulk there, and at 32 nodes the smaller buffer only cost
+  //   (1.059-1.060 s against 1.044).
   static int kernelReceiveBuffer(const VanOptions& options);
   static constexpr int kReceivePerSendWindowNum = 4, kReceivePerSendWindowDen = 3;
+  static constexpr int kManyPeersReceivePerSendWindowNum = 7, kManyPeersReceivePerSendWindowDen = 8;
+  static constexpr int kReceiveManyPeers = 8;
   // IP TOS of the urgent connections: IPTOS_LOWDELAY, which Linux maps to TC_PRIO_INTERACTIVE (band 0).
   static constexpr int kUrgentTos = 0x10;
   Van(zmq::context_t& ctx, const VanOptions& options);

@@ -199,7 +199,8 @@ void writeIntro(std::ostringstream& md, const nlohmann::json& cfg) {
       if (cfg.value("receive_buffer_auto", false))
         md << " The poseidon-overlap systems' ranks ran with the runtime's TCP receive buffer per connection, the "
               "send window and a third"
-           << (cfg.value("receive_buffer_rule", 1) >= 2 && cfg.value("host_queue", std::string("fifo")) != "tos"
+           << (cfg.value("receive_buffer_rule", 1) == 2 || (cfg.value("receive_buffer_rule", 1) >= 3 &&
+                                                            cfg.value("host_queue", std::string("fifo")) != "tos")
                    ? " up to 8 peers and seven eighths of it past them"
                    : "")
            << " (VanOptions::receiveBufferBytes)" << (ddp ? "; DDP's with the OS default." : ".");

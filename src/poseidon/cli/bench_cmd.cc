@@ -328,10 +328,10 @@ nlohmann::json benchConfig(const BenchArgs& a, const BenchPlan& p, const std::ve
                            {"repeat", a.repeat},
                            {"tcp_rcvbuf", a.rcvbuf},
                            {"receive_buffer_auto", a.rcvbuf == 0},
-                           // 2 (2026-12-03): seven eighths of the send window past 8 peers unless the
-                           // ranks are told --host-queue tos; before, and absent, the send window and a
-                           // third at every size.
-                           {"receive_buffer_rule", 2},
+                           // 3 (2026-12-03): seven eighths of the send window past 8 peers unless the
+                           // ranks are told --host-queue tos; 2, a trial of that day: past 8 peers on any
+                           // queue; before, and absent, the send window and a third at every size.
+                           {"receive_buffer_rule", 3},
                            {"io_threads", a.ioThreads},
                            {"sum_threads", a.sumThreads},
                            {"local_ranks", a.localRanks},

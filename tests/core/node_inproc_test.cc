@@ -25,6 +25,9 @@ namespace {
 using testing::runScenario;
 using testing::scenarioModel;
 
+// Every node's configured timeout; the tests' own polls wait no longer than this.
+constexpr std::chrono::milliseconds kNodeTimeout{20000};
+
 std::vector<std::unique_ptr<Node>> startNodes(int n, SchemePolicy policy, std::vector<Role> roles = {},
                                               int sendWindowBytes = 0, WirePrecision wire = WirePrecision::kFp32,
                                               std::function<void(NodeOptions&)> adjust = nullptr) {
@@ -36,7 +39,7 @@ std::vector<std::unique_ptr<Node>> startNodes(int n, SchemePolicy policy, std::v
     o.worldSize = n;
     o.masterPort = port;
     o.role = roles.empty() ? Role::kBoth : roles[r];
-    o.timeout = std::chrono::milliseconds(20000);
+    o.timeout = kNodeTimeout;
     o.settings.batch = testing::kScenarioBatch;
     o.settings.pairBytes = testing::kScenarioPairBytes;
     o.settings.policy = policy;
@@ -165,7 +168,7 @@ TEST(NodeInProcess, DeferredReconstructionWaitsForTheBackwardsHandOver) {
   // Polls a condition that the other node's thread or the receive loop makes true (no wait of the
   // node's own may be called here: a wait releases what is held); the deadline is the nodes' timeout.
   auto until = [](const std::function<bool()>& what) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(20000);
+    const auto deadline = std::chrono::steady_clock::now() + kNodeTimeout;
     while (!what()) {
       if (std::chrono::steady_clock::now() > deadline) return false;
       std::this_thread::sleep_for(std::chrono::milliseconds(1));

@@ -117,7 +117,7 @@ print("%.6g,%.6g,%.6g" % (m["gemm_flops"] / 1e9, m["sum_bytes_per_s"] / 1e9, m["
 vgg=(--models vgg19 --iterations 4 --warmup 2 --run-timeout 60)
 resnet=(--models resnet-152 --nodes 8 --run-timeout 45)
 if [[ $STEPS == *" vgg19-big "* ]]; then
-  bench "vgg19-$VGG_BIG" 240 "${vgg[@]}" --systems poseidon,poseidon-overlap --nodes "$VGG_BIG"
+  bench "vgg19-$VGG_BIG" 300 "${vgg[@]}" --systems poseidon,poseidon-overlap --nodes "$VGG_BIG"
 fi
 if [[ $STEPS == *" vgg19-urgent "* ]]; then
   bench "vgg19-$VGG_BIG-urgent" 150 "${vgg[@]}" --systems poseidon-overlap --nodes "$VGG_BIG" --urgent-layers 6 \

@@ -92,7 +92,7 @@ class DistributedModel(torch.nn.Module):
     sum_threads: threads of this rank that sum the pushes its KV shard receives, beside the receive loop
         (default 2; 0: on the receive loop).
         tcp_rcvbuf: TCP receive buffer per connection into this rank in bytes (0, the default: the send
-        window and a third with send_window, seven eighths of it past 8 peers unless host_queue="tos",
+        window and a third with send_window, seven eighths of it past 8 peers,
         else the OS's; -1: the OS's; a small one keeps many senders from overflowing a switch port).
     wire: what gradients travel as: "fp32" (exact), or "bf16" / "fp16" (half the bytes, summed in fp32;
         lossy, like DDP's fp16 compression hook). Every rank must pass the same.

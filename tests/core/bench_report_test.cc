@@ -225,6 +225,8 @@ TEST(BenchReport, IntroductionSaysWhatTheScalingChanges) {
               HasSubstr("per connection, the send window and a third (VanOptions::receiveBufferBytes); DDP's"));
   told["receive_buffer_rule"] = 2;
   EXPECT_THAT(markdownOf(resultOf(runs, told)), HasSubstr("and seven eighths of it past them"));
+  told["receive_buffer_rule"] = 4;  // since 2026-12-04 on any queue again
+  EXPECT_THAT(markdownOf(resultOf(runs, told)), HasSubstr("and seven eighths of it past them"));
   EXPECT_THAT(
       markdownOf(resultOf(
           runs,

@@ -195,10 +195,11 @@ void writeIntro(std::ostringstream& md, const nlohmann::json& cfg) {
     } else if (rcvbuf < 0) {
       md << " Poseidon's ranks ran with the OS's TCP receive buffers (--tcp-rcvbuf -1).";
     } else if (priority) {
-      // Only files made since the runtime chose it say so; older ones ran the OS's buffers. Rule 2 (a
-      // trial) took seven eighths past 8 peers on any queue, rule 3 not on queues told two-band.
+      // Only files made since the runtime chose it say so; older ones ran the OS's buffers. Rules 2 (a
+      // trial) and 4 took seven eighths past 8 peers on any queue, rule 3 not on queues told two-band.
       const int rule = cfg.value("receive_buffer_rule", 1);
-      const bool sevenEighths = rule == 2 || (rule >= 3 && cfg.value("host_queue", std::string("fifo")) != "tos");
+      const bool sevenEighths =
+          rule == 2 || rule >= 4 || (rule == 3 && cfg.value("host_queue", std::string("fifo")) != "tos");
       if (cfg.value("receive_buffer_auto", false))
         md << " The poseidon-overlap systems' ranks ran with the runtime's TCP receive buffer per connection, the "
               "send window and a third"

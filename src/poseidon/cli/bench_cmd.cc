@@ -126,7 +126,7 @@ void addRuntimeFlags(FlagSet& flags, BenchArgs& a) {
   flags.addInt("tcp-rcvbuf", &a.rcvbuf,
                "TCP receive buffer per connection into each Poseidon rank, bytes at width s (0: the runtime's "
                "default - the send window and a third on the poseidon-overlap systems' priority links, seven "
-               "eighths of it past 8 peers unless --host-queue tos, the OS's on FIFO links; -1: the OS's); bounds "
+               "eighths of it past 8 peers, the OS's on FIFO links; -1: the OS's); bounds "
                "each sender's window against incast (docs/bench.md)",
                "BYTES", IntRange::closed(-1, 1 << 30));
   flags.addInt("send-window", &a.sendWindow,
@@ -328,10 +328,11 @@ nlohmann::json benchConfig(const BenchArgs& a, const BenchPlan& p, const std::ve
                            {"repeat", a.repeat},
                            {"tcp_rcvbuf", a.rcvbuf},
                            {"receive_buffer_auto", a.rcvbuf == 0},
-                           // 3 (2026-12-03): seven eighths of the send window past 8 peers unless the
-                           // ranks are told --host-queue tos; 2, a trial of that day: past 8 peers on any
-                           // queue; before, and absent, the send window and a third at every size.
-                           {"receive_buffer_rule", 3},
+                           // 4 (2026-12-04): seven eighths of the send window past 8 peers on any
+                           // queue; 3 (2026-12-03): not where the ranks are told --host-queue tos; 2, a
+                           // trial of 2026-12-03: as 4; before, and absent, the send window and a third
+                           // at every size.
+                           {"receive_buffer_rule", 4},
                            {"io_threads", a.ioThreads},
                            {"sum_threads", a.sumThreads},
                            {"local_ranks", a.localRanks},

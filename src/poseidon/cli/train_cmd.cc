@@ -174,7 +174,7 @@ void addRuntimeFlags(FlagSet& flags, TrainFlags& t) {
                IntRange::atLeast(1));
   flags.addInt("tcp-rcvbuf", &t.o.tcpRcvbuf,
                "TCP receive buffer per connection into each rank (0, the default: the send window and a third with "
-               "--send-window, seven eighths of it past 8 peers unless --host-queue tos, else the OS's; -1: the "
+               "--send-window, seven eighths of it past 8 peers, else the OS's; -1: the "
                "OS's); a small one keeps many senders from overflowing a switch port (incast, docs/bench.md, "
                "docs/scheduling.md)",
                "BYTES", IntRange::closed(-1, 1 << 30));

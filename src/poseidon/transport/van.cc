@@ -180,7 +180,7 @@ int Van::kernelReceiveBuffer(const VanOptions& options) {
   if (options.receiveBufferBytes != 0) return std::max(0, options.receiveBufferBytes);
   if (options.sendWindowBytes <= 0) return 0;
   const int64_t window = options.sendWindowBytes;
-  if (options.worldSize - 1 > kReceiveManyPeers && options.egressQueue != EgressQueue::kTos)
+  if (options.worldSize - 1 > kReceiveManyPeers)
     return static_cast<int>(window * kManyPeersReceivePerSendWindowNum / kManyPeersReceivePerSendWindowDen);
   return static_cast<int>(window * kReceivePerSendWindowNum / kReceivePerSendWindowDen);
 }

@@ -73,8 +73,8 @@ struct VanOptions {
   // what shortens the last replies' wait in the receivers' ports at the end of an overlapped
   // forward (docs/scheduling.md, "The receive window").
   // 0 (the default): automatic - with priority links (a send window) the send window and a third
-  // up to kReceiveManyPeers peers and seven eighths of it past them unless told the egress queue is
-  // two-band (kernelReceiveBuffer), with FIFO links the OS's autotuned buffer. kOsReceiveBuffer: the
+  // up to kReceiveManyPeers peers and seven eighths of it past them, on any egress queue
+  // (kernelReceiveBuffer), with FIFO links the OS's autotuned buffer. kOsReceiveBuffer: the
   // OS's buffer always. > 0: this many bytes.
   int receiveBufferBytes = 0;
   static constexpr int kOsReceiveBuffer = -1;
@@ -160,9 +160,11 @@ class Van {
   //   window's bytes wait in the receiver's switch port and the senders' FIFO egress queues, ahead of
   //   the next forward's first layers. vgg19 at 16 nodes, 30 Mbit/s, 9.2 KB windows: 8,064 bytes
   //   0.980-0.986 s an iteration, 12 KB 0.999-1.003 (bench/results/rcvwin/, docs/scheduling.md).
-  //   Not where the node is told its egress queue is two-band (VanOptions::egressQueue kTos): the
-  //   next forward's layers pass the bulk there, and at 32 nodes the smaller buffer only cost
-  //   (1.059-1.060 s against 1.044).
+  //   Also where the node is told its egress queue is two-band (VanOptions::egressQueue kTos; until
+  //   2026-12-04 those kept the window and a third, from 2-core runs at time dilation F = 6, 1.044 s
+  //   against 1.059): on a 16-core machine at F = 1, 32 nodes with two-band queues ran 1.151 s with
+  //   8,064 bytes against 1.256 with 12,288, whose runs dropped ~9,000 packets at the nodes' queues
+  //   and took ~500 retransmission timeouts each (bench/results/device-scale/).
   static int kernelReceiveBuffer(const VanOptions& options);
   static constexpr int kReceivePerSendWindowNum = 4, kReceivePerSendWindowDen = 3;
   static constexpr int kManyPeersReceivePerSendWindowNum = 7, kManyPeersReceivePerSendWindowDen = 8;

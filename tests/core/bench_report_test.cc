@@ -176,6 +176,15 @@ TEST(BenchReport, IntroductionSaysWhatTheScalingChanges) {
                                          {"warmup", 2},
                                          {"tcp_congestion_control", "reno"}})),
               HasSubstr("one run per point. Every node's TCP ran reno (`--tcp-cc`)."));
+  EXPECT_THAT(md, Not(HasSubstr("--tcp-quickack")));
+  EXPECT_THAT(markdownOf(resultOf(runs, {{"command", "poseidon bench"},
+                                         {"scale", 0.1},
+                                         {"iterations", 4},
+                                         {"warmup", 2},
+                                         {"tcp_congestion_control", "cubic"},
+                                         {"tcp_quickack", true}})),
+              HasSubstr("Every node's TCP ran cubic (`--tcp-cc`). Every node acknowledged each segment at once "
+                        "(`--tcp-quickack`: no delayed ACK)."));
   EXPECT_THAT(md, HasSubstr("Every rank ran with the kernel's default timer slack (not recorded; 50 us)"));
   EXPECT_THAT(
       markdownOf(resultOf(

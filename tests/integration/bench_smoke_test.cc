@@ -90,6 +90,7 @@ TEST(BenchSmoke, TwoNodesOneIterationPoseidonAndDdp) {
   // poseidon, poseidon@cpu:1, ddp, ddp-tuned at 1 and 2 nodes.
   ASSERT_EQ(result["runs"].size(), 8u);
   EXPECT_EQ(result["config"]["tcp_congestion_control"], "cubic");
+  EXPECT_EQ(result["config"]["tcp_quickack"], false);
   EXPECT_EQ(result["config"]["timer_slack_ns"], 1);
   EXPECT_EQ(result["config"]["ddp_python"], python);
   {
@@ -348,16 +349,27 @@ TEST(BenchSmoke, TimeDilationReportsTheUndilatedCluster) {
 
 // Under time dilation the kernel's minimum retransmission timeout is dilated too: every node's route
 // to the others carries it.
-TEST(BenchSmoke, MinimumRtoIsSetOnEveryNodesRoute) {
+TEST(BenchSmoke, RouteTimersAreSetOnEveryNodesRoute) {
   requireCluster();
   bench::EmulatedCluster cluster(2, bench::LinkSpec{100});
   EXPECT_THAT(bench::run({"ip", "-n", cluster.nodeNamespace(1), "route", "show"}), Not(HasSubstr("rto_min")));
-  cluster.setMinRto(600);
+  cluster.setRouteTimers(600, false);
   for (int i = 0; i < 2; ++i) {
     const std::string routes = bench::run({"ip", "-n", cluster.nodeNamespace(i), "route", "show"});
     EXPECT_THAT(routes, HasSubstr("10.77.0.0/24 dev eth0"));
     EXPECT_THAT(routes, ContainsRegex("rto_min (lock )?600ms")) << routes;  // iproute2 may say "lock"
+    EXPECT_THAT(routes, Not(HasSubstr("quickack"))) << routes;
   }
+  // --tcp-quickack: the delayed ACK off, the minimum RTO kept; a later call without it turns it back on.
+  cluster.setRouteTimers(200, true);
+  for (int i = 0; i < 2; ++i) {
+    const std::string routes = bench::run({"ip", "-n", cluster.nodeNamespace(i), "route", "show"});
+    EXPECT_THAT(routes, ContainsRegex("rto_min (lock )?200ms")) << routes;
+    EXPECT_THAT(routes, HasSubstr("quickack 1")) << routes;
+  }
+  cluster.setRouteTimers(200, false);
+  EXPECT_THAT(bench::run({"ip", "-n", cluster.nodeNamespace(0), "route", "show"}), Not(HasSubstr("quickack")));
+  EXPECT_THROW(cluster.setRouteTimers(0, true), InvalidArgument);
 }
 
 // What the runs' "queue_drops" read: the leaf qdiscs' drops, HTB's own line (the same drops again) not.

@@ -327,12 +327,15 @@ void EmulatedCluster::setLink(const LinkSpec& link) {
   link_ = link;
 }
 
-void EmulatedCluster::setMinRto(double ms) {
-  if (!(ms > 0)) throw InvalidArgument(strCat("minimum RTO must be positive, got ", ms, " ms"));
-  // The connected route `ip addr add` made, replaced with the metric (its subnet is nodeAddress's /24).
+void EmulatedCluster::setRouteTimers(double minRtoMs, bool quickAck) {
+  if (!(minRtoMs > 0)) throw InvalidArgument(strCat("minimum RTO must be positive, got ", minRtoMs, " ms"));
+  // The connected route `ip addr add` made, replaced with the metrics (its subnet is nodeAddress's /24).
   for (int i = 0; i < nodes(); ++i) {
-    run({"ip", "-n", namespaces_[static_cast<size_t>(i)], "route", "replace", "10.77.0.0/24", "dev", "eth0", "proto",
-         "kernel", "scope", "link", "src", nodeAddress(i), "rto_min", strCat(std::lround(ms), "ms")});
+    std::vector<std::string> cmd({"ip", "-n", namespaces_[static_cast<size_t>(i)], "route", "replace", "10.77.0.0/24",
+                                  "dev", "eth0", "proto", "kernel", "scope", "link", "src", nodeAddress(i), "rto_min",
+                                  strCat(std::lround(minRtoMs), "ms")});
+    if (quickAck) cmd.insert(cmd.end(), {"quickack", "1"});
+    run(cmd);
   }
 }
 

@@ -77,11 +77,14 @@ class EmulatedCluster {
   void setLink(const LinkSpec& link);
   const LinkSpec& link() const { return link_; }
   // Linux's minimum TCP retransmission timeout (TCP_RTO_MIN): what each node's route to the others
-  // has unless setMinRto changes it.
+  // has unless setRouteTimers changes it.
   static constexpr double kKernelMinRtoMs = 200;
-  // Sets the minimum retransmission timeout of every node's route to the others (the route metric
-  // rto_min), e.g. kKernelMinRtoMs x F under time dilation (bench --time-dilation).
-  void setMinRto(double ms);
+  // Sets the TCP timers of every node's route to the others: the minimum retransmission timeout (the
+  // route metric rto_min), e.g. kKernelMinRtoMs x F under time dilation (bench --time-dilation), and
+  // with quickAck the metric quickack 1: every segment acknowledged at once, no delayed ACK (whose
+  // 40 ms floor is a kernel constant that dilation does not scale; bench --tcp-quickack). Each call
+  // replaces the route, so it says both.
+  void setRouteTimers(double minRtoMs, bool quickAck);
   const std::string& tcpCongestion() const { return tcpCongestion_; }
   HostQueue hostQueue() const { return hostQueue_; }
   HostQueue switchQueue() const { return switchQueue_; }

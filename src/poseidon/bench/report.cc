@@ -141,8 +141,11 @@ nlohmann::json trafficHistogram(const std::vector<RunResult>& runs, const std::s
 }
 
 std::string tcpCongestionSentence(const nlohmann::json& config) {
+  const std::string quickAck = config.value("tcp_quickack", false)
+                                   ? " Every node acknowledged each segment at once (`--tcp-quickack`: no delayed ACK)."
+                                   : "";
   if (config.contains("tcp_congestion_control") && config["tcp_congestion_control"].is_string())
-    return "Every node's TCP ran " + config["tcp_congestion_control"].get<std::string>() + " (`--tcp-cc`).";
+    return "Every node's TCP ran " + config["tcp_congestion_control"].get<std::string>() + " (`--tcp-cc`)." + quickAck;
   return "Every node's TCP ran the host's default congestion control (not recorded; bbr on the machine where the "
          "committed tables were made).";
 }

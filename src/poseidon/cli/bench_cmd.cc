@@ -57,6 +57,7 @@ struct BenchArgs {
   std::string machineRates;  // --machine-rates GEMM,SUM,CRYPTO (GFLOP/s, GB/s, GB/s); empty: measured
   double scale = 0.1, latencyMs = 0, queueMs = bench::LinkSpec::kDefaultQueueMs;
   double timeDilation = 1;  // --time-dilation (bench/emulation.h)
+  bool tcpQuickAck = false;  // --tcp-quickack: no delayed ACK on the nodes' routes
   std::string tcpCongestion = bench::EmulatedCluster::kDefaultTcpCongestion;
   std::string hostQueue = "fifo";  // --host-queue: each emulated node's egress qdisc
   std::string switchQueue = "fifo";                                 // --switch-queue: each switch port's egress qdisc
@@ -85,6 +86,9 @@ void addWhatToRunFlags(FlagSet& flags, BenchArgs& a) {
   flags.addDouble("latency-ms", &a.latencyMs, "added one-way latency per link (netem)", "MS", RealRange::atLeast(0));
   addQueueFlag(flags, &a.queueMs);
   addTcpCongestionFlag(flags, &a.tcpCongestion);
+  flags.addBool("tcp-quickack", &a.tcpQuickAck,
+                "every emulated node acknowledges each TCP segment at once (route metric quickack 1): no delayed "
+                "ACK, whose 40 ms floor --time-dilation does not scale; for telling a dilated run from an F = 1 one");
   flags.addDouble("scale", &a.scale,
                   "width scale s (link rates represent rate / s^2 at full width; a model whose batch x s is not "
                   "whole runs at the nearest width s' where it is, at least one row, its links at rate x (s'/s)^2)",
@@ -319,6 +323,7 @@ nlohmann::json benchConfig(const BenchArgs& a, const BenchPlan& p, const std::ve
                            {"queue_ms", a.queueMs},
                            {"time_dilation", a.timeDilation},
                            {"tcp_congestion_control", a.tcpCongestion},
+                           {"tcp_quickack", a.tcpQuickAck},
                            {"timer_slack_ns", bench::kRankTimerSlackNs},
                            {"models", p.models},
                            {"compute", p.gpu},
@@ -402,8 +407,10 @@ std::vector<RunResult> runAll(Harness& h, const BenchArgs& a, const BenchPlan& p
   EmulatedCluster cluster(p.nodes.back(), bench::LinkSpec{p.rates.front(), a.latencyMs, a.queueMs}, a.tcpCongestion,
                           parseHostQueue(a.hostQueue), parseHostQueue(a.switchQueue, "--switch-queue"));
   h.cluster = &cluster;
+  if (a.timeDilation != 1 || a.tcpQuickAck)
+    cluster.setRouteTimers(EmulatedCluster::kKernelMinRtoMs * a.timeDilation, a.tcpQuickAck);
+  if (a.tcpQuickAck) std::printf("every node's route: quickack 1 (no delayed ACK, --tcp-quickack)\n");
   if (a.timeDilation != 1) {
-    cluster.setMinRto(EmulatedCluster::kKernelMinRtoMs * a.timeDilation);
     std::printf("time dilation %g: links at rate / %g, compute and charges x %g, times reported / %g\n", a.timeDilation,
                 a.timeDilation, a.timeDilation, a.timeDilation);
   }

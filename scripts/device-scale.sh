@@ -8,6 +8,12 @@
 #   scripts/device-check.sh --prepare   here first (fills .device/, which must travel along)
 #   scripts/device-scale.sh [OUT]       there: builds bin/poseidon against the machine's torch, then, most
 #                                       wanted first, each step with a limit under DEVICE_CHECK_SECONDS:
+#     quickack: vgg19, 32 nodes, poseidon-overlap on two-band nodes with 12 KB receive windows
+#        (--host-queue tos --tcp-rcvbuf 12288), with every node's delayed ACK off (--tcp-quickack) and
+#        without, 3 runs each. On 2 cores at F = 6 and 12 this setting ran 1.04-1.06 s with or without
+#        the delayed ACK; on 16 cores at F = 1 (2026-12-04) 1.256 s. The delayed ACK's 40 ms is the one
+#        timer dilation leaves at its real size that this can switch off: if the first file runs near
+#        1.05 s, it is why (bench/results/device-scale/README.md, "Dilation 12")
 #     vgg19-big: vgg19, 32 nodes, 30 Mbit/s: poseidon and poseidon-overlap with the runtime's defaults
 #        (receive and send windows, 3 urgent layers), 3 runs each: the issue asks both within 1.15x of
 #        their own bound, host CPU reported
@@ -21,11 +27,13 @@
 # It prints one table (median s/iter, / own bound, host CPU, HOST-BOUND, DDP-fp16 over it where the run
 # counts), also when stopped early, and leaves each step's bench JSON, Markdown and log under OUT
 # (default /tmp/device-scale). A step cut by its limit leaves no JSON: bench writes it after its last
-# run. Set DEVICE_CHECK_SECONDS to the lease's time left. On 16 cores the three steps other than
-# vgg19-urgent were estimated at about 450 s, and vgg19-urgent adds about 100 s; less when
-# device-check.sh's build (the same BUILD) is there to reuse. When time runs short, the later steps
-# are cut first. STEPS="resnet152" (any of the four names) runs only those. A dry run on a smaller
-# machine: VGG_NODES="4 2" (not "32 16"), REPEAT=1.
+# run. Set DEVICE_CHECK_SECONDS to the lease's time left. Measured on 16 cores (2026-12-04): the
+# build 75 s (less when device-check.sh's build, the same BUILD, is there to reuse), each 32-node
+# vgg19 bench 35-50 s, vgg19-big with its two systems ~70 s, vgg19-mid 26 s; resnet152 was
+# estimated at about 300 s. When time runs short, the later steps are cut first. STEPS="resnet152"
+# (any of the five names) runs only those. A dry run on a smaller
+# machine: VGG_NODES="4 2" (not "32 16"), REPEAT=1. The lease brings back 8 files a call (each step
+# leaves 3 a bench): name the steps, e.g. STEPS=quickack, and point OUT at a folder of its own.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -36,7 +44,7 @@ PY=${PYTHON:-python3}
 REPEAT=${REPEAT:-3}
 read -r VGG_BIG VGG_MID <<<"${VGG_NODES:-32 16}"
 [[ -n "${VGG_BIG:-}" && -n "${VGG_MID:-}" ]] || { echo "device-scale: VGG_NODES needs two node counts, e.g. \"32 16\""; exit 2; }
-STEPS=" ${STEPS:-vgg19-big vgg19-urgent resnet152 vgg19-mid} "
+STEPS=" ${STEPS:-quickack vgg19-big vgg19-urgent resnet152 vgg19-mid} "
 
 [[ -f .device/device-env.sh ]] || { echo "device-scale: no .device/ here: run scripts/device-check.sh --prepare first"; exit 2; }
 DEBS=.device/debs source .device/device-env.sh
@@ -116,6 +124,12 @@ print("%.6g,%.6g,%.6g" % (m["gemm_flops"] / 1e9, m["sum_bytes_per_s"] / 1e9, m["
 # Each run's own limit (--run-timeout) well inside its step's, so one hung run does not cost the step.
 vgg=(--models vgg19 --iterations 4 --warmup 2 --run-timeout 60)
 resnet=(--models resnet-152 --nodes 8 --run-timeout 45)
+if [[ $STEPS == *" quickack "* ]]; then
+  bench "vgg19-$VGG_BIG-tos12k-quickack" 150 "${vgg[@]}" --systems poseidon-overlap --nodes "$VGG_BIG" \
+    --host-queue tos --tcp-rcvbuf 12288 --tcp-quickack
+  bench "vgg19-$VGG_BIG-tos12k" 150 "${vgg[@]}" --systems poseidon-overlap --nodes "$VGG_BIG" --host-queue tos \
+    --tcp-rcvbuf 12288
+fi
 if [[ $STEPS == *" vgg19-big "* ]]; then
   bench "vgg19-$VGG_BIG" 300 "${vgg[@]}" --systems poseidon,poseidon-overlap --nodes "$VGG_BIG"
 fi

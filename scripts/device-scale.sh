@@ -10,16 +10,17 @@
 #                                       wanted first, each step with a limit under DEVICE_CHECK_SECONDS:
 #     quickack: vgg19, 32 nodes, poseidon-overlap on two-band nodes with 12 KB receive windows
 #        (--host-queue tos --tcp-rcvbuf 12288), with every node's delayed ACK off (--tcp-quickack) and
-#        without, 3 runs each. On 2 cores at F = 6 and 12 this setting ran 1.04-1.06 s with or without
+#        without, 3 runs each. On 2 cores at F = 6 and 12 this setting ran 1.05-1.07 s with or without
 #        the delayed ACK; on 16 cores at F = 1 (2026-12-04) 1.256 s. The delayed ACK's 40 ms is the one
 #        timer dilation leaves at its real size that this can switch off: if the first file runs near
-#        1.05 s, it is why (bench/results/device-scale/README.md, "Dilation 12")
+#        1.05 s, it is why (bench/results/device-scale/README.md, "The delayed ACK off")
 #     vgg19-big: vgg19, 32 nodes, 30 Mbit/s: poseidon and poseidon-overlap with the runtime's defaults
 #        (receive and send windows, 3 urgent layers), 3 runs each: the issue asks both within 1.15x of
 #        their own bound, host CPU reported
 #     vgg19-urgent: the same 32 nodes, poseidon-overlap with its first 6 layers on the urgent connection
-#        and the nodes' two-band queues (--urgent-layers 6 --host-queue tos: the best measured here at
-#        F = 6, 1.19-1.22x; bench/results/dilation/tos-conv/)
+#        and the nodes' two-band queues (--urgent-layers 6 --host-queue tos; on 16 cores at F = 1,
+#        1.243 s with 12,288-byte windows and 1.123 s, the best 32-node point, with 8,064, the rule
+#        since: bench/results/device-scale/)
 #     resnet152: resnet-152, 8 nodes, 30 Mbit/s, the 16-bit wire: poseidon-overlap-bf16 with the OS's
 #        receive buffer, 12 KB and 8 KB, against ddp-fp16 (in the machine's python3), 3 runs each: the
 #        issue asks 1.2x over ddp-fp16
@@ -31,9 +32,9 @@
 # build 75 s (less when device-check.sh's build, the same BUILD, is there to reuse), each 32-node
 # vgg19 bench 35-50 s, vgg19-big with its two systems ~70 s, vgg19-mid 26 s; resnet152 was
 # estimated at about 300 s. When time runs short, the later steps are cut first. STEPS="resnet152"
-# (any of the five names) runs only those. A dry run on a smaller
-# machine: VGG_NODES="4 2" (not "32 16"), REPEAT=1. The lease brings back 8 files a call (each step
-# leaves 3 a bench): name the steps, e.g. STEPS=quickack, and point OUT at a folder of its own.
+# (any of the five names) runs only those. A dry run on a smaller machine: VGG_NODES="4 2" (not
+# "32 16"), REPEAT=1. The lease brings back 8 files a call (a step leaves 3 a bench): name the steps,
+# e.g. STEPS=quickack, and point OUT at a folder of its own.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD

@@ -348,7 +348,7 @@ TEST(BenchSmoke, TimeDilationReportsTheUndilatedCluster) {
 }
 
 // Under time dilation the kernel's minimum retransmission timeout is dilated too: every node's route
-// to the others carries it.
+// to the others carries it, and with --tcp-quickack the metric that turns the delayed ACK off.
 TEST(BenchSmoke, RouteTimersAreSetOnEveryNodesRoute) {
   requireCluster();
   bench::EmulatedCluster cluster(2, bench::LinkSpec{100});

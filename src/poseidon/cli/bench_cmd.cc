@@ -86,9 +86,7 @@ void addWhatToRunFlags(FlagSet& flags, BenchArgs& a) {
   flags.addDouble("latency-ms", &a.latencyMs, "added one-way latency per link (netem)", "MS", RealRange::atLeast(0));
   addQueueFlag(flags, &a.queueMs);
   addTcpCongestionFlag(flags, &a.tcpCongestion);
-  flags.addBool("tcp-quickack", &a.tcpQuickAck,
-                "every emulated node acknowledges each TCP segment at once (route metric quickack 1): no delayed "
-                "ACK, whose 40 ms floor --time-dilation does not scale; for telling a dilated run from an F = 1 one");
+  addTcpQuickAckFlag(flags, &a.tcpQuickAck);
   flags.addDouble("scale", &a.scale,
                   "width scale s (link rates represent rate / s^2 at full width; a model whose batch x s is not "
                   "whole runs at the nearest width s' where it is, at least one row, its links at rate x (s'/s)^2)",

@@ -86,6 +86,12 @@ void addTcpCongestionFlag(FlagSet& flags, std::string* name) {
                   "NAME");
 }
 
+void addTcpQuickAckFlag(FlagSet& flags, bool* on) {
+  flags.addBool("tcp-quickack", on,
+                "every emulated node acknowledges each TCP segment at once (route metric quickack 1): no delayed "
+                "ACK, whose 40 ms floor --time-dilation does not scale; for telling a dilated run from an F = 1 one");
+}
+
 bench::HostQueue parseHostQueue(const std::string& name, const char* flag) {
   if (name == "fifo") return bench::HostQueue::kFifo;
   if (name == "tos") return bench::HostQueue::kTos;

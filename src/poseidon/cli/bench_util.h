@@ -45,6 +45,8 @@ void addQueueFlag(FlagSet& flags, double* queueMs);
 bench::HostQueue parseHostQueue(const std::string& name, const char* flag = "--host-queue");
 // --tcp-cc: the emulated nodes' TCP congestion control (bench and bench --accuracy).
 void addTcpCongestionFlag(FlagSet& flags, std::string* name);
+// --tcp-quickack: the delayed ACK off on every emulated node's route (EmulatedCluster::setRouteTimers).
+void addTcpQuickAckFlag(FlagSet& flags, bool* on);
 // InvalidArgument unless name looks like a kernel congestion-control name (the cluster checks it is there).
 void checkTcpCongestionName(const std::string& name);
 // poseidon bench --accuracy.

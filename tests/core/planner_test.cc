@@ -448,6 +448,39 @@ TEST(Planner, ACreditWindowOfOneFragmentIdlesTheLinkWhileTheGrantTravels) {
   EXPECT_NEAR(in(2 * kFragment), 1.1, 1e-9);
 }
 
+// A receiver with no grant in flight grants the next fragment whatever its window: its count of
+// grants says so, not its granted bytes, which adding and removing fragment sizes leaves a rounding
+// residue above 0 (1228.8 - 409.6 - 819.2 = 1.1e-13 here). With a window of half a fragment, nodes
+// 1 and 2 send node 0 a tenth and a fifth of a fragment at 0, both granted at once and in at 0.11
+// and 0.13; node 3's whole fragment, less urgent and larger than the window, is granted then and in
+// at 0.33 (0.1 for the grant, 0.1 on the wire). Before the count, the residue kept it from ever
+// being granted: `plan --links credits` with a window below a fragment stalled and printed the
+// compute time as the iteration's.
+TEST(Planner, AGrantFollowsTheLastArrivalDespiteARoundingResidue) {
+  constexpr double kFragment = 4096, kRate = 40960;
+  Cluster c = plain(4, kRate);
+  c.sendWindowBytes = kFragment;
+  c.links = Cluster::Links::kCredits;
+  c.creditWindowBytes = kFragment / 2;
+  detail::Sim sim;
+  detail::Network net(&sim, c, /*prioritized=*/true, 0, 1);
+  double in = -1;
+  net.send(0, 1, 0, 0.1 * kFragment, 0, [] {});
+  net.send(0, 2, 0, 0.2 * kFragment, 0, [] {});
+  net.send(0, 3, 0, kFragment, 1, [&] { in = sim.now(); });
+  sim.run();
+  EXPECT_NEAR(in, 0.33, 1e-9);
+}
+
+// A model whose events run out before a node began its last iteration fails loudly, naming the
+// node and how far it got, instead of reading an iteration time off the marks it did reach.
+TEST(Planner, AStalledModelIsAnErrorNotAPrediction) {
+  using detail::kUnreached;
+  EXPECT_NO_THROW(detail::requireEveryNodeFinished({{0, 1, 2}, {0, 1.5, 2.5}}, "poseidon"));
+  EXPECT_ERROR_CONTAINS(detail::requireEveryNodeFinished({{0, 1, 2}, {0, 1.5, kUnreached}}, "poseidon"), Error,
+                        "the planner's model of poseidon stalled: node 1 finished 1 of its 2 iterations");
+}
+
 // vgg19 at 32 nodes and 3 Gbit/s (own bound 0.927 s): taking turns on the links, the overlap sits
 // 1.27x above its bound; receiver-driven credits at their best window bring it to 1.15x; ideal
 // links (both ends serving the most urgent fragment first) to 1.08x. Switch ports that serve the

@@ -38,7 +38,7 @@ class GroupModel {
     answered_.assign(G, std::vector<int>(N, -1));
     got_.assign(static_cast<size_t>(P_), std::vector<int>(R, 0));
     ready_ = got_;
-    roundStart_.assign(static_cast<size_t>(P_), std::vector<double>(R, 0.0));
+    roundStart_.assign(static_cast<size_t>(P_), std::vector<double>(R, kUnreached));
     fcArrived_.assign(G, std::vector<int>(R, 0));
     sumRate_ = c.sumBytes * c.scale * c.scale;
   }
@@ -52,6 +52,7 @@ class GroupModel {
       sim_.at(compute * group / g_, [this, n] { startRound(n, 0); });
     }
     sim_.run();
+    requireEveryNodeFinished(roundStart_, "compute groups");
     GroupPrediction p;
     p.groups = g_;
     p.groupSize = k_;

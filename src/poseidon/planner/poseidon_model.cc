@@ -75,12 +75,13 @@ class PoseidonModel {
     left_.assign(I, std::vector<int>(static_cast<size_t>(P_), L_));
     doneThrough_.assign(PL, -1);
     waiting_.assign(PL, Sim::Fn());
-    forwardStart_.assign(static_cast<size_t>(P_), std::vector<double>(I + 1, 0.0));
+    forwardStart_.assign(static_cast<size_t>(P_), std::vector<double>(I + 1, kUnreached));
   }
 
   Prediction run() {
     for (int n = 0; n < P_; ++n) startForward(n, 0);
     sim_.run();
+    requireEveryNodeFinished(forwardStart_, systemName(system_));
     Prediction p;
     p.sfbLayers = sfbLayers_;
     for (int n = 0; n < P_; ++n) {

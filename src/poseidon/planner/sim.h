@@ -28,6 +28,23 @@ constexpr double kTcpQuantumBytes = 256 * 1024;
 // and the kernel's send buffer (the window, doubled by Linux).
 constexpr size_t kConnectionDepth = 4;
 
+// A node's mark (the time it began an iteration or round) before it gets there.
+constexpr double kUnreached = -1;
+// A model's marks, [node][iteration or round], after its Sim ran out of events. A node that never
+// began the last is a deadlock in the model (its protocol or its links), which must not pass for a
+// prediction: the iteration time would be read off the marks the node did reach.
+inline void requireEveryNodeFinished(const std::vector<std::vector<double>>& marks, const char* model) {
+  for (size_t n = 0; n < marks.size(); ++n) {
+    if (marks[n].empty() || marks[n].back() != kUnreached) continue;
+    size_t reached = 0;  // marks set: the starts of iterations 0..reached-1
+    while (reached < marks[n].size() && marks[n][reached] != kUnreached) ++reached;
+    throw Error(strCat("the planner's model of ", model, " stalled: node ", n, " finished ",
+                       reached > 0 ? reached - 1 : 0, " of its ", marks[n].size() - 1,
+                       " iterations and then nothing was left to run (a bug in the planner, not a prediction; "
+                       "please report it with the command line)"));
+  }
+}
+
 // ---- the event loop --------------------------------------------------------
 
 class Sim {
@@ -336,6 +353,8 @@ class Network {
   struct Receiver {
     std::priority_queue<Request, std::vector<Request>, std::greater<Request>> pending;
     double granted = 0;  // granted bytes not yet in
+    int grants = 0;      // granted fragments not yet in: "none in flight" is this, not granted <= 0,
+                         // since adding and removing fragment sizes leaves a rounding residue
   };
   // The sender asks `dst` for room for each fragment of the message.
   void request(int src, int dst, double units, int64_t order, const std::shared_ptr<Sim::Fn>& arrived) {
@@ -352,16 +371,19 @@ class Network {
   // frees its room.
   void grant(int dst) {
     Receiver& r = receivers_[static_cast<size_t>(dst)];
-    while (!r.pending.empty() && (r.granted <= 0 || r.granted + r.pending.top().units <= creditWindow_)) {
+    while (!r.pending.empty() && (r.grants == 0 || r.granted + r.pending.top().units <= creditWindow_)) {
       Request q = r.pending.top();
       r.pending.pop();
       r.granted += q.units;
+      ++r.grants;
       sim_->at(sim_->now() + grantSeconds_, [this, dst, q] {
         egress_[static_cast<size_t>(q.src)].submit(
             0, q.units, q.priority, [this, dst, q](double, double, double units, bool) {
               ingress_[static_cast<size_t>(dst)].submit(units, 0, [this, dst, q](double, double end, double, bool) {
                 sim_->at(end, [this, dst, q] {
-                  receivers_[static_cast<size_t>(dst)].granted -= q.units;
+                  Receiver& in = receivers_[static_cast<size_t>(dst)];
+                  in.granted -= q.units;
+                  --in.grants;
                   if (q.arrived) (*q.arrived)();
                   grant(dst);
                 });

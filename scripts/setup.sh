@@ -23,6 +23,7 @@ PACKAGES=(
   iproute2                        # network namespaces + tc for the emulated cluster
   gnuplot-nox                     # bench plots
   clang libclang-rt-14-dev        # libFuzzer for the decoder fuzz test
+  ccache                          # rebuilds of unchanged sources (CMakeLists.txt: POSEIDON_CCACHE)
 )
 echo "setup.sh: apt-get update"
 apt-get update -qq

@@ -25,11 +25,23 @@ src=(
   "$root/src/poseidon/sfb/keeper.cc" "$root/src/poseidon/client/syncer.cc" "$root/src/poseidon/client/syncer_send.cc" "$root/src/poseidon/kvstore/model_shard.cc"
   "$root/src/poseidon/client/fc_channel.cc"
 )
-flags=(-std=c++17 -O1 -g -I"$root/src" -I/usr/include/eigen3)
-if [ ! -x "$out/fuzz_decoders" ] || [ -n "$(find "${src[@]}" -newer "$out/fuzz_decoders" 2>/dev/null)" ]; then
+flags=(-std=c++17 -O1 -g -I"$root/src" -I/usr/include/eigen3 -fsanitize=fuzzer,address,undefined
+       -fno-sanitize-recover=undefined)
+# One object per source, compiled in parallel, through ccache where it is installed (then every run
+# rebuilds, and an unchanged source is a cache lookup: CCACHE_BASEDIR keeps another clone's paths out of
+# the key). Without ccache, a rebuild only when a source is newer than the program, as before.
+if command -v ccache >/dev/null || [ ! -x "$out/fuzz_decoders" ] ||
+   [ -n "$(find "${src[@]}" -newer "$out/fuzz_decoders" 2>/dev/null)" ]; then
   echo "fuzz: building $out/fuzz_decoders"
-  clang++ "${flags[@]}" -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined "${src[@]}" \
-    -lzmq -lsodium -lpthread -o "$out/fuzz_decoders"
+  cc=(clang++)
+  if command -v ccache >/dev/null; then cc=(env CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=true ccache clang++); fi
+  mkdir -p "$out/obj"
+  objects=()
+  for f in "${src[@]}"; do objects+=("$out/obj/$(basename "$(dirname "$f")")_$(basename "$f" .cc).o"); done
+  for i in "${!src[@]}"; do printf '%s\0%s\0' "${src[$i]}" "${objects[$i]}"; done |
+    xargs -0 -n 2 -P "$(nproc 2>/dev/null || echo 2)" \
+      bash -c 'n=$#; exec "${@:1:n-2}" -c "${@:n-1:1}" -o "${@:n:1}"' compile "${cc[@]}" "${flags[@]}"
+  clang++ "${flags[@]}" "${objects[@]}" -lzmq -lsodium -lpthread -o "$out/fuzz_decoders"
 fi
 corpus="$here/corpus"
 if [ "${2:-}" = "--merge" ]; then

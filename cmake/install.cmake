@@ -23,6 +23,10 @@ if(POSEIDON_WITH_TORCH)
   install(EXPORT PoseidonTorchTargets NAMESPACE Poseidon:: DESTINATION ${POSEIDON_CMAKE_DIR})
 endif()
 install(TARGETS poseidon RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+if(POSEIDON_WITH_TORCH)
+  # Beside poseidon, where it looks for it (cli/torch_forward.cc).
+  install(TARGETS poseidon_torch_command RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+endif()
 
 configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/PoseidonConfig.cmake.in
   ${PROJECT_BINARY_DIR}/PoseidonConfig.cmake INSTALL_DESTINATION ${POSEIDON_CMAKE_DIR})

@@ -746,6 +746,39 @@ TEST(CliFlags, BenchWorkerRejectsOutOfRangeValues) {
                   "unknown wire precision 'fp64' (expected fp32, bf16 or fp16)"});
 }
 
+// poseidon links the core alone; train, experiment and tune --regret run in poseidon-torch, beside it, by
+// exec (cli/torch_forward.cc). LD_DEBUG=libs makes the dynamic loader name every library it loads on stderr.
+TEST(CliFlags, OnlyTheLibTorchCommandsLoadLibTorch) {
+  namespace fs = std::filesystem;
+  const fs::path torchHalf = fs::path(POSEIDON_CLI).parent_path() / "poseidon-torch";
+  if (!fs::exists(torchHalf)) GTEST_SKIP() << "this build has no LibTorch integration (no " << torchHalf << ")";
+  std::string dir = testing::makeTempDir("flags");
+  std::vector<testing::Proc> procs{
+      testing::spawn({POSEIDON_CLI, "plan", "--model", "lenet"}, {{"LD_DEBUG", "libs"}}, dir + "/plan"),
+      testing::spawn({POSEIDON_CLI, "train", "--help"}, {{"LD_DEBUG", "libs"}}, dir + "/train")};
+  testing::waitAll(procs, std::chrono::seconds(60));
+  EXPECT_EQ(procs[0].exitCode(), 0) << procs[0].stderrText().substr(0, 2000);
+  EXPECT_THAT(procs[0].stdoutText(), HasSubstr("ip1"));
+  EXPECT_THAT(procs[0].stderrText(), HasSubstr("libzmq"));  // the loader did report what it loaded
+  EXPECT_THAT(procs[0].stderrText(), Not(HasSubstr("libtorch")));
+  EXPECT_EQ(procs[1].exitCode(), 0);
+  EXPECT_THAT(procs[1].stdoutText(), HasSubstr("usage: poseidon train"));
+  EXPECT_THAT(procs[1].stderrText(), HasSubstr("libtorch_cpu"));
+  // Without its other half, poseidon train is one line that says where it looked.
+  fs::create_directories(dir + "/alone");
+  fs::copy_file(POSEIDON_CLI, dir + "/alone/poseidon");
+  std::vector<testing::Proc> alone{testing::spawn({dir + "/alone/poseidon", "train"}, {}, dir + "/alone/log")};
+  testing::waitAll(alone, std::chrono::seconds(30));
+  EXPECT_EQ(alone[0].exitCode(), 1);
+  EXPECT_EQ(alone[0].stderrText(),
+            "poseidon train: error: poseidon train runs in poseidon-torch, the LibTorch half of the poseidon command, "
+            "which should be at " +
+                dir +
+                "/alone/poseidon-torch (No such file or directory); build it (cmake --build) "
+                "or install both\n");
+  fs::remove_all(dir);
+}
+
 TEST(CliFlags, HelpShowsTheRanges) {
   std::string dir = testing::makeTempDir("flags");
   std::vector<testing::Proc> procs{testing::spawn({POSEIDON_CLI, "launch", "--help"}, {}, dir + "/help")};

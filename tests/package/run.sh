@@ -70,7 +70,7 @@ check_block docs/torch.md "$(head -n 1 "$root/docs/torch.md")" cpp examples/cpp/
 # ---- 2. install ----------------------------------------------------------------------------------------------
 prefix="$work/prefix"
 quiet install.log "cmake --install $build" "$cmake" --install "$build" --prefix "$prefix"
-for f in bin/poseidon lib/libposeidon_core.a lib/libposeidon_torch.a lib/cmake/Poseidon/PoseidonConfig.cmake \
+for f in bin/poseidon bin/poseidon-torch lib/libposeidon_core.a lib/libposeidon_torch.a lib/cmake/Poseidon/PoseidonConfig.cmake \
          lib/cmake/Poseidon/PoseidonConfigVersion.cmake lib/cmake/Poseidon/PoseidonCoreTargets.cmake \
          lib/cmake/Poseidon/PoseidonTorchTargets.cmake include/poseidon/torch/distributed.h; do
   [ -e "$prefix/$f" ] || fail "the install has no $f"
@@ -79,6 +79,10 @@ missing=$(cd "$prefix/include" && grep -rhoE '^#include "poseidon/[^"]+"' poseid
   while read -r h; do [ -f "$h" ] || echo "$h"; done)
 [ -z "$missing" ] || fail "installed headers include headers that are not installed: $missing"
 say "installed into $prefix ($(find "$prefix/include" -name '*.h' | wc -l) headers)"
+# The installed poseidon finds its LibTorch half beside it (cli/torch_forward.cc).
+quiet train-help.log "poseidon train --help from the install" "$prefix/bin/poseidon" train --help
+grep -q "usage: poseidon train" "$work/train-help.log" || fail "the installed poseidon train --help printed no usage"
+say "the installed poseidon runs train in its poseidon-torch"
 
 # ---- 3. the examples, as an outside project --------------------------------------------------------------------
 # The same compiler (and compiler launcher) as Poseidon's own build: its static libraries are linked in.

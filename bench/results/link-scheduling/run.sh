@@ -16,6 +16,8 @@ run() {  # label, then plan flags
 run "as built (default: 1 MB fragments, 3 urgent layers)"
 run "as built, 64 KB fragments" --send-window 65536
 run "as built, host queue tos, 6 urgent layers" --host-queue tos --urgent-layers 6
+run "as built, host queue tos, 6 urgent layers, 256 KB fragments" --host-queue tos --urgent-layers 6 --send-window 262144
+run "as built, host queue tos, 6 urgent layers, 64 KB fragments" --host-queue tos --urgent-layers 6 --send-window 65536
 run "as built, host and switch queues tos, 16 urgent layers" --host-queue tos --switch-queue tos --urgent-layers 16
 for w in 2 4 8 16 32; do
   run "credits, ${w} MB window" --links credits --credit-window $((w * 1048576))

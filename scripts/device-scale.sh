@@ -8,17 +8,17 @@
 #   scripts/device-check.sh --prepare   here first (fills .device/, which must travel along)
 #   scripts/device-scale.sh [OUT]       there: builds bin/poseidon against the machine's torch, then, most
 #                                       wanted first, each step with a limit under DEVICE_CHECK_SECONDS:
+#     window: vgg19, 32 nodes, poseidon-overlap on two-band nodes with 6 urgent layers, at s = 0.2 and
+#        F = 4 (120 Mbit/s, the same 3 Gbit/s at full width): the default send window (1 MB at full
+#        width), then 256 KB, which s = 0.1 cannot hold (under the kernel's 4 KB floor). The planner
+#        predicts 1.127 s (1.22x) and 1.046 s (1.13x): the one lever it names under the issue's 1.15x
+#        with FIFO switch ports (bench/results/link-scheduling/out.txt). Two benches of 3 runs
 #     quickack: vgg19, 32 nodes, poseidon-overlap on two-band nodes with 12 KB receive windows
 #        (--host-queue tos --tcp-rcvbuf 12288), with every node's delayed ACK off (--tcp-quickack) and
 #        without, 3 runs each. On 2 cores at F = 6 and 12 this setting ran 1.05-1.07 s with or without
 #        the delayed ACK; on 16 cores at F = 1 (2026-12-04) 1.256 s. The delayed ACK's 40 ms is the one
 #        timer dilation leaves at its real size that this can switch off: if the first file runs near
 #        1.05 s, it is why (bench/results/device-scale/README.md, "The delayed ACK off")
-#     window: vgg19, 32 nodes, poseidon-overlap on two-band nodes with 6 urgent layers, at s = 0.2 and
-#        F = 4 (120 Mbit/s, the same 3 Gbit/s at full width): the default send window (1 MB at full
-#        width), then 256 KB, which s = 0.1 cannot hold (under the kernel's 4 KB floor). The planner
-#        predicts 1.127 s (1.22x) and 1.046 s (1.13x): the one lever it names under the issue's 1.15x
-#        with FIFO switch ports (bench/results/link-scheduling/out.txt). Two benches of 3 runs
 #     vgg19-big: vgg19, 32 nodes, 30 Mbit/s: poseidon and poseidon-overlap with the runtime's defaults
 #        (receive and send windows, 3 urgent layers), 3 runs each: the issue asks both within 1.15x of
 #        their own bound, host CPU reported
@@ -50,7 +50,7 @@ PY=${PYTHON:-python3}
 REPEAT=${REPEAT:-3}
 read -r VGG_BIG VGG_MID <<<"${VGG_NODES:-32 16}"
 [[ -n "${VGG_BIG:-}" && -n "${VGG_MID:-}" ]] || { echo "device-scale: VGG_NODES needs two node counts, e.g. \"32 16\""; exit 2; }
-STEPS=" ${STEPS:-quickack window vgg19-big vgg19-urgent resnet152 vgg19-mid} "
+STEPS=" ${STEPS:-window quickack vgg19-big vgg19-urgent resnet152 vgg19-mid} "
 
 [[ -f .device/device-env.sh ]] || { echo "device-scale: no .device/ here: run scripts/device-check.sh --prepare first"; exit 2; }
 DEBS=.device/debs source .device/device-env.sh
@@ -130,6 +130,20 @@ print("%.6g,%.6g,%.6g" % (m["gemm_flops"] / 1e9, m["sum_bytes_per_s"] / 1e9, m["
 # Each run's own limit (--run-timeout) well inside its step's, so one hung run does not cost the step.
 vgg=(--models vgg19 --iterations 4 --warmup 2 --run-timeout 60)
 resnet=(--models resnet-152 --nodes 8 --run-timeout 45)
+if [[ $STEPS == *" window "* ]]; then
+  # The planner's next lever (bench/results/link-scheduling/out.txt): two-band nodes, 6 urgent layers
+  # and a 256 KB send window at full width predict 1.046 s (1.13x) at 32 nodes, against 1.127 (1.22x)
+  # with the default 1 MB. At s = 0.1 256 KB is 2.3 KB of kernel buffer, under the kernel's 4 KB floor;
+  # at s = 0.2 vgg19 runs at s' = 6/32 and it is 262144 x (6/32)^2 = 9216 bytes. 120 Mbit/s there is the
+  # same 3 Gbit/s at full width. F = 4: on 2 cores at F = 16 (bench/results/device-scale/window/) the
+  # control ran at 41% host CPU and the small window at 90%, HOST-BOUND (a 9 KB buffer wakes the
+  # sender four times as often as 36 KB); 16 cores at F = 4 is that load halved. The first file is the
+  # control: the same scale, F and queues with the default window (1 MB, 36 KB here).
+  s2=(--scale 0.2 --time-dilation 4 --run-timeout 120 --systems poseidon-overlap --nodes "$VGG_BIG" --urgent-layers 6
+      --host-queue tos)
+  BENCH_RATE=120 bench "vgg19-$VGG_BIG-urgent-s2" 240 "${vgg[@]}" "${s2[@]}"
+  BENCH_RATE=120 bench "vgg19-$VGG_BIG-urgent-s2-w256k" 240 "${vgg[@]}" "${s2[@]}" --send-window 9216
+fi
 if [[ $STEPS == *" quickack "* ]]; then
   bench "vgg19-$VGG_BIG-tos12k-quickack" 150 "${vgg[@]}" --systems poseidon-overlap --nodes "$VGG_BIG" \
     --host-queue tos --tcp-rcvbuf 12288 --tcp-quickack
@@ -147,20 +161,6 @@ if [[ $STEPS == *" resnet152 "* ]]; then
   bench resnet152-os 200 "${resnet[@]}" --systems poseidon-overlap-bf16,ddp-fp16 --ddp-python "$(command -v "$PY")"
   bench resnet152-12k 120 "${resnet[@]}" --systems poseidon-overlap-bf16 --tcp-rcvbuf 12288
   bench resnet152-8k 120 "${resnet[@]}" --systems poseidon-overlap-bf16 --tcp-rcvbuf 8192
-fi
-if [[ $STEPS == *" window "* ]]; then
-  # The planner's next lever (bench/results/link-scheduling/out.txt): two-band nodes, 6 urgent layers
-  # and a 256 KB send window at full width predict 1.046 s (1.13x) at 32 nodes, against 1.127 (1.22x)
-  # with the default 1 MB. At s = 0.1 256 KB is 2.3 KB of kernel buffer, under the kernel's 4 KB floor;
-  # at s = 0.2 vgg19 runs at s' = 6/32 and it is 262144 x (6/32)^2 = 9216 bytes. 120 Mbit/s there is the
-  # same 3 Gbit/s at full width. F = 4: on 2 cores at F = 16 (bench/results/device-scale/window/) the
-  # control ran at 41% host CPU and the small window at 90%, HOST-BOUND (a 9 KB buffer wakes the
-  # sender four times as often as 36 KB); 16 cores at F = 4 is that load halved. The first file is the
-  # control: the same scale, F and queues with the default window (1 MB, 36 KB here).
-  s2=(--scale 0.2 --time-dilation 4 --run-timeout 120 --systems poseidon-overlap --nodes "$VGG_BIG" --urgent-layers 6
-      --host-queue tos)
-  BENCH_RATE=120 bench "vgg19-$VGG_BIG-urgent-s2" 240 "${vgg[@]}" "${s2[@]}"
-  BENCH_RATE=120 bench "vgg19-$VGG_BIG-urgent-s2-w256k" 240 "${vgg[@]}" "${s2[@]}" --send-window 9216
 fi
 if [[ $STEPS == *" vgg19-mid "* ]]; then
   bench "vgg19-$VGG_MID" 150 "${vgg[@]}" --systems poseidon-overlap --nodes "$VGG_MID"

@@ -131,11 +131,8 @@ print("%.6g,%.6g,%.6g" % (m["gemm_flops"] / 1e9, m["sum_bytes_per_s"] / 1e9, m["
 vgg=(--models vgg19 --iterations 4 --warmup 2 --run-timeout 60)
 resnet=(--models resnet-152 --nodes 8 --run-timeout 45)
 if [[ $STEPS == *" window "* ]]; then
-  # The planner's next lever (bench/results/link-scheduling/out.txt): two-band nodes, 6 urgent layers
-  # and a 256 KB send window at full width predict 1.046 s (1.13x) at 32 nodes, against 1.127 (1.22x)
-  # with the default 1 MB. At s = 0.1 256 KB is 2.3 KB of kernel buffer, under the kernel's 4 KB floor;
-  # at s = 0.2 vgg19 runs at s' = 6/32 and it is 262144 x (6/32)^2 = 9216 bytes. 120 Mbit/s there is the
-  # same 3 Gbit/s at full width. F = 4: on 2 cores at F = 16 (bench/results/device-scale/window/) the
+  # (The header says what the planner predicts.) At s = 0.2 vgg19 runs at s' = 6/32, so 256 KB at full
+  # width is 262144 x (6/32)^2 = 9216 bytes, and 120 Mbit/s is the same 3 Gbit/s at full width. F = 4: on 2 cores at F = 16 (bench/results/device-scale/window/) the
   # control ran at 41% host CPU and the small window at 90%, HOST-BOUND (a 9 KB buffer wakes the
   # sender four times as often as 36 KB); 16 cores at F = 4 is that load halved. The first file is the
   # control: the same scale, F and queues with the default window (1 MB, 36 KB here).

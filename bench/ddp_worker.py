@@ -130,8 +130,8 @@ def main():
     # Poseidon's uncharged work is not).
     p.add_argument("--time-dilation", type=float, default=1.0)
     a = p.parse_args()
-    if not 1.0 <= a.time_dilation <= 16.0:
-        raise ValueError(f"--time-dilation must be in [1, 16], got {a.time_dilation}")
+    if not 1.0 <= a.time_dilation <= 32.0:
+        raise ValueError(f"--time-dilation must be in [1, 32], got {a.time_dilation}")
     Clock.dilation = a.time_dilation
 
     torch.set_num_threads(1)

@@ -501,7 +501,7 @@ TEST(CliFlags, BenchRejectsOutOfRangeValues) {
   expectRejected({{"bench", "--systems", "poseidon,ddp", "--urgent-layers", "2"},
                   "--urgent-layers is for the poseidon-overlap systems (their priority links), and --systems has "
                   "none"});
-  expectRejected({{"bench", "--time-dilation", "0.5"}, "--time-dilation must be in [1, 16], got 0.5"});
+  expectRejected({{"bench", "--time-dilation", "0.5"}, "--time-dilation must be in [1, 32], got 0.5"});
   expectRejected({{"bench", "--systems", "ddp-bf16"}, "unknown system 'ddp-bf16'"});
   expectRejected({{"bench", "--systems", "ddp-nocurve"},
                   "unknown system 'ddp-nocurve' (DDP's Gloo links are never encrypted: -nocurve is for Poseidon's)"});

@@ -9,10 +9,11 @@
 #   scripts/device-scale.sh [OUT]       there: builds bin/poseidon against the machine's torch, then, most
 #                                       wanted first, each step with a limit under DEVICE_CHECK_SECONDS:
 #     window: vgg19, 32 nodes, poseidon-overlap on two-band nodes with 6 urgent layers, at s = 0.2 and
-#        F = 4 (120 Mbit/s, the same 3 Gbit/s at full width): the default send window (1 MB at full
-#        width), then 256 KB, which s = 0.1 cannot hold (under the kernel's 4 KB floor). The planner
-#        predicts 1.127 s (1.22x) and 1.046 s (1.13x): the one lever it names under the issue's 1.15x
-#        with FIFO switch ports (bench/results/link-scheduling/out.txt). Two benches of 3 runs
+#        F = 4 (120 Mbit/s, the same 3 Gbit/s at full width): 1 MB send windows (the default before
+#        2026-12-06), then the runtime's default there since (Van::defaultSendWindow: 256 KB, which
+#        s = 0.1 cannot hold, under the kernel's 4 KB floor). The planner predicts 1.127 s (1.22x) and
+#        1.046 s (1.13x); 2 cores at F = 32 measured 1.114 and 1.046 (bench/results/device-scale/window/,
+#        71-73% host CPU). Two benches of 3 runs
 #     quickack: vgg19, 32 nodes, poseidon-overlap on two-band nodes with 12 KB receive windows
 #        (--host-queue tos --tcp-rcvbuf 12288), with every node's delayed ACK off (--tcp-quickack) and
 #        without, 3 runs each. On 2 cores at F = 6 and 12 this setting ran 1.05-1.07 s with or without
@@ -131,15 +132,14 @@ print("%.6g,%.6g,%.6g" % (m["gemm_flops"] / 1e9, m["sum_bytes_per_s"] / 1e9, m["
 vgg=(--models vgg19 --iterations 4 --warmup 2 --run-timeout 60)
 resnet=(--models resnet-152 --nodes 8 --run-timeout 45)
 if [[ $STEPS == *" window "* ]]; then
-  # (The header says what the planner predicts.) At s = 0.2 vgg19 runs at s' = 6/32, so 256 KB at full
-  # width is 262144 x (6/32)^2 = 9216 bytes, and 120 Mbit/s is the same 3 Gbit/s at full width. F = 4: on 2 cores at F = 16 (bench/results/device-scale/window/) the
-  # control ran at 41% host CPU and the small window at 90%, HOST-BOUND (a 9 KB buffer wakes the
-  # sender four times as often as 36 KB); 16 cores at F = 4 is that load halved. The first file is the
-  # control: the same scale, F and queues with the default window (1 MB, 36 KB here).
+  # (The header says what the planner predicts.) At s = 0.2 vgg19 runs at s' = 6/32, so 1 MB at full width
+  # is 1048576 x (6/32)^2 = 36864 bytes and 256 KB 9216, and 120 Mbit/s is the same 3 Gbit/s at full
+  # width. F = 4 gives each node the host CPU that F = 32 gave it on 2 cores (71-73% there). The first
+  # file is the control, 1 MB; the second runs the runtime's default window (256 KB here).
   s2=(--scale 0.2 --time-dilation 4 --run-timeout 120 --systems poseidon-overlap --nodes "$VGG_BIG" --urgent-layers 6
       --host-queue tos)
+  BENCH_RATE=120 bench "vgg19-$VGG_BIG-urgent-s2-w1m" 240 "${vgg[@]}" "${s2[@]}" --send-window 36864
   BENCH_RATE=120 bench "vgg19-$VGG_BIG-urgent-s2" 240 "${vgg[@]}" "${s2[@]}"
-  BENCH_RATE=120 bench "vgg19-$VGG_BIG-urgent-s2-w256k" 240 "${vgg[@]}" "${s2[@]}" --send-window 9216
 fi
 if [[ $STEPS == *" quickack "* ]]; then
   bench "vgg19-$VGG_BIG-tos12k-quickack" 150 "${vgg[@]}" --systems poseidon-overlap --nodes "$VGG_BIG" \

@@ -110,7 +110,8 @@ class DistributedModel(torch.nn.Module):
     send_window: priority-scheduled links (docs/scheduling.md), for overlap_forward: each connection
         holds this many bytes in the kernel and larger messages go as fragments of it, so a lower
         layer's result passes the upper ones queued before it (the next forward needs it first).
-        0 (the default): FIFO links. Not with compute groups.
+        0 (the default): FIFO links. -1: the runtime's default for the job's size and host_queue, 1 MB,
+        or 256 KB past 8 peers with host_queue="tos" (docs/scheduling.md). Not with compute groups.
     urgent_layers: with send_window, the synchronization data of the first K layers (the modules that
         own trainable parameters, in registration order: the next forward needs them first) go to each
         peer on a second connection whose packets are marked IP TOS low-delay. They wait behind none of
@@ -119,9 +120,9 @@ class DistributedModel(torch.nn.Module):
         runtime's rule: with send_window and more than 16 peers, every layer below the model's FC stack
         with host_queue="tos" where the FC layers hold most of the parameters; otherwise K = 3 past 8
         peers, and one connection with fewer.
-    host_queue: for urgent_layers=-1 and tcp_rcvbuf=0, this host's egress queue: "tos" (two bands, the
+    host_queue: for urgent_layers=-1 and send_window=-1, this host's egress queue: "tos" (two bands, the
         marked one first, as the bench's: past 16 peers the layers below the FC stack go urgent, and past
-        8 the receive buffer stays the send window and a third), "fifo" or "auto" (the
+        8 peers send_window=-1 is 256 KB), "fifo" or "auto" (the
         default; 3 layers: it reads the kernel's qdisc and logs it; on a NIC's own pfifo_fast the layers
         below the FC stack are unmeasured; docs/scheduling.md).
     groups: Omnivore's compute groups (docs/omnivore.md): 0 (the default) is BSP; G > 0 splits the ranks

@@ -508,6 +508,32 @@ TEST(Planner, OnlyPriorityAtTheReceiverBringsThirtyTwoNodesNearTheirBound) {
                    overOwnBound(System::kPoseidon, Cluster::Links::kAsBuilt));
 }
 
+// The planner takes the runtime's default send window (Van::defaultSendWindow) where none is given: 256 KB
+// past 8 peers on nodes told their queue is two-band, 1 MB elsewhere, and 1 MB for files made before
+// that rule (sendWindowRule 1). vgg19 at 32 nodes and 3 Gbit/s, 6 urgent layers: 1.046 s against
+// 1.127 with 1 MB (measured 1.046 and 1.114 on 2 cores at dilation 32, bench/results/device-scale/window/).
+TEST(Planner, TheOverlapTakesTheRuntimesDefaultSendWindow) {
+  const Workload w = zooWorkload("vgg19", 1.0);
+  auto overlap = [&](int workers, bool told, double window, int rule = Van::kSendWindowRule) {
+    Cluster c;
+    c.workers = workers;
+    c.linkBytes = 3e9 / 8;
+    c.urgentLayers = 6;
+    c.lowDelayFirst = true;
+    c.hostQueueTold = told;
+    c.sendWindowBytes = window;
+    c.sendWindowRule = rule;
+    EXPECT_EQ(sendWindowFor(c), window > 0 ? window : rule >= 2 && told && workers > 9 ? 262144 : 1048576);
+    return predict(w, c, System::kPoseidonOverlap).iterationSeconds;
+  };
+  EXPECT_DOUBLE_EQ(overlap(32, true, 0), overlap(32, true, 262144));
+  EXPECT_DOUBLE_EQ(overlap(32, false, 0), overlap(32, false, 1048576));
+  EXPECT_DOUBLE_EQ(overlap(32, true, 0, 1), overlap(32, true, 1048576));
+  EXPECT_DOUBLE_EQ(overlap(9, true, 0), overlap(9, true, 1048576));
+  EXPECT_DOUBLE_EQ(overlap(10, true, 0), overlap(10, true, 262144));
+  EXPECT_LT(overlap(32, true, 0), 0.95 * overlap(32, true, 0, 1));
+}
+
 // The planner applies the runtime's rule (Van::urgentLayerCount): with priority links, 3 layers past
 // 8 peers, none below; 0 turns it off. vgg19: at 9 nodes the default is the same run as none, and 3
 // layers asked for explicitly shorten it where the links bind (1.5 Gbit/s); at 32 nodes and 3 Gbit/s
@@ -539,6 +565,7 @@ TEST(Planner, TheOverlapTakesTheRuntimesUrgentLayers) {
     c.lowDelayFirst = true;
     c.hostQueueTold = told;
     c.urgentRule = rule;
+    c.sendWindowBytes = 1048576;  // the urgent layers alone (the default window is the test above)
     return predict(w, c, System::kPoseidonOverlap).iterationSeconds;
   };
   const int now = VanOptions::kAutoUrgentRule;

@@ -79,6 +79,46 @@ TEST(VanWindow, PastEightPeersTheReceiveBufferIsSevenEighthsOfTheWindow) {
   EXPECT_EQ(Van::kernelReceiveBuffer(o), 16384);
 }
 
+// The runtime's default send window (Van::defaultSendWindow): 1 MB, and 256 KB past 8 peers on nodes
+// told their queue is two-band, where the switch port toward each receiver holds 31 windows ahead of the
+// urgent layers (bench/results/device-scale/window/). Rule 1, files before it, was 1 MB everywhere.
+TEST(VanWindow, TheDefaultWindowIsAQuarterPastEightPeersOnTwoBandNodes) {
+  EXPECT_EQ(Van::defaultSendWindow(1, false), 1 << 20);
+  EXPECT_EQ(Van::defaultSendWindow(31, false), 1 << 20);  // FIFO queue: 1 MB at any size
+  EXPECT_EQ(Van::defaultSendWindow(8, true), 1 << 20);    // 9 nodes: still few
+  EXPECT_EQ(Van::defaultSendWindow(9, true), 256 << 10);
+  EXPECT_EQ(Van::defaultSendWindow(31, true), 256 << 10);
+  EXPECT_EQ(Van::defaultSendWindow(31, true, 1), 1 << 20);  // the rule before 2026-12-06
+
+  // -1 (VanOptions::kAutoSendWindow): the van takes it for its job's size and queue when constructed,
+  // and its receive buffer follows (seven eighths of 256 KB past 8 peers).
+  VanOptions o;
+  o.sendWindowBytes = VanOptions::kAutoSendWindow;
+  EXPECT_EQ(Van::sendWindowFor(o), 1 << 20);  // the job's size not known: few peers
+  o.worldSize = 32;
+  EXPECT_EQ(Van::sendWindowFor(o), 1 << 20);  // kAuto: the queue is not told
+  o.egressQueue = EgressQueue::kTos;
+  EXPECT_EQ(Van::sendWindowFor(o), 256 << 10);
+  o.worldSize = 9;
+  EXPECT_EQ(Van::sendWindowFor(o), 1 << 20);
+  o.sendWindowBytes = 9216;  // chosen: as chosen
+  EXPECT_EQ(Van::sendWindowFor(o), 9216);
+
+  zmq::context_t ctx;
+  o.sendWindowBytes = VanOptions::kAutoSendWindow;
+  o.worldSize = 32;
+  o.lingerMs = 0;
+  Van many(ctx, o);
+  EXPECT_EQ(many.receiveBufferBytes(), (256 << 10) * 7 / 8);
+  std::vector<std::string> endpoints{many.endpoint()};
+  for (int r = 1; r < 32; ++r) endpoints.push_back("tcp://127.0.0.1:1");
+  many.connectPeers(0, endpoints, 7);
+  EXPECT_EQ(many.sendBufferBytes(1), (256 << 10) * 31 / 8);  // a window for every 8 peers
+  o.egressQueue = EgressQueue::kFifo;
+  Van fifo(ctx, o);
+  EXPECT_EQ(fifo.receiveBufferBytes(), (1 << 20) * 7 / 8);
+}
+
 TEST(VanWindow, ASmallWindowStillCarriesALargeMessage) {
   zmq::context_t ctx;
   VanOptions o;

@@ -559,10 +559,12 @@ TEST(CliFlags, TrainRejectsOutOfRangeNetworkKnobs) {
   expectRejected({{"train", "--host-queue", "pfifo_fast"}, "--host-queue must be auto, fifo or tos, got 'pfifo_fast'"});
   expectRejected(
       {{"train", "--host-queue", "tos"},
-       "--host-queue tos chooses the automatic urgent layers: it needs --send-window and no --urgent-layers"});
+       "--host-queue tos chooses the automatic urgent layers and send window: it needs --send-window, and no "
+       "--urgent-layers unless --send-window -1"});
   expectRejected(
       {{"train", "--host-queue", "fifo", "--overlap-forward", "--send-window", "8192", "--urgent-layers", "2"},
-       "--host-queue fifo chooses the automatic urgent layers: it needs --send-window and no --urgent-layers"});
+       "--host-queue fifo chooses the automatic urgent layers and send window: it needs --send-window, and no "
+       "--urgent-layers unless --send-window -1"});
   expectRejected(
       {{"train", "--wire", "fp16", "--plain"}, "--wire fp16 and --plain cannot be combined (--plain sends nothing)"});
   expectRejected({{"train", "--wire", "bf16", "--groups", "2"},
@@ -787,7 +789,9 @@ TEST(CliFlags, HelpShowsTheRanges) {
   EXPECT_THAT(procs[0].stdoutText(), HasSubstr("coordinator port (0: pick a free one) (in [0, 65535]; default: 0)"));
   // A real default in full, not rounded to six digits (it read 1.04858e+06).
   const std::string plan = testing::runCli({"plan", "--help"}, dir + "/plan", {}, 30).stdoutText();
-  EXPECT_THAT(plan, HasSubstr("(>= 4096; default: 1048576)"));
+  EXPECT_THAT(plan, HasSubstr("(>= 4096; default: 16777216)"));  // --credit-window
+  // --send-window's default is the runtime's rule: no number beside it.
+  EXPECT_THAT(plan, HasSubstr("256 KB past 8 peers with --host-queue tos; --check: the results file's) (>= 4096)\n"));
   // --host-cores' default is the results file's: no machine's core count beside it.
   EXPECT_THAT(plan, HasSubstr("this machine's for a file that does not say) (in [1, 4096])\n"));
   // A third to six digits, not fifteen.

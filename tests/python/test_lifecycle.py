@@ -94,8 +94,8 @@ class Lifecycle(TempDirTest):
                       "on it, 2 to 16), got -1", run.out)
         self.assertIn("refused: InvalidArgument tcp_rcvbuf must be >= -1 bytes (0: automatic, -1: the OS default), "
                       "got -2", run.out)
-        self.assertIn("refused: InvalidArgument send_window must be 0 (FIFO links) or in [4096, 1073741824] bytes, "
-                      "got 100", run.out)
+        self.assertIn("refused: InvalidArgument send_window must be 0 (FIFO links), -1 (the runtime's default) or "
+                      "in [4096, 1073741824] bytes, got 100", run.out)
         self.assertIn("refused: InvalidArgument urgent_layers must be >= 0 (or -1: automatic) and needs send_window "
                       "(priority links), got 2", run.out)
         # timeout= as torch.distributed takes it (a timedelta) or seconds; anything else named

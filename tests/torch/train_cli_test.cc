@@ -202,9 +202,11 @@ TEST(TrainCli, OverlappedStepEqualsTheBarrierPathBitForBit) {
   auto windowed = job("window", {"--overlap-forward", "--send-window", "4096"});
   // And with LeNet's first two layers (conv1, conv2) on the second, TOS-marked connection per peer.
   job("urgent", {"--overlap-forward", "--send-window", "4096", "--urgent-layers", "2"});
+  // And the runtime's default window (-1: 1 MB with one peer, Van::defaultSendWindow).
+  job("auto-window", {"--overlap-forward", "--send-window", "-1"});
   auto a = readFloats(dir.path + "/barrier.bin");
   ASSERT_EQ(a.size(), 431080u);
-  for (const char* name : {"overlap", "window", "urgent"}) {
+  for (const char* name : {"overlap", "window", "urgent", "auto-window"}) {
     auto b = readFloats(dir.path + "/" + name + ".bin");
     ASSERT_EQ(b.size(), a.size()) << name;
     EXPECT_EQ(testing::countDiffering(a, b), 0u) << name << ": of " << a.size() << " parameters";
@@ -250,8 +252,8 @@ TEST(TrainCli, OverlappedStepEqualsTheBarrierPathBitForBit) {
                    dir.path + "/small");
   EXPECT_EQ(small.exitCode(), 2);
   EXPECT_EQ(small.stderrText(),
-            "poseidon train: error: --send-window must be 0 (FIFO links) or at least 4096 bytes (smaller ones cut "
-            "messages into too many fragments), got 100\n");
+            "poseidon train: error: --send-window must be 0 (FIFO links), -1 (the runtime's default) or at least 4096 "
+            "bytes (smaller ones cut messages into too many fragments), got 100\n");
   auto grouped =
       run({"train", "--workers", "2", "--groups", "2", "--send-window", "4096", "--max-steps", "1"}, dir.path + "/g");
   EXPECT_EQ(grouped.exitCode(), 2);

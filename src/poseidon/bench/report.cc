@@ -209,6 +209,11 @@ void writeIntro(std::ostringstream& md, const nlohmann::json& cfg) {
            << (sevenEighths ? " up to 8 peers and seven eighths of it past them" : "")
            << " (VanOptions::receiveBufferBytes)" << (ddp ? "; DDP's with the OS default." : ".");
     }
+    // Files since the default window's rule 2 say which it was; older ones ran 1 MB x s'^2 everywhere.
+    if (priority && cfg.value("send_window", 0) == 0 && cfg.value("send_window_rule", 1) >= 2)
+      md << " The poseidon-overlap systems' send window was the runtime's default (Van::defaultSendWindow): 1 MB at "
+            "full width, 256 KB past 8 peers on nodes told their queue is two-band (--host-queue tos), x s'^2, at "
+            "least 4,096 bytes.";
   }
   if (cfg.value("local_ranks", 1) > 1) {
     const int l = cfg["local_ranks"].get<int>();

@@ -131,10 +131,12 @@ void addRuntimeFlags(FlagSet& flags, BenchArgs& a) {
                "eighths of it past 8 peers, the OS's on FIFO links; -1: the OS's); bounds "
                "each sender's window against incast (docs/bench.md)",
                "BYTES", IntRange::closed(-1, 1 << 30));
-  flags.addInt("send-window", &a.sendWindow,
-               "the poseidon-overlap systems' kernel send window per connection, bytes as the ranks use it (0: "
-               "their default, 1 MB x s'^2 at the model's width s'; docs/scheduling.md)",
-               "BYTES", IntRange::closed(4096, 1 << 30).orOff(0));
+  flags.addInt(
+      "send-window", &a.sendWindow,
+      "the poseidon-overlap systems' kernel send window per connection, bytes as the ranks use it (0: "
+      "the runtime's default, Van::defaultSendWindow: 1 MB, or 256 KB past 8 peers with --host-queue tos, x s'^2 "
+      "at the model's width s', at least 4096; docs/scheduling.md)",
+      "BYTES", IntRange::closed(4096, 1 << 30).orOff(0));
   flags.addInt("peers-per-send-window", &a.peersPerSendWindow,
                "the poseidon-overlap systems: each connection's kernel send buffer is a window for every N peers, at "
                "least one (VanOptions::peersPerSendWindow; 0: one window each; docs/scheduling.md)",
@@ -341,6 +343,8 @@ nlohmann::json benchConfig(const BenchArgs& a, const BenchPlan& p, const std::ve
                            {"local_ranks", a.localRanks},
                            {"ddp_python", a.ddpPython},
                            {"send_window", a.sendWindow},
+                           // which of the runtime's default windows 0 meant (Van::defaultSendWindow)
+                           {"send_window_rule", Van::kSendWindowRule},
                            {"peers_per_send_window", a.peersPerSendWindow},
                            {"urgent_layers", a.urgentLayers},
                            // which of the runtime's rules -1 meant (plan --check)

@@ -421,16 +421,20 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
   }
   const WirePrecision wirePrecision = flags.wasSet("wire") ? parseWirePrecision(a.wireFlag) : parsed.wire;
   const bool overlap = parsed.spec->wfbp;
+  RankEnv env = rankFromEnvironment();
   if (parsed.spec->overlapForward) {
     // docs/scheduling.md: priority-scheduled links, each layer's next forward as soon as its sync
-    // lands. The window: 1 MB at full width (half a KV pair), scaled by s^2 like the pairs.
+    // lands. The window: the runtime's default for this many peers and queue (Van::defaultSendWindow;
+    // 1 MB at full width, half a KV pair; 256 KB past 8 peers on two-band nodes), scaled by s^2 like
+    // the pairs, at least the runtime's smallest.
     a.overlapForward = true;
     if (!flags.wasSet("send-window")) {
-      a.sendWindow = static_cast<int>(std::max(4096.0, std::round(1048576 * em.scale * em.scale)));
+      const double full = Van::defaultSendWindow(static_cast<size_t>(std::max(0, env.worldSize - 1)),
+                                                 parseEgressQueue(a.hostQueue) == EgressQueue::kTos);
+      a.sendWindow = static_cast<int>(std::max<double>(Van::kMinSendWindow, std::round(full * em.scale * em.scale)));
     }
   }
 
-  RankEnv env = rankFromEnvironment();
   setLogPrefix("rank " + std::to_string(env.rank));  // like every rank's: the harness drops it from its report
   NodeOptions o = workerNodeOptions(a, env, em, flags.wasSet("pair-bytes"));
   o.settings.policy = parsed.spec->policy;

@@ -144,8 +144,9 @@ void addPredictFlags(FlagSet& flags, PlanArgs& a) {
   flags.addDouble("ddp-step-ms", &a.ddpStepMs, "milliseconds each DDP ring step costs besides its bytes (calibrated)",
                   "MS", RealRange::atLeast(0));
   flags.addDouble("send-window", &a.calibration.sendWindowBytes,
-                  "--predict: poseidon-overlap's fragment (the kernel send window per connection), bytes (--check: "
-                  "the results file's)",
+                  "--predict: poseidon-overlap's fragment (the kernel send window per connection), bytes at full "
+                  "width (default: the runtime's, Van::defaultSendWindow: 1 MB, 256 KB past 8 peers with "
+                  "--host-queue tos; --check: the results file's)",
                   "BYTES", RealRange::atLeast(4096));
   flags.addInt("urgent-layers", &a.calibration.urgentLayers,
                "--predict: poseidon-overlap's first K layers on a second connection per peer (train --urgent-layers; "

@@ -190,6 +190,8 @@ Cluster runCluster(const Cluster& calibration, const nlohmann::json& config, int
   c.wire = wire;
   const double window = config.value("send_window", 0.0);
   if (window > 0) c.sendWindowBytes = window / (scale * scale);
+  // Which default window 0 meant (Cluster::sendWindowRule); files without send_window_rule ran 1 MB
+  c.sendWindowRule = config.value("send_window_rule", 1);
   // bench --urgent-layers (-1: the runtime's rule); files made before the urgent connection ran none
   c.urgentLayers = config.value("urgent_layers", 0);
   // Which rule -1 meant (Cluster::urgentRule); files without urgent_rule ran the first

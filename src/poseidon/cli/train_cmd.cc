@@ -19,6 +19,7 @@
 #include "poseidon/launch/env.h"
 #include "poseidon/launch/launcher.h"
 #include "poseidon/torch/trainer.h"
+#include "poseidon/transport/van.h"
 
 namespace poseidon::cli {
 
@@ -114,8 +115,9 @@ void addTrainingFlags(FlagSet& flags, TrainFlags& t) {
   flags.addInt("send-window", &t.o.sendWindowBytes,
                "priority-scheduled links, for --overlap-forward: each connection holds BYTES in the kernel and "
                "larger messages go as fragments of it, so a lower layer's result passes the upper ones queued "
-               "before it (0: FIFO links; BSP only; docs/scheduling.md)",
-               "BYTES", IntRange::closed(0, 1 << 30));
+               "before it (0: FIFO links; -1: the runtime's default, 1 MB, or 256 KB past 8 peers with --host-queue "
+               "tos; BSP only; docs/scheduling.md)",
+               "BYTES", IntRange::closed(-1, 1 << 30));
   flags.addInt("urgent-layers", &t.o.urgentLayers,
                "with --send-window: the round data of the first K layers (the next forward's first) go to each "
                "peer on a second connection marked IP TOS low-delay, behind none of the other layers' bytes in "
@@ -124,9 +126,9 @@ void addTrainingFlags(FlagSet& flags, TrainFlags& t) {
                "past 8 peers; docs/scheduling.md)",
                "K", IntRange::closed(-1, 1 << 20));
   flags.addString("host-queue", &t.hostQueue,
-                  "for the automatic --urgent-layers and --tcp-rcvbuf: this host's egress queue: tos (two bands, "
+                  "for the automatic --urgent-layers and --send-window -1: this host's egress queue: tos (two bands, "
                   "the marked one first, as the bench's: past 16 peers the layers below the FC stack go urgent, and "
-                  "past 8 the receive buffer stays the send window and a third), fifo or auto (3 "
+                  "past 8 peers --send-window -1 is 256 KB), fifo or auto (3 "
                   "layers; auto reads the kernel's qdisc toward the peers and logs it: a NIC's own pfifo_fast is "
                   "unmeasured, docs/scheduling.md)",
                   "auto|fifo|tos");
@@ -253,10 +255,12 @@ void finishOptions(TrainFlags& t) {
   o.scheme = parseSchemePolicy(t.scheme);
   o.wire = parseWirePrecision(t.wire);
   o.hostQueue = parseEgressQueue(t.hostQueue);
-  if (o.hostQueue != EgressQueue::kAuto && (o.sendWindowBytes == 0 || o.urgentLayers != -1)) {
-    throw InvalidArgument(
-        strCat("--host-queue ", t.hostQueue,
-               " chooses the automatic urgent layers: it needs --send-window and no --urgent-layers"));
+  // The queue decides what is automatic: the urgent layers (-1) and the send window (-1).
+  if (o.hostQueue != EgressQueue::kAuto &&
+      (o.sendWindowBytes == 0 || (o.urgentLayers != -1 && o.sendWindowBytes != VanOptions::kAutoSendWindow))) {
+    throw InvalidArgument(strCat("--host-queue ", t.hostQueue,
+                                 " chooses the automatic urgent layers and send window: it needs --send-window, and "
+                                 "no --urgent-layers unless --send-window -1"));
   }
   if (o.wire != WirePrecision::kFp32 && o.plain) {
     throw InvalidArgument(strCat("--wire ", t.wire, " and --plain cannot be combined (--plain sends nothing)"));

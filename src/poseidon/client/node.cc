@@ -53,9 +53,10 @@ void checkOptions(const NodeOptions& options) {
     throw InvalidArgument(
         strCat("the shard's sum threads must be in [0, 64] (0: on the receive loop), got ", options.sumThreads));
   }
-  if (options.van.sendWindowBytes > 0 && options.settings.groupMode()) {
-    throw InvalidArgument("priority scheduling (a send window) is for BSP jobs; compute groups order their pulls and "
-                          "pushes across layers, so they keep FIFO links");
+  if (options.van.sendWindowBytes != 0 && options.settings.groupMode()) {
+    throw InvalidArgument(
+        "priority scheduling (a send window) is for BSP jobs; compute groups order their pulls and "
+        "pushes across layers, so they keep FIFO links");
   }
 }
 }  // namespace

@@ -15,6 +15,7 @@
 #include "poseidon/common/error.h"
 #include "poseidon/core/best_scheme.h"
 #include "poseidon/planner/sim.h"
+#include "poseidon/transport/van.h"
 
 namespace poseidon::planner {
 namespace {
@@ -81,6 +82,13 @@ const char* systemName(System s) {
   for (const auto& [sys, name] : systemNames())
     if (sys == s) return name;
   return "?";
+}
+
+double sendWindowFor(const Cluster& c) {
+  if (c.sendWindowBytes > 0) return c.sendWindowBytes;
+  // The nodes the bench or train tells their queue is two-band (--host-queue tos), as the ranks decide.
+  return Van::defaultSendWindow(static_cast<size_t>(std::max(0, c.workers - 1)), c.lowDelayFirst && c.hostQueueTold,
+                                c.sendWindowRule);
 }
 
 const char* linksName(Cluster::Links links) {

@@ -138,10 +138,13 @@ struct Cluster {
   // Host <-> GPU copies, bytes/s each way (pinned memory, as the runtime stages: an H200 measured 55 GB/s,
   // pageable 6.8 / 13.6; ../shared/data); 0: none (the bench's emulated GPUs hold their tensors on the host).
   double copyBytes = 0;
-  bool timedSchemes = true;              // BestScheme weighs GEMM against bytes (it does where the rates are known)
+  bool timedSchemes = true;  // BestScheme weighs GEMM against bytes (it does where the rates are known)
   WirePrecision wire = WirePrecision::kFp32;
-  int64_t pairBytes = kDefaultPairBytes;    // at full width; scaled by s^2 as the bench does
-  double sendWindowBytes = 1048576;         // poseidon-overlap's fragments, full width
+  int64_t pairBytes = kDefaultPairBytes;  // at full width; scaled by s^2 as the bench does
+  // poseidon-overlap's fragments (the send window), full width; 0: the runtime's default for this
+  // cluster's peers and queue (Van::defaultSendWindow under sendWindowRule; sendWindowFor()).
+  double sendWindowBytes = 0;
+  int sendWindowRule = 2;  // Van::kSendWindowRule (checked in poseidon_model.cc); --check reads the file's
   // poseidon-overlap: the layers whose round data take a second connection per peer (VanOptions::urgentLayers;
   // -1: the runtime's rule, Van::urgentLayerCount: past 16 peers the layers below the FC stack with
   // hostQueueTold (rule 3: lowDelayFirst), past 8 peers 3; 0: none). On a node's egress that connection takes its turns
@@ -184,6 +187,10 @@ struct Cluster {
   double ddpStepSeconds = kDdpStepSeconds;  // per ring step: latency and Gloo's bookkeeping
   double messageSeconds = kMessageSeconds;  // the receive loop's own time per message, decryption aside
 };
+
+// poseidon-overlap's send window at full width: Cluster::sendWindowBytes, or where it is 0 the runtime's
+// default for the cluster's peers and the queue its nodes are told (Van::defaultSendWindow).
+double sendWindowFor(const Cluster& c);
 
 // "as-built", "credits", "ideal" (plan --links); parseLinks throws InvalidArgument naming them and the flag.
 const char* linksName(Cluster::Links links);

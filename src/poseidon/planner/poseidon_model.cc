@@ -110,6 +110,7 @@ class PoseidonModel {
     return (static_cast<int64_t>(it) * L_ + layer) * P_ + ((dst - src - layer) % P_ + P_) % P_;
   }
   static_assert(VanOptions::kAutoUrgentRule == 4, "Cluster::urgentRule's default is the runtime's rule");
+  static_assert(Van::kSendWindowRule == 2, "Cluster::sendWindowRule's default is the runtime's rule");
   // The runtime's count of urgent layers (Van::urgentLayerCount) for this cluster's peers and queue.
   static int urgentLayerCount(const Workload& w, const Cluster& c) {
     VanOptions van;

@@ -262,7 +262,7 @@ class Network {
         laneFree_(static_cast<size_t>(c.workers),
                   std::vector<double>(static_cast<size_t>(std::max(1, c.cryptoLanes)), 0.0)) {
     // The runtime's smallest window is 4096 bytes (the bench's floor at width s).
-    fragmentBytes_ = prioritized ? std::max(4096.0, c.sendWindowBytes * c.scale * c.scale) : kInf;
+    fragmentBytes_ = prioritized ? std::max(4096.0, sendWindowFor(c) * c.scale * c.scale) : kInf;
     const double chunk = prioritized ? fragmentBytes_ : std::max(1.0, kTcpQuantumBytes * c.scale * c.scale);
     if (prioritized) links_ = c.links;
     if (links_ == Cluster::Links::kCredits) {

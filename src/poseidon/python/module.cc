@@ -128,10 +128,12 @@ pt::DistributedOptions optionsFromDict(const py::dict& d) {
     throw InvalidArgument(
         strCat("sum_threads must be in [0, 64] (0: the shard sums on the receive loop), got ", o.node.sumThreads));
   }
-  if (o.node.van.sendWindowBytes != 0 &&
+  if (o.node.van.sendWindowBytes != 0 && o.node.van.sendWindowBytes != VanOptions::kAutoSendWindow &&
       (o.node.van.sendWindowBytes < 4096 || o.node.van.sendWindowBytes > (1 << 30))) {
     throw InvalidArgument(
-        strCat("send_window must be 0 (FIFO links) or in [4096, 1073741824] bytes, got ", o.node.van.sendWindowBytes));
+        strCat("send_window must be 0 (FIFO links), -1 (the runtime's default) or in [4096, "
+               "1073741824] bytes, got ",
+               o.node.van.sendWindowBytes));
   }
   if (o.node.van.urgentLayers < VanOptions::kAutoUrgentLayers ||
       (o.node.van.urgentLayers > 0 && o.node.van.sendWindowBytes == 0)) {

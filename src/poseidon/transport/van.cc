@@ -40,23 +40,28 @@ void Van::rejected(const std::string& peer, const std::string& why) {
   }
 }
 
-Van::Van(zmq::context_t& ctx, const VanOptions& options)
+Van::Van(zmq::context_t& ctx, const VanOptions& given)
     : ctx_(ctx),
-      options_(options),
+      options_(given),
       router_(ctx, zmq::socket_type::router),
       loopIn_(ctx, zmq::socket_type::pull),
       loopOut_(ctx, zmq::socket_type::push) {
+  if (given.sendWindowBytes < VanOptions::kAutoSendWindow ||
+      (given.sendWindowBytes > 0 && given.sendWindowBytes < kMinSendWindow)) {
+    throw InvalidArgument(strCat("the send window must be 0 (FIFO links), ", VanOptions::kAutoSendWindow,
+                                 " (the runtime's default) or at least ", kMinSendWindow,
+                                 " bytes (smaller ones cut messages into too many fragments), got ",
+                                 given.sendWindowBytes));
+  }
+  options_.sendWindowBytes = sendWindowFor(given);
+  autoSendWindow_ = given.sendWindowBytes == VanOptions::kAutoSendWindow;
+  const VanOptions& options = options_;  // the window resolved
   router_.set(zmq::sockopt::rcvhwm, 0);
   router_.set(zmq::sockopt::linger, 0);
   router_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(options.maxPayloadBytes + kHeaderBytes));
   if (options.receiveBufferBytes < VanOptions::kOsReceiveBuffer) {
     throw InvalidArgument(strCat("the receive buffer must be >= -1 bytes (0: automatic, -1: the OS default), got ",
                                  options.receiveBufferBytes));
-  }
-  if (options.sendWindowBytes < 0 || (options.sendWindowBytes > 0 && options.sendWindowBytes < kMinSendWindow)) {
-    throw InvalidArgument(strCat("the send window must be 0 (FIFO links) or at least ", kMinSendWindow,
-                                 " bytes (smaller ones cut messages into too many fragments), got ",
-                                 options.sendWindowBytes));
   }
   if (options.peersPerSendWindow < 0) {
     throw InvalidArgument(strCat("the peers per send window must be >= 0 (0: one window per connection), got ",
@@ -130,11 +135,10 @@ void Van::close(const std::vector<bool>& quiet) {
 }
 
 int Van::kernelSendWindow(const VanOptions& options, size_t peers) {
-  if (options.sendWindowBytes <= 0) return 0;
-  if (options.peersPerSendWindow <= 0 || peers <= static_cast<size_t>(options.peersPerSendWindow))
-    return options.sendWindowBytes;
-  const int64_t grown =
-      int64_t{options.sendWindowBytes} * static_cast<int64_t>(peers) / int64_t{options.peersPerSendWindow};
+  const int window = sendWindowFor(options);
+  if (window <= 0) return 0;
+  if (options.peersPerSendWindow <= 0 || peers <= static_cast<size_t>(options.peersPerSendWindow)) return window;
+  const int64_t grown = int64_t{window} * static_cast<int64_t>(peers) / int64_t{options.peersPerSendWindow};
   return static_cast<int>(std::min<int64_t>(grown, std::numeric_limits<int>::max()));
 }
 
@@ -159,9 +163,20 @@ void ensureDescriptors(size_t connections) {
 }
 }  // namespace
 
+int Van::defaultSendWindow(size_t peers, bool lowDelayFirst, int rule) {
+  if (rule >= 2 && lowDelayFirst && peers > static_cast<size_t>(kReceiveManyPeers)) return kTwoBandSendWindow;
+  return kDefaultSendWindow;
+}
+
+int Van::sendWindowFor(const VanOptions& options) {
+  if (options.sendWindowBytes != VanOptions::kAutoSendWindow) return options.sendWindowBytes;
+  return defaultSendWindow(static_cast<size_t>(std::max(0, options.worldSize - 1)),
+                           options.egressQueue == EgressQueue::kTos);
+}
+
 int Van::urgentLayerCount(const VanOptions& options, size_t peers, bool lowDelayFirst, int belowFcBulk) {
   if (options.urgentLayers != VanOptions::kAutoUrgentLayers) return std::max(0, options.urgentLayers);
-  if (options.sendWindowBytes <= 0 || peers <= static_cast<size_t>(VanOptions::kAutoUrgentPeers)) return 0;
+  if (sendWindowFor(options) <= 0 || peers <= static_cast<size_t>(VanOptions::kAutoUrgentPeers)) return 0;
   const bool belowFc = lowDelayFirst && belowFcBulk > 0 && peers > static_cast<size_t>(VanOptions::kAutoBelowFcPeers);
   return belowFc ? belowFcBulk : VanOptions::kAutoUrgentLayerCount;
 }
@@ -178,8 +193,8 @@ std::string endpointHost(const std::string& endpoint) {
 
 int Van::kernelReceiveBuffer(const VanOptions& options) {
   if (options.receiveBufferBytes != 0) return std::max(0, options.receiveBufferBytes);
-  if (options.sendWindowBytes <= 0) return 0;
-  const int64_t window = options.sendWindowBytes;
+  const int64_t window = sendWindowFor(options);
+  if (window <= 0) return 0;
   if (options.worldSize - 1 > kReceiveManyPeers)
     return static_cast<int>(window * kManyPeersReceivePerSendWindowNum / kManyPeersReceivePerSendWindowDen);
   return static_cast<int>(window * kReceivePerSendWindowNum / kReceivePerSendWindowDen);
@@ -226,6 +241,11 @@ void Van::connectPeers(int selfRank, const std::vector<std::string>& endpoints, 
     } else {
       POSEIDON_LOG(kDebug) << line;
     }
+  }
+  if (autoSendWindow_ && selfRank == 0) {
+    POSEIDON_LOG(kInfo) << "rank 0: send window " << options_.sendWindowBytes << " bytes, the runtime's default for "
+                        << peers << " peers"
+                        << (lowDelayFirst ? " told the egress queue is two-band (--host-queue tos)" : "");
   }
   ensureDescriptors(peers * (urgentLayers_ > 0 ? 2 : 1));
   auto dealer = [&](size_t r, int tos) {

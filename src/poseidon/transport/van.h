@@ -84,8 +84,10 @@ struct VanOptions {
   int worldSize = 0;
   // > 0: priority scheduling (above) with this kernel send buffer per connection (SO_SNDBUF; past
   // peersPerSendWindow peers more, below), and fragments of this size. 0: FIFO, the OS's autotuned
-  // buffers.
+  // buffers. kAutoSendWindow: the runtime's default for this job's size and queue (worldSize and
+  // egressQueue; Van::defaultSendWindow), which the van takes when constructed.
   int sendWindowBytes = 0;
+  static constexpr int kAutoSendWindow = -1;
   // With a send window: each connection's SO_SNDBUF is a window for every this many peers, at least
   // one window: sendWindowBytes x max(1, (P - 1) / peersPerSendWindow); fragments keep the window's
   // size. Why: a connection sends at most its send buffer per round trip, and at 32 emulated nodes
@@ -144,6 +146,25 @@ class Van {
  public:
   // The smallest send window (VanOptions::sendWindowBytes): smaller ones cut messages into too many fragments.
   static constexpr int kMinSendWindow = 4096;
+  // The send window to take where none is chosen (the bench's priority-scheduled systems, the planner,
+  // train --send-window -1), at full width, for `peers` peers on a node told (`lowDelayFirst`) whether
+  // its egress queue is two-band (VanOptions::egressQueue kTos):
+  // - kDefaultSendWindow, 1 MB (half a KV pair), wherever the queue is FIFO or the peers few;
+  // - past kReceiveManyPeers peers on two-band nodes, kTwoBandSendWindow, 256 KB. There the
+  //   urgent connection passes the bulk bytes in the node's queue, but not in the switch port toward
+  //   its receiver, where 31 senders' windows wait ahead of it: vgg19 @3 Gbit/s, 32 nodes, 6 urgent
+  //   layers, measured 1.046 s an iteration (1.034-1.055, 1.09-1.12x its own bound) against 1.114
+  //   (1.21-1.22x) with 1 MB, no drops at the nodes against 3,200-3,900 a run (2 cores at time
+  //   dilation 32, 71-73% host CPU; bench/results/device-scale/window/); the planner says 1.046 and
+  //   1.127. At 16 nodes the planner has the two within 0.3% (0.967 s and 0.964).
+  // `rule` says which version of this rule (kSendWindowRule; the bench records it, plan --check reads
+  // it): 1, 1 MB everywhere (before 2026-12-06); 2, this one.
+  static int defaultSendWindow(size_t peers, bool lowDelayFirst, int rule = kSendWindowRule);
+  // The window a van with `options` runs: sendWindowBytes, or for kAutoSendWindow the default above
+  // for worldSize - 1 peers (0, not known: few) and egressQueue.
+  static int sendWindowFor(const VanOptions& options);
+  static constexpr int kDefaultSendWindow = 1 << 20, kTwoBandSendWindow = 256 << 10;
+  static constexpr int kSendWindowRule = 2;
   // The SO_SNDBUF each connection gets with `peers` peers (VanOptions::peersPerSendWindow); 0 without
   // a send window (FIFO links: the OS's autotuned buffers).
   static int kernelSendWindow(const VanOptions& options, size_t peers);
@@ -267,7 +288,8 @@ class Van {
 
   zmq::context_t& ctx_;
   VanOptions options_;
-  int urgentLayers_ = 0;  // urgentLayerCount(options_, peers, ...), set by connectPeers
+  int urgentLayers_ = 0;         // urgentLayerCount(options_, peers, ...), set by connectPeers
+  bool autoSendWindow_ = false;  // the window was the runtime's default (kAutoSendWindow): rank 0 says which
   EgressProbe egressProbe_;
   std::string endpoint_;
   int rank_ = -1;

@@ -94,11 +94,11 @@ void validateModeOptions(const TrainOptions& o, int world) {
     if (other) throw InvalidArgument(strCat("--overlap-forward cannot be combined with ", other));
   }
   if (o.sendWindowBytes > 0 && o.sendWindowBytes < Van::kMinSendWindow) {
-    throw InvalidArgument(strCat("--send-window must be 0 (FIFO links) or at least ", Van::kMinSendWindow,
-                                 " bytes (smaller ones cut messages into too many fragments), got ",
-                                 o.sendWindowBytes));
+    throw InvalidArgument(
+        strCat("--send-window must be 0 (FIFO links), -1 (the runtime's default) or at least ", Van::kMinSendWindow,
+               " bytes (smaller ones cut messages into too many fragments), got ", o.sendWindowBytes));
   }
-  if (o.sendWindowBytes > 0) {
+  if (o.sendWindowBytes != 0) {
     // The priority links order a BSP iteration's syncs; group rounds pull and push whole models.
     const char* other = o.groups > 0 ? "--groups (compute groups pull and push whole rounds, not layer by layer)"
                         : o.plain    ? "--plain (nothing is synchronized)"

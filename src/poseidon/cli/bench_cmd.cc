@@ -448,24 +448,7 @@ std::vector<RunResult> runAll(Harness& h, const BenchArgs& a, const BenchPlan& p
           em.scale, a.scale, static_cast<long long>(em.fullBatch), a.scale, static_cast<double>(em.fullBatch) * a.scale,
           r * r);
     }
-    // The runtime's default send window (Van::defaultSendWindow) at this width may fall under the
-    // runtime's smallest: the ranks then run the smallest, a larger window at full width than asked.
-    const bool priorityLinks = std::any_of(p.labels.begin(), p.labels.end(),
-                                           [](const std::string& s) { return s.rfind("poseidon-overlap", 0) == 0; });
-    if (priorityLinks && a.sendWindow == 0) {
-      for (int n : p.nodes) {
-        const double full = Van::defaultSendWindow(static_cast<size_t>(std::max(0, n - 1)), a.hostQueue == "tos");
-        const double scaled = full * em.scale * em.scale;
-        if (std::round(scaled) >= Van::kMinSendWindow) continue;
-        std::printf(
-            "  (at %d nodes the runtime's default send window, %g KB at full width, is %.0f bytes at width %g, under "
-            "the runtime's smallest %d: the poseidon-overlap ranks run %d, %.0f KB at full width; --scale %g holds "
-            "it)\n",
-            n, full / 1024, scaled, em.scale, Van::kMinSendWindow, Van::kMinSendWindow,
-            Van::kMinSendWindow / (em.scale * em.scale) / 1024,
-            std::ceil(std::sqrt(Van::kMinSendWindow / full) * 10) / 10);
-      }
-    }
+    if (a.sendWindow == 0) printSendWindowFloor(p.labels, p.nodes, a.hostQueue == "tos", em.scale);
     std::fflush(stdout);
     setRate(m, p.rates.front());
     if (p.nodes.front() == 1)

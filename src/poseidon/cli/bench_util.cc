@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <sstream>
 
@@ -14,6 +16,7 @@
 #include "poseidon/cli/flags.h"
 #include "poseidon/common/error.h"
 #include "poseidon/launch/env.h"
+#include "poseidon/transport/van.h"
 
 namespace poseidon::cli {
 namespace fs = std::filesystem;
@@ -120,6 +123,28 @@ std::atomic<int> gStop{0};
 namespace {
 void onStopSignal(int sig) { gStop = sig; }
 }  // namespace
+
+int benchDefaultSendWindow(int nodes, bool twoBand, double scale) {
+  const double full = Van::defaultSendWindow(static_cast<size_t>(std::max(0, nodes - 1)), twoBand);
+  return static_cast<int>(std::max<double>(Van::kMinSendWindow, std::round(full * scale * scale)));
+}
+
+void printSendWindowFloor(const std::vector<std::string>& systems, const std::vector<int>& nodes, bool twoBand,
+                          double scale) {
+  if (std::none_of(systems.begin(), systems.end(),
+                   [](const std::string& s) { return s.rfind("poseidon-overlap", 0) == 0; }))
+    return;
+  for (int n : nodes) {
+    const double full = Van::defaultSendWindow(static_cast<size_t>(std::max(0, n - 1)), twoBand);
+    const double scaled = full * scale * scale;
+    if (std::round(scaled) >= Van::kMinSendWindow) continue;
+    std::printf(
+        "  (at %d nodes the runtime's default send window, %g KB at full width, is %.0f bytes at width %g, under "
+        "the runtime's smallest %d: the poseidon-overlap ranks run %d, %.0f KB at full width; --scale %g holds it)\n",
+        n, full / 1024, scaled, scale, Van::kMinSendWindow, Van::kMinSendWindow,
+        Van::kMinSendWindow / (scale * scale) / 1024, std::ceil(std::sqrt(Van::kMinSendWindow / full) * 10) / 10);
+  }
+}
 
 void installStopHandlers() {
   struct sigaction sa {};

@@ -16,6 +16,15 @@ namespace poseidon::cli {
 // handlers are installed by installStopHandlers(). The harness then kills its runs and cleans up.
 extern std::atomic<int> gStop;
 void installStopHandlers();
+
+// The send window (bytes) a poseidon-overlap rank of a `nodes`-node cluster runs at model width `scale`
+// when --send-window is not given: the runtime's default (Van::defaultSendWindow; `twoBand`: the ranks
+// are told --host-queue tos) x scale^2, at least Van::kMinSendWindow.
+int benchDefaultSendWindow(int nodes, bool twoBand, double scale);
+// Where `systems` has a poseidon-overlap one, says for each node count whose default window falls under
+// that floor at `scale` what the ranks run instead (a larger window at full width) and which --scale holds it.
+void printSendWindowFloor(const std::vector<std::string>& systems, const std::vector<int>& nodes, bool twoBand,
+                          double scale);
 // "a,b,,c" -> {"a", "b", "c"}.
 std::vector<std::string> splitList(const std::string& s);
 // --rates: comma-separated link rates in Mbit/s, each > 0 (InvalidArgument naming the bad one).

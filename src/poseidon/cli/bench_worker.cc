@@ -19,6 +19,7 @@
 #include "poseidon/bench/device.h"
 #include "poseidon/bench/emulation.h"
 #include "poseidon/bench/systems.h"
+#include "poseidon/cli/bench_util.h"
 #include "poseidon/cli/commands.h"
 #include "poseidon/cli/flags.h"
 #include "poseidon/cli/limits.h"
@@ -429,9 +430,8 @@ int benchWorkerCommand(const std::vector<std::string>& args) {
     // the pairs, at least the runtime's smallest.
     a.overlapForward = true;
     if (!flags.wasSet("send-window")) {
-      const double full = Van::defaultSendWindow(static_cast<size_t>(std::max(0, env.worldSize - 1)),
-                                                 parseEgressQueue(a.hostQueue) == EgressQueue::kTos);
-      a.sendWindow = static_cast<int>(std::max<double>(Van::kMinSendWindow, std::round(full * em.scale * em.scale)));
+      a.sendWindow =
+          benchDefaultSendWindow(env.worldSize, parseEgressQueue(a.hostQueue) == EgressQueue::kTos, em.scale);
     }
   }
 

@@ -12,8 +12,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
-#include <thread>
 
+#include "../integration/events.h"
 #include "poseidon/common/error.h"
 
 namespace poseidon {
@@ -107,19 +107,17 @@ TEST(Process, PollReapsAndKillReachesTheProcessGroup) {
   int status = c.wait();
   EXPECT_TRUE(WIFSIGNALED(status));
   EXPECT_EQ(describeExit(status), "was killed by signal 9 (Killed)");
-  // Polled until it is gone; the deadline only has to stay below the grandchild's own 30 s (past it,
-  // gone would not tell that kill() reached it), and is far above the milliseconds it takes.
-  bool gone = false;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (!gone && std::chrono::steady_clock::now() < deadline) {
-    // The grandchild is reparented (to init or a subreaper) and reaped there; until then it is a zombie.
-    std::ifstream stat(strCat("/proc/", grandchild, "/stat"));
-    std::string content;
-    std::getline(stat, content);
-    gone = !stat || content.find(") Z") != std::string::npos;
-    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  // The grandchild is reparented (to init or a subreaper) and reaped there, maybe already: its pidfd
+  // turns readable once it has exited. The deadline only has to stay below the grandchild's own 30 s
+  // (past it, its exit would not tell that kill() reached it), and is far above the milliseconds it takes.
+  const int pidfd = testing::openPidfd(grandchild);
+  bool gone = pidfd < 0 && errno == ESRCH;
+  if (pidfd >= 0) {
+    std::vector<pollfd> fds{{pidfd, POLLIN, 0}};
+    gone = testing::pollReadable(fds, std::chrono::steady_clock::now() + std::chrono::seconds(20)) > 0;
+    ::close(pidfd);
   }
-  EXPECT_TRUE(gone);
+  EXPECT_TRUE(gone) << "pidfd_open: " << (pidfd < 0 ? std::strerror(errno) : "ok");
   c.kill(SIGKILL);  // reaped: nothing happens
 }
 

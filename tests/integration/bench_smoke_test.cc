@@ -455,11 +455,11 @@ TEST(BenchSmoke, InterruptLeavesNothingBehind) {
                                                   {}, dir + "/log")};
   pid_t pid = procs[0].pid;
   // Generous deadlines (the waits end at the event): building the cluster, then starting its ranks.
-  const bool seen = testing::waitFor([&] { return namespacesOf(pid).size() == 5; },  // 4 nodes + the switch
-                                     std::chrono::seconds(30));
+  const bool seen = testing::waitForPolled([&] { return namespacesOf(pid).size() == 5; },  // 4 nodes + the switch
+                                           std::chrono::seconds(30));
   ASSERT_TRUE(seen) << "the harness never built its cluster: " << procs[0].stderrText();
   // Interrupt once ranks run inside the node namespaces (the harder case to clean up).
-  testing::waitFor(
+  testing::waitForPolled(
       [&] {
         for (const auto& ns : namespacesOf(pid))
           if (ns.compare(ns.size() - 2, 2, "sw") != 0 && pidsIn(ns).empty()) return false;  // nodes, not the switch

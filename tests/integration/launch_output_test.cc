@@ -4,7 +4,10 @@
 // adding a second one, in the output and in the failure it reports.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 
 #include "process.h"
@@ -18,11 +21,15 @@ using ::testing::Not;
 TEST(LaunchOutput, EachLineCarriesItsRankOnce) {
   std::string dir = testing::makeTempDir("launch-out");
   // Rank 1 fails only once rank 0 has printed (an event, not a head start in time): its line is
-  // then always there to be forwarded, however loaded the machine.
+  // then always there to be forwarded, however loaded the machine. The event is a FIFO: rank 1's
+  // open for reading returns once rank 0 opens it for writing, after its line.
   const std::string said = dir + "/rank0-printed";
+  ASSERT_EQ(::mkfifo(said.c_str(), 0600), 0) << std::strerror(errno);
   const std::string script =
       "if [ \"$RANK\" = 1 ]; then\n"
-      "  while [ ! -e " + said + " ]; do sleep 0.05; done\n"
+      "  read x < " +
+      said +
+      "\n"
       "  echo '[rank 1] warning: from the log' >&2\n"
       "  echo 'rank 1: fault injection' >&2\n"
       "  echo '[rank 0] is about another rank' >&2\n"
@@ -30,7 +37,9 @@ TEST(LaunchOutput, EachLineCarriesItsRankOnce) {
       "  exit 5\n"
       "fi\n"
       "echo \"[rank $RANK] plain output\"\n"
-      "touch " + said + "\n"
+      ": > " +
+      said +
+      "\n"
       "exec sleep 30\n";
   std::vector<testing::Proc> procs{
       testing::spawn({POSEIDON_CLI, "launch", "-n", "2", "--", "/bin/sh", "-c", script}, {}, dir + "/l")};

@@ -264,7 +264,7 @@ std::pair<std::string, uint64_t> waitForEndpoint(const Job& job, int rank) {
   std::string path = job.dir + "/endpoint" + std::to_string(rank);
   // A rank that has not joined within twice the job's timeout (its start, then the rendezvous, which
   // rank 0 gives up after one timeout) never will.
-  testing::waitFor([&] { return !readFile(path).empty(); }, std::chrono::milliseconds(2 * job.timeoutMs));
+  testing::waitFor([&] { return !readFile(path).empty(); }, std::chrono::milliseconds(2 * job.timeoutMs), {job.dir});
   std::istringstream in(readFile(path));
   std::string endpoint;
   uint64_t jobId = 0;
@@ -354,7 +354,7 @@ TEST(MultiProcess, BadFramesAreRejectedAndChangeNothing) {
   s.close();
   ctx.close();
   testing::waitFor([&] { return job.procs[1].stderrText().find("(9001 rejected so far)") != std::string::npos; },
-                   std::chrono::milliseconds(job.timeoutMs));
+                   std::chrono::milliseconds(job.timeoutMs), {testing::directoryOf(job.procs[1].err)});
   std::ofstream(gate) << "go\n";
   testing::waitAll(job.procs, std::chrono::seconds(120));
   std::filesystem::remove_all(std::filesystem::path(gate).parent_path());
@@ -375,9 +375,11 @@ struct Fault {
   int signal;
 };
 
-// An event of a starting job: within twice its timeout (the processes' start, then one timeout).
+// An event of a starting job that no file announces (a socket that accepts): within twice its timeout
+// (the processes' start, then one timeout).
 void waitUntil(const Job& job, const std::function<bool()>& ready, const char* what) {
-  ASSERT_TRUE(testing::waitFor(ready, std::chrono::milliseconds(2 * job.timeoutMs))) << "never happened: " << what;
+  ASSERT_TRUE(testing::waitForPolled(ready, std::chrono::milliseconds(2 * job.timeoutMs)))
+      << "never happened: " << what;
 }
 
 // Mid-training: every rank has joined (it writes its endpoint then), and the paced
@@ -496,7 +498,9 @@ TEST(JobSecret, OutsidersAreRefusedAndChangeNothing) {
   std::string hostPort = endpoint.substr(6);
   std::string host = hostPort.substr(0, hostPort.find(':')), port = hostPort.substr(hostPort.find(':') + 1);
   for (int i = 0; i < 3; ++i) {
-    std::string cmd = "exec 3<>/dev/tcp/" + host + "/" + port + " && sleep 0.3 && head -c 1000 /dev/urandom >&3";
+    // Half-open until the server has spoken (ZeroMQ's greeting starts with a 10-byte signature), then garbage.
+    std::string cmd =
+        "exec 3<>/dev/tcp/" + host + "/" + port + " && head -c 10 <&3 >/dev/null && head -c 1000 /dev/urandom >&3";
     EXPECT_EQ(std::system(("bash -c '" + cmd + "' 2>/dev/null").c_str()) == -1, false);
   }
   std::ofstream(gate) << "go\n";

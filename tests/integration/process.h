@@ -11,15 +11,20 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <map>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "events.h"
 
 namespace poseidon::testing {
 
@@ -80,40 +85,53 @@ inline Proc spawn(const std::vector<std::string>& argv, const std::map<std::stri
   return p;
 }
 
-// Waits for every process until the deadline; kills the rest.
+// Waits for every process until the deadline (each exit is an event: its pidfd turns readable);
+// kills the rest.
 inline void waitAll(std::vector<Proc>& procs, std::chrono::seconds timeout) {
-  auto start = std::chrono::steady_clock::now();
-  auto deadline = start + timeout;
-  size_t left = procs.size();
-  while (left > 0) {
-    for (auto& p : procs) {
-      if (p.status != -1 || p.killed) continue;
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + timeout;
+  std::vector<pollfd> fds;
+  std::vector<Proc*> waiting;
+  for (auto& p : procs) {
+    if (p.status != -1 || p.killed) continue;
+    const int fd = openPidfd(p.pid);
+    if (fd < 0) throw std::runtime_error("pidfd_open(" + std::to_string(p.pid) + "): " + std::strerror(errno));
+    fds.push_back({fd, POLLIN, 0});
+    waiting.push_back(&p);
+  }
+  while (!waiting.empty() && pollReadable(fds, deadline) > 0) {
+    for (size_t i = 0; i < waiting.size();) {
       int st;
-      if (waitpid(p.pid, &st, WNOHANG) == p.pid) {
-        p.status = st;
-        p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        --left;
+      if ((fds[i].revents & POLLIN) && waitpid(waiting[i]->pid, &st, WNOHANG) == waiting[i]->pid) {
+        waiting[i]->status = st;
+        waiting[i]->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        ::close(fds[i].fd);
+        fds.erase(fds.begin() + static_cast<std::ptrdiff_t>(i));
+        waiting.erase(waiting.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        ++i;
       }
     }
-    if (left == 0) break;
-    if (std::chrono::steady_clock::now() > deadline) {
-      for (auto& p : procs) {
-        if (p.status != -1) continue;
-        kill(p.pid, SIGKILL);
-        waitpid(p.pid, &p.status, 0);
-        p.killed = true;
-        --left;
-      }
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (size_t i = 0; i < waiting.size(); ++i) {  // past the deadline
+    kill(waiting[i]->pid, SIGKILL);
+    waitpid(waiting[i]->pid, &waiting[i]->status, 0);
+    waiting[i]->killed = true;
+    ::close(fds[i].fd);
   }
 }
 
-// Polls `ready` (every 20 ms) until it holds or `deadline` has passed; returns whether it holds. The
-// deadline comes from the configured timeout of whatever the test waits for: past it, that job has
-// given up itself, so waiting longer cannot help.
-inline bool waitFor(const std::function<bool()>& ready, std::chrono::milliseconds deadline) {
+// Checks `ready` whenever a file in one of `dirs` changes (events.h), until it holds or `deadline`
+// has passed; returns whether it holds. The deadline comes from the configured timeout of whatever
+// the test waits for: past it, that job has given up itself, so waiting longer cannot help.
+inline bool waitFor(const std::function<bool()>& ready, std::chrono::milliseconds deadline,
+                    const std::vector<std::string>& dirs) {
+  return waitForChange(dirs, ready, std::chrono::steady_clock::now() + deadline);
+}
+
+// The same for state that no file change announces (the kernel's socket table, its network
+// namespaces' processes): re-checked every 20 ms, which is as soon as a test needs to know.
+inline bool waitForPolled(const std::function<bool()>& ready, std::chrono::milliseconds deadline) {
   const auto end = std::chrono::steady_clock::now() + deadline;
   while (!ready()) {
     if (std::chrono::steady_clock::now() > end) return ready();

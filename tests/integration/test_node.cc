@@ -16,10 +16,10 @@
 #include <algorithm>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <thread>
 
-#include <nlohmann/json.hpp>
-
+#include "events.h"
 #include "poseidon/client/node.h"
 #include "poseidon/common/log.h"
 #include "poseidon/launch/env.h"
@@ -32,11 +32,10 @@ namespace {
 // Waits for the test to create `gate` (a file), at most the job's timeout: past it the test has
 // given up on this rank anyway.
 void waitForGate(const char* gate, int timeoutMs, const char* what) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeoutMs);
-  while (!std::ifstream(gate).good()) {
-    if (std::chrono::steady_clock::now() > deadline) throw TimeoutError(strCat("the test never opened the ", what));
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  if (!testing::waitForChange(
+          {testing::directoryOf(gate)}, [gate] { return std::ifstream(gate).good(); },
+          std::chrono::steady_clock::now() + std::chrono::milliseconds(timeoutMs)))
+    throw TimeoutError(strCat("the test never opened the ", what));
 }
 
 }  // namespace

@@ -127,7 +127,8 @@ TEST(BadInput, PortInUseUnreachableCoordinatorAndBadCheckpoint) {
       dir.path + "/holder")};
   // Wait for the event (the holder's coordinator listens), not for a head start in time; past the
   // holder's own timeout it has given up.
-  ASSERT_TRUE(testing::waitFor([&] { return testing::listening(port); }, std::chrono::milliseconds(holderTimeoutMs)))
+  ASSERT_TRUE(
+      testing::waitForPolled([&] { return testing::listening(port); }, std::chrono::milliseconds(holderTimeoutMs)))
       << "the holder never bound port " << port << ": " << holder[0].stderrText();
   auto clash = run({"train", "--timeout", "3000", "--train-limit", "64", "--quiet"}, dir.path + "/clash", env0, 60);
   EXPECT_EQ(clash.exitCode(), 1);

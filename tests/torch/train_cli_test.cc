@@ -2,8 +2,11 @@
 // dataset (a subset of it, to keep the suite fast).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <torch/cuda.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -511,11 +514,15 @@ TEST(TrainCli, DivergenceIsAnErrorThatStopsEveryRankAtThatStep) {
 TEST(LaunchCli, FailingRankStopsTheOthers) {
   TempDir dir;
   // Rank 1 fails only once rank 0 has said hello (an event, not a head start in time), so the
-  // hello is always there to be forwarded; the others' 'sleep 60' must be cut short.
+  // hello is always there to be forwarded; the others' 'sleep 60' must be cut short. The event is a
+  // FIFO: rank 1's open for reading returns once rank 0 opens it for writing, after its hello.
   const std::string said = dir.path + "/rank0-said-hello";
+  ASSERT_EQ(::mkfifo(said.c_str(), 0600), 0) << std::strerror(errno);
   auto p = run({"launch", "-n", "3", "--", "/bin/sh", "-c",
-                "if [ \"$RANK\" = 1 ]; then while [ ! -e " + said + " ]; do sleep 0.05; done; echo boom >&2; exit 3; fi; "
-                "echo hello from $RANK of $WORLD_SIZE; [ \"$RANK\" = 0 ] && touch " + said + "; sleep 60"},
+                "if [ \"$RANK\" = 1 ]; then read x < " + said +
+                    "; echo boom >&2; exit 3; fi; "
+                    "echo hello from $RANK of $WORLD_SIZE; [ \"$RANK\" = 0 ] && : > " +
+                    said + "; sleep 60"},
                dir.path + "/l", 120);
   EXPECT_EQ(p.exitCode(), 3);
   EXPECT_LT(p.seconds, 60);

@@ -16,6 +16,7 @@ struct Values {
   int workers = 4, threads = 0, servers = -1;
   int64_t batch = 64, maxSteps = -1;
   double momentum = 0.9, scale = 0.1, lr = 0.05;
+  std::string summary;
 };
 
 FlagSet makeFlags(Values& v) {
@@ -28,6 +29,7 @@ FlagSet makeFlags(Values& v) {
   f.addDouble("momentum", &v.momentum, "momentum", "M", RealRange::rightOpen(0, 1));
   f.addDouble("width-scale", &v.scale, "scale", "S", RealRange::leftOpen(0, 1));
   f.addDouble("lr", &v.lr, "lr", "LR", RealRange::above(0));
+  f.addString("summary", &v.summary, "summary file", "FILE");
   return f;
 }
 
@@ -87,6 +89,26 @@ TEST(Flags, MalformedValuesKeepTheirMessages) {
   EXPECT_EQ(parseError({"--lr", "inf"}), "--lr expects a number, got 'inf'");
   EXPECT_EQ(parseError({"--epoch", "3"}), "unknown flag --epoch for 'poseidon train' (see 'poseidon train --help')");
   EXPECT_EQ(parseError({"--workers"}), "flag --workers needs a value (N)");
+}
+
+// A path flag followed by another flag is missing its value: "--summary --lr 1"
+// once wrote the summary to a file named "--lr" and then refused "1".
+TEST(Flags, AFlagIsNotTakenAsTheValueOfTheFlagBeforeIt) {
+  EXPECT_EQ(parseError({"--summary", "--lr", "1"}),
+            "flag --summary needs a value (FILE), got the flag --lr (write --summary=--lr for a value that starts "
+            "with --)");
+  EXPECT_EQ(parseError({"--summary", "--workers=2"}),
+            "flag --summary needs a value (FILE), got the flag --workers=2 (write --summary=--workers=2 for a value "
+            "that starts with --)");
+  Values v;
+  FlagSet f = makeFlags(v);
+  f.parse({"--summary=--lr", "--workers", "2"});  // the explicit form still takes it
+  EXPECT_EQ(v.summary, "--lr");
+  EXPECT_EQ(v.workers, 2);
+  Values w;
+  FlagSet g = makeFlags(w);
+  g.parse({"--summary", "--not-a-flag.json"});  // not one of the command's flags: a value
+  EXPECT_EQ(w.summary, "--not-a-flag.json");
 }
 
 TEST(Flags, HelpShowsRangesAndHidesPlaceholderDefaults) {

@@ -358,7 +358,9 @@ TEST(TrainCli, OutOfRangeValuesAreRejectedBeforeRendezvous) {
   };
   const std::vector<Case> cases{
       {{"--pair-bytes", "0"}, "--pair-bytes must be in [4, 1073741824], got 0"},
-      {{"--sync-threads", "0"}, "--sync-threads must be >= 1, got 0"},
+      {{"--sync-threads", "0"}, "--sync-threads must be in [1, 1024], got 0"},
+      {{"--sync-threads", "100000"}, "--sync-threads must be in [1, 1024], got 100000"},
+      {{"--threads", "100000"}, "--threads must be in [0, 1024], got 100000"},
       {{"--workers", "0"}, "--workers must be in [1, 65536], got 0"},
       {{"--batch", "0"}, "--batch must be in [1, 16777216], got 0"},
       {{"--momentum", "1"}, "--momentum must be in [0, 1), got 1"},

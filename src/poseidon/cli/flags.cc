@@ -170,6 +170,14 @@ void FlagSet::parse(const std::vector<std::string>& args, bool allowPositional) 
       }
       if (!f->isBool && !hasValue) {
         if (i + 1 >= args.size()) throw InvalidArgument("flag --" + name + " needs a value (" + f->valueName + ")");
+        // "--summary --quiet" once wrote the summary to a file named "--quiet" and
+        // dropped --quiet: a next argument that is one of this command's flags is a
+        // missing value. A value that really starts so is given as --summary=--quiet.
+        const std::string& next = args[i + 1];
+        if (next.size() > 2 && next.compare(0, 2, "--") == 0 && find(next.substr(2, next.find('=') - 2))) {
+          throw InvalidArgument("flag --" + name + " needs a value (" + f->valueName + "), got the flag " + next +
+                                " (write --" + name + "=" + next + " for a value that starts with --)");
+        }
         value = args[++i];
       }
       f->set(value);

@@ -23,5 +23,10 @@ constexpr int64_t kMinPairBytes = 4;
 constexpr int64_t kMaxPairBytes = static_cast<int64_t>(kDefaultMaxPayloadBytes);
 // Straggler dropping: D < P1 (the book), so at most kMaxRanks - 1.
 constexpr int64_t kMaxDropStragglers = kMaxRanks - 1;
+// Threads a worker starts for one flag (--threads, --sync-threads): past a
+// few thousand, std::thread's creation fails (100000 syncer threads aborted
+// with a backtrace; 100000 LibTorch threads ran for minutes without a step).
+// 1024 is far above any core count this runs on.
+constexpr int64_t kMaxThreadsPerWorker = 1024;
 
 }  // namespace poseidon::cli

@@ -170,8 +170,9 @@ void addRuntimeFlags(FlagSet& flags, TrainFlags& t) {
   flags.addInt("threads", &t.o.threads,
                "LibTorch threads per worker (0: cores / workers); after the run rank 0 tests --curve-every's "
                "copies with every core",
-               "N", IntRange::atLeast(0));
-  flags.addInt("sync-threads", &t.o.syncThreads, "Poseidon syncer threads per worker", "N", IntRange::atLeast(1));
+               "N", IntRange::closed(0, kMaxThreadsPerWorker));
+  flags.addInt("sync-threads", &t.o.syncThreads, "Poseidon syncer threads per worker", "N",
+               IntRange::closed(1, kMaxThreadsPerWorker));
   flags.addInt("timeout", &t.o.timeoutMs, "timeout of every distributed wait, in milliseconds", "MS",
                IntRange::atLeast(1));
   flags.addInt("tcp-rcvbuf", &t.o.tcpRcvbuf,

@@ -47,6 +47,15 @@ TEST(CliFlags, PlanRejectsOutOfRangeValues) {
                   "--local-ranks and --groups cannot be combined (compute groups have no local aggregation)"});
 }
 
+// Found by a first-run audit: `version --bogus` exited 0, and a path flag took the next flag as its
+// value (`train --summary --quiet` wrote the summary to a file named "--quiet").
+TEST(CliFlags, NoCommandTakesAFlagForAValueOrIgnoresAnArgument) {
+  expectRejected({{"version", "--bogus"}, "unexpected argument '--bogus': 'poseidon version' takes none"});
+  expectRejected({{"plan", "--model", "--wire", "bf16"},
+                  "flag --model needs a value (NAME|FILE), got the flag --wire (write --model=--wire for a value "
+                  "that starts with --)"});
+}
+
 // --wire changes the byte totals only: the same floats and schemes at 2 bytes each.
 TEST(CliFlags, PlanCountsTheWiresBytes) {
   std::map<std::string, nlohmann::json> plans;

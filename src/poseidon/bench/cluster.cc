@@ -50,7 +50,7 @@ bool commandExists(const char* cmd) {
 
 bool EmulatedCluster::available(std::string* why) {
   if (geteuid() != 0) {
-    *why = "the emulated cluster needs root (network namespaces and tc): run poseidon bench as root";
+    *why = "the emulated cluster needs root (network namespaces and tc): run it as root";
     return false;
   }
   for (const char* cmd : {"ip", "tc"}) {

@@ -80,6 +80,7 @@ int main(int argc, char** argv) {
     if (cmd == "tune") return cli::tuneCommand(args);
     if (cmd == "bench-worker") return cli::benchWorkerCommand(args);
     if (cmd == "version" || cmd == "--version") {
+      if (!args.empty()) throw InvalidArgument("unexpected argument '" + args[0] + "': 'poseidon version' takes none");
       std::cout << "poseidon 0.1.0\n";
       return 0;
     }

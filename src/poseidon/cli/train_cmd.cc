@@ -220,7 +220,9 @@ void addRuntimeFlags(FlagSet& flags, TrainFlags& t) {
                "let each KV pair or SFB round proceed without up to D late workers (0: off)", "D",
                IntRange::closed(0, kMaxDropStragglers));
   flags.addInt64("straggler-timeout", &t.o.stragglerTimeoutMs,
-                 "how long a round waits for its last D contributions, in milliseconds", "MS", IntRange::atLeast(0));
+                 "how long a round waits for its last D contributions, in milliseconds; needed with "
+                 "--drop-stragglers, which has no default wait",
+                 "MS", IntRange::atLeast(0));
 }
 
 // The benchmarks' modeled compute and accuracy curve (TrainHooks), and --quiet.

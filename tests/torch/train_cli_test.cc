@@ -533,6 +533,30 @@ TEST(LaunchCli, FailingRankStopsTheOthers) {
   EXPECT_THAT(p.stdoutText(), HasSubstr("[rank 0] hello from 0 of 3"));
 }
 
+// What a rank started is stopped with it: rank 0, a shell, runs sleep as its child (not exec'd),
+// and rank 1's failure must take that grandchild too, not leave it to init.
+TEST(LaunchCli, StoppingARankStopsWhatItStarted) {
+  TempDir dir;
+  const std::string said = dir.path + "/rank0-started-sleep", pidFile = dir.path + "/sleep.pid";
+  ASSERT_EQ(::mkfifo(said.c_str(), 0600), 0) << std::strerror(errno);
+  auto p = run({"launch", "-n", "2", "--", "/bin/sh", "-c",
+                "if [ \"$RANK\" = 1 ]; then read x < " + said + "; exit 3; fi; sleep 60 & echo $! > " + pidFile +
+                    "; : > " + said + "; wait"},
+               dir.path + "/l", 120);
+  EXPECT_EQ(p.exitCode(), 3) << p.stderrText();
+  std::ifstream in(pidFile);
+  long pid = 0;
+  ASSERT_TRUE(in >> pid) << "rank 0 wrote no pid";
+  // Gone, or a zombie that init has yet to reap: either way no longer running.
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string statLine;
+  if (std::getline(stat, statLine)) {
+    const size_t close = statLine.rfind(')');
+    ASSERT_NE(close, std::string::npos);
+    EXPECT_EQ(statLine.substr(close + 2, 1), "Z") << "the grandchild still runs: " << statLine;
+  }
+}
+
 // --transport-security none (launch sets POSEIDON_TRANSPORT_SECURITY for its ranks; train's flag
 // says the same): rank 0 says so once, loudly, and the training is the encrypted run's, bit for bit.
 TEST(LaunchCli, TransportSecurityNoneTrainsTheSameModelUnencrypted) {

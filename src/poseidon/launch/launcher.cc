@@ -81,6 +81,10 @@ class Launch {
       so.env["MASTER_PORT"] = std::to_string(port_);
       so.stdoutTo = Output::kPipe;
       so.stderrTo = Output::kPipe;
+      // Each rank leads a process group, so that stopping it also stops what it started: a shell
+      // wrapper's training program, a sleep (an audit found both outliving the launch). A Ctrl-C at
+      // the terminal then reaches the launcher alone, which stops the ranks (stopAll).
+      so.ownProcessGroup = true;
       children_[r].rank = r;
       children_[r].process = ChildProcess::spawn(so);
     }

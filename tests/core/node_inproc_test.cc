@@ -278,6 +278,10 @@ TEST(NodeInProcess, DefaultIoThreadsShareTheHostsCores) {
   o.ioThreads = -1;
   EXPECT_ERROR_CONTAINS(Node::start(o, scenarioModel()), InvalidArgument,
                         "ZeroMQ I/O threads must be in [0, 64] (0: half the host's cores per rank on it), got -1");
+  NodeOptions many;
+  many.threads = 100000;  // aborted with a backtrace before the bound
+  EXPECT_ERROR_CONTAINS(Node::start(many, scenarioModel()), InvalidArgument,
+                        "the syncer thread pool needs 1 to 1024 threads, got 100000");
 }
 
 // freePort picks below the kernel's ephemeral range, where no outgoing connection or port-0 bind can

@@ -26,7 +26,8 @@ constexpr int64_t kMaxDropStragglers = kMaxRanks - 1;
 // Threads a worker starts for one flag (--threads, --sync-threads): past a
 // few thousand, std::thread's creation fails (100000 syncer threads aborted
 // with a backtrace; 100000 LibTorch threads ran for minutes without a step).
-// 1024 is far above any core count this runs on.
+// 1024 is far above any core count this runs on; Node::start refuses more
+// syncer threads too (client/node.cc), for Python and C++ users.
 constexpr int64_t kMaxThreadsPerWorker = 1024;
 
 }  // namespace poseidon::cli

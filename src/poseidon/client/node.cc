@@ -41,8 +41,13 @@ void checkOptions(const NodeOptions& options) {
   if (options.rank < 0 || options.rank >= options.worldSize) {
     throw InvalidArgument(strCat("rank ", options.rank, " is outside the world of ", options.worldSize, " ranks"));
   }
-  if (options.threads < 1) {
-    throw InvalidArgument(strCat("the syncer thread pool needs at least 1 thread, got ", options.threads));
+  // Past a few thousand, std::thread's creation fails inside the pool and aborts the process (100000
+  // did); 1024 is far above any core count. The CLI refuses the same bound at parse time
+  // (cli/limits.h, kMaxThreadsPerWorker); this check is the one Python and C++ users meet.
+  constexpr int kMaxSyncThreads = 1024;
+  if (options.threads < 1 || options.threads > kMaxSyncThreads) {
+    throw InvalidArgument(
+        strCat("the syncer thread pool needs 1 to ", kMaxSyncThreads, " threads, got ", options.threads));
   }
   if (options.timeout.count() <= 0) throw InvalidArgument("the timeout must be positive");
   if (options.ioThreads < 0 || options.ioThreads > 64) {

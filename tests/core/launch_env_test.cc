@@ -77,6 +77,20 @@ TEST(LaunchEnv, ASlurmBatchStepIsNotATaskOfTheJob) {
   EXPECT_EQ(child.notice, "");
 }
 
+// torchrun's variables are what poseidon's own launcher sets too; it names itself (POSEIDON_LAUNCHER),
+// so that a rank's message says who started it. Another convention is not renamed by a stray one.
+TEST(LaunchEnv, PoseidonsLauncherNamesItself) {
+  const RankEnv ours = envOf({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"POSEIDON_LAUNCHER", "poseidon launch"}});
+  EXPECT_EQ(ours.source, "poseidon launch");
+  EXPECT_EQ(envOf({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"POSEIDON_LAUNCHER", ""}}).source, "torchrun");
+  EXPECT_EQ(refusal({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"POSEIDON_LAUNCHER", "poseidon train"}}),
+            "started by poseidon train (RANK=1 WORLD_SIZE=2) but MASTER_ADDR is not set: export "
+            "MASTER_ADDR=<address of rank 0's machine> (127.0.0.1 when every rank runs on this one)");
+  const RankEnv mpi = envOf({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "1"},
+                             {"POSEIDON_LAUNCHER", "poseidon launch"}});
+  EXPECT_EQ(mpi.source, "mpirun");
+}
+
 // More than one rank needs MASTER_ADDR under every convention: defaulting to 127.0.0.1 left a rank on
 // another machine waiting out its timeout. The error names the variables that made it a rank.
 TEST(LaunchEnv, AWorldOfManyNeedsMasterAddrUnderEveryLauncher) {

@@ -2,6 +2,7 @@
 // dataset (a subset of it, to keep the suite fast).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <torch/cuda.h>
 
@@ -555,6 +556,29 @@ TEST(LaunchCli, StoppingARankStopsWhatItStarted) {
     ASSERT_NE(close, std::string::npos);
     EXPECT_EQ(statLine.substr(close + 2, 1), "Z") << "the grandchild still runs: " << statLine;
   }
+}
+
+// Ctrl-C at the launcher: every rank is stopped, one line says so (not "...; stopped the other ranks"
+// after it), and the exit status is the shell's for SIGINT. The ranks were told who started them.
+TEST(LaunchCli, InterruptStopsEveryRankWithOneLine) {
+  TempDir dir;
+  std::vector<testing::Proc> procs{testing::spawn(
+      {POSEIDON_CLI, "launch", "-n", "2", "--", "/bin/sh", "-c",
+       "echo \"$POSEIDON_LAUNCHER\" > " + dir.path + "/rank$RANK.tmp && mv " + dir.path + "/rank$RANK.tmp " + dir.path +
+           "/rank$RANK; exec sleep 60"},
+      {}, dir.path + "/l")};
+  const bool up = testing::waitForPolled(
+      [&] { return fs::exists(dir.path + "/rank0") && fs::exists(dir.path + "/rank1"); }, std::chrono::seconds(60));
+  ASSERT_TRUE(up) << procs[0].stderrText();
+  ::kill(procs[0].pid, SIGINT);
+  testing::waitAll(procs, std::chrono::seconds(60));
+  EXPECT_FALSE(procs[0].killed);
+  EXPECT_EQ(procs[0].exitCode(), 130);
+  EXPECT_EQ(procs[0].stderrText(), "poseidon launch: interrupted by SIGINT; stopped all ranks\n");
+  std::ifstream said(dir.path + "/rank1");
+  std::string launcher;
+  std::getline(said, launcher);
+  EXPECT_EQ(launcher, "poseidon launch");
 }
 
 // --transport-security none (launch sets POSEIDON_TRANSPORT_SECURITY for its ranks; train's flag

@@ -109,7 +109,8 @@ int launchCommand(const std::vector<std::string>& args) {
   }
   LaunchResult r = launchLocal(opts);
   if (r.exitCode != 0) {
-    std::cerr << "poseidon launch: " << r.failure << "; stopped the other ranks\n";
+    // An interrupt's failure already says that every rank was stopped.
+    std::cerr << "poseidon launch: " << r.failure << (r.interrupted ? "" : "; stopped the other ranks") << "\n";
     return r.exitCode;
   }
   return 0;

@@ -66,6 +66,7 @@ RankEnv rankFromEnvironment(const GetEnv& getenv) {
     if (!size) throw InvalidArgument(strCat(c.rank, " is set but ", c.size, " is not (", c.source, " convention)"));
     env.present = true;
     env.source = c.source;
+    if (const char* ours = getenv("POSEIDON_LAUNCHER"); ours && *ours && env.source == "torchrun") env.source = ours;
     env.origin = strCat(c.rank, "=", rank, " ", c.size, "=", size);
     env.worldSize = parseInt(c.size, size, 1, 1 << 20);
     env.rank = parseInt(c.rank, rank, 0, env.worldSize - 1);

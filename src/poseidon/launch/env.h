@@ -27,7 +27,9 @@ constexpr int kDefaultMasterPort = 29500;
 
 struct RankEnv {
   bool present = false;   // some convention set the rank
-  std::string source;     // "torchrun", "mpirun", "slurm" or "" when absent
+  // "torchrun", "mpirun", "slurm" or "" when absent; for torchrun's variables set by poseidon's own
+  // launcher, its name from POSEIDON_LAUNCHER ("poseidon launch", "poseidon train").
+  std::string source;
   int rank = 0;
   int worldSize = 1;
   int localRank = 0;

@@ -79,6 +79,7 @@ class Launch {
       so.env["LOCAL_WORLD_SIZE"] = std::to_string(options_.ranks);
       so.env["MASTER_ADDR"] = masterAddr_;
       so.env["MASTER_PORT"] = std::to_string(port_);
+      so.env["POSEIDON_LAUNCHER"] = options_.name;  // the ranks' messages name it (RankEnv::source)
       so.stdoutTo = Output::kPipe;
       so.stderrTo = Output::kPipe;
       // Each rank leads a process group, so that stopping it also stops what it started: a shell
@@ -98,7 +99,7 @@ class Launch {
       pumpOutput();
       reapExits();
       if (gSignal && !stopping_) {
-        result_.failure = strCat("interrupted by signal ", gSignal.load(), "; stopped all ranks");
+        result_.failure = strCat("interrupted by ", stopSignalName(gSignal.load()), "; stopped all ranks");
         result_.interrupted = true;
         result_.exitCode = 128 + gSignal.load();
         stopAll();
@@ -249,6 +250,15 @@ std::string withoutRankMarker(const std::string& line, int rank) {
     if (rest.compare(0, marker.size(), marker) == 0) rest.erase(0, marker.size());
   }
   return rest;
+}
+
+std::string stopSignalName(int sig) {
+  switch (sig) {
+    case SIGINT: return "SIGINT";
+    case SIGTERM: return "SIGTERM";
+    case SIGHUP: return "SIGHUP";
+    default: return strCat("signal ", sig);
+  }
 }
 
 LaunchResult launchLocal(const LaunchOptions& options) {

@@ -44,6 +44,9 @@ struct LaunchResult {
 
 LaunchResult launchLocal(const LaunchOptions& options);
 
+// A stop signal as a message names it: "SIGINT", "SIGTERM", "SIGHUP", else "signal N".
+std::string stopSignalName(int sig);
+
 // Every line carries its rank once. The launcher puts rankPrefix(R) before
 // each line of rank R; a rank's own lines may already start with its rank:
 // its log prefix ("[rank R] warning: ...", common/log.h), its error line

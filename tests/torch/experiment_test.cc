@@ -93,6 +93,22 @@ TEST(ImplicitMomentum, BadFlagsAreOneLineErrors) {
   auto s = testing::runCli({"experiment", "implicit-momentum", "--exact-race", "--fixed-times"}, dir.path + "/d");
   EXPECT_EQ(s.exitCode(), 2);
   EXPECT_THAT(s.stderrText(), HasSubstr("--fixed-times is the wall-clock mode's"));
+  // A flag of the other mode would change nothing, and a burn-in past the run shrank to fit it.
+  const std::pair<std::vector<std::string>, std::string> otherMode[] = {
+      {{"--exact-race", "--step-ms", "5"}, "--step-ms is the wall-clock mode's; --exact-race draws the order"},
+      {{"--exact-race", "--burn-in", "2"}, "--burn-in is the wall-clock mode's; --exact-race draws the order"},
+      {{"--bootstrap", "10"}, "--bootstrap is the exact race's; it needs --exact-race"},
+      {{"--lr-curvature", "0.5"}, "--lr-curvature is the exact race's; it needs --exact-race"},
+      {{"--burn-in", "38", "--steps", "40", "--groups", "2,1"},
+       "--burn-in 38 leaves fewer than 3 of the 40 updates to fit at --groups 1 (--steps 40 x 1)"},
+  };
+  for (const auto& [flags, message] : otherMode) {
+    std::vector<std::string> args{"experiment", "implicit-momentum"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    auto m = testing::runCli(args, dir.path + "/m");
+    EXPECT_EQ(m.exitCode(), 2) << message;
+    EXPECT_EQ(m.stderrText(), "poseidon experiment: error: " + message + "\n");
+  }
   auto t = testing::runCli({"experiment", "implicit-momentum", "--exact-race", "--runs", "1"}, dir.path + "/e");
   EXPECT_EQ(t.exitCode(), 2);
   EXPECT_THAT(t.stderrText(), HasSubstr("--exact-race needs --runs >= 2"));

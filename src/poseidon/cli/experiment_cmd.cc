@@ -191,8 +191,15 @@ bool parseImplicitMomentum(const std::vector<std::string>& args, ImplicitMomentu
     std::cout << flags.helpText();
     return false;
   }
-  if (fixedTimes && o.exactRace)
-    throw InvalidArgument("--fixed-times is the wall-clock mode's; --exact-race draws the order");
+  // Each mode's own flags: given to the other, they would change nothing.
+  for (const char* clock : {"fixed-times", "step-ms", "burn-in"}) {
+    if (o.exactRace && flags.wasSet(clock))
+      throw InvalidArgument(strCat("--", clock, " is the wall-clock mode's; --exact-race draws the order"));
+  }
+  for (const char* race : {"lr-curvature", "bootstrap"}) {
+    if (!o.exactRace && flags.wasSet(race))
+      throw InvalidArgument(strCat("--", race, " is the exact race's; it needs --exact-race"));
+  }
   o.exponential = !fixedTimes;
   o.seed = static_cast<uint64_t>(seed);
   if (o.exactRace && !flags.wasSet("runs")) o.runs = 128;
@@ -202,6 +209,12 @@ bool parseImplicitMomentum(const std::vector<std::string>& args, ImplicitMomentu
   f.groups = parseGroups(groupsFlag);
   for (int g : f.groups) {
     if (o.workers % g != 0) throw InvalidArgument(strCat("--groups ", g, " does not divide --workers ", o.workers));
+  }
+  // G groups make --steps x G updates; the fit needs 3 after the burn-in (it would shrink it quietly).
+  const int fewest = *std::min_element(f.groups.begin(), f.groups.end());
+  if (!o.exactRace && o.burnIn > o.steps * fewest - 3) {
+    throw InvalidArgument(strCat("--burn-in ", o.burnIn, " leaves fewer than 3 of the ", o.steps * fewest,
+                                 " updates to fit at --groups ", fewest, " (--steps ", o.steps, " x ", fewest, ")"));
   }
   return true;
 }

@@ -4,6 +4,7 @@
 // `poseidon train` is covered with LibTorch in tests/torch/train_cli_test.cc.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -593,6 +594,16 @@ TEST(CliFlags, TrainRefusesBadOptionsOnceBeforeAnyWorkerStarts) {
                   "unknown model 'nosuch' (expected lenet, cifar10-quick or mlp)"});
   expectRejected({{"train", "--workers", "2", "--servers", "5"}, "--servers 5 exceeds the job's 2 ranks (each shard is a rank)"});
   expectRejected({{"train", "--workers", "2", "--plain"}, "--plain runs the plain LibTorch loop and needs --workers 1"});
+  // Found by the coordinator at rendezvous, the model and the transport before; now before any worker.
+  expectRejected({{"train", "--workers", "2", "--drop-stragglers", "2", "--straggler-timeout", "100"},
+                  "--drop-stragglers 2 must be less than the 2 workers"});
+  expectRejected({{"train", "--workers", "2", "--groups", "2", "--merged-fc", "--model", "mlp"},
+                  "--merged-fc needs a model with conv features and an FC classifier (lenet, cifar10-quick); mlp is "
+                  "all FC"});
+  // 192.0.2.1: TEST-NET-1 (RFC 5737), no machine's own address.
+  expectRejected({{"train", "--workers", "2", "--bind", "192.0.2.1"},
+                  "--bind 192.0.2.1: the workers cannot listen there (Cannot assign requested address); it must be an "
+                  "address or interface of this machine"});
 }
 
 // A list with an empty entry is a typo, not a shorter list; a results path that cannot be written is
@@ -606,6 +617,40 @@ TEST(CliFlags, ListsAndOutputPathsAreCheckedWhole) {
                   "--groups expects a comma-separated list of integers >= 1, got '1,2,'"});
   expectRejected({{"experiment", "implicit-momentum", "--json", "/nonexistent/x.json"},
                   "--json: cannot write the results file /nonexistent/x.json: No such file or directory"});
+}
+
+// bench and tune check every path they write before the first run (and before they ask for root), not
+// at the end of a sweep of hours whose results the typo would lose; --bisect names systems and sizes
+// that are run. Nothing is left where the checks looked.
+TEST(CliFlags, BenchAndTuneCheckTheirOutputsBeforeTheFirstRun) {
+  const std::string dir = testing::makeTempDir("outputs");
+  const std::string file = dir + "/file";
+  std::ofstream(file) << "not a directory";
+  const std::string nowhere = "/nonexistent/x.json";
+  const std::string noDir = "cannot create files in /nonexistent: No such file or directory";
+  expectRejected({{"bench", "--json", nowhere}, "--json " + nowhere + ": " + noDir});
+  expectRejected({{"bench", "--markdown", dir}, "--markdown " + dir + ": is a directory, expected a file name"});
+  expectRejected({{"bench", "--plots", file}, "--plots " + file + ": is a file, expected a directory"});
+  expectRejected({{"bench", "--trace", file}, "--trace " + file + ": is a file, expected a directory"});
+  expectRejected({{"bench", "--plots", file + "/sub"}, "--plots " + file + "/sub: cannot create it: Not a directory"});
+  expectRejected({{"bench", "--accuracy", "--plots", file}, "--plots " + file + ": is a file, expected a directory"});
+  expectRejected({{"bench", "--accuracy", "--json", nowhere}, "--json " + nowhere + ": " + noDir});
+  expectRejected({{"tune", "--json", nowhere}, "--json " + nowhere + ": " + noDir});
+  expectRejected({{"tune", "--markdown", dir}, "--markdown " + dir + ": is a directory, expected a file name"});
+  expectRejected({{"tune", "--regret", "--json", nowhere}, "--json " + nowhere + ": " + noDir});
+  expectRejected({{"bench", "--report-from", dir, "--markdown", dir + "/t.md"},
+                  "--report-from " + dir + ": is a directory, expected a results JSON file"});
+  expectRejected({{"bench", "--bisect", "ddp-tuned", "--compute", "none"},
+                  "--bisect: 'ddp-tuned' is not one of the systems run (--systems "
+                  "poseidon,ps-wfbp,ps-naive,adam,ddp,ddp-fp16,ddp-powersgd1,ddp-powersgd4); it needs that system's "
+                  "runs"});
+  expectRejected({{"bench", "--bisect", "ddp", "--nodes", "8", "--compute", "none"},
+                  "--bisect needs --nodes to hold 1 (each system's baseline) and a larger size, got 8"});
+  // The probes removed what they made: the file, and nothing else.
+  std::vector<std::string> left;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) left.push_back(e.path().filename().string());
+  EXPECT_EQ(left, std::vector<std::string>{"file"});
+  std::filesystem::remove_all(dir);
 }
 
 // A number beyond its type names the bound it passed (not "expects a number"); a value the flag's
@@ -628,6 +673,18 @@ TEST(CliFlags, NumbersBeyondTheirTypeAndMissingInputsSayWhatIsWrong) {
   EXPECT_EQ(noData.exitCode(), 2);
   EXPECT_EQ(noData.stdoutText(), "");  // no header before the error
   EXPECT_THAT(noData.stderrText(), HasSubstr("Fashion-MNIST not found at " + dir + "/none: install it"));
+  std::ofstream(dir + "/file") << "not the dataset";
+  expectRejected({{"train", "--data", dir + "/file"},
+                  "Fashion-MNIST: " + dir + "/file is a file, not a directory (--data names the directory of the four "
+                  "IDX files)"});
+  // tune and bench --accuracy check the dataset before they build a cluster (after the root check
+  // that every cluster command makes first: run as root, as CI does).
+  if (::geteuid() == 0) {
+    const std::string missing = "Fashion-MNIST not found at " + dir +
+                                "/none: install it with 'apt-get install dataset-fashion-mnist' or pass --data DIR";
+    expectRejected({{"tune", "--data", dir + "/none"}, missing});
+    expectRejected({{"bench", "--accuracy", "--data", dir + "/none", "--systems", "bsp"}, missing});
+  }
 
   const testing::Proc bare = testing::runCli({}, dir + "/bare", {}, 30);
   EXPECT_EQ(bare.exitCode(), 2);
@@ -728,6 +785,18 @@ TEST(CliFlags, PlanRefusesMalformedFiles) {
   std::string dir = testing::makeTempDir("flags");
   expectRejected({{"plan", "--check", dir}, "--check: '" + dir + "' is a directory, not a results file"});
   expectRejected({{"plan", "--model", dir}, "model table '" + dir + "' is a directory"});
+  // A bare name that is no zoo model but is there is the path meant, not an "unknown model".
+  const std::string bare = "poseidon-model-dir-" + std::to_string(::getpid());
+  std::filesystem::create_directory(bare);
+  expectRejected({{"plan", "--model", bare}, "model table '" + bare + "' is a directory"});
+  std::filesystem::remove(bare);
+  // The JSON library's own tag ("[json.exception.parse_error.101]") is not the user's business.
+  std::ofstream(dir + "/bad.json") << "x";
+  const testing::Proc badJson = testing::runCli({"plan", "--model", dir + "/bad.json"}, dir + "/badjson", {}, 30);
+  EXPECT_EQ(badJson.exitCode(), 2);
+  EXPECT_THAT(badJson.stderrText(), HasSubstr("poseidon plan: error: model table '" + dir +
+                                              "/bad.json' is not valid JSON: parse error at line 1, column 1"));
+  EXPECT_THAT(badJson.stderrText(), Not(HasSubstr("json.exception")));
   std::ofstream(dir + "/config5.json") << R"({"config":5,"runs":[]})";
   const testing::Proc config5 = testing::runCli({"plan", "--check", dir + "/config5.json"}, dir + "/cli5", {}, 30);
   EXPECT_EQ(config5.exitCode(), 2);

@@ -11,6 +11,7 @@
 
 #include "poseidon/bench/cluster.h"
 #include "poseidon/common/error.h"
+#include "poseidon/common/file.h"
 #include "poseidon/core/cost_model.h"
 
 namespace poseidon::bench {
@@ -387,7 +388,7 @@ void writeMarkdown(const std::string& path, const nlohmann::json& result) {
     }
     md << "\n";
   }
-  std::ofstream(path) << md.str();
+  writeFileAtomically(path, md.str(), "--markdown");
 }
 
 void writePlots(const std::string& dir, const nlohmann::json& result) {

@@ -79,9 +79,9 @@ struct AccuracyHarness {
   // Epochs of the data that `steps` steps need (poseidon train's --epochs).
   int epochsFor(int steps) const;
   AccuracyRun run(const AccuracySystem& sys, const RunExtras& extra = {});
-  // Before the first run (after requireEmulatedCluster): this executable, the stop handlers and a
-  // work directory /tmp/<prefix>-XXXXXX.
-  void prepare(const std::string& prefix);
+  // Before the first run (after requireEmulatedCluster): the dataset checked (InvalidArgument), this
+  // executable, and the work directory its runs write into (a WorkDir's).
+  void prepare(const std::string& workDir);
   // The results file's config as far as the harness knows it: the command line, the cluster, the
   // modeled compute, the targets and the link rates (each command adds its own).
   nlohmann::json config(const std::string& command, const std::vector<double>& rates) const;

@@ -29,6 +29,8 @@
 #include "poseidon/cli/limits.h"
 #include "poseidon/client/node.h"
 #include "poseidon/common/error.h"
+#include "poseidon/common/file.h"
+#include "poseidon/data/fashion_mnist.h"
 #include "poseidon/launch/env.h"
 #include "poseidon/launch/process.h"
 #include "poseidon/transport/security.h"
@@ -138,9 +140,12 @@ nlohmann::json AccuracyRun::toJson() const {
 
 AccuracyHarness::AccuracyHarness() : secret(randomSecret()) {}
 
-void AccuracyHarness::prepare(const std::string& prefix) {
+void AccuracyHarness::prepare(const std::string& workDir) {
+  // Every rank loads both splits: a wrong --data is one line now, not a failed first run.
+  for (const bool trainSplit : {false, true})
+    (void)data::loadFashionMnist(dataDir.empty() ? data::kDefaultFashionMnistDir : dataDir, trainSplit);
   exe = selfExecutable();
-  work = startEmulatedRuns(prefix);
+  work = workDir;
 }
 
 nlohmann::json AccuracyHarness::config(const std::string& command, const std::vector<double>& rates) const {
@@ -224,7 +229,7 @@ AccuracyRun AccuracyHarness::run(const AccuracySystem& sys, const RunExtras& ext
     std::fflush(stdout);
   }
   r.error = bench::runRanks(std::move(ranks), timeoutS, gStop);
-  if (gStop.load()) throw Error(strCat("interrupted by signal ", gStop.load()));
+  throwIfStopped();
   if (r.error.empty()) {
     try {
       std::ifstream f(base + ".json");
@@ -232,7 +237,7 @@ AccuracyRun AccuracyHarness::run(const AccuracySystem& sys, const RunExtras& ext
       read(r, extra.startStep);
       r.ok = true;
     } catch (const std::exception& e) {
-      r.error = strCat("unreadable result ", base, ".json: ", e.what());
+      r.error = strCat("unreadable result ", base, ".json: ", jsonErrorText(e));
     }
   }
   if (!extra.quiet) print(r);
@@ -541,6 +546,10 @@ int benchAccuracyCommand(const std::vector<std::string>& args) {
     std::cout << flags.helpText();
     return 0;
   }
+  // Before anything runs, not after the runs whose results they would lose.
+  if (!a.jsonPath.empty()) checkOutputFile("--json", a.jsonPath);
+  if (!a.mdPath.empty()) checkOutputFile("--markdown", a.mdPath);
+  if (!a.plotDir.empty()) checkOutputDirectory("--plots", a.plotDir);
   h.seed = static_cast<uint64_t>(a.seed);
   if (h.steps < h.curveEvery) {
     throw InvalidArgument(
@@ -554,7 +563,8 @@ int benchAccuracyCommand(const std::vector<std::string>& args) {
   if (std::any_of(systems.begin(), systems.end(), [](const AccuracySystem& s) { return s.groups < 0; })) {
     h.ddpScript = findDdpScript(a.ddpScript, "ddp_train.py", h.ddpPython);
   }
-  h.prepare("poseidon-accuracy");
+  const WorkDir work("poseidon-accuracy", a.keep, "logs");
+  h.prepare(work.path());
 
   nlohmann::json result;
   result["config"] = h.config(commandLine("poseidon bench --accuracy", args), rates);
@@ -564,7 +574,7 @@ int benchAccuracyCommand(const std::vector<std::string>& args) {
   result["runs"] = runAccuracy(h, systems, rates, allOk);
   result["wall_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!a.jsonPath.empty()) {
-    std::ofstream(a.jsonPath) << result.dump(2) << "\n";
+    writeFileAtomically(a.jsonPath, result.dump(2) + "\n", "--json");
     std::printf("results: %s\n", a.jsonPath.c_str());
   }
   if (!a.mdPath.empty()) {
@@ -575,10 +585,6 @@ int benchAccuracyCommand(const std::vector<std::string>& args) {
     writePlots(a.plotDir, result);
     std::printf("plots: %s\n", a.plotDir.c_str());
   }
-  if (a.keep)
-    std::printf("logs: %s\n", h.work.c_str());
-  else
-    fs::remove_all(h.work);
   return allOk ? 0 : 1;
 }
 

@@ -12,7 +12,6 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <limits>
 #include <map>
@@ -32,6 +31,7 @@
 #include "poseidon/cli/flags.h"
 #include "poseidon/client/node.h"
 #include "poseidon/common/error.h"
+#include "poseidon/common/file.h"
 #include "poseidon/common/trace.h"
 #include "poseidon/core/kv_layout.h"
 #include "poseidon/launch/env.h"
@@ -213,42 +213,13 @@ void addReportFlags(FlagSet& flags, BenchArgs& a) {
   flags.addBool("keep", &a.keep, "keep the per-rank logs and results (printed path)");
 }
 
-// --report-from: the tables and plots of an earlier run's results.
-int reportFromFile(const BenchArgs& a) {
-  if (a.mdPath.empty() && a.plotDir.empty()) throw InvalidArgument("--report-from needs --markdown or --plots");
-  std::ifstream in(a.reportFrom);
-  if (!in) throw InvalidArgument("--report-from: cannot read " + a.reportFrom);
-  nlohmann::json result;
-  try {
-    result = nlohmann::json::parse(in);
-  } catch (const std::exception& e) {
-    throw InvalidArgument(strCat(a.reportFrom, " is not a results JSON of poseidon bench: ", e.what()));
-  }
-  if (!result.contains("config") || !result.contains("runs"))
-    throw InvalidArgument(a.reportFrom + " is not a results JSON of poseidon bench (no config or runs)");
-  if (result["config"].contains("pad_ms")) {  // a `bench --accuracy` file
-    writeAccuracyReport(result, a.mdPath, a.plotDir);
-    return 0;
-  }
-  if (!a.mdPath.empty()) bench::writeMarkdown(a.mdPath, result);
-  if (!a.plotDir.empty()) bench::writePlots(a.plotDir, result);
-  return 0;
-}
-
-// --machine-rates G,S,C: GFLOP/s, GB/s, GB/s, each > 0.
-bench::MachineRates parseMachineRates(const std::string& flag) {
-  const std::vector<std::string> parts = splitList(flag);
-  if (parts.size() != 3) {
-    throw InvalidArgument(
-        strCat("--machine-rates needs three rates, GEMM GFLOP/s, sums GB/s and CURVE GB/s (e.g. "
-               "78,9.7,1.4), got '",
-               flag, "'"));
-  }
-  bench::MachineRates r;
-  r.gemmFlops = 1e9 * parseRealIn("--machine-rates' GEMM GFLOP/s", parts[0], RealRange::above(0));
-  r.sumBytes = 1e9 * parseRealIn("--machine-rates' sums GB/s", parts[1], RealRange::above(0));
-  r.cryptoBytes = 1e9 * parseRealIn("--machine-rates' CURVE GB/s", parts[2], RealRange::above(0));
-  return r;
+// Every file and directory the run writes, checked before anything runs: a typo costs a second, not
+// the hours of a sweep whose results it would lose at the end.
+void checkBenchOutputs(const BenchArgs& a) {
+  if (!a.jsonPath.empty()) checkOutputFile("--json", a.jsonPath);
+  if (!a.mdPath.empty()) checkOutputFile("--markdown", a.mdPath);
+  if (!a.plotDir.empty()) checkOutputDirectory("--plots", a.plotDir);
+  if (!a.traceDir.empty()) checkOutputDirectory("--trace", a.traceDir);
 }
 
 // The run's lists, checked, and each node's model.
@@ -311,6 +282,19 @@ BenchPlan planBench(const BenchArgs& a) {
       for (size_t i = 1; i < p.devices.size(); ++i) p.labels.push_back(s + "@" + p.devices[i]);
   }
   for (const auto& m : p.models) bench::emulatedModel(m, a.scale, p.gpu);  // validate names early
+  // --bisect compares each system with its own 1-node run at the largest size: both must be run.
+  if (!a.bisectSystems.empty()) {
+    for (const auto& s : splitList(a.bisectSystems)) {
+      if (std::find(p.labels.begin(), p.labels.end(), s) == p.labels.end()) {
+        throw InvalidArgument(strCat("--bisect: '", s, "' is not one of the systems run (--systems ", a.systemsFlag,
+                                     "); it needs that system's runs"));
+      }
+    }
+    if (p.nodes.front() != 1 || p.nodes.back() == 1) {
+      throw InvalidArgument(strCat("--bisect needs --nodes to hold 1 (each system's baseline) and a larger size, got ",
+                                   a.nodesFlag));
+    }
+  }
   return p;
 }
 
@@ -388,7 +372,10 @@ nlohmann::json bisectRates(Harness& h, const BenchArgs& a, const BenchPlan& p, c
     double base = 0;
     for (const auto& b : runs)
       if (b.ok && b.nodes == 1 && b.model == m && b.system == s) base = b.iterSeconds;
-    if (base == 0) continue;
+    if (base == 0) {
+      std::printf("not bisecting %s: its 1-node run on %s failed\n", s.c_str(), m.c_str());
+      continue;
+    }
     double lo = 5, hi = 2000;
     std::printf("bisecting %s on %s at %d nodes\n", s.c_str(), m.c_str(), n);
     for (int step = 0; step < 7; ++step) {
@@ -494,7 +481,7 @@ void writeBenchResults(const BenchArgs& a, const BenchPlan& p, const Harness& h,
   std::printf("\n");
   for (const auto& l : headline) std::printf("%s\n", l.get<std::string>().c_str());
   if (!a.jsonPath.empty()) {
-    std::ofstream(a.jsonPath) << result.dump(2) << "\n";
+    writeFileAtomically(a.jsonPath, result.dump(2) + "\n", "--json");
     std::printf("results: %s\n", a.jsonPath.c_str());
   }
   if (!a.mdPath.empty()) {
@@ -505,9 +492,6 @@ void writeBenchResults(const BenchArgs& a, const BenchPlan& p, const Harness& h,
     bench::writePlots(a.plotDir, result);
     std::printf("plots: %s\n", a.plotDir.c_str());
   }
-  if (a.keep)
-    std::printf("logs: %s\n", h.work.c_str());
-  else fs::remove_all(h.work);
 }
 
 }  // namespace
@@ -549,7 +533,8 @@ int benchCommand(const std::vector<std::string>& given) {
     std::cout << flags.helpText();
     return 0;
   }
-  if (!a.reportFrom.empty()) return reportFromFile(a);
+  checkBenchOutputs(a);
+  if (!a.reportFrom.empty()) return reportFromFile(a.reportFrom, a.mdPath, a.plotDir);
   if (a.quick) {
     if (!flags.wasSet("models")) a.modelsFlag = "vgg19";
     if (!flags.wasSet("systems")) a.systemsFlag = "poseidon,ddp";
@@ -579,10 +564,7 @@ int benchCommand(const std::vector<std::string>& given) {
   h.sumThreads = a.sumThreads;
   h.localRanks = a.localRanks;
   h.pairBytes = a.pairBytes;
-  if (!a.traceDir.empty()) {
-    fs::create_directories(a.traceDir);
-    h.traceDir = fs::absolute(a.traceDir).string();
-  }
+  if (!a.traceDir.empty()) h.traceDir = fs::absolute(a.traceDir).string();
   h.compute = p.gpu;
   h.devices = p.devices;
   h.deviceModels = p.deviceModels;
@@ -590,7 +572,8 @@ int benchCommand(const std::vector<std::string>& given) {
     h.ddpScript = findDdpScript(a.ddpScript, "ddp_worker.py", a.ddpPython);
     h.ddpPython = a.ddpPython;
   }
-  h.work = startEmulatedRuns("poseidon-bench");
+  const WorkDir work("poseidon-bench", a.keep, "logs");
+  h.work = work.path();
 
   nlohmann::json result;
   result["config"] = benchConfig(a, p, args);

@@ -265,7 +265,7 @@ struct Harness {
     const EmulatedCluster::QueueDrops dropsBefore = cluster->queueDrops();
     std::string failure =
         bench::runRanks(std::move(ranks), static_cast<int>(std::ceil(timeoutS * timeDilation)), gStop);
-    if (gStop.load()) throw Error(strCat("interrupted by signal ", gStop.load()));
+    throwIfStopped();
     if (!failure.empty()) {
       r.error = failure;
       printRun(r);

@@ -6,16 +6,23 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include "poseidon/bench/cluster.h"
 #include "poseidon/bench/ranks.h"
+#include "poseidon/bench/report.h"
 #include "poseidon/cli/flags.h"
 #include "poseidon/common/error.h"
+#include "poseidon/common/file.h"
 #include "poseidon/launch/env.h"
+#include "poseidon/launch/launcher.h"
 #include "poseidon/transport/van.h"
 
 namespace poseidon::cli {
@@ -50,22 +57,27 @@ std::string findDdpScript(const std::string& flag, const std::string& name, cons
   try {
     bench::run({python, "-c", "import torch, torch.distributed"});
   } catch (const Error& e) {
+    std::string why = e.what();  // the interpreter's last words, without their newline
+    while (!why.empty() && std::isspace(static_cast<unsigned char>(why.back()))) why.pop_back();
     if (python == kDefaultDdpPython) {
       throw Error(
           strCat("the DDP baselines need Debian's python3-torch (apt-get install python3-torch), or "
                  "--ddp-python naming an interpreter with torch (",
-                 e.what(), ")"));
+                 why, ")"));
     }
-    throw Error(strCat("the DDP baselines need torch: --ddp-python ", python, " cannot import torch.distributed (",
-                       e.what(), ")"));
+    throw InvalidArgument(strCat("the DDP baselines need torch: --ddp-python ", python, " cannot import torch.distributed (",
+                       why, ")"));
   }
   return script;
 }
 
 std::string makeWorkDir(const std::string& prefix) {
-  std::string tmpl = "/tmp/" + prefix + "-XXXXXX";
-  if (!mkdtemp(tmpl.data())) throw IoError("cannot create a work directory in /tmp");
-  return tmpl;
+  const char* tmpdir = std::getenv("TMPDIR");  // as mktemp(1) and the C library's tmpfile do
+  const std::string dir = tmpdir && *tmpdir ? tmpdir : "/tmp";
+  std::string tmpl = dir + "/" + prefix + "-XXXXXX";
+  if (!mkdtemp(tmpl.data())) throw IoError(strCat("cannot create a work directory in ", dir, ": ", std::strerror(errno)));
+  // Absolute: the ranks it is handed to run in other directories.
+  return fs::absolute(tmpl).string();
 }
 
 std::vector<double> parseRates(const std::string& flag) {
@@ -160,10 +172,63 @@ void requireEmulatedCluster() {
   if (!bench::EmulatedCluster::available(&why)) throw Error(why);
 }
 
-std::string startEmulatedRuns(const std::string& prefix) {
-  std::string work = makeWorkDir(prefix);
+int reportFromFile(const std::string& file, const std::string& mdPath, const std::string& plotDir) {
+  if (mdPath.empty() && plotDir.empty()) throw InvalidArgument("--report-from needs --markdown or --plots");
+  std::error_code ec;
+  if (fs::is_directory(file, ec))
+    throw InvalidArgument("--report-from " + file + ": is a directory, expected a results JSON file");
+  std::ifstream in(file);
+  if (!in) throw InvalidArgument("--report-from: cannot read " + file);
+  nlohmann::json result;
+  try {
+    result = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    throw InvalidArgument(strCat(file, " is not a results JSON of poseidon bench: ", jsonErrorText(e)));
+  }
+  if (!result.contains("config") || !result.contains("runs"))
+    throw InvalidArgument(file + " is not a results JSON of poseidon bench (no config or runs)");
+  if (result["config"].contains("pad_ms")) {  // a `bench --accuracy` file
+    writeAccuracyReport(result, mdPath, plotDir);
+    return 0;
+  }
+  if (!mdPath.empty()) bench::writeMarkdown(mdPath, result);
+  if (!plotDir.empty()) bench::writePlots(plotDir, result);
+  return 0;
+}
+
+bench::MachineRates parseMachineRates(const std::string& flag) {
+  const std::vector<std::string> parts = splitList(flag);
+  if (parts.size() != 3) {
+    throw InvalidArgument(
+        strCat("--machine-rates needs three rates, GEMM GFLOP/s, sums GB/s and CURVE GB/s (e.g. "
+               "78,9.7,1.4), got '",
+               flag, "'"));
+  }
+  bench::MachineRates r;
+  r.gemmFlops = 1e9 * parseRealIn("--machine-rates' GEMM GFLOP/s", parts[0], RealRange::above(0));
+  r.sumBytes = 1e9 * parseRealIn("--machine-rates' sums GB/s", parts[1], RealRange::above(0));
+  r.cryptoBytes = 1e9 * parseRealIn("--machine-rates' CURVE GB/s", parts[2], RealRange::above(0));
+  return r;
+}
+
+void throwIfStopped() {
+  const int sig = gStop.load();
+  if (sig != 0) throw InterruptedError("interrupted by " + stopSignalName(sig), sig);
+}
+
+WorkDir::WorkDir(const std::string& prefix, bool keep, std::string label)
+    : path_(makeWorkDir(prefix)), label_(std::move(label)), keep_(keep) {
   installStopHandlers();
-  return work;
+}
+
+WorkDir::~WorkDir() {
+  if (keep_) {
+    std::printf("%s: %s\n", label_.c_str(), path_.c_str());
+    std::fflush(stdout);
+    return;
+  }
+  std::error_code ec;  // a destructor, maybe unwinding: what cannot be removed stays
+  fs::remove_all(path_, ec);
 }
 
 }  // namespace poseidon::cli

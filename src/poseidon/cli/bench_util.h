@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "poseidon/bench/cluster.h"
+#include "poseidon/bench/device.h"
 #include "poseidon/cli/flags.h"
 
 namespace poseidon::cli {
@@ -38,13 +39,30 @@ constexpr const char* kDefaultDdpPython = "/usr/bin/python3";
 // findBenchScript for a DDP baseline, once `python` imports torch.distributed; else Error saying so,
 // with what the interpreter said.
 std::string findDdpScript(const std::string& flag, const std::string& name, const std::string& python);
-// A fresh directory /tmp/<prefix>-XXXXXX for a run's logs and results (IoError if it cannot be made).
+// A fresh directory $TMPDIR/<prefix>-XXXXXX (TMPDIR unset or empty: /tmp) for a run's logs and results
+// (IoError if it cannot be made).
 std::string makeWorkDir(const std::string& prefix);
 // Error saying why the emulated cluster cannot be made here (not root, no ip or tc): the first check
 // of every command that runs on it.
 void requireEmulatedCluster();
-// Before the first run: the stop handlers installed, and a work directory /tmp/<prefix>-XXXXXX made.
-std::string startEmulatedRuns(const std::string& prefix);
+// Throws InterruptedError when a stop signal arrived (gStop): "interrupted by SIGINT".
+void throwIfStopped();
+// A command's work directory for its runs' logs and results (makeWorkDir), made with the stop
+// handlers installed (before the first run). Removed when it goes out of scope - after the last run,
+// on a failure and on Ctrl-C alike, as the commands' --help promise - unless kept (--keep): then its
+// path is printed, after `label` ("logs").
+class WorkDir {
+ public:
+  WorkDir(const std::string& prefix, bool keep, std::string label);
+  ~WorkDir();
+  WorkDir(const WorkDir&) = delete;
+  WorkDir& operator=(const WorkDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_, label_;
+  bool keep_;
+};
 // The command line a results file records: `command` and its arguments as given.
 std::string commandLine(const std::string& command, const std::vector<std::string>& args);
 // --queue-ms: each shaped link's queue (bench and bench --accuracy).
@@ -60,6 +78,11 @@ void addTcpQuickAckFlag(FlagSet& flags, bool* on);
 void checkTcpCongestionName(const std::string& name);
 // poseidon bench --accuracy.
 int benchAccuracyCommand(const std::vector<std::string>& args);
+// poseidon bench --report-from FILE: the tables (mdPath) and plots (plotDir) of an earlier run's results
+// file, either mode's; InvalidArgument when FILE is not one.
+int reportFromFile(const std::string& file, const std::string& mdPath, const std::string& plotDir);
+// --machine-rates G,S,C: GEMM GFLOP/s, server sums GB/s, CURVE GB/s, each > 0.
+bench::MachineRates parseMachineRates(const std::string& flag);
 // A `bench --accuracy` results file's tables (mdPath) and curves (plotDir), either may be empty
 // (poseidon bench --report-from).
 void writeAccuracyReport(const nlohmann::json& result, const std::string& mdPath, const std::string& plotDir);

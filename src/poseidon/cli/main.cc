@@ -86,6 +86,9 @@ int main(int argc, char** argv) {
     }
     std::cerr << "poseidon: unknown command '" << cmd << "'\n\n" << kUsage;
     return 2;
+  } catch (const InterruptedError& e) {
+    std::cerr << errorLine(cmd, e.what());
+    return 128 + e.signal();
   } catch (const InvalidArgument& e) {
     std::cerr << errorLine(cmd, e.what());
     return 2;

@@ -13,6 +13,7 @@
 #include "poseidon/bench/systems.h"
 #include "poseidon/cli/plan_predict.h"
 #include "poseidon/common/error.h"
+#include "poseidon/common/file.h"
 #include "poseidon/model/zoo.h"
 
 namespace poseidon::cli {
@@ -165,7 +166,7 @@ nlohmann::json readResults(const std::string& path) {
   try {
     results = nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& e) {
-    throw InvalidArgument("--check: '" + path + "' is not JSON: " + e.what());
+    throw InvalidArgument("--check: '" + path + "' is not JSON: " + jsonErrorText(e));
   }
   if (!results.is_object() || !results.contains("config") || !results.contains("runs") || !results["runs"].is_array())
     throw InvalidArgument("--check: '" + path + "' is not a poseidon bench results file (no config and runs)");

@@ -18,6 +18,7 @@
 #include "poseidon/data/fashion_mnist.h"
 #include "poseidon/launch/env.h"
 #include "poseidon/launch/launcher.h"
+#include "poseidon/torch/train/outputs.h"
 #include "poseidon/torch/trainer.h"
 #include "poseidon/transport/van.h"
 
@@ -348,7 +349,7 @@ int launchWorkers(const TrainFlags& t, const std::vector<std::string>& args) {
   LaunchResult r = launchLocal(lo);
   if (r.exitCode == pt::kExitDiverged) return r.exitCode;  // rank 0 said where and what to try
   if (r.exitCode != 0) {
-    std::cerr << "poseidon train: " << r.failure << "; stopped the other workers\n";
+    std::cerr << "poseidon train: " << r.failure << (r.interrupted ? "" : "; stopped the other workers") << "\n";
     return r.exitCode;
   }
   if (!o.tracePath.empty()) {
@@ -401,6 +402,14 @@ int trainCommand(const std::vector<std::string>& args) {
   if (env.present) return pt::trainRank(o, t.hooks, env);
   // Starting the workers itself: their options' errors once, before any worker starts.
   pt::validateTrainOptions(o, t.hooks, o.workers);
+  // And the output paths and --bind: one line here rather than each rank's and the launcher's echo.
+  pt::checkOutputPaths(o, 0);
+  if (!o.bindHost.empty()) {
+    if (const std::string why = Van::bindHostError(o.bindHost); !why.empty()) {
+      throw InvalidArgument(strCat("--bind ", o.bindHost, ": the workers cannot listen there (", why,
+                                   "); it must be an address or interface of this machine"));
+    }
+  }
   // A world of one on a free port (DistributedOptions::fromEnvironment), in this process; with
   // --max-restarts it is a child of the launcher like any other world, so that it can be restarted.
   if (o.workers == 1 && t.maxRestarts == 0) {

@@ -19,6 +19,7 @@
 #include "poseidon/cli/flags.h"
 #include "poseidon/cli/tuner.h"
 #include "poseidon/common/error.h"
+#include "poseidon/common/file.h"
 #include "poseidon/launch/env.h"
 #include "poseidon/model/zoo.h"
 #include "poseidon/planner/planner.h"
@@ -211,7 +212,7 @@ void tuneAtEachRate(TuneArgs& a, const std::vector<double>& rates, nlohmann::jso
     runs.push_back(std::move(r));
     // Written after each rate: a long tune stopped later keeps what it finished.
     result["runs"] = runs;
-    if (!jsonPath.empty()) std::ofstream(jsonPath) << result.dump(2) << "\n";
+    if (!jsonPath.empty()) writeFileAtomically(jsonPath, result.dump(2) + "\n", "--json");
     if (!mdPath.empty()) writeMarkdown(mdPath, result);
   }
   h.cluster = nullptr;
@@ -241,11 +242,15 @@ int tuneCommand(const std::vector<std::string>& given) {
     std::cout << flags.helpText();
     return 0;
   }
+  // Before the first probe, not after the tuning whose results they would lose.
+  if (!a.jsonPath.empty()) checkOutputFile("--json", a.jsonPath);
+  if (!a.mdPath.empty()) checkOutputFile("--markdown", a.mdPath);
   finishConfig(a);
   std::vector<double> rates = parseRates(a.ratesFlag);
   if (rates.empty()) throw InvalidArgument("--rates must not be empty");
   requireEmulatedCluster();
-  h.prepare("poseidon-tune");
+  const WorkDir work("poseidon-tune", a.keep, "logs and checkpoints");
+  h.prepare(work.path());
 
   nlohmann::json result;
   result["config"] = h.config(commandLine("poseidon tune", args), rates);
@@ -262,10 +267,6 @@ int tuneCommand(const std::vector<std::string>& given) {
   tuneAtEachRate(a, rates, result);
   if (!a.jsonPath.empty()) std::printf("results: %s\n", a.jsonPath.c_str());
   if (!a.mdPath.empty()) std::printf("table: %s\n", a.mdPath.c_str());
-  if (a.keep)
-    std::printf("logs and checkpoints: %s\n", h.work.c_str());
-  else
-    fs::remove_all(h.work);
   return 0;
 }
 

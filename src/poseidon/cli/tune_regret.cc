@@ -47,6 +47,7 @@
 #include "poseidon/cli/tune_virtual.h"
 #include "poseidon/cli/tuner.h"
 #include "poseidon/common/error.h"
+#include "poseidon/common/file.h"
 #include "poseidon/model/zoo.h"
 #include "poseidon/planner/planner.h"
 #include "poseidon/torch/virtual_race.h"
@@ -248,6 +249,9 @@ int tuneRegretCommand(const std::vector<std::string>& args) {
     std::cout << flags.helpText();
     return 0;
   }
+  // Before the minutes of runs, not after them.
+  if (!a.jsonPath.empty()) checkOutputFile("--json", a.jsonPath);
+  if (!a.mdPath.empty()) checkOutputFile("--markdown", a.mdPath);
   finishArgs(a);
   const auto wall0 = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count(); };
@@ -318,7 +322,7 @@ int tuneRegretCommand(const std::vector<std::string>& args) {
     try {
       old = nlohmann::json::parse(in);
     } catch (const std::exception& e) {
-      throw InvalidArgument(strCat("--grid-from ", a.gridFrom, ": not JSON (", e.what(), ")"));
+      throw InvalidArgument(strCat("--grid-from ", a.gridFrom, ": not JSON (", jsonErrorText(e), ")"));
     }
     if (old.value("grid_key", nlohmann::json()) != gridKey || !old.contains("grid_curves") ||
         old["grid_curves"].size() != configs.size()) {
@@ -579,7 +583,7 @@ int tuneRegretCommand(const std::vector<std::string>& args) {
       fmtFinite(result["regret_median"].is_number() ? result["regret_median"].get<double>() : kInf, "%.3f").c_str(),
       first.c_str(), 100 * result["tuning_share_median"].get<double>(), best, elapsed());
   if (!a.jsonPath.empty()) {
-    std::ofstream(a.jsonPath) << result.dump(2) << "\n";
+    writeFileAtomically(a.jsonPath, result.dump(2) + "\n", "--json");
     std::printf("results: %s\n", a.jsonPath.c_str());
   }
   if (!a.mdPath.empty()) {

@@ -36,6 +36,17 @@ class IoError : public Error {
   using Error::Error;
 };
 
+// A command that catches SIGINT, SIGTERM or SIGHUP to clean up first (poseidon bench, tune) was
+// stopped by one: main exits 128 + signal(), the status a shell gives a process the signal killed.
+class InterruptedError : public Error {
+ public:
+  InterruptedError(const std::string& what, int signal) : Error(what), signal_(signal) {}
+  int signal() const { return signal_; }
+
+ private:
+  int signal_;
+};
+
 // A peer sent something that does not follow the protocol.
 class ProtocolError : public Error {
  public:

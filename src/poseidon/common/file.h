@@ -1,6 +1,8 @@
-// Small files written whole: summaries, traces, progress reports.
+// Small files written whole: summaries, traces, progress reports; and the check, before a long run,
+// that its outputs can be written at all.
 #pragma once
 
+#include <exception>
 #include <string>
 
 namespace poseidon {
@@ -9,5 +11,18 @@ namespace poseidon {
 // file. Throws IoError("cannot write <what> <path>"). (Checkpoints, which must also survive a
 // crash, add fsync: torch/checkpoint.cc.)
 void writeFileAtomically(const std::string& path, const std::string& text, const std::string& what);
+
+// Before a run that writes `path` at its end: throws InvalidArgument("<flag> <path>: ...") unless a
+// file can be made there - not a directory, and a file can be created (and is removed) beside it,
+// the one check that sees a missing directory, permissions and a read-only file system alike. An
+// hour's results are not lost to a typo found at the end.
+void checkOutputFile(const std::string& flag, const std::string& path);
+// The same for a directory a run writes files into, created (with its parents) if missing.
+void checkOutputDirectory(const std::string& flag, const std::string& dir);
+
+// A JSON library error as a user reads it: "parse error at line 1, column 1: syntax error while
+// parsing value - invalid literal; last read: 'x'", without nlohmann's "[json.exception.parse_error.101] "
+// in front (any other exception's text as it is).
+std::string jsonErrorText(const std::exception& e);
 
 }  // namespace poseidon

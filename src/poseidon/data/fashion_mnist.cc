@@ -182,7 +182,14 @@ uint64_t uniformBelow(std::mt19937_64& rng, uint64_t bound) {
 }  // namespace
 
 Dataset loadFashionMnist(const std::string& dir, bool train) {
-  if (!isDirectory(dir)) throw InvalidArgument(notFoundMessage(dir));
+  if (!isDirectory(dir)) {
+    struct stat st;
+    if (::stat(dir.c_str(), &st) == 0) {  // there, but a file: the directory holding it was meant
+      throw InvalidArgument(strCat("Fashion-MNIST: ", dir,
+                                   " is a file, not a directory (--data names the directory of the four IDX files)"));
+    }
+    throw InvalidArgument(notFoundMessage(dir));
+  }
   const std::string prefix = train ? "train" : "t10k";
   const std::string imagesPath = findIdxFile(dir, prefix + "-images-idx3-ubyte");
   const std::string labelsPath = findIdxFile(dir, prefix + "-labels-idx1-ubyte");

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "poseidon/common/error.h"
+#include "poseidon/common/file.h"
 
 namespace poseidon {
 namespace {
@@ -259,7 +260,7 @@ ModelDesc loadModelTable(const std::string& path) {
   try {
     root = Json::parse(in);
   } catch (const Json::exception& e) {
-    throw InvalidArgument(strCat("model table '", path, "' is not valid JSON: ", e.what()));
+    throw InvalidArgument(strCat("model table '", path, "' is not valid JSON: ", jsonErrorText(e)));
   }
   return TableReader(path).read(root);
 }

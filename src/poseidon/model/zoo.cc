@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <sstream>
 
 #include "poseidon/common/error.h"
@@ -431,7 +432,13 @@ ModelDesc zooModel(const std::string& name, double widthScale) {
 }
 
 ModelDesc resolveModel(const std::string& nameOrPath, double widthScale) {
-  if (!looksLikePath(nameOrPath)) return zooModel(nameOrPath, widthScale);
+  // A name that is no zoo model but a file or directory here ("tables", "vgg.txt") is the path the
+  // user meant: its own error ("is a directory", "is not valid JSON") says more than "unknown model".
+  const bool zooName = std::any_of(zooModels().begin(), zooModels().end(),
+                                   [&](const ZooModel& m) { return m.entry.name == nameOrPath; });
+  std::error_code ec;
+  const bool onDisk = !zooName && std::filesystem::exists(nameOrPath, ec);
+  if (!looksLikePath(nameOrPath) && !onDisk) return zooModel(nameOrPath, widthScale);
   // A table's widths are what the file says; scaling them would silently
   // produce a different model than the one the user wrote down.
   if (widthScale != 1.0)

@@ -7,6 +7,7 @@
 
 #include "poseidon/torch/device_staging.h"
 #include "poseidon/torch/models.h"
+#include "poseidon/torch/train/modes.h"
 #include "poseidon/torch/train/rank_run.h"
 
 namespace poseidon::pt {
@@ -43,7 +44,8 @@ void checkDevice(const std::string& device) { selectDevice(device, 0); }
 void validateTrainOptions(const TrainOptions& options, const TrainHooks& hooks, int world) {
   const TrainOptions o = resolveGroupBatch(options, world);
   validateRankOptions(o, hooks, world);
-  makeModel(o.model);
+  const AnyNet net = makeModel(o.model);
+  if (o.mergedFc) checkMergedFcModel(net, o.model);
 }
 
 int trainRank(const TrainOptions& options, const TrainHooks& hooks, const RankEnv& env) {

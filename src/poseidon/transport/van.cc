@@ -40,6 +40,18 @@ void Van::rejected(const std::string& peer, const std::string& why) {
   }
 }
 
+std::string Van::bindHostError(const std::string& host) {
+  zmq::context_t ctx(1);
+  zmq::socket_t probe(ctx, zmq::socket_type::router);
+  probe.set(zmq::sockopt::linger, 0);
+  try {
+    probe.bind("tcp://" + host + ":*");
+  } catch (const zmq::error_t& e) {
+    return e.what();
+  }
+  return "";
+}
+
 Van::Van(zmq::context_t& ctx, const VanOptions& given)
     : ctx_(ctx),
       options_(given),
@@ -84,7 +96,7 @@ Van::Van(zmq::context_t& ctx, const VanOptions& given)
   // conv layer urgent and two-band queues at 16 nodes: 25-33 TCP timeouts a run, 1.21x the bound).
   if (options.sendWindowBytes > 0 && options.urgentLayers != 0) router_.set(zmq::sockopt::tos, kUrgentTos);
   if (options.curve) makeCurveServer(router_, *options.curve);
-  std::string want = "tcp://" + options.bindHost + ":" + (options.port ? std::to_string(options.port) : "*");
+  const std::string want = "tcp://" + options.bindHost + ":" + (options.port ? std::to_string(options.port) : "*");
   try {
     router_.bind(want);
   } catch (const zmq::error_t& e) {

@@ -192,6 +192,10 @@ class Van {
   static constexpr int kReceiveManyPeers = 8;
   // IP TOS of the urgent connections: IPTOS_LOWDELAY, which Linux maps to TC_PRIO_INTERACTIVE (band 0).
   static constexpr int kUrgentTos = 0x10;
+  // Why a data endpoint cannot be bound on `host` (an address or interface of this machine, as
+  // VanOptions::bindHost), found by binding one to a free port and closing it; empty when it can.
+  // For a launcher to say so once before its ranks each fail to.
+  static std::string bindHostError(const std::string& host);
   Van(zmq::context_t& ctx, const VanOptions& options);
   ~Van();
   Van(const Van&) = delete;

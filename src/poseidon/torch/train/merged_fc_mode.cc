@@ -9,14 +9,18 @@
 
 namespace poseidon::pt {
 
-MergedFcMode::MergedFcMode(RankContext& c) : GroupMode(c) {
-  const AnyNet& net = c_.net;
+void checkMergedFcModel(const AnyNet& net, const std::string& model) {
   if (!net.classifier) {
     throw InvalidArgument(
         "--merged-fc needs a model with conv features and an FC classifier (lenet, "
         "cifar10-quick); " +
-        c_.o.model + " is all FC");
+        model + " is all FC");
   }
+}
+
+MergedFcMode::MergedFcMode(RankContext& c) : GroupMode(c) {
+  const AnyNet& net = c_.net;
+  checkMergedFcModel(net, c_.o.model);
   for (const auto& l : partsOf(*net.module, net.name).layers) {
     if (onFcServer(l.name)) classifierParams_.insert(classifierParams_.end(), l.params.begin(), l.params.end());
   }

@@ -93,6 +93,10 @@ void validateModeOptions(const TrainOptions& o, int world) {
                                                : nullptr;
     if (other) throw InvalidArgument(strCat("--overlap-forward cannot be combined with ", other));
   }
+  // The coordinator says the same at rendezvous (every rank is a worker in train).
+  if (o.dropStragglers > 0 && o.dropStragglers >= world) {
+    throw InvalidArgument(strCat("--drop-stragglers ", o.dropStragglers, " must be less than the ", world, " workers"));
+  }
   if (o.sendWindowBytes > 0 && o.sendWindowBytes < Van::kMinSendWindow) {
     throw InvalidArgument(
         strCat("--send-window must be 0 (FIFO links), -1 (the runtime's default) or at least ", Van::kMinSendWindow,

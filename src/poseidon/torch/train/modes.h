@@ -98,6 +98,10 @@ class GroupMode : public TrainMode {
   int64_t pacedPushes_ = 0;
 };
 
+// InvalidArgument unless `net` (the model `model`) has conv features and an FC classifier, as
+// --merged-fc needs.
+void checkMergedFcModel(const AnyNet& net, const std::string& model);
+
 // --merged-fc: Omnivore's merged FC (V-A). The conv layers train in compute groups; the FC layers
 // run on rank 0's FC server, model-parallel: each step a worker sends it its features and gets their
 // gradient back. merged_fc_mode.cc

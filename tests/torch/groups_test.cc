@@ -441,6 +441,8 @@ TEST(ComputeGroups, CheckpointsHoldTheShardsStateAndResumeExactly) {
   auto other = testing::runCli(job({"--max-steps", "12", "--groups", "4", "--checkpoint", ck2}), dir.path + "/other");
   EXPECT_EQ(other.exitCode(), 2);
   EXPECT_THAT(other.stderrText(), HasSubstr("was written with --groups 2, this run has 4 (--regroup allows it)"));
+  const std::string otherErr = other.stderrText();
+  EXPECT_EQ(std::count(otherErr.begin(), otherErr.end(), '\n'), 1) << otherErr;  // once, not once per worker
   // Unless asked for (poseidon tune changes g between its epochs): the shards then serve exactly
   // the checkpoint's model to four groups, and go on from it.
   auto regrouped = testing::runCli(job({"--max-steps", "10", "--groups", "4", "--regroup", "--checkpoint", ck2,

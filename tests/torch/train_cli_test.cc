@@ -411,6 +411,18 @@ TEST(TrainCli, UnwritableOutputPathsFailBeforeTraining) {
   }
 }
 
+// --timeout is in milliseconds: "--timeout 5" meant as seconds would fail the rendezvous with what
+// looks like a network problem. One warning, up front, from the command (not again from its rank 0).
+TEST(TrainCli, ASubSecondTimeoutIsSaidToBeMilliseconds) {
+  TempDir dir;
+  auto p = run({"train", "--workers", "2", "--timeout", "5", "--max-steps", "2", "--train-limit", "64", "--quiet"},
+               dir.path + "/t", 120);
+  const std::string err = p.stderrText(),
+                    warning = "warning: --timeout 5 is in milliseconds: every distributed wait gives up after 0.005 s";
+  EXPECT_EQ(err.rfind("poseidon train: " + warning + "\n", 0), 0u) << err;
+  EXPECT_EQ(err.find(warning), err.rfind(warning)) << "said more than once: " << err;
+}
+
 // Two ranks that share nothing but the coordinator's address: each binds its
 // own loopback address, proving nothing assumes one host address.
 TEST(TrainCli, TwoRanksOnTwoLoopbackAddresses) {

@@ -391,6 +391,13 @@ int trainCommand(const std::vector<std::string>& args) {
     throw InvalidArgument(strCat("--workers ", o.workers, " disagrees with the launcher's world size ", env.worldSize,
                                  " (", env.source, ": ", env.origin, ")"));
   }
+  // "--timeout 30" meant as seconds gives up every wait after 30 ms, and the rendezvous then fails with
+  // a timeout that looks like a network problem: said once, up front (by rank 0, unless this train
+  // started it and said it already).
+  if (o.timeoutMs < 1000 && (!env.present || (env.rank == 0 && env.source != "poseidon train"))) {
+    std::cerr << "poseidon train: warning: --timeout " << o.timeoutMs
+              << " is in milliseconds: every distributed wait gives up after " << o.timeoutMs / 1000.0 << " s\n";
+  }
   // Restarts are the launcher's: a rank cannot restart itself (poseidon train strips the flag from
   // the workers it starts).
   if (env.present && flags.wasSet("max-restarts")) {

@@ -282,6 +282,21 @@ nlohmann::json CheckpointMeta::toJson() const {
   return j;
 }
 
+void checkCheckpointLayout(const std::string& dir, const CheckpointMeta& expect) {
+  const auto all = listComplete(dir);
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    const std::string path = it->second.string();
+    try {
+      const nlohmann::json j = readMeta(path);
+      if (hasChecksums(j)) verifyMeta(path, j);
+      checkLayout(path, parseMeta(path, j), expect);
+      return;
+    } catch (const CheckpointDamaged&) {
+      // Skipped for an older one, as resumeFromNewest skips it (and says so).
+    }
+  }
+}
+
 std::string newestCheckpoint(const std::string& dir) {
   auto all = listComplete(dir);
   return all.empty() ? std::string() : all.back().second.string();

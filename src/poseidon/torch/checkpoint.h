@@ -74,6 +74,11 @@ std::string saveCheckpoint(const std::string& dir, const CheckpointMeta& meta, t
 CheckpointMeta loadCheckpoint(const std::string& path, const CheckpointMeta& expect, torch::nn::Module& module,
                               torch::optim::Optimizer& optimizer, std::vector<std::string>* warnings = nullptr);
 
+// The job layout of the newest checkpoint in dir whose meta.json is intact, checked against `expect`
+// as loadCheckpoint checks it (InvalidArgument naming the mismatch), without loading its files: for a
+// launcher, before each of its ranks finds the mismatch. No checkpoint in dir: nothing to check.
+void checkCheckpointLayout(const std::string& dir, const CheckpointMeta& expect);
+
 struct Resumed {
   std::string path;  // "" when dir holds no checkpoint
   CheckpointMeta meta;

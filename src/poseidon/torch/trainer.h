@@ -164,7 +164,7 @@ constexpr int kExitDiverged = 3;
 TrainOptions resolveGroupBatch(TrainOptions o, int world);
 
 // Every check of the options that needs no peer (their values, the mode's combinations, the model's
-// name), as each rank makes them when it starts: poseidon train makes them once before it starts its
+// name, the newest checkpoint's job layout), as each rank makes them when it starts: poseidon train makes them once before it starts its
 // workers, so that a bad option is one line, not one per worker. Throws InvalidArgument.
 void validateTrainOptions(const TrainOptions& options, const TrainHooks& hooks, int world);
 

@@ -23,6 +23,8 @@ import datetime
 import faulthandler
 import math
 import numbers
+import sys
+import traceback
 import weakref
 
 import torch
@@ -485,6 +487,8 @@ class DistributedModel(torch.nn.Module):
     def forward(self, *args, **kwargs):
         if not (self.training and torch.is_grad_enabled()):
             self._flush()  # an evaluation sees every update
+            if self._impl is not None and not self._impl.closed:
+                self._impl.note_evaluation_forward()  # a step() after it says to call train()
             return self.module(*args, **kwargs)
         if self._impl is None:
             first = next((a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)), None)
@@ -600,6 +604,11 @@ class DistributedModel(torch.nn.Module):
         if self._impl is not None:
             self._impl.close()
 
+    def _fail_job(self, reason):
+        """Fails the job with `reason`: every peer stops at once and says it (an uncaught exception here)."""
+        if self._impl is not None and not self._impl.closed:
+            self._impl.fail_job(reason)
+
     # ---- introspection ----------------------------------------------------------------------------
 
     def allsum(self, values):
@@ -621,6 +630,27 @@ class DistributedModel(torch.nn.Module):
         impl = self._runtime()
         return {"rank": impl.rank, "workers": impl.workers, "batch": self._batch, "layers": self.plan(),
                 "bytes_sent": impl.bytes_sent()}
+
+
+_previous_excepthook = sys.excepthook
+
+
+def _fail_jobs_on_uncaught(kind, value, tb):
+    # An uncaught exception ends this rank: its peers stop at once with what it died of ("rank 1 failed
+    # (at its iteration 3): its program raised ValueError: bad label 7"), not "left the job before
+    # finish()", and the launcher's closing line can name it. Then Python's own report, as always.
+    what = traceback.format_exception_only(kind, value)
+    last = "".join(what).strip().splitlines()
+    reason = "its program raised " + (last[-1] if last else kind.__name__)
+    for model in list(_live):
+        try:
+            model._fail_job(reason)
+        except Exception:  # noqa: BLE001 - the report below must still happen
+            pass
+    _previous_excepthook(kind, value, tb)
+
+
+sys.excepthook = _fail_jobs_on_uncaught
 
 
 @atexit.register

@@ -207,7 +207,8 @@ def _verified(path):
 def load_checkpoint(directory, model, optimizer):
     """Loads the newest intact checkpoint in `directory` into model and optimizer.
 
-    Returns its meta dict (with "iteration"), or None when there is no checkpoint. A damaged one is
+    Returns its meta dict (with "iteration"), or None when there is no checkpoint (`directory` missing or
+    empty: a first run; a file there raises InvalidArgument). A damaged one is
     refused by name (a warning on stderr) and the next older is tried; when none is intact, raises
     CheckpointDamaged naming them.
     """
@@ -216,6 +217,9 @@ def load_checkpoint(directory, model, optimizer):
         from ._poseidon import InvalidArgument
         raise InvalidArgument("load_checkpoint: this compute-group job has started, and its shards hold the model; "
                               "load the checkpoint into the module and the optimizer before wrapping it")
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        from ._poseidon import InvalidArgument
+        raise InvalidArgument("load_checkpoint: %s is a file, not a checkpoint directory" % directory)
     refused = []
     for _, path in reversed(_complete(directory)):
         try:

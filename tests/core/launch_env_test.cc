@@ -103,6 +103,11 @@ TEST(LaunchEnv, AWorldOfManyNeedsMasterAddrUnderEveryLauncher) {
   EXPECT_EQ(refusal({{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "3"}, {"SLURM_STEP_ID", "0"}, {"MASTER_ADDR", ""}}),
             "started by slurm (SLURM_PROCID=2 SLURM_NTASKS=3) but MASTER_ADDR is not set: export "
             "MASTER_ADDR=<address of rank 0's machine> (127.0.0.1 when every rank runs on this one)");
+  // A world without ranks would be one process on its own, reporting success.
+  EXPECT_EQ(refusal({{"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h0"}}),
+            "WORLD_SIZE=2 is set but RANK is not: each process of the world needs its own (torchrun convention); "
+            "unset WORLD_SIZE to run alone");
+  EXPECT_FALSE(envOf({{"WORLD_SIZE", "1"}}).present);  // a world of one is one
   // A world of one is its own coordinator: no address needed.
   EXPECT_EQ(envOf({{"RANK", "0"}, {"WORLD_SIZE", "1"}}).masterAddr, "127.0.0.1");
   EXPECT_EQ(refusal({{"SLURM_PROCID", "0"}, {"SLURM_STEP_ID", "0"}}),

@@ -729,6 +729,16 @@ TEST(CliFlags, EnvironmentIsCheckedOnceAndNamed) {
            "POSEIDON_FAULT='-1:3:kill' is not RANK:ITERATION:kill|stop (RANK, ITERATION >= 0)");
   rejected({"train", "--workers", "2"}, {{"POSEIDON_SLOW", "2:50"}},
            "POSEIDON_SLOW names rank 2, but the job's ranks are 0..1");
+  // A step of 1e300 ms overflowed the wait and was not padded at all, reported as padded.
+  rejected({"train", "--workers", "2"}, {{"POSEIDON_SLOW", "1:1e300"}},
+           "POSEIDON_SLOW='1:1e300' is not RANK:MS (RANK >= 0, MS in [0, 3600000] milliseconds per step)");
+  // Empty is unset, as for every other variable: the error is the next one.
+  rejected({"train", "--workers", "2", "--servers", "5"}, {{"POSEIDON_FAULT", ""}, {"POSEIDON_SLOW", ""}},
+           "--servers 5 exceeds the job's 2 ranks (each shard is a rank)");
+  // WORLD_SIZE without RANK would train alone and report success.
+  rejected({"train"}, {{"WORLD_SIZE", "2"}},
+           "WORLD_SIZE=2 is set but RANK is not: each process of the world needs its own (torchrun convention); "
+           "unset WORLD_SIZE to run alone");
   // Errors about the world name the variables that made it.
   rejected({"train", "--workers", "3"},
            {{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_STEP_ID", "0"}, {"MASTER_ADDR", "127.0.0.1"}},
@@ -761,6 +771,11 @@ TEST(CliFlags, TrainRefusesFlagsThatNeedAnother) {
   expectRejected({{"train", "--pad-ms", "10", "--pad-forward-share", "0.5"},
                   "--pad-forward-share needs --pad-ms MS and --overlap-forward; without it the flag would change "
                   "nothing"});
+  // A curve point past the run's end: the summary's curve was empty, without a word.
+  expectRejected({{"train", "--curve-every", "100", "--max-steps", "5"},
+                  "--curve-every 100 is past the run's --max-steps 5: the curve would have no point"});
+  // A pad past ~1e16 ms overflowed the wait: the steps were not padded, the run said they were.
+  expectRejected({{"train", "--pad-ms", "1e300"}, "--pad-ms must be in [0, 3600000], got 1e300"});
 }
 
 // bench --accuracy and tune --regret pick another flag set; as the boolean flags --help lists them,

@@ -48,8 +48,9 @@ class Lifecycle(TempDirTest):
         self.assertClean(run)
         self.assertIn("[rank 1] RuntimeError: rank 1 fails at step 3 on purpose", run.err)
         self.assertIn("Traceback", run.err)
-        # The others learn at once why (rank 1 left before finish()), not after their timeout.
-        self.assertRegex(run.err, r"\[rank [023]\] .*rank 1 failed .*rank 1 left the job before finish\(\)")
+        # The others learn at once why (what rank 1's program raised), not after their timeout.
+        self.assertRegex(run.err, r"\[rank [023]\] .*rank 1 failed .*its program raised RuntimeError: rank 1 fails at "
+                                  r"step 3 on purpose")
         self.assertLess(run.seconds, timeout, str(run))
 
     def test_a_program_that_never_calls_finish_exits_cleanly(self):
@@ -63,6 +64,7 @@ class Lifecycle(TempDirTest):
         run = alone(script)
         self.assertEqual(run.code, 0, str(run))
         self.assertIn("trained without finish", run.out)
+        self.assertNotIn("error", run.err)  # a world of one has no peer to tell it left
         self.assertClean(run)
 
     def test_network_knobs_are_checked_and_taken(self):
@@ -169,6 +171,68 @@ class Lifecycle(TempDirTest):
         # d(sum of outputs)/dW = 3 (rows) x 1 (input) per entry; lr 0.5: every weight moves by 1.5.
         self.assertIn("evaluated, weight moved by 1.5", run.out)
         self.assertClean(run)
+
+    def test_an_uncaught_exception_is_what_the_job_reports(self):
+        script = self.path("raise.py")
+        with open(script, "w") as f:
+            f.write("import os, torch, poseidon\n"
+                    "rank = int(os.environ['RANK'])\n"
+                    "m = poseidon.DistributedModel(torch.nn.Linear(3, 1), batch=1)\n"
+                    "for step in range(3):\n"
+                    "    m(torch.ones(1, 3)).sum().backward()\n"
+                    "    if rank == 1 and step == 1:\n"
+                    "        raise ValueError('my bug: bad label 7')\n"
+                    "    m.synchronize()\n"
+                    "m.finish()\n")
+        run = launch(2, script)
+        self.assertEqual(run.code, 1, str(run))
+        # Whichever rank the launcher saw fail first, its closing line names what rank 1 died of (it named
+        # the runtime's "left the job before finish()", the last line after the traceback).
+        closing = [line for line in run.err.splitlines() if line.startswith("poseidon launch: ")]
+        self.assertEqual(len(closing), 1, str(run))
+        self.assertIn("ValueError: my bug: bad label 7", closing[0])
+        self.assertNotIn("left the job before finish()", run.err)
+        self.assertClean(run)
+
+    def test_first_mistakes_say_what_to_do(self):
+        script = self.path("mistakes.py")
+        with open(script, "w") as f:
+            f.write("import torch, poseidon\n"
+                    "lin = torch.nn.Linear(3, 1)\n"
+                    "opt = torch.optim.SGD(lin.parameters(), lr=0.1)\n"
+                    "try:\n"  # a file where the checkpoint directory goes: not 'no checkpoint yet'
+                    "    poseidon.load_checkpoint(__file__, lin, opt)\n"
+                    "except Exception as e:\n"
+                    "    print('refused:', type(e).__name__, e)\n"
+                    "print('no checkpoint yet:', poseidon.load_checkpoint(__file__ + '.d', lin, opt))\n"
+                    "m = poseidon.DistributedModel(lin, batch=1)\n"
+                    "m.eval()\n"  # an evaluation left the model in eval mode
+                    "m(torch.ones(1, 3)).sum().backward()\n"
+                    "try:\n"
+                    "    m.synchronize()\n"
+                    "except Exception as e:\n"
+                    "    print('refused:', type(e).__name__, e)\n")
+        run = alone(script)
+        self.assertEqual(run.code, 0, str(run))
+        self.assertIn("refused: InvalidArgument load_checkpoint: %s is a file, not a checkpoint directory" % script,
+                      run.out)
+        self.assertIn("no checkpoint yet: None", run.out)
+        self.assertIn("refused: InvalidArgument synchronize()/step() after a forward() in eval mode or under no_grad, "
+                      "which is not tracked (evaluation): call train() on the model (model.train() in Python) before "
+                      "the training forward", run.out)
+        self.assertClean(run)
+        # POSEIDON_LOG is the package's too: debug lines appear, a bad value fails the import by name.
+        os.environ["POSEIDON_LOG"] = "debug"
+        try:
+            debug = alone(script)
+            os.environ["POSEIDON_LOG"] = "verbose"
+            bad = alone(script)
+        finally:
+            del os.environ["POSEIDON_LOG"]
+        self.assertIn("debug:", debug.err, str(debug))
+        self.assertNotEqual(bad.code, 0)
+        self.assertIn("POSEIDON_LOG: unknown log level 'verbose' (expected debug, info, warning, error or off)",
+                      bad.err)
 
     def test_checkpoint_resume_equals_an_uninterrupted_run(self):
         straight = launch(2, JOB, "lenet", self.path("straight.pt"), "--steps", "10")

@@ -571,6 +571,20 @@ TEST(LaunchCli, StoppingARankStopsWhatItStarted) {
   }
 }
 
+// A rank that died of a Python exception: the closing line names the traceback's exception, not
+// the lines printed after it (the runtime's exit messages).
+TEST(LaunchCli, TheClosingLineNamesAPythonException) {
+  TempDir dir;
+  auto p = run({"launch", "-n", "2", "--", "/bin/sh", "-c",
+                "if [ \"$RANK\" = 1 ]; then printf 'Traceback (most recent call last):\\n  File \"x.py\", line 1, in "
+                "<module>\\nValueError: bad label 7\\n[poseidon] error: after the traceback\\n' >&2; exit 1; fi; exec "
+                "sleep 60"},
+               dir.path + "/l", 120);
+  EXPECT_EQ(p.exitCode(), 1) << p.stderrText();
+  EXPECT_THAT(p.stderrText(),
+              HasSubstr("poseidon launch: rank 1 exited with code 1: ValueError: bad label 7; stopped the other ranks\n"));
+}
+
 // Ctrl-C at the launcher: every rank is stopped, one line says so (not "...; stopped the other ranks"
 // after it), and the exit status is the shell's for SIGINT. The ranks were told who started them.
 TEST(LaunchCli, InterruptStopsEveryRankWithOneLine) {

@@ -428,7 +428,8 @@ void addAccuracyFlags(FlagSet& flags, AccuracyArgs& a) {
   flags.addString("rates", &a.ratesFlag, "comma-separated link rates in Mbit/s, > 0", "LIST");
   flags.addInt("nodes", &a.h.nodes, "nodes (workers), one process each", "N", IntRange::closed(2, 64));
   flags.addInt64("batch", &a.h.batch, "per-worker batch", "K", IntRange::closed(1, 60000));
-  flags.addDouble("pad-ms", &a.h.padMs, "modeled compute time per step, in milliseconds", "MS", RealRange::atLeast(0));
+  flags.addDouble("pad-ms", &a.h.padMs, "modeled compute time per step, in milliseconds", "MS",
+                  RealRange::closed(0, kMaxPadMs));
   flags.addInt64("pair-bytes", &a.h.pairBytes,
                  "Poseidon's KV pair size (in one 2 MB pair LeNet's ip1, 1.6 MB, would sit on one shard)", "BYTES",
                  IntRange::closed(kMinPairBytes, kMaxPairBytes));
@@ -453,7 +454,7 @@ void addAccuracyFlags(FlagSet& flags, AccuracyArgs& a) {
   flags.addDouble("pad-jitter-ms", &a.h.padJitterMs,
                   "add to each step's pad an exponential wait of this mean (per rank): varying step times, "
                   "stragglers, Theorem 1's assumption",
-                  "MS", RealRange::atLeast(0));
+                  "MS", RealRange::closed(0, kMaxPadMs));
   flags.addInt("steps", &a.h.steps, "training steps per run", "N", IntRange::atLeast(1));
   flags.addInt("curve-every", &a.h.curveEvery, "steps between the model copies tested for the curve", "N",
                IntRange::atLeast(1));

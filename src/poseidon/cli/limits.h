@@ -29,5 +29,9 @@ constexpr int64_t kMaxDropStragglers = kMaxRanks - 1;
 // 1024 is far above any core count this runs on; Node::start refuses more
 // syncer threads too (client/node.cc), for Python and C++ users.
 constexpr int64_t kMaxThreadsPerWorker = 1024;
+// A modeled step (--pad-ms, --pad-jitter-ms, POSEIDON_SLOW's MS): at most an hour. Past ~1e16 ms the
+// wait's conversion to a clock duration overflows and the step was not padded at all, while the
+// run reported it padded and exited 0.
+constexpr double kMaxPadMs = 3600e3;
 
 }  // namespace poseidon::cli

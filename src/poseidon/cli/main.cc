@@ -65,13 +65,7 @@ int main(int argc, char** argv) {
   installCrashReport(crashName.c_str());
   try {
     // POSEIDON_LOG: empty is unset, as for every other variable; a bad value names the variable.
-    if (const char* level = std::getenv("POSEIDON_LOG"); level && *level) {
-      try {
-        setLogLevel(parseLogLevel(level));
-      } catch (const InvalidArgument& e) {
-        throw InvalidArgument(strCat("POSEIDON_LOG: ", e.what()));
-      }
-    }
+    setLogLevelFromEnvironment();
     if (cmd == "plan") return cli::planCommand(args);
     if (cmd == "launch") return cli::launchCommand(args);
     if (cmd == "train") return cli::trainCommand(args);

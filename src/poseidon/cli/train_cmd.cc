@@ -29,7 +29,8 @@ namespace {
 void readReliabilityEnvironment(pt::TrainHooks& o) {
   if (const char* p = std::getenv("POSEIDON_PROGRESS_FILE")) o.progressPath = p;
   if (const char* r = std::getenv("POSEIDON_RESTART_COUNT")) o.restartCount = std::atoi(r);
-  if (const char* f = std::getenv("POSEIDON_FAULT")) {
+  // Empty is unset, as for every other variable (docs/errors.md).
+  if (const char* f = std::getenv("POSEIDON_FAULT"); f && *f) {
     int rank = -1;
     long long step = -1;
     char sig[16] = {0};
@@ -41,11 +42,12 @@ void readReliabilityEnvironment(pt::TrainHooks& o) {
     o.faultStep = step;
     o.faultSignal = std::string(sig) == "kill" ? SIGKILL : SIGSTOP;
   }
-  if (const char* s = std::getenv("POSEIDON_SLOW")) {
+  if (const char* s = std::getenv("POSEIDON_SLOW"); s && *s) {
     char end = 0;
-    if (std::sscanf(s, "%d:%lf%c", &o.slowRank, &o.slowMs, &end) != 2 || o.slowRank < 0 || !(o.slowMs >= 0)) {
-      throw InvalidArgument(
-          strCat("POSEIDON_SLOW='", s, "' is not RANK:MS (RANK >= 0, MS >= 0 milliseconds per step)"));
+    if (std::sscanf(s, "%d:%lf%c", &o.slowRank, &o.slowMs, &end) != 2 || o.slowRank < 0 || !(o.slowMs >= 0) ||
+        o.slowMs > kMaxPadMs) {
+      throw InvalidArgument(strCat("POSEIDON_SLOW='", s, "' is not RANK:MS (RANK >= 0, MS in [0, ", static_cast<long long>(kMaxPadMs),
+                                   "] milliseconds per step)"));
     }
   }
 }
@@ -231,7 +233,7 @@ void addBenchAndOutputFlags(FlagSet& flags, TrainFlags& t) {
   flags.addDouble("pad-ms", &t.hooks.padMs,
                   "pad each step's compute (forward + backward, not network waits) to MS milliseconds, a modeled "
                   "device; steps whose real compute took longer are counted and reported (0: off)",
-                  "MS", RealRange::atLeast(0));
+                  "MS", RealRange::closed(0, kMaxPadMs));
   flags.addDouble("pad-forward-share", &t.hooks.padForwardShare,
                   "with --pad-ms and --overlap-forward: the modeled forward's share of the pad, spent layer by layer "
                   "after each layer's update is in (as the real forward's time divides among the layers), so that "
@@ -241,7 +243,7 @@ void addBenchAndOutputFlags(FlagSet& flags, TrainFlags& t) {
   flags.addDouble("pad-jitter-ms", &t.hooks.padJitterMs,
                   "with --pad-ms: add to each step's pad a wait drawn from an exponential distribution of mean MS "
                   "(per rank, from --seed): varying step times, as stragglers make them",
-                  "MS", RealRange::atLeast(0));
+                  "MS", RealRange::closed(0, kMaxPadMs));
   flags.addInt64("curve-every", &t.hooks.curveEvery,
                  "rank 0 keeps its model every N steps and, after the run, tests each copy on the whole test set: "
                  "the accuracy curve against the training clock, in the summary (0: off)",
@@ -323,6 +325,10 @@ void refuseUnpairedFlags(const FlagSet& flags, const TrainFlags& t) {
   for (const Needs& n : needs) {
     if (flags.wasSet(n.flag) && n.missing)
       throw InvalidArgument(strCat("--", n.flag, " needs ", n.other, "; without it the flag would change nothing"));
+  }
+  if (t.hooks.curveEvery > 0 && t.o.maxSteps > 0 && t.hooks.curveEvery > t.o.maxSteps) {
+    throw InvalidArgument(strCat("--curve-every ", t.hooks.curveEvery, " is past the run's --max-steps ", t.o.maxSteps,
+                                 ": the curve would have no point"));
   }
 }
 

@@ -17,6 +17,7 @@
 #include "poseidon/cli/bench_util.h"
 #include "poseidon/cli/commands.h"
 #include "poseidon/cli/flags.h"
+#include "poseidon/cli/limits.h"
 #include "poseidon/cli/tuner.h"
 #include "poseidon/common/error.h"
 #include "poseidon/common/file.h"
@@ -87,7 +88,8 @@ void addTuneFlags(FlagSet& flags, TuneArgs& a) {
   flags.addString("rates", &a.ratesFlag, "comma-separated link rates in Mbit/s: one tuned run each", "LIST");
   flags.addInt("nodes", &a.h.nodes, "nodes (workers), one process each", "N", IntRange::closed(2, 64));
   flags.addInt64("batch", &a.h.batch, "per-worker batch", "K", IntRange::closed(1, 60000));
-  flags.addDouble("pad-ms", &a.h.padMs, "modeled compute time per step, in milliseconds", "MS", RealRange::above(0));
+  flags.addDouble("pad-ms", &a.h.padMs, "modeled compute time per step, in milliseconds", "MS",
+                  RealRange::leftOpen(0, kMaxPadMs));
   flags.addInt64("pair-bytes", &a.h.pairBytes, "Poseidon's KV pair size", "BYTES", IntRange::closed(4, 1 << 30));
   flags.addInt("steps", &a.cfg.steps, "steps of the trained model (cold start included): the budget", "N",
                IntRange::atLeast(2));

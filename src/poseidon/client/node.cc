@@ -180,8 +180,9 @@ void Node::assemble() {
 
 Node::~Node() {
   // A rank that goes without finish() (its program ended or threw) tells its peers, so they stop
-  // now with that reason instead of declaring it lost after the timeout.
-  if (loop_.joinable() && !finished_ && !error_.failed()) {
+  // now with that reason instead of declaring it lost after the timeout. A world of one has no peer
+  // to tell, and its error line would only be noise after a clean exit.
+  if (loop_.joinable() && !finished_ && !error_.failed() && book_.worldSize() > 1) {
     fail(std::make_exception_ptr(AbortedError(
         strCat("rank ", rank(), " left the job before finish() (its program ended or threw an error)"))));
   }

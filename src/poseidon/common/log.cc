@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cctype>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 
@@ -29,6 +30,16 @@ LogLevel parseLogLevel(const std::string& given) {
   if (text == "off") return LogLevel::kOff;
   throw InvalidArgument("unknown log level '" + given +
                         "' (expected debug, info, warning, error or off)");
+}
+
+void setLogLevelFromEnvironment() {
+  const char* level = std::getenv("POSEIDON_LOG");
+  if (!level || !*level) return;
+  try {
+    setLogLevel(parseLogLevel(level));
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(strCat("POSEIDON_LOG: ", e.what()));
+  }
 }
 
 void setLogPrefix(const std::string& prefix) {

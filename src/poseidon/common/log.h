@@ -17,6 +17,9 @@ void setLogLevel(LogLevel level);
 LogLevel logLevel();
 // Parses "debug|info|warning|error|off"; throws InvalidArgument otherwise.
 LogLevel parseLogLevel(const std::string& text);
+// POSEIDON_LOG (empty: unset) as the level, for every entry point: the poseidon command and the
+// Python package. Throws InvalidArgument("POSEIDON_LOG: unknown log level ...").
+void setLogLevelFromEnvironment();
 void setLogPrefix(const std::string& prefix);
 
 class LogLine {

@@ -8,6 +8,7 @@
 #include "poseidon/common/ranks.h"
 #include "poseidon/coordinator/rendezvous.h"
 #include "poseidon/transport/multipart.h"
+#include "poseidon/transport/security.h"
 #include "poseidon/wire/messages.h"
 
 namespace poseidon {
@@ -75,9 +76,13 @@ class Rendezvous {
     std::vector<int> missing;
     for (int r = 0; r < worldSize_; ++r)
       if (!joined_.count(r)) missing.push_back(r);
+    const uint64_t refused = refusedNonMembers();
     failAll(strCat("waited ", timeout_.count() / 1000.0, " s for rank", missing.size() > 1 ? "s " : " ",
                    formatRanks(missing), " to join coordinator at ", address_,
-                   " (are they running, and do they use the same MASTER_ADDR/MASTER_PORT?)"));
+                   refused > 0 ? strCat(" (", refused,
+                                        " connections were refused for not holding this job's secret: do all ranks "
+                                        "share POSEIDON_SECRET or POSEIDON_SECRET_FILE?)")
+                               : " (are they running, and do they use the same MASTER_ADDR/MASTER_PORT?)"));
   }
 
   // One message on the socket: a join (or something malformed, answered with its error).

@@ -49,7 +49,17 @@ RankEnv rankFromEnvironment(const GetEnv& getenv) {
   };
   for (const auto& c : conventions) {
     const char* rank = getenv(c.rank);
-    if (!rank) continue;
+    if (!rank) {
+      // WORLD_SIZE=2 alone would run a world of one: two machines that forgot RANK would each train
+      // alone and both report success.
+      const char* size = getenv(c.size);
+      if (size && *size && std::string(c.source) == "torchrun" && std::strtol(size, nullptr, 10) > 1) {
+        throw InvalidArgument(strCat(c.size, "=", size, " is set but ", c.rank,
+                                     " is not: each process of the world needs its own (torchrun convention); unset ",
+                                     c.size, " to run alone"));
+      }
+      continue;
+    }
     const char* size = getenv(c.size);
     if (std::string(c.source) == "slurm" && !getenv("SLURM_STEP_ID") && !getenv("SLURM_STEPID")) {
       // A batch script or an salloc shell, not a task of srun's (see the header). Alone it says nothing;

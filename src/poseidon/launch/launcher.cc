@@ -24,25 +24,42 @@ namespace {
 std::atomic<int> gSignal{0};
 void onSignal(int sig) { gSignal = sig; }
 
+// What a rank's stderr said last, for the failure report (which names the rank itself).
+struct ErrTail {
+  std::deque<std::string> lines;  // the last lines, without their rank marker
+  // A Python traceback's closing line ("ValueError: bad label 7"): what the program died of, which
+  // the lines after it (the runtime's exit messages) would hide.
+  bool inTraceback = false;
+  std::string exception;
+
+  void add(const std::string& line) {
+    if (line.empty()) return;
+    lines.push_back(line);
+    if (lines.size() > 5) lines.pop_front();
+    if (line == "Traceback (most recent call last):") inTraceback = true;
+    else if (inTraceback && line[0] != ' ') {
+      exception = line;  // the first unindented line after the frames
+      inTraceback = false;
+    }
+  }
+  std::string said() const { return !exception.empty() ? exception : lines.empty() ? "" : lines.back(); }
+};
+
 struct Rank {
   int rank = 0;
   ChildProcess process;
   std::string outBuf, errBuf;
-  std::deque<std::string> lastErr;  // last lines of stderr, for the failure report
+  ErrTail err;
 };
 
 // Emits the complete lines of buf (or everything when flush), each with the
 // rank prefix in place of the rank's own marker when `prefixed`, and as the
-// rank wrote it otherwise. `keep` gets the last lines without their marker,
-// for the failure report (which names the rank itself).
-void forward(std::string& buf, int fd, int rank, bool prefixed, std::deque<std::string>* keep, bool flush) {
+// rank wrote it otherwise. `keep` gets the lines without their marker.
+void forward(std::string& buf, int fd, int rank, bool prefixed, ErrTail* keep, bool flush) {
   auto emit = [&](const std::string& line) {
     std::string own = withoutRankMarker(line, rank);
     writeAll(fd, (prefixed ? rankPrefix(rank) + own : line) + "\n");
-    if (keep && !own.empty()) {
-      keep->push_back(own);
-      if (keep->size() > 5) keep->pop_front();
-    }
+    if (keep) keep->add(own);
   };
   size_t start = 0;
   for (;;) {
@@ -122,7 +139,7 @@ class Launch {
     }
     if (result_.failedRank >= 0) {
       const Rank& c = children_[result_.failedRank];
-      if (!c.lastErr.empty()) result_.failure += ": " + c.lastErr.back();
+      if (const std::string said = c.err.said(); !said.empty()) result_.failure += ": " + said;
     }
     return result_;
   }
@@ -162,9 +179,9 @@ class Launch {
       const int fd = isErr ? STDERR_FILENO : STDOUT_FILENO;
       if (n > 0) {
         acc.append(buf, static_cast<size_t>(n));
-        forward(acc, fd, c.rank, prefixed, isErr ? &c.lastErr : nullptr, false);
+        forward(acc, fd, c.rank, prefixed, isErr ? &c.err : nullptr, false);
       } else if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) {
-        forward(acc, fd, c.rank, prefixed, isErr ? &c.lastErr : nullptr, true);
+        forward(acc, fd, c.rank, prefixed, isErr ? &c.err : nullptr, true);
         if (isErr) c.process.closeStderr();
         else c.process.closeStdout();
       }

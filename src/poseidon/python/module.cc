@@ -24,6 +24,7 @@
 
 #include "poseidon/common/crash.h"
 #include "poseidon/common/error.h"
+#include "poseidon/common/log.h"
 #include "poseidon/torch/distributed.h"
 #include "poseidon/torch/merged_fc.h"
 
@@ -291,7 +292,15 @@ void defineStep(ModelClass& model) {
       .def(
           "finish", [](Model& s) { s.model().finish(); }, py::call_guard<py::gil_scoped_release>())
       .def("close", &Model::close, py::call_guard<py::gil_scoped_release>())
-      .def_property_readonly("closed", &Model::closed);
+      .def_property_readonly("closed", &Model::closed)
+      .def("note_evaluation_forward", [](Model& s) { s.model().noteEvaluationForward(); })
+      .def(
+          "fail_job",
+          [](Model& s, const std::string& reason) {
+            // The package's excepthook: peers stop now with what this rank died of.
+            if (!s.closed()) s.model().node().failJob(std::make_exception_ptr(AbortedError(reason)));
+          },
+          py::arg("reason"), py::call_guard<py::gil_scoped_release>());
 }
 
 // Compute groups and merged FC (Omnivore).
@@ -371,6 +380,9 @@ PYBIND11_MODULE(_poseidon, m) {
   // A native crash prints the C++ stack (common/crash.h), where no handler is installed yet; the
   // package re-enables Python's faulthandler over it, which chains to this one.
   installCrashReport("poseidon (python)", /*onlyUnhandled=*/true);
+  // POSEIDON_LOG, as the poseidon command honours it (a launcher checks it once; its ranks use it). A
+  // bad value fails the import with the variable named.
+  setLogLevelFromEnvironment();
   defineErrors(m);
   m.def(
       "options_from_environment", [] { return optionsToDict(pt::DistributedOptions::fromEnvironment()); },

@@ -248,7 +248,10 @@ torch::Tensor DistributedModel::forward(torch::Tensor x) {
 
 torch::Tensor DistributedModel::forwardWith(const std::function<torch::Tensor()>& run) {
   const bool training = (!module_ || module_->is_training()) && torch::GradMode::is_enabled();
-  if (!training) return run();
+  if (!training) {
+    noteEvaluationForward();
+    return run();
+  }
   int64_t t0 = tracer_ ? Tracer::nowMicros() : 0;
   beginForward();
   torch::Tensor out = run();
@@ -259,6 +262,7 @@ torch::Tensor DistributedModel::forwardWith(const std::function<torch::Tensor()>
 
 void DistributedModel::beginForward() {
   node_->checkError();
+  lastForwardUntracked_ = false;
   if (stepPending_) {
     throw InvalidArgument("forward while an overlapped step is pending: run the model (finishLayer(l) and the "
                           "optimizer before each layer l), then finishStep(), then beginForward()/endForward()");
@@ -458,7 +462,11 @@ void DistributedModel::checkStep() {
   if (!inIteration_ || !forwarded_) {
     misuse(accumulating_ ? "synchronize()/step() after forward passes that all ran under noSync(): run the last "
                            "forward/backward of the step outside noSync()"
-                         : "synchronize()/step() without a training forward() through the DistributedModel");
+                         : lastForwardUntracked_
+                             ? "synchronize()/step() after a forward() in eval mode or under no_grad, which is not "
+                               "tracked (evaluation): call train() on the model (model.train() in Python) before "
+                               "the training forward"
+                             : "synchronize()/step() without a training forward() through the DistributedModel");
   }
   bool anyGradient = false;
   for (const auto& l : layers_) anyGradient = anyGradient || l.used();

@@ -133,6 +133,9 @@ class DistributedModel {
   // themselves: beginForward() before (it starts the iteration, or an
   // accumulation pass under noSync), endForward(output) after.
   void beginForward();
+  // A forward in eval mode or under no_grad went past (forwardWith notes its own; the Python package
+  // notes its): a step() after it says to call train().
+  void noteEvaluationForward() { lastForwardUntracked_ = true; }
   void endForward(const torch::Tensor& output) { endForward(std::vector<torch::Tensor>{output}); }
   void endForward(const std::vector<torch::Tensor>& outputs);  // a forward with several outputs
 
@@ -305,6 +308,8 @@ class DistributedModel {
   bool syncEnabled_ = true;
   bool inIteration_ = false;
   bool forwarded_ = false;     // the current iteration's synchronized forward has run
+  // The last forward ran in eval mode or under no_grad (not tracked): what step()'s misuse says.
+  bool lastForwardUntracked_ = false;
   bool accumulating_ = false;  // noSync passes ran since the last step
   bool stepPending_ = false;   // submitStep() ran; finishStep() has not
   std::vector<bool> finishedLayers_;  // this pending step's layers already in .grad()

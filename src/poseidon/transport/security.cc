@@ -99,6 +99,20 @@ HandshakeMonitor::HandshakeMonitor(zmq::context_t& ctx, zmq::socket_t& watched, 
   pair_.connect(address);
 }
 
+namespace {
+std::atomic<uint64_t> gRefusedNonMembers{0};
+
+// The 1st, 10th, 100th... refusal is logged: a peer with the wrong secret retries every few hundred
+// milliseconds, and one line per try buried everything else (75 lines in a 30 s rendezvous).
+bool logRefusal(uint64_t n) {
+  uint64_t k = n + 1;
+  while (k % 10 == 0) k /= 10;
+  return k == 1;
+}
+}  // namespace
+
+uint64_t refusedNonMembers() { return gRefusedNonMembers.load(); }
+
 HandshakeMonitor::~HandshakeMonitor() { stop(); }
 
 void HandshakeMonitor::stop() {
@@ -114,7 +128,8 @@ void HandshakeMonitor::onReadable() {
     if (!pair_.recv(event, zmq::recv_flags::dontwait)) return;
     if (event.more()) (void)pair_.recv(address, zmq::recv_flags::dontwait);
     uint64_t n = refused_.fetch_add(1);
-    if (n < 20 || n % 1000 == 0) {
+    gRefusedNonMembers.fetch_add(1);
+    if (logRefusal(n)) {
       POSEIDON_LOG(kWarning) << "refused a connection on " << endpoint_
                              << ": its handshake failed (it did not present this job's CURVE keys; " << n + 1
                              << " refused so far)";
@@ -153,7 +168,8 @@ void ZapAuthenticator::run() {
     std::string address = parts.size() > 3 ? parts[3].to_string() : "?";
     if (!ok) {
       uint64_t n = refused_.fetch_add(1);
-      if (n < 20 || n % 1000 == 0) {
+      gRefusedNonMembers.fetch_add(1);
+      if (logRefusal(n)) {
         POSEIDON_LOG(kWarning) << "refused connection from " << address
                                << ": not a member of this job (wrong or no job secret; " << n + 1 << " refused so far)";
       }

@@ -37,6 +37,11 @@ std::string randomSecret();
 void makeCurveServer(zmq::socket_t& socket, const CurveKeys& keys);
 void makeCurveClient(zmq::socket_t& socket, const CurveKeys& keys);
 
+// Connections this process refused for a wrong or missing job secret, by every authenticator and
+// monitor below: a rendezvous that times out names them (two ranks with different secrets look like
+// a rank that never came).
+uint64_t refusedNonMembers();
+
 // Logs and counts connections to a CURVE server socket whose handshake failed
 // before authentication (peers without the job's server key: plain ZeroMQ,
 // CURVE with another secret, raw TCP). Poll socket() with the owner's other

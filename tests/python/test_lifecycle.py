@@ -217,9 +217,9 @@ class Lifecycle(TempDirTest):
         self.assertIn("refused: InvalidArgument load_checkpoint: %s is a file, not a checkpoint directory" % script,
                       run.out)
         self.assertIn("no checkpoint yet: None", run.out)
-        self.assertIn("refused: InvalidArgument synchronize()/step() after a forward() in eval mode or under no_grad, "
-                      "which is not tracked (evaluation): call train() on the model (model.train() in Python) before "
-                      "the training forward", run.out)
+        self.assertIn("refused: InvalidArgument synchronize()/step() after a forward() in eval mode or under no_grad "
+                      "(not tracked): call train() on the model (model.train() in Python) before the training forward",
+                      run.out)
         self.assertClean(run)
         # POSEIDON_LOG is the package's too: debug lines appear, a bad value fails the import by name.
         os.environ["POSEIDON_LOG"] = "debug"

@@ -547,10 +547,7 @@ int benchAccuracyCommand(const std::vector<std::string>& args) {
     std::cout << flags.helpText();
     return 0;
   }
-  // Before anything runs, not after the runs whose results they would lose.
-  if (!a.jsonPath.empty()) checkOutputFile("--json", a.jsonPath);
-  if (!a.mdPath.empty()) checkOutputFile("--markdown", a.mdPath);
-  if (!a.plotDir.empty()) checkOutputDirectory("--plots", a.plotDir);
+  checkResultOutputs(a.jsonPath, a.mdPath, a.plotDir);
   h.seed = static_cast<uint64_t>(a.seed);
   if (h.steps < h.curveEvery) {
     throw InvalidArgument(

@@ -213,15 +213,6 @@ void addReportFlags(FlagSet& flags, BenchArgs& a) {
   flags.addBool("keep", &a.keep, "keep the per-rank logs and results (printed path)");
 }
 
-// Every file and directory the run writes, checked before anything runs: a typo costs a second, not
-// the hours of a sweep whose results it would lose at the end.
-void checkBenchOutputs(const BenchArgs& a) {
-  if (!a.jsonPath.empty()) checkOutputFile("--json", a.jsonPath);
-  if (!a.mdPath.empty()) checkOutputFile("--markdown", a.mdPath);
-  if (!a.plotDir.empty()) checkOutputDirectory("--plots", a.plotDir);
-  if (!a.traceDir.empty()) checkOutputDirectory("--trace", a.traceDir);
-}
-
 // The run's lists, checked, and each node's model.
 struct BenchPlan {
   std::vector<std::string> models, systems, devices, labels;  // labels: systems, once per node for Poseidon's
@@ -533,7 +524,8 @@ int benchCommand(const std::vector<std::string>& given) {
     std::cout << flags.helpText();
     return 0;
   }
-  checkBenchOutputs(a);
+  checkResultOutputs(a.jsonPath, a.mdPath, a.plotDir);  // every path the run writes, before it runs
+  if (!a.traceDir.empty()) checkOutputDirectory("--trace", a.traceDir);
   if (!a.reportFrom.empty()) return reportFromFile(a.reportFrom, a.mdPath, a.plotDir);
   if (a.quick) {
     if (!flags.wasSet("models")) a.modelsFlag = "vgg19";

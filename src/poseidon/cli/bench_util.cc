@@ -211,6 +211,12 @@ bench::MachineRates parseMachineRates(const std::string& flag) {
   return r;
 }
 
+void checkResultOutputs(const std::string& jsonPath, const std::string& mdPath, const std::string& plotDir) {
+  if (!jsonPath.empty()) checkOutputFile("--json", jsonPath);
+  if (!mdPath.empty()) checkOutputFile("--markdown", mdPath);
+  if (!plotDir.empty()) checkOutputDirectory("--plots", plotDir);
+}
+
 void throwIfStopped() {
   const int sig = gStop.load();
   if (sig != 0) throw InterruptedError("interrupted by " + stopSignalName(sig), sig);

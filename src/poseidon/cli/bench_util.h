@@ -45,6 +45,10 @@ std::string makeWorkDir(const std::string& prefix);
 // Error saying why the emulated cluster cannot be made here (not root, no ip or tc): the first check
 // of every command that runs on it.
 void requireEmulatedCluster();
+// The results a command writes at its end (--json FILE, --markdown FILE, --plots DIR; empty: not asked
+// for), checked before its first run (common/file.h): a typo costs a second, not the hours of runs
+// whose results it would lose.
+void checkResultOutputs(const std::string& jsonPath, const std::string& mdPath, const std::string& plotDir = "");
 // Throws InterruptedError when a stop signal arrived (gStop): "interrupted by SIGINT".
 void throwIfStopped();
 // A command's work directory for its runs' logs and results (makeWorkDir), made with the stop

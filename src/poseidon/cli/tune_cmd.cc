@@ -244,9 +244,7 @@ int tuneCommand(const std::vector<std::string>& given) {
     std::cout << flags.helpText();
     return 0;
   }
-  // Before the first probe, not after the tuning whose results they would lose.
-  if (!a.jsonPath.empty()) checkOutputFile("--json", a.jsonPath);
-  if (!a.mdPath.empty()) checkOutputFile("--markdown", a.mdPath);
+  checkResultOutputs(a.jsonPath, a.mdPath);
   finishConfig(a);
   std::vector<double> rates = parseRates(a.ratesFlag);
   if (rates.empty()) throw InvalidArgument("--rates must not be empty");

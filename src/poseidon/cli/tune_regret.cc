@@ -249,9 +249,7 @@ int tuneRegretCommand(const std::vector<std::string>& args) {
     std::cout << flags.helpText();
     return 0;
   }
-  // Before the minutes of runs, not after them.
-  if (!a.jsonPath.empty()) checkOutputFile("--json", a.jsonPath);
-  if (!a.mdPath.empty()) checkOutputFile("--markdown", a.mdPath);
+  checkResultOutputs(a.jsonPath, a.mdPath);
   finishArgs(a);
   const auto wall0 = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count(); };

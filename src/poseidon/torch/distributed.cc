@@ -463,9 +463,8 @@ void DistributedModel::checkStep() {
     misuse(accumulating_ ? "synchronize()/step() after forward passes that all ran under noSync(): run the last "
                            "forward/backward of the step outside noSync()"
                          : lastForwardUntracked_
-                             ? "synchronize()/step() after a forward() in eval mode or under no_grad, which is not "
-                               "tracked (evaluation): call train() on the model (model.train() in Python) before "
-                               "the training forward"
+                             ? "synchronize()/step() after a forward() in eval mode or under no_grad (not tracked): "
+                               "call train() on the model (model.train() in Python) before the training forward"
                              : "synchronize()/step() without a training forward() through the DistributedModel");
   }
   bool anyGradient = false;

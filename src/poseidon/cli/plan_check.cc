@@ -348,7 +348,8 @@ int planCheck(const std::string& path, const Cluster& given, int hostCores, doub
   try {
     return checkResults(path, results, given, hostCores, tolerance, json, messageSet);
   } catch (const nlohmann::json::exception& e) {
-    throw InvalidArgument(strCat("--check: '", path, "' is not a poseidon bench results file: ", e.what()));
+    throw InvalidArgument(strCat("--check: '", path, "' is not a poseidon bench results file (a field of the wrong ",
+                                 "type: ", jsonErrorText(e), ")"));
   }
 }
 

@@ -571,10 +571,7 @@ int benchAccuracyCommand(const std::vector<std::string>& args) {
   auto t0 = std::chrono::steady_clock::now();
   result["runs"] = runAccuracy(h, systems, rates, allOk);
   result["wall_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!a.jsonPath.empty()) {
-    writeFileAtomically(a.jsonPath, result.dump(2) + "\n", "--json");
-    std::printf("results: %s\n", a.jsonPath.c_str());
-  }
+  writeResultsJson(a.jsonPath, result);
   if (!a.mdPath.empty()) {
     writeMarkdown(a.mdPath, result);
     std::printf("table: %s\n", a.mdPath.c_str());

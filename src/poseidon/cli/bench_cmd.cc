@@ -471,10 +471,7 @@ void writeBenchResults(const BenchArgs& a, const BenchPlan& p, const Harness& h,
   if (!histogram.is_null()) result["histogram"] = histogram;
   std::printf("\n");
   for (const auto& l : headline) std::printf("%s\n", l.get<std::string>().c_str());
-  if (!a.jsonPath.empty()) {
-    writeFileAtomically(a.jsonPath, result.dump(2) + "\n", "--json");
-    std::printf("results: %s\n", a.jsonPath.c_str());
-  }
+  writeResultsJson(a.jsonPath, result);
   if (!a.mdPath.empty()) {
     bench::writeMarkdown(a.mdPath, result);
     std::printf("table: %s\n", a.mdPath.c_str());

@@ -65,8 +65,8 @@ std::string findDdpScript(const std::string& flag, const std::string& name, cons
                  "--ddp-python naming an interpreter with torch (",
                  why, ")"));
     }
-    throw InvalidArgument(strCat("the DDP baselines need torch: --ddp-python ", python, " cannot import torch.distributed (",
-                       why, ")"));
+    throw InvalidArgument(
+        strCat("the DDP baselines need torch: --ddp-python ", python, " cannot import torch.distributed (", why, ")"));
   }
   return script;
 }
@@ -215,6 +215,12 @@ void checkResultOutputs(const std::string& jsonPath, const std::string& mdPath, 
   if (!jsonPath.empty()) checkOutputFile("--json", jsonPath);
   if (!mdPath.empty()) checkOutputFile("--markdown", mdPath);
   if (!plotDir.empty()) checkOutputDirectory("--plots", plotDir);
+}
+
+void writeResultsJson(const std::string& path, const nlohmann::json& result) {
+  if (path.empty()) return;
+  writeFileAtomically(path, result.dump(2) + "\n", "--json");
+  std::printf("results: %s\n", path.c_str());
 }
 
 void throwIfStopped() {

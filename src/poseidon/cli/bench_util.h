@@ -49,6 +49,9 @@ void requireEmulatedCluster();
 // for), checked before its first run (common/file.h): a typo costs a second, not the hours of runs
 // whose results it would lose.
 void checkResultOutputs(const std::string& jsonPath, const std::string& mdPath, const std::string& plotDir = "");
+// --json FILE at a command's end: the results written whole (writeFileAtomically: a failed write is an
+// error) and "results: FILE" printed; nothing when `path` is empty.
+void writeResultsJson(const std::string& path, const nlohmann::json& result);
 // Throws InterruptedError when a stop signal arrived (gStop): "interrupted by SIGINT".
 void throwIfStopped();
 // A command's work directory for its runs' logs and results (makeWorkDir), made with the stop

@@ -25,6 +25,9 @@
 namespace poseidon::cli {
 
 namespace {
+// The launcher's name when train starts its own workers: their POSEIDON_LAUNCHER (RankEnv::source).
+constexpr const char* kOwnLauncher = "poseidon train";
+
 // Set by a supervising launcher (poseidon launch / train) and by tests.
 void readReliabilityEnvironment(pt::TrainHooks& o) {
   if (const char* p = std::getenv("POSEIDON_PROGRESS_FILE")) o.progressPath = p;
@@ -46,8 +49,8 @@ void readReliabilityEnvironment(pt::TrainHooks& o) {
     char end = 0;
     if (std::sscanf(s, "%d:%lf%c", &o.slowRank, &o.slowMs, &end) != 2 || o.slowRank < 0 || !(o.slowMs >= 0) ||
         o.slowMs > kMaxPadMs) {
-      throw InvalidArgument(strCat("POSEIDON_SLOW='", s, "' is not RANK:MS (RANK >= 0, MS in [0, ", static_cast<long long>(kMaxPadMs),
-                                   "] milliseconds per step)"));
+      throw InvalidArgument(strCat("POSEIDON_SLOW='", s, "' is not RANK:MS (RANK >= 0, MS in [0, ",
+                                   static_cast<long long>(kMaxPadMs), "] milliseconds per step)"));
     }
   }
 }
@@ -350,7 +353,7 @@ int launchWorkers(const TrainFlags& t, const std::vector<std::string>& args) {
   }
   lo.prefixRank0 = false;
   lo.maxRestarts = t.maxRestarts;
-  lo.name = "poseidon train";
+  lo.name = kOwnLauncher;
   lo.finishedCodes = {pt::kExitDiverged};  // every rank stops at the same step and says so itself
   LaunchResult r = launchLocal(lo);
   if (r.exitCode == pt::kExitDiverged) return r.exitCode;  // rank 0 said where and what to try
@@ -400,7 +403,7 @@ int trainCommand(const std::vector<std::string>& args) {
   // "--timeout 30" meant as seconds gives up every wait after 30 ms, and the rendezvous then fails with
   // a timeout that looks like a network problem: said once, up front (by rank 0, unless this train
   // started it and said it already).
-  if (o.timeoutMs < 1000 && (!env.present || (env.rank == 0 && env.source != "poseidon train"))) {
+  if (o.timeoutMs < 1000 && (!env.present || (env.rank == 0 && env.source != kOwnLauncher))) {
     std::cerr << "poseidon train: warning: --timeout " << o.timeoutMs
               << " is in milliseconds: every distributed wait gives up after " << o.timeoutMs / 1000.0 << " s\n";
   }

@@ -580,10 +580,7 @@ int tuneRegretCommand(const std::vector<std::string>& args) {
       "regret median %s (%s:1), tuning share median %.0f%%, grid best %.0f s; %.0f s wall\n",
       fmtFinite(result["regret_median"].is_number() ? result["regret_median"].get<double>() : kInf, "%.3f").c_str(),
       first.c_str(), 100 * result["tuning_share_median"].get<double>(), best, elapsed());
-  if (!a.jsonPath.empty()) {
-    writeFileAtomically(a.jsonPath, result.dump(2) + "\n", "--json");
-    std::printf("results: %s\n", a.jsonPath.c_str());
-  }
+  writeResultsJson(a.jsonPath, result);
   if (!a.mdPath.empty()) {
     writeRegretMarkdown(a.mdPath, result);
     std::printf("table: %s\n", a.mdPath.c_str());

@@ -9,7 +9,6 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
-#include <deque>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -26,7 +25,7 @@ void onSignal(int sig) { gSignal = sig; }
 
 // What a rank's stderr said last, for the failure report (which names the rank itself).
 struct ErrTail {
-  std::deque<std::string> lines;  // the last lines, without their rank marker
+  std::string last;  // the last line, without its rank marker
   // A Python traceback's closing line ("ValueError: bad label 7"): what the program died of, which
   // the lines after it (the runtime's exit messages) would hide.
   bool inTraceback = false;
@@ -34,15 +33,14 @@ struct ErrTail {
 
   void add(const std::string& line) {
     if (line.empty()) return;
-    lines.push_back(line);
-    if (lines.size() > 5) lines.pop_front();
+    last = line;
     if (line == "Traceback (most recent call last):") inTraceback = true;
     else if (inTraceback && line[0] != ' ') {
       exception = line;  // the first unindented line after the frames
       inTraceback = false;
     }
   }
-  std::string said() const { return !exception.empty() ? exception : lines.empty() ? "" : lines.back(); }
+  const std::string& said() const { return exception.empty() ? last : exception; }
 };
 
 struct Rank {

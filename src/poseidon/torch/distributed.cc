@@ -248,10 +248,8 @@ torch::Tensor DistributedModel::forward(torch::Tensor x) {
 
 torch::Tensor DistributedModel::forwardWith(const std::function<torch::Tensor()>& run) {
   const bool training = (!module_ || module_->is_training()) && torch::GradMode::is_enabled();
-  if (!training) {
-    noteEvaluationForward();
-    return run();
-  }
+  lastForwardUntracked_ = !training;  // a step() after an evaluation forward says to call train()
+  if (!training) return run();
   int64_t t0 = tracer_ ? Tracer::nowMicros() : 0;
   beginForward();
   torch::Tensor out = run();

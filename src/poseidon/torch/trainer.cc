@@ -47,18 +47,7 @@ void validateTrainOptions(const TrainOptions& options, const TrainHooks& hooks, 
   validateRankOptions(o, hooks, world);
   const AnyNet net = makeModel(o.model);
   if (o.mergedFc) checkMergedFcModel(net, o.model);
-  if (!o.checkpointDir.empty()) {
-    // The layout RankRun::resume expects (GroupMode::describeCheckpoint adds the groups).
-    CheckpointMeta expect;
-    expect.model = o.model;
-    expect.workers = world;
-    expect.batch = o.batch;
-    expect.seed = o.seed;
-    expect.trainLimit = o.trainLimit;
-    expect.groups = o.groups > 0 ? o.groups : 0;
-    expect.regroup = o.groups > 0 && o.regroup;
-    checkCheckpointLayout(o.checkpointDir, expect);
-  }
+  if (!o.checkpointDir.empty()) checkCheckpointLayout(o.checkpointDir, checkpointLayout(o, world));
 }
 
 int trainRank(const TrainOptions& options, const TrainHooks& hooks, const RankEnv& env) {

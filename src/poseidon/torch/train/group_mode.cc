@@ -11,11 +11,6 @@
 
 namespace poseidon::pt {
 
-void GroupMode::describeCheckpoint(CheckpointMeta& meta) const {
-  meta.groups = c_.o.groups;
-  meta.regroup = c_.o.regroup;
-}
-
 void GroupMode::resumed(const Resumed& r) {
   // The shards start from this state: model.pt's parameters, optimizer.pt's momentum.
   momentum_ = resumedMomentum(sgdMomentumBuffers(stateOptimizer()));

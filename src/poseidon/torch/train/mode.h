@@ -50,8 +50,6 @@ class TrainMode {
   virtual void optimizerBuilt(const torch::optim::SGDOptions&) {}
   // The optimizer whose state a checkpoint holds (every parameter's).
   virtual torch::optim::SGD& stateOptimizer() { return *c_.optimizer; }
-  // The checkpoint layout this mode writes and resumes (compute groups: the number of groups).
-  virtual void describeCheckpoint(CheckpointMeta&) const {}
   // A checkpoint was resumed into the module and stateOptimizer(): what else the mode takes from it.
   virtual void resumed(const Resumed&) {}
   // Joins the job: c_.dist from c_.jobOptions() (the job's settings; the mode adds its own).

@@ -65,7 +65,6 @@ class StragglerMode final : public TrainMode {
 class GroupMode : public TrainMode {
  public:
   using TrainMode::TrainMode;
-  void describeCheckpoint(CheckpointMeta& meta) const override;
   void resumed(const Resumed& r) override;
   void connect() override;
   void beginStep(double lr) override;

@@ -1,11 +1,5 @@
 #include "poseidon/torch/train/outputs.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "poseidon/common/error.h"

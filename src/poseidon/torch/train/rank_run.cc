@@ -64,6 +64,20 @@ void RankContext::slowDown() const {
 }
 
 // Option values no rank can train with (the CLI checks the launcher-level ones).
+CheckpointMeta checkpointLayout(const TrainOptions& o, int world) {
+  CheckpointMeta m;
+  m.model = o.model;
+  m.workers = world;
+  m.batch = o.batch;
+  m.seed = o.seed;
+  m.trainLimit = o.trainLimit;
+  if (o.groups > 0) {  // compute groups (and merged FC, which runs in them)
+    m.groups = o.groups;
+    m.regroup = o.regroup;
+  }
+  return m;
+}
+
 void validateRankOptions(const TrainOptions& o, const TrainHooks& hooks, int world) {
   if (o.batch < 1) throw InvalidArgument(strCat("--batch must be at least 1, got ", o.batch));
   if (o.epochs < 1) throw InvalidArgument(strCat("--epochs must be at least 1, got ", o.epochs));
@@ -137,12 +151,7 @@ RankRun::RankRun(const TrainOptions& o, const TrainHooks& hooks, const RankEnv& 
 void RankRun::resume() {
   // Every rank reads the checkpoint (the directory must be visible to all
   // ranks); the rendezvous then checks that all ranks resume at the same iteration.
-  meta_.model = o_.model;
-  meta_.workers = c_.world;
-  meta_.batch = o_.batch;
-  meta_.seed = o_.seed;
-  meta_.trainLimit = o_.trainLimit;
-  mode_->describeCheckpoint(meta_);
+  meta_ = checkpointLayout(o_, c_.world);
   // A damaged checkpoint (a file that fails its checksum) is skipped for the
   // newest intact one; every rank decides alike from the same files.
   Resumed r = resumeFromNewest(o_.checkpointDir, meta_, *c_.net.module, mode_->stateOptimizer());

@@ -19,6 +19,11 @@
 
 namespace poseidon::pt {
 
+// The job layout a checkpoint of these options is written with and resumed against (model, workers,
+// batch, seed, train limit; compute groups: their number): RankRun::resume and, before any worker
+// starts, validateTrainOptions.
+CheckpointMeta checkpointLayout(const TrainOptions& o, int world);
+
 // Option values no rank can train with (values, the mode's combinations; validateTrainOptions adds
 // the model's name). InvalidArgument.
 void validateRankOptions(const TrainOptions& o, const TrainHooks& hooks, int world);

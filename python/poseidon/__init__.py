@@ -69,6 +69,20 @@ def _timeout_ms(timeout):
     return max(1, int(round(seconds * 1000)))
 
 
+def _integer(name, value, low=None, high=None, what=""):
+    """An integer option: an int, or a float with nothing after the point (64.0); 2.7, "64" and True are
+    refused by name, as are values outside [low, high] (`what` says what the bounds mean)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or \
+            (not isinstance(value, numbers.Integral) and not (math.isfinite(value) and float(value).is_integer())):
+        raise InvalidArgument("%s must be an integer, got %r" % (name, value))
+    value = int(value)
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = ("at least %d" % low if high is None else "at most %d" % high if low is None
+                  else "in [%d, %d]" % (low, high))
+        raise InvalidArgument("%s must be %s%s, got %d" % (name, bounds, what, value))
+    return value
+
+
 class DistributedModel(torch.nn.Module):
     """Wraps any ``torch.nn.Module`` for data-parallel training with Poseidon.
 
@@ -93,7 +107,7 @@ class DistributedModel(torch.nn.Module):
         encrypt; 0, the default: half the host's cores over the ranks on it, LOCAL_WORLD_SIZE, 2 to 16).
     sum_threads: threads of this rank that sum the pushes its KV shard receives, beside the receive loop
         (default 2; 0: on the receive loop).
-        tcp_rcvbuf: TCP receive buffer per connection into this rank in bytes (0, the default: the send
+    tcp_rcvbuf: TCP receive buffer per connection into this rank in bytes (0, the default: the send
         window and a third with send_window, seven eighths of it past 8 peers,
         else the OS's; -1: the OS's; a small one keeps many senders from overflowing a switch port).
     wire: what gradients travel as: "fp32" (exact), or "bf16" / "fp16" (half the bytes, summed in fp32;
@@ -160,15 +174,17 @@ class DistributedModel(torch.nn.Module):
         self.module = module
         self._name = name or type(module).__name__.lower()
         options = _poseidon.options_from_environment()
+        self.groups = _integer("groups", groups)
         options.update(scheme=scheme, overlap=bool(overlap), broadcast_buffers=bool(broadcast_buffers),
                        check_finite=bool(check_finite),
-                       timeout_ms=_timeout_ms(timeout), sync_threads=int(sync_threads),
-                       pair_bytes=int(pair_bytes), io_threads=int(io_threads), sum_threads=int(sum_threads),
-                       tcp_rcvbuf=int(tcp_rcvbuf),
-                       wire=str(wire), send_window=int(send_window), urgent_layers=int(urgent_layers),
+                       timeout_ms=_timeout_ms(timeout), sync_threads=_integer("sync_threads", sync_threads, 1, 1024),
+                       pair_bytes=_integer("pair_bytes", pair_bytes, 4, 1 << 30, " bytes"),
+                       io_threads=_integer("io_threads", io_threads), sum_threads=_integer("sum_threads", sum_threads),
+                       tcp_rcvbuf=_integer("tcp_rcvbuf", tcp_rcvbuf),
+                       wire=str(wire), send_window=_integer("send_window", send_window),
+                       urgent_layers=_integer("urgent_layers", urgent_layers),
                        host_queue=str(host_queue), stage_on_host=bool(stage_on_host),
-                       local_ranks=int(local_ranks))
-        self.groups = int(groups)
+                       local_ranks=self._check_local_ranks(options, local_ranks, self.groups, scheme))
         self._group_optimizer = None
         # Plain attributes, not submodules: the wrapper's state_dict stays the module's.
         features, classifier = self._check_merged_fc(merged_fc)
@@ -178,7 +194,7 @@ class DistributedModel(torch.nn.Module):
         if self.groups != 0 or optimizer is not None or staleness is not None or merged_fc is not None:
             self._check_groups(options, optimizer, staleness, overlap_forward)
             sgd = self._group_hyper(optimizer)
-            options.update(groups=self.groups, staleness=-1 if staleness is None else int(staleness),
+            options.update(groups=self.groups, staleness=-1 if staleness is None else _integer("staleness", staleness),
                            momentum=float(sgd["momentum"]), weight_decay=float(sgd["weight_decay"]),
                            learning_rate=float(sgd["lr"]))
             self._group_optimizer = optimizer
@@ -190,8 +206,21 @@ class DistributedModel(torch.nn.Module):
         self._impl = None
         self._batch = None
         if batch is not None:
-            self._join(int(batch))
+            self._join(_integer("batch", batch, 1))
         _live.add(self)
+
+    @staticmethod
+    def _check_local_ranks(options, local_ranks, groups, scheme):
+        """local_ranks, checked here in the Python names (the rendezvous would say --local-ranks)."""
+        local = _integer("local_ranks", local_ranks, 0, None, " (0: one node per host)")
+        world = options["world_size"]
+        if local > 1 and world % local != 0:
+            raise InvalidArgument("local_ranks=%d must divide the %d ranks of the job" % (local, world))
+        if local > 1 and groups:
+            raise InvalidArgument("local_ranks=%d cannot be combined with compute groups (groups=%s)" % (local, groups))
+        if local > 1 and scheme == "adam":
+            raise InvalidArgument("local_ranks=%d cannot be combined with scheme='adam'" % local)
+        return local
 
     # ---- compute groups ---------------------------------------------------------------------------
 
@@ -244,7 +273,7 @@ class DistributedModel(torch.nn.Module):
                                   if self.groups == 0 else "groups must be 0 (BSP) or at least 1, got %d" % self.groups)
         if world % self.groups != 0:
             raise InvalidArgument("groups=%d must divide the %d ranks of the job" % (self.groups, world))
-        if staleness is not None and int(staleness) < 0:
+        if staleness is not None and _integer("staleness", staleness) < 0:
             raise InvalidArgument("staleness must be None (unbounded) or >= 0 rounds, got %s" % staleness)
         if overlap_forward:
             raise InvalidArgument("overlap_forward is for BSP jobs: with compute groups each round's forward "

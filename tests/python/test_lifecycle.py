@@ -194,6 +194,34 @@ class Lifecycle(TempDirTest):
         self.assertNotIn("left the job before finish()", run.err)
         self.assertClean(run)
 
+    def test_ranks_that_run_different_step_counts_fail_at_once_naming_both(self):
+        timeout = 120  # the ranks' wait limit: the job must end long before it
+        script = self.path("uneven.py")
+        with open(script, "w") as f:
+            f.write("import os, sys, torch, poseidon\n"
+                    "rank = int(os.environ['RANK'])\n"
+                    "steps = [int(s) for s in sys.argv[1].split(',')]\n"
+                    "m = poseidon.DistributedModel(torch.nn.Linear(3, 1), batch=1, timeout=%d)\n"
+                    "for step in range(steps[rank]):\n"
+                    "    m(torch.ones(1, 3)).sum().backward()\n"
+                    "    m.synchronize()\n"
+                    "m(torch.ones(1, 3))\n"  # a training forward without a step: it waits on nobody
+                    "m.finish()\n"
+                    "print('finished', steps[rank])\n" % timeout)
+        for steps, short, long in (("3,5", 0, 1), ("4,2", 1, 0)):
+            run = launch(2, script, steps)
+            self.assertEqual(run.code, 1, str(run))
+            last = min(int(s) for s in steps.split(",")) - 1
+            self.assertIn("rank %d called finish() after its iteration %d, but rank %d went on to synchronize "
+                          "iteration %d: every worker must run the same number of iterations" %
+                          (short, last, long, last + 1), run.err)
+            self.assertNotIn("timed out", run.err)
+            self.assertLess(run.seconds, timeout, str(run))
+            self.assertClean(run)
+        even = launch(2, script, "3,3")
+        self.assertEqual(even.code, 0, str(even))
+        self.assertIn("[rank 1] finished 3", even.out)
+
     def test_first_mistakes_say_what_to_do(self):
         script = self.path("mistakes.py")
         with open(script, "w") as f:
@@ -233,6 +261,34 @@ class Lifecycle(TempDirTest):
         self.assertNotEqual(bad.code, 0)
         self.assertIn("POSEIDON_LOG: unknown log level 'verbose' (expected debug, info, warning, error or off)",
                       bad.err)
+
+    def test_options_are_refused_by_their_python_names(self):
+        cases = {  # keyword arguments -> what DistributedModel says (world of one)
+            "batch='abc'": "InvalidArgument batch must be an integer, got 'abc'",
+            "batch=2.7": "InvalidArgument batch must be an integer, got 2.7",
+            "batch=True": "InvalidArgument batch must be an integer, got True",
+            "batch=0": "InvalidArgument batch must be at least 1, got 0",
+            "batch=64.0": "accepted batch 64",
+            "batch=1, urgent_layers=2.5": "InvalidArgument urgent_layers must be an integer, got 2.5",
+            "batch=1, pair_bytes=3": "InvalidArgument pair_bytes must be in [4, 1073741824] bytes, got 3",
+            "batch=1, sync_threads=0": "InvalidArgument sync_threads must be in [1, 1024], got 0",
+            "batch=1, local_ranks=2": "InvalidArgument local_ranks=2 must divide the 1 ranks of the job",
+            "batch=1, local_ranks=-1": "InvalidArgument local_ranks must be at least 0 (0: one node per host), got -1",
+            "batch=1, groups='2'": "InvalidArgument groups must be an integer, got '2'",
+        }
+        script = self.path("options.py")
+        with open(script, "w") as f:
+            f.write("import sys, torch, poseidon\n"
+                    "for kwargs in sys.argv[1:]:\n"
+                    "    try:\n"
+                    "        m = eval('poseidon.DistributedModel(torch.nn.Linear(3, 1), ' + kwargs + ')')\n"
+                    "        print('accepted batch', m._batch)\n"
+                    "    except Exception as e:\n"
+                    "        print(type(e).__name__, e)\n")
+        run = alone(script, *cases)
+        self.assertEqual(run.code, 0, str(run))
+        self.assertEqual(dict(zip(cases, run.out.splitlines())), cases)
+        self.assertNotIn("--", run.err)  # no C++ flag names (the rendezvous said --local-ranks)
 
     def test_checkpoint_resume_equals_an_uninterrupted_run(self):
         straight = launch(2, JOB, "lenet", self.path("straight.pt"), "--steps", "10")

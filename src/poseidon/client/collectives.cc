@@ -108,11 +108,11 @@ std::vector<double> Collectives::allSum(const std::vector<double>& mine) {
   return total;
 }
 
-void Collectives::barrier(bool throughOwnLoop) {
+void Collectives::barrier(bool throughOwnLoop, int64_t finishedAt) {
   error_.check();
   const uint32_t sequence = sequence_++;
   for (int r = 0; r < book_.worldSize(); ++r)
-    if (r != rank_ || throughOwnLoop) van_.send(r, wire::barrier(sequence), {});
+    if (r != rank_ || throughOwnLoop) van_.send(r, wire::barrier(sequence, finishedAt), {});
   std::vector<Message> msgs =
       take(MsgType::kBarrier, sequence, book_.worldSize() - (throughOwnLoop ? 0 : 1), "barrier");
   std::vector<bool> seen(book_.worldSize(), false);

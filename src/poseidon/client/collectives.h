@@ -42,7 +42,8 @@ class Collectives {
   // throughOwnLoop: this rank also sends itself the barrier message (through the Van's loopback, in
   // order after what it sent itself before) and waits for it, so it leaves the barrier only after its
   // own receive loop has handled everything it sent itself before entering (Node::settleBarrier).
-  void barrier(bool throughOwnLoop = false);
+  // finishedAt: see wire::barrier (Node::finish).
+  void barrier(bool throughOwnLoop = false, int64_t finishedAt = -1);
   // Sums a few numbers over all ranks (each rank broadcasts its own in turn; doubles travel bit
   // for bit). For counts and statistics, not gradients.
   std::vector<double> allSum(const std::vector<double>& mine);

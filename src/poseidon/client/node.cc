@@ -58,6 +58,12 @@ void checkOptions(const NodeOptions& options) {
     throw InvalidArgument(
         strCat("the shard's sum threads must be in [0, 64] (0: on the receive loop), got ", options.sumThreads));
   }
+  // Checked here, not only at the coordinator, whose refusal says "job settings out of range".
+  if (options.settings.batch < 1) throw InvalidArgument(strCat("the batch must be at least 1, got ", options.settings.batch));
+  if (options.settings.pairBytes < 4 || options.settings.pairBytes > static_cast<int64_t>(kDefaultMaxPayloadBytes)) {
+    throw InvalidArgument(strCat("the KV pair size must be in [4, ", kDefaultMaxPayloadBytes, "] bytes, got ",
+                                 options.settings.pairBytes));
+  }
   if (options.van.sendWindowBytes != 0 && options.settings.groupMode()) {
     throw InvalidArgument(
         "priority scheduling (a send window) is for BSP jobs; compute groups order their pulls and "
@@ -165,6 +171,9 @@ void Node::assemble() {
     local_ = std::make_unique<LocalGroup>(book, rank, std::move(h));
   }
   iteration_ = book.settings().startIteration;
+  syncedThrough_ = book.settings().startIteration;
+  peerFinishedAt_ = std::make_unique<std::atomic<int64_t>[]>(static_cast<size_t>(book.worldSize()));
+  for (int r = 0; r < book.worldSize(); ++r) peerFinishedAt_[r] = -1;
   saidBye_.assign(static_cast<size_t>(book.worldSize()), false);
   liveness_ = std::make_unique<Liveness>(book.worldSize(), rank, options_.timeout, options_.heartbeat,
                                          book.settings().startIteration, std::chrono::steady_clock::now());
@@ -407,6 +416,11 @@ void Node::route(Message& msg) {
         local_->onResult(msg);
       return;
     case wire::Handler::kCollectives:
+      if (h.type == MsgType::kBarrier && wire::barrierFinishedAt(h) >= 0 && static_cast<int>(h.sender) < book_.worldSize() &&
+          countsIterations()) {
+        peerFinishedAt_[h.sender] = wire::barrierFinishedAt(h);
+        checkIterationCounts();
+      }
       collectives_->deliver(std::move(msg));
       return;
     case wire::Handler::kFcServer:
@@ -453,9 +467,49 @@ std::vector<double> Node::allSum(const std::vector<double>& mine) {
   return collectives_->allSum(mine);
 }
 
+bool Node::countsIterations() const {
+  // Compute groups run their own rounds (each group its own count); servers run none.
+  return isWorker() && !book_.settings().groupMode();
+}
+
+namespace {
+
+std::string finishedAfter(int64_t finishedAt, int64_t start) {
+  return finishedAt > start ? strCat("after its iteration ", finishedAt - 1) : "before beginning an iteration";
+}
+
+}  // namespace
+
+void Node::checkIterationCounts() {
+  const int64_t mine = syncedThrough_.load();
+  for (int r = 0; r < book_.worldSize(); ++r) {
+    const int64_t theirs = r == rank() ? -1 : peerFinishedAt_[r].load();
+    if (theirs < 0 || theirs == mine || (theirs > mine && !finishing_.load())) continue;
+    // Under BSP every iteration needs every worker: a peer that finished cannot take part in an
+    // iteration past its last, and one that went on waits for this rank's in vain.
+    const bool peerShort = theirs < mine;
+    const int shortRank = peerShort ? r : rank(), longRank = peerShort ? rank() : r;
+    const int64_t shortCount = std::min(theirs, mine), longCount = std::max(theirs, mine);
+    fail(std::make_exception_ptr(Error(strCat(
+        "rank ", shortRank, " called finish() ", finishedAfter(shortCount, book_.settings().startIteration),
+        ", but rank ", longRank, " went on to synchronize iteration ", longCount - 1,
+        ": every worker must run the same number of iterations (give every rank the same number of batches, "
+        "e.g. drop the last partial one)"))));
+    return;
+  }
+}
+
 void Node::finish() {
   if (finished_) return;
-  barrier();
+  throwIfFailed();
+  int64_t finishedAt = -1;
+  if (countsIterations()) {
+    finishedAt = syncedThrough_.load();
+    finishing_ = true;
+    checkIterationCounts();
+    throwIfFailed();
+  }
+  collectives_->barrier(/*throughOwnLoop=*/false, finishedAt);
   finished_ = true;
   // Say bye, so that peers still finishing do not take our silence for a failure.
   sendToPeers(wire::bye(iteration_.load()), {}, false);

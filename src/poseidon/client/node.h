@@ -249,7 +249,9 @@ class Node : private SyncHost {
   // Sums a few numbers over all ranks (Collectives::allSum).
   std::vector<double> allSum(const std::vector<double>& mine);
   // Final barrier, then stops the receive loop and closes the transport.
-  // Servers stay up until every node has reached finish().
+  // Servers stay up until every node has reached finish(). A BSP worker's final barrier says how
+  // many iterations it took part in; a worker that waits on one past that (or finishes with another count)
+  // fails the job at once naming both, instead of waiting out the timeout on a round that never comes.
   void finish();
 
   // Fails the job: tells every peer (best effort) and makes every later call
@@ -321,6 +323,11 @@ class Node : private SyncHost {
 
   void receiveLoop();
   void checkPeers();
+  void tookPart();  // syncedThrough_ covers the current iteration
+  // Fails the job if a peer finished with fewer iterations than this rank synchronizes, or, once this
+  // rank is finishing, with another count; the loop (on a finish barrier) and the user thread.
+  void checkIterationCounts();
+  bool countsIterations() const;
   void route(Message& msg);
   void sendAll(const std::vector<KvServer::Outgoing>& out);
   // A sum lane: one ps-push summed (and with the round's last, its result sent); failures as route()'s.
@@ -371,6 +378,13 @@ class Node : private SyncHost {
   std::atomic<bool> stopLoop_{false};
   std::atomic<int64_t> iteration_{0};
   bool begun_ = false;   // user thread only
+  // BSP workers: the iterations this rank has taken part in (submitted to or skipped: one past the
+  // last), and each peer's count from its finish barrier (-1: still training). An iteration only
+  // begun (a forward without a step) waits on nobody and is not counted. checkIterationCounts
+  // compares them.
+  std::atomic<int64_t> syncedThrough_{0};
+  std::atomic<bool> finishing_{false};
+  std::unique_ptr<std::atomic<int64_t>[]> peerFinishedAt_;
   std::atomic<int> submitted_{0};  // this iteration's submits (deferReconstruction)
   // deferReconstruction: reconstructions of iterations after rebuildsReleased_, held until the user
   // thread releases them (submitted(), the waits). Guarded by rebuildMutex_, a leaf.

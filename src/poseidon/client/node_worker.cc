@@ -83,6 +83,11 @@ void Node::beginIteration(int64_t iteration) {
   releaseRebuilds(iteration - 1);
 }
 
+void Node::tookPart() {
+  // Before a wait reads the peers' counts: the receive loop stores a count, then reads ours.
+  if (countsIterations()) syncedThrough_ = iteration_.load() + 1;
+}
+
 Scheme Node::schemeFor(int layer) const {
   if (layer < 0 || layer >= static_cast<int>(book_.model().layers.size())) {
     throw InvalidArgument(strCat("layer index ", layer, " out of range"));
@@ -105,6 +110,7 @@ void Node::submitDense(int layer, LayerBuffer grad, std::shared_ptr<void> keepAl
   } else {
     syncers_[layer]->submitDense(iteration_.load(), std::move(grad), std::move(keepAlive));
   }
+  tookPart();
   submitted();
 }
 
@@ -128,6 +134,7 @@ void Node::submitFactors(int layer, const float* u, const float* v, int64_t rows
     syncers_[layer]->submitFactors(iteration_.load(), scheme, u, v, rows, std::move(out), std::move(keepAlive),
                                    scheme == Scheme::kSFB ? std::move(rebuild) : nullptr);
   }
+  tookPart();
   submitted();
 }
 
@@ -147,6 +154,7 @@ void Node::skipIteration(const std::vector<LayerBuffer>& outputs) {
   if (!alreadyComplete()) throw InvalidArgument("skipIteration: the iteration has not completed without this worker");
   releaseRebuilds(iteration_.load());
   for (size_t l = 0; l < syncers_.size(); ++l) syncers_[l]->submitSkipped(iteration_.load(), outputs[l]);
+  tookPart();
   ++skipped_;
 }
 
@@ -194,6 +202,8 @@ void Node::waitLayer(int layer) {
                                  layerCount(), " worker layers)"));
   }
   releaseRebuilds(iteration_.load());  // the caller has nothing more to hand over before this
+  checkIterationCounts();
+  throwIfFailed();
   bool done = false;
   try {
     done = barrier_->waitLayer(layer, waitTimeout());
@@ -212,6 +222,8 @@ void Node::waitLayer(int layer) {
 void Node::waitIteration(std::chrono::milliseconds timeout) {
   if (!barrier_) throw InvalidArgument(strCat("rank ", rank(), " is not a worker; it has no iterations"));
   releaseRebuilds(iteration_.load());
+  checkIterationCounts();
+  throwIfFailed();
   std::vector<int> pending;
   try {
     pending = barrier_->wait(timeout);

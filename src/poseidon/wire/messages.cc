@@ -98,13 +98,19 @@ BroadcastChunk broadcastChunkOf(const FrameHeader& h) {
   return c;
 }
 
-FrameHeader barrier(uint32_t sequence) {
+FrameHeader barrier(uint32_t sequence, int64_t finishedAt) {
   FrameHeader h = make(MsgType::kBarrier);
   h.layer = sequence;
+  if (finishedAt >= 0) {
+    h.iteration = finishedAt;
+    h.aux = 1;
+  }
   return h;
 }
 
 uint32_t collectiveSequence(const FrameHeader& h) { return h.layer; }
+
+int64_t barrierFinishedAt(const FrameHeader& h) { return h.aux == 1 && h.iteration >= 0 ? h.iteration : -1; }
 
 FrameHeader heartbeat(int64_t iteration) { return make(MsgType::kHeartbeat, 0, iteration); }
 FrameHeader abort(int64_t iteration) { return make(MsgType::kAbort, 0, iteration); }

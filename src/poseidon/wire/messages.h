@@ -24,7 +24,7 @@
 //   local-result    layer             iteration           chunk         -
 //   local-factors   layer             iteration           chunk         rows (all workers' together)
 //   broadcast       sequence number   total floats        chunk index   chunk count
-//   barrier         sequence number   -                   -             -
+//   barrier         sequence number   finish: iterations  -             1: a worker's finish
 //   heartbeat/abort/bye -             sender's iteration  -             -
 #pragma once
 
@@ -90,8 +90,11 @@ struct BroadcastChunk {
 };
 FrameHeader broadcastChunk(const BroadcastChunk& chunk);
 BroadcastChunk broadcastChunkOf(const FrameHeader& h);
-FrameHeader barrier(uint32_t sequence);
+// finishedAt >= 0: the barrier of a worker's finish(), which has begun its iterations up to
+// finishedAt - 1 and will begin no more (Node::finish: BSP workers must all run the same ones).
+FrameHeader barrier(uint32_t sequence, int64_t finishedAt = -1);
 uint32_t collectiveSequence(const FrameHeader& h);  // broadcast or barrier
+int64_t barrierFinishedAt(const FrameHeader& h);    // -1 unless a worker's finish barrier
 
 // Control: each carries the sender's current iteration (liveness reports it).
 FrameHeader heartbeat(int64_t iteration);

@@ -1,7 +1,10 @@
 #include "poseidon/common/file.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
+
+#include <algorithm>
 
 #include <atomic>
 #include <cerrno>
@@ -14,6 +17,26 @@
 
 namespace poseidon {
 namespace fs = std::filesystem;
+
+namespace {
+uint64_t limitValue(rlim_t v) { return v == RLIM_INFINITY ? UINT64_MAX : static_cast<uint64_t>(v); }
+}  // namespace
+
+uint64_t raiseDescriptorLimit(uint64_t needed) {
+  rlimit lim{};
+  if (getrlimit(RLIMIT_NOFILE, &lim) != 0) return UINT64_MAX;  // unknown: let the open itself say
+  if (lim.rlim_cur == RLIM_INFINITY || lim.rlim_cur >= needed) return limitValue(lim.rlim_cur);
+  rlimit want = lim;
+  want.rlim_cur = lim.rlim_max == RLIM_INFINITY ? static_cast<rlim_t>(needed)
+                                                : std::min(lim.rlim_max, static_cast<rlim_t>(needed));
+  if (want.rlim_cur > lim.rlim_cur && setrlimit(RLIMIT_NOFILE, &want) == 0) lim = want;
+  return limitValue(lim.rlim_cur);
+}
+
+uint64_t hardDescriptorLimit() {
+  rlimit lim{};
+  return getrlimit(RLIMIT_NOFILE, &lim) != 0 ? UINT64_MAX : limitValue(lim.rlim_max);
+}
 
 void writeFileAtomically(const std::string& path, const std::string& text, const std::string& what) {
   const std::string tmp = path + ".tmp";

@@ -2,6 +2,7 @@
 // that its outputs can be written at all.
 #pragma once
 
+#include <cstdint>
 #include <exception>
 #include <string>
 
@@ -19,6 +20,13 @@ void writeFileAtomically(const std::string& path, const std::string& text, const
 void checkOutputFile(const std::string& flag, const std::string& path);
 // The same for a directory a run writes files into, created (with its parents) if missing.
 void checkOutputDirectory(const std::string& flag, const std::string& dir);
+
+// Raises this process's soft limit on open file descriptors toward `needed` (up to the hard limit),
+// as Go's runtime does at start-up: many systems start processes at 1,024, and what runs out meets
+// EMFILE far from this cause. Returns the soft limit now (UINT64_MAX: unlimited); children inherit it.
+uint64_t raiseDescriptorLimit(uint64_t needed);
+// The hard limit (UINT64_MAX: unlimited), for messages.
+uint64_t hardDescriptorLimit();
 
 // A JSON library error as a user reads it: "parse error at line 1, column 1: syntax error while
 // parsing value - invalid literal; last read: 'x'", without nlohmann's "[json.exception.parse_error.101] "

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "poseidon/common/error.h"
+#include "poseidon/common/file.h"
 #include "poseidon/launch/env.h"
 #include "poseidon/launch/process.h"
 #include "poseidon/transport/security.h"
@@ -83,7 +84,27 @@ class Launch {
         port_(options.masterPort ? options.masterPort : freePort(masterAddr_)) {}
 
   void spawn() {
+    // The launcher keeps two pipes per rank (four ends while one is started), and its ranks inherit
+    // the limit (Van raises its own again for its connections).
+    const uint64_t needed = 2 * static_cast<uint64_t>(options_.ranks) + 32;
+    const uint64_t limit = raiseDescriptorLimit(needed);
+    if (limit < needed) {
+      throw InvalidArgument(strCat("-n ", options_.ranks, " needs about ", needed,
+                                   " open files (two output pipes per rank) and this process may open ", limit,
+                                   " (hard limit ", hardDescriptorLimit(), "): raise it (ulimit -n) or start fewer ranks"));
+    }
     children_.resize(options_.ranks);
+    try {
+      spawnEach();
+    } catch (...) {
+      // No rank of a job that cannot start is left behind, waiting for the others at rendezvous.
+      for (auto& c : children_) c.process.kill(SIGKILL);
+      for (auto& c : children_) c.process.wait();
+      throw;
+    }
+  }
+
+  void spawnEach() {
     for (int r = 0; r < options_.ranks; ++r) {
       SpawnOptions so;
       so.argv = options_.command;

@@ -1,7 +1,5 @@
 #include "poseidon/transport/van.h"
 
-#include <sys/resource.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -10,6 +8,7 @@
 #include <thread>
 
 #include "poseidon/common/error.h"
+#include "poseidon/common/file.h"
 #include "poseidon/common/log.h"
 #include "poseidon/transport/multipart.h"
 #include "poseidon/wire/message_table.h"
@@ -161,15 +160,11 @@ namespace {
 // limit toward the hard one, as Go's runtime does at start-up, and say so once if even that is short:
 // libzmq meets EMFILE on a later connect or accept, far from this cause.
 void ensureDescriptors(size_t connections) {
-  const rlim_t needed = static_cast<rlim_t>(3 * connections + 64);
-  rlimit lim{};
-  if (getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY || lim.rlim_cur >= needed) return;
-  rlimit want = lim;
-  want.rlim_cur = lim.rlim_max == RLIM_INFINITY ? needed : std::min(lim.rlim_max, needed);
-  if (want.rlim_cur > lim.rlim_cur && setrlimit(RLIMIT_NOFILE, &want) == 0) lim = want;
-  if (lim.rlim_cur < needed) {
+  const uint64_t needed = 3 * connections + 64;
+  const uint64_t limit = raiseDescriptorLimit(needed);
+  if (limit < needed) {
     POSEIDON_LOG(kWarning) << "this node's " << connections << " connections need about " << needed
-                           << " file descriptors and the limit is " << lim.rlim_cur << " (hard " << lim.rlim_max
+                           << " file descriptors and the limit is " << limit << " (hard " << hardDescriptorLimit()
                            << "): raise it (ulimit -n) or expect 'Too many open files'";
   }
 }

@@ -44,6 +44,10 @@ TEST(CliFlags, PlanRejectsOutOfRangeValues) {
   expectRejected({{"plan", "--predict", "--urgent-layers", "-2"}, "--urgent-layers must be in [-1, 1048576], got -2"});
   expectRejected({{"plan", "--local-ranks", "4"}, "--local-ranks is for the planner (--predict, --sweep or --check)"});
   expectRejected({{"plan", "--workers", "2", "--servers", "100"}, "--servers 100 exceeds --workers 2 (shards are nodes)"});
+  // vgg19 in 4-byte pairs at 64 workers: 9e9 simulated messages, days, with a header printed first.
+  expectRejected({{"plan", "--predict", "--pair-bytes", "4", "--workers", "64"},
+                  "--pair-bytes 4 cuts vgg19 into 143667240 KV pairs: at 64 workers a prediction would simulate "
+                  "hours of messages; give --pair-bytes 736 or more (or fewer workers)"});
   expectRejected({{"plan", "--predict", "--groups", "2", "--local-ranks", "2"},
                   "--local-ranks and --groups cannot be combined (compute groups have no local aggregation)"});
 }
@@ -55,6 +59,23 @@ TEST(CliFlags, NoCommandTakesAFlagForAValueOrIgnoresAnArgument) {
   expectRejected({{"plan", "--model", "--wire", "bf16"},
                   "flag --model needs a value (NAME|FILE), got the flag --wire (write --model=--wire for a value "
                   "that starts with --)"});
+}
+
+// Fewer pairs than shards: an empty shard has no max/min ratio (it said "max/min 0.000"); the table
+// says how many are empty, and the JSON counts them.
+TEST(CliFlags, PlanSaysWhichShardsHoldNoPair) {
+  std::string dir = testing::makeTempDir("plan");
+  const testing::Proc text = testing::runCli({"plan", "--model", "lenet", "--workers", "8"}, dir + "/text", {}, 60);
+  ASSERT_EQ(text.exitCode(), 0) << text.stderrText();
+  EXPECT_THAT(text.stdoutText(), HasSubstr("KV store: 4 pairs of at most 2097152 bytes over 8 shards; shard load "
+                                           "0.00-1.60 MB (4 of 8 shards hold no pair: a smaller --pair-bytes makes "
+                                           "more)\n"));
+  EXPECT_THAT(text.stdoutText(), Not(HasSubstr("max/min")));
+  const testing::Proc four =
+      testing::runCli({"plan", "--model", "lenet", "--workers", "4", "--json"}, dir + "/json", {}, 60);
+  ASSERT_EQ(four.exitCode(), 0) << four.stderrText();
+  EXPECT_EQ(nlohmann::json::parse(four.stdoutText())["totals"]["empty_shards"], 0);
+  std::filesystem::remove_all(dir);
 }
 
 // --wire changes the byte totals only: the same floats and schemes at 2 bytes each.

@@ -335,11 +335,18 @@ void printCostTable(const nlohmann::json& out, const std::string& rows, int64_t 
   std::cout << "\n" << sfbLayers << " layer(s) by SFB, ";
   if (adamLayers > 0) std::cout << adamLayers << " by Adam's server, ";
   std::cout << out["layers"].size() - sfbLayers - adamLayers << " by PS\n";
-  std::snprintf(line, sizeof line,
-                "KV store: %lld pairs of at most %lld bytes over %d shards; shard load %.2f-%.2f MB (max/min %.3f)\n",
+  std::snprintf(line, sizeof line, "KV store: %lld pairs of at most %lld bytes over %d shards; shard load %.2f-%.2f MB",
                 static_cast<long long>(t["kv_pairs"].get<int64_t>()), static_cast<long long>(pairBytes), servers,
-                minB / 1e6, maxB / 1e6, minB ? double(maxB) / double(minB) : 0.0);
+                minB / 1e6, maxB / 1e6);
   std::cout << line;
+  // An empty shard has no max/min: say how many, and what spreads the pairs.
+  const int64_t empty = t["empty_shards"].get<int64_t>();
+  if (empty > 0)
+    std::cout << " (" << empty << " of " << servers << " shards hold no pair: a smaller --pair-bytes makes more)\n";
+  else {
+    std::snprintf(line, sizeof line, " (max/min %.3f)\n", double(maxB) / double(minB));
+    std::cout << line;
+  }
 }
 
 // The cost table's totals over the layers.
@@ -434,6 +441,7 @@ int costTable(const PlanArgs& a) {
                    {"kv_pairs", layout.totalPairs()},
                    {"max_shard_bytes", maxB},
                    {"min_shard_bytes", minB},
+                   {"empty_shards", std::count(sb.begin(), sb.end(), 0)},
                    {"hybrid_bytes", tot.hybrid * elementBytes},
                    {"ps_bytes", tot.ps * elementBytes}};
   out["wire"] = wirePrecisionName(precision);

@@ -14,13 +14,20 @@
 namespace poseidon::cli {
 namespace {
 
-// KV pairs x workers from which a prediction says first that its rows take a while (vgg19's 274
-// pairs of 2 MB at 32 workers, where the note used to start).
-constexpr double kSlowPredictionMessages = 8000;
-
 using planner::Cluster;
 using planner::Prediction;
 using planner::System;
+
+// KV pairs x workers from which a prediction says first that its rows take a while (vgg19's 274
+// pairs of 2 MB at 32 workers, where the note used to start).
+constexpr double kSlowPredictionMessages = 8000;
+// ... and from which it is refused: about 1.3 us a simulated message and ~15 runs for a row's lowest
+// rate make 5e7 half an hour a row (--pair-bytes 4 on vgg19 at 64 workers: 9e9, days).
+constexpr double kMaxPredictionMessages = 5e7;
+
+double pairsPerIteration(const planner::Workload& w, const Cluster& c) {
+  return std::ceil(4.0 * static_cast<double>(w.model.numel()) / static_cast<double>(c.pairBytes));
+}
 
 planner::Workload workloadOf(const PredictRequest& r) {
   if (r.computeSeconds > 0) {
@@ -188,6 +195,17 @@ nlohmann::json costLimits(const PredictRequest& r, const planner::Workload& w) {
 
 int planPredict(const PredictRequest& r) {
   const planner::Workload w = workloadOf(r);
+  {  // before the first line of output
+    const int largest = *std::max_element(r.workers.begin(), r.workers.end());
+    const double pairs = pairsPerIteration(w, r.cluster);
+    if (pairs * largest > kMaxPredictionMessages) {
+      const double least = 4.0 * static_cast<double>(w.model.numel()) * largest / kMaxPredictionMessages;
+      throw InvalidArgument(strCat("--pair-bytes ", r.cluster.pairBytes, " cuts ", w.model.name, " into ",
+                                   static_cast<int64_t>(pairs), " KV pairs: at ", largest,
+                                   " workers a prediction would simulate hours of messages; give --pair-bytes ",
+                                   static_cast<int64_t>(std::ceil(least)), " or more (or fewer workers)"));
+    }
+  }
   if (!r.groups.empty()) return planGroups(r, w);
   const bool sweep = r.sweep;
   nlohmann::json out{{"model", w.model.name},
@@ -258,7 +276,7 @@ int planPredict(const PredictRequest& r) {
   // A row's cost grows with the messages it simulates, about KV pairs x workers: vgg19's 274 default
   // pairs at 32 workers take seconds a row, its 140,000 pairs of 4 KB minutes (--pair-bytes 4096).
   const int largest = *std::max_element(r.workers.begin(), r.workers.end());
-  const double pairs = std::ceil(4.0 * static_cast<double>(w.model.numel()) / static_cast<double>(r.cluster.pairBytes));
+  const double pairs = pairsPerIteration(w, r.cluster);
   if (!r.json && pairs * largest >= kSlowPredictionMessages) {
     std::fprintf(stderr,
                  "(%d workers, %.0f KV pairs an iteration: every row is a discrete-event run of each message%s; "

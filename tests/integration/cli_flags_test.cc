@@ -100,14 +100,20 @@ TEST(CliFlags, PlanCountsTheWiresBytes) {
 }
 
 // `poseidon plan` with these arguments: its JSON output (the test fails on another exit code).
-nlohmann::json planJson(const std::vector<std::string>& args) {
+// `poseidon plan --json ARGS`'s JSON; `error`: the error line it must exit 1 with (a --check that
+// predicted no point prints its JSON, then fails).
+nlohmann::json planJson(const std::vector<std::string>& args, const std::string& error = "") {
   std::string dir = testing::makeTempDir("plan");
   std::vector<std::string> argv{POSEIDON_CLI, "plan", "--json"};
   argv.insert(argv.end(), args.begin(), args.end());
   std::vector<testing::Proc> procs{testing::spawn(argv, {}, dir + "/cli")};
   testing::waitAll(procs, std::chrono::seconds(120));
-  EXPECT_EQ(procs[0].exitCode(), 0) << procs[0].stderrText();
-  nlohmann::json j = procs[0].exitCode() == 0 ? nlohmann::json::parse(procs[0].stdoutText()) : nlohmann::json{};
+  const int want = error.empty() ? 0 : 1;
+  EXPECT_EQ(procs[0].exitCode(), want) << procs[0].stderrText();
+  if (want) {
+    EXPECT_EQ(procs[0].stderrText(), "poseidon plan: error: " + error + "\n");
+  }
+  nlohmann::json j = procs[0].exitCode() == want ? nlohmann::json::parse(procs[0].stdoutText()) : nlohmann::json{};
   std::filesystem::remove_all(dir);
   return j;
 }
@@ -210,7 +216,8 @@ TEST(CliFlags, PlanPredictsSweepsAndChecksAResultsFile) {
   EXPECT_DOUBLE_EQ(wholeCheck["rows"][0]["link_mbit"].get<double>(), 30);  // the column's rate
   whole["config"]["model_scales"]["vgg19"] = 0.1;
   std::ofstream(dir + "/wrong.json") << whole.dump();
-  const nlohmann::json wrongCheck = planJson({"--check", dir + "/wrong.json"});
+  const nlohmann::json wrongCheck = planJson(
+      {"--check", dir + "/wrong.json"}, "--check: no run of '" + dir + "/wrong.json' could be predicted (1 skipped: the rows say why)");
   EXPECT_EQ(wrongCheck["points"], 0) << wrongCheck.dump();
   EXPECT_EQ(wrongCheck["skipped"], 1) << wrongCheck.dump();
   std::ofstream(dir + "/bad.json") << R"({"runs": []})";
@@ -398,7 +405,8 @@ TEST(CliFlags, PlanModelsComputeGroupsAndChecksTimeToAccuracyFiles) {
   nlohmann::json jittered = config;
   jittered["pad_jitter_ms"] = 300.0;
   std::ofstream(dir + "/jitter.json") << nlohmann::json{{"config", jittered}, {"runs", {g2}}}.dump();
-  const nlohmann::json none = planJson({"--check", dir + "/jitter.json"});
+  const nlohmann::json none = planJson(
+      {"--check", dir + "/jitter.json"}, "--check: no run of '" + dir + "/jitter.json' could be predicted (1 skipped: the rows say why)");
   EXPECT_EQ(none["points"], 0);
   EXPECT_EQ(none["skipped"], 1);
   std::filesystem::remove_all(dir);
@@ -836,10 +844,23 @@ TEST(CliFlags, PlanRefusesMalformedFiles) {
   std::ofstream(dir + "/config5.json") << R"({"config":5,"runs":[]})";
   const testing::Proc config5 = testing::runCli({"plan", "--check", dir + "/config5.json"}, dir + "/cli5", {}, 30);
   EXPECT_EQ(config5.exitCode(), 2);
-  EXPECT_THAT(config5.stderrText(), HasSubstr("poseidon plan: error: --check: '" + dir +
-                                              "/config5.json' is not a poseidon bench results file (a field of the "
-                                              "wrong type: "));
-  EXPECT_THAT(config5.stderrText(), Not(HasSubstr("json.exception")));
+  EXPECT_EQ(config5.stderrText(), "poseidon plan: error: --check: '" + dir + "/config5.json': config is not a JSON object\n");
+  // A hand-edited field of the wrong type is named with its run (it said "type must be number, but is
+  // string"); a run without a link rate is skipped by name (it ended the check: "the planner needs a link
+  // rate > 0"); a file with nothing to predict fails (it exited 0, as if checked).
+  const std::string ddp = R"({"system":"ddp","model":"vgg19","nodes":2,"iteration_seconds":1,"ok":true,)";
+  std::ofstream(dir + "/typed.json") << R"({"config":{},"runs":[)" << ddp << R"("link_mbit":100},)" << ddp
+                                     << R"("link_mbit":"fast"}]})";
+  expectRejected({{"plan", "--check", dir + "/typed.json"},
+                  "--check: '" + dir + "/typed.json': run 1 (vgg19 ddp): \"link_mbit\" is \"fast\", expected a number"});
+  std::ofstream(dir + "/rate.json") << R"({"config":{},"runs":[)" << ddp << R"("link_mbit":100},)" << ddp
+                                    << R"("link_mbit":-30}]})";
+  const testing::Proc rate = testing::runCli({"plan", "--check", dir + "/rate.json"}, dir + "/rate", {}, 60);
+  EXPECT_EQ(rate.exitCode(), 0) << rate.stderrText();
+  EXPECT_THAT(rate.stdoutText(), HasSubstr("vgg19        ddp                   2      -30         -          -  (no link rate)\n"));
+  EXPECT_THAT(rate.stdoutText(), HasSubstr("\n1 points predicted (1 skipped"));
+  std::ofstream(dir + "/norun.json") << R"({"config":{},"runs":[]})";
+  planJson({"--check", dir + "/norun.json"}, "--check: no run of '" + dir + "/norun.json' could be predicted (it lists no runs)");
   std::ofstream(dir + "/empty-tx.json") << R"({"config":{},"runs":[{"system":"ddp","model":"vgg19","nodes":2,)"
                                         << R"("link_mbit":100,"iteration_seconds":1,"ok":true,"tx_bytes_per_iteration":[]}]})";
   const nlohmann::json checked = planJson({"--check", dir + "/empty-tx.json"});

@@ -56,6 +56,11 @@ struct CheckTally {
           "message on a receive loop\n",
           points, skipped, skippedWhy.c_str(), worst * 100, beyond, tolerance * 100, cores, messageUs);
     }
+    // A check that checked nothing is not a pass (a script reading the exit status would take it for one).
+    if (points == 0) {
+      throw Error(strCat("--check: no run of '", path, "' could be predicted (",
+                         skipped ? strCat(skipped, " skipped: the rows say why") : std::string("it lists no runs"), ")"));
+    }
   }
 };
 
@@ -173,6 +178,75 @@ nlohmann::json readResults(const std::string& path) {
   return results;
 }
 
+// The fields --check reads and their JSON types. A hand-edited file with one of the wrong type is
+// refused naming the field and its run, not with the JSON library's "type must be number".
+enum class Kind { kNumber, kString, kBool, kArray, kObject };
+struct Field {
+  const char* name;
+  Kind kind;
+};
+const char* kindName(Kind k) {
+  static const char* names[] = {"a number", "a string", "true or false", "an array", "an object"};
+  return names[static_cast<int>(k)];
+}
+constexpr Field kConfigFields[] = {
+    {"batch", Kind::kNumber},         {"compute", Kind::kString},       {"defer_reconstruction", Kind::kBool},
+    {"devices", Kind::kArray},        {"fc_server_ms_per_update", Kind::kNumber},
+    {"host_cores", Kind::kNumber},    {"host_queue", Kind::kString},    {"io_threads", Kind::kNumber},
+    {"latency_ms", Kind::kNumber},    {"local_ranks", Kind::kNumber},   {"merged_fc", Kind::kBool},
+    {"model_scales", Kind::kObject},  {"pad_jitter_ms", Kind::kNumber},
+    {"pad_ms", Kind::kNumber},        {"pair_bytes", Kind::kNumber},    {"queue_ms", Kind::kNumber},
+    {"scale", Kind::kNumber},         {"send_window", Kind::kNumber},   {"send_window_rule", Kind::kNumber},
+    {"servers", Kind::kNumber},       {"sum_threads", Kind::kNumber},   {"switch_queue", Kind::kString},
+    {"time_dilation", Kind::kNumber}, {"urgent_layers", Kind::kNumber}, {"urgent_rule", Kind::kNumber}};
+constexpr Field kRunFields[] = {
+    {"device", Kind::kString},           {"emulated_mbit", Kind::kNumber},     {"groups", Kind::kNumber},
+    {"host_bound", Kind::kBool},         {"iteration_seconds", Kind::kNumber}, {"link_mbit", Kind::kNumber},
+    {"local_ranks", Kind::kNumber},      {"mbit", Kind::kNumber},              {"model", Kind::kString},
+    {"mean_rate_seconds_per_step", Kind::kNumber}, {"nodes", Kind::kNumber},   {"ok", Kind::kBool},
+    {"seconds_per_step", Kind::kNumber}, {"system", Kind::kString},            {"tx_bytes_per_iteration", Kind::kArray}};
+
+bool isKind(const nlohmann::json& v, Kind k) {
+  switch (k) {
+    case Kind::kNumber: return v.is_number();
+    case Kind::kString: return v.is_string();
+    case Kind::kBool: return v.is_boolean();
+    case Kind::kArray: return v.is_array();
+    case Kind::kObject: return v.is_object();
+  }
+  return false;
+}
+
+template <size_t N>
+void checkFields(const std::string& path, const nlohmann::json& obj, const Field (&fields)[N], const std::string& where) {
+  if (!obj.is_object()) throw InvalidArgument(strCat("--check: '", path, "': ", where, " is not a JSON object"));
+  for (const Field& f : fields) {
+    if (obj.contains(f.name) && !obj[f.name].is_null() && !isKind(obj[f.name], f.kind)) {
+      throw InvalidArgument(strCat("--check: '", path, "': ", where, ": \"", f.name, "\" is ", obj[f.name].dump(),
+                                   ", expected ", kindName(f.kind)));
+    }
+  }
+}
+
+// Every field --check reads, before the first row is printed: "run 3 (vgg19 ps-naive)" or "config".
+void checkFieldTypes(const std::string& path, const nlohmann::json& results) {
+  const nlohmann::json& config = results["config"];
+  checkFields(path, config, kConfigFields, "config");
+  // A bench file lists its node counts; an accuracy file (pad_ms) ran at one.
+  if (config.contains("pad_ms")) checkFields(path, config, {Field{"nodes", Kind::kNumber}}, "config");
+  size_t i = 0;
+  for (const auto& run : results["runs"]) {
+    std::string where = strCat("run ", i++);
+    if (run.is_object()) {
+      std::string what;
+      for (const char* key : {"model", "system"})
+        if (run.contains(key) && run[key].is_string()) what += (what.empty() ? "" : " ") + run[key].get<std::string>();
+      if (!what.empty()) where += " (" + what + ")";
+    }
+    checkFields(path, run, kRunFields, where);
+  }
+}
+
 // The measured rates of the results file's device `name` (config's "devices"), or nullptr.
 const nlohmann::json* deviceRates(const nlohmann::json& devices, const std::string& name) {
   for (const auto& d : devices)
@@ -281,6 +355,7 @@ int checkResults(const std::string& path, const nlohmann::json& results, const C
     if (why.empty() && run.value("host_bound", false)) why = "HOST-BOUND";
     if (why.empty() && !(measured > 0)) why = "no iteration time";
     if (why.empty() && nodes < 1) why = "no node count";
+    if (why.empty() && !(mbit > 0)) why = "no link rate";
     const std::string device = run.value("device", "gpu");
     const nlohmann::json* rates = deviceRates(devices, device);
     // Poseidon's runtime charged its own work on the run's device: the file must say how fast.
@@ -345,6 +420,7 @@ int checkResults(const std::string& path, const nlohmann::json& results, const C
 int planCheck(const std::string& path, const Cluster& given, int hostCores, double tolerance, bool json,
               bool messageSet) {
   const nlohmann::json results = readResults(path);
+  checkFieldTypes(path, results);
   try {
     return checkResults(path, results, given, hostCores, tolerance, json, messageSet);
   } catch (const nlohmann::json::exception& e) {

@@ -260,13 +260,8 @@ int implicitMomentum(const std::vector<std::string>& args) {
   ImplicitMomentumFlags f;
   if (!parseImplicitMomentum(args, f)) return 0;
   pt::ImplicitMomentumOptions& o = f.o;
-  if (!f.jsonPath.empty()) {
-    try {
-      writeFileAtomically(f.jsonPath, "{}\n", "the results file");  // fail now, not after the runs
-    } catch (const IoError& e) {
-      throw InvalidArgument(strCat("--json: ", e.what()));  // the user's path: a usage error, exit 2
-    }
-  }
+  // Fail now, not after the runs, and leave an earlier results file there untouched until they end.
+  if (!f.jsonPath.empty()) checkOutputFile("--json", f.jsonPath);
   // The dataset is read once here, before the header, so a wrong --data fails alone (each group's
   // run reads it again; 0.3 s against minutes of runs).
   (void)data::loadFashionMnist(o.dataDir.empty() ? data::kDefaultFashionMnistDir : o.dataDir, true);

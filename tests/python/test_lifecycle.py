@@ -262,6 +262,27 @@ class Lifecycle(TempDirTest):
         self.assertIn("POSEIDON_LOG: unknown log level 'verbose' (expected debug, info, warning, error or off)",
                       bad.err)
 
+    def test_two_models_in_one_program_train_in_jobs_of_their_own(self):
+        script = self.path("gan.py")
+        with open(script, "w") as f:
+            f.write("import os, torch, poseidon\n"
+                    "torch.manual_seed(int(os.environ['RANK']))\n"  # different data and initial weights per rank
+                    "g = poseidon.DistributedModel(torch.nn.Linear(4, 3), batch=2)\n"
+                    "d = poseidon.DistributedModel(torch.nn.Linear(3, 1), batch=2)\n"
+                    "og, od = torch.optim.SGD(g.parameters(), lr=0.1), torch.optim.SGD(d.parameters(), lr=0.1)\n"
+                    "for step in range(3):\n"
+                    "    fake = g(torch.randn(2, 4))\n"
+                    "    od.zero_grad(); d(fake.detach()).sum().backward(); d.step(od)\n"
+                    "    og.zero_grad(); fake.sum().backward(); g.step(og)\n"
+                    "g.finish(); d.finish()\n"
+                    "print('params', [round(p.sum().item(), 6) for m in (g, d) for p in m.parameters()])\n")
+        run = launch(2, script)
+        self.assertEqual(run.code, 0, str(run))
+        said = re.findall(r"\[rank (\d)\] params (.*)", run.out)
+        self.assertEqual(len(said), 2, str(run))
+        self.assertEqual(said[0][1], said[1][1])  # rank 0's initial weights and the mean gradients, in both models
+        self.assertClean(run)
+
     def test_options_are_refused_by_their_python_names(self):
         cases = {  # keyword arguments -> what DistributedModel says (world of one)
             "batch='abc'": "InvalidArgument batch must be an integer, got 'abc'",

@@ -13,6 +13,8 @@
 #include "checkpoint_helpers.h"
 #include "cli_helpers.h"
 #include "poseidon/common/error.h"
+#include "poseidon/torch/distributed.h"
+#include "poseidon/launch/env.h"
 
 namespace poseidon {
 namespace {
@@ -141,6 +143,73 @@ TEST(Checkpoint, LayoutMismatchIsNotDamageAndDoesNotFallBack) {
   } catch (const InvalidArgument& e) {
     EXPECT_THAT(e.what(), HasSubstr("checkpoint " + ten + " was written with --workers 1, this run has 2"));
   }
+}
+
+// A checkpoint of another architecture with the same model name (a widened layer): refused naming the
+// tensor, the module untouched. LibTorch's Module::load resized the parameters to the checkpoint's and
+// the job trained the old architecture.
+TEST(Checkpoint, AnotherArchitectureIsRefusedNamingTheTensor) {
+  TempDir dir;
+  TrainState job;
+  const std::string five = job.save(dir.path + "/ck", 5);
+  TrainState other;
+  const auto first = other.net.module->named_parameters().pairs().front();
+  {
+    torch::NoGradGuard noGrad;
+    auto shape = first.second.sizes().vec();
+    shape[0] += 1;
+    first.second.set_(torch::zeros(shape));
+  }
+  const auto before = other.params();
+  const std::string said =
+      messageOf([&] { pt::resumeFromNewest(dir.path + "/ck", job.meta, *other.net.module, other.optimizer); });
+  std::ostringstream ours, theirs;
+  ours << first.second.sizes();
+  theirs << job.net.module->named_parameters()[first.first].sizes();
+  EXPECT_EQ(said, "checkpoint " + five + " holds " + first.first + " as Float " + theirs.str() +
+                      ", this model's is Float " + ours.str() + ": it was written from another architecture");
+  EXPECT_TRUE(testing::sameTensors(other.params(), before));
+}
+
+// keep = 0 deleted every checkpoint, the new one too; one checkpoint given for their directory, or a
+// file, resumed nothing and trained from 0 without a word; loadCheckpoint of a typo said "damaged".
+TEST(Checkpoint, PathsAndCountsThatLoseWorkAreRefused) {
+  TempDir dir;
+  TrainState job;
+  EXPECT_EQ(messageOf([&] { pt::saveCheckpoint(dir.path + "/ck", job.meta, *job.net.module, job.optimizer, 0); }),
+            "saveCheckpoint: keep must be at least 1 (the newest), got 0");
+  const std::string five = job.save(dir.path + "/ck", 5);
+  TrainState other;
+  EXPECT_EQ(messageOf([&] { pt::resumeFromNewest(five, job.meta, *other.net.module, other.optimizer); }),
+            "checkpoint directory " + five + " is one checkpoint (it holds meta.json): give the directory that holds "
+            "the step-N checkpoints, its parent, or load this one with loadCheckpoint");
+  EXPECT_EQ(messageOf([&] { pt::resumeFromNewest(five + "/meta.json", job.meta, *other.net.module, other.optimizer); }),
+            "checkpoint directory " + five + "/meta.json is a file");
+  EXPECT_EQ(messageOf([&] { pt::loadCheckpoint(dir.path + "/ck/step-000000006", job.meta, *other.net.module,
+                                               other.optimizer); }),
+            "checkpoint " + dir.path + "/ck/step-000000006 does not exist");
+  EXPECT_EQ(pt::resumeFromNewest(dir.path + "/none", job.meta, *other.net.module, other.optimizer).path, "");
+}
+
+// A checkpoint resumed after the DistributedModel was built (as poseidon train does): the parameters
+// keep their storage, so a world of one still sees their gradients (it said "step() after forward()
+// without loss.backward()": Module::load had swapped the storage under the wrapper's hooks).
+TEST(Checkpoint, ResumingAfterWrappingTrains) {
+  TempDir dir;
+  TrainState job;
+  job.save(dir.path + "/ck", 5);
+  TrainState other;
+  pt::DistributedOptions o;
+  o.node.masterPort = freePort("127.0.0.1");
+  o.node.settings.batch = 4;
+  pt::DistributedModel dist(other.net.module, "lenet", o);
+  pt::resumeFromNewest(dir.path + "/ck", job.meta, *other.net.module, other.optimizer);
+  EXPECT_TRUE(testing::sameTensors(other.params(), job.params()));
+  torch::Tensor x = torch::randn({4, 1, 28, 28}), y = torch::randint(0, 10, {4}, torch::kLong);
+  torch::nll_loss(torch::log_softmax(dist.forwardWith([&] { return other.net.forward(x); }), 1), y).backward();
+  dist.step(other.optimizer);
+  EXPECT_FALSE(testing::sameTensors(other.params(), job.params()));
+  dist.finish();
 }
 
 // A checkpoint of the Python API (poseidon.save_checkpoint: its files checked, its meta not, a Python

@@ -426,5 +426,73 @@ TEST(DdpSemantics, OneWorkerChecksTheSameMisuse) {
   }
 }
 
+// After finish() the job is over: a training forward, a step, and a backward of a forward from before
+// it are refused by name (the backward's hook reached the pool finish() had freed: a segfault).
+TEST(DdpSemantics, AfterFinishTrainingIsRefusedNotACrash) {
+  const int port = freePort("127.0.0.1");
+  const auto said = onRanks(2, [&](int r) {
+    auto net = std::make_shared<Branchy>();
+    DistributedModel dist(net, "branchy", optionsFor(r, 2, port, kRows));
+    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
+    dist.forwardWith([&] { return net->forward(dataFor(r, 0, kRows), true); }).sum().backward();
+    dist.step(opt);
+    const torch::Tensor late = dist.forwardWith([&] { return net->forward(dataFor(r, 1, kRows), false); });
+    dist.finish();
+    std::vector<std::string> out;
+    auto catchIt = [&](const std::function<void()>& f) {
+      try {
+        f();
+        out.push_back("(accepted)");
+      } catch (const std::exception& e) {
+        out.push_back(e.what());
+      }
+    };
+    catchIt([&] { late.sum().backward(); });
+    catchIt([&] { dist.forwardWith([&] { return net->forward(dataFor(r, 2, kRows), false); }); });
+    catchIt([&] { dist.step(opt); });
+    {
+      torch::NoGradGuard evaluation;  // still runs
+      const torch::Tensor y = dist.forwardWith([&] { return net->forward(dataFor(r, 3, kRows), false); });
+      out.push_back(strCat("evaluated ", y.size(0)));
+    }
+    return out;
+  });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(said[r].size(), 4u);
+    EXPECT_THAT(said[r][0], HasSubstr(strCat(" after finish(): rank ", r, "'s job is over")));  // submitDense or -Factors
+    EXPECT_EQ(said[r][1], "a training forward after finish(): this rank's job is over (an evaluation forward, in eval "
+                          "mode or under no_grad, still runs)");
+    EXPECT_EQ(said[r][2], "synchronize()/step() after finish(): this rank's job is over");
+    EXPECT_EQ(said[r][3], "evaluated 4");
+  }
+}
+
+// Two models in one program (a GAN's generator and discriminator): each rank's second live model
+// joins a job of its own at MASTER_PORT + 1, and both train exactly (it failed with "Address already
+// in use" and the launcher restarted the job). The ranks end with the same parameters in both.
+TEST(DdpSemantics, TwoModelsInOneProgramEachTrainInAJobOfTheirOwn) {
+  const int port = freePort("127.0.0.1");
+  const auto params = onRanks(2, [&](int r) {
+    auto a = std::make_shared<Branchy>(), b = std::make_shared<Branchy>();
+    DistributedModel first(a, "first", optionsFor(r, 2, port, kRows));
+    DistributedModel second(b, "second", optionsFor(r, 2, port, kRows));
+    torch::optim::SGD oa(a->parameters(), torch::optim::SGDOptions(0.1));
+    torch::optim::SGD ob(b->parameters(), torch::optim::SGDOptions(0.1));
+    for (int step = 0; step < 2; ++step) {
+      first.forwardWith([&] { return a->forward(dataFor(r, step, kRows), true); }).sum().backward();
+      second.forwardWith([&] { return b->forward(dataFor(r, step + 5, kRows), false); }).sum().backward();
+      first.step(oa);
+      second.step(ob);
+    }
+    first.finish();
+    second.finish();
+    std::vector<torch::Tensor> all = paramsOf(*a), more = paramsOf(*b);
+    all.insert(all.end(), more.begin(), more.end());
+    return all;
+  });
+  ASSERT_EQ(params[0].size(), params[1].size());
+  for (size_t i = 0; i < params[0].size(); ++i) EXPECT_TRUE(torch::equal(params[0][i], params[1][i])) << i;
+}
+
 }  // namespace
 }  // namespace poseidon::pt

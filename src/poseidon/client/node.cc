@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <mutex>
+#include <set>
 #include <thread>
+#include <tuple>
 
 #include "poseidon/common/bytes.h"
 #include "poseidon/common/error.h"
@@ -30,10 +33,39 @@ NodeOptions resolved(NodeOptions options) {
 // VanOptions::urgentLayers), its ROUTER, and a few more (rendezvous, ZAP, the scheduler's wake-up
 // pair). libzmq's default, 1023, would refuse the urgent connections past ~500 nodes.
 int maxSockets(int worldSize) { return std::max(ZMQ_MAX_SOCKETS_DFLT, 2 * worldSize + 64); }
+
+// The jobs this process's live nodes are in, by (coordinator address, port, rank). A second live
+// node of one rank at the same MASTER_ADDR:MASTER_PORT (two DistributedModels in one program: a
+// GAN's generator and discriminator, a teacher and a student) joins a job of its own at the next
+// free port; every rank builds its models in the same order, so the k-th models of all ranks meet
+// at MASTER_PORT + k. (The ranks of one job in one process, as the in-process tests run them,
+// differ in rank and share the port.)
+std::mutex gLiveJobsMutex;
+std::set<std::tuple<std::string, int, int>> gLiveJobs;
+
+int claimJobPort(const std::string& addr, int port, int rank) {
+  std::lock_guard<std::mutex> lock(gLiveJobsMutex);
+  int p = port;
+  while (gLiveJobs.count({addr, p, rank})) ++p;
+  if (p > 65535) throw InvalidArgument(strCat("no port above MASTER_PORT ", port, " for another job of this process"));
+  gLiveJobs.insert({addr, p, rank});
+  return p;
+}
 }  // namespace
 
 Node::Node(const NodeOptions& options)
-    : options_(resolved(options)), ctx_(options_.ioThreads, maxSockets(options_.worldSize)) {}
+    : options_(resolved(options)), ctx_(options_.ioThreads, maxSockets(options_.worldSize)) {
+  if (options_.masterPort > 0) {
+    const int base = options_.masterPort;
+    options_.masterPort = claimJobPort(options_.masterAddr, base, options_.rank);
+    claimedPort_ = true;
+    if (options_.masterPort != base) {
+      POSEIDON_LOG(kInfo) << "rank " << options_.rank << ": another model of this process is in the job at "
+                          << options_.masterAddr << ":" << base << "; this one joins its own at port "
+                          << options_.masterPort << " (MASTER_PORT + " << options_.masterPort - base << ")";
+    }
+  }
+}
 
 namespace {
 void checkOptions(const NodeOptions& options) {
@@ -205,6 +237,10 @@ Node::~Node() {
   pool_.reset();      // drains queued sends while the van is still open
   if (van_) van_->close();
   coordinator_.reset();
+  if (claimedPort_) {
+    std::lock_guard<std::mutex> lock(gLiveJobsMutex);
+    gLiveJobs.erase({options_.masterAddr, options_.masterPort, options_.rank});
+  }
 }
 
 uint64_t Node::refusedConnections() const {

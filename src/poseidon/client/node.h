@@ -170,6 +170,8 @@ class Node : private SyncHost {
   // Starts iteration t; t must follow the previous one (or be the book's start).
   void beginIteration(int64_t iteration);
   int64_t iteration() const { return iteration_.load(); }
+  // finish() has run: the job is over for this rank (user thread).
+  bool finished() const { return finished_; }
   // BestScheme for the layer: Algorithm 1 with the job's per-worker batch K
   // (JobSettings::batch), P1 and P2, so every worker decides the same way,
   // including one whose layer got no gradient this step (it contributes zero
@@ -324,6 +326,8 @@ class Node : private SyncHost {
   void receiveLoop();
   void checkPeers();
   void tookPart();  // syncedThrough_ covers the current iteration
+  // InvalidArgument naming `call` once finish() has run: the pool and the transport are gone.
+  void checkNotFinished(const char* call) const;
   // Fails the job if a peer finished with fewer iterations than this rank synchronizes, or, once this
   // rank is finishing, with another count; the loop (on a finish barrier) and the user thread.
   void checkIterationCounts();
@@ -393,6 +397,7 @@ class Node : private SyncHost {
   std::vector<std::pair<int64_t, std::function<void()>>> heldRebuilds_;
   int64_t skipped_ = 0;  // user thread only
   bool finished_ = false;
+  bool claimedPort_ = false;  // options_.masterPort is this process's claim (released by ~Node)
   // finish(): which peers said bye (the receive loop records them; finish() waits for them, then
   // closes without lingering on messages to peers that read nothing more).
   std::mutex byeMutex_;

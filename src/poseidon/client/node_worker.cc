@@ -69,8 +69,13 @@ void Node::dropHeldRebuilds() {
   }
 }
 
+void Node::checkNotFinished(const char* call) const {
+  if (finished_) throw InvalidArgument(strCat(call, " after finish(): rank ", rank(), "'s job is over"));
+}
+
 void Node::beginIteration(int64_t iteration) {
   if (!isWorker()) throw InvalidArgument(strCat("rank ", rank(), " is not a worker; it has no iterations"));
+  checkNotFinished("beginIteration");
   throwIfFailed();
   int64_t expected = begun_ ? iteration_.load() + 1 : book_.settings().startIteration;
   if (iteration != expected) {
@@ -99,6 +104,7 @@ Scheme Node::schemeFor(int layer) const {
 }
 
 void Node::submitDense(int layer, LayerBuffer grad, std::shared_ptr<void> keepAlive) {
+  checkNotFinished("submitDense");
   throwIfFailed();
   if (!barrier_ || layer < 0 || layer >= layerCount()) {
     throw InvalidArgument(strCat("submitDense: layer index ", layer, " out of range (rank ", rank(), " has ",
@@ -116,6 +122,7 @@ void Node::submitDense(int layer, LayerBuffer grad, std::shared_ptr<void> keepAl
 
 void Node::submitFactors(int layer, const float* u, const float* v, int64_t rows, LayerBuffer out,
                          std::shared_ptr<void> keepAlive, FactorRebuild rebuild) {
+  checkNotFinished("submitFactors");
   throwIfFailed();
   if (!barrier_ || layer < 0 || layer >= layerCount()) {
     throw InvalidArgument(strCat("submitFactors: layer index ", layer, " out of range"));
@@ -147,6 +154,7 @@ bool Node::alreadyComplete() const {
 }
 
 void Node::skipIteration(const std::vector<LayerBuffer>& outputs) {
+  checkNotFinished("skipIteration");
   throwIfFailed();
   if (outputs.size() != syncers_.size()) {
     throw InvalidArgument(strCat("skipIteration: ", outputs.size(), " buffers for ", syncers_.size(), " layers"));
@@ -197,6 +205,7 @@ std::string Node::pendingWhat(int layer, int64_t iteration) const {
 
 void Node::waitLayer(int layer) {
   if (!barrier_) throw InvalidArgument(strCat("rank ", rank(), " is not a worker; it has no iterations"));
+  checkNotFinished("waitLayer");
   if (layer < 0 || layer >= layerCount()) {
     throw InvalidArgument(strCat("waitLayer: layer index ", layer, " out of range (rank ", rank(), " has ",
                                  layerCount(), " worker layers)"));
@@ -221,6 +230,7 @@ void Node::waitLayer(int layer) {
 
 void Node::waitIteration(std::chrono::milliseconds timeout) {
   if (!barrier_) throw InvalidArgument(strCat("rank ", rank(), " is not a worker; it has no iterations"));
+  checkNotFinished("waitIteration");
   releaseRebuilds(iteration_.load());
   checkIterationCounts();
   throwIfFailed();

@@ -270,6 +270,52 @@ std::vector<std::pair<int64_t, fs::path>> listComplete(const std::string& dir) {
   return out;
 }
 
+// The module's tensors from an archive Module::save wrote (its parameters and buffers under their
+// own names, each child in an archive of its own), every one checked against the module's before
+// any is copied: a checkpoint of a changed architecture is refused naming the tensor (LibTorch's
+// Module::load resized the parameters to the old shapes and trained the old model). Copied in place
+// (copy_, not Module::load's set_), so the parameters keep their storage: a DistributedModel built
+// before the resume keeps seeing them and their gradients.
+struct Loaded {
+  torch::Tensor into, from;
+};
+
+void collect(torch::serialize::InputArchive& archive, torch::nn::Module& module, const std::string& prefix,
+             const std::string& path, std::vector<Loaded>* out) {
+  auto one = [&](const std::string& name, const torch::Tensor& into, bool buffer) {
+    const std::string full = prefix + name;
+    torch::Tensor from;
+    if (!archive.try_read(name, from, buffer)) {
+      throw InvalidArgument(strCat("checkpoint ", path, " has no ", buffer ? "buffer " : "parameter ", full,
+                                   ": it was written from another model"));
+    }
+    if (from.sizes() != into.sizes() || from.scalar_type() != into.scalar_type()) {
+      throw InvalidArgument(strCat("checkpoint ", path, " holds ", full, " as ", c10::toString(from.scalar_type()), " ",
+                                   from.sizes(), ", this model's is ", c10::toString(into.scalar_type()), " ", into.sizes(),
+                                   ": it was written from another architecture"));
+    }
+    out->push_back({into, from});
+  };
+  for (const auto& p : module.named_parameters(/*recurse=*/false)) one(p.key(), p.value(), false);
+  for (const auto& b : module.named_buffers(/*recurse=*/false))
+    if (b.value().defined()) one(b.key(), b.value(), true);
+  for (const auto& child : module.named_children()) {
+    torch::serialize::InputArchive sub;
+    if (!archive.try_read(child.key(), sub)) {
+      throw InvalidArgument(strCat("checkpoint ", path, " has no module ", prefix + child.key(),
+                                   ": it was written from another model"));
+    }
+    collect(sub, *child.value(), prefix + child.key() + ".", path, out);
+  }
+}
+
+void loadModule(torch::serialize::InputArchive& archive, torch::nn::Module& module, const std::string& path) {
+  std::vector<Loaded> all;
+  collect(archive, module, "", path, &all);
+  torch::NoGradGuard noGrad;
+  for (auto& t : all) t.into.copy_(t.from);
+}
+
 }  // namespace
 
 nlohmann::json CheckpointMeta::toJson() const {
@@ -304,6 +350,7 @@ std::string newestCheckpoint(const std::string& dir) {
 
 std::string saveCheckpoint(const std::string& dir, const CheckpointMeta& meta, torch::nn::Module& module,
                            torch::optim::Optimizer& optimizer, int keep) {
+  if (keep < 1) throw InvalidArgument(strCat("saveCheckpoint: keep must be at least 1 (the newest), got ", keep));
   char name[64];
   std::snprintf(name, sizeof name, "%s%09lld", kPrefix, static_cast<long long>(meta.iteration));
   fs::path final = fs::path(dir) / name, tmp = fs::path(dir) / (std::string(name) + ".tmp");
@@ -348,6 +395,8 @@ std::string saveCheckpoint(const std::string& dir, const CheckpointMeta& meta, t
 
 CheckpointMeta loadCheckpoint(const std::string& path, const CheckpointMeta& expect, torch::nn::Module& module,
                               torch::optim::Optimizer& optimizer, std::vector<std::string>* warnings) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw InvalidArgument("checkpoint " + path + " does not exist");
   nlohmann::json j = readMeta(path);
   const bool verified = hasChecksums(j);
   if (verified) verifyMeta(path, j);
@@ -379,7 +428,7 @@ CheckpointMeta loadCheckpoint(const std::string& path, const CheckpointMeta& exp
       modelArchive.load_from((fs::path(path) / kDataFiles[0]).string(), device);
       optimizerArchive.load_from((fs::path(path) / kDataFiles[1]).string(), device);
     }
-    module.load(modelArchive);
+    loadModule(modelArchive, module, path);
     optimizer.load(optimizerArchive);
   } catch (const c10::Error& e) {
     throw InvalidArgument("cannot load checkpoint " + path + ": " + e.what_without_backtrace());
@@ -389,6 +438,15 @@ CheckpointMeta loadCheckpoint(const std::string& path, const CheckpointMeta& exp
 
 Resumed resumeFromNewest(const std::string& dir, const CheckpointMeta& expect, torch::nn::Module& module,
                          torch::optim::Optimizer& optimizer) {
+  // A missing directory is a first run; one checkpoint given for the directory of them would be one too,
+  // silently: refused, as a file is.
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+    throw InvalidArgument("checkpoint directory " + dir + " is a file");
+  if (fs::exists(fs::path(dir) / "meta.json", ec)) {
+    throw InvalidArgument("checkpoint directory " + dir + " is one checkpoint (it holds meta.json): give the "
+                          "directory that holds the step-N checkpoints, its parent, or load this one with loadCheckpoint");
+  }
   auto all = listComplete(dir);
   std::vector<std::string> refused;
   for (auto it = all.rbegin(); it != all.rend(); ++it) {

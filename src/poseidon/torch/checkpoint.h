@@ -59,7 +59,7 @@ class CheckpointDamaged : public InvalidArgument {
 // missing or empty). Complete is not verified: see resumeFromNewest.
 std::string newestCheckpoint(const std::string& dir);
 
-// Saves atomically; keeps the newest `keep` checkpoints. Throws IoError
+// Saves atomically; keeps the newest `keep` (>= 1, else InvalidArgument) checkpoints. Throws IoError
 // "cannot write checkpoint DIR/step-N: FILE: <strerror>" (for a full disk:
 // "No space left on device"); the checkpoints already in dir are untouched.
 std::string saveCheckpoint(const std::string& dir, const CheckpointMeta& meta, torch::nn::Module& module,
@@ -69,7 +69,10 @@ std::string saveCheckpoint(const std::string& dir, const CheckpointMeta& meta, t
 // checksums (CheckpointDamaged otherwise, before anything is loaded) and that
 // the checkpoint belongs to a job like `expect` (model, workers, batch, seed,
 // train limit): resuming with another data order would not be exact. Throws
-// InvalidArgument naming the checkpoint and the mismatch. A checkpoint from
+// InvalidArgument naming the checkpoint and the mismatch, as is a parameter or
+// buffer whose shape or type differs from the module's (another architecture).
+// The tensors are copied into the module's own (its parameters keep their
+// storage, so a DistributedModel may be built before or after). A checkpoint from
 // before checksums were written is loaded unverified; `warnings` gets a line.
 CheckpointMeta loadCheckpoint(const std::string& path, const CheckpointMeta& expect, torch::nn::Module& module,
                               torch::optim::Optimizer& optimizer, std::vector<std::string>* warnings = nullptr);
@@ -90,7 +93,8 @@ struct Resumed {
 // Loads the newest intact checkpoint in dir. Damaged ones are skipped (each
 // with a warning); if every checkpoint is damaged, throws InvalidArgument
 // naming them rather than silently starting over. A job-layout mismatch is
-// not damage and is thrown at once.
+// not damage and is thrown at once. dir missing: nothing to resume (a first
+// run); dir a file, or one checkpoint rather than their directory: InvalidArgument.
 Resumed resumeFromNewest(const std::string& dir, const CheckpointMeta& expect, torch::nn::Module& module,
                          torch::optim::Optimizer& optimizer);
 

@@ -259,6 +259,11 @@ torch::Tensor DistributedModel::forwardWith(const std::function<torch::Tensor()>
 }
 
 void DistributedModel::beginForward() {
+  // Not misuse(): the job is over, there is no one to tell. (An evaluation forward never gets here.)
+  if (node_->finished()) {
+    throw InvalidArgument("a training forward after finish(): this rank's job is over (an evaluation forward, in "
+                          "eval mode or under no_grad, still runs)");
+  }
   node_->checkError();
   lastForwardUntracked_ = false;
   if (stepPending_) {
@@ -457,6 +462,7 @@ void DistributedModel::submitDense(int layer) {
 }
 
 void DistributedModel::checkStep() {
+  if (node_->finished()) throw InvalidArgument("synchronize()/step() after finish(): this rank's job is over");
   if (!inIteration_ || !forwarded_) {
     misuse(accumulating_ ? "synchronize()/step() after forward passes that all ran under noSync(): run the last "
                            "forward/backward of the step outside noSync()"

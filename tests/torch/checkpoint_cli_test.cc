@@ -172,5 +172,25 @@ TEST(CheckpointCli, AStopAtMaxStepsIsSavedWhereItStopped) {
   EXPECT_EQ(entries(dir.path + "/epoch"), (std::set<std::string>{"step-000000003"}));
 }
 
+// A job whose epochs end off the --checkpoint-every beat is saved where it ended (32 iterations, every
+// 5): the same command again has nothing left to train. It kept only step 30 and redid 30..32 each
+// time; an epoch shorter than --checkpoint-every left no checkpoint at all and trained from 0 again.
+TEST(CheckpointCli, TheLastEpochIsSavedOffTheBeat) {
+  TempDir dir;
+  const std::string ck = dir.path + "/ck";
+  auto first = testing::runCli(job(ck, 1000, {"--epochs", "1"}), dir.path + "/first", {}, 240);
+  ASSERT_EQ(first.exitCode(), 0) << first.stderrText();
+  EXPECT_EQ(entries(ck), (std::set<std::string>{"step-000000030", "step-000000032"}));
+  auto again = testing::runCli(job(ck, 1000, {"--epochs", "1"}), dir.path + "/again", {}, 240);
+  ASSERT_EQ(again.exitCode(), 0) << again.stderrText();
+  EXPECT_THAT(again.stdoutText(), HasSubstr("nothing left to train: the checkpoint is at iteration 32, the end of "
+                                            "--epochs 1 (raise --epochs to train on); evaluating it\n"));
+  std::vector<std::string> rare = job(dir.path + "/rare", 1000, {"--epochs", "1"});
+  *(std::find(rare.begin(), rare.end(), "--checkpoint-every") + 1) = "1000";
+  auto once = testing::runCli(rare, dir.path + "/rare-run", {}, 240);
+  ASSERT_EQ(once.exitCode(), 0) << once.stderrText();
+  EXPECT_EQ(entries(dir.path + "/rare"), (std::set<std::string>{"step-000000032"}));
+}
+
 }  // namespace
 }  // namespace poseidon

@@ -168,6 +168,7 @@ void RankRun::resume() {
   }
   c_.startIteration = r.meta.iteration;
   checkpointIteration_ = c_.startIteration;
+  checkpointedAt_ = c_.startIteration;
   mode_->resumed(r);
   if (c_.lead) {
     const auto start = c_.startIteration;
@@ -274,6 +275,7 @@ void RankRun::checkpoint(int64_t iteration) {
     checkpointIteration_ = iteration;
   }
   mode_->afterCheckpoint();
+  checkpointedAt_ = iteration;
 }
 
 void RankRun::checkpointIfDue() {
@@ -324,13 +326,12 @@ void RankRun::train() {
     // Per-epoch checkpoints, unless --checkpoint-every already took this one.
     if (!stop_ && o_.checkpointEvery <= 0) checkpoint(iteration_);
   }
-  // Stopped by --max-steps off the checkpoints' beat (mid-epoch, or between two --checkpoint-every):
-  // saved where it stopped, so that the same command with more steps goes on from here rather than
-  // redoing the steps since the last checkpoint (with per-epoch checkpoints: all of them). Every rank
-  // stops at the same iteration and evaluate() decided together whether the model diverged; a
-  // diverged one is not saved.
-  const bool onTheBeat = o_.checkpointEvery > 0 && iteration_ % o_.checkpointEvery == 0;
-  if (maxStepsReached() && !modelDiverged_ && !onTheBeat) checkpoint(iteration_);
+  // Ended off the checkpoints' beat (--max-steps mid-epoch, or the last epoch between two
+  // --checkpoint-every): saved where it ended, so that the same command says "nothing left to train"
+  // and one with more steps or epochs goes on from here, rather than redoing the steps since the last
+  // checkpoint (an epoch shorter than --checkpoint-every left none at all). Every rank ends at the same
+  // iteration and evaluate() decided together whether the model diverged; a diverged one is not saved.
+  if (!modelDiverged_ && iteration_ != checkpointedAt_) checkpoint(iteration_);
 }
 
 bool RankRun::trainEpoch(int epoch, EpochStats& stats) {

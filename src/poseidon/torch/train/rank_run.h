@@ -101,6 +101,9 @@ class RankRun {
   int64_t stepsPerEpoch_ = 0;
   CheckpointMeta meta_;
   int64_t checkpointIteration_ = -1;
+  // The iteration of the state checkpoint() last took (or resume() loaded), on every rank alike (the
+  // lead's checkpointIteration_ may lag: an unsaved diverged model): train()'s closing save skips it.
+  int64_t checkpointedAt_ = 0;
   AccuracyCurve curve_;
   // Results of the epoch loop.
   nlohmann::json epochsJson_ = nlohmann::json::array();

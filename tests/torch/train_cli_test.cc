@@ -631,6 +631,63 @@ TEST(LaunchCli, InterruptStopsEveryRankWithOneLine) {
   EXPECT_EQ(launcher, "poseidon launch");
 }
 
+// Whether pid is a live process (not gone, not a zombie waiting for init to reap it).
+bool running(long pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const size_t close = line.rfind(')');
+  return close != std::string::npos && line.substr(close + 2, 1) != "Z";
+}
+
+long pidIn(const std::string& file) {
+  std::ifstream in(file);
+  long pid = 0;
+  return in >> pid ? pid : 0;
+}
+
+// Nothing of a job outlives its launcher: the terminal closing (SIGHUP: the ranks, each in a process
+// group of its own, never got it, and the launcher died without a word), the launcher killed outright
+// (its ranks trained on alone), and what a rank started and left running when the job ended.
+TEST(LaunchCli, NothingOfAJobOutlivesItsLauncher) {
+  TempDir dir;
+  const std::string ranks = "echo $$ > " + dir.path + "/pid$RANK.tmp && mv " + dir.path + "/pid$RANK.tmp " + dir.path;
+  const auto up = [&](const std::string& tag) {
+    return testing::waitForPolled([&] { return pidIn(dir.path + "/" + tag + "0") && pidIn(dir.path + "/" + tag + "1"); },
+                                  std::chrono::seconds(60));
+  };
+  const auto gone = [&](const std::string& tag) {
+    return testing::waitForPolled(
+        [&] { return !running(pidIn(dir.path + "/" + tag + "0")) && !running(pidIn(dir.path + "/" + tag + "1")); },
+        std::chrono::seconds(60));
+  };
+  std::vector<testing::Proc> hup{testing::spawn(
+      {POSEIDON_CLI, "launch", "-n", "2", "--", "/bin/sh", "-c", ranks + "/hup$RANK; exec sleep 60"}, {}, dir.path + "/hup")};
+  ASSERT_TRUE(up("hup")) << hup[0].stderrText();
+  ::kill(hup[0].pid, SIGHUP);
+  testing::waitAll(hup, std::chrono::seconds(60));
+  EXPECT_EQ(hup[0].exitCode(), 129);
+  EXPECT_EQ(hup[0].stderrText(), "poseidon launch: interrupted by SIGHUP; stopped all ranks\n");
+  EXPECT_TRUE(gone("hup"));
+
+  std::vector<testing::Proc> killed{testing::spawn(
+      {POSEIDON_CLI, "launch", "-n", "2", "--", "/bin/sh", "-c", ranks + "/kill$RANK; exec sleep 60"}, {},
+      dir.path + "/kill")};
+  ASSERT_TRUE(up("kill")) << killed[0].stderrText();
+  ::kill(killed[0].pid, SIGKILL);
+  testing::waitAll(killed, std::chrono::seconds(60));
+  EXPECT_TRUE(gone("kill")) << "the ranks trained on after their launcher was killed";
+
+  auto left = run({"launch", "-n", "2", "--", "/bin/sh", "-c",
+                   "sleep 60 & echo $! > " + dir.path + "/bg$RANK.tmp && mv " + dir.path + "/bg$RANK.tmp " + dir.path +
+                       "/bg$RANK; echo started"},
+                  dir.path + "/bg", 120);
+  EXPECT_EQ(left.exitCode(), 0) << left.stderrText();
+  EXPECT_LT(left.seconds, 60);  // it waited 5 s for the pipes the leftovers held
+  ASSERT_TRUE(pidIn(dir.path + "/bg0") && pidIn(dir.path + "/bg1"));
+  EXPECT_TRUE(gone("bg")) << "what a rank started outlived the job";
+}
+
 // --transport-security none (launch sets POSEIDON_TRANSPORT_SECURITY for its ranks; train's flag
 // says the same): rank 0 says so once, loudly, and the training is the encrypted run's, bit for bit.
 TEST(LaunchCli, TransportSecurityNoneTrainsTheSameModelUnencrypted) {

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -122,13 +123,14 @@ class Launch {
       // wrapper's training program, a sleep (an audit found both outliving the launch). A Ctrl-C at
       // the terminal then reaches the launcher alone, which stops the ranks (stopAll).
       so.ownProcessGroup = true;
+      so.dieWithParent = true;  // a launcher killed outright (SIGKILL) leaves no rank training on alone
       children_[r].rank = r;
       children_[r].process = ChildProcess::spawn(so);
     }
   }
 
-  // Until every rank exited and its pipes closed (or 5 s after every rank exited: a grandchild may
-  // hold a pipe open).
+  // Until every rank exited and its pipes closed (or the kill grace after every rank exited: what a
+  // rank left running, told to stop then, may hold a pipe open).
   LaunchResult run() {
     auto allExitedSince = std::chrono::steady_clock::time_point::max();
     for (;;) {
@@ -149,11 +151,16 @@ class Launch {
         allDone = allDone && c.process.exited() && c.process.stdoutFd() < 0 && c.process.stderrFd() < 0;
         allExited = allExited && c.process.exited();
       }
+      if (allExited && allExitedSince == std::chrono::steady_clock::time_point::max()) {
+        // What a rank started and left running (a shell's background job) stops with the job, and
+        // lets go of the rank's pipes.
+        allExitedSince = std::chrono::steady_clock::now();
+        for (auto& c : children_) c.process.kill(SIGTERM);
+      }
       if (allDone) break;
-      if (allExited) {
-        if (allExitedSince == std::chrono::steady_clock::time_point::max())
-          allExitedSince = std::chrono::steady_clock::now();
-        if (std::chrono::steady_clock::now() - allExitedSince > std::chrono::seconds(5)) break;
+      if (allExited && std::chrono::steady_clock::now() - allExitedSince > options_.killGrace) {
+        for (auto& c : children_) c.process.kill(SIGKILL);
+        break;
       }
     }
     if (result_.failedRank >= 0) {
@@ -237,27 +244,27 @@ class Launch {
   std::chrono::steady_clock::time_point stopDeadline_ = std::chrono::steady_clock::time_point::max();
 };
 
-// SIGINT and SIGTERM recorded in gSignal (the launch stops every rank) while it lives.
+// SIGINT, SIGTERM and SIGHUP (the terminal or the ssh session closed: the ranks, each in a process
+// group of its own, do not get it) recorded in gSignal, so that the launch stops every rank, while
+// it lives.
 class SignalsCaught {
  public:
   SignalsCaught() {
     struct sigaction sa {};
     sa.sa_handler = onSignal;
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &oldInt_);
-    sigaction(SIGTERM, &sa, &oldTerm_);
+    for (size_t i = 0; i < kSignals.size(); ++i) sigaction(kSignals[i], &sa, &old_[i]);
     gSignal = 0;
   }
   ~SignalsCaught() {
-    sigaction(SIGINT, &oldInt_, nullptr);
-    sigaction(SIGTERM, &oldTerm_, nullptr);
+    for (size_t i = 0; i < kSignals.size(); ++i) sigaction(kSignals[i], &old_[i], nullptr);
   }
   SignalsCaught(const SignalsCaught&) = delete;
   SignalsCaught& operator=(const SignalsCaught&) = delete;
 
  private:
-  struct sigaction oldInt_ {
-  }, oldTerm_{};
+  static constexpr std::array<int, 3> kSignals{SIGINT, SIGTERM, SIGHUP};
+  std::array<struct sigaction, 3> old_{};
 };
 
 LaunchResult launchOnce(const LaunchOptions& options) {

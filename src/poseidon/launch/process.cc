@@ -68,6 +68,7 @@ ChildProcess ChildProcess::spawn(const SpawnOptions& options) {
   const int outTarget = target(options.stdoutTo, outPipe);
   const int errTarget = options.stderrTo == Output::kLikeStdout ? -2 : target(options.stderrTo, errPipe);
 
+  const pid_t parent = ::getpid();
   pid_t pid = ::fork();
   if (pid < 0) {
     int err = errno;
@@ -80,6 +81,10 @@ ChildProcess ChildProcess::spawn(const SpawnOptions& options) {
     if (errTarget == -2) ::dup2(STDOUT_FILENO, STDERR_FILENO);
     if (options.ownProcessGroup) ::setpgid(0, 0);
     if (options.timerSlackNs > 0) ::prctl(PR_SET_TIMERSLACK, options.timerSlackNs, 0, 0, 0);
+    if (options.dieWithParent) {
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM, 0, 0, 0);
+      if (::getppid() != parent) ::_exit(128 + SIGTERM);  // it died before the prctl
+    }
     ::signal(SIGINT, SIG_DFL);
     ::signal(SIGTERM, SIG_DFL);
     ::execvpe(args[0], args.data(), envp.data());
@@ -148,9 +153,11 @@ int ChildProcess::wait() {
 }
 
 void ChildProcess::kill(int sig) const {
-  if (exited_ || pid_ < 0) return;
+  if (pid_ < 0) return;
+  // The group outlives its leader: what the child started (a shell's background job) is still in it.
+  // Its id is not reused while any member lives, so this reaches those or no one.
   if (ownGroup_) ::kill(-pid_, sig);
-  ::kill(pid_, sig);
+  if (!exited_) ::kill(pid_, sig);
 }
 
 bool CommandResult::ok() const { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }

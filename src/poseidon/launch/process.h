@@ -44,6 +44,9 @@ struct SpawnOptions {
   // 50 us, makes each sleep_until 70-75 us late on the development VM (14-23 us at 1 ns): the
   // emulated cluster's ranks, which charge work by sleeping, ask for 1 ns. 0: inherited.
   unsigned long timerSlackNs = 0;
+  // The child gets SIGTERM when this process dies (prctl PR_SET_PDEATHSIG), even by SIGKILL. The
+  // kernel sends it when the thread that forked exits: spawn from a thread that outlives the child.
+  bool dieWithParent = false;
 };
 
 class ChildProcess {
@@ -74,8 +77,8 @@ class ChildProcess {
   int wait();
   bool exited() const { return exited_; }
   int status() const { return status_; }  // waitpid status, once exited()
-  // Sends sig to the child (and to its process group when it has its own);
-  // nothing once it has been reaped.
+  // Sends sig to the child until it has been reaped, and to its process group when it has its own
+  // (even after: whatever the child started and left running).
   void kill(int sig) const;
 
  private:

@@ -109,10 +109,15 @@ TEST(AutoRecovery, OneWorkerRestartsFromCheckpointToo) {
 
 TEST(AutoRecovery, GivesUpAfterMaxRestarts) {
   TempDir dir;
+  // An earlier run's summary: a failed run must not leave it to read as its own.
+  const std::string summary = dir.path + "/summary.json";
+  std::ofstream(summary) << R"({"test_accuracy": 0.9, "diverged": false})";
   // The fault fires in the first run only, so with 0 restarts the job fails.
-  auto p = run(job("auto", {"--max-steps", "20", "--max-restarts", "0"}), dir.path + "/a", {{"POSEIDON_FAULT", "1:3:kill"}});
+  auto p = run(job("auto", {"--max-steps", "20", "--max-restarts", "0", "--summary", summary}), dir.path + "/a",
+               {{"POSEIDON_FAULT", "1:3:kill"}});
   EXPECT_NE(p.exitCode(), 0);
   EXPECT_THAT(p.stderrText(), HasSubstr("poseidon train: rank 1 was killed by signal 9"));
+  EXPECT_FALSE(std::filesystem::exists(summary));
 }
 
 TEST(BadInput, PortInUseUnreachableCoordinatorAndBadCheckpoint) {

@@ -1,5 +1,6 @@
 #include "poseidon/torch/train/outputs.h"
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "poseidon/common/error.h"
@@ -10,7 +11,12 @@ namespace poseidon::pt {
 void checkOutputPaths(const TrainOptions& o, int rank) {
   // saveCheckpoint would create the directory anyway.
   if (rank == 0 && !o.checkpointDir.empty()) checkOutputDirectory("--checkpoint", o.checkpointDir);
-  if (rank == 0 && !o.summaryPath.empty()) checkOutputFile("--summary", o.summaryPath);
+  if (rank == 0 && !o.summaryPath.empty()) {
+    checkOutputFile("--summary", o.summaryPath);
+    // An earlier run's summary would read as this run's if this one failed: a summary there is this run's.
+    std::error_code ec;
+    std::filesystem::remove(o.summaryPath, ec);
+  }
   if (rank == 0 && !o.saveParamsPath.empty()) checkOutputFile("--save-params", o.saveParamsPath);
   // Every rank writes <trace>.rank<R> next to --trace (merged into it at the end).
   if (!o.tracePath.empty()) checkOutputFile("--trace", o.tracePath);

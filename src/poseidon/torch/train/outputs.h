@@ -11,6 +11,7 @@ namespace poseidon::pt {
 
 // Output paths are checked before the first step, by the rank that will write there: a typo in
 // --summary should cost seconds, not the whole run. InvalidArgument names the flag and the cause.
+// An earlier run's --summary file is removed (a failed run leaves none, not the last success's).
 void checkOutputPaths(const TrainOptions& o, int rank);
 
 // Progress for a supervising launcher (POSEIDON_PROGRESS_FILE; nothing when `path` is empty): where

@@ -155,6 +155,8 @@ TEST(CheckpointCli, AStopAtMaxStepsIsSavedWhereItStopped) {
   auto first = testing::runCli(job(ck, 7), dir.path + "/first", {}, 240);
   ASSERT_EQ(first.exitCode(), 0) << first.stderrText();
   EXPECT_EQ(entries(ck), (std::set<std::string>{"step-000000005", "step-000000007"}));
+  // The epoch it cut short is not "done" (it said "epoch 1/5 done in").
+  EXPECT_THAT(first.stdoutText(), HasSubstr("epoch 1/5 stopped after 7 of 32 steps (--max-steps 7) in "));
   auto more = testing::runCli(job(ck, 12), dir.path + "/more", {}, 240);
   ASSERT_EQ(more.exitCode(), 0) << more.stderrText();
   EXPECT_THAT(more.stdoutText(), HasSubstr("resuming from " + ck + "/step-000000007 (iteration 7: "));

@@ -247,6 +247,18 @@ TEST(Checkpoint, OlderCheckpointWithoutChecksumsLoadsWithAWarning) {
   ASSERT_EQ(r.warnings.size(), 1u);
   EXPECT_THAT(r.warnings[0], HasSubstr("checkpoint " + five + " has no checksums"));
   EXPECT_TRUE(testing::sameTensors(other.params(), expected));
+  // A newer one of those, truncated, is damage as a checksummed one would be: skipped for the older one
+  // (it failed the job with "cannot load checkpoint ...: failed finding central directory").
+  job.step();
+  std::string ten = job.save(dir.path + "/ck", 10);
+  std::ofstream(ten + "/meta.json") << job.meta.toJson().dump(2) << "\n";
+  fs::resize_file(ten + "/model.pt", 1000);
+  TrainState third;
+  auto fallback = pt::resumeFromNewest(dir.path + "/ck", job.meta, *third.net.module, third.optimizer);
+  EXPECT_EQ(fallback.path, five);
+  ASSERT_GE(fallback.warnings.size(), 1u);
+  EXPECT_THAT(fallback.warnings[0], HasSubstr("checkpoint " + ten + " is damaged: "));
+  EXPECT_TRUE(testing::sameTensors(third.params(), expected));
 }
 
 uint64_t freeBytes(const std::string& path) {

@@ -431,6 +431,9 @@ CheckpointMeta loadCheckpoint(const std::string& path, const CheckpointMeta& exp
     loadModule(modelArchive, module, path);
     optimizer.load(optimizerArchive);
   } catch (const c10::Error& e) {
+    // Unverified (no checksums): a file LibTorch cannot read is damage, and resume falls back to an
+    // older checkpoint. Verified files are intact, so the format is what it cannot read.
+    if (!verified) damaged(path, e.what_without_backtrace());
     throw InvalidArgument("cannot load checkpoint " + path + ": " + e.what_without_backtrace());
   }
   return m;

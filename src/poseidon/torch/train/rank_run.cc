@@ -314,12 +314,21 @@ void RankRun::train() {
       if (divergedAt_ < 0) noteDivergence(iteration_);
       stop_ = true;
     }
+    // An epoch that --max-steps or a divergence cut short says so, not "done".
+    const int64_t steps = std::min<int64_t>(iteration_ - int64_t{epoch} * stepsPerEpoch_, stepsPerEpoch_);
+    const bool whole = steps >= stepsPerEpoch_;
     if (c_.lead) {
-      std::printf("epoch %d/%d done in %.1f s: train loss %.4f, test accuracy %.2f%%\n", epoch + 1, o_.epochs,
-                  epochSeconds, stats.meanLoss(), 100 * accuracy_);
+      const std::string ended =
+          whole ? std::string("done")
+                : strCat("stopped after ", steps, " of ", stepsPerEpoch_, " steps (",
+                         modelDiverged_ ? std::string("diverged") : strCat("--max-steps ", o_.maxSteps), ")");
+      std::printf("epoch %d/%d %s in %.1f s: train loss %.4f, test accuracy %.2f%%\n", epoch + 1, o_.epochs,
+                  ended.c_str(), epochSeconds, stats.meanLoss(), 100 * accuracy_);
       std::fflush(stdout);
     }
     epochsJson_.push_back({{"epoch", epoch + 1},
+                           {"steps", steps},
+                           {"complete", whole},
                            {"train_loss", stats.meanLoss()},
                            {"test_accuracy", accuracy_},
                            {"seconds", epochSeconds}});

@@ -143,6 +143,15 @@ TEST(CheckpointCli, TheSameCommandAgainReportsTheCheckpointsAccuracy) {
   EXPECT_GT(accuracy, 0.1);
   EXPECT_EQ(testing::readJson(dir.path + "/again.json")["test_accuracy"].get<double>(), accuracy);
   EXPECT_EQ(entries(ck), (std::set<std::string>{"step-000000005", "step-000000010"}));  // nothing rewritten
+  // The summary says what the run was and where it started from.
+  const nlohmann::json one = testing::readJson(dir.path + "/first.json"), two = testing::readJson(dir.path + "/again.json");
+  EXPECT_TRUE(one["resumed_from"].is_null());
+  EXPECT_EQ(one["start_iteration"], 0);
+  EXPECT_EQ(one["max_steps"], 10);
+  EXPECT_EQ(one["train_limit"], 1024);
+  EXPECT_EQ(one["seed"], 1);
+  EXPECT_EQ(two["resumed_from"], ck + "/step-000000010");
+  EXPECT_EQ(two["start_iteration"], 10);
 }
 
 // A job that --max-steps stops off the checkpoints' beat is saved where it stopped: the same command

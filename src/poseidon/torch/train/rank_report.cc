@@ -154,6 +154,13 @@ nlohmann::json RankRun::summaryJson() const {
       {"warmup_steps", warmupSteps_},
       {"momentum", o_.momentum},
       {"steps", steps_},
+      {"seed", o_.seed},
+      {"train_limit", o_.trainLimit > 0 ? nlohmann::json(o_.trainLimit) : nlohmann::json()},
+      {"max_steps", o_.maxSteps > 0 ? nlohmann::json(o_.maxSteps) : nlohmann::json()},
+      // This attempt's start: a resumed run (or a restart) trained from the checkpoint's iteration on,
+      // and steps, train_seconds and wall_seconds are this attempt's.
+      {"start_iteration", c_.startIteration},
+      {"resumed_from", resumedFrom_.empty() ? nlohmann::json() : nlohmann::json(resumedFrom_)},
       {"allow_divergence", o_.allowDivergence},
       {"diverged", modelDiverged_},
       {"diverged_at_step", modelDiverged_ ? nlohmann::json(jobDivergedAt_) : nlohmann::json(nullptr)},

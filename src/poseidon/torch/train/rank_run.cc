@@ -167,6 +167,7 @@ void RankRun::resume() {
     return;
   }
   c_.startIteration = r.meta.iteration;
+  resumedFrom_ = r.path;
   checkpointIteration_ = c_.startIteration;
   checkpointedAt_ = c_.startIteration;
   mode_->resumed(r);

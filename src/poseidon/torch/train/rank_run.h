@@ -104,6 +104,7 @@ class RankRun {
   // The iteration of the state checkpoint() last took (or resume() loaded), on every rank alike (the
   // lead's checkpointIteration_ may lag: an unsaved diverged model): train()'s closing save skips it.
   int64_t checkpointedAt_ = 0;
+  std::string resumedFrom_;  // the checkpoint resume() loaded ("" for none), for the summary
   AccuracyCurve curve_;
   // Results of the epoch loop.
   nlohmann::json epochsJson_ = nlohmann::json::array();

@@ -494,5 +494,29 @@ TEST(DdpSemantics, TwoModelsInOneProgramEachTrainInAJobOfTheirOwn) {
   for (size_t i = 0; i < params[0].size(); ++i) EXPECT_TRUE(torch::equal(params[0][i], params[1][i])) << i;
 }
 
+// A rank whose program throws out of the model's scope: its peers learn that it threw (and it prints
+// no "left the job" line of its own ahead of its program's report of the exception).
+TEST(DdpSemantics, ARankThatThrowsOutOfItsModelTellsItsPeersSo) {
+  const int port = freePort("127.0.0.1");
+  const auto said = onRanks(2, [&](int r) -> std::string {
+    auto net = std::make_shared<Branchy>();
+    try {
+      DistributedModel dist(net, "branchy", optionsFor(r, 2, port, kRows));
+      torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
+      dist.forwardWith([&] { return net->forward(dataFor(r, 0, kRows), true); }).sum().backward();
+      dist.step(opt);
+      if (r == 1) throw std::runtime_error("rank 1's own bug");
+      dist.forwardWith([&] { return net->forward(dataFor(r, 1, kRows), true); }).sum().backward();
+      dist.step(opt);
+      dist.finish();
+      return "finished";
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+  });
+  EXPECT_EQ(said[1], "rank 1's own bug");
+  EXPECT_THAT(said[0], HasSubstr("rank 1 left the job before finish() (its program threw an error)"));
+}
+
 }  // namespace
 }  // namespace poseidon::pt

@@ -326,6 +326,44 @@ TEST(DistributedModel, RejectsNonFloatParameters) {
   }
 }
 
+// Out-of-range settings and an empty parameter are refused by name before the rendezvous: the
+// coordinator refused them as "malformed join message: group settings out of range" (or "layer 0 has
+// a bad dimension 0"), a plain Error that read like a protocol fault.
+TEST(DistributedModel, SettingsOutOfRangeAreNamedBeforeTheRendezvous) {
+  auto refusal = [](const std::function<void(DistributedOptions&)>& set, std::shared_ptr<torch::nn::Module> net) {
+    DistributedOptions o;
+    o.node.masterPort = freePort("127.0.0.1");
+    o.node.settings.batch = 2;
+    set(o);
+    try {
+      DistributedModel dist(net, "lin", o);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    } catch (const std::exception& e) {
+      return std::string("not InvalidArgument: ") + e.what();
+    }
+    return std::string("(accepted)");
+  };
+  const auto lin = torch::nn::Linear(3, 2).ptr();
+  EXPECT_EQ(refusal([](DistributedOptions& o) { o.node.settings.groups = -1; }, lin),
+            "groups must be 0 (BSP) or in [1, 65536], got -1");
+  EXPECT_EQ(refusal([](DistributedOptions& o) { o.node.settings.dropStragglers = -2; }, lin),
+            "dropStragglers must be in [0, 65536], got -2");
+  EXPECT_EQ(refusal([](DistributedOptions& o) { o.node.settings.staleness = -5; }, lin),
+            "staleness must be -1 (unbounded) or >= 0, got -5");
+  EXPECT_EQ(refusal([](DistributedOptions& o) { o.node.settings.localRanks = -3; }, lin),
+            "localRanks must be 0 (one node per host) or in [1, 4096], got -3");
+  EXPECT_EQ(refusal([](DistributedOptions& o) { o.node.heartbeat = std::chrono::milliseconds(-5); }, lin),
+            "heartbeat must be 0 (automatic) or a positive number of ms, got -5");
+  EXPECT_EQ(refusal([](DistributedOptions& o) { o.node.settings.pairBytes = 3; }, lin),
+            "the KV pair size must be in [4, 1073741824] bytes, got 3");
+  auto empty = std::make_shared<torch::nn::Module>();
+  empty->register_parameter("weight", torch::zeros({2, 0}));
+  EXPECT_EQ(refusal([](DistributedOptions&) {}, empty),
+            "model 'lin' has a parameter with no elements (shape [2, 0], layer 'lin'): freeze it (requires_grad "
+            "false) or drop it");
+}
+
 // The device check's exactness (scripts/device-check.sh runs it on a GPU): 4 ranks x 16 rows against
 // one process x 64 rows on the CPU, 10 steps of SGD with momentum, for an MLP (SFB), a model with a
 // never-called SFB layer, and a conv net with BatchNorm (per-rank batch statistics: against the same 4

@@ -96,6 +96,20 @@ void checkOptions(const NodeOptions& options) {
     throw InvalidArgument(strCat("the KV pair size must be in [4, ", kDefaultMaxPayloadBytes, "] bytes, got ",
                                  options.settings.pairBytes));
   }
+  // The rest of the coordinator's range checks (JobSettings on the wire), named here.
+  const JobSettings& js = options.settings;
+  auto range = [](const char* what, auto v, const std::string& allowed) {
+    throw InvalidArgument(strCat(what, " must be ", allowed, ", got ", v));
+  };
+  if (js.dropStragglers < 0 || js.dropStragglers > (1 << 16)) range("dropStragglers", js.dropStragglers, "in [0, 65536]");
+  if (js.stragglerTimeoutMs < 0) range("stragglerTimeoutMs", js.stragglerTimeoutMs, ">= 0");
+  if (js.groups < 0 || js.groups > (1 << 16)) range("groups", js.groups, "0 (BSP) or in [1, 65536]");
+  if (js.staleness < -1) range("staleness", js.staleness, "-1 (unbounded) or >= 0");
+  if (!(js.momentum >= 0 && js.momentum < 1)) range("momentum", js.momentum, "in [0, 1)");
+  if (!(js.weightDecay >= 0 && js.weightDecay < 1)) range("weightDecay", js.weightDecay, "in [0, 1)");
+  if (js.localRanks < 0 || js.localRanks > (1 << 12)) range("localRanks", js.localRanks, "0 (one node per host) or in [1, 4096]");
+  if (js.startIteration < 0) range("startIteration", js.startIteration, ">= 0");
+  if (options.heartbeat.count() < 0) range("heartbeat", options.heartbeat.count(), "0 (automatic) or a positive number of ms");
   if (options.van.sendWindowBytes != 0 && options.settings.groupMode()) {
     throw InvalidArgument(
         "priority scheduling (a send window) is for BSP jobs; compute groups order their pulls and "
@@ -224,8 +238,13 @@ Node::~Node() {
   // now with that reason instead of declaring it lost after the timeout. A world of one has no peer
   // to tell, and its error line would only be noise after a clean exit.
   if (loop_.joinable() && !finished_ && !error_.failed() && book_.worldSize() > 1) {
+    // Unwinding an exception (the program's own, which it reports next): the peers learn why this rank
+    // left, and this rank prints nothing that would read as the cause ahead of the real one.
+    const bool unwinding = std::uncaught_exceptions() > 0;
     fail(std::make_exception_ptr(AbortedError(
-        strCat("rank ", rank(), " left the job before finish() (its program ended or threw an error)"))));
+             strCat("rank ", rank(), " left the job before finish() (",
+                    unwinding ? "its program threw an error" : "its program ended or threw an error", ")"))),
+         /*tellPeers=*/true, /*log=*/!unwinding);
   }
   // Queued sends and reconstructions must not touch the caller's buffers any more.
   for (auto& s : syncers_) s->close();
@@ -249,12 +268,12 @@ uint64_t Node::refusedConnections() const {
 
 // ---- failure ------------------------------------------------------------------
 
-void Node::fail(std::exception_ptr error) { fail(std::move(error), true); }
+void Node::fail(std::exception_ptr error) { fail(std::move(error), true, true); }
 
-void Node::fail(std::exception_ptr error, bool tellPeers) {
+void Node::fail(std::exception_ptr error, bool tellPeers, bool log) {
   if (!error_.set(std::move(error))) return;
   const std::string why = error_.message();
-  POSEIDON_LOG(kError) << why;
+  if (log) POSEIDON_LOG(kError) << why;
   if (barrier_) barrier_->wake();
   if (collectives_) collectives_->wake();
   if (groups_) groups_->wake();

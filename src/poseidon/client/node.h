@@ -310,7 +310,8 @@ class Node : private SyncHost {
   // its type, logs it, wakes every waiter, and (unless it came from a peer's
   // abort) tells every peer. Call it with no lock held.
   void fail(std::exception_ptr error) override;
-  void fail(std::exception_ptr error, bool tellPeers);
+  // log: whether this rank prints the reason (not while it unwinds its program's own exception).
+  void fail(std::exception_ptr error, bool tellPeers, bool log = true);
   // One small message to every other rank, best effort (errors ignored).
   // skipDeparted reads liveness_, so only the receive loop may pass true.
   void sendToPeers(const FrameHeader& header, const std::string& payload, bool skipDeparted);

@@ -36,6 +36,10 @@ c10::Device modelDevice(const ModelParts& parts) {
                                      parts.name, "' has a ", c10::toString(p.scalar_type()), " parameter on ",
                                      p.device().str(), " (layer '", l.name, "')"));
       }
+      if (p.numel() == 0) {  // the coordinator said "malformed join message: layer 0 has a bad dimension 0"
+        throw InvalidArgument(strCat("model '", parts.name, "' has a parameter with no elements (shape ", p.sizes(),
+                                     ", layer '", l.name, "'): freeze it (requires_grad false) or drop it"));
+      }
       if (!device) {
         device = p.device();
         first = l.name;

@@ -518,5 +518,21 @@ TEST(DdpSemantics, ARankThatThrowsOutOfItsModelTellsItsPeersSo) {
   EXPECT_THAT(said[0], HasSubstr("rank 1 left the job before finish() (its program threw an error)"));
 }
 
+// A sparse gradient (Embedding with sparse=True) is refused by name at its backward (it crashed with
+// LibTorch's "Cannot access data pointer of Tensor that doesn't have storage" and a backtrace).
+TEST(DdpSemantics, ASparseGradientIsRefusedByName) {
+  auto emb = torch::nn::Embedding(torch::nn::EmbeddingOptions(10, 4).sparse(true));
+  DistributedOptions o = optionsFor(0, 1, freePort("127.0.0.1"), kRows);
+  DistributedModel dist(emb, "emb", o);
+  std::string said = "(accepted)";
+  try {
+    dist.forward(torch::tensor({1, 2, 3, 4}, torch::kLong)).sum().backward();
+  } catch (const std::exception& e) {
+    said = e.what();
+  }
+  EXPECT_THAT(said, HasSubstr("layer 'emb' has a sparse gradient (an Embedding with sparse=True?): Poseidon "
+                              "synchronizes dense gradients; build it with sparse=False"));
+}
+
 }  // namespace
 }  // namespace poseidon::pt

@@ -413,6 +413,11 @@ void DistributedModel::submitFactors(int layer) {
 
 void DistributedModel::onGradReady(int layer, int param) {
   Layer& l = layers_[layer];
+  if (const torch::Tensor& g = l.params[param].grad(); g.defined() && g.layout() != torch::kStrided) {
+    // It would reach data_ptr() (LibTorch's "Tensor that doesn't have storage") or isfinite.
+    misuse(strCat("layer '", l.spec->name, "' has a sparse gradient (an Embedding with sparse=True?): Poseidon "
+                  "synchronizes dense gradients; build it with sparse=False"));
+  }
   if (!inIteration_) {
     if (accumulating_ && param == 0) ++l.accumulatedPasses;  // a noSync pass
     return;

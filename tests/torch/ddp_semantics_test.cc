@@ -266,6 +266,39 @@ TEST_P(DdpSemanticsStaged, BatchNormBuffersAreEqualOnAllRanks) {
   }
 }
 
+// Buffers whose bytes are not whole floats (3 uint8, 5 bool) are rank 0's on every rank, at the start
+// and after each step, in place and staged: they were left out without a word.
+TEST_P(DdpSemanticsStaged, BuffersOfAnySizeAreRankZeros) {
+  struct Flags : torch::nn::Module {
+    Flags(int rank) {
+      fc = register_module("fc", torch::nn::Linear(4, 2));
+      flag = register_buffer("flag", torch::full({3}, rank + 1, torch::kUInt8));
+      mask = register_buffer("mask", torch::full({5}, rank == 0, torch::kBool));
+    }
+    torch::nn::Linear fc{nullptr};
+    torch::Tensor flag, mask;
+  };
+  const int port = freePort("127.0.0.1");
+  const auto seen = onRanks(2, [&](int r) {
+    auto net = std::make_shared<Flags>(r);
+    auto o = optionsFor(r, 2, port, kRows);
+    o.stageOnHost = GetParam();
+    DistributedModel dist(net, "flags", o);
+    std::vector<int64_t> out{net->flag.sum().item<int64_t>(), net->mask.sum().item<int64_t>()};
+    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
+    {
+      torch::NoGradGuard g;
+      net->flag.fill_(7 + r);  // each rank changes its own during the step
+    }
+    dist.forwardWith([&] { return net->fc->forward(torch::randn({kRows, 4})); }).sum().backward();
+    dist.step(opt);
+    out.push_back(net->flag.sum().item<int64_t>());
+    dist.finish();
+    return out;
+  });
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(seen[r], (std::vector<int64_t>{3, 5, 21})) << "rank " << r;
+}
+
 // One step as 4 micro-batches (3 under noSync) equals one step with the 4x batch.
 TEST_P(DdpSemanticsStaged, GradientAccumulationEqualsOneStepWithTheLargerBatch) {
   const int ranks = 2, steps = 3, micro = 4;

@@ -2,6 +2,7 @@
 // tensors (or a CPU model's under stageOnHost) go through host buffers: the broadcasts, and each
 // layer's gradient or factors on their way to the node (torch/device_staging.h). The in-place CPU path
 // is distributed.cc.
+#include <cstring>
 #include <optional>
 
 #include "poseidon/common/error.h"
@@ -58,30 +59,52 @@ c10::Device modelDevice(const ModelParts& parts) {
   return *device;
 }
 
-bool broadcastable(const torch::Tensor& t, bool staged) {
-  return staged ? wholeFloats(t) : bytesAsFloats(t).has_value();
-}
+bool broadcastable(const torch::Tensor& t, bool /*staged*/) { return t.defined() && t.numel() > 0; }
 
 void DistributedModel::broadcastTensors(const std::vector<torch::Tensor>& tensors) {
   torch::NoGradGuard guard;
+  // Each tensor travels as whole floats: in place (a contiguous CPU tensor of whole floats' bytes:
+  // float32 and int64 alike), through a pinned host buffer (the staged path), or, when its bytes are
+  // not whole floats (a bool or uint8 buffer of 3 elements), through a host copy padded to them. Such
+  // buffers used to be left out without a word: every rank kept its own.
+  struct Copy {
+    size_t index;
+    torch::Tensor host;  // what travels
+    torch::Tensor bytes;  // padded path: the tensor's bytes on the host (may be the tensor itself)
+  };
   std::vector<FloatSpan> spans;
-  if (!staging_) {
-    for (const auto& t : tensors) {
-      auto span = bytesAsFloats(t);
-      if (!span) throw InvalidArgument("DistributedModel: a parameter or buffer that is not contiguous");
-      spans.push_back(*span);
+  std::vector<Copy> copies;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const torch::Tensor& t = tensors[i];
+    if (!staging_) {
+      if (auto span = bytesAsFloats(t)) {
+        spans.push_back(*span);
+        continue;
+      }
     }
-    node_->broadcast(0, LayerBuffer(spans));
-    return;
-  }
-  std::vector<torch::Tensor> host;
-  for (const auto& t : tensors) {
-    host.push_back(staging_->hostTensor(t.numel(), t.scalar_type()));
-    host.back().copy_(t.reshape(-1));
-    spans.push_back({static_cast<float*>(host.back().data_ptr()), static_cast<int64_t>(t.nbytes() / sizeof(float))});
+    Copy c{i, {}, {}};
+    if (staging_ && wholeFloats(t)) {
+      c.host = staging_->hostTensor(t.numel(), t.scalar_type());
+      c.host.copy_(t.reshape(-1));
+    } else {
+      c.bytes = t.contiguous().to(torch::kCPU);
+      const size_t n = c.bytes.nbytes();
+      c.host = torch::zeros({static_cast<int64_t>((n + sizeof(float) - 1) / sizeof(float))}, torch::kFloat32);
+      std::memcpy(c.host.data_ptr(), c.bytes.data_ptr(), n);
+    }
+    spans.push_back({static_cast<float*>(c.host.data_ptr()), static_cast<int64_t>(c.host.nbytes() / sizeof(float))});
+    copies.push_back(std::move(c));
   }
   node_->broadcast(0, LayerBuffer(spans));
-  for (size_t i = 0; i < tensors.size(); ++i) tensors[i].copy_(host[i].view(tensors[i].sizes()));
+  for (Copy& c : copies) {
+    const torch::Tensor& t = tensors[c.index];
+    if (!c.bytes.defined()) {
+      t.copy_(c.host.view(t.sizes()));
+      continue;
+    }
+    std::memcpy(c.bytes.data_ptr(), c.host.data_ptr(), c.bytes.nbytes());
+    if (!c.bytes.is_same(t)) t.copy_(c.bytes.view(t.sizes()));
+  }
 }
 
 void DistributedModel::stageGradient(int layer, std::function<void(LayerBuffer)> submit) {

@@ -497,5 +497,33 @@ TEST(NodeInProcess, TimeoutNamesMissingLayerAndRank) {
   EXPECT_THROW(nodes[1]->waitIteration(std::chrono::milliseconds(600000)), AbortedError);
 }
 
+// The rendezvous' refusals as a user meets them: rank 0's own timeout is a TimeoutError like every
+// other rank's (it was a plain Error), and a settings mismatch names what differs, not all twelve
+// settings of both ranks.
+TEST(NodeInProcess, RendezvousRefusalsSayWhatIsWrong) {
+  NodeOptions o;
+  o.rank = 0;
+  o.worldSize = 2;
+  o.masterPort = freePort("127.0.0.1");
+  o.timeout = std::chrono::milliseconds(1000);
+  o.settings.batch = testing::kScenarioBatch;
+  EXPECT_ERROR_CONTAINS(Node::start(o, scenarioModel()), TimeoutError, "waited 1 s for rank 1 to join coordinator");
+  try {
+    startNodes(2, SchemePolicy::kPS, {}, 0, WirePrecision::kFp32, [](NodeOptions& n) {
+      if (n.rank == 1) {
+        n.settings.batch *= 2;
+        n.settings.startIteration = 6;
+      }
+    });
+    FAIL() << "mismatched settings were accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              strCat("settings mismatch between rank 0 and rank 1: batch=", testing::kScenarioBatch, " vs ",
+                     2 * testing::kScenarioBatch,
+                     ", start-iteration=0 vs 6 (every rank must pass the same; they resumed different checkpoints: is "
+                     "another job writing the same checkpoint directory?)"));
+  }
+}
+
 }  // namespace
 }  // namespace poseidon

@@ -24,8 +24,8 @@ void sendTo(zmq::socket_t& s, const std::string& identity, FrameHeader h, const 
   s.send(zmq::buffer(payload), zmq::send_flags::none);
 }
 
-void sendError(zmq::socket_t& s, const std::string& identity, const std::string& why) {
-  sendTo(s, identity, wire::joinError(), std::vector<uint8_t>(why.begin(), why.end()));
+void sendError(zmq::socket_t& s, const std::string& identity, const std::string& why, bool timedOut = false) {
+  sendTo(s, identity, wire::joinError(timedOut), std::vector<uint8_t>(why.begin(), why.end()));
 }
 
 }  // namespace
@@ -59,6 +59,33 @@ Coordinator::~Coordinator() {
 
 namespace {
 
+// "settings mismatch between rank 0 and rank 1: batch=16 vs 32" - only what differs (it listed all
+// twelve settings of both).
+std::string settingsMismatch(int a, const JobSettings& as, int b, const JobSettings& bs) {
+  auto split = [](const std::string& text) {
+    std::vector<std::string> out;
+    size_t at = 0;
+    while (at <= text.size()) {
+      const size_t end = std::min(text.find(' ', at), text.size());
+      out.push_back(text.substr(at, end - at));
+      at = end + 1;
+    }
+    return out;
+  };
+  const std::vector<std::string> x = split(as.describe()), y = split(bs.describe());
+  std::string diff;
+  bool resumed = false;
+  for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
+    if (x[i] == y[i]) continue;
+    diff += (diff.empty() ? "" : ", ") + x[i] + " vs " + y[i].substr(std::min(y[i].find('=') + 1, y[i].size()));
+    resumed = resumed || x[i].rfind("start-iteration=", 0) == 0;
+  }
+  return strCat("settings mismatch between rank ", a, " and rank ", b, ": ", diff, " (every rank must pass the same",
+                resumed ? "; they resumed different checkpoints: is another job writing the same checkpoint directory?"
+                        : "",
+                ")");
+}
+
 // The rendezvous' state on the coordinator's thread: who joined from where, and once something is
 // fatal, the reason every rank gets.
 class Rendezvous {
@@ -82,7 +109,8 @@ class Rendezvous {
                    refused > 0 ? strCat(" (", refused,
                                         " connections were refused for not holding this job's secret: do all ranks "
                                         "share POSEIDON_SECRET or POSEIDON_SECRET_FILE?)")
-                               : " (are they running, and do they use the same MASTER_ADDR/MASTER_PORT?)"));
+                               : " (are they running, and do they use the same MASTER_ADDR/MASTER_PORT?)"),
+            /*timedOut=*/true);
   }
 
   // One message on the socket: a join (or something malformed, answered with its error).
@@ -124,16 +152,17 @@ class Rendezvous {
     return "";
   }
 
-  void failAll(const std::string& why) {
+  void failAll(const std::string& why, bool timedOut = false) {
     fatal_ = why;
+    fatalTimedOut_ = timedOut;
     POSEIDON_LOG(kError) << "rendezvous failed: " << why;
-    for (auto& [rank, j] : joined_) sendError(s_, j.identity, why);
+    for (auto& [rank, j] : joined_) sendError(s_, j.identity, why, timedOut);
   }
 
   // Whether the rank is in; a refused one got its reason.
   bool admit(const std::string& identity, const JoinRequest& req) {
     if (!fatal_.empty()) {
-      sendError(s_, identity, fatal_);
+      sendError(s_, identity, fatal_, fatalTimedOut_);
       return false;
     }
     if (started_) {
@@ -169,8 +198,7 @@ class Rendezvous {
         return;
       }
       if (!(j.req.settings == ref.settings)) {
-        failAll(strCat("settings mismatch between rank ", ref.rank, " (", ref.settings.describe(), ") and rank ", rank,
-                       " (", j.req.settings.describe(), ")"));
+        failAll(settingsMismatch(ref.rank, ref.settings, rank, j.req.settings));
         return;
       }
     }
@@ -197,6 +225,7 @@ class Rendezvous {
   const std::chrono::steady_clock::time_point deadline_;
   std::map<int, Joined> joined_;
   std::string fatal_;     // once set, every node gets this error
+  bool fatalTimedOut_ = false;  // ... as a TimeoutError (the rendezvous ran out of time)
   bool started_ = false;  // book sent
 };
 

@@ -82,7 +82,10 @@ InformationBook joinJob(zmq::context_t& ctx, const RendezvousOptions& opts, cons
       POSEIDON_LOG(kWarning) << "ignored a malformed reply from the coordinator";
       continue;
     }
-    if (rh.type == MsgType::kJoinError) throw Error(parts[1].to_string());
+    if (rh.type == MsgType::kJoinError) {
+      if (wire::joinTimedOut(rh)) throw TimeoutError(parts[1].to_string());
+      throw Error(parts[1].to_string());
+    }
     if (rh.type != MsgType::kBook) continue;
     ByteReader r(parts[1].data(), parts[1].size());
     InformationBook book = InformationBook::read(r);

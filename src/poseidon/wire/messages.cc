@@ -30,7 +30,13 @@ FrameHeader book(uint64_t job) {
   return h;
 }
 
-FrameHeader joinError() { return make(MsgType::kJoinError); }
+FrameHeader joinError(bool timedOut) {
+  FrameHeader h = make(MsgType::kJoinError);
+  h.aux = timedOut ? 1 : 0;
+  return h;
+}
+
+bool joinTimedOut(const FrameHeader& h) { return h.aux == 1; }
 
 FrameHeader psPush(int layer, int64_t iteration, int pair, int64_t gap) {
   // A gap that does not fit the field is sent as unknown.

@@ -7,6 +7,7 @@
 //   type            layer             iteration           pair          aux
 //   join            -                 -                   -             -      (sender: the joining rank)
 //   book            -                 -                   -             -      (job: the new job id)
+//   join-error      -                 -                   -             1: the rendezvous timed out
 //   ps-push         layer             iteration           KV pair       gap (see psPush)
 //   ps-aggregate    layer             iteration           KV pair       -
 //   sfb-factors     layer             iteration           -             rows K
@@ -44,7 +45,8 @@ namespace wire {
 // Rendezvous (coordinator endpoint).
 FrameHeader join(int rank);
 FrameHeader book(uint64_t job);
-FrameHeader joinError();
+FrameHeader joinError(bool timedOut = false);  // aux 1: the rendezvous timed out (TimeoutError)
+bool joinTimedOut(const FrameHeader& h);
 
 // Parameter server. `gap`: iterations since the sender's previous PS round of
 // this layer (1 when the layer went by PS every step; more when the rounds in

@@ -759,6 +759,16 @@ TEST(CliFlags, EnvironmentIsCheckedOnceAndNamed) {
            "POSEIDON_FAULT='-1:3:kill' is not RANK:ITERATION:kill|stop (RANK, ITERATION >= 0)");
   rejected({"train", "--workers", "2"}, {{"POSEIDON_SLOW", "2:50"}},
            "POSEIDON_SLOW names rank 2, but the job's ranks are 0..1");
+  // Each field whole (sscanf took trailing text and spaces, and read an overflowing rank as 1215752191),
+  // and a fault past --max-steps never fires: refused.
+  rejected({"train", "--workers", "2"}, {{"POSEIDON_FAULT", "1:1:kill extra"}},
+           "POSEIDON_FAULT='1:1:kill extra' is not RANK:ITERATION:kill|stop (RANK, ITERATION >= 0)");
+  rejected({"train", "--workers", "2"}, {{"POSEIDON_FAULT", "99999999999:3:kill"}},
+           "POSEIDON_FAULT='99999999999:3:kill' is not RANK:ITERATION:kill|stop (RANK, ITERATION >= 0)");
+  rejected({"train", "--workers", "2"}, {{"POSEIDON_SLOW", "1: 5"}},
+           "POSEIDON_SLOW='1: 5' is not RANK:MS (RANK >= 0, MS in [0, 3600000] milliseconds per step)");
+  rejected({"train", "--workers", "2", "--max-steps", "3"}, {{"POSEIDON_FAULT", "1:100:kill"}},
+           "POSEIDON_FAULT fires at iteration 100, but --max-steps 3 ends the job before it (iterations 0..2)");
   // A step of 1e300 ms overflowed the wait and was not padded at all, reported as padded.
   rejected({"train", "--workers", "2"}, {{"POSEIDON_SLOW", "1:1e300"}},
            "POSEIDON_SLOW='1:1e300' is not RANK:MS (RANK >= 0, MS in [0, 3600000] milliseconds per step)");

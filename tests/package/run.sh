@@ -97,6 +97,17 @@ found="$(sed -n 's/^Poseidon_DIR:PATH=//p' "$ex/CMakeCache.txt")"
 quiet examples-build.log "building examples/cpp" "$cmake" --build "$ex" -j"$jobs"
 say "examples/cpp configured with CMAKE_PREFIX_PATH=<prefix> and built"
 
+# A component the package does not have is named (it said only that Poseidon_FOUND became FALSE).
+mkdir -p "$work/bogus"
+printf 'cmake_minimum_required(VERSION 3.16)\nproject(bogus CXX)\nfind_package(Poseidon REQUIRED COMPONENTS bogus)\n' \
+  > "$work/bogus/CMakeLists.txt"
+if "$cmake" -S "$work/bogus" -B "$work/bogus/build" "-DCMAKE_PREFIX_PATH=$prefix" > "$work/bogus.log" 2>&1; then
+  fail "find_package(Poseidon COMPONENTS bogus) succeeded"
+fi
+grep -q "Poseidon has no component 'bogus' (its components: core, torch)" "$work/bogus.log" ||
+  fail "find_package(Poseidon COMPONENTS bogus) did not name the component (log: $work/bogus.log)"
+say "find_package(Poseidon COMPONENTS bogus) names the missing component"
+
 # Alone means alone: no launcher variables inherited from wherever ctest runs (a Slurm job, say).
 alone=(env -u RANK -u WORLD_SIZE -u LOCAL_RANK -u MASTER_ADDR -u MASTER_PORT -u OMPI_COMM_WORLD_RANK
        -u OMPI_COMM_WORLD_SIZE -u SLURM_PROCID -u SLURM_NTASKS)

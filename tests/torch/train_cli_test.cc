@@ -467,8 +467,9 @@ TEST(TrainCli, FailingRankErrorLineCarriesTheRankOnce) {
   EXPECT_THAT(err, HasSubstr("poseidon train: rank 1 exited with code 1: poseidon train: error: lost rank 0 ("));
   EXPECT_THAT(err, ::testing::Not(HasSubstr("[rank 1] [rank 1]")));
   EXPECT_THAT(err, ::testing::Not(HasSubstr("[rank 1] rank 1:")));
-  // The rank's log line of the same error (common/log.h) names it once too.
-  EXPECT_THAT(err, HasSubstr("[rank 1] error: lost rank 0 (nothing from it for"));
+  // Said once by the rank: its node no longer logs the same error ("[rank 1] error: lost rank 0 ...")
+  // ahead of the rank's error line, and once by the launcher.
+  EXPECT_EQ(linesWith(err, "lost rank 0 (nothing from it for").size(), 2u) << err;
   EXPECT_THAT(err, ::testing::Not(HasSubstr("error: rank 1: lost")));
 
   // Rank 1 kills itself; the trainer's "rank 1: fault injection" line gets the launcher's prefix only.
@@ -678,7 +679,7 @@ TEST(LaunchCli, NothingOfAJobOutlivesItsLauncher) {
   testing::waitAll(killed, std::chrono::seconds(60));
   EXPECT_TRUE(gone("kill")) << "the ranks trained on after their launcher was killed";
 
-  auto left = run({"launch", "-n", "2", "--", "/bin/sh", "-c",
+  auto left = run({"launch", "-n=2", "--", "/bin/sh", "-c",  // -n=N as well as -n N
                    "sleep 60 & echo $! > " + dir.path + "/bg$RANK.tmp && mv " + dir.path + "/bg$RANK.tmp " + dir.path +
                        "/bg$RANK; echo started"},
                   dir.path + "/bg", 120);
@@ -686,6 +687,22 @@ TEST(LaunchCli, NothingOfAJobOutlivesItsLauncher) {
   EXPECT_LT(left.seconds, 60);  // it waited 5 s for the pipes the leftovers held
   ASSERT_TRUE(pidIn(dir.path + "/bg0") && pidIn(dir.path + "/bg1"));
   EXPECT_TRUE(gone("bg")) << "what a rank started outlived the job";
+}
+
+// A stopped rank is stopped with the others at once: SIGTERM acts on a stopped process only once it
+// runs again, so the launcher sends SIGCONT after it (without, the rank waited out the grace and died of
+// the SIGKILL, its TERM trap never run). Rank 1 fails once rank 0 is stopped (an event: its state T).
+TEST(LaunchCli, AStoppedRankIsStoppedWithTheOthers) {
+  TempDir dir;
+  const std::string pidFile = dir.path + "/rank0.pid";
+  auto p = run({"launch", "-n", "2", "--", "/bin/sh", "-c",
+                "if [ \"$RANK\" = 0 ]; then trap 'echo rank 0 got SIGTERM; exit 0' TERM; echo $$ > " + pidFile +
+                    ".tmp && mv " + pidFile + ".tmp " + pidFile + "; kill -STOP $$; exit 0; fi; "
+                    "while [ ! -s " + pidFile + " ]; do sleep 0.05; done; "
+                    "while ! grep -q '^State:.*T' /proc/$(cat " + pidFile + ")/status; do sleep 0.05; done; exit 3"},
+               dir.path + "/l", 120);
+  EXPECT_EQ(p.exitCode(), 3) << p.stderrText();
+  EXPECT_THAT(p.stdoutText(), HasSubstr("[rank 0] rank 0 got SIGTERM"));
 }
 
 // --transport-security none (launch sets POSEIDON_TRANSPORT_SECURITY for its ranks; train's flag

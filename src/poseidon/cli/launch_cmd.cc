@@ -54,14 +54,15 @@ int launchCommand(const std::vector<std::string>& args) {
   int n = 2;
   std::string masterAddr = "127.0.0.1";
   int masterPort = 0;
-  // "-n" is the conventional spelling; accept it as --n.
+  // "-n" is the conventional spelling; accept it (and -n=N) as --n.
   std::vector<std::string> normalized;
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "--") {
       normalized.insert(normalized.end(), args.begin() + static_cast<long>(i), args.end());
       break;
     }
-    normalized.push_back(args[i] == "-n" ? "--n" : args[i]);
+    const std::string& a = args[i];
+    normalized.push_back(a == "-n" ? "--n" : a.rfind("-n=", 0) == 0 ? "--n=" + a.substr(3) : a);
   }
   FlagSet flags("launch", "poseidon launch -n N [--master-addr A] [--master-port P] -- CMD [ARGS...]",
                 "Starts N ranks of CMD on this machine with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and\n"

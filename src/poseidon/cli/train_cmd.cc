@@ -28,27 +28,53 @@ namespace {
 // The launcher's name when train starts its own workers: their POSEIDON_LAUNCHER (RankEnv::source).
 constexpr const char* kOwnLauncher = "poseidon train";
 
+// The fields of "A:B:C", each whole: no spaces, no trailing text (sscanf took "1: 5" and "1:1:kill extra").
+std::vector<std::string> fieldsOf(const std::string& text) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  for (size_t colon; (colon = text.find(':', at)) != std::string::npos; at = colon + 1) out.push_back(text.substr(at, colon - at));
+  out.push_back(text.substr(at));
+  return out;
+}
+
+// A rank: digits only, at most kMaxRanks (a rank past int's range was read as 1215752191).
+bool parseRank(const std::string& s, int* out) {
+  if (s.empty() || s.size() > 9 || s.find_first_not_of("0123456789") != std::string::npos) return false;
+  *out = std::stoi(s);
+  return true;
+}
+
+bool parseWholeNumber(const std::string& s, double* out, bool integer) {
+  if (s.empty() || s.find_first_of(" \t\n") != std::string::npos) return false;
+  char* end = nullptr;
+  errno = 0;
+  const double v = integer ? static_cast<double>(std::strtoll(s.c_str(), &end, 10)) : std::strtod(s.c_str(), &end);
+  if (*end != '\0' || errno == ERANGE) return false;
+  *out = v;
+  return true;
+}
+
 // Set by a supervising launcher (poseidon launch / train) and by tests.
 void readReliabilityEnvironment(pt::TrainHooks& o) {
   if (const char* p = std::getenv("POSEIDON_PROGRESS_FILE")) o.progressPath = p;
   if (const char* r = std::getenv("POSEIDON_RESTART_COUNT")) o.restartCount = std::atoi(r);
   // Empty is unset, as for every other variable (docs/errors.md).
   if (const char* f = std::getenv("POSEIDON_FAULT"); f && *f) {
+    const std::vector<std::string> fields = fieldsOf(f);
     int rank = -1;
-    long long step = -1;
-    char sig[16] = {0};
-    if (std::sscanf(f, "%d:%lld:%15s", &rank, &step, sig) != 3 || rank < 0 || step < 0 ||
-        (std::string(sig) != "kill" && std::string(sig) != "stop")) {
+    double step = -1;
+    if (fields.size() != 3 || !parseRank(fields[0], &rank) || !parseWholeNumber(fields[1], &step, true) || step < 0 ||
+        (fields[2] != "kill" && fields[2] != "stop")) {
       throw InvalidArgument(strCat("POSEIDON_FAULT='", f, "' is not RANK:ITERATION:kill|stop (RANK, ITERATION >= 0)"));
     }
     o.faultRank = rank;
-    o.faultStep = step;
-    o.faultSignal = std::string(sig) == "kill" ? SIGKILL : SIGSTOP;
+    o.faultStep = static_cast<int64_t>(step);
+    o.faultSignal = fields[2] == "kill" ? SIGKILL : SIGSTOP;
   }
   if (const char* s = std::getenv("POSEIDON_SLOW"); s && *s) {
-    char end = 0;
-    if (std::sscanf(s, "%d:%lf%c", &o.slowRank, &o.slowMs, &end) != 2 || o.slowRank < 0 || !(o.slowMs >= 0) ||
-        o.slowMs > kMaxPadMs) {
+    const std::vector<std::string> fields = fieldsOf(s);
+    if (fields.size() != 2 || !parseRank(fields[0], &o.slowRank) || !parseWholeNumber(fields[1], &o.slowMs, false) ||
+        !(o.slowMs >= 0) || o.slowMs > kMaxPadMs) {
       throw InvalidArgument(strCat("POSEIDON_SLOW='", s, "' is not RANK:MS (RANK >= 0, MS in [0, ",
                                    static_cast<long long>(kMaxPadMs), "] milliseconds per step)"));
     }

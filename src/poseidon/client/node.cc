@@ -273,7 +273,9 @@ void Node::fail(std::exception_ptr error) { fail(std::move(error), true, true); 
 void Node::fail(std::exception_ptr error, bool tellPeers, bool log) {
   if (!error_.set(std::move(error))) return;
   const std::string why = error_.message();
-  if (log) POSEIDON_LOG(kError) << why;
+  if (log && options_.logFailure) {
+    POSEIDON_LOG(kError) << why;
+  }
   if (barrier_) barrier_->wake();
   if (collectives_) collectives_->wake();
   if (groups_) groups_->wake();

@@ -107,6 +107,9 @@ struct NodeOptions {
   // Heartbeat period; 0 picks min(1 s, timeout / 6).
   std::chrono::milliseconds heartbeat{0};
   int threads = 2;                           // syncer thread pool
+  // Whether the node logs the job's failure as it records it ("[poseidon] error: ..."). A program
+  // that reports the error it gets itself (poseidon train's error line) turns it off: once is enough.
+  bool logFailure = true;
   // ZeroMQ I/O threads: they move (and with a secret, encrypt) every byte, each connection on one
   // of them. libzmq's rule of thumb is one per GB/s in or out; CURVE at ~1.75 GB/s per core needs
   // two for a 10 GbE link's two directions and ~16 for 100 GbE. 0: defaultIoThreads().

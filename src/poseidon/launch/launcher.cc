@@ -175,7 +175,12 @@ class Launch {
   void stopAll() {
     stopping_ = true;
     stopDeadline_ = std::chrono::steady_clock::now() + options_.killGrace;
-    for (auto& c : children_) c.process.kill(SIGTERM);
+    // A stopped rank (SIGSTOP, a debugger let go) acts on SIGTERM only once it runs again: without the
+    // SIGCONT the job's end waited the whole grace for the SIGKILL.
+    for (auto& c : children_) {
+      c.process.kill(SIGTERM);
+      c.process.kill(SIGCONT);
+    }
   }
 
   // Waits up to 100 ms for output and forwards what came.

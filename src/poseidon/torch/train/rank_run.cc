@@ -50,6 +50,7 @@ DistributedOptions RankContext::jobOptions() const {
   d.node.settings.localRanks = o.localRanks;
   d.node.settings.startIteration = startIteration;
   d.node.tracer = tracer.get();
+  d.node.logFailure = false;  // the rank's error line (cli/main.cc) says it, once
   d.node.settings.momentum = static_cast<float>(o.momentum);
   d.node.settings.weightDecay = static_cast<float>(o.weightDecay);
   d.learningRate = static_cast<float>(warmedUpLearningRate(lr, o.warmupSteps, startIteration));
@@ -95,6 +96,10 @@ void validateRankOptions(const TrainOptions& o, const TrainHooks& hooks, int wor
     if (n.rank >= world) {
       throw InvalidArgument(strCat(n.variable, " names rank ", n.rank, ", but the job's ranks are 0..", world - 1));
     }
+  }
+  if (hooks.faultRank >= 0 && o.maxSteps > 0 && hooks.faultStep >= o.maxSteps) {
+    throw InvalidArgument(strCat("POSEIDON_FAULT fires at iteration ", hooks.faultStep, ", but --max-steps ", o.maxSteps,
+                                 " ends the job before it (iterations 0..", o.maxSteps - 1, ")"));
   }
   ComputePad::validate(hooks);
   AccuracyCurve::validate(hooks);

@@ -238,9 +238,14 @@ TEST(Checkpoint, APythonApiCheckpointIsNamedNotCalledDamaged) {
 TEST(Checkpoint, OlderCheckpointWithoutChecksumsLoadsWithAWarning) {
   TempDir dir;
   TrainState job;
-  std::string five = job.save(dir.path + "/ck", 5);
+  // A checkpoint as poseidon wrote them before checksums: meta.json without "files" and "meta_crc32".
+  auto unverified = [&](int64_t iteration) {
+    const std::string path = job.save(dir.path + "/ck", iteration);
+    std::ofstream(path + "/meta.json") << job.meta.toJson().dump(2) << "\n";
+    return path;
+  };
+  const std::string five = unverified(5);
   auto expected = job.params();
-  std::ofstream(five + "/meta.json") << job.meta.toJson().dump(2) << "\n";
   TrainState other;
   auto r = pt::resumeFromNewest(dir.path + "/ck", job.meta, *other.net.module, other.optimizer);
   EXPECT_EQ(r.path, five);
@@ -250,8 +255,7 @@ TEST(Checkpoint, OlderCheckpointWithoutChecksumsLoadsWithAWarning) {
   // A newer one of those, truncated, is damage as a checksummed one would be: skipped for the older one
   // (it failed the job with "cannot load checkpoint ...: failed finding central directory").
   job.step();
-  std::string ten = job.save(dir.path + "/ck", 10);
-  std::ofstream(ten + "/meta.json") << job.meta.toJson().dump(2) << "\n";
+  const std::string ten = unverified(10);
   fs::resize_file(ten + "/model.pt", 1000);
   TrainState third;
   auto fallback = pt::resumeFromNewest(dir.path + "/ck", job.meta, *third.net.module, third.optimizer);

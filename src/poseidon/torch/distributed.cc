@@ -259,8 +259,7 @@ torch::Tensor DistributedModel::forwardWith(const std::function<torch::Tensor()>
 }
 
 void DistributedModel::beginForward() {
-  // Not misuse(): the job is over, there is no one to tell. (An evaluation forward never gets here.)
-  if (node_->finished()) {
+  if (node_->finished()) {  // not misuse(): the job is over, no one to tell (evaluations never get here)
     throw InvalidArgument("a training forward after finish(): this rank's job is over (an evaluation forward, in "
                           "eval mode or under no_grad, still runs)");
   }
@@ -414,7 +413,6 @@ void DistributedModel::submitFactors(int layer) {
 void DistributedModel::onGradReady(int layer, int param) {
   Layer& l = layers_[layer];
   if (const torch::Tensor& g = l.params[param].grad(); g.defined() && g.layout() != torch::kStrided) {
-    // It would reach data_ptr() (LibTorch's "Tensor that doesn't have storage") or isfinite.
     misuse(strCat("layer '", l.spec->name, "' has a sparse gradient (an Embedding with sparse=True?): Poseidon "
                   "synchronizes dense gradients; build it with sparse=False"));
   }
@@ -564,13 +562,6 @@ void DistributedModel::endStep(int64_t traceStartUs, bool broadcast) {
   }
 }
 
-void DistributedModel::broadcastBuffers() {
-  // Straggler mode: a per-step broadcast would make rank 0 everyone's pace-setter again, so
-  // buffers are left to each rank there (docs/torch.md).
-  if (solo_ || !options_.broadcastBuffers || buffers_.empty() || node_->book().settings().stragglerMode()) return;
-  broadcastTensors(buffers_);
-}
-
 void DistributedModel::step(torch::optim::Optimizer& optimizer) {
   if (stepPending_) throw InvalidArgument("step() while an overlapped step is pending: finishStep() ends it");
   synchronize();
@@ -596,11 +587,7 @@ std::vector<LayerPlan> DistributedModel::plan(int64_t batch) const {
   const InformationBook& book = node_->book();
   for (size_t l = 0; l < desc_.layers.size(); ++l) {
     const LayerSpec& s = desc_.layers[l];
-    LayerPlan p;
-    p.name = s.name;
-    p.type = s.type;
-    p.shape = s.shapeString();
-    p.scheme = book.bestScheme(static_cast<int>(l), batch);
+    LayerPlan p{s.name, s.type, s.shapeString(), book.bestScheme(static_cast<int>(l), batch), 0};
     CostInputs c = costInputs(s, batch * book.localRanks(), book.numWorkers(), book.numServers());
     p.floatsPerIteration = p.scheme == Scheme::kSFB ? sfbCost(c) : p.scheme == Scheme::kAdam ? adamCostBoth(c) : psCostBoth(c);
     out.push_back(p);

@@ -107,6 +107,13 @@ void DistributedModel::broadcastTensors(const std::vector<torch::Tensor>& tensor
   }
 }
 
+void DistributedModel::broadcastBuffers() {
+  // Straggler mode: a per-step broadcast would make rank 0 everyone's pace-setter again, so
+  // buffers are left to each rank there (docs/torch.md).
+  if (solo_ || !options_.broadcastBuffers || buffers_.empty() || node_->book().settings().stragglerMode()) return;
+  broadcastTensors(buffers_);
+}
+
 void DistributedModel::stageGradient(int layer, std::function<void(LayerBuffer)> submit) {
   Layer& l = layers_[layer];
   std::vector<torch::Tensor> grads;

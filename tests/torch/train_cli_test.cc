@@ -2,8 +2,12 @@
 // dataset (a subset of it, to keep the suite fast).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <torch/cuda.h>
 
 #include <cerrno>
@@ -687,6 +691,30 @@ TEST(LaunchCli, NothingOfAJobOutlivesItsLauncher) {
   EXPECT_LT(left.seconds, 60);  // it waited 5 s for the pipes the leftovers held
   ASSERT_TRUE(pidIn(dir.path + "/bg0") && pidIn(dir.path + "/bg1"));
   EXPECT_TRUE(gone("bg")) << "what a rank started outlived the job";
+}
+
+// A --master-port that is taken: the rank's error names the launcher's flag (it said "choose another
+// MASTER_PORT", a variable the user never set).
+TEST(LaunchCli, ATakenMasterPortNamesTheFlag) {
+  TempDir dir;
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const int port = freePort("127.0.0.1");
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0) << std::strerror(errno);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  auto p = run({"launch", "-n", "2", "--master-port", std::to_string(port), "--", POSEIDON_CLI, "train", "--max-steps",
+                "1", "--train-limit", "64", "--quiet"},
+               dir.path + "/l", 120);
+  ::close(fd);
+  EXPECT_NE(p.exitCode(), 0);
+  EXPECT_THAT(p.stderrText(), HasSubstr("cannot start the coordinator on 127.0.0.1:" + std::to_string(port) +
+                                        ": Address already in use (the port is in use: another job or a leftover "
+                                        "process holds it; choose another --master-port, or leave it out for a free "
+                                        "one)"));
 }
 
 // A stopped rank is stopped with the others at once: SIGTERM acts on a stopped process only once it

@@ -1,5 +1,6 @@
 #include "poseidon/coordinator/coordinator.h"
 
+#include <cstdlib>
 #include <map>
 #include <random>
 
@@ -42,8 +43,12 @@ Coordinator::Coordinator(zmq::context_t& ctx, const std::string& host, int port,
     socket_->bind("tcp://" + address_);
   } catch (const zmq::error_t& e) {
     const char* hint = e.num() != EADDRINUSE ? " (MASTER_ADDR must be an address of this machine)"
-                       : portChosen ? " (the port is in use: another job or a leftover process holds it; is another "
-                                      "rank of this job also rank 0? otherwise choose another MASTER_PORT)"
+                       : portChosen ? (std::getenv("POSEIDON_LAUNCHER")  // it set MASTER_PORT from its flag
+                                           ? " (the port is in use: another job or a leftover process holds it; "
+                                             "choose another --master-port, or leave it out for a free one)"
+                                           : " (the port is in use: another job or a leftover process holds it; is "
+                                             "another rank of this job also rank 0? otherwise choose another "
+                                             "MASTER_PORT)")
                                     : " (the port is in use: set MASTER_PORT or --master-port to a free port)";
     throw IoError(strCat("cannot start the coordinator on ", address_, ": ", e.what(), hint));
   }

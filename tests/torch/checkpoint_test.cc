@@ -171,6 +171,23 @@ TEST(Checkpoint, AnotherArchitectureIsRefusedNamingTheTensor) {
   EXPECT_TRUE(testing::sameTensors(other.params(), before));
 }
 
+// A module with a child Module::save skips (torch::nn::Functional) loads as before: the check passes
+// what the archive never held.
+TEST(Checkpoint, AModuleWithAFunctionalChildLoads) {
+  TempDir dir;
+  auto make = [] {
+    return torch::nn::Sequential(torch::nn::Linear(4, 3), torch::nn::Functional(torch::relu), torch::nn::Linear(3, 2));
+  };
+  auto a = make(), b = make();
+  torch::optim::SGD oa(a->parameters(), torch::optim::SGDOptions(0.1)), ob(b->parameters(), torch::optim::SGDOptions(0.1));
+  pt::CheckpointMeta meta;
+  meta.model = "seq";
+  meta.iteration = 3;
+  const std::string path = pt::saveCheckpoint(dir.path + "/ck", meta, *a, oa);
+  pt::loadCheckpoint(path, meta, *b, ob);
+  for (size_t i = 0; i < a->parameters().size(); ++i) EXPECT_TRUE(torch::equal(a->parameters()[i], b->parameters()[i]));
+}
+
 // keep = 0 deleted every checkpoint, the new one too; one checkpoint given for their directory, or a
 // file, resumed nothing and trained from 0 without a word; loadCheckpoint of a typo said "damaged".
 TEST(Checkpoint, PathsAndCountsThatLoseWorkAreRefused) {

@@ -667,7 +667,7 @@ TEST(LaunchCli, NothingOfAJobOutlivesItsLauncher) {
         std::chrono::seconds(60));
   };
   std::vector<testing::Proc> hup{testing::spawn(
-      {POSEIDON_CLI, "launch", "-n", "2", "--", "/bin/sh", "-c", ranks + "/hup$RANK; exec sleep 60"}, {}, dir.path + "/hup")};
+      {POSEIDON_CLI, "launch", "-n", "2", "--", "/bin/sh", "-c", ranks + "/hup$RANK; exec sleep 600"}, {}, dir.path + "/hup")};
   ASSERT_TRUE(up("hup")) << hup[0].stderrText();
   ::kill(hup[0].pid, SIGHUP);
   testing::waitAll(hup, std::chrono::seconds(60));
@@ -676,7 +676,7 @@ TEST(LaunchCli, NothingOfAJobOutlivesItsLauncher) {
   EXPECT_TRUE(gone("hup"));
 
   std::vector<testing::Proc> killed{testing::spawn(
-      {POSEIDON_CLI, "launch", "-n", "2", "--", "/bin/sh", "-c", ranks + "/kill$RANK; exec sleep 60"}, {},
+      {POSEIDON_CLI, "launch", "-n", "2", "--", "/bin/sh", "-c", ranks + "/kill$RANK; exec sleep 600"}, {},
       dir.path + "/kill")};
   ASSERT_TRUE(up("kill")) << killed[0].stderrText();
   ::kill(killed[0].pid, SIGKILL);
@@ -684,13 +684,17 @@ TEST(LaunchCli, NothingOfAJobOutlivesItsLauncher) {
   EXPECT_TRUE(gone("kill")) << "the ranks trained on after their launcher was killed";
 
   auto left = run({"launch", "-n=2", "--", "/bin/sh", "-c",  // -n=N as well as -n N
-                   "sleep 60 & echo $! > " + dir.path + "/bg$RANK.tmp && mv " + dir.path + "/bg$RANK.tmp " + dir.path +
+                   "sleep 600 & echo $! > " + dir.path + "/bg$RANK.tmp && mv " + dir.path + "/bg$RANK.tmp " + dir.path +
                        "/bg$RANK; echo started"},
                   dir.path + "/bg", 120);
   EXPECT_EQ(left.exitCode(), 0) << left.stderrText();
   EXPECT_LT(left.seconds, 60);  // it waited 5 s for the pipes the leftovers held
   ASSERT_TRUE(pidIn(dir.path + "/bg0") && pidIn(dir.path + "/bg1"));
   EXPECT_TRUE(gone("bg")) << "what a rank started outlived the job";
+  // The sleeps outlive the 60 s polls by far when nothing stops them; none is left behind either way.
+  for (const std::string tag : {"hup", "kill", "bg"})
+    for (int r = 0; r < 2; ++r)
+      if (const long pid = pidIn(dir.path + "/" + tag + std::to_string(r)); running(pid)) ::kill(pid, SIGKILL);
 }
 
 // A --master-port that is taken: the rank's error names the launcher's flag (it said "choose another

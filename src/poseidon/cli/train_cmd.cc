@@ -37,7 +37,8 @@ std::vector<std::string> fieldsOf(const std::string& text) {
   return out;
 }
 
-// A rank: digits only, at most kMaxRanks (a rank past int's range was read as 1215752191).
+// A rank: digits only, at most 9 of them (one past int's range was read as 1215752191); validateTrainOptions
+// then checks it against the job's ranks.
 bool parseRank(const std::string& s, int* out) {
   if (s.empty() || s.size() > 9 || s.find_first_not_of("0123456789") != std::string::npos) return false;
   *out = std::stoi(s);

@@ -53,6 +53,13 @@ int claimJobPort(const std::string& addr, int port, int rank) {
 }
 }  // namespace
 
+void Node::releasePortClaim() {
+  if (!claimedPort_) return;
+  claimedPort_ = false;
+  std::lock_guard<std::mutex> lock(gLiveJobsMutex);
+  gLiveJobs.erase({options_.masterAddr, options_.masterPort, options_.rank});
+}
+
 Node::Node(const NodeOptions& options)
     : options_(resolved(options)), ctx_(options_.ioThreads, maxSockets(options_.worldSize)) {
   if (options_.masterPort > 0) {
@@ -256,10 +263,7 @@ Node::~Node() {
   pool_.reset();      // drains queued sends while the van is still open
   if (van_) van_->close();
   coordinator_.reset();
-  if (claimedPort_) {
-    std::lock_guard<std::mutex> lock(gLiveJobsMutex);
-    gLiveJobs.erase({options_.masterAddr, options_.masterPort, options_.rank});
-  }
+  releasePortClaim();
 }
 
 uint64_t Node::refusedConnections() const {
@@ -525,8 +529,9 @@ std::vector<double> Node::allSum(const std::vector<double>& mine) {
 }
 
 bool Node::countsIterations() const {
-  // Compute groups run their own rounds (each group its own count); servers run none.
-  return isWorker() && !book_.settings().groupMode();
+  // Compute groups run their own rounds (each group its own count); servers run none; with straggler
+  // dropping a rank that finished early is dropped from the rounds after it, as a slow one is.
+  return isWorker() && !book_.settings().groupMode() && !book_.settings().stragglerMode();
 }
 
 namespace {
@@ -588,6 +593,8 @@ void Node::finish() {
   dropHeldRebuilds();  // nothing can run them once the pool is gone
   pool_.reset();
   van_->close(quiet);
+  coordinator_.reset();  // its port, and this process's claim on it, go back now, not at ~Node
+  releasePortClaim();
 }
 
 }  // namespace poseidon

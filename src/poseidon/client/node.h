@@ -400,8 +400,9 @@ class Node : private SyncHost {
   int64_t rebuildsReleased_ = -1;
   std::vector<std::pair<int64_t, std::function<void()>>> heldRebuilds_;
   int64_t skipped_ = 0;  // user thread only
-  bool finished_ = false;
-  bool claimedPort_ = false;  // options_.masterPort is this process's claim (released by ~Node)
+  std::atomic<bool> finished_{false};  // the staging thread's submits read it
+  bool claimedPort_ = false;  // options_.masterPort is this process's claim (released by finish or ~Node)
+  void releasePortClaim();
   // finish(): which peers said bye (the receive loop records them; finish() waits for them, then
   // closes without lingering on messages to peers that read nothing more).
   std::mutex byeMutex_;

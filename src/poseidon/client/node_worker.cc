@@ -89,8 +89,12 @@ void Node::beginIteration(int64_t iteration) {
 }
 
 void Node::tookPart() {
-  // Before a wait reads the peers' counts: the receive loop stores a count, then reads ours.
-  if (countsIterations()) syncedThrough_ = iteration_.load() + 1;
+  // Stored, then the peers' counts read: the receive loop stores a count, then reads ours, so one of
+  // the two sees the other. Read here too, not only by the waits: with a model staged through the host
+  // this runs on the staging thread, possibly after the user thread's wait has read them.
+  if (!countsIterations()) return;
+  syncedThrough_ = iteration_.load() + 1;
+  checkIterationCounts();
 }
 
 Scheme Node::schemeFor(int layer) const {

@@ -16,6 +16,13 @@ namespace poseidon {
 
 namespace {
 
+// Whether this rank was started by that launcher (launch/env.h: POSEIDON_LAUNCHER).
+bool launchedBy(const char* launcher) {
+  const char* ours = std::getenv("POSEIDON_LAUNCHER");
+  return ours && std::string(ours) == launcher;
+}
+
+
 void sendTo(zmq::socket_t& s, const std::string& identity, FrameHeader h, const std::vector<uint8_t>& payload) {
   h.payloadBytes = payload.size();
   zmq::message_t head(kHeaderBytes);
@@ -43,7 +50,7 @@ Coordinator::Coordinator(zmq::context_t& ctx, const std::string& host, int port,
     socket_->bind("tcp://" + address_);
   } catch (const zmq::error_t& e) {
     const char* hint = e.num() != EADDRINUSE ? " (MASTER_ADDR must be an address of this machine)"
-                       : portChosen ? (std::getenv("POSEIDON_LAUNCHER")  // it set MASTER_PORT from its flag
+                       : portChosen ? (launchedBy("poseidon launch")  // it set MASTER_PORT from its flag
                                            ? " (the port is in use: another job or a leftover process holds it; "
                                              "choose another --master-port, or leave it out for a free one)"
                                            : " (the port is in use: another job or a leftover process holds it; is "
@@ -85,6 +92,8 @@ std::string settingsMismatch(int a, const JobSettings& as, int b, const JobSetti
     diff += (diff.empty() ? "" : ", ") + x[i] + " vs " + y[i].substr(std::min(y[i].find('=') + 1, y[i].size()));
     resumed = resumed || x[i].rfind("start-iteration=", 0) == 0;
   }
+  // Floats that differ past describe()'s six digits: both in full.
+  if (diff.empty()) diff = strCat(as.describe(), " vs ", bs.describe());
   return strCat("settings mismatch between rank ", a, " and rank ", b, ": ", diff, " (every rank must pass the same",
                 resumed ? "; they resumed different checkpoints: is another job writing the same checkpoint directory?"
                         : "",

@@ -151,15 +151,14 @@ class Launch {
         allDone = allDone && c.process.exited() && c.process.stdoutFd() < 0 && c.process.stderrFd() < 0;
         allExited = allExited && c.process.exited();
       }
-      if (allExited && allExitedSince == std::chrono::steady_clock::time_point::max()) {
-        // What a rank started and left running (a shell's background job) stops with the job, and
-        // lets go of the rank's pipes.
+      if (allExited && allExitedSince == std::chrono::steady_clock::time_point::max())
         allExitedSince = std::chrono::steady_clock::now();
-        for (auto& c : children_) c.process.kill(SIGTERM);
-      }
       if (allDone) break;
       if (allExited && std::chrono::steady_clock::now() - allExitedSince > options_.killGrace) {
-        for (auto& c : children_) c.process.kill(SIGKILL);
+        // What a rank left running ignored the SIGTERM it got when the rank exited (reapExits) and
+        // still holds the rank's pipe, so its group has a member: the id is still that group's.
+        for (auto& c : children_)
+          if (c.process.stdoutFd() >= 0 || c.process.stderrFd() >= 0) c.process.killGroup(SIGKILL);
         break;
       }
     }
@@ -224,6 +223,10 @@ class Launch {
   void reapExits() {
     for (auto& c : children_) {
       if (c.process.exited() || !c.process.poll()) continue;
+      // What the rank started and left running (a shell's background job) stops with it, now, while its
+      // group's id cannot have passed to another process yet.
+      c.process.killGroup(SIGTERM);
+      c.process.killGroup(SIGCONT);
       const int status = c.process.status();
       bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
       const bool finished = WIFEXITED(status) && std::count(options_.finishedCodes.begin(),
@@ -258,7 +261,11 @@ class SignalsCaught {
     struct sigaction sa {};
     sa.sa_handler = onSignal;
     sigemptyset(&sa.sa_mask);
-    for (size_t i = 0; i < kSignals.size(); ++i) sigaction(kSignals[i], &sa, &old_[i]);
+    for (size_t i = 0; i < kSignals.size(); ++i) {
+      sigaction(kSignals[i], nullptr, &old_[i]);
+      // Ignored is the user's choice (nohup ignores SIGHUP; a background job, SIGINT): it stays so.
+      if (old_[i].sa_handler != SIG_IGN) sigaction(kSignals[i], &sa, nullptr);
+    }
     gSignal = 0;
   }
   ~SignalsCaught() {

@@ -153,11 +153,13 @@ int ChildProcess::wait() {
 }
 
 void ChildProcess::kill(int sig) const {
-  if (pid_ < 0) return;
-  // The group outlives its leader: what the child started (a shell's background job) is still in it.
-  // Its id is not reused while any member lives, so this reaches those or no one.
+  if (exited_ || pid_ < 0) return;
   if (ownGroup_) ::kill(-pid_, sig);
-  if (!exited_) ::kill(pid_, sig);
+  ::kill(pid_, sig);
+}
+
+void ChildProcess::killGroup(int sig) const {
+  if (pid_ >= 0 && ownGroup_) ::kill(-pid_, sig);
 }
 
 bool CommandResult::ok() const { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }

@@ -77,9 +77,13 @@ class ChildProcess {
   int wait();
   bool exited() const { return exited_; }
   int status() const { return status_; }  // waitpid status, once exited()
-  // Sends sig to the child until it has been reaped, and to its process group when it has its own
-  // (even after: whatever the child started and left running).
+  // Sends sig to the child (and to its process group when it has its own); nothing once it has been
+  // reaped.
   void kill(int sig) const;
+  // Sends sig to the child's own process group, also after the child was reaped: what it started and
+  // left running. Once the group is empty its id may pass to another process's group, so call it right
+  // after the reap, or while a member is known to live (it holds the child's pipe).
+  void killGroup(int sig) const;
 
  private:
   pid_t pid_ = -1;

@@ -300,6 +300,7 @@ void collect(torch::serialize::InputArchive& archive, torch::nn::Module& module,
   for (const auto& b : module.named_buffers(/*recurse=*/false))
     if (b.value().defined()) one(b.key(), b.value(), true);
   for (const auto& child : module.named_children()) {
+    if (!child.value()->is_serializable()) continue;  // Module::save skips them (torch::nn::Functional)
     torch::serialize::InputArchive sub;
     if (!archive.try_read(child.key(), sub)) {
       throw InvalidArgument(strCat("checkpoint ", path, " has no module ", prefix + child.key(),

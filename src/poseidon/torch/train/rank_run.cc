@@ -321,12 +321,13 @@ void RankRun::train() {
       stop_ = true;
     }
     // An epoch that --max-steps or a divergence cut short says so, not "done".
-    const int64_t steps = std::min<int64_t>(iteration_ - int64_t{epoch} * stepsPerEpoch_, stepsPerEpoch_);
-    const bool whole = steps >= stepsPerEpoch_;
+    const int64_t epochStart = int64_t{epoch} * stepsPerEpoch_;
+    const bool whole = iteration_ - epochStart >= stepsPerEpoch_;
+    const int64_t steps = iteration_ - std::max(epochStart, c_.startIteration);  // this attempt's, as the summary's
     if (c_.lead) {
       const std::string ended =
           whole ? std::string("done")
-                : strCat("stopped after ", steps, " of ", stepsPerEpoch_, " steps (",
+                : strCat("stopped after ", iteration_ - epochStart, " of ", stepsPerEpoch_, " steps (",
                          modelDiverged_ ? std::string("diverged") : strCat("--max-steps ", o_.maxSteps), ")");
       std::printf("epoch %d/%d %s in %.1f s: train loss %.4f, test accuracy %.2f%%\n", epoch + 1, o_.epochs,
                   ended.c_str(), epochSeconds, stats.meanLoss(), 100 * accuracy_);

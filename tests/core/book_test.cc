@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include "expect_error.h"
 #include "poseidon/coordinator/rendezvous.h"
 #include "poseidon/model/zoo.h"
@@ -49,6 +51,33 @@ TEST(Book, SerializationRoundTrip) {
     ByteReader t(bytes.data(), cut);
     EXPECT_THROW(InformationBook::read(t), ProtocolError) << cut;
   }
+}
+
+// Settings a job cannot run with are refused as they arrive, the field and its value named: the
+// ranges Node::start checks before the rendezvous (JobSettings::rangeError), one list for both.
+TEST(Book, SettingsOutOfRangeAreRefusedByNameAsTheyArrive) {
+  const ModelDesc m = zooModel("lenet");
+  const std::vector<NodeInfo> nodes{{0, Role::kBoth, "tcp://a:1"}};
+  const struct {
+    std::function<void(JobSettings&)> set;
+    std::string why;
+  } cases[] = {
+      {[](JobSettings& s) { s.batch = 0; }, "the batch must be at least 1, got 0"},
+      {[](JobSettings& s) { s.startIteration = -2; }, "startIteration must be >= 0, got -2"},
+      {[](JobSettings& s) { s.stragglerTimeoutMs = -1; }, "stragglerTimeoutMs must be >= 0, got -1"},
+      {[](JobSettings& s) { s.staleness = -4; }, "staleness must be -1 (unbounded) or >= 0, got -4"},
+      {[](JobSettings& s) { s.momentum = 1; }, "momentum must be in [0, 1), got 1"},
+  };
+  for (const auto& c : cases) {
+    JobSettings s;
+    c.set(s);
+    EXPECT_EQ(s.rangeError(), c.why);
+    ByteWriter w;
+    InformationBook(7, nodes, m, s).write(w);
+    ByteReader r(w.bytes().data(), w.bytes().size());
+    EXPECT_ERROR_CONTAINS(InformationBook::read(r), ProtocolError, "job settings out of range: " + c.why);
+  }
+  EXPECT_EQ(JobSettings{}.rangeError(), "");
 }
 
 TEST(Book, WirePrecisionTravelsAndIsCheckedAgainstTheJob) {

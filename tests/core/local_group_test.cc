@@ -281,7 +281,8 @@ TEST(LocalRanks, RefusedSettings) {
   std::vector<uint8_t> bytes = w.bytes();
   std::fill(bytes.end() - 4, bytes.end(), 0xff);
   ByteReader bad(bytes.data(), bytes.size());
-  EXPECT_ERROR_CONTAINS(InformationBook::read(bad), ProtocolError, "local ranks out of range");
+  EXPECT_ERROR_CONTAINS(InformationBook::read(bad), ProtocolError,
+                        "job settings out of range: localRanks must be 0 (one node per host) or in [1, 4096], got -1");
 }
 
 }  // namespace

@@ -97,26 +97,12 @@ void checkOptions(const NodeOptions& options) {
     throw InvalidArgument(
         strCat("the shard's sum threads must be in [0, 64] (0: on the receive loop), got ", options.sumThreads));
   }
-  // Checked here, not only at the coordinator, whose refusal says "job settings out of range".
-  if (options.settings.batch < 1) throw InvalidArgument(strCat("the batch must be at least 1, got ", options.settings.batch));
-  if (options.settings.pairBytes < 4 || options.settings.pairBytes > static_cast<int64_t>(kDefaultMaxPayloadBytes)) {
-    throw InvalidArgument(strCat("the KV pair size must be in [4, ", kDefaultMaxPayloadBytes, "] bytes, got ",
-                                 options.settings.pairBytes));
+  // The ranges the coordinator's reader also checks (JobSettings::rangeError), named before the rendezvous.
+  if (const std::string why = options.settings.rangeError(); !why.empty()) throw InvalidArgument(why);
+  if (options.heartbeat.count() < 0) {
+    throw InvalidArgument(
+        strCat("heartbeat must be 0 (automatic) or a positive number of ms, got ", options.heartbeat.count()));
   }
-  // The rest of the coordinator's range checks (JobSettings on the wire), named here.
-  const JobSettings& js = options.settings;
-  auto range = [](const char* what, auto v, const std::string& allowed) {
-    throw InvalidArgument(strCat(what, " must be ", allowed, ", got ", v));
-  };
-  if (js.dropStragglers < 0 || js.dropStragglers > (1 << 16)) range("dropStragglers", js.dropStragglers, "in [0, 65536]");
-  if (js.stragglerTimeoutMs < 0) range("stragglerTimeoutMs", js.stragglerTimeoutMs, ">= 0");
-  if (js.groups < 0 || js.groups > (1 << 16)) range("groups", js.groups, "0 (BSP) or in [1, 65536]");
-  if (js.staleness < -1) range("staleness", js.staleness, "-1 (unbounded) or >= 0");
-  if (!(js.momentum >= 0 && js.momentum < 1)) range("momentum", js.momentum, "in [0, 1)");
-  if (!(js.weightDecay >= 0 && js.weightDecay < 1)) range("weightDecay", js.weightDecay, "in [0, 1)");
-  if (js.localRanks < 0 || js.localRanks > (1 << 12)) range("localRanks", js.localRanks, "0 (one node per host) or in [1, 4096]");
-  if (js.startIteration < 0) range("startIteration", js.startIteration, ">= 0");
-  if (options.heartbeat.count() < 0) range("heartbeat", options.heartbeat.count(), "0 (automatic) or a positive number of ms");
   if (options.van.sendWindowBytes != 0 && options.settings.groupMode()) {
     throw InvalidArgument(
         "priority scheduling (a send window) is for BSP jobs; compute groups order their pulls and "

@@ -1,6 +1,7 @@
 #include "poseidon/coordinator/book.h"
 
 #include "poseidon/common/error.h"
+#include "poseidon/wire/frame.h"
 
 namespace poseidon {
 
@@ -18,6 +19,23 @@ Role parseRole(const std::string& text) {
   if (text == "server") return Role::kServer;
   if (text == "both") return Role::kBoth;
   throw InvalidArgument("unknown role '" + text + "' (expected worker, server or both)");
+}
+
+std::string JobSettings::rangeError() const {
+  auto out = [](const char* what, auto v, const char* allowed) { return strCat(what, " must be ", allowed, ", got ", v); };
+  if (batch < 1) return strCat("the batch must be at least 1, got ", batch);
+  if (pairBytes < 4 || pairBytes > static_cast<int64_t>(kDefaultMaxPayloadBytes)) {
+    return strCat("the KV pair size must be in [4, ", kDefaultMaxPayloadBytes, "] bytes, got ", pairBytes);
+  }
+  if (startIteration < 0) return out("startIteration", startIteration, ">= 0");
+  if (dropStragglers < 0 || dropStragglers > (1 << 16)) return out("dropStragglers", dropStragglers, "in [0, 65536]");
+  if (stragglerTimeoutMs < 0) return out("stragglerTimeoutMs", stragglerTimeoutMs, ">= 0");
+  if (groups < 0 || groups > (1 << 16)) return out("groups", groups, "0 (BSP) or in [1, 65536]");
+  if (staleness < -1) return out("staleness", staleness, "-1 (unbounded) or >= 0");
+  if (!(momentum >= 0 && momentum < 1)) return out("momentum", momentum, "in [0, 1)");
+  if (!(weightDecay >= 0 && weightDecay < 1)) return out("weightDecay", weightDecay, "in [0, 1)");
+  if (localRanks < 0 || localRanks > (1 << 12)) return out("localRanks", localRanks, "0 (one node per host) or in [1, 4096]");
+  return "";
 }
 
 std::string JobSettings::describe() const {
@@ -257,26 +275,19 @@ JobSettings readSettings(ByteReader& r) {
   s.pairBytes = r.i64();
   s.startIteration = r.i64();
   uint8_t p = r.u8();
-  if (s.batch < 1 || s.pairBytes < 4 || p > 3) throw ProtocolError("job settings out of range");
+  if (p > 3) throw ProtocolError("scheme policy out of range");
   s.policy = static_cast<SchemePolicy>(p);
   s.dropStragglers = static_cast<int>(r.u32());
   s.stragglerTimeoutMs = r.i64();
-  if (s.dropStragglers < 0 || s.dropStragglers > (1 << 16) || s.stragglerTimeoutMs < 0) {
-    throw ProtocolError("straggler settings out of range");
-  }
   s.groups = static_cast<int>(r.u32());
   s.staleness = r.i64();
   s.momentum = r.f32();
   s.weightDecay = r.f32();
-  if (s.groups < 0 || s.groups > (1 << 16) || s.staleness < -1 || !(s.momentum >= 0 && s.momentum < 1) ||
-      !(s.weightDecay >= 0 && s.weightDecay < 1)) {
-    throw ProtocolError("group settings out of range");
-  }
   const uint8_t wire = r.u8();
   if (wire > static_cast<uint8_t>(WirePrecision::kFp16)) throw ProtocolError("wire precision out of range");
   s.wire = static_cast<WirePrecision>(wire);
   s.localRanks = static_cast<int>(r.u32());
-  if (s.localRanks < 0 || s.localRanks > (1 << 12)) throw ProtocolError("local ranks out of range");
+  if (const std::string why = s.rangeError(); !why.empty()) throw ProtocolError("job settings out of range: " + why);
   return s;
 }
 

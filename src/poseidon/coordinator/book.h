@@ -71,6 +71,10 @@ struct JobSettings {
            momentum == o.momentum && weightDecay == o.weightDecay && wire == o.wire;
   }
   std::string describe() const;
+  // "" if every field is in the range a job can run with, else the first one that is not, named with its
+  // value ("groups must be 0 (BSP) or in [1, 65536], got -1"): Node::start refuses such settings before
+  // the rendezvous (InvalidArgument), and the book's reader a message that carries them (ProtocolError).
+  std::string rangeError() const;
 };
 
 // What Query(layer) answers.

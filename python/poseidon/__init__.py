@@ -47,7 +47,7 @@ finally:
             pass
 from ._poseidon import AbortedError, DivergenceError, Error, InvalidArgument, IoError, TimeoutError  # noqa: F401
 from ._layers import _FcLoss, _describe, _tensors, local_device  # noqa: F401
-from .checkpoint import load_checkpoint, save_checkpoint  # noqa: F401
+from .checkpoint import _release_locks, load_checkpoint, save_checkpoint  # noqa: F401
 
 __all__ = ["DistributedModel", "local_device", "save_checkpoint", "load_checkpoint", "InvalidArgument", "TimeoutError",
            "AbortedError", "IoError", "DivergenceError", "Error"]
@@ -627,11 +627,13 @@ class DistributedModel(torch.nn.Module):
                 self._impl.finish()
             finally:
                 self._impl.close()
+                _release_locks(self)
 
     def close(self):
         """Stops the runtime without the final barrier (after an error); peers are told this rank left."""
         if self._impl is not None:
             self._impl.close()
+        _release_locks(self)
 
     def _fail_job(self, reason):
         """Fails the job with `reason`: every peer stops at once and says it (an uncaught exception here)."""

@@ -14,17 +14,23 @@ same round and the first worker writes what it fetched from them; load_checkpoin
 starts (into the module before wrapping it), and the shards then start from what it loaded.
 """
 
+import fcntl
 import io
 import json
 import os
 import shutil
+import socket
 import sys
+import time
+import weakref
 import zlib
 
 import torch
 
 _PREFIX = "step-"
 _FILES = ("model.pt", "optimizer.pt")
+_LOCK = ".poseidon.lock"  # the C++ DirectoryLock's file (poseidon train): the two exclude each other
+_held = {}  # realpath of a directory -> (fd, weakref to the DistributedModel that saved there, or None)
 
 
 class CheckpointDamaged(Exception):
@@ -91,6 +97,7 @@ def save_checkpoint(directory, model, optimizer, iteration, keep=2, **extra):
             return None
     if state is None:
         state = optimizer.state_dict()
+    _lock(directory, group if group is not None else model)
     final = os.path.join(directory, "%s%09d" % (_PREFIX, iteration))
     tmp = final + ".tmp"
     try:
@@ -118,6 +125,45 @@ def save_checkpoint(directory, model, optimizer, iteration, keep=2, **extra):
     for _, path in _complete(directory)[:-keep] if keep > 0 else []:
         shutil.rmtree(path, ignore_errors=True)
     return final
+
+
+def _lock(directory, owner):
+    """Holds DIRECTORY/.poseidon.lock (flock) from this process's first save there until `owner` (the
+    saving DistributedModel) finishes or closes, or this process exits: a second job given the same
+    directory is refused at its first save, naming the holder, instead of the two jobs overwriting,
+    pruning and resuming from each other's checkpoints. The kernel drops it when the holder exits."""
+    key = os.path.realpath(directory)
+    if key in _held:
+        return
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd = os.open(os.path.join(directory, _LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise OSError(e.errno, "cannot lock checkpoint directory %s: %s" % (directory, e.strerror or e)) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "another process"
+        os.close(fd)
+        from ._poseidon import InvalidArgument
+        raise InvalidArgument("checkpoint directory %s is in use by %s (it holds %s): two jobs writing one "
+                              "directory would resume from and delete each other's files; give each job its own "
+                              "directory, or wait for that one to end"
+                              % (directory, holder, os.path.join(directory, _LOCK))) from None
+    line = "save_checkpoint in %s, pid %d on %s since %s\n" % (
+        os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python", os.getpid(), socket.gethostname(),
+        time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, line.encode(), 0)
+    _held[key] = (fd, None if owner is None or not hasattr(owner, "finish") else weakref.ref(owner))
+
+
+def _release_locks(owner):
+    """The checkpoint directories `owner` (a DistributedModel ending) locked: free for the next job."""
+    for key, (fd, ref) in list(_held.items()):
+        if ref is not None and ref() is owner:
+            del _held[key]
+            os.close(fd)
 
 
 def _live_wrapper(model, wanted):

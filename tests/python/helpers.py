@@ -51,6 +51,13 @@ class TempDirTest(unittest.TestCase):
     def path(self, name):
         return os.path.join(self.dir, name)
 
+    def script(self, name, text):
+        """A program the test runs, written into the test's directory; its path."""
+        path = self.path(name)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
     def assertClean(self, run):
         """No crash at exit: no C++ terminate, no abort, no fatal Python error."""
         for bad in ("terminate called", "core dumped", "Fatal Python error", "Segmentation fault", "SIGABRT"):

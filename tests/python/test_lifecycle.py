@@ -1,5 +1,6 @@
 """A Python job's life: the README's program runs as printed, an error on one rank stops every rank with its
 reason and nothing crashes at interpreter exit, checkpoints resume exactly, and the main job learns."""
+import fcntl
 import json
 import os
 import re
@@ -54,13 +55,13 @@ class Lifecycle(TempDirTest):
         self.assertLess(run.seconds, timeout, str(run))
 
     def test_a_program_that_never_calls_finish_exits_cleanly(self):
-        script = self.path("nofinish.py")
-        with open(script, "w") as f:
-            f.write("import torch, poseidon\n"
-                    "m = poseidon.DistributedModel(torch.nn.Linear(4, 2), batch=3)\n"
-                    "m(torch.randn(3, 4)).sum().backward()\n"
-                    "m.synchronize()\n"
-                    "print('trained without finish')\n")
+        script = self.script(
+            "nofinish.py",
+            "import torch, poseidon\n"
+            "m = poseidon.DistributedModel(torch.nn.Linear(4, 2), batch=3)\n"
+            "m(torch.randn(3, 4)).sum().backward()\n"
+            "m.synchronize()\n"
+            "print('trained without finish')\n")
         run = alone(script)
         self.assertEqual(run.code, 0, str(run))
         self.assertIn("trained without finish", run.out)
@@ -68,28 +69,28 @@ class Lifecycle(TempDirTest):
         self.assertClean(run)
 
     def test_network_knobs_are_checked_and_taken(self):
-        script = self.path("knobs.py")
-        with open(script, "w") as f:
-            f.write("import torch, poseidon\n"
-                    "import datetime\n"
-                    "for bad in ({'io_threads': -1}, {'tcp_rcvbuf': -2}, {'send_window': 100},\n"
-                    "            {'urgent_layers': 2}, {'timeout': None}, {'timeout': float('inf')},\n"
-                    "            {'host_queue': 'pfifo_fast'}):\n"
-                    "    try:\n"
-                    "        poseidon.DistributedModel(torch.nn.Linear(4, 2), batch=3, **bad)\n"
-                    "    except Exception as e:\n"
-                    "        print('refused:', type(e).__name__, e)\n"
-                    "m = poseidon.DistributedModel(torch.nn.Linear(4, 2), batch=3, io_threads=1, tcp_rcvbuf=65536,\n"
-                    "                              timeout=datetime.timedelta(minutes=1))\n"
-                    "m(torch.randn(3, 4)).sum().backward()\n"
-                    "m.synchronize()\n"
-                    "print('trained with one I/O thread')\n"
-                    "import os\n"
-                    "os.environ['LOCAL_RANK'] = 'x'\n"
-                    "try:\n"
-                    "    poseidon.local_device()\n"
-                    "except Exception as e:\n"
-                    "    print('refused:', type(e).__name__, e)\n")
+        script = self.script(
+            "knobs.py",
+            "import torch, poseidon\n"
+            "import datetime\n"
+            "for bad in ({'io_threads': -1}, {'tcp_rcvbuf': -2}, {'send_window': 100},\n"
+            "            {'urgent_layers': 2}, {'timeout': None}, {'timeout': float('inf')},\n"
+            "            {'host_queue': 'pfifo_fast'}):\n"
+            "    try:\n"
+            "        poseidon.DistributedModel(torch.nn.Linear(4, 2), batch=3, **bad)\n"
+            "    except Exception as e:\n"
+            "        print('refused:', type(e).__name__, e)\n"
+            "m = poseidon.DistributedModel(torch.nn.Linear(4, 2), batch=3, io_threads=1, tcp_rcvbuf=65536,\n"
+            "                              timeout=datetime.timedelta(minutes=1))\n"
+            "m(torch.randn(3, 4)).sum().backward()\n"
+            "m.synchronize()\n"
+            "print('trained with one I/O thread')\n"
+            "import os\n"
+            "os.environ['LOCAL_RANK'] = 'x'\n"
+            "try:\n"
+            "    poseidon.local_device()\n"
+            "except Exception as e:\n"
+            "    print('refused:', type(e).__name__, e)\n")
         run = alone(script)
         self.assertEqual(run.code, 0, str(run))
         self.assertIn("refused: InvalidArgument io_threads must be in [0, 64] (0: half the host's cores per rank "
@@ -112,21 +113,21 @@ class Lifecycle(TempDirTest):
         self.assertClean(run)
 
     def test_sixteen_bit_wire_rounds_each_gradient_and_the_sum_once(self):
-        script = self.path("wire.py")
-        with open(script, "w") as f:
-            f.write("import os, torch, poseidon\n"
-                    "try:\n"
-                    "    poseidon.DistributedModel(torch.nn.Linear(3, 1), batch=1, wire='fp8')\n"
-                    "except Exception as e:\n"
-                    "    print('refused:', type(e).__name__, e)\n"
-                    "rank = int(os.environ['RANK'])\n"
-                    "lin = torch.nn.Linear(3, 1, bias=False)\n"
-                    "m = poseidon.DistributedModel(lin, batch=1, scheme='ps', wire='bf16')\n"
-                    "x = torch.tensor([[0.1, 1.0 / 3, 1e-3 * (rank + 1)]])\n"
-                    "m(x).sum().backward()\n"  # the weight's gradient is x
-                    "m.synchronize()\n"
-                    "print('grad', ' '.join(repr(v) for v in lin.weight.grad.flatten().tolist()))\n"
-                    "m.finish()\n")
+        script = self.script(
+            "wire.py",
+            "import os, torch, poseidon\n"
+            "try:\n"
+            "    poseidon.DistributedModel(torch.nn.Linear(3, 1), batch=1, wire='fp8')\n"
+            "except Exception as e:\n"
+            "    print('refused:', type(e).__name__, e)\n"
+            "rank = int(os.environ['RANK'])\n"
+            "lin = torch.nn.Linear(3, 1, bias=False)\n"
+            "m = poseidon.DistributedModel(lin, batch=1, scheme='ps', wire='bf16')\n"
+            "x = torch.tensor([[0.1, 1.0 / 3, 1e-3 * (rank + 1)]])\n"
+            "m(x).sum().backward()\n"  # the weight's gradient is x
+            "m.synchronize()\n"
+            "print('grad', ' '.join(repr(v) for v in lin.weight.grad.flatten().tolist()))\n"
+            "m.finish()\n")
         run = launch(2, script)
         self.assertEqual(run.code, 0, str(run))
         self.assertIn("refused: InvalidArgument unknown wire precision 'fp8' (expected fp32, bf16 or fp16)", run.out)
@@ -141,27 +142,27 @@ class Lifecycle(TempDirTest):
         self.assertClean(run)
 
     def test_overlapped_step_misuse_is_refused_and_evaluation_sees_the_update(self):
-        script = self.path("overlap.py")
-        with open(script, "w") as f:
-            f.write("import torch, poseidon\n"
-                    "lin = torch.nn.Linear(4, 2)\n"
-                    "m = poseidon.DistributedModel(lin, batch=3, overlap_forward=True)\n"
-                    "opt = torch.optim.SGD(m.parameters(), lr=0.5)\n"
-                    "x = torch.ones(3, 4)\n"
-                    "m(x).sum().backward()\n"
-                    "before = lin.weight.detach().clone()\n"
-                    "m.step(opt)\n"
-                    "print('pending, weight unchanged:', torch.equal(lin.weight, before))\n"
-                    "for call in (lambda: m.step(opt), m.synchronize, lambda: m.no_sync().__enter__()):\n"
-                    "    try:\n"
-                    "        call()\n"
-                    "    except Exception as e:\n"
-                    "        print('refused:', e)\n"
-                    "m.eval()\n"
-                    "with torch.no_grad():\n"
-                    "    m(x)\n"
-                    "print('evaluated, weight moved by', round((before - lin.weight).mean().item(), 4))\n"
-                    "m.finish()\n")
+        script = self.script(
+            "overlap.py",
+            "import torch, poseidon\n"
+            "lin = torch.nn.Linear(4, 2)\n"
+            "m = poseidon.DistributedModel(lin, batch=3, overlap_forward=True)\n"
+            "opt = torch.optim.SGD(m.parameters(), lr=0.5)\n"
+            "x = torch.ones(3, 4)\n"
+            "m(x).sum().backward()\n"
+            "before = lin.weight.detach().clone()\n"
+            "m.step(opt)\n"
+            "print('pending, weight unchanged:', torch.equal(lin.weight, before))\n"
+            "for call in (lambda: m.step(opt), m.synchronize, lambda: m.no_sync().__enter__()):\n"
+            "    try:\n"
+            "        call()\n"
+            "    except Exception as e:\n"
+            "        print('refused:', e)\n"
+            "m.eval()\n"
+            "with torch.no_grad():\n"
+            "    m(x)\n"
+            "print('evaluated, weight moved by', round((before - lin.weight).mean().item(), 4))\n"
+            "m.finish()\n")
         run = alone(script)
         self.assertEqual(run.code, 0, str(run))
         self.assertIn("pending, weight unchanged: True", run.out)
@@ -173,17 +174,17 @@ class Lifecycle(TempDirTest):
         self.assertClean(run)
 
     def test_an_uncaught_exception_is_what_the_job_reports(self):
-        script = self.path("raise.py")
-        with open(script, "w") as f:
-            f.write("import os, torch, poseidon\n"
-                    "rank = int(os.environ['RANK'])\n"
-                    "m = poseidon.DistributedModel(torch.nn.Linear(3, 1), batch=1)\n"
-                    "for step in range(3):\n"
-                    "    m(torch.ones(1, 3)).sum().backward()\n"
-                    "    if rank == 1 and step == 1:\n"
-                    "        raise ValueError('my bug: bad label 7')\n"
-                    "    m.synchronize()\n"
-                    "m.finish()\n")
+        script = self.script(
+            "raise.py",
+            "import os, torch, poseidon\n"
+            "rank = int(os.environ['RANK'])\n"
+            "m = poseidon.DistributedModel(torch.nn.Linear(3, 1), batch=1)\n"
+            "for step in range(3):\n"
+            "    m(torch.ones(1, 3)).sum().backward()\n"
+            "    if rank == 1 and step == 1:\n"
+            "        raise ValueError('my bug: bad label 7')\n"
+            "    m.synchronize()\n"
+            "m.finish()\n")
         run = launch(2, script)
         self.assertEqual(run.code, 1, str(run))
         # Whichever rank the launcher saw fail first, its closing line names what rank 1 died of (it named
@@ -196,18 +197,18 @@ class Lifecycle(TempDirTest):
 
     def test_ranks_that_run_different_step_counts_fail_at_once_naming_both(self):
         timeout = 120  # the ranks' wait limit: the job must end long before it
-        script = self.path("uneven.py")
-        with open(script, "w") as f:
-            f.write("import os, sys, torch, poseidon\n"
-                    "rank = int(os.environ['RANK'])\n"
-                    "steps = [int(s) for s in sys.argv[1].split(',')]\n"
-                    "m = poseidon.DistributedModel(torch.nn.Linear(3, 1), batch=1, timeout=%d)\n"
-                    "for step in range(steps[rank]):\n"
-                    "    m(torch.ones(1, 3)).sum().backward()\n"
-                    "    m.synchronize()\n"
-                    "m(torch.ones(1, 3))\n"  # a training forward without a step: it waits on nobody
-                    "m.finish()\n"
-                    "print('finished', steps[rank])\n" % timeout)
+        script = self.script(
+            "uneven.py",
+            "import os, sys, torch, poseidon\n"
+            "rank = int(os.environ['RANK'])\n"
+            "steps = [int(s) for s in sys.argv[1].split(',')]\n"
+            "m = poseidon.DistributedModel(torch.nn.Linear(3, 1), batch=1, timeout=%d)\n"
+            "for step in range(steps[rank]):\n"
+            "    m(torch.ones(1, 3)).sum().backward()\n"
+            "    m.synchronize()\n"
+            "m(torch.ones(1, 3))\n"  # a training forward without a step: it waits on nobody
+            "m.finish()\n"
+            "print('finished', steps[rank])\n" % timeout)
         for steps, short, long in (("3,5", 0, 1), ("4,2", 1, 0)):
             run = launch(2, script, steps)
             self.assertEqual(run.code, 1, str(run))
@@ -223,23 +224,23 @@ class Lifecycle(TempDirTest):
         self.assertIn("[rank 1] finished 3", even.out)
 
     def test_first_mistakes_say_what_to_do(self):
-        script = self.path("mistakes.py")
-        with open(script, "w") as f:
-            f.write("import torch, poseidon\n"
-                    "lin = torch.nn.Linear(3, 1)\n"
-                    "opt = torch.optim.SGD(lin.parameters(), lr=0.1)\n"
-                    "try:\n"  # a file where the checkpoint directory goes: not 'no checkpoint yet'
-                    "    poseidon.load_checkpoint(__file__, lin, opt)\n"
-                    "except Exception as e:\n"
-                    "    print('refused:', type(e).__name__, e)\n"
-                    "print('no checkpoint yet:', poseidon.load_checkpoint(__file__ + '.d', lin, opt))\n"
-                    "m = poseidon.DistributedModel(lin, batch=1)\n"
-                    "m.eval()\n"  # an evaluation left the model in eval mode
-                    "m(torch.ones(1, 3)).sum().backward()\n"
-                    "try:\n"
-                    "    m.synchronize()\n"
-                    "except Exception as e:\n"
-                    "    print('refused:', type(e).__name__, e)\n")
+        script = self.script(
+            "mistakes.py",
+            "import torch, poseidon\n"
+            "lin = torch.nn.Linear(3, 1)\n"
+            "opt = torch.optim.SGD(lin.parameters(), lr=0.1)\n"
+            "try:\n"  # a file where the checkpoint directory goes: not 'no checkpoint yet'
+            "    poseidon.load_checkpoint(__file__, lin, opt)\n"
+            "except Exception as e:\n"
+            "    print('refused:', type(e).__name__, e)\n"
+            "print('no checkpoint yet:', poseidon.load_checkpoint(__file__ + '.d', lin, opt))\n"
+            "m = poseidon.DistributedModel(lin, batch=1)\n"
+            "m.eval()\n"  # an evaluation left the model in eval mode
+            "m(torch.ones(1, 3)).sum().backward()\n"
+            "try:\n"
+            "    m.synchronize()\n"
+            "except Exception as e:\n"
+            "    print('refused:', type(e).__name__, e)\n")
         run = alone(script)
         self.assertEqual(run.code, 0, str(run))
         self.assertIn("refused: InvalidArgument load_checkpoint: %s is a file, not a checkpoint directory" % script,
@@ -263,19 +264,19 @@ class Lifecycle(TempDirTest):
                       bad.err)
 
     def test_two_models_in_one_program_train_in_jobs_of_their_own(self):
-        script = self.path("gan.py")
-        with open(script, "w") as f:
-            f.write("import os, torch, poseidon\n"
-                    "torch.manual_seed(int(os.environ['RANK']))\n"  # different data and initial weights per rank
-                    "g = poseidon.DistributedModel(torch.nn.Linear(4, 3), batch=2)\n"
-                    "d = poseidon.DistributedModel(torch.nn.Linear(3, 1), batch=2)\n"
-                    "og, od = torch.optim.SGD(g.parameters(), lr=0.1), torch.optim.SGD(d.parameters(), lr=0.1)\n"
-                    "for step in range(3):\n"
-                    "    fake = g(torch.randn(2, 4))\n"
-                    "    od.zero_grad(); d(fake.detach()).sum().backward(); d.step(od)\n"
-                    "    og.zero_grad(); fake.sum().backward(); g.step(og)\n"
-                    "g.finish(); d.finish()\n"
-                    "print('params', [round(p.sum().item(), 6) for m in (g, d) for p in m.parameters()])\n")
+        script = self.script(
+            "gan.py",
+            "import os, torch, poseidon\n"
+            "torch.manual_seed(int(os.environ['RANK']))\n"  # different data and initial weights per rank
+            "g = poseidon.DistributedModel(torch.nn.Linear(4, 3), batch=2)\n"
+            "d = poseidon.DistributedModel(torch.nn.Linear(3, 1), batch=2)\n"
+            "og, od = torch.optim.SGD(g.parameters(), lr=0.1), torch.optim.SGD(d.parameters(), lr=0.1)\n"
+            "for step in range(3):\n"
+            "    fake = g(torch.randn(2, 4))\n"
+            "    od.zero_grad(); d(fake.detach()).sum().backward(); d.step(od)\n"
+            "    og.zero_grad(); fake.sum().backward(); g.step(og)\n"
+            "g.finish(); d.finish()\n"
+            "print('params', [round(p.sum().item(), 6) for m in (g, d) for p in m.parameters()])\n")
         run = launch(2, script)
         self.assertEqual(run.code, 0, str(run))
         said = re.findall(r"\[rank (\d)\] params (.*)", run.out)
@@ -297,15 +298,15 @@ class Lifecycle(TempDirTest):
             "batch=1, local_ranks=-1": "InvalidArgument local_ranks must be at least 0 (0: one node per host), got -1",
             "batch=1, groups='2'": "InvalidArgument groups must be an integer, got '2'",
         }
-        script = self.path("options.py")
-        with open(script, "w") as f:
-            f.write("import sys, torch, poseidon\n"
-                    "for kwargs in sys.argv[1:]:\n"
-                    "    try:\n"
-                    "        m = eval('poseidon.DistributedModel(torch.nn.Linear(3, 1), ' + kwargs + ')')\n"
-                    "        print('accepted batch', m._batch)\n"
-                    "    except Exception as e:\n"
-                    "        print(type(e).__name__, e)\n")
+        script = self.script(
+            "options.py",
+            "import sys, torch, poseidon\n"
+            "for kwargs in sys.argv[1:]:\n"
+            "    try:\n"
+            "        m = eval('poseidon.DistributedModel(torch.nn.Linear(3, 1), ' + kwargs + ')')\n"
+            "        print('accepted batch', m._batch)\n"
+            "    except Exception as e:\n"
+            "        print(type(e).__name__, e)\n")
         run = alone(script, *cases)
         self.assertEqual(run.code, 0, str(run))
         self.assertEqual(dict(zip(cases, run.out.splitlines())), cases)
@@ -317,7 +318,7 @@ class Lifecycle(TempDirTest):
         ck = self.path("ck")
         first = launch(2, JOB, "lenet", self.path("first.pt"), "--steps", "5", "--checkpoint", ck)
         self.assertEqual(first.code, 0, str(first))
-        self.assertEqual(sorted(os.listdir(ck)), ["step-000000005"])
+        self.assertEqual(sorted(os.listdir(ck)), [".poseidon.lock", "step-000000005"])  # rank 0's lock, and the step
         with open(os.path.join(ck, "step-000000005", "meta.json")) as f:
             meta = json.load(f)
         self.assertEqual((meta["iteration"], meta["world_size"]), (5, 2))
@@ -340,6 +341,54 @@ class Lifecycle(TempDirTest):
         self.assertIn("checkpoint %s is damaged: model.pt does not match its checksum"
                       % os.path.join(ck, "step-000000010"), again.err)
 
+    def test_a_checkpoint_directory_in_use_is_refused_naming_its_holder(self):
+        # Two jobs given one directory would overwrite, prune and resume from each other's checkpoints. The
+        # holder is this test process, by flock on the file poseidon train's rank 0 and save_checkpoint lock:
+        # the job's save is refused naming it, and nothing is written. Once it lets go, the same job saves,
+        # and its model's finish() frees the directory for the next job.
+        ck = self.path("ck")
+        os.makedirs(ck)
+        script = self.script(
+            "saver.py",
+            "import fcntl, os, sys, torch, poseidon\n"
+            "lin = torch.nn.Linear(3, 1)\n"
+            "opt = torch.optim.SGD(lin.parameters(), lr=0.1)\n"
+            "m = poseidon.DistributedModel(lin, batch=1)\n"
+            "m(torch.ones(1, 3)).sum().backward()\n"
+            "m.synchronize()\n"
+            "opt.step()\n"
+            "try:\n"
+            "    print('saved', poseidon.save_checkpoint(sys.argv[1], m, opt, 1))\n"
+            "except poseidon.InvalidArgument as e:\n"
+            "    print('refused:', e)\n"
+            "m.finish()\n"
+            "if m.rank == 0:\n"  # (rank 1 taking it too would race rank 0's check)
+            "    fd = os.open(os.path.join(sys.argv[1], '.poseidon.lock'), os.O_RDWR)\n"
+            "    try:\n"
+            "        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+            "        print('free after finish')\n"
+            "    except BlockingIOError:\n"
+            "        print('still held')\n")
+        fd = os.open(os.path.join(ck, ".poseidon.lock"), os.O_RDWR | os.O_CREAT)
+        try:
+            os.write(fd, b"job A (a test)\n")
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held = launch(2, script, ck)
+        finally:
+            os.close(fd)
+        self.assertEqual(held.code, 0, str(held))
+        self.assertIn("[rank 0] refused: checkpoint directory %s is in use by job A (a test) (it holds %s): two jobs "
+                      "writing one directory would resume from and delete each other's files; give each job its own "
+                      "directory, or wait for that one to end" % (ck, os.path.join(ck, ".poseidon.lock")), held.out)
+        self.assertIn("[rank 0] still held", held.out)
+        self.assertEqual(os.listdir(ck), [".poseidon.lock"])
+        free = launch(2, script, ck)
+        self.assertEqual(free.code, 0, str(free))
+        self.assertIn("[rank 0] saved %s" % os.path.join(ck, "step-000000001"), free.out)
+        self.assertIn("[rank 0] free after finish", free.out)
+        with open(os.path.join(ck, ".poseidon.lock")) as f:
+            self.assertRegex(f.read(), r"^save_checkpoint in saver\.py, pid \d+ on .+ since \d{4}-")
+
     def test_a_checkpoint_of_poseidon_train_is_refused_by_name(self):
         # poseidon train's format (meta.json with meta_crc32; LibTorch archives of its own models): its files
         # pass their checksums, and load_checkpoint names the format instead of failing inside torch.load.
@@ -352,14 +401,14 @@ class Lifecycle(TempDirTest):
             files[name] = {"bytes": 18, "crc32": "%08x" % (zlib.crc32(b"a LibTorch archive") & 0xFFFFFFFF)}
         with open(os.path.join(step, "meta.json"), "w") as f:
             json.dump({"model": "mlp", "iteration": 5, "workers": 1, "files": files, "meta_crc32": "00000000"}, f)
-        script = self.path("load.py")
-        with open(script, "w") as f:
-            f.write("import sys, torch, poseidon\n"
-                    "net = torch.nn.Linear(2, 2)\n"
-                    "try:\n"
-                    "    poseidon.load_checkpoint(sys.argv[1], net, torch.optim.SGD(net.parameters(), lr=0.1))\n"
-                    "except poseidon.InvalidArgument as e:\n"
-                    "    print('refused:', e)\n")
+        script = self.script(
+            "load.py",
+            "import sys, torch, poseidon\n"
+            "net = torch.nn.Linear(2, 2)\n"
+            "try:\n"
+            "    poseidon.load_checkpoint(sys.argv[1], net, torch.optim.SGD(net.parameters(), lr=0.1))\n"
+            "except poseidon.InvalidArgument as e:\n"
+            "    print('refused:', e)\n")
         run = alone(script, self.path("ck"))
         self.assertEqual(run.code, 0, str(run))
         self.assertIn("refused: load_checkpoint: %s was written by poseidon train (the CLI), not by save_checkpoint; "
@@ -368,27 +417,27 @@ class Lifecycle(TempDirTest):
     def test_a_diverged_step_raises_on_every_rank_and_the_main_job_exits_3(self):
         # One rank's NaN input at step 3: every rank's mean gradient is NaN, so every rank raises at step 3,
         # before its optimizer runs, and the job still finishes cleanly.
-        script = self.path("nan.py")
-        with open(script, "w") as f:
-            f.write("import torch, poseidon\n"
-                    "torch.manual_seed(0)\n"
-                    "net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))\n"
-                    "m = poseidon.DistributedModel(net, batch=3)\n"
-                    "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
-                    "for step in range(1, 6):\n"
-                    "    x = torch.ones(3, 4)\n"
-                    "    if step == 3 and m.rank == 1:\n"
-                    "        x[0, 0] = float('nan')\n"
-                    "    opt.zero_grad()\n"
-                    "    m(x).sum().backward()\n"
-                    "    before = [p.detach().clone() for p in m.parameters()]\n"
-                    "    try:\n"
-                    "        m.step(opt)\n"
-                    "    except poseidon.DivergenceError as e:\n"
-                    "        same = all(torch.equal(a, b) for a, b in zip(before, m.parameters()))\n"
-                    "        print('rank %d: DivergenceError at step %d, model unchanged %s: %s' % (m.rank, step, same, e))\n"
-                    "        break\n"
-                    "m.finish()\n")
+        script = self.script(
+            "nan.py",
+            "import torch, poseidon\n"
+            "torch.manual_seed(0)\n"
+            "net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))\n"
+            "m = poseidon.DistributedModel(net, batch=3)\n"
+            "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+            "for step in range(1, 6):\n"
+            "    x = torch.ones(3, 4)\n"
+            "    if step == 3 and m.rank == 1:\n"
+            "        x[0, 0] = float('nan')\n"
+            "    opt.zero_grad()\n"
+            "    m(x).sum().backward()\n"
+            "    before = [p.detach().clone() for p in m.parameters()]\n"
+            "    try:\n"
+            "        m.step(opt)\n"
+            "    except poseidon.DivergenceError as e:\n"
+            "        same = all(torch.equal(a, b) for a, b in zip(before, m.parameters()))\n"
+            "        print('rank %d: DivergenceError at step %d, model unchanged %s: %s' % (m.rank, step, same, e))\n"
+            "        break\n"
+            "m.finish()\n")
         run = launch(3, script)
         self.assertEqual(run.code, 0, str(run))
         self.assertClean(run)

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "checkpoint_helpers.h"
+#include "poseidon/common/file.h"
 #include "cli_helpers.h"
 
 namespace poseidon {
@@ -29,9 +30,12 @@ std::vector<std::string> job(const std::string& ck, int maxSteps, const std::vec
   return a;
 }
 
+// What is in a checkpoint directory but the job's lock file (ADirectoryInUseIsRefusedNamingItsHolder's).
 std::set<std::string> entries(const std::string& dir) {
   std::set<std::string> out;
-  for (const auto& e : fs::directory_iterator(dir)) out.insert(e.path().filename().string());
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().filename() != DirectoryLock::kFileName) out.insert(e.path().filename().string());
+  }
   return out;
 }
 
@@ -201,6 +205,52 @@ TEST(CheckpointCli, TheLastEpochIsSavedOffTheBeat) {
   auto once = testing::runCli(rare, dir.path + "/rare-run", {}, 240);
   ASSERT_EQ(once.exitCode(), 0) << once.stderrText();
   EXPECT_EQ(entries(dir.path + "/rare"), (std::set<std::string>{"step-000000032"}));
+}
+
+// Two jobs given one --checkpoint directory: the second is refused before it trains, naming the job
+// that holds the directory, and the first one's checkpoints are untouched. Before, both wrote and
+// pruned there, and a restart of either resumed from whichever had saved last: another job's model,
+// silently (the layouts match when only the learning rate differs). The holder here is this test
+// process, through the same lock rank 0 of poseidon train takes; the kernel's flock excludes any
+// other process alike, and drops the lock when its holder ends.
+TEST(CheckpointCli, ADirectoryInUseIsRefusedNamingItsHolder) {
+  TempDir dir;
+  const std::string ck = dir.path + "/ck";
+  auto first = testing::runCli(job(ck, 5), dir.path + "/first", {}, 240);
+  ASSERT_EQ(first.exitCode(), 0) << first.stderrText();
+  // Rank 0 held it for the run and said who it was.
+  EXPECT_THAT(testing::readBytes(ck + "/" + DirectoryLock::kFileName), HasSubstr("poseidon train (rank 0 of 2), pid "));
+  const std::set<std::string> saved = entries(ck);
+  ASSERT_EQ(saved, std::set<std::string>{"step-000000005"});
+  const std::string refusal = "checkpoint directory " + ck + " is in use by job A (a test), pid " +
+                              std::to_string(::getpid()) + " on ";
+  const std::string why = " (it holds " + ck + "/" + DirectoryLock::kFileName +
+                          "): two jobs writing one directory would resume from and delete each other's files; "
+                          "give each job its own directory, or wait for that one to end\n";
+  {
+    DirectoryLock jobA(ck, "checkpoint directory", "job A (a test)");
+    EXPECT_THROW(DirectoryLock(ck, "checkpoint directory", "job B"), InvalidArgument);  // this process again, too
+    // poseidon train starting its workers: refused once, before any starts.
+    auto own = testing::runCli(job(ck, 10), dir.path + "/own", {}, 240);
+    EXPECT_EQ(own.exitCode(), 2) << own.stderrText();
+    EXPECT_THAT(own.stderrText(), HasSubstr("poseidon train: error: " + refusal));
+    EXPECT_THAT(own.stderrText(), HasSubstr(why));
+    EXPECT_THAT(own.stdoutText(), Not(HasSubstr("epoch")));
+    // Ranks started by poseidon launch: rank 0, the writer, refuses, and the launcher stops the others.
+    auto launched = testing::runCli({"launch", "-n", "2", "--", POSEIDON_CLI, "train", "--batch", "16", "--train-limit",
+                                     "1024", "--quiet", "--model", "mlp", "--timeout", "10000", "--max-steps", "10",
+                                     "--checkpoint", ck},
+                                    dir.path + "/launched", {}, 240);
+    EXPECT_NE(launched.exitCode(), 0);
+    EXPECT_THAT(launched.stderrText(), HasSubstr(refusal));
+    EXPECT_THAT(launched.stderrText(), HasSubstr("poseidon launch: rank 0 exited with code "));
+    EXPECT_EQ(entries(ck), saved);
+    EXPECT_THAT(testing::readBytes(ck + "/" + DirectoryLock::kFileName), HasSubstr("job A (a test), pid "));
+  }
+  // Job A ended: the same command goes on from its checkpoint.
+  auto after = testing::runCli(job(ck, 10), dir.path + "/after", {}, 240);
+  ASSERT_EQ(after.exitCode(), 0) << after.stderrText();
+  EXPECT_THAT(after.stdoutText(), HasSubstr("resuming from " + ck + "/step-000000005 (iteration 5: "));
 }
 
 }  // namespace

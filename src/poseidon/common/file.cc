@@ -1,6 +1,7 @@
 #include "poseidon/common/file.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -10,8 +11,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <utility>
 
 #include "poseidon/common/error.h"
 
@@ -68,6 +71,73 @@ void probeDirectory(const std::string& flag, const std::string& path, const fs::
 }
 
 }  // namespace
+
+namespace {
+
+// The lock file's holder line, for a refused job's message ("" if it says nothing: a lock taken by
+// flock(1) or a holder that has not written its line yet).
+std::string holderLine(int fd) {
+  char buf[512];
+  const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+  std::string line(buf, n > 0 ? static_cast<size_t>(n) : 0);
+  while (!line.empty() && (line.back() == '\n' || line.back() == ' ')) line.pop_back();
+  return line;
+}
+
+// Tries to take fd's lock; false if another open file holds it. Throws on any other error.
+bool tryLock(int fd, const std::string& file) {
+  while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) return false;
+    if (errno != EINTR) throw IoError(strCat("cannot lock ", file, ": ", std::strerror(errno)));
+  }
+  return true;
+}
+
+[[noreturn]] void throwTaken(int fd, const std::string& dir, const std::string& what, const std::string& file) {
+  const std::string line = holderLine(fd);
+  ::close(fd);
+  throw InvalidArgument(strCat(what, " ", dir, " is in use by ", line.empty() ? "another process" : line, " (it holds ",
+                               file, "): two jobs writing one directory would resume from and delete each other's "
+                               "files; give each job its own directory, or wait for that one to end"));
+}
+
+}  // namespace
+
+DirectoryLock::DirectoryLock(const std::string& dir, const std::string& what, const std::string& holder) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw IoError(strCat("cannot create ", what, " ", dir, ": ", ec.message()));
+  const std::string file = (fs::path(dir) / kFileName).string();
+  fd_ = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw IoError(strCat("cannot open ", file, ": ", std::strerror(errno)));
+  if (!tryLock(fd_, file)) throwTaken(std::exchange(fd_, -1), dir, what, file);
+  char host[256] = "?";
+  ::gethostname(host, sizeof host - 1);
+  char since[32] = "";
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  ::gmtime_r(&now, &tm);
+  std::strftime(since, sizeof since, "%Y-%m-%d %H:%M:%S UTC", &tm);
+  const std::string line = strCat(holder, ", pid ", ::getpid(), " on ", host, " since ", since, "\n");
+  // Best effort: the line only explains a refusal, the lock itself is what excludes
+  // (a refused job then says "another process").
+  if (::ftruncate(fd_, 0) == 0) {
+    const ssize_t written = ::pwrite(fd_, line.data(), line.size(), 0);
+    (void)written;
+  }
+}
+
+DirectoryLock::~DirectoryLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the flock
+}
+
+void DirectoryLock::checkFree(const std::string& dir, const std::string& what) {
+  const std::string file = (fs::path(dir) / kFileName).string();
+  const int fd = ::open(file.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return;  // no lock file: nobody holds it (or the directory's own check reports it)
+  if (!tryLock(fd, file)) throwTaken(fd, dir, what, file);
+  ::close(fd);
+}
 
 std::string jsonErrorText(const std::exception& e) {
   const std::string what = e.what();

@@ -21,6 +21,31 @@ void checkOutputFile(const std::string& flag, const std::string& path);
 // The same for a directory a run writes files into, created (with its parents) if missing.
 void checkOutputDirectory(const std::string& flag, const std::string& dir);
 
+// An exclusive lock on a directory for one job: DIR/.poseidon.lock held with flock(2) for this object's
+// life. A second holder - another job, or the same process again - is refused with the holder's line
+// (pid, host, what it is) from the file. The kernel drops the lock when its holder exits, however it
+// exits (killed, crashed), so a stale lock never outlives its job; a restarted job takes it again.
+// Creates DIR (with its parents). Throws InvalidArgument("<what> <dir> is in use by <holder>; ...")
+// when taken, IoError when the lock file cannot be opened at all.
+class DirectoryLock {
+ public:
+  // `what` names the directory in messages ("checkpoint directory"); `holder` is written into the
+  // lock file for a refused job to read ("poseidon train rank 0").
+  DirectoryLock(const std::string& dir, const std::string& what, const std::string& holder);
+  ~DirectoryLock();
+  DirectoryLock(const DirectoryLock&) = delete;
+  DirectoryLock& operator=(const DirectoryLock&) = delete;
+
+  // Throws as the constructor does if dir's lock is held now, else returns having taken nothing (a
+  // launcher's check before its ranks start; a missing dir or lock file is free).
+  static void checkFree(const std::string& dir, const std::string& what);
+
+  static constexpr const char* kFileName = ".poseidon.lock";
+
+ private:
+  int fd_ = -1;
+};
+
 // Raises this process's soft limit on open file descriptors toward `needed` (up to the hard limit),
 // as Go's runtime does at start-up: many systems start processes at 1,024, and what runs out meets
 // EMFILE far from this cause. Returns the soft limit now (UINT64_MAX: unlimited); children inherit it.

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "poseidon/common/file.h"
 #include "poseidon/torch/checkpoint.h"
 #include "poseidon/torch/device_staging.h"
 #include "poseidon/torch/models.h"
@@ -47,7 +48,10 @@ void validateTrainOptions(const TrainOptions& options, const TrainHooks& hooks, 
   validateRankOptions(o, hooks, world);
   const AnyNet net = makeModel(o.model);
   if (o.mergedFc) checkMergedFcModel(net, o.model);
-  if (!o.checkpointDir.empty()) checkCheckpointLayout(o.checkpointDir, checkpointLayout(o, world));
+  if (!o.checkpointDir.empty()) {
+    DirectoryLock::checkFree(o.checkpointDir, "checkpoint directory");  // rank 0 takes it
+    checkCheckpointLayout(o.checkpointDir, checkpointLayout(o, world));
+  }
 }
 
 int trainRank(const TrainOptions& options, const TrainHooks& hooks, const RankEnv& env) {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "poseidon/common/file.h"
 #include "poseidon/torch/checkpoint.h"
 #include "poseidon/torch/train/context.h"
 #include "poseidon/torch/train/curve.h"
@@ -104,6 +105,9 @@ class RankRun {
   // The iteration of the state checkpoint() last took (or resume() loaded), on every rank alike (the
   // lead's checkpointIteration_ may lag: an unsaved diverged model): train()'s closing save skips it.
   int64_t checkpointedAt_ = 0;
+  // Rank 0, the writer: --checkpoint's lock for the run, so that a second job given the same
+  // directory is refused instead of resuming from and pruning this one's checkpoints.
+  std::unique_ptr<DirectoryLock> checkpointLock_;
   std::string resumedFrom_;  // the checkpoint resume() loaded ("" for none), for the summary
   AccuracyCurve curve_;
   // Results of the epoch loop.

@@ -18,6 +18,7 @@ using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
 using testing::readBytes;
+using testing::readJson;
 using testing::TempDir;
 
 testing::Proc run(const std::vector<std::string>& args, const std::string& log, std::map<std::string, std::string> env = {},
@@ -95,16 +96,25 @@ TEST(AutoRecovery, OneWorkerRestartsFromCheckpointToo) {
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   };
-  auto straight = run(one({"--save-params", dir.path + "/straight.bin"}), dir.path + "/a");
+  auto straight = run(one({"--save-params", dir.path + "/straight.bin", "--summary", dir.path + "/straight.json"}),
+                      dir.path + "/a");
   ASSERT_EQ(straight.exitCode(), 0) << straight.stderrText();
   auto recovered = run(one({"--checkpoint-every", "5", "--checkpoint", dir.path + "/ck", "--max-restarts", "1",
-                            "--save-params", dir.path + "/recovered.bin"}),
+                            "--save-params", dir.path + "/recovered.bin", "--summary", dir.path + "/recovered.json"}),
                        dir.path + "/b", {{"POSEIDON_FAULT", "0:7:kill"}});
   ASSERT_EQ(recovered.exitCode(), 0) << recovered.stderrText();
   EXPECT_THAT(recovered.stderrText(), HasSubstr("poseidon train: rank 0 was killed by signal 9"));
   EXPECT_THAT(recovered.stderrText(), HasSubstr("restarting from the checkpoint at iteration 5"));
   EXPECT_THAT(recovered.stdoutText(), HasSubstr("resuming from " + dir.path + "/ck/step-000000005"));
   EXPECT_TRUE(readBytes(dir.path + "/straight.bin") == readBytes(dir.path + "/recovered.bin"));
+  // The summary is the last attempt's, and says that it was one: restarted once, from step 5.
+  const nlohmann::json s = readJson(dir.path + "/recovered.json"), first = readJson(dir.path + "/straight.json");
+  EXPECT_EQ(s["restarts"], 1);
+  EXPECT_EQ(s["start_iteration"], 5);
+  EXPECT_EQ(s["resumed_from"], dir.path + "/ck/step-000000005");
+  EXPECT_EQ(s["steps"], 7);
+  EXPECT_EQ(first["restarts"], 0);
+  EXPECT_EQ(first["steps"], 12);
 }
 
 TEST(AutoRecovery, GivesUpAfterMaxRestarts) {

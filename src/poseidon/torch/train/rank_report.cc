@@ -161,6 +161,9 @@ nlohmann::json RankRun::summaryJson() const {
       // and steps, train_seconds and wall_seconds are this attempt's.
       {"start_iteration", c_.startIteration},
       {"resumed_from", resumedFrom_.empty() ? nlohmann::json() : nlohmann::json(resumedFrom_)},
+      // How many times the launcher restarted the job before this attempt (POSEIDON_RESTART_COUNT):
+      // a summary with restarts > 0 counts only the last attempt's steps and seconds.
+      {"restarts", hooks_.restartCount},
       {"allow_divergence", o_.allowDivergence},
       {"diverged", modelDiverged_},
       {"diverged_at_step", modelDiverged_ ? nlohmann::json(jobDivergedAt_) : nlohmann::json(nullptr)},

@@ -623,6 +623,17 @@ TEST(CliFlags, TrainRefusesBadOptionsOnceBeforeAnyWorkerStarts) {
                   "unknown model 'nosuch' (expected lenet, cifar10-quick or mlp)"});
   expectRejected({{"train", "--workers", "2", "--servers", "5"}, "--servers 5 exceeds the job's 2 ranks (each shard is a rank)"});
   expectRejected({{"train", "--workers", "2", "--plain"}, "--plain runs the plain LibTorch loop and needs --workers 1"});
+  // The adam baseline's exclusions (JobSettings::conflictError): refused here, not once every worker
+  // has loaded the data and met at the rendezvous.
+  expectRejected({{"train", "--workers", "2", "--scheme", "adam", "--wire", "bf16"},
+                  "--wire bf16 does not apply to the adam baseline (use --wire fp32)"});
+  expectRejected({{"train", "--workers", "2", "--scheme", "adam", "--local-ranks", "2"},
+                  "--local-ranks 2 cannot be combined with the adam baseline"});
+  expectRejected({{"train", "--workers", "2", "--scheme", "adam", "--groups", "2"},
+                  "--groups does not apply to the adam baseline"});
+  expectRejected(
+      {{"train", "--workers", "2", "--scheme", "adam", "--drop-stragglers", "1", "--straggler-timeout", "100"},
+       "straggler dropping does not apply to the adam baseline"});
   // Found by the coordinator at rendezvous, the model and the transport before; now before any worker.
   expectRejected({{"train", "--workers", "2", "--drop-stragglers", "2", "--straggler-timeout", "100"},
                   "--drop-stragglers 2 must be less than the 2 workers"});
@@ -934,7 +945,9 @@ TEST(CliFlags, HelpShowsTheRanges) {
   std::vector<testing::Proc> procs{testing::spawn({POSEIDON_CLI, "launch", "--help"}, {}, dir + "/help")};
   testing::waitAll(procs, std::chrono::seconds(30));
   EXPECT_EQ(procs[0].exitCode(), 0);
-  EXPECT_THAT(procs[0].stdoutText(), HasSubstr("coordinator port (0: pick a free one) (in [0, 65535]; default: 0)"));
+  EXPECT_THAT(procs[0].stdoutText(),
+              HasSubstr("coordinator port (0: pick a free one; a restart always picks a fresh one) (in [0, 65535]; "
+                        "default: 0)"));
   // A real default in full, not rounded to six digits (it read 1.04858e+06).
   const std::string plan = testing::runCli({"plan", "--help"}, dir + "/plan", {}, 30).stdoutText();
   EXPECT_THAT(plan, HasSubstr("(>= 4096; default: 16777216)"));  // --credit-window

@@ -8,8 +8,8 @@
 #include <set>
 
 #include "checkpoint_helpers.h"
-#include "poseidon/common/file.h"
 #include "cli_helpers.h"
+#include "poseidon/common/file.h"
 
 namespace poseidon {
 namespace {
@@ -222,8 +222,8 @@ TEST(CheckpointCli, ADirectoryInUseIsRefusedNamingItsHolder) {
   EXPECT_THAT(testing::readBytes(ck + "/" + DirectoryLock::kFileName), HasSubstr("poseidon train (rank 0 of 2), pid "));
   const std::set<std::string> saved = entries(ck);
   ASSERT_EQ(saved, std::set<std::string>{"step-000000005"});
-  const std::string refusal = "checkpoint directory " + ck + " is in use by job A (a test), pid " +
-                              std::to_string(::getpid()) + " on ";
+  const std::string refusal =
+      "checkpoint directory " + ck + " is in use by job A (a test), pid " + std::to_string(::getpid()) + " on ";
   const std::string why = " (it holds " + ck + "/" + DirectoryLock::kFileName +
                           "): two jobs writing one directory would resume from and delete each other's files; "
                           "give each job its own directory, or wait for that one to end\n";
@@ -237,10 +237,10 @@ TEST(CheckpointCli, ADirectoryInUseIsRefusedNamingItsHolder) {
     EXPECT_THAT(own.stderrText(), HasSubstr(why));
     EXPECT_THAT(own.stdoutText(), Not(HasSubstr("epoch")));
     // Ranks started by poseidon launch: rank 0, the writer, refuses, and the launcher stops the others.
-    auto launched = testing::runCli({"launch", "-n", "2", "--", POSEIDON_CLI, "train", "--batch", "16", "--train-limit",
-                                     "1024", "--quiet", "--model", "mlp", "--timeout", "10000", "--max-steps", "10",
-                                     "--checkpoint", ck},
-                                    dir.path + "/launched", {}, 240);
+    auto launched =
+        testing::runCli({"launch", "-n", "2", "--", POSEIDON_CLI, "train", "--batch", "16", "--train-limit", "1024",
+                         "--quiet", "--model", "mlp", "--timeout", "10000", "--max-steps", "10", "--checkpoint", ck},
+                        dir.path + "/launched", {}, 240);
     EXPECT_NE(launched.exitCode(), 0);
     EXPECT_THAT(launched.stderrText(), HasSubstr(refusal));
     EXPECT_THAT(launched.stderrText(), HasSubstr("poseidon launch: rank 0 exited with code "));

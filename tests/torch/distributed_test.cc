@@ -357,6 +357,14 @@ TEST(DistributedModel, SettingsOutOfRangeAreNamedBeforeTheRendezvous) {
             "heartbeat must be 0 (automatic) or a positive number of ms, got -5");
   EXPECT_EQ(refusal([](DistributedOptions& o) { o.node.settings.pairBytes = 3; }, lin),
             "the KV pair size must be in [4, 1073741824] bytes, got 3");
+  // Settings that exclude each other, before the rendezvous too (JobSettings::conflictError).
+  EXPECT_EQ(refusal(
+                [](DistributedOptions& o) {
+                  o.node.settings.policy = SchemePolicy::kAdam;
+                  o.node.settings.wire = WirePrecision::kBf16;
+                },
+                lin),
+            "--wire bf16 does not apply to the adam baseline (use --wire fp32)");
   auto empty = std::make_shared<torch::nn::Module>();
   empty->register_parameter("weight", torch::zeros({2, 0}));
   EXPECT_EQ(refusal([](DistributedOptions&) {}, empty),

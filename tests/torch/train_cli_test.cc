@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
+#include <thread>
 
 #include "cli_helpers.h"
 #include "poseidon/common/error.h"
@@ -428,22 +429,27 @@ TEST(TrainCli, ASubSecondTimeoutIsSaidToBeMilliseconds) {
 }
 
 // Two ranks that share nothing but the coordinator's address: each binds its
-// own loopback address, proving nothing assumes one host address.
+// own loopback address, proving nothing assumes one host address. Each is its host's only rank
+// (LOCAL_WORLD_SIZE=1), so it trains on all of the host's cores: it took cores / the job's size.
 TEST(TrainCli, TwoRanksOnTwoLoopbackAddresses) {
   TempDir dir;
   int port = freePort("127.0.0.2");
   std::vector<testing::Proc> procs;
   for (int r = 0; r < 2; ++r) {
-    std::map<std::string, std::string> env{{"RANK", std::to_string(r)}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.2"},
-                                           {"MASTER_PORT", std::to_string(port)}, {"POSEIDON_LOG", "info"}};
-    procs.push_back(testing::spawn({POSEIDON_CLI, "train", "--bind", r == 0 ? "127.0.0.2" : "127.0.0.3", "--max-steps",
-                                    "3", "--train-limit", "256", "--quiet", "--batch", "16"},
-                                   env, dir.path + "/r" + std::to_string(r)));
+    std::map<std::string, std::string> env{{"RANK", std::to_string(r)},  {"WORLD_SIZE", "2"},
+                                           {"MASTER_ADDR", "127.0.0.2"}, {"MASTER_PORT", std::to_string(port)},
+                                           {"POSEIDON_LOG", "info"},     {"LOCAL_WORLD_SIZE", "1"}};
+    procs.push_back(testing::spawn(
+        {POSEIDON_CLI, "train", "--bind", r == 0 ? "127.0.0.2" : "127.0.0.3", "--max-steps", "3", "--train-limit",
+         "256", "--quiet", "--batch", "16", "--summary", dir.path + "/s" + std::to_string(r) + ".json"},
+        env, dir.path + "/r" + std::to_string(r)));
   }
   testing::waitAll(procs, std::chrono::seconds(120));
   for (int r = 0; r < 2; ++r) ASSERT_EQ(procs[r].exitCode(), 0) << procs[r].stderrText();
   EXPECT_THAT(procs[0].stderrText(), HasSubstr("data endpoint tcp://127.0.0.2:"));
   EXPECT_THAT(procs[1].stderrText(), HasSubstr("data endpoint tcp://127.0.0.3:"));
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  EXPECT_EQ(testing::readJson(dir.path + "/s0.json")["torch_threads"], cores);
 }
 
 // Lines of a failing rank name it once: the launcher's "[rank 1] " replaces

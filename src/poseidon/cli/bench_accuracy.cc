@@ -441,7 +441,8 @@ void addAccuracyFlags(FlagSet& flags, AccuracyArgs& a) {
   addTcpCongestionFlag(flags, &a.h.tcpCongestion);
   flags.addInt("tcp-rcvbuf", &a.h.rcvbuf,
                "TCP receive buffer per connection into each Poseidon rank (0: train's default - the send window and "
-               "a third with a send window, else the OS's; -1: the OS's; DDP keeps the OS's): a small one gives the "
+               "a third with a send window, seven eighths of it past 8 peers, else the OS's; -1: the OS's; DDP keeps "
+               "the OS's): a small one gives the "
                "k pushers into one model server (--servers 1) equal windows, where the OS default lets a few of "
                "them starve the rest (docs/omnivore.md)",
                "BYTES", IntRange::closed(-1, 1 << 30));

@@ -70,11 +70,14 @@ int launchCommand(const std::vector<std::string>& args) {
                 "if any rank fails, stops the others and exits non-zero with that rank's error.");
   flags.addInt("n", &n, "number of ranks (also -n)", "N", IntRange::closed(1, kMaxRanks));
   flags.addString("master-addr", &masterAddr, "address of rank 0's coordinator", "ADDR");
-  flags.addInt("master-port", &masterPort, "coordinator port (0: pick a free one)", "PORT", IntRange::closed(0, 65535));
+  flags.addInt("master-port", &masterPort, "coordinator port (0: pick a free one; a restart always picks a fresh one)",
+               "PORT", IntRange::closed(0, 65535));
   int maxRestarts = 0;
   flags.addInt("max-restarts", &maxRestarts,
-               "after a failure, restart the whole job up to R times (it resumes from its newest checkpoint)", "R",
-               IntRange::atLeast(0));
+               "after a failure, restart the whole job up to R times, on a fresh port (a program given a checkpoint "
+               "directory resumes from its newest checkpoint; poseidon train needs --checkpoint for that); exit "
+               "codes 2 (a usage error), 126 and 127 (the program could not be run) are not restarted",
+               "R", IntRange::atLeast(0));
   std::string security;
   flags.addString("transport-security", &security,
                   "curve (the default: every connection authenticated with the job secret and encrypted) or none "

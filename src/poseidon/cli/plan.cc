@@ -79,8 +79,10 @@ void addCostTableFlags(FlagSet& flags, PlanArgs& a) {
                "P2, the number of server shards (default: P1, every node is both); with --groups, the shards on nodes "
                "0..P2-1 only (poseidon train --servers; 1: Omnivore's one model server)",
                "P2", IntRange::closed(1, kMaxRanks));
-  flags.addInt64("batch", &a.batch, "K, the per-worker batch (default: the model's batch in the paper)", "K",
-                 IntRange::closed(1, kMaxBatch));
+  flags.addInt64("batch", &a.batch,
+                 "K, the per-worker batch (default: the zoo model's batch in the paper x --width-scale; 32 for a "
+                 "model FILE)",
+                 "K", IntRange::closed(1, kMaxBatch));
   flags.addInt64("pair-bytes", &a.pairBytes, "KV pair size in bytes", "BYTES",
                  IntRange::closed(kMinPairBytes, kMaxPairBytes));
   flags.addDouble("width-scale", &a.scale, "build the zoo model with widths x S (the bench's scaling rule)", "S",
@@ -155,7 +157,8 @@ void addPredictFlags(FlagSet& flags, PlanArgs& a) {
                "K", IntRange::closed(-1, 1 << 20));
   flags.addString("host-queue", &a.hostQueue,
                   "--predict: each node's egress queue: fifo (its connections take turns) or tos (the urgent "
-                  "connections' packets first, as Linux's pfifo_fast serves TOS low-delay; pfifo_fast: the same; "
+                  "connections' packets first, as Linux's pfifo_fast serves TOS low-delay; pfifo_fast: tos's "
+                  "queueing, with the automatic urgent layers and send window of fifo; "
                   "bench --host-queue; --check: the results file's)",
                   "fifo|tos|pfifo_fast");
   flags.addString("switch-queue", &a.switchQueue,

@@ -149,7 +149,7 @@ void addTrainingFlags(FlagSet& flags, TrainFlags& t) {
                "priority-scheduled links, for --overlap-forward: each connection holds BYTES in the kernel and "
                "larger messages go as fragments of it, so a lower layer's result passes the upper ones queued "
                "before it (0: FIFO links; -1: the runtime's default, 1 MB, or 256 KB past 8 peers with --host-queue "
-               "tos; BSP only; docs/scheduling.md)",
+               "tos; else at least 4096; BSP only; docs/scheduling.md)",
                "BYTES", IntRange::closed(-1, 1 << 30));
   flags.addInt("urgent-layers", &t.o.urgentLayers,
                "with --send-window: the round data of the first K layers (the next forward's first) go to each "
@@ -184,8 +184,10 @@ void addRunFlags(FlagSet& flags, TrainFlags& t) {
   flags.addInt64("checkpoint-every", &t.o.checkpointEvery,
                  "checkpoint every N iterations (0: at the end of every epoch)", "N", IntRange::atLeast(0));
   flags.addInt("max-restarts", &t.maxRestarts,
-               "after a failure, restart all workers up to R times, resuming from the newest checkpoint", "R",
-               IntRange::atLeast(0));
+               "after a failure, restart all workers up to R times, each time on a fresh port, resuming from the "
+               "newest checkpoint with --checkpoint (else from iteration 0); a usage error (exit 2) or a diverged "
+               "job (exit 3) is not restarted",
+               "R", IntRange::atLeast(0));
   flags.addString("data", &t.o.dataDir, "Fashion-MNIST directory (default: /usr/share/datasets/fashion-mnist)", "DIR");
   flags.addInt64("max-steps", &t.o.maxSteps, "stop after N steps in total (smoke tests; -1: no limit)", "N",
                  IntRange::atLeast(1).orOff(-1));
@@ -201,7 +203,8 @@ void addRunFlags(FlagSet& flags, TrainFlags& t) {
 // Threads, timeouts, the network, straggler dropping.
 void addRuntimeFlags(FlagSet& flags, TrainFlags& t) {
   flags.addInt("threads", &t.o.threads,
-               "LibTorch threads per worker (0: cores / workers); after the run rank 0 tests --curve-every's "
+               "LibTorch threads per worker (0: this host's cores / its workers, LOCAL_WORLD_SIZE, else all of "
+               "--workers); after the run rank 0 tests --curve-every's "
                "copies with every core",
                "N", IntRange::closed(0, kMaxThreadsPerWorker));
   flags.addInt("sync-threads", &t.o.syncThreads, "Poseidon syncer threads per worker", "N",
@@ -228,21 +231,22 @@ void addRuntimeFlags(FlagSet& flags, TrainFlags& t) {
                "receive loop (default 2; 0: on the receive loop itself)",
                "N", IntRange::closed(0, 64));
   flags.addString("transport-security", &t.o.transportSecurity,
-                  "curve (the default: every connection authenticated with the job secret and encrypted) or none "
-                  "(neither, as Gloo and NCCL; only inside a trusted network; rank 0 says so loudly)",
+                  "curve (every connection authenticated with the job secret and encrypted) or none (neither, as Gloo "
+                  "and NCCL; only inside a trusted network; rank 0 says so loudly); default: "
+                  "POSEIDON_TRANSPORT_SECURITY, else curve",
                   "MODE");
   flags.addInt64("pair-bytes", &t.pairBytes,
                  "KV pair size of the parameter server, the most: on many shards pairs shrink until each shard holds 4 "
                  "of the non-FC layers' (at most 8x, at least 4096; docs/kvstore.md)",
                  "BYTES", IntRange::closed(kMinPairBytes, kMaxPairBytes));
-  flags.addInt(
-      "local-ranks", &t.o.localRanks,
-      "several ranks per machine, as the paper's multi-GPU nodes: ranks r..r+L-1 (r a multiple of L) first "
-      "meet on rank r, their leader, which alone synchronizes with the other machines (a machine's PS "
-      "update leaves it once, summed; its SF sets go out once, stacked); L must divide --workers; not with "
-      "--groups, --drop-stragglers or --servers (1, the default: every rank its own node; 0: one node per host, "
-      "found at rendezvous from the ranks' addresses; docs/gpu.md)",
-      "L", IntRange::closed(0, 4096));
+  flags.addInt("local-ranks", &t.o.localRanks,
+               "several ranks per machine, as the paper's multi-GPU nodes: ranks r..r+L-1 (r a multiple of L) first "
+               "meet on rank r, their leader, which alone synchronizes with the other machines (a machine's PS "
+               "update leaves it once, summed; its SF sets go out once, stacked); L must divide --workers; not with "
+               "--groups, --drop-stragglers, --servers, --plain or --scheme adam (1, the default: every rank its own "
+               "node; 0: one node per host, "
+               "found at rendezvous from the ranks' addresses; docs/gpu.md)",
+               "L", IntRange::closed(0, 4096));
   flags.addInt("servers", &t.o.servers,
                "only ranks 0..N-1 hold the parameter server's shards, the rest are workers only (--servers 1: the "
                "whole model on rank 0, Omnivore's one model server; 0, the default: every rank holds a shard)",

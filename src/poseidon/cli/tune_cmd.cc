@@ -103,7 +103,9 @@ void addTuneFlags(FlagSet& flags, TuneArgs& a) {
                "length from a tenth of an epoch)",
                "N", IntRange::atLeast(2));
   flags.addString("groups-list", &a.groupsFlag,
-                  "the numbers of groups to choose from (default: 1, 2, 4, ... up to --nodes)", "LIST");
+                  "the numbers of groups to choose from, each dividing --nodes and 1 among them (default: the powers "
+                  "of 2 that divide --nodes)",
+                  "LIST");
   flags.addString("lrs", &a.lrsFlag, "the cold start's learning rates (default: 1e-5,1e-4,1e-3,1e-2,1e-1)", "LIST");
   flags.addString("momenta", &a.momentaFlag, "the momenta each epoch probes (default: 0,0.3,0.6,0.9)", "LIST");
   flags.addDouble("target-accuracy", &a.h.targetAccuracy, "target test accuracy", "A", RealRange::leftOpen(0, 1));

@@ -97,8 +97,9 @@ void checkOptions(const NodeOptions& options) {
     throw InvalidArgument(
         strCat("the shard's sum threads must be in [0, 64] (0: on the receive loop), got ", options.sumThreads));
   }
-  // The ranges the coordinator's reader also checks (JobSettings::rangeError), named before the rendezvous.
+  // The ranges and combinations the coordinator also checks (JobSettings), named before the rendezvous.
   if (const std::string why = options.settings.rangeError(); !why.empty()) throw InvalidArgument(why);
+  if (const std::string why = options.settings.conflictError(); !why.empty()) throw InvalidArgument(why);
   if (options.heartbeat.count() < 0) {
     throw InvalidArgument(
         strCat("heartbeat must be 0 (automatic) or a positive number of ms, got ", options.heartbeat.count()));

@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -97,7 +96,8 @@ bool tryLock(int fd, const std::string& file) {
   const std::string line = holderLine(fd);
   ::close(fd);
   throw InvalidArgument(strCat(what, " ", dir, " is in use by ", line.empty() ? "another process" : line, " (it holds ",
-                               file, "): two jobs writing one directory would resume from and delete each other's "
+                               file,
+                               "): two jobs writing one directory would resume from and delete each other's "
                                "files; give each job its own directory, or wait for that one to end"));
 }
 

@@ -22,7 +22,9 @@ Role parseRole(const std::string& text) {
 }
 
 std::string JobSettings::rangeError() const {
-  auto out = [](const char* what, auto v, const char* allowed) { return strCat(what, " must be ", allowed, ", got ", v); };
+  auto out = [](const char* what, auto v, const char* allowed) {
+    return strCat(what, " must be ", allowed, ", got ", v);
+  };
   if (batch < 1) return strCat("the batch must be at least 1, got ", batch);
   if (pairBytes < 4 || pairBytes > static_cast<int64_t>(kDefaultMaxPayloadBytes)) {
     return strCat("the KV pair size must be in [4, ", kDefaultMaxPayloadBytes, "] bytes, got ", pairBytes);
@@ -34,7 +36,35 @@ std::string JobSettings::rangeError() const {
   if (staleness < -1) return out("staleness", staleness, "-1 (unbounded) or >= 0");
   if (!(momentum >= 0 && momentum < 1)) return out("momentum", momentum, "in [0, 1)");
   if (!(weightDecay >= 0 && weightDecay < 1)) return out("weightDecay", weightDecay, "in [0, 1)");
-  if (localRanks < 0 || localRanks > (1 << 12)) return out("localRanks", localRanks, "0 (one node per host) or in [1, 4096]");
+  if (localRanks < 0 || localRanks > (1 << 12))
+    return out("localRanks", localRanks, "0 (one node per host) or in [1, 4096]");
+  return "";
+}
+
+std::string JobSettings::conflictError() const {
+  const bool adam = policy == SchemePolicy::kAdam;
+  if (localRanks > 1) {
+    // What the leader's aggregation does not cover (docs/gpu.md): each of these keeps per-rank
+    // state or timing on the network that a member does not have.
+    const char* refused = groupMode()       ? "--groups"
+                          : stragglerMode() ? "--drop-stragglers"
+                          : adam            ? "the adam baseline"
+                                            : nullptr;
+    if (refused) return strCat("--local-ranks ", localRanks, " cannot be combined with ", refused);
+  }
+  if (stragglerMode() && adam) return "straggler dropping does not apply to the adam baseline";
+  if (groupMode()) {
+    if (stragglerMode()) return "--groups and --drop-stragglers cannot be combined";
+    if (adam) return "--groups does not apply to the adam baseline";
+    // The 16-bit wire covers BSP's PS pairs and SFB factors; the groups' model traffic (pulls carry
+    // the model itself) stays exact.
+    if (wire != WirePrecision::kFp32)
+      return strCat("--wire ", wirePrecisionName(wire), " and --groups cannot be combined");
+  }
+  // The baseline's traffic stays exact too.
+  if (wire != WirePrecision::kFp32 && adam) {
+    return strCat("--wire ", wirePrecisionName(wire), " does not apply to the adam baseline (use --wire fp32)");
+  }
   return "";
 }
 
@@ -108,14 +138,14 @@ void InformationBook::derive() {
             strCat(flag, ": every rank must be both worker and server (rank ", n.rank, " is ", roleName(n.role), ")"));
       }
     }
-    // What the leader's aggregation does not cover (docs/gpu.md): each of these keeps per-rank
-    // state or timing on the network that a member does not have.
-    const char* refused = settings_.groupMode()                     ? "--groups"
-                          : settings_.stragglerMode()               ? "--drop-stragglers"
-                          : settings_.policy == SchemePolicy::kAdam ? "the adam baseline"
-                                                                    : nullptr;
-    if (refused) throw InvalidArgument(strCat(flag, " cannot be combined with ", refused));
+    // conflictError's, for an L found at the rendezvous (--local-ranks 0) too, named as given.
+    JobSettings resolved = settings_;
+    resolved.localRanks = L;
+    if (const std::string why = resolved.conflictError(); !why.empty()) {
+      throw InvalidArgument(why.rfind("--local-ranks ", 0) == 0 ? flag + why.substr(why.find(" cannot")) : why);
+    }
   }
+  if (const std::string why = settings_.conflictError(); !why.empty()) throw InvalidArgument(why);
   workers_.clear();
   servers_.clear();
   workerIndex_.assign(nodes_.size(), -1);
@@ -141,26 +171,14 @@ void InformationBook::derive() {
       throw InvalidArgument(strCat("--drop-stragglers ", settings_.dropStragglers, " must be less than the ",
                                    workers_.size(), " workers"));
     }
-    if (settings_.stragglerTimeoutMs <= 0) throw InvalidArgument("straggler dropping needs a positive --straggler-timeout");
-    if (settings_.policy == SchemePolicy::kAdam) throw InvalidArgument("straggler dropping does not apply to the adam baseline");
+    if (settings_.stragglerTimeoutMs <= 0)
+      throw InvalidArgument("straggler dropping needs a positive --straggler-timeout");
   }
   if (settings_.groupMode()) {
     const int workers = static_cast<int>(workers_.size());
     if (workers % settings_.groups != 0) {
       throw InvalidArgument(strCat("--groups ", settings_.groups, " must divide the ", workers, " workers"));
     }
-    if (settings_.stragglerMode()) throw InvalidArgument("--groups and --drop-stragglers cannot be combined");
-    if (settings_.policy == SchemePolicy::kAdam) throw InvalidArgument("--groups does not apply to the adam baseline");
-    // The 16-bit wire covers BSP's PS pairs and SFB factors; the groups' model traffic (pulls carry
-    // the model itself) stays exact.
-    if (settings_.wire != WirePrecision::kFp32) {
-      throw InvalidArgument(strCat("--wire ", wirePrecisionName(settings_.wire), " and --groups cannot be combined"));
-    }
-  }
-  if (settings_.wire != WirePrecision::kFp32 && settings_.policy == SchemePolicy::kAdam) {
-    // The baseline's traffic stays exact too.
-    throw InvalidArgument(
-        strCat("--wire ", wirePrecisionName(settings_.wire), " does not apply to the adam baseline (use --wire fp32)"));
   }
   layout_ = KvLayout::balanced(model_, static_cast<int>(servers_.size()), settings_.pairBytes);
 }

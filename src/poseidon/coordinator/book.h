@@ -75,6 +75,11 @@ struct JobSettings {
   // value ("groups must be 0 (BSP) or in [1, 65536], got -1"): Node::start refuses such settings before
   // the rendezvous (InvalidArgument), and the book's reader a message that carries them (ProtocolError).
   std::string rangeError() const;
+  // "" unless two settings exclude each other (compute groups and straggler dropping, the adam baseline
+  // with groups, stragglers, a 16-bit wire or local ranks, ...), else the pair, named by the CLI's flags:
+  // known from the settings alone, so Node::start and poseidon train refuse them before any rank waits
+  // at the rendezvous, and the book again for a message that carries them.
+  std::string conflictError() const;
 };
 
 // What Query(layer) answers.

@@ -148,6 +148,7 @@ nlohmann::json RankRun::summaryJson() const {
       {"epochs_run", epochsJson_},
       {"workers", c_.world},
       {"device", c_.device.str()},
+      {"torch_threads", torchThreads_},
       {"batch", o_.batch},
       {"group_batch", o_.groupBatch > 0 ? nlohmann::json(o_.groupBatch) : nlohmann::json()},
       {"lr", c_.lr},

@@ -4,10 +4,13 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <thread>
 
 #include "poseidon/common/error.h"
 #include "poseidon/common/log.h"
+#include "poseidon/coordinator/book.h"
+#include "poseidon/launch/env.h"
 #include "poseidon/torch/device_staging.h"
 #include "poseidon/torch/finite.h"
 #include "poseidon/torch/train/outputs.h"
@@ -101,6 +104,16 @@ void validateRankOptions(const TrainOptions& o, const TrainHooks& hooks, int wor
     throw InvalidArgument(strCat("POSEIDON_FAULT fires at iteration ", hooks.faultStep, ", but --max-steps ", o.maxSteps,
                                  " ends the job before it (iterations 0..", o.maxSteps - 1, ")"));
   }
+  // Settings that exclude each other (the adam baseline with --groups, --drop-stragglers, a 16-bit
+  // --wire or --local-ranks, ...): the coordinator refuses them too, but only once every rank has
+  // started, loaded the data and met; here train --workers says it before any worker starts.
+  JobSettings settings;
+  settings.policy = o.scheme;
+  settings.wire = o.wire;
+  settings.localRanks = o.localRanks;
+  settings.groups = o.groups;
+  settings.dropStragglers = o.dropStragglers;
+  if (const std::string why = settings.conflictError(); !why.empty()) throw InvalidArgument(why);
   ComputePad::validate(hooks);
   AccuracyCurve::validate(hooks);
   validateModeOptions(o, world);
@@ -108,12 +121,18 @@ void validateRankOptions(const TrainOptions& o, const TrainHooks& hooks, int wor
 
 namespace {
 
-// LibTorch's intra-op threads: this machine's cores shared by its local workers, unless --threads.
-void setTorchThreads(const TrainOptions& o, int world) {
-  const int localWorkers = std::max(1, std::min(world, static_cast<int>(std::thread::hardware_concurrency())));
+// LibTorch's intra-op threads: this machine's cores shared by its local workers, unless --threads. The
+// workers on this host are LOCAL_WORLD_SIZE where a launcher says it (poseidon launch, train --workers,
+// torchrun): 2 hosts x 8 ranks on 16 cores each give every rank 2 threads, not 16 / 16. Elsewhere
+// (mpirun, Slurm) the whole job is taken to share this host, as the smaller share never oversubscribes.
+int setTorchThreads(const TrainOptions& o, int world) {
+  const char* local = std::getenv("LOCAL_WORLD_SIZE");
+  const int onThisHost = local && *local ? std::min(world, localWorldSizeFromEnvironment()) : world;
+  const int localWorkers = std::max(1, std::min(onThisHost, static_cast<int>(std::thread::hardware_concurrency())));
   int threads =
       o.threads > 0 ? o.threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / localWorkers);
   torch::set_num_threads(threads);
+  return threads;
 }
 
 }  // namespace
@@ -132,7 +151,7 @@ RankRun::RankRun(const TrainOptions& o, const TrainHooks& hooks, const RankEnv& 
   setLogPrefix("rank " + std::to_string(c_.rank));
   validateRankOptions(o_, hooks_, c_.world);
   checkOutputPaths(o_, c_.rank);
-  setTorchThreads(o_, c_.world);
+  torchThreads_ = setTorchThreads(o_, c_.world);
   torch::manual_seed(static_cast<int64_t>(o_.seed));
 
   const std::string dataDir = o_.dataDir.empty() ? data::kDefaultFashionMnistDir : o_.dataDir;

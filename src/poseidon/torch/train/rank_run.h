@@ -100,6 +100,7 @@ class RankRun {
   data::Dataset train_, test_;
   std::unique_ptr<TrainMode> mode_;  // after c_: its MergedFc goes before c_'s DistributedModel
   int64_t stepsPerEpoch_ = 0;
+  int torchThreads_ = 1;  // LibTorch's intra-op threads while training (--threads, or this host's share)
   CheckpointMeta meta_;
   int64_t checkpointIteration_ = -1;
   // The iteration of the state checkpoint() last took (or resume() loaded), on every rank alike (the

@@ -627,7 +627,7 @@ class DistributedModel(torch.nn.Module):
                 self._impl.finish()
             finally:
                 self._impl.close()
-                _release_locks(self)
+        _release_locks(self)
 
     def close(self):
         """Stops the runtime without the final barrier (after an error); peers are told this rank left."""

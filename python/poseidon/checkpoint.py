@@ -30,7 +30,7 @@ import torch
 _PREFIX = "step-"
 _FILES = ("model.pt", "optimizer.pt")
 _LOCK = ".poseidon.lock"  # the C++ DirectoryLock's file (poseidon train): the two exclude each other
-_held = {}  # realpath of a directory -> (fd, weakref to the DistributedModel that saved there, or None)
+_held = {}  # realpath of a directory -> {"fd": its lock, "owners": weakrefs to the running models that saved there}
 
 
 class CheckpointDamaged(Exception):
@@ -97,7 +97,8 @@ def save_checkpoint(directory, model, optimizer, iteration, keep=2, **extra):
             return None
     if state is None:
         state = optimizer.state_dict()
-    _lock(directory, group if group is not None else model)
+    owner = group if group is not None else model
+    took = _lock(directory, owner)
     final = os.path.join(directory, "%s%09d" % (_PREFIX, iteration))
     tmp = final + ".tmp"
     try:
@@ -124,20 +125,36 @@ def save_checkpoint(directory, model, optimizer, iteration, keep=2, **extra):
                       % (final, e.strerror or e, directory)) from None
     for _, path in _complete(directory)[:-keep] if keep > 0 else []:
         shutil.rmtree(path, ignore_errors=True)
+    if took and hasattr(owner, "finish") and not _running(owner):
+        _unlock(os.path.realpath(directory))  # a finished job's last save: nothing of it writes there again
     return final
 
 
-def _lock(directory, owner):
-    """Holds DIRECTORY/.poseidon.lock (flock) from this process's first save there until `owner` (the
-    saving DistributedModel) finishes or closes, or this process exits: a second job given the same
-    directory is refused at its first save, naming the holder, instead of the two jobs overwriting,
-    pruning and resuming from each other's checkpoints. The kernel drops it when the holder exits."""
+def _lock(directory, owner=None):
+    """Holds DIRECTORY/.poseidon.lock (flock), as rank 0 of poseidon train does: a second job given the same
+    directory is refused, naming the holder, instead of the two jobs overwriting, pruning and resuming from
+    each other's checkpoints. Taken by the writer's load_checkpoint (before its job can resume from another
+    job's model) or first save_checkpoint; held until the last running DistributedModel that saved there
+    (`owner`) finishes or closes, else (a load with no save after it, a bare module) until this process
+    exits. The kernel drops it when the process exits however it exits. Returns whether this call took it."""
     key = os.path.realpath(directory)
-    if key in _held:
-        return
+    entry = _held.get(key)
+    took = entry is None
+    if took:
+        entry = _held[key] = {"fd": _acquire(directory), "owners": []}
+    if owner is not None and _running(owner) and not any(r() is owner for r in entry["owners"]):
+        entry["owners"].append(weakref.ref(owner))
+    return took
+
+
+def _acquire(directory):
+    path = os.path.join(directory, _LOCK)
     try:
         os.makedirs(directory, exist_ok=True)
-        fd = os.open(os.path.join(directory, _LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:  # 0666 less the umask; a lock file another user made read-only to us still locks
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        except PermissionError:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as e:
         raise OSError(e.errno, "cannot lock checkpoint directory %s: %s" % (directory, e.strerror or e)) from None
     try:
@@ -148,22 +165,47 @@ def _lock(directory, owner):
         from ._poseidon import InvalidArgument
         raise InvalidArgument("checkpoint directory %s is in use by %s (it holds %s): two jobs writing one "
                               "directory would resume from and delete each other's files; give each job its own "
-                              "directory, or wait for that one to end"
-                              % (directory, holder, os.path.join(directory, _LOCK))) from None
-    line = "save_checkpoint in %s, pid %d on %s since %s\n" % (
+                              "directory, or wait for that one to end" % (directory, holder, path)) from None
+    line = "poseidon checkpoints of %s, pid %d on %s since %s\n" % (
         os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python", os.getpid(), socket.gethostname(),
         time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, line.encode(), 0)
-    _held[key] = (fd, None if owner is None or not hasattr(owner, "finish") else weakref.ref(owner))
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, line.encode(), 0)
+    except OSError:
+        pass  # best effort (a read-only lock file): the line only explains a refusal
+    return fd
+
+
+def _running(model):
+    impl = getattr(model, "_impl", None)
+    return impl is not None and not impl.closed
+
+
+def _unlock(key):
+    fd = _held.pop(key)["fd"]
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)  # the open file's lock, even where a forked child (DataLoader) shares it
+    finally:
+        os.close(fd)
 
 
 def _release_locks(owner):
-    """The checkpoint directories `owner` (a DistributedModel ending) locked: free for the next job."""
-    for key, (fd, ref) in list(_held.items()):
-        if ref is not None and ref() is owner:
-            del _held[key]
-            os.close(fd)
+    """`owner` (a DistributedModel) ends: the directories it saved into that no other running model owns are free."""
+    for key, entry in list(_held.items()):
+        if any(r() is owner for r in entry["owners"]):
+            entry["owners"] = [r for r in entry["owners"] if r() is not None and r() is not owner]
+            if not entry["owners"]:
+                _unlock(key)
+
+
+def _writes_checkpoints():
+    """Whether this process is the job's writer (rank 0; RANK unset: a world of one), for load_checkpoint's lock
+    (the model is not wrapped yet: the environment says the rank)."""
+    try:
+        return int(os.environ.get("RANK") or 0) == 0
+    except ValueError:
+        return False  # the DistributedModel refuses it by name
 
 
 def _live_wrapper(model, wanted):
@@ -266,6 +308,11 @@ def load_checkpoint(directory, model, optimizer):
     if os.path.exists(directory) and not os.path.isdir(directory):
         from ._poseidon import InvalidArgument
         raise InvalidArgument("load_checkpoint: %s is a file, not a checkpoint directory" % directory)
+    if _writes_checkpoints():
+        try:
+            _lock(directory)  # before anything of another job's can be loaded
+        except OSError:
+            pass  # a directory this process cannot write (a read-only copy to evaluate) is no job's to share
     refused = []
     for _, path in reversed(_complete(directory)):
         try:

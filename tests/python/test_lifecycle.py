@@ -343,32 +343,43 @@ class Lifecycle(TempDirTest):
 
     def test_a_checkpoint_directory_in_use_is_refused_naming_its_holder(self):
         # Two jobs given one directory would overwrite, prune and resume from each other's checkpoints. The
-        # holder is this test process, by flock on the file poseidon train's rank 0 and save_checkpoint lock:
-        # the job's save is refused naming it, and nothing is written. Once it lets go, the same job saves,
-        # and its model's finish() frees the directory for the next job.
+        # holder is this test process, by flock on the file that poseidon train's rank 0 locks too: the job's
+        # writer (rank 0) is refused at its load, before it could resume from another job's model, and at its
+        # saves; nothing is written. Once the holder lets go, the same job loads and saves, its model's
+        # finish() frees the directory, and a save after finish() holds it only while it writes.
         ck = self.path("ck")
         os.makedirs(ck)
         script = self.script(
             "saver.py",
             "import fcntl, os, sys, torch, poseidon\n"
+            "ck = sys.argv[1]\n"
+            "def lock():\n"  # whether another job could take the directory now
+            "    fd = os.open(os.path.join(ck, '.poseidon.lock'), os.O_RDWR)\n"
+            "    try:\n"
+            "        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+            "        return 'free'\n"
+            "    except BlockingIOError:\n"
+            "        return 'held'\n"
+            "    finally:\n"
+            "        os.close(fd)\n"
+            "def attempt(what, f):\n"
+            "    try:\n"
+            "        print(what, f())\n"
+            "    except poseidon.InvalidArgument as e:\n"
+            "        print(what, 'refused:', e)\n"
             "lin = torch.nn.Linear(3, 1)\n"
             "opt = torch.optim.SGD(lin.parameters(), lr=0.1)\n"
+            "attempt('load', lambda: poseidon.load_checkpoint(ck, lin, opt))\n"
             "m = poseidon.DistributedModel(lin, batch=1)\n"
             "m(torch.ones(1, 3)).sum().backward()\n"
             "m.synchronize()\n"
             "opt.step()\n"
-            "try:\n"
-            "    print('saved', poseidon.save_checkpoint(sys.argv[1], m, opt, 1))\n"
-            "except poseidon.InvalidArgument as e:\n"
-            "    print('refused:', e)\n"
+            "attempt('save', lambda: poseidon.save_checkpoint(ck, m, opt, 1))\n"
             "m.finish()\n"
-            "if m.rank == 0:\n"  # (rank 1 taking it too would race rank 0's check)
-            "    fd = os.open(os.path.join(sys.argv[1], '.poseidon.lock'), os.O_RDWR)\n"
-            "    try:\n"
-            "        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
-            "        print('free after finish')\n"
-            "    except BlockingIOError:\n"
-            "        print('still held')\n")
+            "if m.rank == 0:\n"  # (rank 1 probing too would race rank 0's probes)
+            "    print('after finish:', lock())\n"
+            "    attempt('save after finish', lambda: poseidon.save_checkpoint(ck, m, opt, 2))\n"
+            "    print('after that save:', lock())\n")
         fd = os.open(os.path.join(ck, ".poseidon.lock"), os.O_RDWR | os.O_CREAT)
         try:
             os.write(fd, b"job A (a test)\n")
@@ -377,17 +388,23 @@ class Lifecycle(TempDirTest):
         finally:
             os.close(fd)
         self.assertEqual(held.code, 0, str(held))
-        self.assertIn("[rank 0] refused: checkpoint directory %s is in use by job A (a test) (it holds %s): two jobs "
-                      "writing one directory would resume from and delete each other's files; give each job its own "
-                      "directory, or wait for that one to end" % (ck, os.path.join(ck, ".poseidon.lock")), held.out)
-        self.assertIn("[rank 0] still held", held.out)
+        refusal = ("refused: checkpoint directory %s is in use by job A (a test) (it holds %s): two jobs writing one "
+                   "directory would resume from and delete each other's files; give each job its own directory, or "
+                   "wait for that one to end" % (ck, os.path.join(ck, ".poseidon.lock")))
+        for what in ("load", "save", "save after finish"):
+            self.assertIn("[rank 0] %s %s" % (what, refusal), held.out)
+        self.assertIn("[rank 1] load None", held.out)  # rank 1 writes nothing, so it locks nothing
+        self.assertIn("[rank 0] after finish: held", held.out)
         self.assertEqual(os.listdir(ck), [".poseidon.lock"])
         free = launch(2, script, ck)
         self.assertEqual(free.code, 0, str(free))
-        self.assertIn("[rank 0] saved %s" % os.path.join(ck, "step-000000001"), free.out)
-        self.assertIn("[rank 0] free after finish", free.out)
+        self.assertIn("[rank 0] load None", free.out)
+        self.assertIn("[rank 0] save %s" % os.path.join(ck, "step-000000001"), free.out)
+        self.assertIn("[rank 0] after finish: free", free.out)
+        self.assertIn("[rank 0] save after finish %s" % os.path.join(ck, "step-000000002"), free.out)
+        self.assertIn("[rank 0] after that save: free", free.out)
         with open(os.path.join(ck, ".poseidon.lock")) as f:
-            self.assertRegex(f.read(), r"^save_checkpoint in saver\.py, pid \d+ on .+ since \d{4}-")
+            self.assertRegex(f.read(), r"^poseidon checkpoints of saver\.py, pid \d+ on .+ since \d{4}-")
 
     def test_a_checkpoint_of_poseidon_train_is_refused_by_name(self):
         # poseidon train's format (meta.json with meta_crc32; LibTorch archives of its own models): its files

@@ -58,7 +58,9 @@ bool parseWholeNumber(const std::string& s, double* out, bool integer) {
 // Set by a supervising launcher (poseidon launch / train) and by tests.
 void readReliabilityEnvironment(pt::TrainHooks& o) {
   if (const char* p = std::getenv("POSEIDON_PROGRESS_FILE")) o.progressPath = p;
+  // The restarts so far: poseidon launch/train's, else torchrun's (its --max-restarts).
   if (const char* r = std::getenv("POSEIDON_RESTART_COUNT")) o.restartCount = std::atoi(r);
+  else if (const char* t = std::getenv("TORCHELASTIC_RESTART_COUNT")) o.restartCount = std::atoi(t);
   // Empty is unset, as for every other variable (docs/errors.md).
   if (const char* f = std::getenv("POSEIDON_FAULT"); f && *f) {
     const std::vector<std::string> fields = fieldsOf(f);

@@ -108,7 +108,10 @@ DirectoryLock::DirectoryLock(const std::string& dir, const std::string& what, co
   fs::create_directories(dir, ec);
   if (ec) throw IoError(strCat("cannot create ", what, " ", dir, ": ", ec.message()));
   const std::string file = (fs::path(dir) / kFileName).string();
-  fd_ = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  // 0666 less the umask: a group-writable directory's next job may be another user's. A lock file
+  // another user made read-only to us still locks (flock needs no write access), its line unwritten.
+  fd_ = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  if (fd_ < 0 && errno == EACCES) fd_ = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0) throw IoError(strCat("cannot open ", file, ": ", std::strerror(errno)));
   if (!tryLock(fd_, file)) throwTaken(std::exchange(fd_, -1), dir, what, file);
   char host[256] = "?";
@@ -128,12 +131,15 @@ DirectoryLock::DirectoryLock(const std::string& dir, const std::string& what, co
 }
 
 DirectoryLock::~DirectoryLock() {
-  if (fd_ >= 0) ::close(fd_);  // releases the flock
+  if (fd_ < 0) return;
+  ::flock(fd_, LOCK_UN);  // the open file's lock, even where a forked child still shares the descriptor
+  ::close(fd_);
 }
 
 void DirectoryLock::checkFree(const std::string& dir, const std::string& what) {
   const std::string file = (fs::path(dir) / kFileName).string();
-  const int fd = ::open(file.c_str(), O_RDWR | O_CLOEXEC);
+  int fd = ::open(file.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0 && errno == EACCES) fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return;  // no lock file: nobody holds it (or the directory's own check reports it)
   if (!tryLock(fd, file)) throwTaken(fd, dir, what, file);
   ::close(fd);

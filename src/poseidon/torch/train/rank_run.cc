@@ -151,6 +151,11 @@ RankRun::RankRun(const TrainOptions& o, const TrainHooks& hooks, const RankEnv& 
   setLogPrefix("rank " + std::to_string(c_.rank));
   validateRankOptions(o_, hooks_, c_.world);
   checkOutputPaths(o_, c_.rank);
+  // --checkpoint's lock, before the data loads: a directory another job uses is refused within a second.
+  if (c_.lead && !o_.checkpointDir.empty()) {
+    checkpointLock_ = std::make_unique<DirectoryLock>(o_.checkpointDir, "checkpoint directory",
+                                                      strCat("poseidon train (rank 0 of ", c_.world, ")"));
+  }
   torchThreads_ = setTorchThreads(o_, c_.world);
   torch::manual_seed(static_cast<int64_t>(o_.seed));
 
@@ -176,10 +181,6 @@ void RankRun::resume() {
   // Every rank reads the checkpoint (the directory must be visible to all
   // ranks); the rendezvous then checks that all ranks resume at the same iteration.
   meta_ = checkpointLayout(o_, c_.world);
-  if (c_.lead && !o_.checkpointDir.empty()) {
-    checkpointLock_ = std::make_unique<DirectoryLock>(o_.checkpointDir, "checkpoint directory",
-                                                      strCat("poseidon train (rank 0 of ", c_.world, ")"));
-  }
   // A damaged checkpoint (a file that fails its checksum) is skipped for the
   // newest intact one; every rank decides alike from the same files.
   Resumed r = resumeFromNewest(o_.checkpointDir, meta_, *c_.net.module, mode_->stateOptimizer());

@@ -157,9 +157,14 @@ def _acquire(directory):
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as e:
         raise OSError(e.errno, "cannot lock checkpoint directory %s: %s" % (directory, e.strerror or e)) from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    for attempt in range(21):  # 200 ms: a passing holder (poseidon train's launcher probing it) goes by
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if attempt < 20:
+                time.sleep(0.01)
+    else:
         holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "another process"
         os.close(fd)
         from ._poseidon import InvalidArgument

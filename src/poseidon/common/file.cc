@@ -7,12 +7,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 #include <utility>
 
 #include "poseidon/common/error.h"
@@ -83,13 +85,17 @@ std::string holderLine(int fd) {
   return line;
 }
 
-// Tries to take fd's lock; false if another open file holds it. Throws on any other error.
+// Tries to take fd's lock; false if another open file holds it for 200 ms. The retries let a passing
+// holder go by - another launcher's checkFree probe holds it for microseconds, and would otherwise get
+// a job refused that shares the directory with no one. Throws on any other error.
 bool tryLock(int fd, const std::string& file) {
-  while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    if (errno == EWOULDBLOCK) return false;
-    if (errno != EINTR) throw IoError(strCat("cannot lock ", file, ": ", std::strerror(errno)));
+  for (int attempt = 0;; ++attempt) {
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return true;
+    if (errno == EINTR) continue;
+    if (errno != EWOULDBLOCK) throw IoError(strCat("cannot lock ", file, ": ", std::strerror(errno)));
+    if (attempt >= 20) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  return true;
 }
 
 [[noreturn]] void throwTaken(int fd, const std::string& dir, const std::string& what, const std::string& file) {

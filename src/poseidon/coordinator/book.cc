@@ -41,7 +41,7 @@ std::string JobSettings::rangeError() const {
   return "";
 }
 
-std::string JobSettings::conflictError() const {
+std::string JobSettings::conflictError(const std::string& localRanksFlag) const {
   const bool adam = policy == SchemePolicy::kAdam;
   if (localRanks > 1) {
     // What the leader's aggregation does not cover (docs/gpu.md): each of these keeps per-rank
@@ -50,7 +50,10 @@ std::string JobSettings::conflictError() const {
                           : stragglerMode() ? "--drop-stragglers"
                           : adam            ? "the adam baseline"
                                             : nullptr;
-    if (refused) return strCat("--local-ranks ", localRanks, " cannot be combined with ", refused);
+    if (refused) {
+      return strCat(localRanksFlag.empty() ? strCat("--local-ranks ", localRanks) : localRanksFlag,
+                    " cannot be combined with ", refused);
+    }
   }
   if (stragglerMode() && adam) return "straggler dropping does not apply to the adam baseline";
   if (groupMode()) {
@@ -141,9 +144,7 @@ void InformationBook::derive() {
     // conflictError's, for an L found at the rendezvous (--local-ranks 0) too, named as given.
     JobSettings resolved = settings_;
     resolved.localRanks = L;
-    if (const std::string why = resolved.conflictError(); !why.empty()) {
-      throw InvalidArgument(why.rfind("--local-ranks ", 0) == 0 ? flag + why.substr(why.find(" cannot")) : why);
-    }
+    if (const std::string why = resolved.conflictError(flag); !why.empty()) throw InvalidArgument(why);
   }
   if (const std::string why = settings_.conflictError(); !why.empty()) throw InvalidArgument(why);
   workers_.clear();

@@ -78,8 +78,9 @@ struct JobSettings {
   // "" unless two settings exclude each other (compute groups and straggler dropping, the adam baseline
   // with groups, stragglers, a 16-bit wire or local ranks, ...), else the pair, named by the CLI's flags:
   // known from the settings alone, so Node::start and poseidon train refuse them before any rank waits
-  // at the rendezvous, and the book again for a message that carries them.
-  std::string conflictError() const;
+  // at the rendezvous, and the book again for a message that carries them. `localRanksFlag` names
+  // localRanks in the message (default "--local-ranks L"; the book's for an L found at the rendezvous).
+  std::string conflictError(const std::string& localRanksFlag = "") const;
 };
 
 // What Query(layer) answers.

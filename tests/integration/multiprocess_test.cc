@@ -434,6 +434,23 @@ TEST(FaultInjection, ServerShardStoppedMidAggregation) {
   expectSurvivorsFail(job, {3, SIGSTOP}, "lost rank 3");
 }
 
+// A rank whose program calls exit(0) mid-training (no destructor runs, finish() never comes): its
+// peers stop with that reason as soon as it is gone, not "lost rank 1" after the timeout, which is
+// set far beyond the test's wait so that only the rank's own word can end the others.
+TEST(FaultInjection, WorkerThatExitsMidTrainingTellsItsPeersWhy) {
+  Job job = startJob(3, 3, "paced", "auto", 400, 120000, {{1, {{"POSEIDON_TEST_EXIT_AFTER", "2"}}}});
+  testing::waitAll(job.procs, std::chrono::seconds(job.timeoutMs / 2000));
+  ASSERT_FALSE(job.procs[1].killed) << "the exiting rank hung at exit:\n" << job.procs[1].stderrText();
+  EXPECT_EQ(job.procs[1].exitCode(), 0) << job.procs[1].stderrText();
+  EXPECT_THAT(job.procs[1].stderrText(), HasSubstr("rank 1 left the job before finish() (its program exited)"));
+  for (int r : {0, 2}) {
+    ASSERT_FALSE(job.procs[r].killed) << "rank " << r << " waited for the exited rank:\n" << job.procs[r].stderrText();
+    EXPECT_EQ(job.procs[r].exitCode(), 1) << job.procs[r].stderrText();
+    EXPECT_THAT(job.procs[r].stderrText(), HasSubstr("rank 1 left the job before finish() (its program exited)"));
+    EXPECT_THAT(job.procs[r].stderrText(), ::testing::Not(HasSubstr("lost rank")));
+  }
+}
+
 // Rank 3 is held back until rank 0 has been hit, so the rendezvous is still open when the
 // coordinator goes; it then finds nobody answering either.
 void coordinatorFailsDuringRendezvous(int signal, bool namesTheAddress) {

@@ -12,8 +12,10 @@
 //              straggler (20 ms per layer, worker 3 five times slower; drop 1, wait 100 ms),
 //              straggler-bf16 (straggler with a bf16 wire)
 //   env: POSEIDON_ROLE=worker|server|both, POSEIDON_SECRET (job secret),
-//        POSEIDON_TEST_START_AFTER=FILE (start only once FILE exists: a test holds a rank back)
+//        POSEIDON_TEST_START_AFTER=FILE (start only once FILE exists: a test holds a rank back),
+//        POSEIDON_TEST_EXIT_AFTER=N (a worker runs N iterations, then calls exit(0) without finish())
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -101,6 +103,10 @@ int main(int argc, char** argv) {
         report["excluded_rounds"] = rep.excludedRounds;
         report["dropped"] = rep.dropped;
         report["skipped"] = rep.skipped;
+      } else if (const char* exitAfter = std::getenv("POSEIDON_TEST_EXIT_AFTER")) {
+        // A program that ends mid-training by exit(): no destructor runs, the node is never finished.
+        testing::runScenario(*node, std::atoi(exitAfter), scenario == "paced" ? 10 : 0);
+        std::exit(0);
       } else {
         checks = testing::runScenario(*node, iterations, scenario == "paced" ? 10 : 0,
                                           scenario == "priority" || scenario == "bf16");

@@ -7,6 +7,7 @@
 #include <thread>
 #include <tuple>
 
+#include "poseidon/common/at_exit.h"
 #include "poseidon/common/bytes.h"
 #include "poseidon/common/error.h"
 #include "poseidon/common/log.h"
@@ -119,6 +120,8 @@ std::unique_ptr<Node> Node::start(const NodeOptions& options, const ModelDesc& m
   node->assemble();
   Node* self = node.get();
   node->loop_ = std::thread([self] { self->receiveLoop(); });
+  // exit() mid-training, or a node its program never destroys: the peers still hear why it went.
+  leaveAtExit(self, [self] { self->leave(/*atExit=*/true); });  // node_end.cc
   const InformationBook& book = node->book_;
   POSEIDON_LOG(kInfo) << "rank " << options.rank << " (" << roleName(options.role) << ") joined job " << std::hex
                       << book.jobId() << std::dec << ": " << book.numWorkers() << " workers, " << book.numServers()

@@ -38,7 +38,9 @@
 // Liveness: the receive loop sends a heartbeat to every peer each period and
 // declares a peer lost when nothing (heartbeat or data) has come from it for
 // `timeout`, naming it and its last-known iteration. A node leaving cleanly
-// (finish) says bye first, so it is not mistaken for a lost one.
+// (finish) says bye first, so it is not mistaken for a lost one; one leaving
+// without finish (destroyed, or its program exits: common/at_exit.h) sends
+// its peers an abort that says so.
 //
 // Buffers: the caller's gradient and output buffers are read and written by
 // the pool and the receive loop until the layer is done. Once a call on the
@@ -327,6 +329,9 @@ class Node : private SyncHost {
   void throwIfFailed();
   void quiesce();
 
+  // Ends this rank's part once (~Node, or at exit for a node its program never destroyed: that also
+  // closes the context, so the peers get the abort): an unfinished rank tells its peers why it left.
+  void leave(bool atExit);
   void receiveLoop();
   void checkPeers();
   void tookPart();  // syncedThrough_ covers the current iteration
@@ -401,6 +406,7 @@ class Node : private SyncHost {
   std::vector<std::pair<int64_t, std::function<void()>>> heldRebuilds_;
   int64_t skipped_ = 0;  // user thread only
   std::atomic<bool> finished_{false};  // the staging thread's submits read it
+  std::atomic<bool> left_{false};      // leave() has run
   bool claimedPort_ = false;  // options_.masterPort is this process's claim (released by finish or ~Node)
   void releasePortClaim();
   // finish(): which peers said bye (the receive loop records them; finish() waits for them, then

@@ -1,27 +1,36 @@
 // How a node's part in the job ends (node.h): finish(), with the peers (the final barrier, then
-// byes, so nobody takes the silence that follows for a failure), or ~Node without them: an
-// unfinished rank tells its peers why it left, so they stop at once instead of declaring it lost
+// byes, so nobody takes the silence that follows for a failure), or leave(), without them: ~Node, or
+// the exit handler for a node its program never destroyed (exit() mid-training, a leaked node). An
+// unfinished rank that leaves tells its peers why, so they stop at once instead of declaring it lost
 // after the timeout. Lifecycle's start, failure and the receive loop are node.cc.
 #include <algorithm>
 #include <exception>
 
 #include "poseidon/client/node.h"
+#include "poseidon/common/at_exit.h"
 #include "poseidon/common/error.h"
 #include "poseidon/wire/messages.h"
 
 namespace poseidon {
 
 Node::~Node() {
-  // A rank that goes without finish() (its program ended or threw) tells its peers, so they stop
-  // now with that reason instead of declaring it lost after the timeout. A world of one has no peer
-  // to tell, and its error line would only be noise after a clean exit.
+  withdrawLeaveAtExit(this);  // waits for the exit handler if it is running this node's leave
+  leave(/*atExit=*/false);
+}
+
+void Node::leave(bool atExit) {
+  if (left_.exchange(true)) return;
+  // A rank that goes without finish() (its program ended, threw or exited) tells its peers, so they
+  // stop now with that reason instead of declaring it lost after the timeout. A world of one has no
+  // peer to tell, and its error line would only be noise after a clean exit.
   if (loop_.joinable() && !finished_ && !error_.failed() && book_.worldSize() > 1) {
     // Unwinding an exception (the program's own, which it reports next): the peers learn why this rank
     // left, and this rank prints nothing that would read as the cause ahead of the real one.
-    const bool unwinding = std::uncaught_exceptions() > 0;
-    fail(std::make_exception_ptr(AbortedError(
-             strCat("rank ", rank(), " left the job before finish() (",
-                    unwinding ? "its program threw an error" : "its program ended or threw an error", ")"))),
+    const bool unwinding = !atExit && std::uncaught_exceptions() > 0;
+    const char* how = atExit      ? "its program exited"
+                      : unwinding ? "its program threw an error"
+                                  : "its program ended or threw an error";
+    fail(std::make_exception_ptr(AbortedError(strCat("rank ", rank(), " left the job before finish() (", how, ")"))),
          /*tellPeers=*/true, /*log=*/!unwinding);
   }
   // Queued sends and reconstructions must not touch the caller's buffers any more.
@@ -35,6 +44,12 @@ Node::~Node() {
   if (van_) van_->close();
   coordinator_.reset();
   releasePortClaim();
+  if (atExit) {
+    // Nothing will destroy this node: close the last sockets as its members' destructors would, then
+    // the context, which delivers what is still queued (the abort above) within the van's linger.
+    zap_.reset();
+    ctx_.close();
+  }
 }
 
 void Node::finish() {

@@ -1,6 +1,6 @@
 // Node's worker side (node.h): a layer's synchronization submitted to its Syncer, the iteration's
 // waits, straggler dropping's skips, and compute-group pushes through GroupClient. Lifecycle,
-// failure, the receive loop and routing are node.cc; its end (finish, ~Node) node_end.cc.
+// failure, the receive loop and routing are node.cc; its end (finish, leave) node_end.cc.
 #include <algorithm>
 
 #include "poseidon/client/node.h"

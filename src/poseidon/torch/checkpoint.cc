@@ -180,13 +180,18 @@ nlohmann::json readMeta(const std::string& path) {
 // Checkpoints written before checksums have neither key; ours always both.
 bool hasChecksums(const nlohmann::json& j) { return j.contains("files") || j.contains("meta_crc32"); }
 
-void verifyMeta(const std::string& path, const nlohmann::json& j) {
+// What a refused checkpoint's owner can do instead, in the words of who asked: the CLI's flag, or the API.
+std::string anotherDirectory(const CheckpointMeta& expect) {
+  return expect.namedAsFlags ? "use another --checkpoint DIR" : "use another checkpoint directory";
+}
+
+void verifyMeta(const std::string& path, const nlohmann::json& j, const CheckpointMeta& expect) {
   // The Python API's checkpoints (poseidon.save_checkpoint) check their files but not their meta, and
   // hold a Python module's state: another format, not damage (which would advise removing them).
   if (j.contains("files") && !j.contains("meta_crc32") && j.contains("world_size")) {
-    throw InvalidArgument("checkpoint " + path +
-                          " was written by poseidon's Python API (poseidon.save_checkpoint); poseidon train resumes "
-                          "only its own: use another --checkpoint DIR");
+    throw InvalidArgument("checkpoint " + path + " was written by poseidon's Python API (poseidon.save_checkpoint); " +
+                          (expect.namedAsFlags ? "poseidon train" : "the C++ API (checkpoint.h)") +
+                          " resumes only its own: " + anotherDirectory(expect));
   }
   if (!j.contains("meta_crc32") || !j["meta_crc32"].is_string() || !j.contains("files") || !j["files"].is_object()) {
     damaged(path, "meta.json lacks its checksums");
@@ -216,23 +221,28 @@ CheckpointMeta parseMeta(const std::string& path, const nlohmann::json& j) {
 }
 
 void checkLayout(const std::string& path, const CheckpointMeta& m, const CheckpointMeta& expect) {
-  auto mismatch = [&](const std::string& what, const std::string& theirs, const std::string& ours) {
-    throw InvalidArgument("checkpoint " + path + " was written with " + what + " " + theirs + ", this run has " + ours +
-                          "; resume with the same settings or use another --checkpoint DIR");
+  // The CLI's user changes a flag; an API user, the CheckpointMeta field the name stands for.
+  const bool flags = expect.namedAsFlags;
+  auto mismatch = [&](const char* flag, const char* field, const std::string& theirs, const std::string& ours) {
+    throw InvalidArgument("checkpoint " + path + " was written with " + (flags ? flag : field) + " " + theirs +
+                          ", this run has " + ours + "; resume with the same settings or " + anotherDirectory(expect));
   };
-  if (m.model != expect.model) mismatch("--model", m.model, expect.model);
-  if (m.workers != expect.workers) mismatch("--workers", std::to_string(m.workers), std::to_string(expect.workers));
-  if (m.batch != expect.batch) mismatch("--batch", std::to_string(m.batch), std::to_string(expect.batch));
-  if (m.seed != expect.seed) mismatch("--seed", std::to_string(m.seed), std::to_string(expect.seed));
+  if (m.model != expect.model) mismatch("--model", "model", m.model, expect.model);
+  if (m.workers != expect.workers) {
+    mismatch("--workers", "workers", std::to_string(m.workers), std::to_string(expect.workers));
+  }
+  if (m.batch != expect.batch) mismatch("--batch", "batch", std::to_string(m.batch), std::to_string(expect.batch));
+  if (m.seed != expect.seed) mismatch("--seed", "seed", std::to_string(m.seed), std::to_string(expect.seed));
   if (m.trainLimit != expect.trainLimit) {
-    mismatch("--train-limit", std::to_string(m.trainLimit), std::to_string(expect.trainLimit));
+    mismatch("--train-limit", "trainLimit", std::to_string(m.trainLimit), std::to_string(expect.trainLimit));
   }
   // Every group's clock restarts at the checkpoint's iteration, so a group-mode checkpoint is valid for
   // any number of groups; changing it is asked for explicitly (a typo should not regroup a job).
   const bool regrouped = expect.regroup && m.groups > 0 && expect.groups > 0;
   if (m.groups != expect.groups && !regrouped) {
-    mismatch("--groups", std::to_string(m.groups),
-             std::to_string(expect.groups) + (m.groups > 0 && expect.groups > 0 ? " (--regroup allows it)" : ""));
+    const std::string allowed = flags ? " (--regroup allows it)" : " (regroup allows it)";
+    mismatch("--groups", "groups", std::to_string(m.groups),
+             std::to_string(expect.groups) + (m.groups > 0 && expect.groups > 0 ? allowed : ""));
   }
 }
 
@@ -335,7 +345,7 @@ void checkCheckpointLayout(const std::string& dir, const CheckpointMeta& expect)
     const std::string path = it->second.string();
     try {
       const nlohmann::json j = readMeta(path);
-      if (hasChecksums(j)) verifyMeta(path, j);
+      if (hasChecksums(j)) verifyMeta(path, j, expect);
       checkLayout(path, parseMeta(path, j), expect);
       return;
     } catch (const CheckpointDamaged&) {
@@ -400,7 +410,7 @@ CheckpointMeta loadCheckpoint(const std::string& path, const CheckpointMeta& exp
   if (!fs::exists(path, ec)) throw InvalidArgument("checkpoint " + path + " does not exist");
   nlohmann::json j = readMeta(path);
   const bool verified = hasChecksums(j);
-  if (verified) verifyMeta(path, j);
+  if (verified) verifyMeta(path, j, expect);
   CheckpointMeta m = parseMeta(path, j);
   checkLayout(path, m, expect);
   // Both files are checked before either is loaded, so a damaged checkpoint
@@ -471,7 +481,7 @@ Resumed resumeFromNewest(const std::string& dir, const CheckpointMeta& expect, t
     std::string all = refused[0];
     for (size_t i = 1; i < refused.size(); ++i) all += "; " + refused[i];
     throw InvalidArgument("no intact checkpoint in " + dir + ": " + all +
-                          "; remove the damaged checkpoints or use another --checkpoint DIR");
+                          "; remove the damaged checkpoints or " + anotherDirectory(expect));
   }
   return {};
 }

@@ -44,6 +44,10 @@ struct CheckpointMeta {
   // This run only (not saved): a group-mode checkpoint may be resumed with another number of
   // groups (`poseidon train --regroup`: Omnivore's optimizer changes g between its epochs).
   bool regroup = false;
+  // This run only (not saved): refusals name poseidon train's flags (--workers, "use another
+  // --checkpoint DIR") rather than the layout's fields (workers, "use another checkpoint directory"),
+  // which is what a program calling this API has to change.
+  bool namedAsFlags = false;
   // The job layout only (what resume compares); meta.json adds the checksums.
   nlohmann::json toJson() const;
 };

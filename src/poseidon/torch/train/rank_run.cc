@@ -75,6 +75,7 @@ CheckpointMeta checkpointLayout(const TrainOptions& o, int world) {
   m.batch = o.batch;
   m.seed = o.seed;
   m.trainLimit = o.trainLimit;
+  m.namedAsFlags = true;  // poseidon train's user changes its flags
   if (o.groups > 0) {  // compute groups (and merged FC, which runs in them)
     m.groups = o.groups;
     m.regroup = o.regroup;

@@ -112,5 +112,17 @@ TEST(IterationBarrier, AFailureWakesTheWaiterWithItsType) {
   EXPECT_EQ(error.message(), "first");
 }
 
+// A wait's length as the timeouts say it: the node waits the timeout plus two heartbeats (so that a
+// lost peer is named first), 6666 ms for a 5 s timeout, which its messages said as "6.666 s".
+TEST(Liveness, AWaitIsSaidToATenthOfASecond) {
+  const milliseconds timeout(5000);
+  EXPECT_EQ(secondsText(timeout + 2 * Liveness::heartbeatFor(timeout)), "6.7 s");
+  EXPECT_EQ(secondsText(milliseconds(30000)), "30 s");
+  EXPECT_EQ(secondsText(milliseconds(1500)), "1.5 s");
+  EXPECT_EQ(secondsText(milliseconds(1949)), "1.9 s");
+  EXPECT_EQ(secondsText(milliseconds(1950)), "2 s");
+  EXPECT_EQ(secondsText(milliseconds(0)), "0 s");
+}
+
 }  // namespace
 }  // namespace poseidon

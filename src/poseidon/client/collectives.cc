@@ -44,8 +44,8 @@ std::vector<Message> Collectives::take(MsgType type, uint32_t sequence, size_t c
     for (int r = 0; r < book_.worldSize(); ++r)
       if (!seen[r] && r != rank_) missing.push_back(r);
     lock.unlock();
-    fail_(std::make_exception_ptr(TimeoutError(strCat("rank ", rank_, ": timed out after ", timeout_.count() / 1000.0,
-                                                      " s in ", what, " waiting for rank(s) ", formatRanks(missing)))));
+    fail_(std::make_exception_ptr(TimeoutError(strCat("rank ", rank_, ": timed out after ", secondsText(timeout_),
+                                                      " in ", what, " waiting for rank(s) ", formatRanks(missing)))));
     error_.check();
   }
   std::vector<Message> out = std::move(mail_[key]);

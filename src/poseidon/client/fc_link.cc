@@ -30,8 +30,8 @@ std::vector<uint8_t> FcLink::exchange(int64_t round, std::vector<uint8_t> reques
   std::vector<uint8_t> reply;
   if (!channel_.waitReply(&reply, waitTimeout_)) {
     fail_(std::make_exception_ptr(TimeoutError(
-        strCat("rank ", rank_, ": timed out after ", waitTimeout_.count() / 1000.0,
-               " s waiting for the FC server (rank ", kFcServerRank, ") to answer round ", round, "'s fc-forward"))));
+        strCat("rank ", rank_, ": timed out after ", secondsText(waitTimeout_),
+               " waiting for the FC server (rank ", kFcServerRank, ") to answer round ", round, "'s fc-forward"))));
     throwIfFailed_();
   }
   return reply;

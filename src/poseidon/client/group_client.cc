@@ -64,8 +64,8 @@ void GroupClient::startPull(int64_t round) {
 void GroupClient::waitPulled(int layer) {
   if (!puller_.waitLayer(layer, waitTimeout_)) {
     fail_(std::make_exception_ptr(
-        TimeoutError(strCat("rank ", rank_, " group ", group(), ": timed out after ", waitTimeout_.count() / 1000.0,
-                            " s waiting for layer '", book_.model().layers[layer].name, "' from the shards"))));
+        TimeoutError(strCat("rank ", rank_, " group ", group(), ": timed out after ", secondsText(waitTimeout_),
+                            " waiting for layer '", book_.model().layers[layer].name, "' from the shards"))));
   }
   throwIfFailed_();
 }
@@ -73,8 +73,8 @@ void GroupClient::waitPulled(int layer) {
 void GroupClient::waitPairPulled(int layer, int pair, int64_t round) {
   if (!puller_.waitPair(layer, pair, round, waitTimeout_)) {
     fail_(std::make_exception_ptr(
-        TimeoutError(strCat("rank ", rank_, " group ", group(), ": timed out after ", waitTimeout_.count() / 1000.0,
-                            " s waiting for the reply to pair ", pair, " of layer '", book_.model().layers[layer].name,
+        TimeoutError(strCat("rank ", rank_, " group ", group(), ": timed out after ", secondsText(waitTimeout_),
+                            " waiting for the reply to pair ", pair, " of layer '", book_.model().layers[layer].name,
                             "' before pushing more of it"))));
   }
   throwIfFailed_();
@@ -85,8 +85,8 @@ void GroupClient::waitPulled() {
     std::string layers;
     for (int l : puller_.missing()) layers += (layers.empty() ? "'" : ", '") + book_.model().layers[l].name + "'";
     fail_(std::make_exception_ptr(TimeoutError(
-        strCat("rank ", rank_, " group ", group(), ": timed out after ", waitTimeout_.count() / 1000.0,
-               " s pulling layers ", layers, " from the shards (a slower group may hold them back: --staleness)"))));
+        strCat("rank ", rank_, " group ", group(), ": timed out after ", secondsText(waitTimeout_),
+               " pulling layers ", layers, " from the shards (a slower group may hold them back: --staleness)"))));
   }
   throwIfFailed_();
 }
@@ -98,8 +98,8 @@ std::pair<int64_t, std::vector<int64_t>> GroupClient::fetchModelState(std::vecto
   puller_.startState(std::move(momentum));
   if (!puller_.waitAll(waitTimeout_)) {
     fail_(
-        std::make_exception_ptr(TimeoutError(strCat("rank ", rank_, ": timed out after ", waitTimeout_.count() / 1000.0,
-                                                    " s fetching the model's state from the shards"))));
+        std::make_exception_ptr(TimeoutError(strCat("rank ", rank_, ": timed out after ", secondsText(waitTimeout_),
+                                                    " fetching the model's state from the shards"))));
   }
   throwIfFailed_();
   return {puller_.stateVersion(), puller_.stateClocks()};

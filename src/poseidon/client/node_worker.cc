@@ -227,8 +227,8 @@ void Node::waitLayer(int layer) {
   if (done) return;
   const int64_t it = iteration_.load();
   fail(std::make_exception_ptr(
-      TimeoutError(strCat("rank ", rank(), " iteration ", it, ": timed out after ", waitTimeout().count() / 1000.0,
-                          " s waiting for ", pendingWhat(layer, it)))));
+      TimeoutError(strCat("rank ", rank(), " iteration ", it, ": timed out after ", secondsText(waitTimeout()),
+                          " waiting for ", pendingWhat(layer, it)))));
   throwIfFailed();
 }
 
@@ -251,7 +251,7 @@ void Node::waitIteration(std::chrono::milliseconds timeout) {
   for (size_t i = 0; i < pending.size() && i < 8; ++i) what += (i ? "; " : "") + pendingWhat(pending[i], it);
   if (pending.size() > 8) what += strCat("; and ", pending.size() - 8, " more layers");
   fail(std::make_exception_ptr(TimeoutError(strCat("rank ", rank(), " iteration ", it, ": timed out after ",
-                                                   timeout.count() / 1000.0, " s waiting for ", what))));
+                                                   secondsText(timeout), " waiting for ", what))));
   throwIfFailed();
 }
 

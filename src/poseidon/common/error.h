@@ -7,6 +7,7 @@
 // synchronous call rethrows it (sticky failure, see docs/errors.md).
 #pragma once
 
+#include <chrono>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -88,6 +89,14 @@ std::string concat(const Args&... args) {
 template <typename... Args>
 std::string strCat(const Args&... args) {
   return detail::concat(args...);
+}
+
+// A wait's length in a message, to a tenth of a second: "6.7 s", "30 s". The node's waits add two
+// heartbeats to the timeout, so that a lost peer is named first: a 5 s timeout waited 6.666 s, and
+// said so to the millisecond.
+inline std::string secondsText(std::chrono::milliseconds wait) {
+  const long long tenths = (static_cast<long long>(wait.count()) + 50) / 100;
+  return tenths % 10 == 0 ? strCat(tenths / 10, " s") : strCat(tenths / 10, ".", tenths % 10, " s");
 }
 
 }  // namespace poseidon

@@ -121,7 +121,8 @@ TEST(Liveness, AWaitIsSaidToATenthOfASecond) {
   EXPECT_EQ(secondsText(milliseconds(1500)), "1.5 s");
   EXPECT_EQ(secondsText(milliseconds(1949)), "1.9 s");
   EXPECT_EQ(secondsText(milliseconds(1950)), "2 s");
-  EXPECT_EQ(secondsText(milliseconds(0)), "0 s");
+  EXPECT_EQ(secondsText(milliseconds(99)), "99 ms");
+  EXPECT_EQ(secondsText(milliseconds(100)), "0.1 s");
 }
 
 }  // namespace

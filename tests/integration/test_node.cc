@@ -13,13 +13,15 @@
 //              straggler-bf16 (straggler with a bf16 wire)
 //   env: POSEIDON_ROLE=worker|server|both, POSEIDON_SECRET (job secret),
 //        POSEIDON_TEST_START_AFTER=FILE (start only once FILE exists: a test holds a rank back),
-//        POSEIDON_TEST_EXIT_AFTER=N (a worker runs N iterations, then calls exit(0) without finish())
+//        POSEIDON_TEST_EXIT_AFTER=N (a worker runs N iterations, then calls exit(0) without finish();
+//        with POSEIDON_TEST_EXIT_FROM_THREAD=1 another thread calls it while this one waits on a barrier)
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <unistd.h>
 
 #include "events.h"
 #include "poseidon/client/node.h"
@@ -106,7 +108,17 @@ int main(int argc, char** argv) {
       } else if (const char* exitAfter = std::getenv("POSEIDON_TEST_EXIT_AFTER")) {
         // A program that ends mid-training by exit(): no destructor runs, the node is never finished.
         testing::runScenario(*node, std::atoi(exitAfter), scenario == "paced" ? 10 : 0);
-        std::exit(0);
+        if (!std::getenv("POSEIDON_TEST_EXIT_FROM_THREAD")) std::exit(0);
+        // A watchdog's exit(): the user's thread is inside the node, waiting on an iteration that the
+        // peers cannot complete without this rank's gradients, when the exit handler runs.
+        node->beginIteration(node->iteration() + 1);
+        std::thread([] { std::exit(0); }).detach();
+        try {
+          node->waitIteration();
+        } catch (const std::exception& e) {
+          std::cerr << "the waiting thread: " << e.what() << "\n";
+        }
+        for (;;) ::pause();  // the exit under way ends this process; a second one from here would race it
       } else {
         checks = testing::runScenario(*node, iterations, scenario == "paced" ? 10 : 0,
                                           scenario == "priority" || scenario == "bf16");

@@ -332,6 +332,7 @@ class Node : private SyncHost {
   // Ends this rank's part once (~Node, or at exit for a node its program never destroyed: that also
   // closes the context, so the peers get the abort): an unfinished rank tells its peers why it left.
   void leave(bool atExit);
+  void closeAtExit();  // leave()'s part at exit, which must not pull anything from under other threads
   void receiveLoop();
   void checkPeers();
   void tookPart();  // syncedThrough_ covers the current iteration
@@ -406,7 +407,8 @@ class Node : private SyncHost {
   std::vector<std::pair<int64_t, std::function<void()>>> heldRebuilds_;
   int64_t skipped_ = 0;  // user thread only
   std::atomic<bool> finished_{false};  // the staging thread's submits read it
-  std::atomic<bool> left_{false};      // leave() has run
+  std::atomic<bool> left_{false};      // leave() has told the peers, or had nothing to tell
+  std::atomic<bool> inFinish_{false};  // finish() has begun (on the user's thread): it closes the van
   bool claimedPort_ = false;  // options_.masterPort is this process's claim (released by finish or ~Node)
   void releasePortClaim();
   // finish(): which peers said bye (the receive loop records them; finish() waits for them, then

@@ -5,6 +5,7 @@
 // after the timeout. Lifecycle's start, failure and the receive loop are node.cc.
 #include <algorithm>
 #include <exception>
+#include <thread>
 
 #include "poseidon/client/node.h"
 #include "poseidon/common/at_exit.h"
@@ -15,15 +16,14 @@ namespace poseidon {
 
 Node::~Node() {
   withdrawLeaveAtExit(this);  // waits for the exit handler if it is running this node's leave
-  leave(/*atExit=*/false);
+  leave(/*atExit=*/false);    // in full, even after the exit handler's, which spared the pool and syncers
 }
 
 void Node::leave(bool atExit) {
-  if (left_.exchange(true)) return;
-  // A rank that goes without finish() (its program ended, threw or exited) tells its peers, so they
-  // stop now with that reason instead of declaring it lost after the timeout. A world of one has no
-  // peer to tell, and its error line would only be noise after a clean exit.
-  if (loop_.joinable() && !finished_ && !error_.failed() && book_.worldSize() > 1) {
+  // A rank that goes without finish() (its program ended, threw or exited) tells its peers, once, so
+  // they stop now with that reason instead of declaring it lost after the timeout. A world of one has
+  // no peer to tell, and its error line would only be noise after a clean exit.
+  if (!left_.exchange(true) && loop_.joinable() && !finished_ && !error_.failed() && book_.worldSize() > 1) {
     // Unwinding an exception (the program's own, which it reports next): the peers learn why this rank
     // left, and this rank prints nothing that would read as the cause ahead of the real one.
     const bool unwinding = !atExit && std::uncaught_exceptions() > 0;
@@ -33,27 +33,46 @@ void Node::leave(bool atExit) {
     fail(std::make_exception_ptr(AbortedError(strCat("rank ", rank(), " left the job before finish() (", how, ")"))),
          /*tellPeers=*/true, /*log=*/!unwinding);
   }
+  if (atExit) {
+    closeAtExit();
+    return;
+  }
   // Queued sends and reconstructions must not touch the caller's buffers any more.
   for (auto& s : syncers_) s->close();
   if (local_) local_->close();
   dropHeldRebuilds();  // after the close: the receive loop may still hold one more until then
   stopLoop_ = true;
-  if (loop_.joinable()) loop_.join();
+  if (loop_.joinable()) {
+    // Only a node that the exit handler left from its own receive loop is destroyed on that thread.
+    if (loop_.get_id() == std::this_thread::get_id()) loop_.detach();
+    else loop_.join();
+  }
   sumLanes_.clear();  // sums what the loop handed them and sends the results while the van is still open
   pool_.reset();      // drains queued sends while the van is still open
   if (van_) van_->close();
   coordinator_.reset();
   releasePortClaim();
-  if (atExit) {
-    // Nothing will destroy this node: close the last sockets as its members' destructors would, then
-    // the context, which delivers what is still queued (the abort above) within the van's linger.
-    zap_.reset();
-    ctx_.close();
-  }
+}
+
+// exit() promises nothing about the program's other threads, and one may still be inside this node: a
+// watchdog called exit() while the main thread waits on a barrier (the abort above wakes it), or a
+// callback on the pool did. So unlike ~Node this leaves the pool, the syncers and the caller's buffers
+// as they are: only the receive loop stops (unless this is it) and the van closes, whose sends refuse
+// from then on. Closing the context then delivers the abort within the van's linger. A node in
+// finish() on another thread is left to it: that thread closes the van after the loop.
+void Node::closeAtExit() {
+  if (inFinish_) return;
+  stopLoop_ = true;
+  if (loop_.joinable() && loop_.get_id() != std::this_thread::get_id()) loop_.join();
+  if (van_) van_->close();
+  coordinator_.reset();
+  zap_.reset();  // the last socket on the context but the van's
+  ctx_.close();
 }
 
 void Node::finish() {
   if (finished_) return;
+  inFinish_ = true;
   throwIfFailed();
   int64_t finishedAt = -1;
   if (countsIterations()) {
@@ -79,7 +98,11 @@ void Node::finish() {
     quiet = saidBye_;
   }
   stopLoop_ = true;
-  if (loop_.joinable()) loop_.join();
+  if (loop_.joinable()) {
+    // Only a node that the exit handler left from its own receive loop is destroyed on that thread.
+    if (loop_.get_id() == std::this_thread::get_id()) loop_.detach();
+    else loop_.join();
+  }
   sumLanes_.clear();
   dropHeldRebuilds();  // nothing can run them once the pool is gone
   pool_.reset();

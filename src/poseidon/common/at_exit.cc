@@ -1,8 +1,10 @@
 #include "poseidon/common/at_exit.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <mutex>
 #include <utility>
@@ -13,7 +15,7 @@ namespace {
 
 struct Registration {
   const void* key;
-  pid_t pid;  // the process that registered it: a forked child inherits the list, not the threads
+  pid_t pid;  // the process that registered it (a child made by clone() without fork()'s handlers)
   std::function<void()> leave;
 };
 
@@ -24,11 +26,22 @@ struct Registry {
 };
 
 // Never destroyed: static objects are torn down around exit handlers, and this one must outlive
-// them all (a leave may run from the handler while another static's destructor withdraws).
+// them all (a leave may run from the handler while another static's destructor withdraws). A forked
+// child starts a fresh one: the parent's leaves are not its own (their threads did not come along), and
+// the parent's lock may have been held by a thread that the child does not have.
+std::atomic<Registry*> gRegistry{nullptr};
+
 Registry& registry() {
-  static Registry* r = new Registry;
-  return *r;
+  static Registry* first = [] {
+    Registry* r = new Registry;
+    gRegistry = r;
+    return r;
+  }();
+  (void)first;
+  return *gRegistry.load();
 }
+
+void inForkedChild() { gRegistry = new Registry; }
 
 void erase(Registry& r, const void* key) {
   r.leaves.erase(std::remove_if(r.leaves.begin(), r.leaves.end(), [key](const Registration& g) { return g.key == key; }),
@@ -58,7 +71,10 @@ void runLeaves() {
 void leaveAtExit(const void* key, std::function<void()> leave) {
   Registry& r = registry();
   static std::once_flag installed;
-  std::call_once(installed, [] { std::atexit(runLeaves); });
+  std::call_once(installed, [] {
+    ::pthread_atfork(nullptr, nullptr, inForkedChild);
+    std::atexit(runLeaves);
+  });
   std::lock_guard<std::recursive_mutex> lock(r.mutex);
   erase(r, key);
   r.leaves.push_back(Registration{key, ::getpid(), std::move(leave)});

@@ -6,8 +6,8 @@
 // withdraws it when it is destroyed; the handler runs every leave still registered at exit.
 //
 // What this cannot catch: _exit(), quick_exit() and abort() run no exit handlers, and a fatal signal
-// none either: those still show as a lost rank after the timeout. A child made by fork() inherits the
-// registrations but not the threads they need, so the handler runs only the calling process's own.
+// none either: those still show as a lost rank after the timeout. A child made by fork() starts with no
+// registrations (pthread_atfork): it inherits its parent's nodes but not the threads they need.
 #pragma once
 
 #include <functional>

@@ -91,10 +91,11 @@ std::string strCat(const Args&... args) {
   return detail::concat(args...);
 }
 
-// A wait's length in a message, to a tenth of a second: "6.7 s", "30 s". The node's waits add two
-// heartbeats to the timeout, so that a lost peer is named first: a 5 s timeout waited 6.666 s, and
-// said so to the millisecond.
+// A wait's length in a message, to a tenth of a second: "6.7 s", "30 s" ("40 ms" below 0.1 s). The
+// node's waits add two heartbeats to the timeout, so that a lost peer is named first: a 5 s timeout
+// waited 6.666 s, and said so to the millisecond.
 inline std::string secondsText(std::chrono::milliseconds wait) {
+  if (wait.count() < 100) return strCat(wait.count(), " ms");
   const long long tenths = (static_cast<long long>(wait.count()) + 50) / 100;
   return tenths % 10 == 0 ? strCat(tenths / 10, " s") : strCat(tenths / 10, ".", tenths % 10, " s");
 }

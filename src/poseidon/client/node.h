@@ -333,6 +333,7 @@ class Node : private SyncHost {
   // closes the context, so the peers get the abort): an unfinished rank tells its peers why it left.
   void leave(bool atExit);
   void closeAtExit();  // leave()'s part at exit, which must not pull anything from under other threads
+  void stopReceiveLoop();
   void receiveLoop();
   void checkPeers();
   void tookPart();  // syncedThrough_ covers the current iteration

@@ -41,17 +41,21 @@ void Node::leave(bool atExit) {
   for (auto& s : syncers_) s->close();
   if (local_) local_->close();
   dropHeldRebuilds();  // after the close: the receive loop may still hold one more until then
-  stopLoop_ = true;
-  if (loop_.joinable()) {
-    // Only a node that the exit handler left from its own receive loop is destroyed on that thread.
-    if (loop_.get_id() == std::this_thread::get_id()) loop_.detach();
-    else loop_.join();
-  }
+  stopReceiveLoop();
   sumLanes_.clear();  // sums what the loop handed them and sends the results while the van is still open
   pool_.reset();      // drains queued sends while the van is still open
   if (van_) van_->close();
   coordinator_.reset();
   releasePortClaim();
+}
+
+// Stops the receive loop and waits for it, unless this is the loop's own thread (exit() called from a
+// callback on it, and the node destroyed there afterwards): then the loop ends with the process.
+void Node::stopReceiveLoop() {
+  stopLoop_ = true;
+  if (!loop_.joinable()) return;
+  if (loop_.get_id() == std::this_thread::get_id()) loop_.detach();
+  else loop_.join();
 }
 
 // exit() promises nothing about the program's other threads, and one may still be inside this node: a
@@ -62,8 +66,7 @@ void Node::leave(bool atExit) {
 // finish() on another thread is left to it: that thread closes the van after the loop.
 void Node::closeAtExit() {
   if (inFinish_) return;
-  stopLoop_ = true;
-  if (loop_.joinable() && loop_.get_id() != std::this_thread::get_id()) loop_.join();
+  stopReceiveLoop();
   if (van_) van_->close();
   coordinator_.reset();
   zap_.reset();  // the last socket on the context but the van's
@@ -97,12 +100,7 @@ void Node::finish() {
     });
     quiet = saidBye_;
   }
-  stopLoop_ = true;
-  if (loop_.joinable()) {
-    // Only a node that the exit handler left from its own receive loop is destroyed on that thread.
-    if (loop_.get_id() == std::this_thread::get_id()) loop_.detach();
-    else loop_.join();
-  }
+  stopReceiveLoop();
   sumLanes_.clear();
   dropHeldRebuilds();  // nothing can run them once the pool is gone
   pool_.reset();

@@ -1,7 +1,6 @@
 #include "poseidon/common/at_exit.h"
 
 #include <pthread.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -15,7 +14,6 @@ namespace {
 
 struct Registration {
   const void* key;
-  pid_t pid;  // the process that registered it (a child made by clone() without fork()'s handlers)
   std::function<void()> leave;
 };
 
@@ -32,12 +30,8 @@ struct Registry {
 std::atomic<Registry*> gRegistry{nullptr};
 
 Registry& registry() {
-  static Registry* first = [] {
-    Registry* r = new Registry;
-    gRegistry = r;
-    return r;
-  }();
-  (void)first;
+  static const bool made = (gRegistry = new Registry, true);
+  (void)made;
   return *gRegistry.load();
 }
 
@@ -55,9 +49,7 @@ void runLeaves() {
   std::lock_guard<std::recursive_mutex> lock(r.mutex);
   std::vector<Registration> leaves;
   leaves.swap(r.leaves);
-  const pid_t self = ::getpid();
   for (auto it = leaves.rbegin(); it != leaves.rend(); ++it) {  // newest first, as destructors go
-    if (it->pid != self) continue;
     try {
       it->leave();
     } catch (...) {
@@ -77,7 +69,7 @@ void leaveAtExit(const void* key, std::function<void()> leave) {
   });
   std::lock_guard<std::recursive_mutex> lock(r.mutex);
   erase(r, key);
-  r.leaves.push_back(Registration{key, ::getpid(), std::move(leave)});
+  r.leaves.push_back(Registration{key, std::move(leave)});
 }
 
 void withdrawLeaveAtExit(const void* key) {

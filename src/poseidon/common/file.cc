@@ -3,6 +3,8 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +16,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 #include <utility>
 
@@ -98,10 +101,51 @@ bool tryLock(int fd, const std::string& file) {
   }
 }
 
-[[noreturn]] void throwTaken(int fd, const std::string& dir, const std::string& what, const std::string& file) {
+std::string hostName() {
+  char host[256] = "?";
+  ::gethostname(host, sizeof host - 1);
+  return host;
+}
+
+// The pid that holds fd's file's flock on this host, as /proc/locks lists it ("1: FLOCK  ADVISORY
+// WRITE 841 fe:00:10952883 0 EOF": pid, then device major:minor in hex and inode); 0 when none is
+// listed there (a holder on another host of a network file system, or no /proc).
+long localFlockHolder(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return 0;
+  std::ifstream in("/proc/locks");
+  for (std::string entry; std::getline(in, entry);) {
+    std::istringstream fields(entry);
+    std::string id, kind, advisory, access, device;
+    long pid = 0;
+    // "N: -> FLOCK ..." lines are waiters, not holders.
+    if (!(fields >> id >> kind >> advisory >> access >> pid >> device) || kind != "FLOCK") continue;
+    unsigned devMajor = 0, devMinor = 0;
+    unsigned long long inode = 0;
+    if (std::sscanf(device.c_str(), "%x:%x:%llu", &devMajor, &devMinor, &inode) == 3 &&
+        devMajor == major(st.st_dev) && devMinor == minor(st.st_dev) && inode == st.st_ino)
+      return pid;
+  }
+  return 0;
+}
+
+// Who holds the lock, for a refused job. The file's line is the holder's own words, but a holder
+// that could only open the file read-only (another user's lock file; flock needs no write access)
+// cannot replace it, so the line may be an earlier holder's: where /proc/locks names a holder here
+// that the line does not, that pid is the answer.
+std::string holderOf(int fd) {
   const std::string line = holderLine(fd);
+  const long pid = localFlockHolder(fd);
+  if (pid <= 0) return line.empty() ? "another process" : line;
+  if (!line.empty() && line.find(strCat(", pid ", pid, " on ", hostName(), " since ")) != std::string::npos)
+    return line;
+  return strCat("another process, pid ", pid);
+}
+
+[[noreturn]] void throwTaken(int fd, const std::string& dir, const std::string& what, const std::string& file) {
+  const std::string holder = holderOf(fd);
   ::close(fd);
-  throw InvalidArgument(strCat(what, " ", dir, " is in use by ", line.empty() ? "another process" : line, " (it holds ",
+  throw InvalidArgument(strCat(what, " ", dir, " is in use by ", holder, " (it holds ",
                                file,
                                "): two jobs writing one directory would resume from and delete each other's "
                                "files; give each job its own directory, or wait for that one to end"));
@@ -120,16 +164,14 @@ DirectoryLock::DirectoryLock(const std::string& dir, const std::string& what, co
   if (fd_ < 0 && errno == EACCES) fd_ = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0) throw IoError(strCat("cannot open ", file, ": ", std::strerror(errno)));
   if (!tryLock(fd_, file)) throwTaken(std::exchange(fd_, -1), dir, what, file);
-  char host[256] = "?";
-  ::gethostname(host, sizeof host - 1);
   char since[32] = "";
   const std::time_t now = std::time(nullptr);
   std::tm tm{};
   ::gmtime_r(&now, &tm);
   std::strftime(since, sizeof since, "%Y-%m-%d %H:%M:%S UTC", &tm);
-  const std::string line = strCat(holder, ", pid ", ::getpid(), " on ", host, " since ", since, "\n");
-  // Best effort: the line only explains a refusal, the lock itself is what excludes
-  // (a refused job then says "another process").
+  const std::string line = strCat(holder, ", pid ", ::getpid(), " on ", hostName(), " since ", since, "\n");
+  // Best effort: the line only explains a refusal, the lock itself is what excludes. A read-only
+  // descriptor writes nothing and leaves an earlier holder's line, which holderOf sees through.
   if (::ftruncate(fd_, 0) == 0) {
     const ssize_t written = ::pwrite(fd_, line.data(), line.size(), 0);
     (void)written;

@@ -686,7 +686,14 @@ sys.excepthook = _fail_jobs_on_uncaught
 
 @atexit.register
 def _close_all():
-    # The runtime's threads must be gone before the interpreter tears itself down; a model that did
-    # not finish() tells its peers it left, so they stop at once instead of timing out.
+    # The runtime's threads must be gone before the interpreter tears itself down. A model that did
+    # not finish() tells its peers why it left, so they stop at once instead of timing out: its program
+    # exited (sys.exit, or the script's end), as a C++ rank's exit() says; an uncaught exception has
+    # told them already (the hook above: the first reason stands). A world of one has nobody to tell.
     for model in list(_live):
+        if model._impl is not None and not model._impl.closed and model.world_size > 1:
+            try:
+                model._fail_job("rank %d left the job before finish() (its program exited)" % model.rank)
+            except Exception:  # noqa: BLE001 - the close below must still happen
+                pass
         model.close()

@@ -195,6 +195,29 @@ class Lifecycle(TempDirTest):
         self.assertNotIn("left the job before finish()", run.err)
         self.assertClean(run)
 
+    def test_a_rank_that_exits_mid_training_tells_its_peers_so(self):
+        timeout = 120  # the ranks' wait limit: only rank 1's own word can end the others before it
+        script = self.script(
+            "exits.py",
+            "import os, sys, torch, poseidon\n"
+            "rank = int(os.environ['RANK'])\n"
+            "m = poseidon.DistributedModel(torch.nn.Linear(3, 1), batch=1, timeout=%d)\n"
+            "for step in range(50):\n"
+            "    m(torch.ones(1, 3)).sum().backward()\n"
+            "    m.synchronize()\n"
+            "    if rank == 1 and step == 2:\n"
+            "        sys.exit(0)\n"
+            "m.finish()\n" % timeout)
+        run = launch(3, script)
+        self.assertEqual(run.code, 1, str(run))
+        said = "rank 1 left the job before finish() (its program exited)"
+        for rank in (0, 2):
+            self.assertRegex(run.err, r"\[rank %d\] .*rank 1 failed .*" % rank + re.escape(said), str(run))
+        self.assertNotIn("its program ended or threw an error", run.err)
+        self.assertNotIn("lost rank", run.err)
+        self.assertLess(run.seconds, timeout, str(run))
+        self.assertClean(run)
+
     def test_ranks_that_run_different_step_counts_fail_at_once_naming_both(self):
         timeout = 120  # the ranks' wait limit: the job must end long before it
         script = self.script(

@@ -4,7 +4,10 @@
 // after its own death (the next run sweeps the leftovers).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -475,6 +478,50 @@ TEST(BenchSmoke, InterruptLeavesNothingBehind) {
   EXPECT_EQ(procs[0].exitCode(), 130);
   EXPECT_THAT(procs[0].stderrText(), ::testing::EndsWith("poseidon bench: error: interrupted by SIGINT\n"));
   EXPECT_TRUE(namespacesOf(pid).empty());
+  EXPECT_TRUE(fs::is_empty(dir + "/tmp")) << "the work directory of logs was left behind";
+  fs::remove_all(dir);
+}
+
+// `poseidon bench | head -1`: the reader goes away after the first point. The harness stops as for
+// Ctrl-C at its next line, cluster and logs removed, and exits 141 (128 + SIGPIPE), with one line
+// saying why. Before, SIGPIPE's default ended it there and left both behind.
+TEST(BenchSmoke, AClosedOutputPipeStopsItAndLeavesNothingBehind) {
+  requireCluster();
+  std::string dir = testing::makeTempDir("bench-pipe");
+  fs::create_directories(dir + "/tmp");
+  int out[2];
+  ASSERT_EQ(::pipe(out), 0);
+  testing::Proc bench;
+  bench.out = "/dev/null";
+  bench.err = dir + "/err";
+  bench.pid = ::fork();
+  if (bench.pid == 0) {
+    ::close(out[0]);
+    ::dup2(out[1], 1);
+    ::dup2(::open(bench.err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644), 2);
+    ::signal(SIGPIPE, SIG_DFL);  // as a shell starts a pipeline's commands
+    ::setenv("TMPDIR", (dir + "/tmp").c_str(), 1);
+    ::execl(POSEIDON_CLI, POSEIDON_CLI, "bench", "--models", "alexnet", "--systems", "poseidon", "--nodes", "1,2,4",
+            "--rates", "100", "--iterations", "1", "--warmup", "0", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  std::string seen;  // up to the end of the first point's line, then the pipe is closed as head closes it
+  char c = 0;
+  while (::read(out[0], &c, 1) == 1) {
+    seen += c;
+    if (c == '\n' && seen.find(" 1 nodes @") != std::string::npos) break;
+  }
+  ::close(out[0]);
+  ASSERT_THAT(seen, HasSubstr(" 1 nodes @")) << bench.stderrText();
+  std::vector<testing::Proc> procs{bench};
+  testing::waitAll(procs, std::chrono::seconds(300));
+  ASSERT_FALSE(procs[0].killed) << procs[0].stderrText();
+  ASSERT_TRUE(WIFEXITED(procs[0].status)) << "ended by signal " << WTERMSIG(procs[0].status);
+  EXPECT_EQ(procs[0].exitCode(), 141);
+  EXPECT_THAT(procs[0].stderrText(),
+              ::testing::EndsWith("poseidon bench: error: interrupted by SIGPIPE (the reader of its output went away)\n"));
+  EXPECT_TRUE(namespacesOf(bench.pid).empty());
   EXPECT_TRUE(fs::is_empty(dir + "/tmp")) << "the work directory of logs was left behind";
   fs::remove_all(dir);
 }

@@ -511,7 +511,7 @@ int benchCommand(const std::vector<std::string>& given) {
                 "--transport-security none: unencrypted, as DDP's Gloo), e.g. poseidon-nocurve.\n"
                 "Poseidon's own work is charged at full width on --compute's node. A link of R Mbit/s stands for\n"
                 "R / s^2 at full width (s = 0.1: 100, 250, 1000 are 10, 25, 100 GbE).\n"
-                "Everything it creates is removed on exit, Ctrl-C and failure.");
+                "Everything it creates is removed on exit, Ctrl-C, a closed output pipe and failure.");
   addWhatToRunFlags(flags, a);
   addOutputFlags(flags, a);
   addRuntimeFlags(flags, a);

@@ -165,6 +165,10 @@ void installStopHandlers() {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGHUP, &sa, nullptr);
+  // The reader of the output went away (`bench | head`, `less` quit early): stop as for Ctrl-C, so that
+  // the cluster and the logs go too. SIGPIPE's default would end the process at its next line, with
+  // its namespaces and work directory left behind.
+  sigaction(SIGPIPE, &sa, nullptr);
 }
 
 void requireEmulatedCluster() {
@@ -225,6 +229,7 @@ void writeResultsJson(const std::string& path, const nlohmann::json& result) {
 
 void throwIfStopped() {
   const int sig = gStop.load();
+  if (sig == SIGPIPE) throw InterruptedError("interrupted by SIGPIPE (the reader of its output went away)", sig);
   if (sig != 0) throw InterruptedError("interrupted by " + stopSignalName(sig), sig);
 }
 

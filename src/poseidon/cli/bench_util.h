@@ -13,7 +13,7 @@
 
 namespace poseidon::cli {
 
-// The signal (SIGINT, SIGTERM, SIGHUP) that asked the harness to stop, 0 until one did; the
+// The signal (SIGINT, SIGTERM, SIGHUP, SIGPIPE) that asked the harness to stop, 0 until one did; the
 // handlers are installed by installStopHandlers(). The harness then kills its runs and cleans up.
 extern std::atomic<int> gStop;
 void installStopHandlers();

@@ -37,7 +37,7 @@ class IoError : public Error {
   using Error::Error;
 };
 
-// A command that catches SIGINT, SIGTERM or SIGHUP to clean up first (poseidon bench, tune) was
+// A command that catches SIGINT, SIGTERM, SIGHUP or SIGPIPE to clean up first (poseidon bench, tune) was
 // stopped by one: main exits 128 + signal(), the status a shell gives a process the signal killed.
 class InterruptedError : public Error {
  public:

@@ -526,7 +526,10 @@ TEST(CliFlags, BenchRejectsOutOfRangeValues) {
                   "poseidon-overlap needs --warmup 1 or more (each iteration carries the one before's tail)"});
   expectRejected({{"bench", "--systems", "poseidon-overlap-bf16", "--warmup", "0"},
                   "poseidon-overlap needs --warmup 1 or more (each iteration carries the one before's tail)"});
-  expectRejected({{"bench", "--systems", "poseidon-fp8"}, "unknown system 'poseidon-fp8'"});
+  expectRejected({{"bench", "--systems", "poseidon-fp8"},
+                  "unknown system 'poseidon-fp8' (the systems: poseidon, poseidon-overlap, ps-wfbp, ps-naive, adam, sfb, "
+                  "ddp, ddp-tuned, ddp-fp16, ddp-powersgd1, ddp-powersgd4; a Poseidon one, not adam, takes -bf16 or "
+                  "-fp16, then -nocurve)"});
   expectRejected({{"bench", "--machine-rates", "78,9.7"},
                   "--machine-rates needs three rates, GEMM GFLOP/s, sums GB/s and CURVE GB/s (e.g. 78,9.7,1.4), got "
                   "'78,9.7'"});
@@ -541,7 +544,9 @@ TEST(CliFlags, BenchRejectsOutOfRangeValues) {
                   "--urgent-layers is for the poseidon-overlap systems (their priority links), and --systems has "
                   "none"});
   expectRejected({{"bench", "--time-dilation", "0.5"}, "--time-dilation must be in [1, 32], got 0.5"});
-  expectRejected({{"bench", "--systems", "ddp-bf16"}, "unknown system 'ddp-bf16'"});
+  expectRejected({{"bench", "--systems", "ddp-bf16"},
+                  "unknown system 'ddp-bf16' (a DDP baseline takes no -bf16 suffix: ddp-fp16 is DDP with its fp16 "
+                  "compression hook)"});
   expectRejected({{"bench", "--systems", "ddp-nocurve"},
                   "unknown system 'ddp-nocurve' (DDP's Gloo links are never encrypted: -nocurve is for Poseidon's)"});
   expectRejected(

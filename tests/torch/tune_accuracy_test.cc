@@ -19,6 +19,7 @@ namespace poseidon {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::readJson;
 using testing::TempDir;
 
@@ -221,6 +222,12 @@ TEST(TimeToAccuracy, TuneStopsADivergingProbeEarly) {
   EXPECT_LT(d, 8);  // stopped before the probe's end
   EXPECT_FALSE(diverged["won"].get<bool>());
   EXPECT_THAT(p.stdoutText(), HasSubstr(strCat("steps 0-8: diverged at step ", d, " (stopped)")));
+  // The rate's closing line says the JSON's -1 in words, or the time and its steps.
+  const double toAccuracy = run["time_to_accuracy_s"].get<double>();
+  EXPECT_THAT(p.stdoutText(),
+              HasSubstr(toAccuracy < 0 ? std::string("100 Mbit/s: to 80% test accuracy not reached, final ")
+                                       : strCat(" s (", run["steps_to_accuracy"].get<int64_t>(), " steps), final ")));
+  EXPECT_THAT(p.stdoutText(), Not(HasSubstr("-1 steps")));
   EXPECT_EQ(stages[2]["kind"], "epoch");
   EXPECT_EQ(stages[2]["lr"], 0.01);
   EXPECT_EQ(run["chosen"]["lr"], 0.01);

@@ -49,11 +49,18 @@ SystemChoice parseBenchSystem(const std::string& fullName) {
       continue;
     const SystemSpec* base = findBenchSystem(name.substr(0, name.size() - suffix.size()));
     if (base && !base->ddp) c = {base, w};
+    if (base && base->ddp)
+      throw InvalidArgument("unknown system '" + fullName + "' (a DDP baseline takes no " + suffix +
+                            " suffix: ddp-fp16 is DDP with its fp16 compression hook)");
   }
   if (c.spec) c.noCurve = noCurve;
   if (!c.spec) {
     const bool misplaced = fullName.find("-nocurve") != std::string::npos;
-    throw InvalidArgument("unknown system '" + fullName + "'" + (misplaced ? " (-nocurve goes last)" : ""));
+    if (misplaced) throw InvalidArgument("unknown system '" + fullName + "' (-nocurve goes last)");
+    std::string known;
+    for (const SystemSpec& s : systemRegistry()) known += (known.empty() ? "" : ", ") + std::string(s.name);
+    throw InvalidArgument("unknown system '" + fullName + "' (the systems: " + known +
+                          "; a Poseidon one, not adam, takes -bf16 or -fp16, then -nocurve)");
   }
   if (c.wire != WirePrecision::kFp32 && !c.spec->wireSuffix) {
     throw InvalidArgument("unknown system '" + fullName + "' (the " + c.spec->name + " baseline has no 16-bit wire)");

@@ -203,14 +203,14 @@ void tuneAtEachRate(TuneArgs& a, const std::vector<double>& rates, nlohmann::jso
     cluster.setLink({rate, 0});
     std::printf("%g Mbit/s:\n", rate);
     nlohmann::json r = tune(&h, cfg, rate);
+    // The JSON keeps -1 for "not reached"; the line says it in words.
+    const double toAccuracy = r["time_to_accuracy_s"].get<double>();
+    const std::string reached =
+        toAccuracy < 0 ? "not reached"
+                       : strCat(fmt(toAccuracy, "%.1f s"), " (", r["steps_to_accuracy"].get<int64_t>(), " steps)");
     std::printf(
-        "  %g Mbit/s: to %.0f%% test accuracy %s (%lld steps), final %.1f%%; training clock %.1f s, tuning "
-        "%.1f s (%.0f%%)\n",
-        rate, 100 * h.targetAccuracy,
-        r["time_to_accuracy_s"].get<double>() < 0
-            ? "not reached"
-            : strCat(fmt(r["time_to_accuracy_s"].get<double>(), "%.1f s")).c_str(),
-        static_cast<long long>(r["steps_to_accuracy"].get<int64_t>()), 100 * curveNumber(r, "final_test_accuracy"),
+        "  %g Mbit/s: to %.0f%% test accuracy %s, final %.1f%%; training clock %.1f s, tuning %.1f s (%.0f%%)\n",
+        rate, 100 * h.targetAccuracy, reached.c_str(), 100 * curveNumber(r, "final_test_accuracy"),
         r["clock_seconds"].get<double>(), r["tuning_seconds"].get<double>(), 100 * r["tuning_share"].get<double>());
     std::fflush(stdout);
     runs.push_back(std::move(r));

@@ -425,6 +425,9 @@ class Tuner {
       char b[160];
       if (std::isinf(margin))
         std::snprintf(b, sizeof b, "; runner-up %s diverged", name(*second).c_str());
+      else if (margin < 0)  // the incumbent kept: the other was lower, but not by more than the band
+        std::snprintf(b, sizeof b, "; %s lower by %.4f, within the band %.4f (%s)", name(*second).c_str(), -margin,
+                      band, d["band_from"].get<std::string>().c_str());
       else
         std::snprintf(b, sizeof b, "; runner-up %s by %.4f (band %.4f, %s)", name(*second).c_str(), margin, band,
                       d["band_from"].get<std::string>().c_str());

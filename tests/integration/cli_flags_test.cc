@@ -220,6 +220,29 @@ TEST(CliFlags, PlanPredictsSweepsAndChecksAResultsFile) {
       {"--check", dir + "/wrong.json"}, "--check: no run of '" + dir + "/wrong.json' could be predicted (1 skipped: the rows say why)");
   EXPECT_EQ(wrongCheck["points"], 0) << wrongCheck.dump();
   EXPECT_EQ(wrongCheck["skipped"], 1) << wrongCheck.dump();
+  // A file made before the bench recorded the rates it charged its own work at says so on its row.
+  nlohmann::json old = results;
+  old["config"].erase("devices");
+  old["runs"] = {run};
+  std::ofstream(dir + "/old.json") << old.dump();
+  {
+    std::vector<testing::Proc> procs{testing::spawn({POSEIDON_CLI, "plan", "--check", dir + "/old.json"}, {}, dir + "/old")};
+    testing::waitAll(procs, std::chrono::seconds(120));
+    EXPECT_EQ(procs[0].exitCode(), 1) << procs[0].stderrText();
+    EXPECT_THAT(procs[0].stdoutText(),
+                HasSubstr("(no rates of the runtime's own work in the file: made before the bench recorded them)"));
+  }
+  // A node count past what the planner models is a skipped row, not minutes of silence.
+  nlohmann::json huge = results;
+  huge["runs"] = {run};
+  huge["runs"][0]["nodes"] = 100000;
+  std::ofstream(dir + "/huge.json") << huge.dump();
+  {
+    std::vector<testing::Proc> procs{testing::spawn({POSEIDON_CLI, "plan", "--check", dir + "/huge.json"}, {}, dir + "/huge")};
+    testing::waitAll(procs, std::chrono::seconds(120));
+    EXPECT_EQ(procs[0].exitCode(), 1) << procs[0].stderrText();
+    EXPECT_THAT(procs[0].stdoutText(), HasSubstr("(more than 4096 ranks, past what the planner models)"));
+  }
   std::ofstream(dir + "/bad.json") << R"({"runs": []})";
   expectRejected({{"plan", "--check", dir + "/bad.json"},
                   "--check: '" + dir + "/bad.json' is not a poseidon bench results file (no config and runs)"});

@@ -34,4 +34,8 @@ constexpr int64_t kMaxThreadsPerWorker = 1024;
 // run reported it padded and exited 0.
 constexpr double kMaxPadMs = 3600e3;
 
+// The planner's discrete-event models (plan --predict, --sweep, --check): past a few thousand
+// workers a row takes minutes and its memory grows with the pairs' P^2 messages.
+constexpr int kMaxPlannedWorkers = 4096;
+
 }  // namespace poseidon::cli

@@ -22,8 +22,6 @@
 namespace poseidon::cli {
 namespace {
 
-constexpr int kMaxPlannedWorkers = 4096;
-
 std::string grouped(double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.0f", v);
@@ -107,7 +105,7 @@ void addPredictFlags(FlagSet& flags, PlanArgs& a) {
   flags.addBool("merged-fc", &a.mergedFc,
                 "--groups: the model's top FC layers on one FC server (poseidon train --merged-fc; Omnivore's t_fc)");
   flags.addString("systems", &a.systems,
-                  "--predict: systems to model (poseidon, poseidon-overlap, ps-wfbp, ps-naive, ddp)", "LIST");
+                  "--predict: systems to model (poseidon, poseidon-overlap, ps-wfbp, ps-naive, ddp, ddp-fp16)", "LIST");
   flags.addDouble("efficiency", &a.efficiency, "--predict: the efficiency whose lowest link rate is reported", "E",
                   RealRange::leftOpen(0, 1));
   flags.addString("compute", &a.compute,
@@ -323,17 +321,20 @@ void printCostTable(const nlohmann::json& out, const std::string& rows, int64_t 
                 grouped(totParams).c_str(), grouped(totPs).c_str(), grouped(totPsWorker).c_str(), "",
                 grouped(totAdam).c_str());
   std::cout << line;
-  std::cout << "\nhybrid (chosen schemes): " << grouped(totHybrid)
+  // --scheme ps|sfb|adam forces the FC layers' scheme: those totals are not BestScheme's hybrid.
+  const bool hybrid = out.value("scheme_policy", "auto") == "auto";
+  const char* label = hybrid ? "hybrid" : "these schemes";
+  std::cout << "\n" << (hybrid ? "hybrid (chosen schemes)" : "these schemes (--scheme)") << ": " << grouped(totHybrid)
             << " floats per node per iteration; all-PS: " << grouped(totPs);
   if (totHybrid > 0) {
     if (totHybrid <= totPs)
-      std::snprintf(line, sizeof line, " (%.2fx less with hybrid)", totPs / totHybrid);
+      std::snprintf(line, sizeof line, " (%.2fx less with %s)", totPs / totHybrid, label);
     else  // a forced scheme that moves more than PS (--scheme adam)
       std::snprintf(line, sizeof line, " (%.2fx more with these schemes)", totHybrid / totPs);
     std::cout << line;
   }
-  std::snprintf(line, sizeof line, "\non a %s wire: %.2f MB per node per iteration (hybrid), %.2f MB all-PS",
-                wire.c_str(), totHybrid * elementBytes / 1e6, totPs * elementBytes / 1e6);
+  std::snprintf(line, sizeof line, "\non a %s wire: %.2f MB per node per iteration (%s), %.2f MB all-PS",
+                wire.c_str(), totHybrid * elementBytes / 1e6, label, totPs * elementBytes / 1e6);
   std::cout << line;
   std::cout << "\n" << sfbLayers << " layer(s) by SFB, ";
   if (adamLayers > 0) std::cout << adamLayers << " by Adam's server, ";

@@ -11,6 +11,7 @@
 
 #include "poseidon/bench/emulation.h"
 #include "poseidon/bench/systems.h"
+#include "poseidon/cli/limits.h"
 #include "poseidon/cli/plan_predict.h"
 #include "poseidon/common/error.h"
 #include "poseidon/common/file.h"
@@ -355,12 +356,16 @@ int checkResults(const std::string& path, const nlohmann::json& results, const C
     if (why.empty() && run.value("host_bound", false)) why = "HOST-BOUND";
     if (why.empty() && !(measured > 0)) why = "no iteration time";
     if (why.empty() && nodes < 1) why = "no node count";
+    if (why.empty() && static_cast<int64_t>(nodes) * std::max(1, localRanks) > kMaxPlannedWorkers)
+      why = strCat("more than ", kMaxPlannedWorkers, " ranks, past what the planner models");
     if (why.empty() && !(mbit > 0)) why = "no link rate";
     const std::string device = run.value("device", "gpu");
     const nlohmann::json* rates = deviceRates(devices, device);
     // Poseidon's runtime charged its own work on the run's device: the file must say how fast.
     const bool ddp = sys == System::kDdp || sys == System::kDdpFp16;
-    if (why.empty() && !ddp && device != "none" && !rates) why = "device '" + device + "' not in the file";
+    if (why.empty() && !ddp && device != "none" && !rates)
+      why = devices.empty() ? "no rates of the runtime's own work in the file: made before the bench recorded them"
+                            : "device '" + device + "' not in the file";
     planner::Workload w;
     double modelScale = scale, linkMbit = mbit;
     if (why.empty()) {

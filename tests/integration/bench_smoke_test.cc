@@ -526,6 +526,20 @@ TEST(BenchSmoke, AClosedOutputPipeStopsItAndLeavesNothingBehind) {
   fs::remove_all(dir);
 }
 
+// A --ddp-script that names no file is refused, not passed over for the checkout's own script.
+TEST(BenchSmoke, AMissingDdpScriptIsRefusedByName) {
+  requireCluster();
+  std::string dir = testing::makeTempDir("bench-script");
+  std::vector<testing::Proc> procs{testing::spawn(
+      {POSEIDON_CLI, "bench", "--systems", "ddp", "--ddp-script", dir + "/ddp_worker.py"}, {}, dir + "/log")};
+  testing::waitAll(procs, std::chrono::seconds(60));
+  EXPECT_EQ(procs[0].exitCode(), 2);
+  EXPECT_EQ(procs[0].stderrText(), "poseidon bench: error: --ddp-script " + dir +
+                                       "/ddp_worker.py: no such file (the DDP baseline's script, bench/ddp_worker.py in "
+                                       "the repository)\n");
+  fs::remove_all(dir);
+}
+
 TEST(BenchSmoke, LeftoversOfADeadHarnessAreSwept) {
   requireCluster();
   // A namespace named after a process that no longer exists.

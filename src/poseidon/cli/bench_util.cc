@@ -43,13 +43,21 @@ std::vector<std::string> splitList(const std::string& s) {
 
 std::string findBenchScript(const std::string& flag, const std::string& name) {
   std::vector<fs::path> candidates;
-  if (!flag.empty()) candidates.push_back(flag);
+  if (!flag.empty()) {
+    // A path the user gave is that file or an error: not a silent fall back on the checkout's own.
+    std::error_code ec;
+    if (fs::is_regular_file(flag, ec)) return fs::canonical(flag).string();
+    throw InvalidArgument(strCat("--ddp-script ", flag, ": ", fs::exists(flag, ec) ? "not a file" : "no such file",
+                                 " (the DDP baseline's script, bench/", name, " in the repository)"));
+  }
   fs::path exe = selfExecutable();
   candidates.push_back(exe.parent_path() / "../../bench" / name);
   candidates.push_back(fs::current_path() / "bench" / name);
   for (const auto& c : candidates)
     if (fs::exists(c)) return fs::canonical(c).string();
-  throw InvalidArgument("bench/" + name + " not found (run from the repository, or pass --ddp-script PATH)");
+  throw InvalidArgument("bench/" + name +
+                        " not found (the DDP baselines' scripts are the repository's: run from the checkout, or pass "
+                        "--ddp-script PATH)");
 }
 
 std::string findDdpScript(const std::string& flag, const std::string& name, const std::string& python) {

@@ -1,18 +1,15 @@
 // poseidon bench at tiny scale, when this machine can build an emulated
 // cluster (root, iproute2); skipped with the reason otherwise. The harness
-// must never leave namespaces or qdiscs behind: on success, on Ctrl-C, and
-// after its own death (the next run sweeps the leftovers).
+// must never leave namespaces or qdiscs behind: on success (here), on Ctrl-C,
+// a closed pipe and after its own death (bench_lifecycle_test.cc).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "bench_cluster.h"
 #include "poseidon/bench/cluster.h"
 #include "poseidon/common/error.h"
 #include "process.h"
@@ -24,29 +21,8 @@ using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 using ::testing::Not;
 namespace fs = std::filesystem;
+using testing::namespacesOf;
 
-std::vector<std::string> namespacesOf(pid_t pid) {
-  std::vector<std::string> out;
-  for (const auto& ns : bench::EmulatedCluster::listOurNamespaces())
-    if (ns.rfind("psd" + std::to_string(pid), 0) == 0 && !std::isdigit(ns[3 + std::to_string(pid).size()])) out.push_back(ns);
-  return out;
-}
-
-// Processes running inside a network namespace.
-std::string pidsIn(const std::string& ns) {
-  std::string out;
-  FILE* f = popen(("ip netns pids " + ns + " 2>/dev/null").c_str(), "r");
-  if (!f) return out;
-  char buf[256];
-  while (fgets(buf, sizeof buf, f)) out += buf;
-  pclose(f);
-  return out;
-}
-
-void requireCluster() {
-  std::string why;
-  if (!bench::EmulatedCluster::available(&why)) GTEST_SKIP() << "no emulated cluster here: " << why;
-}
 
 // `poseidon bench` of vgg19 at 100 Mbit/s with `flags`, its JSON to DIR/NAME.json and its output to
 // DIR/NAME.log (into *out if given): the result, after checking that it exited 0 and left no namespace.
@@ -65,7 +41,7 @@ nlohmann::json runBench(const std::string& dir, const std::string& name, const s
 }
 
 TEST(BenchSmoke, TwoNodesOneIterationPoseidonAndDdp) {
-  requireCluster();
+  POSEIDON_REQUIRE_CLUSTER();
   std::string dir = testing::makeTempDir("bench");
   // --ddp-python: DDP's ranks start in the interpreter named, here one that notes each start first.
   const std::string python = dir + "/python";
@@ -192,7 +168,7 @@ void expectEncryptionChargedAt(const nlohmann::json& r, double cryptoBytes) {
 }
 
 TEST(BenchSmoke, OverlapTwoNodes) {
-  requireCluster();
+  POSEIDON_REQUIRE_CLUSTER();
   std::string dir = testing::makeTempDir("bench");
   std::vector<testing::Proc> procs{testing::spawn({POSEIDON_CLI,      "bench",
                                                    "--models",        "vgg19",
@@ -252,7 +228,7 @@ TEST(BenchSmoke, OverlapTwoNodes) {
 // (--switch-queue tos); the bulk does not go there (and unmarked traffic puts nothing there:
 // LocalRanksAggregateOnTheNodeBeforeTheLink).
 TEST(BenchSmoke, UrgentLayersGoFirstInTheNodesQueues) {
-  requireCluster();
+  POSEIDON_REQUIRE_CLUSTER();
   std::string dir = testing::makeTempDir("bench-urgent");
   std::string out;
   nlohmann::json result = runBench(dir, "r",
@@ -281,7 +257,7 @@ TEST(BenchSmoke, UrgentLayersGoFirstInTheNodesQueues) {
 // probe reads for itself (EgressQueue.TheProbeReadsTheKernelsQdiscs: tbf > pfifo_fast serves the mark
 // first), its packet limit the queue's bytes in full-size frames; the switch ports stay the tbf's FIFO.
 TEST(BenchSmoke, PfifoFastNodesQueueUnderTheShaper) {
-  requireCluster();
+  POSEIDON_REQUIRE_CLUSTER();
   bench::EmulatedCluster cluster(2, bench::LinkSpec{30}, bench::EmulatedCluster::kDefaultTcpCongestion,
                                  bench::HostQueue::kPfifoFast);
   for (int i = 0; i < 2; ++i) {
@@ -310,7 +286,7 @@ TEST(BenchSmoke, PfifoFastNodesQueueUnderTheShaper) {
 // rate outlasts its undilated backward), Poseidon's encryption is charged as at F = 1, the bounds use
 // the undilated link, and the table says how it was made.
 TEST(BenchSmoke, TimeDilationReportsTheUndilatedCluster) {
-  requireCluster();
+  POSEIDON_REQUIRE_CLUSTER();
   std::string dir = testing::makeTempDir("bench-dilation");
   nlohmann::json result =
       runBench(dir, "r",
@@ -353,7 +329,7 @@ TEST(BenchSmoke, TimeDilationReportsTheUndilatedCluster) {
 // Under time dilation the kernel's minimum retransmission timeout is dilated too: every node's route
 // to the others carries it, and with --tcp-quickack the metric that turns the delayed ACK off.
 TEST(BenchSmoke, RouteTimersAreSetOnEveryNodesRoute) {
-  requireCluster();
+  POSEIDON_REQUIRE_CLUSTER();
   bench::EmulatedCluster cluster(2, bench::LinkSpec{100});
   EXPECT_THAT(bench::run({"ip", "-n", cluster.nodeNamespace(1), "route", "show"}), Not(HasSubstr("rto_min")));
   cluster.setRouteTimers(600, false);
@@ -396,7 +372,7 @@ TEST(BenchSmoke, QueueDropsAreTheLeafQdiscsDrops) {
 
 // A burst larger than a node's egress queue is dropped there (uplink), not at the switch port.
 TEST(BenchSmoke, QueueDropsAreCountedWhereTheyHappen) {
-  requireCluster();
+  POSEIDON_REQUIRE_CLUSTER();
   bench::EmulatedCluster cluster(2, bench::LinkSpec{1, 0, 10});  // 1 Mbit/s, 10 ms of queue: ~1.3 KB
   EXPECT_EQ(cluster.queueDrops().uplink, 0u);
   // 200 datagrams of 1400 bytes at once from node 0 to node 1 (nothing listens: they still cross).
@@ -413,7 +389,7 @@ TEST(BenchSmoke, QueueDropsAreCountedWhereTheyHappen) {
 // node) but for vgg19's SFB factors, stacked from both ranks; a node's bytes are counted once, and
 // images/s counts every rank. One node of two ranks sends nothing over its link.
 TEST(BenchSmoke, LocalRanksAggregateOnTheNodeBeforeTheLink) {
-  requireCluster();
+  POSEIDON_REQUIRE_CLUSTER();
   std::string dir = testing::makeTempDir("bench-local");
   auto bench = [&](const std::string& name, std::vector<std::string> extra) {
     extra.insert(extra.end(), {"--iterations", "1", "--warmup", "0"});
@@ -450,114 +426,10 @@ TEST(BenchSmoke, LocalRanksAggregateOnTheNodeBeforeTheLink) {
   fs::remove_all(dir);
 }
 
-// Ctrl-C: the cluster's namespaces and the work directory of logs are removed (bench --help says
-// so), and the exit status is the shell's for SIGINT, 130, with one line saying why.
-TEST(BenchSmoke, InterruptLeavesNothingBehind) {
-  requireCluster();
-  std::string dir = testing::makeTempDir("bench-int");
-  fs::create_directories(dir + "/tmp");  // its work directory goes here (TMPDIR), so that it can be seen
-  std::vector<testing::Proc> procs{testing::spawn({POSEIDON_CLI, "bench", "--models", "vgg19", "--systems", "poseidon",
-                                                   "--nodes", "1,4", "--rates", "100", "--iterations", "30"},
-                                                  {{"TMPDIR", dir + "/tmp"}}, dir + "/log")};
-  pid_t pid = procs[0].pid;
-  // Generous deadlines (the waits end at the event): building the cluster, then starting its ranks.
-  const bool seen = testing::waitForPolled([&] { return namespacesOf(pid).size() == 5; },  // 4 nodes + the switch
-                                           std::chrono::seconds(30));
-  ASSERT_TRUE(seen) << "the harness never built its cluster: " << procs[0].stderrText();
-  // Interrupt once ranks run inside the node namespaces (the harder case to clean up).
-  testing::waitForPolled(
-      [&] {
-        for (const auto& ns : namespacesOf(pid))
-          if (ns.compare(ns.size() - 2, 2, "sw") != 0 && pidsIn(ns).empty()) return false;  // nodes, not the switch
-        return true;
-      },
-      std::chrono::seconds(60));
-  kill(pid, SIGINT);
-  testing::waitAll(procs, std::chrono::seconds(60));
-  EXPECT_FALSE(procs[0].killed);
-  EXPECT_EQ(procs[0].exitCode(), 130);
-  EXPECT_THAT(procs[0].stderrText(), ::testing::EndsWith("poseidon bench: error: interrupted by SIGINT\n"));
-  EXPECT_TRUE(namespacesOf(pid).empty());
-  EXPECT_TRUE(fs::is_empty(dir + "/tmp")) << "the work directory of logs was left behind";
-  fs::remove_all(dir);
-}
-
-// `poseidon bench | head -1`: the reader goes away after the first point. The harness stops as for
-// Ctrl-C at its next line, cluster and logs removed, and exits 141 (128 + SIGPIPE), with one line
-// saying why. Before, SIGPIPE's default ended it there and left both behind.
-TEST(BenchSmoke, AClosedOutputPipeStopsItAndLeavesNothingBehind) {
-  requireCluster();
-  std::string dir = testing::makeTempDir("bench-pipe");
-  fs::create_directories(dir + "/tmp");
-  int out[2];
-  ASSERT_EQ(::pipe(out), 0);
-  testing::Proc bench;
-  bench.out = "/dev/null";
-  bench.err = dir + "/err";
-  bench.pid = ::fork();
-  if (bench.pid == 0) {
-    ::close(out[0]);
-    ::dup2(out[1], 1);
-    ::dup2(::open(bench.err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644), 2);
-    ::signal(SIGPIPE, SIG_DFL);  // as a shell starts a pipeline's commands
-    ::setenv("TMPDIR", (dir + "/tmp").c_str(), 1);
-    ::execl(POSEIDON_CLI, POSEIDON_CLI, "bench", "--models", "alexnet", "--systems", "poseidon", "--nodes", "1,2,4",
-            "--rates", "100", "--iterations", "1", "--warmup", "0", static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  ::close(out[1]);
-  std::string seen;  // up to the end of the first point's line, then the pipe is closed as head closes it
-  char c = 0;
-  while (::read(out[0], &c, 1) == 1) {
-    seen += c;
-    if (c == '\n' && seen.find(" 1 nodes @") != std::string::npos) break;
-  }
-  ::close(out[0]);
-  ASSERT_THAT(seen, HasSubstr(" 1 nodes @")) << bench.stderrText();
-  std::vector<testing::Proc> procs{bench};
-  testing::waitAll(procs, std::chrono::seconds(300));
-  ASSERT_FALSE(procs[0].killed) << procs[0].stderrText();
-  ASSERT_TRUE(WIFEXITED(procs[0].status)) << "ended by signal " << WTERMSIG(procs[0].status);
-  EXPECT_EQ(procs[0].exitCode(), 141);
-  EXPECT_THAT(procs[0].stderrText(),
-              ::testing::EndsWith("poseidon bench: error: interrupted by SIGPIPE (the reader of its output went away)\n"));
-  EXPECT_TRUE(namespacesOf(bench.pid).empty());
-  EXPECT_TRUE(fs::is_empty(dir + "/tmp")) << "the work directory of logs was left behind";
-  fs::remove_all(dir);
-}
-
-// A --ddp-script that names no file is refused, not passed over for the checkout's own script.
-TEST(BenchSmoke, AMissingDdpScriptIsRefusedByName) {
-  requireCluster();
-  std::string dir = testing::makeTempDir("bench-script");
-  std::vector<testing::Proc> procs{testing::spawn(
-      {POSEIDON_CLI, "bench", "--systems", "ddp", "--ddp-script", dir + "/ddp_worker.py"}, {}, dir + "/log")};
-  testing::waitAll(procs, std::chrono::seconds(60));
-  EXPECT_EQ(procs[0].exitCode(), 2);
-  EXPECT_EQ(procs[0].stderrText(), "poseidon bench: error: --ddp-script " + dir +
-                                       "/ddp_worker.py: no such file (the DDP baseline's script, bench/ddp_worker.py in "
-                                       "the repository)\n");
-  fs::remove_all(dir);
-}
-
-TEST(BenchSmoke, LeftoversOfADeadHarnessAreSwept) {
-  requireCluster();
-  // A namespace named after a process that no longer exists.
-  pid_t dead = fork();
-  if (dead == 0) _exit(0);
-  waitpid(dead, nullptr, 0);
-  std::string ns = "psd" + std::to_string(dead) + "n0";
-  bench::run({"ip", "netns", "add", ns});
-  ASSERT_EQ(namespacesOf(dead).size(), 1u);
-  // (A harness running beside this test may sweep it first; either way it goes.)
-  bench::EmulatedCluster::sweepLeftovers();
-  EXPECT_TRUE(namespacesOf(dead).empty());
-}
-
 // Every node's TCP runs the congestion control asked for (cubic unless told), whatever the host's is,
 // and one the kernel lacks is refused with the kernel's list before anything is made.
 TEST(BenchSmoke, NodesRunTheNamedCongestionControl) {
-  requireCluster();
+  POSEIDON_REQUIRE_CLUSTER();
   auto nodeCc = [](const bench::EmulatedCluster& c, int i) {
     std::string out =
         bench::run({"ip", "netns", "exec", c.nodeNamespace(i), "sysctl", "-n", "net.ipv4.tcp_congestion_control"});
@@ -585,29 +457,6 @@ TEST(BenchSmoke, NodesRunTheNamedCongestionControl) {
   EXPECT_TRUE(namespacesOf(getpid()).empty());
 }
 
-TEST(BenchSmoke, WithoutRootItSaysSo) {
-  if (geteuid() != 0) {
-    std::vector<testing::Proc> procs{testing::spawn({POSEIDON_CLI, "bench", "--quick"}, {}, "/tmp/poseidon-bench-noroot")};
-    testing::waitAll(procs, std::chrono::seconds(30));
-    EXPECT_EQ(procs[0].exitCode(), 1);
-    EXPECT_THAT(procs[0].stderrText(), HasSubstr("needs root"));
-    return;
-  }
-  if (access("/usr/sbin/runuser", X_OK) != 0) GTEST_SKIP() << "runuser not available to drop root";
-  // The checkout may sit below a folder that 'nobody' cannot enter (a mktemp -d
-  // folder is 0700): run a copy of the binary from a folder anyone can read.
-  std::string dir = testing::makeTempDir("bench-noroot");
-  fs::permissions(dir, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
-                           fs::perms::others_read | fs::perms::others_exec);
-  const std::string binary = dir + "/poseidon";
-  fs::copy_file(POSEIDON_CLI, binary);
-  std::vector<testing::Proc> procs{
-      testing::spawn({"/usr/sbin/runuser", "-u", "nobody", "--", binary, "bench", "--quick"}, {}, dir + "/log")};
-  testing::waitAll(procs, std::chrono::seconds(30));
-  EXPECT_EQ(procs[0].exitCode(), 1) << procs[0].stderrText();
-  EXPECT_THAT(procs[0].stderrText(), HasSubstr("needs root"));
-  fs::remove_all(dir);
-}
 
 }  // namespace
 }  // namespace poseidon

@@ -95,6 +95,10 @@ bool tryLock(int fd, const std::string& file) {
   for (int attempt = 0;; ++attempt) {
     if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return true;
     if (errno == EINTR) continue;
+    if (errno == EBADF && (::fcntl(fd, F_GETFL) & O_ACCMODE) == O_RDONLY)  // NFS's flock is a write lock
+      throw IoError(strCat("cannot lock ", file,
+                           ": it is read-only to this user, and its file system locks only files open for writing "
+                           "(NFS does): ask its owner to make it writable to you, or use another directory"));
     if (errno != EWOULDBLOCK) throw IoError(strCat("cannot lock ", file, ": ", std::strerror(errno)));
     if (attempt >= 20) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -129,17 +133,37 @@ long localFlockHolder(int fd) {
   return 0;
 }
 
-// Who holds the lock, for a refused job. The file's line is the holder's own words, but a holder
-// that could only open the file read-only (another user's lock file; flock needs no write access)
-// cannot replace it, so the line may be an earlier holder's: where /proc/locks names a holder here
-// that the line does not, that pid is the answer.
+// The pid and host a holder line of DirectoryLock's own ("<holder>, pid P on HOST since ...") names;
+// false for any other line (a lock taken by another tool, or flock(1), with words of its own).
+bool ownLineNames(const std::string& line, long* pid, std::string* host) {
+  const size_t at = line.rfind(", pid ");
+  if (at == std::string::npos) return false;
+  const size_t on = line.find(" on ", at), since = line.find(" since ", at);
+  if (on == std::string::npos || since == std::string::npos || since < on) return false;
+  try {
+    size_t used = 0;
+    const std::string digits = line.substr(at + 6, on - at - 6);
+    *pid = std::stol(digits, &used);
+    if (used != digits.size()) return false;
+  } catch (const std::exception&) {
+    return false;
+  }
+  *host = line.substr(on + 4, since - on - 4);
+  return true;
+}
+
+// Who holds the lock, for a refused job: the file's line, the holder's own words. A holder that could
+// open the file only read-only (another user's lock file; flock needs no write access on a local file
+// system) cannot replace the line, so it may be an earlier holder's: where it is in DirectoryLock's own
+// format and names this host and a pid that /proc/locks says is not the holder, that pid is the answer.
 std::string holderOf(int fd) {
   const std::string line = holderLine(fd);
   const long pid = localFlockHolder(fd);
-  if (pid <= 0) return line.empty() ? "another process" : line;
-  if (!line.empty() && line.find(strCat(", pid ", pid, " on ", hostName(), " since ")) != std::string::npos)
-    return line;
-  return strCat("another process, pid ", pid);
+  long named = 0;
+  std::string host;
+  if (pid > 0 && (line.empty() || (ownLineNames(line, &named, &host) && host == hostName() && named != pid)))
+    return strCat("another process, pid ", pid);
+  return line.empty() ? "another process" : line;
 }
 
 [[noreturn]] void throwTaken(int fd, const std::string& dir, const std::string& what, const std::string& file) {
@@ -163,7 +187,14 @@ DirectoryLock::DirectoryLock(const std::string& dir, const std::string& what, co
   fd_ = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
   if (fd_ < 0 && errno == EACCES) fd_ = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0) throw IoError(strCat("cannot open ", file, ": ", std::strerror(errno)));
-  if (!tryLock(fd_, file)) throwTaken(std::exchange(fd_, -1), dir, what, file);
+  bool taken = false;
+  try {
+    taken = tryLock(fd_, file);
+  } catch (...) {
+    ::close(std::exchange(fd_, -1));  // no destructor runs for a constructor that throws
+    throw;
+  }
+  if (!taken) throwTaken(std::exchange(fd_, -1), dir, what, file);
   char since[32] = "";
   const std::time_t now = std::time(nullptr);
   std::tm tm{};
@@ -189,7 +220,14 @@ void DirectoryLock::checkFree(const std::string& dir, const std::string& what) {
   int fd = ::open(file.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0 && errno == EACCES) fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return;  // no lock file: nobody holds it (or the directory's own check reports it)
-  if (!tryLock(fd, file)) throwTaken(fd, dir, what, file);
+  bool taken = false;
+  try {
+    taken = tryLock(fd, file);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  if (!taken) throwTaken(fd, dir, what, file);
   ::close(fd);
 }
 

@@ -551,8 +551,8 @@ TEST(CliFlags, BenchRejectsOutOfRangeValues) {
                   "poseidon-overlap needs --warmup 1 or more (each iteration carries the one before's tail)"});
   expectRejected({{"bench", "--systems", "poseidon-fp8"},
                   "unknown system 'poseidon-fp8' (the systems: poseidon, poseidon-overlap, ps-wfbp, ps-naive, adam, sfb, "
-                  "ddp, ddp-tuned, ddp-fp16, ddp-powersgd1, ddp-powersgd4; a Poseidon one, not adam, takes -bf16 or "
-                  "-fp16, then -nocurve)"});
+                  "ddp, ddp-tuned, ddp-fp16, ddp-powersgd1, ddp-powersgd4; a Poseidon one takes -nocurve last, and all "
+                  "but adam -bf16 or -fp16 before it)"});
   expectRejected({{"bench", "--machine-rates", "78,9.7"},
                   "--machine-rates needs three rates, GEMM GFLOP/s, sums GB/s and CURVE GB/s (e.g. 78,9.7,1.4), got "
                   "'78,9.7'"});
@@ -567,6 +567,12 @@ TEST(CliFlags, BenchRejectsOutOfRangeValues) {
                   "--urgent-layers is for the poseidon-overlap systems (their priority links), and --systems has "
                   "none"});
   expectRejected({{"bench", "--time-dilation", "0.5"}, "--time-dilation must be in [1, 32], got 0.5"});
+  // A script the user names is that file or an error, before the root check (not the checkout's own).
+  expectRejected({{"bench", "--systems", "ddp", "--ddp-script", "/nonexistent/ddp_worker.py"},
+                  "--ddp-script /nonexistent/ddp_worker.py: no such file (the DDP baseline's script, "
+                  "bench/ddp_worker.py in the repository)"});
+  expectRejected({{"bench", "--accuracy", "--systems", "ddp", "--ddp-script", "/tmp"},
+                  "--ddp-script /tmp: not a file (the DDP baseline's script, bench/ddp_train.py in the repository)"});
   expectRejected({{"bench", "--systems", "ddp-bf16"},
                   "unknown system 'ddp-bf16' (a DDP baseline takes no -bf16 suffix: ddp-fp16 is DDP with its fp16 "
                   "compression hook)"});

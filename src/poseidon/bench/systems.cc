@@ -60,7 +60,7 @@ SystemChoice parseBenchSystem(const std::string& fullName) {
     std::string known;
     for (const SystemSpec& s : systemRegistry()) known += (known.empty() ? "" : ", ") + std::string(s.name);
     throw InvalidArgument("unknown system '" + fullName + "' (the systems: " + known +
-                          "; a Poseidon one, not adam, takes -bf16 or -fp16, then -nocurve)");
+                          "; a Poseidon one takes -nocurve last, and all but adam -bf16 or -fp16 before it)");
   }
   if (c.wire != WirePrecision::kFp32 && !c.spec->wireSuffix) {
     throw InvalidArgument("unknown system '" + fullName + "' (the " + c.spec->name + " baseline has no 16-bit wire)");

@@ -557,9 +557,12 @@ int benchAccuracyCommand(const std::vector<std::string>& args) {
   const std::vector<AccuracySystem> systems = accuracySystems(a);
   const std::vector<double> rates = parseRates(a.ratesFlag);
   if (systems.empty() || rates.empty()) throw InvalidArgument("--systems and --rates must not be empty");
+  const bool anyDdp =
+      std::any_of(systems.begin(), systems.end(), [](const AccuracySystem& s) { return s.groups < 0; });
+  if (anyDdp && !a.ddpScript.empty()) findBenchScript(a.ddpScript, "ddp_train.py");  // before the root check
   requireEmulatedCluster();
 
-  if (std::any_of(systems.begin(), systems.end(), [](const AccuracySystem& s) { return s.groups < 0; })) {
+  if (anyDdp) {
     h.ddpScript = findDdpScript(a.ddpScript, "ddp_train.py", h.ddpPython);
   }
   const WorkDir work("poseidon-accuracy", a.keep, "logs");
@@ -581,6 +584,7 @@ int benchAccuracyCommand(const std::vector<std::string>& args) {
     writePlots(a.plotDir, result);
     std::printf("plots: %s\n", a.plotDir.c_str());
   }
+  finishOutput();
   return allOk ? 0 : 1;
 }
 

@@ -533,6 +533,9 @@ int benchCommand(const std::vector<std::string>& given) {
     if (!flags.wasSet("warmup")) a.warmup = 2;
   }
   const BenchPlan p = planBench(a);
+  // A script the user named is checked with the other flags, before the root check.
+  if (!a.ddpScript.empty() && std::any_of(p.systems.begin(), p.systems.end(), isDdp))
+    findBenchScript(a.ddpScript, "ddp_worker.py");
   requireEmulatedCluster();
 
   Harness h;
@@ -570,6 +573,7 @@ int benchCommand(const std::vector<std::string>& given) {
   const std::vector<RunResult> runs = runAll(h, a, p, result);
   result["wall_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   writeBenchResults(a, p, h, runs, result);
+  finishOutput();  // a reader gone during the last lines: 141, as for one gone earlier
   bool allOk = std::all_of(runs.begin(), runs.end(), [](const RunResult& r) { return r.ok; });
   return allOk ? 0 : 1;
 }

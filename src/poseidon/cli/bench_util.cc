@@ -241,6 +241,11 @@ void throwIfStopped() {
   if (sig != 0) throw InterruptedError("interrupted by " + stopSignalName(sig), sig);
 }
 
+void finishOutput() {
+  std::fflush(stdout);
+  throwIfStopped();
+}
+
 WorkDir::WorkDir(const std::string& prefix, bool keep, std::string label)
     : path_(makeWorkDir(prefix)), label_(std::move(label)), keep_(keep) {
   installStopHandlers();
@@ -248,8 +253,10 @@ WorkDir::WorkDir(const std::string& prefix, bool keep, std::string label)
 
 WorkDir::~WorkDir() {
   if (keep_) {
-    std::printf("%s: %s\n", label_.c_str(), path_.c_str());
-    std::fflush(stdout);
+    // Where stdout's reader is gone, the kept path is told on stderr.
+    std::FILE* to = gStop.load() == SIGPIPE ? stderr : stdout;
+    std::fprintf(to, "%s: %s\n", label_.c_str(), path_.c_str());
+    std::fflush(to);
     return;
   }
   std::error_code ec;  // a destructor, maybe unwinding: what cannot be removed stays

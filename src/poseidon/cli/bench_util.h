@@ -54,6 +54,9 @@ void checkResultOutputs(const std::string& jsonPath, const std::string& mdPath, 
 void writeResultsJson(const std::string& path, const nlohmann::json& result);
 // Throws InterruptedError when a stop signal arrived (gStop): "interrupted by SIGINT".
 void throwIfStopped();
+// A command's last lines flushed, then throwIfStopped: a reader that went away during them (SIGPIPE)
+// ends the command as one gone earlier does, 141 and one line, not 0 with its output cut short.
+void finishOutput();
 // A command's work directory for its runs' logs and results (makeWorkDir), made with the stop
 // handlers installed (before the first run). Removed when it goes out of scope - after the last run,
 // on a failure and on Ctrl-C alike, as the commands' --help promise - unless kept (--keep): then its

@@ -269,6 +269,7 @@ int tuneCommand(const std::vector<std::string>& given) {
   tuneAtEachRate(a, rates, result);
   if (!a.jsonPath.empty()) std::printf("results: %s\n", a.jsonPath.c_str());
   if (!a.mdPath.empty()) std::printf("table: %s\n", a.mdPath.c_str());
+  finishOutput();
   return 0;
 }
 

@@ -23,6 +23,7 @@ import datetime
 import faulthandler
 import math
 import numbers
+import os
 import sys
 import traceback
 import weakref
@@ -207,6 +208,7 @@ class DistributedModel(torch.nn.Module):
         self._batch = None
         if batch is not None:
             self._join(_integer("batch", batch, 1))
+        self._pid = os.getpid()  # a forked child's copy is not its model: the exit hooks leave it alone
         _live.add(self)
 
     @staticmethod
@@ -666,6 +668,13 @@ class DistributedModel(torch.nn.Module):
 _previous_excepthook = sys.excepthook
 
 
+def _own_live_models():
+    # The live models this process made: a child forked from a training process (os.fork, a fork-started
+    # worker that exits normally) holds copies of its parent's, whose sockets are the parent's to use.
+    pid = os.getpid()
+    return [m for m in list(_live) if getattr(m, "_pid", pid) == pid]
+
+
 def _fail_jobs_on_uncaught(kind, value, tb):
     # An uncaught exception ends this rank: its peers stop at once with what it died of ("rank 1 failed
     # (at its iteration 3): its program raised ValueError: bad label 7"), not "left the job before
@@ -673,7 +682,7 @@ def _fail_jobs_on_uncaught(kind, value, tb):
     what = traceback.format_exception_only(kind, value)
     last = "".join(what).strip().splitlines()
     reason = "its program raised " + (last[-1] if last else kind.__name__)
-    for model in list(_live):
+    for model in _own_live_models():
         try:
             model._fail_job(reason)
         except Exception:  # noqa: BLE001 - the report below must still happen
@@ -690,7 +699,7 @@ def _close_all():
     # not finish() tells its peers why it left, so they stop at once instead of timing out: its program
     # exited (sys.exit, or the script's end), as a C++ rank's exit() says; an uncaught exception has
     # told them already (the hook above: the first reason stands). A world of one has nobody to tell.
-    for model in list(_live):
+    for model in _own_live_models():
         if model._impl is not None and not model._impl.closed and model.world_size > 1:
             try:
                 model._fail_job("rank %d left the job before finish() (its program exited)" % model.rank)

@@ -218,6 +218,29 @@ class Lifecycle(TempDirTest):
         self.assertLess(run.seconds, timeout, str(run))
         self.assertClean(run)
 
+    def test_a_forked_child_that_exits_leaves_the_job_alone(self):
+        # A child forked mid-training holds copies of its parent's models; its exit is not the rank's.
+        script = self.script(
+            "forks.py",
+            "import os, sys, torch, poseidon\n"
+            "rank = int(os.environ['RANK'])\n"
+            "m = poseidon.DistributedModel(torch.nn.Linear(3, 1), batch=1)\n"
+            "for step in range(6):\n"
+            "    m(torch.ones(1, 3)).sum().backward()\n"
+            "    m.synchronize()\n"
+            "    if rank == 1 and step == 2:\n"
+            "        child = os.fork()\n"
+            "        if child == 0:\n"
+            "            sys.exit(0)\n"
+            "        os.waitpid(child, 0)\n"
+            "m.finish()\n"
+            "print('finished')\n")
+        run = launch(2, script)
+        self.assertEqual(run.code, 0, str(run))
+        self.assertEqual(run.out.count("finished"), 2, str(run))
+        self.assertNotIn("left the job", run.err)
+        self.assertClean(run)
+
     def test_ranks_that_run_different_step_counts_fail_at_once_naming_both(self):
         timeout = 120  # the ranks' wait limit: the job must end long before it
         script = self.script(

@@ -16,6 +16,7 @@
 // Python program. The runtime's threads never take it, but for one: merged FC's
 // server on rank 0 calls the Python classifier with the GIL taken for the call.
 #include <torch/extension.h>
+#include <unistd.h>
 
 #include <memory>
 #include <stdexcept>
@@ -183,7 +184,15 @@ class Model {
   }
 
   // Python drops its last reference with the GIL held; the FC server's thread may be waiting for it.
+  // In a child forked from the training process (os.fork, then a normal exit) this is a copy: its
+  // threads were not forked and its sockets are the parent's, so tearing it down would crash or
+  // speak for the rank. The child leaves it to the parent, as its memory goes with the exit.
   ~Model() {
+    if (::getpid() != ownerPid_) {
+      (void)merged_.release();
+      (void)model_.release();
+      return;
+    }
     py::gil_scoped_release release;
     close();
   }
@@ -234,6 +243,7 @@ class Model {
 
  private:
   std::unique_ptr<pt::DistributedModel> model_;
+  const pid_t ownerPid_ = ::getpid();
   py::object classifier_;
   std::unique_ptr<pt::MergedFc> merged_;
 };

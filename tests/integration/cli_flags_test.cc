@@ -61,6 +61,22 @@ TEST(CliFlags, NoCommandTakesAFlagForAValueOrIgnoresAnArgument) {
                   "that starts with --)"});
 }
 
+// The cost table's totals say whose they are: BestScheme's hybrid, or the schemes --scheme forced.
+TEST(CliFlags, PlanNamesForcedSchemesTotalsAsSuch) {
+  std::string dir = testing::makeTempDir("plan");
+  const testing::Proc hybrid = testing::runCli({"plan"}, dir + "/hybrid", {}, 60);
+  ASSERT_EQ(hybrid.exitCode(), 0) << hybrid.stderrText();
+  EXPECT_THAT(hybrid.stdoutText(), HasSubstr("hybrid (chosen schemes): 89,112,800 floats per node per iteration; "
+                                             "all-PS: 502,803,168 (5.64x less with hybrid)\n"));
+  const testing::Proc adam = testing::runCli({"plan", "--scheme", "adam"}, dir + "/adam", {}, 60);
+  ASSERT_EQ(adam.exitCode(), 0) << adam.stderrText();
+  EXPECT_THAT(adam.stdoutText(), HasSubstr("these schemes (--scheme): 945,034,720 floats per node per iteration; "
+                                           "all-PS: 502,803,168 (1.88x more with these schemes)\n"));
+  EXPECT_THAT(adam.stdoutText(), HasSubstr("MB per node per iteration (these schemes)"));
+  EXPECT_THAT(adam.stdoutText(), Not(HasSubstr("hybrid")));
+  std::filesystem::remove_all(dir);
+}
+
 // Fewer pairs than shards: an empty shard has no max/min ratio (it said "max/min 0.000"); the table
 // says how many are empty, and the JSON counts them.
 TEST(CliFlags, PlanSaysWhichShardsHoldNoPair) {

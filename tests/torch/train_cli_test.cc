@@ -24,6 +24,7 @@
 #include "poseidon/common/error.h"
 #include "poseidon/data/fashion_mnist.h"
 #include "poseidon/launch/env.h"
+#include "poseidon/launch/launcher.h"
 
 namespace poseidon {
 namespace {
@@ -572,14 +573,18 @@ TEST(LaunchCli, StoppingARankStopsWhatItStarted) {
   std::ifstream in(pidFile);
   long pid = 0;
   ASSERT_TRUE(in >> pid) << "rank 0 wrote no pid";
-  // Gone, or a zombie that init has yet to reap: either way no longer running.
+  // The launcher waits for its ranks, not for what they started: the grandchild's SIGTERM may still be
+  // on its way out when the launcher exits. Its exit is the event (a pidfd turns readable, zombie or
+  // reaped), within the launcher's own grace before SIGKILL, twice over (LaunchOptions::killGrace).
+  const int fd = testing::openPidfd(static_cast<pid_t>(pid));
+  if (fd < 0) return;  // already gone and reaped
+  std::vector<pollfd> fds{{fd, POLLIN, 0}};
+  const int exited = testing::pollReadable(fds, std::chrono::steady_clock::now() + 2 * LaunchOptions{}.killGrace);
+  ::close(fd);
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
   std::string statLine;
-  if (std::getline(stat, statLine)) {
-    const size_t close = statLine.rfind(')');
-    ASSERT_NE(close, std::string::npos);
-    EXPECT_EQ(statLine.substr(close + 2, 1), "Z") << "the grandchild still runs: " << statLine;
-  }
+  std::getline(stat, statLine);
+  EXPECT_EQ(exited, 1) << "the grandchild still runs: " << statLine;
 }
 
 // More ranks than this process may hold pipes for: one line before any rank starts (it said "pipe():

@@ -90,19 +90,36 @@ std::string holderLine(int fd) {
 
 // Tries to take fd's lock; false if another open file holds it for 200 ms. The retries let a passing
 // holder go by - another launcher's checkFree probe holds it for microseconds, and would otherwise get
-// a job refused that shares the directory with no one. Throws on any other error.
+// a job refused that shares the directory with no one. On any other error closes fd (its caller has
+// no use for it) and throws.
 bool tryLock(int fd, const std::string& file) {
   for (int attempt = 0;; ++attempt) {
     if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return true;
     if (errno == EINTR) continue;
-    if (errno == EBADF && (::fcntl(fd, F_GETFL) & O_ACCMODE) == O_RDONLY)  // NFS's flock is a write lock
+    if (errno == EWOULDBLOCK) {
+      if (attempt >= 20) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      continue;
+    }
+    const int error = errno;
+    const bool readOnly = (::fcntl(fd, F_GETFL) & O_ACCMODE) == O_RDONLY;
+    ::close(fd);
+    if (error == EBADF && readOnly)  // NFS's flock is a write lock
       throw IoError(strCat("cannot lock ", file,
                            ": it is read-only to this user, and its file system locks only files open for writing "
                            "(NFS does): ask its owner to make it writable to you, or use another directory"));
-    if (errno != EWOULDBLOCK) throw IoError(strCat("cannot lock ", file, ": ", std::strerror(errno)));
-    if (attempt >= 20) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    throw IoError(strCat("cannot lock ", file, ": ", std::strerror(error)));
   }
+}
+
+// The lock file open for writing (`create`: made if missing, 0666 less the umask, as a group-writable
+// directory's next job may be another user's), or read-only where it is read-only to this user: flock
+// needs no write access on a local file system, the holder line then stays unwritten. -1 (errno set)
+// when neither opens.
+int openLockFile(const std::string& file, bool create) {
+  const int fd = ::open(file.c_str(), O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0), 0666);
+  if (fd >= 0 || errno != EACCES) return fd;
+  return ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
 }
 
 std::string hostName() {
@@ -182,19 +199,9 @@ DirectoryLock::DirectoryLock(const std::string& dir, const std::string& what, co
   fs::create_directories(dir, ec);
   if (ec) throw IoError(strCat("cannot create ", what, " ", dir, ": ", ec.message()));
   const std::string file = (fs::path(dir) / kFileName).string();
-  // 0666 less the umask: a group-writable directory's next job may be another user's. A lock file
-  // another user made read-only to us still locks (flock needs no write access), its line unwritten.
-  fd_ = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-  if (fd_ < 0 && errno == EACCES) fd_ = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  fd_ = openLockFile(file, /*create=*/true);
   if (fd_ < 0) throw IoError(strCat("cannot open ", file, ": ", std::strerror(errno)));
-  bool taken = false;
-  try {
-    taken = tryLock(fd_, file);
-  } catch (...) {
-    ::close(std::exchange(fd_, -1));  // no destructor runs for a constructor that throws
-    throw;
-  }
-  if (!taken) throwTaken(std::exchange(fd_, -1), dir, what, file);
+  if (!tryLock(fd_, file)) throwTaken(std::exchange(fd_, -1), dir, what, file);
   char since[32] = "";
   const std::time_t now = std::time(nullptr);
   std::tm tm{};
@@ -217,17 +224,9 @@ DirectoryLock::~DirectoryLock() {
 
 void DirectoryLock::checkFree(const std::string& dir, const std::string& what) {
   const std::string file = (fs::path(dir) / kFileName).string();
-  int fd = ::open(file.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0 && errno == EACCES) fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = openLockFile(file, /*create=*/false);
   if (fd < 0) return;  // no lock file: nobody holds it (or the directory's own check reports it)
-  bool taken = false;
-  try {
-    taken = tryLock(fd, file);
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
-  if (!taken) throwTaken(fd, dir, what, file);
+  if (!tryLock(fd, file)) throwTaken(fd, dir, what, file);
   ::close(fd);
 }
 
